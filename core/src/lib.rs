@@ -1,0 +1,11 @@
+#![doc = "keel-core: the `no_std` inference core of keel (no `alloc`)."]
+#![no_std]
+#![warn(missing_docs)]
+#![forbid(unsafe_op_in_unsafe_fn)]
+
+#[cfg(not(target_endian = "little"))]
+compile_error!("keel-core reads GGUF and quant blocks as little-endian; big-endian targets are not supported");
+
+pub mod ggml_type;
+pub mod gguf;
+pub mod parallel;
