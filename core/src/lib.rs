@@ -9,3 +9,15 @@ compile_error!("keel-core reads GGUF and quant blocks as little-endian; big-endi
 pub mod ggml_type;
 pub mod gguf;
 pub mod parallel;
+pub mod quant;
+pub mod arena;
+pub mod engine;
+pub mod error;
+pub mod matmul;
+pub mod model;
+pub mod ops;
+pub mod sampler;
+pub mod session;
+
+pub use error::Error;
+pub mod tokenizer;

@@ -1,0 +1,96 @@
+//! Everything a host needs to run a model, built from one GGUF file and one arena.
+//!
+//! [`plan`] sizes the arena for a file and run limits; [`Engine::new`] cuts the arena into
+//! the layer table, the tokenizer index, the session (KV cache, activations, logits) and
+//! the sampler's candidate buffer. The parts are public fields so a host can borrow them
+//! independently (evaluate with `session`, choose with `sampler`, print with `tokenizer`).
+
+use crate::arena::{carve, Plan};
+use crate::error::Error;
+use crate::gguf::Gguf;
+use crate::model::{self, HParams, Model, LAYER_TABLE};
+use crate::quant::Kernels;
+use crate::sampler::{candidates_bytes, Candidate, Sampler, SamplerConfig};
+use crate::session::{max_act_row_bytes, plan_session, Outputs, Session, SessionConfig};
+use crate::tokenizer::Tokenizer;
+use crate::parallel::Parallel;
+
+const TOKENIZER: &str = "tokenizer";
+const CANDIDATES: &str = "candidates";
+
+/// The arena plan for running `g` with `cfg`.
+pub fn plan(g: &Gguf<'_>, cfg: &SessionConfig) -> Result<Plan, Error> {
+    let hp = HParams::from_gguf(g)?;
+    let mut p = Plan::empty();
+    model::plan_table(&mut p, &hp)?;
+    p.add(TOKENIZER, Tokenizer::memory_bytes(g)?, 1)?;
+    plan_session(&mut p, &hp, max_act_row_bytes(g), cfg)?;
+    p.add(CANDIDATES, candidates_bytes(hp.n_vocab), 1)?;
+    Ok(p)
+}
+
+/// A ready-to-run model: weights, tokenizer, one session and a sampler.
+pub struct Engine<'a> {
+    /// The weights.
+    pub model: Model<'a>,
+    /// The tokenizer.
+    pub tokenizer: Tokenizer<'a>,
+    /// The sequence state.
+    pub session: Session<'a>,
+    /// The sampler.
+    pub sampler: Sampler<'a>,
+    /// The plan the arena was cut by.
+    pub plan: Plan,
+}
+
+impl<'a> Engine<'a> {
+    /// Loads `g` into `mem` (at least `plan(g, &cfg)?.total_bytes()` bytes).
+    pub fn new(g: &Gguf<'a>, mem: &'a mut [u8], cfg: SessionConfig, kernels: Kernels, sampling: SamplerConfig) -> Result<Engine<'a>, Error> {
+        let plan = plan(g, &cfg)?;
+        let hp = HParams::from_gguf(g)?;
+        let mut c = carve(mem, &plan)?;
+        let region = |name: &str| plan.region(name).ok_or(Error::BadConfig("arena plan is missing a region"));
+        let table = c.uninit(region(LAYER_TABLE)?);
+        let model = Model::load(g, hp, table)?;
+        let tokenizer = Tokenizer::new(g, c.bytes(region(TOKENIZER)?))?;
+        let session = Session::new(&mut c, &plan, cfg, kernels);
+        let cands = c.uninit::<Candidate>(region(CANDIDATES)?);
+        for slot in cands.iter_mut() {
+            slot.write(Candidate::default());
+        }
+        // SAFETY: every slot was initialised just above.
+        let cands: &'a mut [Candidate] = unsafe { &mut *(cands as *mut [core::mem::MaybeUninit<Candidate>] as *mut [Candidate]) };
+        let sampler = Sampler::new(sampling, cands);
+        Ok(Engine { model, tokenizer, session, sampler, plan })
+    }
+
+    /// Vocabulary size.
+    pub fn n_vocab(&self) -> usize {
+        self.model.hp.n_vocab
+    }
+
+    /// Evaluates `tokens` (appending to the context), recording them in the sampler's
+    /// history, and returns the logits rows asked for.
+    pub fn eval(&mut self, tokens: &[u32], outputs: Outputs, par: &dyn Parallel) -> Result<&[f32], Error> {
+        self.session.eval(&self.model, tokens, outputs, par)?;
+        for &t in tokens {
+            self.sampler.accept(t);
+        }
+        Ok(self.session.logits(self.model.hp.n_vocab))
+    }
+
+    /// Samples the next token from the last logits row.
+    pub fn sample(&mut self) -> u32 {
+        let v = self.model.hp.n_vocab;
+        self.sampler.sample(self.session.last_logits(v))
+    }
+
+    /// Starts a new sequence (the context and the sampler history are cleared).
+    pub fn reset(&mut self) {
+        self.session.truncate(0);
+        self.sampler.reset();
+    }
+}
+
+/// Convenience re-export for hosts.
+pub use crate::session::Outputs as LogitRows;

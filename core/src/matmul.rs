@@ -1,0 +1,93 @@
+//! Matrix products of quantized weights with a batch of activation rows.
+//!
+//! Work is split by weight rows across the host's threads; each (row, token) dot product
+//! is the same call whatever the batch size or thread count, so results are bit-identical
+//! between batched and single-token evaluation and across `-t`. Owns: activation
+//! quantization for a batch and the row split. The dot kernels live in `quant`.
+
+use crate::ggml_type::GgmlType;
+use crate::model::Tensor;
+use crate::parallel::{split_range, Parallel};
+use crate::quant::Kernels;
+
+/// A pointer to a slice that several tasks write at disjoint indices.
+#[derive(Clone, Copy)]
+pub(crate) struct SharedMut<T> {
+    ptr: *mut T,
+    len: usize,
+}
+
+// SAFETY: SharedMut is only used to hand disjoint parts of one exclusively borrowed slice
+// to tasks of a single `Parallel::run` call, which returns before the borrow ends.
+unsafe impl<T: Send> Sync for SharedMut<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Send for SharedMut<T> {}
+
+impl<T> SharedMut<T> {
+    pub(crate) fn new(s: &mut [T]) -> Self {
+        SharedMut { ptr: s.as_mut_ptr(), len: s.len() }
+    }
+
+    /// `len` elements from `start`.
+    ///
+    /// # Safety
+    /// No two live slices obtained from the same `SharedMut` may overlap, and the slice
+    /// must not outlive the borrow `new` was given.
+    pub(crate) unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
+        assert!(start <= self.len && len <= self.len - start, "SharedMut range out of bounds");
+        // SAFETY: in bounds (checked above); exclusivity is the caller's contract.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr.add(start), len) }
+    }
+}
+
+/// Bytes of one activation row of `cols` values quantized for weights of type `wtype`.
+pub fn act_row_bytes(wtype: GgmlType, cols: usize) -> Option<usize> {
+    let vdt = Kernels::vec_dot_type(wtype)?;
+    vdt.row_bytes(cols as u64).map(|b| b as usize)
+}
+
+/// Quantizes `n` rows of `cols` floats from `x` into `out` as `vdt` rows, in parallel.
+pub fn quantize_rows(k: &Kernels, par: &dyn Parallel, vdt: GgmlType, x: &[f32], n: usize, cols: usize, out: &mut [u8]) {
+    let rb = vdt.row_bytes(cols as u64).unwrap_or(0) as usize;
+    let out = SharedMut::new(&mut out[..n * rb]);
+    let tasks = par.n_threads().min(n).max(1);
+    par.run(tasks, &|t| {
+        for i in split_range(n, tasks, t) {
+            // SAFETY: each row i belongs to exactly one task.
+            let dst = unsafe { out.slice(i * rb, rb) };
+            // The type was checked when the model loaded; a failure cannot happen here.
+            let _ = k.quantize_activations(vdt, &x[i * cols..(i + 1) * cols], dst);
+        }
+    });
+}
+
+/// Tokens processed together against each weight row (keeps their activations in L1).
+const TOKEN_TILE: usize = 16;
+
+/// `out[i * w.rows + r] = dot(w row r, activation row i)` for `n` activation rows `xq`
+/// (already quantized for `w.ty`).
+pub fn matmul(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usize, out: &mut [f32]) {
+    let Ok(dot) = k.dot_fn(w.ty) else { return };
+    let rows = w.rows;
+    let rb = act_row_bytes(w.ty, w.cols).unwrap_or(0);
+    let wrb = w.row_bytes();
+    let out = SharedMut::new(&mut out[..n * rows]);
+    let tasks = par.n_threads().min(rows).max(1);
+    let cols = w.cols;
+    par.run(tasks, &|t| {
+        let range = split_range(rows, tasks, t);
+        let mut i0 = 0;
+        while i0 < n {
+            let i1 = (i0 + TOKEN_TILE).min(n);
+            for r in range.clone() {
+                let wrow = &w.data[r * wrb..(r + 1) * wrb];
+                for i in i0..i1 {
+                    let v = dot(cols, wrow, &xq[i * rb..(i + 1) * rb]);
+                    // SAFETY: element (i, r) is written by the one task owning row r.
+                    unsafe { out.slice(i * rows + r, 1)[0] = v };
+                }
+            }
+            i0 = i1;
+        }
+    });
+}

@@ -1,0 +1,134 @@
+//! A model: hyper-parameters plus typed views of its weights.
+//!
+//! Owns: turning a parsed GGUF file into [`Model`] (checking every tensor's shape and
+//! type). Does not run anything; see `session`.
+
+pub mod hparams;
+pub mod weights;
+
+pub use hparams::{Arch, HParams, RopeMode};
+pub use weights::{Layer, Tensor};
+
+use crate::error::Error;
+use crate::ggml_type::GgmlType;
+use crate::gguf::{name_from, Gguf};
+use crate::quant::Kernels;
+use core::mem::MaybeUninit;
+use weights::Finder;
+
+/// A loaded model: views into the file plus a per-layer table in the arena.
+#[derive(Clone, Copy, Debug)]
+pub struct Model<'a> {
+    /// Hyper-parameters.
+    pub hp: HParams,
+    /// `(n_embd, n_vocab)` token embedding.
+    pub tok_embd: Tensor<'a>,
+    /// `(n_embd)` final RMSNorm weight.
+    pub output_norm: Tensor<'a>,
+    /// `(n_embd, n_vocab)` output projection (the embedding itself when tied).
+    pub output: Tensor<'a>,
+    /// Whether `output` is the token embedding.
+    pub tied_output: bool,
+    /// One entry per block.
+    pub layers: &'a [Layer<'a>],
+}
+
+impl<'a> Model<'a> {
+    /// Bytes of the per-layer table for `hp` (an arena region).
+    pub fn table_bytes(hp: &HParams) -> usize {
+        hp.n_layer * core::mem::size_of::<Layer<'static>>()
+    }
+
+    /// Loads the model's tensors, writing the layer table into `table`.
+    pub fn load(g: &Gguf<'a>, hp: HParams, table: &'a mut [MaybeUninit<Layer<'a>>]) -> Result<Model<'a>, Error> {
+        let mut f = Finder::new(g);
+        let tok_embd = f.req(None, "token_embd.weight", hp.n_embd, hp.n_vocab)?;
+        let output_norm = f.req(None, "output_norm.weight", hp.n_embd, 1)?;
+        let (output, tied_output) = match f.opt(None, "output.weight", hp.n_embd, hp.n_vocab)? {
+            Some(t) => (t, false),
+            None => (tok_embd, true),
+        };
+        if table.len() < hp.n_layer {
+            return Err(Error::BadConfig("layer table region smaller than the layer count"));
+        }
+        for (l, slot) in table.iter_mut().take(hp.n_layer).enumerate() {
+            slot.write(weights::load_layer(&mut f, &hp, l)?);
+        }
+        let table = &mut table[..hp.n_layer];
+        // SAFETY: every one of the first n_layer slots was written just above; the
+        // exclusive borrow of the region is converted into a shared one for 'a.
+        let layers: &'a [Layer<'a>] = unsafe { &*(table as *mut [MaybeUninit<Layer<'a>>] as *const [Layer<'a>]) };
+        let m = Model { hp, tok_embd, output_norm, output, tied_output, layers };
+        m.check_types(g)?;
+        Ok(m)
+    }
+
+    /// Every weight must be a type the kernels compute with; norms must be f32.
+    fn check_types(&self, g: &Gguf<'a>) -> Result<(), Error> {
+        let unsupported = |name: &str, ty: GgmlType| Error::UnsupportedType { ty, tensor: name_from(name.as_bytes()) };
+        let _ = g;
+        if Kernels::vec_dot_type(self.tok_embd.ty).is_none() {
+            return Err(unsupported("token_embd.weight", self.tok_embd.ty));
+        }
+        if Kernels::vec_dot_type(self.output.ty).is_none() {
+            return Err(unsupported("output.weight", self.output.ty));
+        }
+        if self.output_norm.ty != GgmlType::F32 {
+            return Err(unsupported("output_norm.weight", self.output_norm.ty));
+        }
+        let mut name = heapless::String::<96>::new();
+        for (l, layer) in self.layers.iter().enumerate() {
+            for (suffix, t, is_norm) in layer.named() {
+                use core::fmt::Write;
+                name.clear();
+                let _ = write!(name, "blk.{l}.{suffix}");
+                let ok = if is_norm { t.ty == GgmlType::F32 } else { Kernels::vec_dot_type(t.ty).is_some() };
+                if !ok {
+                    return Err(unsupported(&name, t.ty));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes of all weights the model uses.
+    pub fn weight_bytes(&self) -> usize {
+        let mut n = self.tok_embd.data.len() + self.output_norm.data.len();
+        if !self.tied_output {
+            n += self.output.data.len();
+        }
+        for layer in self.layers {
+            for (_, t, _) in layer.named() {
+                n += t.data.len();
+            }
+        }
+        n
+    }
+}
+
+impl<'a> Layer<'a> {
+    /// Each tensor of the block with its name suffix and whether it is a norm weight.
+    pub fn named(&self) -> [(&'static str, Tensor<'a>, bool); 9] {
+        [
+            ("attn_norm.weight", self.attn_norm, true),
+            ("attn_q.weight", self.wq, false),
+            ("attn_k.weight", self.wk, false),
+            ("attn_v.weight", self.wv, false),
+            ("attn_output.weight", self.wo, false),
+            ("ffn_norm.weight", self.ffn_norm, true),
+            ("ffn_gate.weight", self.ffn_gate, false),
+            ("ffn_up.weight", self.ffn_up, false),
+            ("ffn_down.weight", self.ffn_down, false),
+        ]
+    }
+}
+
+/// Name of the arena region holding the layer table.
+pub const LAYER_TABLE: &str = "layers";
+
+/// Adds the layer table region to a plan.
+pub fn plan_table(plan: &mut crate::arena::Plan, hp: &HParams) -> Result<(), Error> {
+    plan.add(LAYER_TABLE, hp.n_layer, core::mem::size_of::<Layer<'static>>())?;
+    Ok(())
+}
+

@@ -1,0 +1,242 @@
+//! The scalar reference: dequantization and `vec_dot` for every supported type.
+//!
+//! Owns the arithmetic every faster path is checked against. Plain f32 operations in a
+//! fixed order (no FMA contraction: Rust never fuses), so the result is bit-identical on
+//! x86_64, aarch64 and wasm32. The per-block formulas and their float evaluation order
+//! follow llama.cpp's `dequantize_row_*` and `ggml_vec_dot_*_generic`:
+//!
+//! ```text
+//! q4_0·q8_0  sumf += ((sumi as f32) * dw) * da
+//! q4_1·q8_1  sumf += (dw * da) * sumi + mw * sa
+//! q5_0·q8_0  sumf += (dw * da) * sumi
+//! q5_1·q8_1  sumf += (dw * da) * sumi + mw * sa
+//! q8_0·q8_0  sumf += sumi * (dw * da)
+//! f32/f16/bf16  sumf += w[i] * a[i], i ascending, one f32 accumulator
+//! ```
+//!
+//! (llama.cpp's scalar f16 dot accumulates in f64; ours stays in f32 so every target
+//! gets the same bits cheaply.) Blocks are decoded from bytes with [`read_block`], so
+//! no alignment is assumed.
+//!
+//! Dot contract (hot path, not re-checked in release): `n` is a multiple of the weight
+//! type's block size and both slices hold at least `n` elements' worth of blocks. If it
+//! is broken, debug builds panic and release builds compute over the whole blocks that
+//! fit in all three (never out of bounds, never a panic).
+
+use super::blocks::{
+    bf16_to_f32, f16_to_f32, qh_u32, read_block, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1,
+    BlockQ8_0, BlockQ8_1, QK,
+};
+use crate::ggml_type::GgmlType;
+
+/// Dequantizes whole blocks of `src` into `dst` (n = `dst.len()` elements). The caller
+/// has checked that `src` holds exactly `n` elements of `ty`. Returns `false` if `ty`
+/// has no dequantizer here.
+pub(crate) fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> bool {
+    match ty {
+        GgmlType::F32 => {
+            for (c, y) in src.chunks_exact(4).zip(dst.iter_mut()) {
+                *y = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        GgmlType::F16 => {
+            for (c, y) in src.chunks_exact(2).zip(dst.iter_mut()) {
+                *y = f16_to_f32(u16::from_le_bytes([c[0], c[1]]));
+            }
+        }
+        GgmlType::BF16 => {
+            for (c, y) in src.chunks_exact(2).zip(dst.iter_mut()) {
+                *y = bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
+            }
+        }
+        GgmlType::Q4_0 => {
+            for (c, y) in src.chunks_exact(18).zip(dst.chunks_exact_mut(QK)) {
+                let Some(b) = read_block::<BlockQ4_0>(c) else { break };
+                let d = b.d.to_f32();
+                for j in 0..16 {
+                    y[j] = ((b.qs[j] & 0x0F) as i32 - 8) as f32 * d;
+                    y[j + 16] = ((b.qs[j] >> 4) as i32 - 8) as f32 * d;
+                }
+            }
+        }
+        GgmlType::Q4_1 => {
+            for (c, y) in src.chunks_exact(20).zip(dst.chunks_exact_mut(QK)) {
+                let Some(b) = read_block::<BlockQ4_1>(c) else { break };
+                let (d, m) = (b.d.to_f32(), b.m.to_f32());
+                for j in 0..16 {
+                    y[j] = (b.qs[j] & 0x0F) as f32 * d + m;
+                    y[j + 16] = (b.qs[j] >> 4) as f32 * d + m;
+                }
+            }
+        }
+        GgmlType::Q5_0 => {
+            for (c, y) in src.chunks_exact(22).zip(dst.chunks_exact_mut(QK)) {
+                let Some(b) = read_block::<BlockQ5_0>(c) else { break };
+                let d = b.d.to_f32();
+                let qh = qh_u32(b.qh);
+                for j in 0..16 {
+                    let (lo, hi) = q5_pair(b.qs[j], qh, j);
+                    y[j] = (lo - 16) as f32 * d;
+                    y[j + 16] = (hi - 16) as f32 * d;
+                }
+            }
+        }
+        GgmlType::Q5_1 => {
+            for (c, y) in src.chunks_exact(24).zip(dst.chunks_exact_mut(QK)) {
+                let Some(b) = read_block::<BlockQ5_1>(c) else { break };
+                let (d, m) = (b.d.to_f32(), b.m.to_f32());
+                let qh = qh_u32(b.qh);
+                for j in 0..16 {
+                    let (lo, hi) = q5_pair(b.qs[j], qh, j);
+                    y[j] = lo as f32 * d + m;
+                    y[j + 16] = hi as f32 * d + m;
+                }
+            }
+        }
+        GgmlType::Q8_0 => {
+            for (c, y) in src.chunks_exact(34).zip(dst.chunks_exact_mut(QK)) {
+                let Some(b) = read_block::<BlockQ8_0>(c) else { break };
+                let d = b.d.to_f32();
+                for (yj, q) in y.iter_mut().zip(b.qs) {
+                    *yj = q as f32 * d;
+                }
+            }
+        }
+        GgmlType::Q8_1 => {
+            for (c, y) in src.chunks_exact(36).zip(dst.chunks_exact_mut(QK)) {
+                let Some(b) = read_block::<BlockQ8_1>(c) else { break };
+                let d = b.d.to_f32();
+                for (yj, q) in y.iter_mut().zip(b.qs) {
+                    *yj = q as f32 * d;
+                }
+            }
+        }
+        _ => return false,
+    }
+    true
+}
+
+/// The unsigned 5-bit values (0..=31) of elements j and j+16 of a Q5 block.
+#[inline]
+fn q5_pair(q: u8, qh: u32, j: usize) -> (i32, i32) {
+    let h0 = ((qh >> j) << 4) & 0x10;
+    let h1 = (qh >> (j + 12)) & 0x10;
+    ((q & 0x0F) as i32 | h0 as i32, (q >> 4) as i32 | h1 as i32)
+}
+
+#[inline]
+fn contract(n: usize, bs: usize, w: &[u8], wsize: usize, a: &[u8], asize: usize) {
+    debug_assert!(n % bs == 0, "vec_dot: n = {n} is not a multiple of the block size {bs}");
+    debug_assert!(w.len() >= n / bs * wsize, "vec_dot: weight row too short");
+    debug_assert!(a.len() >= n / bs * asize, "vec_dot: activation row too short");
+}
+
+/// Sum over j < 16 of `lo(q[j]) * a[j] + hi(q[j]) * a[j+16]`, split in two as llama.cpp.
+#[inline]
+fn nibble_sumi(qs: &[u8; 16], a: &[i8; 32], f: impl Fn(u8, usize) -> (i32, i32)) -> i32 {
+    let (mut s0, mut s1) = (0i32, 0i32);
+    for j in 0..16 {
+        let (v0, v1) = f(qs[j], j);
+        s0 += v0 * a[j] as i32;
+        s1 += v1 * a[j + 16] as i32;
+    }
+    s0 + s1
+}
+
+/// Reference Q4_0 · Q8_0.
+pub(crate) fn vec_dot_q4_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    contract(n, QK, w, 18, a, 34);
+    let mut sumf = 0.0f32;
+    for (cw, ca) in w.chunks_exact(18).zip(a.chunks_exact(34)).take(n / QK) {
+        let (Some(x), Some(y)) = (read_block::<BlockQ4_0>(cw), read_block::<BlockQ8_0>(ca)) else { break };
+        let sumi = nibble_sumi(&x.qs, &y.qs, |q, _| ((q & 0x0F) as i32 - 8, (q >> 4) as i32 - 8));
+        sumf += sumi as f32 * x.d.to_f32() * y.d.to_f32();
+    }
+    sumf
+}
+
+/// Reference Q4_1 · Q8_1.
+pub(crate) fn vec_dot_q4_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    contract(n, QK, w, 20, a, 36);
+    let mut sumf = 0.0f32;
+    for (cw, ca) in w.chunks_exact(20).zip(a.chunks_exact(36)).take(n / QK) {
+        let (Some(x), Some(y)) = (read_block::<BlockQ4_1>(cw), read_block::<BlockQ8_1>(ca)) else { break };
+        let sumi = nibble_sumi(&x.qs, &y.qs, |q, _| ((q & 0x0F) as i32, (q >> 4) as i32));
+        sumf += (x.d.to_f32() * y.d.to_f32()) * sumi as f32 + x.m.to_f32() * y.s.to_f32();
+    }
+    sumf
+}
+
+/// Reference Q5_0 · Q8_0.
+pub(crate) fn vec_dot_q5_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    contract(n, QK, w, 22, a, 34);
+    let mut sumf = 0.0f32;
+    for (cw, ca) in w.chunks_exact(22).zip(a.chunks_exact(34)).take(n / QK) {
+        let (Some(x), Some(y)) = (read_block::<BlockQ5_0>(cw), read_block::<BlockQ8_0>(ca)) else { break };
+        let qh = qh_u32(x.qh);
+        let sumi = nibble_sumi(&x.qs, &y.qs, |q, j| {
+            let (lo, hi) = q5_pair(q, qh, j);
+            (lo - 16, hi - 16)
+        });
+        sumf += (x.d.to_f32() * y.d.to_f32()) * sumi as f32;
+    }
+    sumf
+}
+
+/// Reference Q5_1 · Q8_1.
+pub(crate) fn vec_dot_q5_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    contract(n, QK, w, 24, a, 36);
+    let mut sumf = 0.0f32;
+    for (cw, ca) in w.chunks_exact(24).zip(a.chunks_exact(36)).take(n / QK) {
+        let (Some(x), Some(y)) = (read_block::<BlockQ5_1>(cw), read_block::<BlockQ8_1>(ca)) else { break };
+        let qh = qh_u32(x.qh);
+        let sumi = nibble_sumi(&x.qs, &y.qs, |q, j| q5_pair(q, qh, j));
+        sumf += (x.d.to_f32() * y.d.to_f32()) * sumi as f32 + x.m.to_f32() * y.s.to_f32();
+    }
+    sumf
+}
+
+/// Reference Q8_0 · Q8_0.
+pub(crate) fn vec_dot_q8_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    contract(n, QK, w, 34, a, 34);
+    let mut sumf = 0.0f32;
+    for (cw, ca) in w.chunks_exact(34).zip(a.chunks_exact(34)).take(n / QK) {
+        let (Some(x), Some(y)) = (read_block::<BlockQ8_0>(cw), read_block::<BlockQ8_0>(ca)) else { break };
+        let mut sumi = 0i32;
+        for j in 0..QK {
+            sumi += x.qs[j] as i32 * y.qs[j] as i32;
+        }
+        sumf += sumi as f32 * (x.d.to_f32() * y.d.to_f32());
+    }
+    sumf
+}
+
+/// Reference F32 · F32.
+pub(crate) fn vec_dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    contract(n, 1, w, 4, a, 4);
+    let mut sumf = 0.0f32;
+    for (x, y) in w.chunks_exact(4).zip(a.chunks_exact(4)).take(n) {
+        sumf += f32::from_le_bytes([x[0], x[1], x[2], x[3]]) * f32::from_le_bytes([y[0], y[1], y[2], y[3]]);
+    }
+    sumf
+}
+
+/// Reference F16 · F16 (each product of the exact f32 conversions, f32 accumulator).
+pub(crate) fn vec_dot_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    contract(n, 1, w, 2, a, 2);
+    let mut sumf = 0.0f32;
+    for (x, y) in w.chunks_exact(2).zip(a.chunks_exact(2)).take(n) {
+        sumf += f16_to_f32(u16::from_le_bytes([x[0], x[1]])) * f16_to_f32(u16::from_le_bytes([y[0], y[1]]));
+    }
+    sumf
+}
+
+/// Reference BF16 · BF16.
+pub(crate) fn vec_dot_bf16(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    contract(n, 1, w, 2, a, 2);
+    let mut sumf = 0.0f32;
+    for (x, y) in w.chunks_exact(2).zip(a.chunks_exact(2)).take(n) {
+        sumf += bf16_to_f32(u16::from_le_bytes([x[0], x[1]])) * bf16_to_f32(u16::from_le_bytes([y[0], y[1]]));
+    }
+    sumf
+}

@@ -1,0 +1,375 @@
+//! Tests of the quant module: known blocks, round-trip error bounds, the reference dot
+//! against an f64 sum, the SIMD dots against the reference, and byte equality of the
+//! SIMD and reference activation quantizers. SIMD tests run only where the CPU has the
+//! features (they print a note and pass otherwise).
+//!
+//! Tolerances (L1 = Σ|w_i·a_i| over the dequantized rows, plus Σ|m·s| for Q4_1/Q5_1):
+//! - reference dot vs f64 sum of dequantized products: 1e-5·L1 (+ 2^-10·Σ|m·s|, since
+//!   `s` is an f16 rounding of `d·Σq`);
+//! - SIMD dot vs reference dot: 1e-5·L1 (only the float summation order differs);
+//! - round trip |x - dequant(quant(x))| per element, with d the block's scale and
+//!   h(v) = max(|v|·2^-11, 2^-25) the error of storing v as f16: Q4_0 |d| + 8·h(d) and
+//!   Q5_0 |d| + 16·h(d) (the top value may clamp by one step), Q4_1 / Q5_1
+//!   0.5·d + 15·h(d) (31·h(d)) + h(min), Q8_0 / Q8_1 0.5·d + 127·h(d), each plus
+//!   1e-6·max|x| for f32 rounding; F16 h(x), BF16 |x|·2^-8, F32 exact.
+
+extern crate std;
+use std::{format, println, vec, vec::Vec};
+
+use super::blocks::*;
+use super::*;
+use crate::ggml_type::GgmlType::{self, *};
+
+pub(super) struct Rng(u64);
+
+impl Rng {
+    pub(super) fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+    pub(super) fn next(&mut self) -> u64 {
+        // splitmix64
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub(super) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    /// Uniform in [-1, 1).
+    pub(super) fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// A row with a different magnitude per 32-block, some all-zero blocks, some outliers,
+/// some all-positive blocks, and some values that land on rounding ties.
+pub(super) fn random_row(rng: &mut Rng, n: usize) -> Vec<f32> {
+    let mut x = vec![0.0f32; n];
+    for block in x.chunks_mut(32) {
+        let kind = rng.below(16);
+        let scale = libm::powf(10.0, rng.unit() * 2.0 - 1.0); // 1e-3 .. 10
+        for v in block.iter_mut() {
+            *v = match kind {
+                0 => 0.0,
+                1 => rng.unit().abs() * scale + scale,
+                2 => (rng.below(255) as f32 - 127.0) * 0.5, // ties for Q8 when amax = 63.5
+                _ => rng.unit() * scale,
+            };
+        }
+        if kind == 3 {
+            let i = rng.below(block.len() as u64) as usize;
+            block[i] *= 20.0;
+        }
+    }
+    x
+}
+
+/// The SIMD kernel set, if this CPU has it.
+pub(super) fn fast_kernels() -> Option<Kernels> {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c") {
+        let k = Kernels::new(Isa { avx2_fma: true, ..Isa::default() });
+        assert!(!k.is_reference(), "CPUID disagrees with std's feature detection");
+        return Some(k);
+    }
+    println!("note: no SIMD kernels on this CPU; SIMD comparisons skipped");
+    None
+}
+
+fn bytes_of(ty: GgmlType, n: usize) -> usize {
+    ty.row_bytes(n as u64).unwrap() as usize
+}
+
+fn quantized(ty: GgmlType, x: &[f32]) -> Vec<u8> {
+    let mut out = vec![0u8; bytes_of(ty, x.len())];
+    quantize_row_ref(ty, x, &mut out).unwrap();
+    out
+}
+
+fn activations(k: &Kernels, ty: GgmlType, x: &[f32]) -> Vec<u8> {
+    let mut out = vec![0u8; bytes_of(ty, x.len())];
+    k.quantize_activations(ty, x, &mut out).unwrap();
+    out
+}
+
+fn dequantized(ty: GgmlType, src: &[u8], n: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; n];
+    Kernels::reference().dequantize_row(ty, src, &mut out).unwrap();
+    out
+}
+
+const DOT_TYPES: [GgmlType; 8] = [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0];
+
+/// (f64 sum of dequantized products, L1 of them, Σ|m·s| for the Q8_1 pairings).
+fn exact_dot(wtype: GgmlType, w: &[u8], a: &[u8], n: usize) -> (f64, f64, f64) {
+    let atype = Kernels::vec_dot_type(wtype).unwrap();
+    let (wf, af) = (dequantized(wtype, w, n), dequantized(atype, a, n));
+    let (mut sum, mut l1) = (0.0f64, 0.0f64);
+    for (x, y) in wf.iter().zip(&af) {
+        sum += *x as f64 * *y as f64;
+        l1 += (*x as f64 * *y as f64).abs();
+    }
+    let mut ms = 0.0f64;
+    if atype == Q8_1 {
+        let ws = wtype.type_size();
+        for (bw, ba) in w.chunks_exact(ws).zip(a.chunks_exact(36)) {
+            ms += (f16_to_f32(u16::from_le_bytes([bw[2], bw[3]])) as f64 * f16_to_f32(u16::from_le_bytes([ba[2], ba[3]])) as f64).abs();
+        }
+    }
+    (sum, l1, ms)
+}
+
+fn random_n(rng: &mut Rng, ty: GgmlType, i: usize) -> usize {
+    const FIXED: [usize; 7] = [32, 64, 96, 576, 1536, 2048, 4096];
+    if i < FIXED.len() {
+        return FIXED[i];
+    }
+    if ty.block_size() == 1 && i % 3 == 0 {
+        return 1 + rng.below(300) as usize; // odd lengths for the float tails
+    }
+    32 * (1 + rng.below(128) as usize)
+}
+
+#[test]
+fn block_structs_match_ggml_sizes() {
+    assert_eq!(core::mem::size_of::<BlockQ4_0>(), Q4_0.type_size());
+    assert_eq!(core::mem::size_of::<BlockQ4_1>(), Q4_1.type_size());
+    assert_eq!(core::mem::size_of::<BlockQ5_0>(), Q5_0.type_size());
+    assert_eq!(core::mem::size_of::<BlockQ5_1>(), Q5_1.type_size());
+    assert_eq!(core::mem::size_of::<BlockQ8_0>(), Q8_0.type_size());
+    assert_eq!(core::mem::size_of::<BlockQ8_1>(), Q8_1.type_size());
+}
+
+#[test]
+fn as_blocks_checks_length_and_alignment() {
+    let buf = [0u16; 40]; // 80 bytes, 2-aligned
+    // SAFETY: u16 has no padding; viewing its storage as bytes is always valid.
+    let bytes = unsafe { core::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), 80) };
+    assert_eq!(as_blocks::<BlockQ4_1>(&bytes[..60]).map(|b| b.len()), Some(3));
+    assert!(as_blocks::<BlockQ4_1>(&bytes[..59]).is_none());
+    assert!(as_blocks::<BlockQ4_0>(&bytes[1..19]).is_none(), "odd address accepted");
+    assert_eq!(as_blocks::<BlockQ4_0>(&bytes[2..38]).map(|b| b.len()), Some(2));
+    assert_eq!(as_blocks::<BlockQ8_0>(&[]).map(|b| b.len()), Some(0));
+}
+
+#[test]
+fn known_q4_0_block() {
+    // d = 0.5; qs[j] = j | (15 - j) << 4 → x[j] = (j - 8)/2, x[j+16] = (7 - j)/2.
+    let mut b = [0u8; 18];
+    b[..2].copy_from_slice(&0x3800u16.to_le_bytes());
+    for j in 0..16 {
+        b[2 + j] = j as u8 | ((15 - j as u8) << 4);
+    }
+    let x = dequantized(Q4_0, &b, 32);
+    assert_eq!(&x[..4], &[-4.0, -3.5, -3.0, -2.5]);
+    assert_eq!(x[15], 3.5);
+    assert_eq!(&x[16..18], &[3.5, 3.0]);
+    assert_eq!(x[31], -4.0);
+    let blk = as_blocks::<BlockQ4_0>(&b).map(|s| s[0]).or_else(|| read_block::<BlockQ4_0>(&b)).unwrap();
+    assert_eq!(blk.d.to_f32(), 0.5);
+}
+
+#[test]
+fn known_q4_1_q5_blocks() {
+    // Q4_1: d = 0.25, m = -1, qs[j] = j | j << 4 → x[j] = x[j+16] = j/4 - 1.
+    let mut b = [0u8; 20];
+    b[..2].copy_from_slice(&0x3400u16.to_le_bytes());
+    b[2..4].copy_from_slice(&0xBC00u16.to_le_bytes());
+    for j in 0..16 {
+        b[4 + j] = (j as u8) | ((j as u8) << 4);
+    }
+    let x = dequantized(Q4_1, &b, 32);
+    assert_eq!((x[0], x[5], x[15], x[16], x[31]), (-1.0, 0.25, 2.75, -1.0, 2.75));
+
+    // Q5_0: d = 1, qh = 0xAAAA5555, qs[j] = j | (j+1)%16 << 4.
+    // x[0]: 0 | bit0(1)<<4 = 16 → 0; x[1]: 1, bit1 = 0 → -15; x[14]: 14 | 16 → 14;
+    // x[16]: 1, bit16 = 0 → -15;
+    // x[17]: 2, bit17 = 1 → 18 → 2; x[31]: 0, bit31 = 1 → 0.
+    let mut b = [0u8; 22];
+    b[..2].copy_from_slice(&0x3C00u16.to_le_bytes());
+    b[2..6].copy_from_slice(&0xAAAA_5555u32.to_le_bytes());
+    for j in 0..16 {
+        b[6 + j] = (j as u8) | ((((j + 1) % 16) as u8) << 4);
+    }
+    let x = dequantized(Q5_0, &b, 32);
+    assert_eq!((x[0], x[1], x[14], x[16], x[17], x[31]), (0.0, -15.0, 14.0, -15.0, 2.0, 0.0));
+
+    // Q5_1 with the same qh/qs, d = 0.5, m = 1: x[i] = u/2 + 1 with u the 5-bit value.
+    let mut b5 = [0u8; 24];
+    b5[..2].copy_from_slice(&0x3800u16.to_le_bytes());
+    b5[2..4].copy_from_slice(&0x3C00u16.to_le_bytes());
+    b5[4..24].copy_from_slice(&b[2..22]);
+    let x = dequantized(Q5_1, &b5, 32);
+    assert_eq!((x[0], x[1], x[17], x[31]), (9.0, 1.5, 10.0, 9.0));
+}
+
+#[test]
+fn known_q8_0_block() {
+    let mut b = [0u8; 34];
+    b[..2].copy_from_slice(&0x4000u16.to_le_bytes()); // d = 2
+    for j in 0..32 {
+        b[2 + j] = (j as i32 * 8 - 128) as i8 as u8;
+    }
+    let x = dequantized(Q8_0, &b, 32);
+    assert_eq!((x[0], x[16], x[31]), (-256.0, 0.0, 240.0));
+}
+
+#[test]
+fn known_q4_0_quantization() {
+    // x[0] = -4 is the signed max → d = 0.5, id = 2; for j >= 1, x[j] = (j-16)/4 gives
+    // q = trunc((j-16)/2 + 8.5) = trunc(j/2 + 0.5), clamped to 15.
+    let mut x = [0.0f32; 32];
+    x[0] = -4.0;
+    for (j, v) in x.iter_mut().enumerate().skip(1) {
+        *v = (j as f32 - 16.0) * 0.25;
+    }
+    let b = quantized(Q4_0, &x);
+    assert_eq!(u16::from_le_bytes([b[0], b[1]]), 0x3800);
+    let q = |j: usize| if j == 0 { 0u8 } else { ((j as u8 + 1) / 2).min(15) };
+    for j in 0..16 {
+        assert_eq!(b[2 + j], q(j) | (q(j + 16) << 4), "byte {j}");
+    }
+}
+
+#[test]
+fn q8_weight_and_activation_roundings_differ_only_at_ties() {
+    // amax = 127 → d = 1 and id = 1 exactly in both schemes; x·id lands on ties.
+    let mut x = [0.0f32; 32];
+    x[..7].copy_from_slice(&[127.0, 2.5, 3.5, -2.5, 0.5, -0.5, 1.5]);
+    let w = quantized(Q8_0, &x);
+    let want_w: [i8; 7] = [127, 3, 4, -3, 1, -1, 2]; // roundf: ties away from zero
+    let want_a: [i8; 7] = [127, 2, 4, -2, 0, 0, 2]; // ties to even
+    assert_eq!(&w[2..9], &want_w.map(|v| v as u8));
+    let a = activations(&Kernels::reference(), Q8_0, &x);
+    assert_eq!(&a[2..9], &want_a.map(|v| v as u8));
+    if let Some(k) = fast_kernels() {
+        assert_eq!(activations(&k, Q8_0, &x), a);
+    }
+}
+
+#[test]
+fn round_trip_error_is_bounded() {
+    let mut rng = Rng::new(1);
+    for ty in [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1] {
+        for _ in 0..50 {
+            let n = 32 * (1 + rng.below(64) as usize);
+            let x = random_row(&mut rng, n);
+            let y = dequantized(ty, &quantized(ty, &x), n);
+            for (b, (xb, yb)) in x.chunks(32).zip(y.chunks(32)).enumerate() {
+                let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let min = xb.iter().fold(f32::MAX, |m, v| m.min(*v));
+                let max = xb.iter().fold(-f32::MAX, |m, v| m.max(*v));
+                for (i, (&v, &r)) in xb.iter().zip(yb).enumerate() {
+                    // Error of storing a scale as f16 (relative, or half a subnormal step).
+                    let h = |v: f32| (v.abs() / 2048.0).max(1.0 / (1u32 << 25) as f32);
+                    let slack = amax * 1e-6 + 1e-9;
+                    let bound = match ty {
+                        F32 => 0.0,
+                        F16 => h(v),
+                        BF16 => v.abs() / 256.0,
+                        Q4_0 => amax / 8.0 + 8.0 * h(amax / 8.0) + slack,
+                        Q5_0 => amax / 16.0 + 16.0 * h(amax / 16.0) + slack,
+                        Q4_1 | Q5_1 => {
+                            let top = if ty == Q4_1 { 15.0 } else { 31.0 };
+                            let d = (max - min) / top;
+                            0.5 * d + top * h(d) + h(min) + slack + min.abs() * 1e-6
+                        }
+                        _ => 0.5 * amax / 127.0 + 127.0 * h(amax / 127.0) + slack,
+                    };
+                    assert!((v - r).abs() <= bound, "{ty} block {b} elem {i}: {v} -> {r} (bound {bound})");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn reference_dot_matches_f64_sum() {
+    let mut rng = Rng::new(2);
+    let k = Kernels::reference();
+    for wtype in DOT_TYPES {
+        let atype = Kernels::vec_dot_type(wtype).unwrap();
+        let dot = k.dot_fn(wtype).unwrap();
+        for i in 0..60 {
+            let n = random_n(&mut rng, wtype, i);
+            let w = quantized(wtype, &random_row(&mut rng, n));
+            let a = activations(&k, atype, &random_row(&mut rng, n));
+            let got = dot(n, &w, &a) as f64;
+            let (want, l1, ms) = exact_dot(wtype, &w, &a, n);
+            let tol = 1e-5 * (l1 + ms) + ms / 1024.0;
+            assert!((got - want).abs() <= tol, "{wtype} n={n}: {got} vs {want} (tol {tol})");
+        }
+    }
+}
+
+#[test]
+fn simd_dot_matches_reference() {
+    let Some(fast) = fast_kernels() else { return };
+    let reference = Kernels::reference();
+    let mut rng = Rng::new(3);
+    for wtype in DOT_TYPES {
+        let atype = Kernels::vec_dot_type(wtype).unwrap();
+        let (f, r) = (fast.dot_fn(wtype).unwrap(), reference.dot_fn(wtype).unwrap());
+        let mut worst = 0.0f64;
+        for i in 0..300 {
+            let n = random_n(&mut rng, wtype, i);
+            let w = quantized(wtype, &random_row(&mut rng, n));
+            let a = activations(&fast, atype, &random_row(&mut rng, n));
+            let got32 = f(n, &w, &a);
+            let (got, want) = (got32 as f64, r(n, &w, &a) as f64);
+            let (_, l1, ms) = exact_dot(wtype, &w, &a, n);
+            let scale = l1 + ms;
+            let err = if scale > 0.0 { (got - want).abs() / scale } else { (got - want).abs() };
+            assert!(err <= 1e-5, "{wtype} n={n}: simd {got} vs reference {want} (L1 {scale})");
+            worst = worst.max(err);
+
+            // Same bits from a misaligned copy of the same rows.
+            let mut w2 = vec![0u8; w.len() + 1];
+            w2[1..].copy_from_slice(&w);
+            let mut a2 = vec![0u8; a.len() + 3];
+            a2[3..].copy_from_slice(&a);
+            assert_eq!(f(n, &w2[1..], &a2[3..]).to_bits(), got32.to_bits(), "{wtype} n={n}: alignment changed the bits");
+        }
+        println!("{wtype}: worst |simd - reference| / L1 = {worst:.2e}");
+    }
+}
+
+#[test]
+fn simd_activations_are_byte_identical() {
+    let Some(fast) = fast_kernels() else { return };
+    let reference = Kernels::reference();
+    let mut rng = Rng::new(4);
+    for ty in [F32, F16, BF16, Q8_0, Q8_1] {
+        for i in 0..200 {
+            let n = if ty.block_size() == 1 && i % 2 == 0 { 1 + rng.below(300) as usize } else { 32 * (1 + rng.below(128) as usize) };
+            let x = random_row(&mut rng, n);
+            assert_eq!(activations(&fast, ty, &x), activations(&reference, ty, &x), "{ty} n={n}");
+        }
+    }
+}
+
+#[test]
+fn api_checks_types_and_shapes() {
+    let k = Kernels::reference();
+    assert!(Kernels::new(Isa::default()).is_reference());
+    assert_eq!(k.dot_fn(Q4_K).unwrap_err(), Unsupported { ty: Q4_K, reason: Reason::NoDot });
+    assert_eq!(Kernels::vec_dot_type(Q4_1), Some(Q8_1));
+    assert_eq!(Kernels::vec_dot_type(Q6_K), None);
+    let x = [0.5f32; 64];
+    let mut out = [0u8; 68];
+    assert!(k.quantize_activations(Q8_0, &x, &mut out).is_ok());
+    let e = k.quantize_activations(Q4_0, &x, &mut out).unwrap_err();
+    assert_eq!(e.reason, Reason::NotActivationType);
+    let e = k.quantize_activations(Q8_0, &x[..33], &mut out).unwrap_err();
+    assert_eq!(e.reason, Reason::RowShape { n: 33, bytes: 68 });
+    assert!(format!("{e}").contains("q8_0"));
+    let mut short = [0u8; 67];
+    assert!(quantize_row_ref(Q8_0, &x, &mut short).is_err());
+    let mut y = [0.0f32; 64];
+    assert!(k.dequantize_row(Q8_0, &out, &mut y).is_ok());
+    assert!(k.dequantize_row(Q8_0, &out[..34], &mut y).is_err());
+    assert_eq!(k.dequantize_row(Q2_K, &out, &mut y).unwrap_err().reason, Reason::NoDequantize);
+    assert_eq!(quantize_row_ref(IQ4_NL, &x, &mut out).unwrap_err().reason, Reason::NoQuantize);
+}

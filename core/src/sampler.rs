@@ -1,0 +1,270 @@
+//! Choosing the next token from logits: greedy, or llama.cpp's default chain (repetition
+//! penalty, top-k, top-p, min-p, temperature, then a seeded random draw).
+//!
+//! Owns the candidate buffer (an arena region of `n_vocab` entries), the recent-token
+//! history and the random number generator. Deterministic for a given seed.
+
+/// Sampling settings (defaults are llama.cpp's).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplerConfig {
+    /// Temperature; `<= 0` means greedy.
+    pub temp: f32,
+    /// Keep the `top_k` most likely tokens (0 = all).
+    pub top_k: usize,
+    /// Keep the smallest set whose probability reaches `top_p` (1 = all).
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` times the most likely (0 = none).
+    pub min_p: f32,
+    /// Divide positive (multiply negative) logits of recent tokens by this (1 = off).
+    pub repeat_penalty: f32,
+    /// How many recent tokens the penalty looks at (at most [`MAX_HISTORY`]).
+    pub repeat_last_n: usize,
+    /// Random seed.
+    pub seed: u64,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        SamplerConfig { temp: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, repeat_penalty: 1.0, repeat_last_n: 64, seed: 0 }
+    }
+}
+
+/// Most recent tokens the sampler remembers.
+pub const MAX_HISTORY: usize = 256;
+
+/// One candidate token.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Candidate {
+    /// Token id.
+    pub id: u32,
+    /// Logit (after penalty and temperature).
+    pub logit: f32,
+    /// Probability (after softmax over the kept candidates).
+    pub p: f32,
+}
+
+/// Bytes of the candidate buffer for a vocabulary of `n_vocab`.
+pub fn candidates_bytes(n_vocab: usize) -> usize {
+    n_vocab * core::mem::size_of::<Candidate>()
+}
+
+/// xoshiro256** seeded through splitmix64: small, fast, the same on every target.
+#[derive(Clone, Debug)]
+pub struct Rng {
+    s: [u64; 4],
+}
+
+impl Rng {
+    /// A generator for `seed`.
+    pub fn new(seed: u64) -> Self {
+        let mut z = seed;
+        let mut next = || {
+            z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            x ^ (x >> 31)
+        };
+        Rng { s: [next(), next(), next(), next()] }
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        let r = self.s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = self.s[1] << 17;
+        self.s[2] ^= self.s[0];
+        self.s[3] ^= self.s[1];
+        self.s[1] ^= self.s[2];
+        self.s[0] ^= self.s[3];
+        self.s[2] ^= t;
+        self.s[3] = self.s[3].rotate_left(45);
+        r
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// The index of the largest value; the lowest index among equal maxima (as llama.cpp's
+/// greedy sampler). NaN never wins.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > best_v {
+            best_v = v;
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// A sampler: settings, history and random state, plus the candidate buffer.
+pub struct Sampler<'a> {
+    cfg: SamplerConfig,
+    rng: Rng,
+    history: heapless::HistoryBuffer<u32, MAX_HISTORY>,
+    cands: &'a mut [Candidate],
+}
+
+impl<'a> Sampler<'a> {
+    /// A sampler using `cands` (at least `n_vocab` entries) as its work buffer.
+    pub fn new(cfg: SamplerConfig, cands: &'a mut [Candidate]) -> Self {
+        Sampler { cfg, rng: Rng::new(cfg.seed), history: heapless::HistoryBuffer::new(), cands }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
+    /// Records a token as part of the context (prompt or generated).
+    pub fn accept(&mut self, token: u32) {
+        self.history.write(token);
+    }
+
+    /// Forgets the history and reseeds.
+    pub fn reset(&mut self) {
+        self.history.clear();
+        self.rng = Rng::new(self.cfg.seed);
+    }
+
+    /// Picks the next token from one row of logits (not modified).
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        let n = logits.len().min(self.cands.len());
+        let penalty = self.cfg.repeat_penalty;
+        let penalize = penalty != 1.0 && self.cfg.repeat_last_n > 0;
+        if self.cfg.temp <= 0.0 && !penalize {
+            return argmax(&logits[..n]);
+        }
+        let cands = &mut self.cands[..n];
+        for (i, c) in cands.iter_mut().enumerate() {
+            *c = Candidate { id: i as u32, logit: logits[i], p: 0.0 };
+        }
+        if penalize {
+            let last_n = self.cfg.repeat_last_n.min(MAX_HISTORY).min(self.history.len());
+            let recent = self.history.oldest_ordered().skip(self.history.len() - last_n);
+            for (k, &t) in recent.clone().enumerate() {
+                // Penalize each distinct token once.
+                if recent.clone().take(k).any(|&u| u == t) || t as usize >= n {
+                    continue;
+                }
+                let l = &mut cands[t as usize].logit;
+                *l = if *l > 0.0 { *l / penalty } else { *l * penalty };
+            }
+        }
+        if self.cfg.temp <= 0.0 {
+            let mut best = 0;
+            for (i, c) in cands.iter().enumerate() {
+                if c.logit > cands[best].logit {
+                    best = i;
+                }
+            }
+            return cands[best].id;
+        }
+        let by_logit_desc = |a: &Candidate, b: &Candidate| b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id));
+        let mut len = n;
+        if self.cfg.top_k > 0 && self.cfg.top_k < len {
+            cands.select_nth_unstable_by(self.cfg.top_k - 1, by_logit_desc);
+            len = self.cfg.top_k;
+        }
+        let cands = &mut cands[..len];
+        cands.sort_unstable_by(by_logit_desc);
+        softmax(cands);
+        let mut keep = cands.len();
+        if self.cfg.top_p < 1.0 {
+            let mut cum = 0.0f32;
+            for (i, c) in cands.iter().enumerate() {
+                cum += c.p;
+                if cum >= self.cfg.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        if self.cfg.min_p > 0.0 {
+            let floor = cands[0].p * self.cfg.min_p;
+            keep = keep.min(cands.iter().take_while(|c| c.p >= floor).count().max(1));
+        }
+        let cands = &mut cands[..keep.max(1)];
+        for c in cands.iter_mut() {
+            c.logit /= self.cfg.temp;
+        }
+        softmax(cands);
+        let r = self.rng.next_f64() as f32;
+        let mut cum = 0.0f32;
+        for c in cands.iter() {
+            cum += c.p;
+            if r < cum {
+                return c.id;
+            }
+        }
+        cands[cands.len() - 1].id
+    }
+}
+
+/// Softmax of the candidates' logits into `p` (sorted descending, so [0] is the max).
+fn softmax(cands: &mut [Candidate]) {
+    let max = cands.iter().map(|c| c.logit).fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for c in cands.iter_mut() {
+        c.p = libm::expf(c.logit - max);
+        sum += c.p;
+    }
+    for c in cands.iter_mut() {
+        c.p /= sum;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_takes_lowest_index_of_ties() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, -1.0]), 1);
+        assert_eq!(argmax(&[f32::NAN, 0.5]), 1);
+    }
+
+    #[test]
+    fn seeded_sampling_is_deterministic_and_respects_top_k() {
+        let logits = [0.0f32, 1.0, 2.0, 3.0, 2.5, -1.0];
+        let cfg = SamplerConfig { temp: 1.0, top_k: 2, top_p: 1.0, min_p: 0.0, seed: 42, ..Default::default() };
+        let mut b1 = [Candidate::default(); 6];
+        let mut b2 = [Candidate::default(); 6];
+        let mut s1 = Sampler::new(cfg, &mut b1);
+        let mut s2 = Sampler::new(cfg, &mut b2);
+        let mut seen = [0usize; 6];
+        for _ in 0..200 {
+            let a = s1.sample(&logits);
+            assert_eq!(a, s2.sample(&logits));
+            seen[a as usize] += 1;
+        }
+        assert_eq!(seen[0] + seen[1] + seen[2] + seen[5], 0, "only the top 2 may be drawn: {seen:?}");
+        assert!(seen[3] > seen[4] && seen[4] > 0);
+    }
+
+    #[test]
+    fn repetition_penalty_changes_greedy_choice() {
+        let logits = [1.0f32, 2.0, 1.9];
+        let cfg = SamplerConfig { temp: 0.0, repeat_penalty: 1.5, ..Default::default() };
+        let mut b = [Candidate::default(); 3];
+        let mut s = Sampler::new(cfg, &mut b);
+        assert_eq!(s.sample(&logits), 1);
+        s.accept(1);
+        assert_eq!(s.sample(&logits), 2);
+    }
+
+    #[test]
+    fn min_p_and_top_p_cut_the_tail() {
+        let logits = [10.0f32, 0.0, 0.0, 0.0];
+        let cfg = SamplerConfig { temp: 1.0, top_k: 0, top_p: 0.5, min_p: 0.0, seed: 1, ..Default::default() };
+        let mut b = [Candidate::default(); 4];
+        let mut s = Sampler::new(cfg, &mut b);
+        for _ in 0..50 {
+            assert_eq!(s.sample(&logits), 0);
+        }
+    }
+}

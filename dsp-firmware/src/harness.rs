@@ -1,0 +1,186 @@
+//! The qemu-hexagon test harness protocol: one request on stdin, one response
+//! on stdout, little-endian. The host test (`qemu-tests/`) writes random inputs,
+//! runs the ELF, and checks the response against its own scalar reference.
+//!
+//! Request: `b"KDSP"`, command word, then
+//! - `CMD_MATMUL`: dtype code (`DType::code`: Q4_0 2, Q8_0 3), rows, k, n_cols,
+//!   scratch bytes; ggml weight rows (padded to 4 bytes); `n_cols × k` f32 activations.
+//! - `CMD_SELFTEST`: seed, scratch bytes.
+//!
+//! Response: status word (0 ok, else 1 + error code), then
+//! - `CMD_MATMUL`: the DSP-quantized activation blocks in ggml form
+//!   (`n_cols × k/32 × 34` bytes, padded to 4), the int32 block sums
+//!   (`[col][block][row]`), the f32 outputs (`[col][row]`).
+//! - `CMD_SELFTEST`: the digest word.
+
+use keel_npu_hal::op::DType;
+use keel_npu_hal::{tile, ErrorKind};
+
+use crate::matvec::{matvec, TiledWeights};
+use crate::quantize::{quantize_block, ActBlock};
+use crate::scratch::Scratch;
+
+/// `b"KDSP"` read little-endian.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"KDSP");
+/// Matrix product of ggml weights by f32 activations.
+pub const CMD_MATMUL: u32 = 1;
+/// The open-time self-test.
+pub const CMD_SELFTEST: u32 = 2;
+
+/// Memory the platform lends to one request.
+pub struct Regions<'a> {
+    /// Main-memory work area (repacked weights), 128-byte aligned.
+    pub work: &'a mut [u8],
+    /// The scratch region at its largest; the request says how much to use.
+    pub scratch: &'a mut [u8],
+    /// Where the response goes.
+    pub out: &'a mut [u8],
+}
+
+/// Error codes on the harness wire (1 + this).
+pub fn error_code(k: ErrorKind) -> u32 {
+    match k {
+        ErrorKind::Timeout => 0,
+        ErrorKind::DeviceLost => 1,
+        ErrorKind::OutOfMemory => 2,
+        ErrorKind::Unsupported => 3,
+        ErrorKind::Protocol => 4,
+        ErrorKind::BadResponse => 5,
+        ErrorKind::InvalidArgument => 6,
+        ErrorKind::Busy => 7,
+        _ => 8,
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn bytes(&mut self, n: usize) -> Result<&'a [u8], ErrorKind> {
+        if n > self.buf.len() {
+            return Err(ErrorKind::Protocol);
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Ok(head)
+    }
+    fn u32(&mut self) -> Result<u32, ErrorKind> {
+        let b = self.bytes(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+}
+
+struct Writer<'a> {
+    buf: &'a mut [u8],
+    len: usize,
+}
+
+impl Writer<'_> {
+    fn put(&mut self, bytes: &[u8]) -> Result<(), ErrorKind> {
+        let dst = self.buf.get_mut(self.len..self.len + bytes.len()).ok_or(ErrorKind::OutOfMemory)?;
+        dst.copy_from_slice(bytes);
+        self.len += bytes.len();
+        Ok(())
+    }
+    /// Reserves `n` zeroed bytes and returns them.
+    fn take(&mut self, n: usize) -> Result<&mut [u8], ErrorKind> {
+        let start = self.len;
+        let dst = self.buf.get_mut(start..start + n).ok_or(ErrorKind::OutOfMemory)?;
+        dst.fill(0);
+        self.len += n;
+        Ok(dst)
+    }
+    fn pad4(&mut self) -> Result<(), ErrorKind> {
+        while self.len % 4 != 0 {
+            self.put(&[0])?;
+        }
+        Ok(())
+    }
+}
+
+/// Serves one request; returns the response length in `r.out`.
+pub fn serve(input: &[u8], r: Regions<'_>) -> usize {
+    let (status_slot, body) = r.out.split_at_mut(4);
+    let mut w = Writer { buf: body, len: 0 };
+    let status = match dispatch(input, r.work, r.scratch, &mut w) {
+        Ok(()) => 0,
+        Err(k) => {
+            w.len = 0;
+            1 + error_code(k)
+        }
+    };
+    status_slot.copy_from_slice(&status.to_le_bytes());
+    4 + w.len
+}
+
+fn dispatch(input: &[u8], work: &mut [u8], scratch: &mut [u8], w: &mut Writer<'_>) -> Result<(), ErrorKind> {
+    let mut rd = Reader { buf: input };
+    if rd.u32()? != MAGIC {
+        return Err(ErrorKind::Protocol);
+    }
+    match rd.u32()? {
+        CMD_MATMUL => matmul(&mut rd, work, scratch, w),
+        CMD_SELFTEST => {
+            let seed = rd.u32()?;
+            let n = rd.u32()? as usize;
+            let mut s = Scratch::new(scratch.get_mut(..n).ok_or(ErrorKind::OutOfMemory)?);
+            w.put(&crate::selftest::run(seed, &mut s)?.to_le_bytes())
+        }
+        _ => Err(ErrorKind::Unsupported),
+    }
+}
+
+fn matmul(rd: &mut Reader<'_>, work: &mut [u8], scratch: &mut [u8], w: &mut Writer<'_>) -> Result<(), ErrorKind> {
+    let dtype = match rd.u32()? {
+        2 => DType::Q4_0,
+        3 => DType::Q8_0,
+        _ => return Err(ErrorKind::Unsupported),
+    };
+    let (rows, k, n_cols, scratch_bytes) = (rd.u32()?, rd.u32()?, rd.u32()? as usize, rd.u32()? as usize);
+    let size = tile::packed_size(dtype, rows, k).ok_or(ErrorKind::InvalidArgument)?;
+    let nb = k as usize / 32;
+    let src_len = rows as usize * nb * dtype.block_bytes() as usize;
+    let src = rd.bytes(src_len.next_multiple_of(4))?;
+    let packed = work.get_mut(..size).ok_or(ErrorKind::OutOfMemory)?;
+    tile::repack(dtype, rows, k, &src[..src_len], packed)?;
+    let weights = TiledWeights { dtype, rows, k, packed };
+
+    let mut s = Scratch::new(scratch.get_mut(..scratch_bytes).ok_or(ErrorKind::OutOfMemory)?);
+    let act_bytes = s.take(n_cols * nb * core::mem::size_of::<ActBlock>())?;
+    // SAFETY: ActBlock is repr(C) of u32/i32/f32/u16 fields, valid for any bit
+    // pattern; align_to_mut only yields correctly aligned elements.
+    let (_, acts, _) = unsafe { act_bytes.align_to_mut::<ActBlock>() };
+    let acts = acts.get_mut(..n_cols * nb).ok_or(ErrorKind::OutOfMemory)?;
+    for a in acts.iter_mut() {
+        let x = rd.bytes(128)?;
+        *a = quantize_block(&core::array::from_fn(|j| f32::from_le_bytes([x[4 * j], x[4 * j + 1], x[4 * j + 2], x[4 * j + 3]])));
+        w.put(&a.ggml_bytes())?;
+    }
+    w.pad4()?;
+    let rows = rows as usize;
+    let (sums, outs) = w.take(n_cols * (nb + 1) * rows * 4)?.split_at_mut(n_cols * nb * rows * 4);
+    let (sums, outs) = (as_words::<i32>(sums)?, as_words::<f32>(outs)?);
+    for c in 0..n_cols {
+        let (a, sums) = (&acts[c * nb..][..nb], &mut sums[c * nb * rows..][..nb * rows]);
+        matvec(&weights, a, &mut s.scope(), &mut outs[c * rows..][..rows], Some(sums))?;
+    }
+    Ok(())
+}
+
+/// Plain 4-byte values that any bit pattern makes valid.
+trait Word: Copy {}
+impl Word for i32 {}
+impl Word for f32 {}
+
+/// Views 4-aligned bytes as words (the DSP is little-endian, as the wire is).
+fn as_words<T: Word>(b: &mut [u8]) -> Result<&mut [T], ErrorKind> {
+    // SAFETY: T is a 4-byte plain value type (Word) valid for any bit pattern;
+    // align_to_mut yields only aligned elements, and we refuse a misaligned split.
+    let (pre, words, post) = unsafe { b.align_to_mut::<T>() };
+    if pre.is_empty() && post.is_empty() {
+        Ok(words)
+    } else {
+        Err(ErrorKind::InvalidArgument)
+    }
+}

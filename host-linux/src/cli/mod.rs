@@ -1,0 +1,73 @@
+//! The `keel` command line: one module per subcommand.
+
+pub mod args;
+pub mod common;
+pub mod eval;
+pub mod info;
+pub mod load;
+pub mod perplexity;
+pub mod run;
+pub mod tokenize;
+
+use anyhow::Result;
+use args::Args;
+
+/// Usage text.
+pub const USAGE: &str = "\
+keel: run GGUF language models on small devices
+
+usage: keel <command> [options]
+
+commands:
+  run         generate text:  keel run -m MODEL -p PROMPT [-f FILE] [-n N] [-c N_CTX] [-t THREADS]
+              [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty F] [--seed S]
+              [--reference] [--json]
+  tokenize    keel tokenize -m MODEL [--add-special] [--parse-special] [-f FILE | TEXT] [--json]
+  eval        keel eval -m MODEL (-p PROMPT | -f FILE | --tokens-file FILE) [--top-k 10]
+              [--dump-last FILE] [--reference] --json
+  perplexity  keel perplexity -m MODEL -f TEXT [-c 512] [-t T] [--json]
+  info        keel info MODEL [--json]
+  plan        keel plan -m MODEL [-c N_CTX] [-b N_BATCH] [-t T] [--json]
+  pull        keel pull NAME        (known: smollm2-135m, gemma3-270m)
+
+MODEL is a path to a .gguf file or a known name, fetched on first use into
+$KEEL_MODELS (default ~/.cache/keel/models).
+";
+
+/// Dispatches `argv[1..]`.
+pub fn main(argv: Vec<String>) -> Result<()> {
+    let mut it = argv.into_iter();
+    let cmd = it.next().unwrap_or_default();
+    let a = Args::new(it);
+    match cmd.as_str() {
+        "run" => run::main(a),
+        "tokenize" => tokenize::main(a),
+        "eval" => eval::main(a),
+        "perplexity" => perplexity::main(a),
+        "info" => info::info(a),
+        "plan" => info::plan(a),
+        "pull" => pull(a),
+        "help" | "-h" | "--help" | "" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        "--version" | "-V" | "version" => {
+            println!("keel {}", crate::VERSION);
+            Ok(())
+        }
+        other => anyhow::bail!("unknown command '{other}'; see `keel help`"),
+    }
+}
+
+fn pull(mut a: Args) -> Result<()> {
+    let names = a.positionals();
+    a.finish()?;
+    if names.is_empty() {
+        anyhow::bail!("keel pull NAME; known: {}", crate::pull::known_models_list());
+    }
+    for n in names {
+        let path = crate::pull::resolve_model(&n)?;
+        println!("{}", path.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,78 @@
+//! `keel perplexity`: llama.cpp's method exactly. The text is tokenized once (with BOS when
+//! the model adds one), cut into consecutive chunks of `n_ctx` tokens (a tail that does not
+//! fill a chunk is dropped); a chunk's first token becomes BOS when the model adds BOS;
+//! only the second half of each chunk is scored: for j in n_ctx/2 .. n_ctx-1, the
+//! negative log-likelihood of token j+1 under the logits at j.
+
+use super::args::Args;
+use super::common::{run_options, tokenize_all};
+use super::load::{engine, open, prepare};
+use crate::json;
+use anyhow::{bail, Context, Result};
+use keel_core::sampler::SamplerConfig;
+use keel_core::session::Outputs;
+
+/// Runs the subcommand.
+pub fn main(mut a: Args) -> Result<()> {
+    let model = a.value::<String>(&["-m", "--model"], "a model file or name")?.unwrap_or_else(|| "smollm2-135m".into());
+    let file: String = a.value(&["-f", "--file"], "a text file")?.ok_or_else(|| anyhow::anyhow!("perplexity needs -f FILE"))?;
+    let as_json = a.flag(&["--json"]);
+    let c = a.value_or(&["-c", "--ctx-size"], "a chunk length in tokens", 512usize)?;
+    let mut opts = run_options(&mut a, 1)?;
+    a.finish()?;
+    if c < 4 {
+        bail!("-c must be at least 4 for perplexity");
+    }
+    opts.n_ctx = c;
+    opts.n_outputs = c;
+    let text = std::fs::read_to_string(&file).with_context(|| format!("reading {file}"))?;
+    let opened = open(&model)?;
+    let g = opened.gguf()?;
+    let mut loaded = prepare(&g, &opened.path, &opts)?;
+    let (mut e, pool) = engine(&g, &opened.path, &mut loaded, opts.reference, SamplerConfig::default())?;
+    let tokens = tokenize_all(&e.tokenizer, &text, true, false)?;
+    let n_chunks = tokens.len() / c;
+    if n_chunks == 0 {
+        bail!("{file} has {} tokens, fewer than one chunk of {c}", tokens.len());
+    }
+    let bos = if e.tokenizer.add_bos() { e.tokenizer.bos() } else { None };
+    let v = e.n_vocab();
+    let (mut nll, mut count) = (0.0f64, 0usize);
+    let mut running = Vec::with_capacity(n_chunks);
+    let t0 = std::time::Instant::now();
+    for ch in 0..n_chunks {
+        let mut chunk = tokens[ch * c..(ch + 1) * c].to_vec();
+        if let Some(b) = bos {
+            chunk[0] = b;
+        }
+        e.reset();
+        let logits = e.eval(&chunk, Outputs::All, pool)?;
+        for j in c / 2..c - 1 {
+            let row = &logits[j * v..(j + 1) * v];
+            let target = tokens[ch * c + j + 1] as usize;
+            nll += keel_core::ops::log_sum_exp(row) - row[target] as f64;
+            count += 1;
+        }
+        let ppl = (nll / count as f64).exp();
+        running.push(ppl);
+        if !as_json {
+            eprint!("[{}]{:.4} ", ch + 1, ppl);
+        }
+    }
+    let ppl = (nll / count as f64).exp();
+    if as_json {
+        let mut o = json::Object::new();
+        o.f64("ppl", ppl).u64("n_chunks", n_chunks as u64).u64("n_ctx", c as u64);
+        o.arr("per_chunk_running", |arr| {
+            for &p in &running {
+                arr.f64(p);
+            }
+        });
+        o.f64("seconds", t0.elapsed().as_secs_f64());
+        o.print();
+    } else {
+        eprintln!();
+        println!("perplexity: {ppl:.4} over {n_chunks} chunks of {c} tokens ({:.1} s)", t0.elapsed().as_secs_f64());
+    }
+    Ok(())
+}

@@ -1,0 +1,16 @@
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
+#![forbid(unsafe_op_in_unsafe_fn)]
+
+pub mod cli;
+pub mod fsutil;
+pub mod isa;
+pub mod json;
+pub mod mem;
+pub mod mmap;
+pub mod pool;
+pub mod progress;
+pub mod pull;
+
+/// This crate's version (the workspace version).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

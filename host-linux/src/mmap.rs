@@ -1,0 +1,315 @@
+//! Memory maps: the read-only map of a model file, and the anonymous [`Arena`].
+//!
+//! Owns the two `mmap(2)` uses of the host: [`ModelFile`] maps a GGUF file read-only
+//! and shared, so its weights are paged in from the page cache on demand and never
+//! copied; [`Arena`] is the one private anonymous mapping the core's memory plan is laid
+//! out in (KV cache, activations, logits). Pages of the arena are zero and not resident
+//! until first written, so an unused tail of a large KV cache costs no memory.
+//! It does not parse anything; the core does.
+
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::ops::Deref;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+
+/// Alignment guaranteed for [`Arena`] and [`ModelFile`] data (mappings are page-aligned).
+pub const ALIGN: usize = 64;
+
+/// Opening or mapping a model file failed. The message names the file.
+#[derive(Debug)]
+pub struct MapError {
+    path: PathBuf,
+    what: &'static str,
+    source: io::Error,
+}
+
+impl MapError {
+    /// The file that could not be opened or mapped.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The underlying OS error.
+    pub fn io_error(&self) -> &io::Error {
+        &self.source
+    }
+}
+
+impl fmt::Display for MapError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cannot {} model file {}: {}",
+            self.what,
+            self.path.display(),
+            self.source
+        )
+    }
+}
+
+impl std::error::Error for MapError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// A whole file mapped read-only. Derefs to its bytes.
+pub struct ModelFile {
+    ptr: NonNull<u8>,
+    len: usize,
+    path: PathBuf,
+}
+
+// SAFETY: the mapping is read-only and owned by this value; sharing `&[u8]` views of it
+// across threads is like sharing any immutable byte slice.
+unsafe impl Send for ModelFile {}
+// SAFETY: as above.
+unsafe impl Sync for ModelFile {}
+
+impl ModelFile {
+    /// Maps the file at `path` read-only (`PROT_READ`, `MAP_SHARED`).
+    ///
+    /// The file must not be truncated while mapped (reads past the new end fault);
+    /// model files are written once by `keel pull` and renamed into place, so they are
+    /// never modified in place.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, MapError> {
+        let path = path.as_ref();
+        let err = |what, source| MapError {
+            path: path.to_path_buf(),
+            what,
+            source,
+        };
+        let file = File::open(path).map_err(|e| err("open", e))?;
+        let meta = file.metadata().map_err(|e| err("stat", e))?;
+        if meta.is_dir() {
+            return Err(err(
+                "map",
+                io::Error::new(io::ErrorKind::InvalidInput, "is a directory"),
+            ));
+        }
+        let len = usize::try_from(meta.len()).map_err(|_| {
+            err(
+                "map",
+                io::Error::new(io::ErrorKind::InvalidInput, "larger than the address space"),
+            )
+        })?;
+        if len == 0 {
+            // mmap(2) rejects a length of 0; an empty map needs no memory at all.
+            return Ok(ModelFile {
+                ptr: NonNull::dangling(),
+                len: 0,
+                path: path.to_path_buf(),
+            });
+        }
+        // SAFETY: a fresh mapping at an address the kernel picks, of a file we hold
+        // open; it aliases nothing in this process. The fd may be closed afterwards.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(err("map", io::Error::last_os_error()));
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).expect("mmap returned null without failing");
+        Ok(ModelFile {
+            ptr,
+            len,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The mapped bytes.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr+len` is a live read-only mapping owned by `self` (or a
+        // dangling pointer with `len == 0`, which is valid for an empty slice).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The file's path, as given to [`ModelFile::open`].
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Asks the kernel to start reading the whole file in (`MADV_WILLNEED`). A hint:
+    /// errors are ignored.
+    pub fn prefetch(&self) {
+        if self.len > 0 {
+            // SAFETY: advice on our own live mapping; it does not change its contents.
+            unsafe { libc::madvise(self.ptr.as_ptr().cast(), self.len, libc::MADV_WILLNEED) };
+        }
+    }
+}
+
+impl Deref for ModelFile {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.bytes()
+    }
+}
+
+impl fmt::Debug for ModelFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ModelFile")
+            .field("path", &self.path)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Drop for ModelFile {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: unmaps exactly the mapping made in `open`; no borrow of it can
+            // outlive `self`.
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        }
+    }
+}
+
+/// `len` bytes of zeroed, private, anonymous memory, page-aligned (so [`ALIGN`]-aligned).
+///
+/// Pages are reserved, not touched: they become resident only when written. The
+/// mapping uses `MAP_NORESERVE`, so a large arena does not count against overcommit
+/// until used.
+pub struct Arena {
+    ptr: NonNull<u8>,
+    len: usize,
+    map_len: usize,
+}
+
+// SAFETY: the arena exclusively owns its mapping; `&mut` access goes through
+// `&mut self`, shared access through `&self`, as for a `Vec<u8>`.
+unsafe impl Send for Arena {}
+// SAFETY: as above.
+unsafe impl Sync for Arena {}
+
+impl Arena {
+    /// Maps `len` bytes. Fails (with the size in the message) if the kernel refuses.
+    pub fn new(len: usize) -> io::Result<Self> {
+        let map_len = len.max(1); // mmap(2) rejects 0
+                                  // SAFETY: a fresh anonymous mapping at an address the kernel picks; it aliases
+                                  // nothing in this process.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(
+                e.kind(),
+                format!("cannot map an arena of {len} bytes: {e}"),
+            ));
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).expect("mmap returned null without failing");
+        debug_assert_eq!(ptr.as_ptr() as usize % ALIGN, 0);
+        Ok(Arena { ptr, len, map_len })
+    }
+
+    /// The arena's size in bytes, as requested.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the arena is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The whole arena, for reading.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr+len` is a live read-write mapping owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The whole arena, for the core's memory plan to carve up.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, and `&mut self` makes this the only borrow.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl fmt::Debug for Arena {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Arena").field("len", &self.len).finish()
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `new`; no borrow outlives `self`.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.map_len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arena_is_zero_writable_aligned() {
+        for len in [0usize, 1, 63, 4096, 1 << 20] {
+            let mut a = Arena::new(len).unwrap();
+            assert_eq!(a.len(), len);
+            assert_eq!(a.as_slice().as_ptr() as usize % ALIGN, 0);
+            assert!(a.as_slice().iter().all(|&b| b == 0));
+            for (i, b) in a.as_mut_slice().iter_mut().enumerate() {
+                *b = i as u8;
+            }
+            assert!(a.as_slice().iter().enumerate().all(|(i, &b)| b == i as u8));
+        }
+    }
+
+    #[test]
+    fn untouched_arena_is_not_resident() {
+        let before = crate::mem::current_rss_bytes().unwrap();
+        let mut a = Arena::new(1 << 30).unwrap();
+        a.as_mut_slice()[0] = 1;
+        a.as_mut_slice()[(1 << 30) - 1] = 1;
+        let after = crate::mem::current_rss_bytes().unwrap();
+        // Other tests run concurrently in this process; 1 GiB would be unmistakable.
+        assert!(
+            after.saturating_sub(before) < 256 << 20,
+            "{before} -> {after}"
+        );
+    }
+
+    #[test]
+    fn maps_a_file_and_names_missing_ones() {
+        let dir = std::env::temp_dir().join(format!("keel-mmap-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("m.gguf");
+        std::fs::write(&p, b"GGUF\x03\0\0\0rest").unwrap();
+        let m = ModelFile::open(&p).unwrap();
+        assert_eq!(&m[..4], b"GGUF");
+        assert_eq!(m.len(), 12);
+        m.prefetch();
+        std::fs::write(dir.join("empty"), b"").unwrap();
+        assert!(ModelFile::open(dir.join("empty")).unwrap().is_empty());
+        let e = ModelFile::open(dir.join("nope.gguf")).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("nope.gguf") && msg.contains("cannot open"),
+            "{msg}"
+        );
+        assert!(ModelFile::open(&dir)
+            .unwrap_err()
+            .to_string()
+            .contains("directory"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

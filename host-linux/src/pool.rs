@@ -1,0 +1,561 @@
+//! `ThreadPool`: the core's [`Parallel`] on std threads.
+//!
+//! Owns the worker threads and the hand-off protocol between the calling thread and
+//! them; knows nothing of models or kernels.
+//!
+//! Protocol, per [`Parallel::run`] call (no heap allocation, no lock on the fast path):
+//! 1. the caller claims the pool (`busy`), stores the lifetime-erased task pointer, the
+//!    task count and the check-out count it will wait for, then bumps the generation
+//!    counter `epoch`; workers spinning on it see the change, and workers asleep on it
+//!    (futex) are woken, with a syscall only if some are asleep;
+//! 2. thread `t` (the caller is 0, workers are 1..) runs task `t`; tasks beyond the
+//!    thread count are handed out by the atomic counter `next`. So the common job of
+//!    one task per thread touches no shared counter at all;
+//! 3. each worker then "checks out" by incrementing `done`, and the caller waits (spin,
+//!    then futex) until `done` reaches its target. Only then does it clear the task
+//!    pointer and return, so no worker ever touches a dead closure.
+//!
+//! The fields each side writes sit on separate cache lines, so a job costs about one
+//! cache-line round trip between caller and workers.
+//!
+//! Waiting threads spin for [`DEFAULT_SPIN`] (or the value given to
+//! [`ThreadPool::with_spin`]) before sleeping in the kernel, so back-to-back calls of a
+//! forward pass hand off in well under a microsecond while an idle pool costs no CPU.
+//!
+//! Panics: a panic in a task is caught; the remaining tasks of that call that have
+//! not started are skipped, the caller waits for every thread to check out, and then
+//! re-raises the first panic on the calling thread (`resume_unwind`). The pool stays
+//! usable afterwards. (With `panic = "abort"` the process aborts, as anywhere.)
+//!
+//! Re-entrancy: a `run` made while the pool is busy (from inside one of its tasks, or
+//! concurrently from another thread) runs its tasks in order on the calling thread. It
+//! never deadlocks and gives the same results, since the core's tasks are independent.
+
+use core::ptr::NonNull;
+use std::any::Any;
+use std::cell::UnsafeCell;
+use std::hint::spin_loop;
+use std::io;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use keel_core::parallel::Parallel;
+
+/// How long an idle thread spins before it sleeps in the kernel.
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(100);
+
+/// The job closure with its lifetime erased (stored only between hand-off and check-out).
+type Task = dyn Fn(usize) + Sync + 'static;
+
+/// A fixed set of worker threads that run [`Parallel`] jobs with the calling thread.
+pub struct ThreadPool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+/// Keeps a value on its own cache line(s), so writes to it do not evict its neighbours
+/// (128 bytes: x86 prefetches lines in pairs).
+#[repr(align(128))]
+struct Padded<T>(T);
+
+/// State shared between the caller of `run` and the workers.
+struct Shared {
+    /// Held by the thread whose job is in flight (its own line: only callers touch it).
+    busy: Padded<AtomicBool>,
+    /// Written by the caller once per job, read by the workers.
+    job: Padded<Job>,
+    /// Next task index to hand out; used only when there are more tasks than threads.
+    next: Padded<AtomicUsize>,
+    /// Written by the workers as they check out, read by the caller.
+    done: Padded<Done>,
+    /// Threads taking part, the caller included.
+    n_threads: usize,
+    /// The first panic of the current job (touched only when a task panics).
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
+    spin: Duration,
+}
+
+struct Job {
+    /// Generation counter: bumped once per job and once at shutdown. Futex word.
+    epoch: AtomicU32,
+    /// Workers asleep (or about to sleep) on `epoch`.
+    sleepers: AtomicU32,
+    shutdown: AtomicBool,
+    /// Number of tasks in the current job.
+    n_tasks: AtomicUsize,
+    /// The value `done.count` reaches when every worker has checked out of this job.
+    done_target: AtomicU32,
+    /// The current job's closure, its lifetime erased (see `run_parallel`).
+    task: UnsafeCell<Option<NonNull<Task>>>,
+}
+
+struct Done {
+    /// Check-outs so far (wrapping). Futex word.
+    count: AtomicU32,
+    /// Set while the caller is (about to be) asleep on `count`.
+    caller_waiting: AtomicBool,
+}
+
+// SAFETY: every field but `job.task` is Sync/Send on its own. `job.task` is written
+// only by the thread holding `busy`, and only while no worker reads it: after every
+// worker checked out of the previous job and before the `epoch` bump that publishes the
+// next (SeqCst). Workers read and dereference it only between that bump and their
+// check-out, while the caller keeps the closure alive.
+// The pointee is `Sync`, so calling it from several threads at once is allowed.
+unsafe impl Sync for Shared {}
+// SAFETY: as above; the pointer is only a borrowed `&(dyn Fn + Sync)` in disguise.
+unsafe impl Send for Shared {}
+
+impl ThreadPool {
+    /// A pool in which `n_threads` threads run tasks: `n_threads - 1` workers plus the
+    /// thread that calls `run`. `0` is taken as 1 (no workers: `run` is sequential).
+    pub fn new(n_threads: usize) -> io::Result<Self> {
+        Self::with_spin(n_threads, DEFAULT_SPIN)
+    }
+
+    /// Like [`ThreadPool::new`], with the time an idle thread spins before sleeping.
+    pub fn with_spin(n_threads: usize, spin: Duration) -> io::Result<Self> {
+        let n_threads = n_threads.max(1);
+        let shared = Arc::new(Shared {
+            busy: Padded(AtomicBool::new(false)),
+            job: Padded(Job {
+                epoch: AtomicU32::new(0),
+                sleepers: AtomicU32::new(0),
+                shutdown: AtomicBool::new(false),
+                n_tasks: AtomicUsize::new(0),
+                done_target: AtomicU32::new(0),
+                task: UnsafeCell::new(None),
+            }),
+            next: Padded(AtomicUsize::new(0)),
+            done: Padded(Done {
+                count: AtomicU32::new(0),
+                caller_waiting: AtomicBool::new(false),
+            }),
+            n_threads,
+            panic: Mutex::new(None),
+            spin,
+        });
+        let mut pool = ThreadPool {
+            shared,
+            workers: Vec::with_capacity(n_threads - 1),
+        };
+        for index in 1..n_threads {
+            let sh = Arc::clone(&pool.shared);
+            let handle = std::thread::Builder::new()
+                .name(format!("keel-pool-{index}"))
+                .spawn(move || worker_loop(&sh, index))?; // on error, Drop joins the others
+            pool.workers.push(handle);
+        }
+        Ok(pool)
+    }
+
+    /// The number of hardware threads available to this process (at least 1).
+    pub fn default_threads() -> usize {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
+
+    /// The job protocol described in the module docs; `n_tasks >= 2`, pool claimed.
+    fn run_parallel(&self, n_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+        let sh = &*self.shared;
+        let job = &sh.job.0;
+        let done = &sh.done.0;
+        // SAFETY: only the lifetime is erased. Workers dereference the pointer only
+        // until they check out of this job, and this function does not return (not even
+        // by unwinding: tasks run under catch_unwind) before every worker has checked
+        // out; `task` outlives this call.
+        let erased: NonNull<Task> = unsafe {
+            core::mem::transmute::<NonNull<dyn Fn(usize) + Sync + '_>, NonNull<Task>>(
+                NonNull::from(task),
+            )
+        };
+        // SAFETY: we hold `busy` and every worker checked out of the previous job, so
+        // no worker reads the cell now (see `unsafe impl Sync for Shared`).
+        unsafe { *job.task.get() = Some(erased) };
+        let target = job
+            .done_target
+            .load(Ordering::Relaxed)
+            .wrapping_add(self.workers.len() as u32);
+        job.done_target.store(target, Ordering::Relaxed);
+        job.n_tasks.store(n_tasks, Ordering::Relaxed);
+        if n_tasks > sh.n_threads {
+            sh.next.0.store(sh.n_threads, Ordering::Relaxed);
+        }
+        // Publishes everything above to the workers that observe the new epoch.
+        job.epoch.fetch_add(1, Ordering::SeqCst);
+        if job.sleepers.load(Ordering::SeqCst) != 0 {
+            futex_wake(&job.epoch, i32::MAX);
+        }
+
+        do_tasks(sh, task, 0);
+
+        // Wait for every worker to check out: spin, then sleep on `done.count`.
+        let mut spin = Spin::new(sh.spin);
+        while done.count.load(Ordering::Acquire) != target && spin.again() {}
+        let mut slept = false;
+        loop {
+            let seen = done.count.load(Ordering::SeqCst);
+            if seen == target {
+                break;
+            }
+            slept = true;
+            done.caller_waiting.store(true, Ordering::SeqCst);
+            if done.count.load(Ordering::SeqCst) != seen {
+                continue;
+            }
+            futex_wait(&done.count, seen);
+        }
+        if slept {
+            done.caller_waiting.store(false, Ordering::Relaxed);
+        }
+        // The cell keeps the now dangling pointer: workers dereference it only after a
+        // new epoch, and every new epoch but shutdown comes with a new pointer.
+        let panic = match sh.panic.try_lock() {
+            Ok(mut slot) => slot.take(),
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().take(),
+            Err(std::sync::TryLockError::WouldBlock) => None, // unreachable: all done
+        };
+        sh.busy.0.store(false, Ordering::Release);
+        if let Some(payload) = panic {
+            resume_unwind(payload);
+        }
+    }
+}
+
+impl Parallel for ThreadPool {
+    fn n_threads(&self) -> usize {
+        self.shared.n_threads
+    }
+
+    fn run(&self, n_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+        let parallel = n_tasks >= 2
+            && !self.workers.is_empty()
+            && self
+                .shared
+                .busy
+                .0
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok();
+        if parallel {
+            self.run_parallel(n_tasks, task);
+        } else {
+            (0..n_tasks).for_each(task);
+        }
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        let job = &self.shared.job.0;
+        job.shutdown.store(true, Ordering::SeqCst);
+        job.epoch.fetch_add(1, Ordering::SeqCst);
+        futex_wake(&job.epoch, i32::MAX);
+        for handle in self.workers.drain(..) {
+            // Tasks run under catch_unwind, so a worker cannot have died of a panic.
+            let _ = handle.join();
+        }
+    }
+}
+
+impl core::fmt::Debug for ThreadPool {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ThreadPool")
+            .field("n_threads", &self.shared.n_threads)
+            .field("spin", &self.shared.spin)
+            .finish()
+    }
+}
+
+fn worker_loop(sh: &Shared, index: usize) {
+    let job = &sh.job.0;
+    let done = &sh.done.0;
+    let mut seen = 0u32;
+    loop {
+        seen = wait_for_new_epoch(sh, seen);
+        if job.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        // SAFETY: a new epoch other than shutdown means a job was published with the
+        // cell set, and the caller keeps the closure alive until we check out below.
+        if let Some(task) = unsafe { *job.task.get() } {
+            // SAFETY: as above; the pointee is a live `&(dyn Fn(usize) + Sync)`.
+            do_tasks(sh, unsafe { task.as_ref() }, index);
+        }
+        // Read before checking out: the caller changes it only after every check-out.
+        let target = job.done_target.load(Ordering::Relaxed);
+        // Check out. After this the job's closure must not be touched.
+        let now = done.count.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
+        if now == target && done.caller_waiting.load(Ordering::SeqCst) {
+            futex_wake(&done.count, 1);
+        }
+    }
+}
+
+/// Spins, then sleeps, until `epoch` differs from `seen`; returns the new value.
+fn wait_for_new_epoch(sh: &Shared, seen: u32) -> u32 {
+    let job = &sh.job.0;
+    let mut spin = Spin::new(sh.spin);
+    loop {
+        let e = job.epoch.load(Ordering::Acquire);
+        if e != seen {
+            return e;
+        }
+        if !spin.again() {
+            break;
+        }
+    }
+    loop {
+        job.sleepers.fetch_add(1, Ordering::SeqCst);
+        if job.epoch.load(Ordering::SeqCst) == seen {
+            futex_wait(&job.epoch, seen);
+        }
+        job.sleepers.fetch_sub(1, Ordering::SeqCst);
+        let e = job.epoch.load(Ordering::Acquire);
+        if e != seen {
+            return e;
+        }
+    }
+}
+
+/// Runs task `first` (this thread's own), then takes indices from the shared counter
+/// while tasks beyond the thread count remain.
+fn do_tasks(sh: &Shared, task: &(dyn Fn(usize) + Sync), first: usize) {
+    let n = sh.job.0.n_tasks.load(Ordering::Relaxed);
+    if first < n {
+        run_caught(sh, task, first, n);
+    }
+    if n > sh.n_threads {
+        loop {
+            let i = sh.next.0.fetch_add(1, Ordering::Relaxed);
+            if i >= n {
+                return;
+            }
+            run_caught(sh, task, i, n);
+        }
+    }
+}
+
+fn run_caught(sh: &Shared, task: &(dyn Fn(usize) + Sync), i: usize, n: usize) {
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(|| task(i))) {
+        sh.next.0.store(n, Ordering::Relaxed); // skip the tasks not yet handed out
+        let mut slot = sh.panic.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(payload);
+        }
+    }
+}
+
+/// A bounded busy-wait: `again()` spins once and says whether to keep spinning.
+struct Spin {
+    limit: Duration,
+    iters: u32,
+    start: Option<Instant>,
+}
+
+impl Spin {
+    fn new(limit: Duration) -> Self {
+        Spin {
+            limit,
+            iters: 0,
+            start: None,
+        }
+    }
+
+    fn again(&mut self) -> bool {
+        self.iters = self.iters.wrapping_add(1);
+        if self.iters % 64 == 0 {
+            // The clock is read only once a hand-off is not immediate.
+            let start = *self.start.get_or_insert_with(Instant::now);
+            if start.elapsed() >= self.limit {
+                return false;
+            }
+        }
+        spin_loop();
+        true
+    }
+}
+
+fn futex_wait(word: &AtomicU32, expected: u32) {
+    // SAFETY: FUTEX_WAIT only reads the aligned u32 behind a live atomic and sleeps
+    // while it equals `expected`; a null timeout means no deadline. EINTR, EAGAIN and
+    // spurious wake-ups are fine: every caller re-checks its condition in a loop.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            core::ptr::null::<libc::timespec>(),
+        );
+    }
+}
+
+fn futex_wake(word: &AtomicU32, n: i32) {
+    // SAFETY: FUTEX_WAKE only uses the address as a key; it does not access memory.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            n,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU8;
+
+    fn check_each_once(pool: &ThreadPool, n: usize) {
+        let hits: Vec<AtomicU8> = (0..n).map(|_| AtomicU8::new(0)).collect();
+        pool.run(n, &|i| {
+            hits[i].fetch_add(1, Ordering::Relaxed);
+        });
+        for (i, h) in hits.iter().enumerate() {
+            assert_eq!(h.load(Ordering::Relaxed), 1, "task {i} of {n}");
+        }
+    }
+
+    #[test]
+    fn every_index_runs_exactly_once() {
+        for threads in [0, 1, 2, 3, 4, 7] {
+            for spin in [Duration::ZERO, DEFAULT_SPIN] {
+                let pool = ThreadPool::with_spin(threads, spin).unwrap();
+                assert_eq!(pool.n_threads(), threads.max(1));
+                for n in (0..40).chain([100, 1000, 4097]) {
+                    check_each_once(&pool, n);
+                }
+                for _ in 0..300 {
+                    check_each_once(&pool, 5);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn workers_take_part() {
+        let pool = ThreadPool::with_spin(3, Duration::from_millis(5)).unwrap();
+        let caller = std::thread::current().id();
+        let others = AtomicUsize::new(0);
+        for _ in 0..200 {
+            pool.run(64, &|_| {
+                if std::thread::current().id() != caller {
+                    others.fetch_add(1, Ordering::Relaxed);
+                }
+                std::hint::black_box((0..2000u32).sum::<u32>());
+            });
+        }
+        assert!(
+            others.load(Ordering::Relaxed) > 0,
+            "only the caller ran tasks"
+        );
+    }
+
+    #[test]
+    fn panic_propagates_and_pool_survives() {
+        for threads in [1, 2, 4] {
+            let pool = ThreadPool::with_spin(threads, Duration::ZERO).unwrap();
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                pool.run(50, &|i| {
+                    if i == 7 {
+                        panic!("task seven failed");
+                    }
+                })
+            }));
+            let payload = r.expect_err("the panic must reach the caller");
+            assert_eq!(payload.downcast_ref::<&str>(), Some(&"task seven failed"));
+            check_each_once(&pool, 50);
+        }
+    }
+
+    #[test]
+    fn nested_and_concurrent_runs_do_not_deadlock() {
+        let pool = ThreadPool::new(3).unwrap();
+        let total = AtomicUsize::new(0);
+        pool.run(8, &|_| {
+            pool.run(10, &|_| {
+                total.fetch_add(1, Ordering::Relaxed);
+            });
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 80);
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    for _ in 0..200 {
+                        check_each_once(&pool, 17);
+                    }
+                });
+            }
+        });
+    }
+
+    /// Per-call overhead at 2 threads, against the floor of one cache-line round trip
+    /// between two spinning threads. Reports the best and the median of 40 batches
+    /// (the machine may be shared). Run with
+    /// `cargo test --release -p keel-host-linux pool::tests::bench -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn bench_run_overhead() {
+        fn report(what: &str, mut per_call: Vec<f64>) {
+            per_call.sort_by(f64::total_cmp);
+            println!(
+                "{what}: best {:.0} ns, median {:.0} ns per call",
+                per_call[0],
+                per_call[per_call.len() / 2]
+            );
+        }
+        const BATCH: u32 = 10_000;
+        let ping = AtomicU32::new(0);
+        let pong = AtomicU32::new(0);
+        let stop = AtomicBool::new(false);
+        let mut floor = Vec::new();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut last = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let v = ping.load(Ordering::Acquire);
+                    if v != last {
+                        last = v;
+                        pong.store(v, Ordering::Release);
+                    }
+                    spin_loop();
+                }
+            });
+            let mut v = 0;
+            for _ in 0..40 {
+                let t = Instant::now();
+                for _ in 0..BATCH {
+                    v += 1;
+                    ping.store(v, Ordering::Release);
+                    while pong.load(Ordering::Acquire) != v {
+                        spin_loop();
+                    }
+                }
+                floor.push(t.elapsed().as_nanos() as f64 / f64::from(BATCH));
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        report("floor: one round trip between 2 spinning threads", floor);
+        for threads in [1, 2] {
+            let pool = ThreadPool::new(threads).unwrap();
+            let task = |i: usize| {
+                std::hint::black_box(i);
+            };
+            let mut times = Vec::new();
+            for _ in 0..40 {
+                let t = Instant::now();
+                for _ in 0..BATCH {
+                    pool.run(2, &task);
+                }
+                times.push(t.elapsed().as_nanos() as f64 / f64::from(BATCH));
+            }
+            report(
+                &format!("ThreadPool::run, {threads} thread(s), 2 empty tasks"),
+                times,
+            );
+        }
+    }
+}

@@ -1,0 +1,22 @@
+#![doc = include_str!("../README.md")]
+#![no_std]
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod buffer;
+pub mod caps;
+pub mod device;
+pub mod error;
+pub mod f16;
+pub mod op;
+pub mod selftest;
+pub mod support;
+pub mod tile;
+pub mod wait;
+pub mod wire;
+
+pub use buffer::{BufferId, BufferRules};
+pub use caps::{Arch, Caps, Identity, MemoryLimits, UnitState, Units};
+pub use device::{BatchStatus, Completion, Device, Queue, Seq, SharedBuffers};
+pub use error::{Error, ErrorKind, ErrorType};
+pub use op::{Batch, DType, Layout, OpDesc, OpKind, Support, TensorDesc};

@@ -1,0 +1,289 @@
+//! Op descriptors: tensor types and layouts, tensor and op descriptor tables,
+//! and the batch that carries them. This module owns shapes and validation, not
+//! execution; the `supports` rules are in [`crate::support`].
+//!
+//! Shapes follow ggml: `ne[0]` is the innermost (contiguous) dimension; `nb[i]`
+//! is the byte stride of dimension `i` (`nb[0]` is the element or block size).
+
+use crate::buffer::BufferId;
+use crate::error::ErrorKind;
+use crate::tile;
+
+/// Element types a tensor may have.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
+pub enum DType {
+    /// IEEE binary32.
+    F32,
+    /// IEEE binary16.
+    F16,
+    /// ggml Q4_0: blocks of 32, f16 scale + 16 nibble bytes (18 bytes).
+    Q4_0,
+    /// ggml Q8_0: blocks of 32, f16 scale + 32 int8 (34 bytes).
+    Q8_0,
+    /// ggml IQ4_NL: like Q4_0 with a non-linear 16-entry value table (18 bytes).
+    IQ4NL,
+    /// 32-bit signed integer (row indices, positions).
+    I32,
+}
+
+impl DType {
+    /// Stable code used in capability bit sets.
+    pub const fn code(self) -> u8 {
+        match self {
+            DType::F32 => 0,
+            DType::F16 => 1,
+            DType::Q4_0 => 2,
+            DType::Q8_0 => 3,
+            DType::IQ4NL => 4,
+            DType::I32 => 5,
+        }
+    }
+    /// Elements per block (1 for plain types).
+    pub const fn block_len(self) -> u32 {
+        match self {
+            DType::Q4_0 | DType::Q8_0 | DType::IQ4NL => 32,
+            _ => 1,
+        }
+    }
+    /// Bytes per block (per element for plain types).
+    pub const fn block_bytes(self) -> u32 {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F16 => 2,
+            DType::Q4_0 | DType::IQ4NL => 18,
+            DType::Q8_0 => 34,
+        }
+    }
+    /// Whether this is a block-quantized type.
+    pub const fn is_quantized(self) -> bool {
+        self.block_len() > 1
+    }
+    /// Bytes of one row of `n` elements, or `None` if `n` is not a whole number of blocks.
+    pub fn row_bytes(self, n: u32) -> Option<u64> {
+        if n % self.block_len() != 0 {
+            return None;
+        }
+        Some(u64::from(n / self.block_len()) * u64::from(self.block_bytes()))
+    }
+}
+
+/// How a tensor's bytes are arranged.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Layout {
+    /// ggml layout: rows of blocks, strides in `nb`.
+    RowMajor,
+    /// keel's 32×32 weight tiles for HVX (see [`crate::tile`]); 2-D only, `nb` ignored.
+    Tiles32,
+}
+
+/// One tensor in a batch's tensor table.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct TensorDesc {
+    /// Element type.
+    pub dtype: DType,
+    /// Byte arrangement.
+    pub layout: Layout,
+    /// Elements per dimension, innermost first.
+    pub ne: [u32; 4],
+    /// Byte stride per dimension (row-major only).
+    pub nb: [u32; 4],
+    /// Index into the batch's buffer table.
+    pub buffer: u16,
+    /// Byte offset of element 0 in that buffer.
+    pub offset: u32,
+}
+
+impl TensorDesc {
+    /// A contiguous row-major tensor.
+    pub fn contiguous(dtype: DType, ne: [u32; 4], buffer: u16, offset: u32) -> Option<TensorDesc> {
+        let row = u32::try_from(dtype.row_bytes(ne[0])?).ok()?;
+        let nb1 = row;
+        let nb2 = nb1.checked_mul(ne[1])?;
+        let nb3 = nb2.checked_mul(ne[2])?;
+        nb3.checked_mul(ne[3])?;
+        Some(TensorDesc { dtype, layout: Layout::RowMajor, ne, nb: [dtype.block_bytes(), nb1, nb2, nb3], buffer, offset })
+    }
+
+    /// Number of elements.
+    pub fn n_elements(&self) -> u64 {
+        self.ne.iter().map(|&n| u64::from(n)).product()
+    }
+
+    /// One past the last byte this tensor touches, relative to its buffer start.
+    pub fn end(&self) -> Option<u64> {
+        if self.ne.contains(&0) {
+            return None;
+        }
+        let extent = match self.layout {
+            Layout::RowMajor => {
+                let mut e = self.dtype.row_bytes(self.ne[0])?;
+                for d in 1..4 {
+                    e = e.checked_add(u64::from(self.ne[d] - 1).checked_mul(u64::from(self.nb[d]))?)?;
+                }
+                e
+            }
+            Layout::Tiles32 => {
+                if self.ne[2] != 1 || self.ne[3] != 1 {
+                    return None;
+                }
+                tile::packed_size(self.dtype, self.ne[1], self.ne[0])? as u64
+            }
+        };
+        u64::from(self.offset).checked_add(extent)
+    }
+}
+
+/// What an op does, with its parameters.
+#[derive(Copy, Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
+pub enum OpKind {
+    /// `dst[n, m] = Σ_k src0[m, k] · src1[n, k]` (ggml MUL_MAT; a mat-vec when src1 has one row).
+    MatMul,
+    /// Rows of src0 (any type) picked by the I32 indices in src1, as F32.
+    GetRows,
+    /// Root-mean-square normalisation of each row.
+    RmsNorm {
+        /// Added to the mean square before the square root.
+        eps: f32,
+    },
+    /// Rotary position embedding of src0 at the I32 positions src1.
+    Rope {
+        /// Leading dimensions of each head that are rotated.
+        n_dims: u16,
+        /// 0: adjacent pairs (ggml "normal"); 2: halves (NeoX).
+        mode: u8,
+        /// Frequency base θ.
+        freq_base: f32,
+    },
+    /// Causal attention of Q (src0) over the device-resident K (src1) and V (src2) caches.
+    Attention {
+        /// Query heads.
+        n_head: u16,
+        /// Key/value heads (divides `n_head`).
+        n_head_kv: u16,
+        /// Usually `1/sqrt(head_dim)`.
+        scale: f32,
+    },
+    /// Softmax of each row after multiplying by `scale`.
+    Softmax {
+        /// Pre-multiplier.
+        scale: f32,
+    },
+    /// `x·σ(x)`.
+    Silu,
+    /// GELU (tanh approximation).
+    Gelu,
+    /// `silu(src0) · src1` (the gated FFN product).
+    SwiGlu,
+    /// Element-wise product; src1 may broadcast over rows.
+    Mul,
+    /// Element-wise sum; src1 may broadcast over rows.
+    Add,
+}
+
+impl OpKind {
+    /// Stable code used in capability bit sets.
+    pub const fn code(&self) -> u8 {
+        match self {
+            OpKind::MatMul => 0,
+            OpKind::GetRows => 1,
+            OpKind::RmsNorm { .. } => 2,
+            OpKind::Rope { .. } => 3,
+            OpKind::Attention { .. } => 4,
+            OpKind::Softmax { .. } => 5,
+            OpKind::Silu => 6,
+            OpKind::Gelu => 7,
+            OpKind::SwiGlu => 8,
+            OpKind::Mul => 9,
+            OpKind::Add => 10,
+        }
+    }
+}
+
+/// One op in a batch: what, and which tensors (indices into the tensor table).
+#[derive(Copy, Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct OpDesc {
+    /// The op.
+    pub kind: OpKind,
+    /// Source tensors.
+    pub src: [Option<u16>; 3],
+    /// Destination tensor.
+    pub dst: u16,
+}
+
+/// A buffer named by a batch: its id and the size the device knows it by.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct BufferRef {
+    /// The buffer.
+    pub id: BufferId,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+/// An op batch as the host builds it: three descriptor tables.
+#[derive(Copy, Clone, Debug)]
+pub struct Batch<'a> {
+    /// Buffers the tensors live in.
+    pub buffers: &'a [BufferRef],
+    /// Tensors the ops read and write.
+    pub tensors: &'a [TensorDesc],
+    /// Ops, executed in order.
+    pub ops: &'a [OpDesc],
+}
+
+impl Batch<'_> {
+    /// Checks every index and that every tensor lies inside its buffer.
+    pub fn validate(&self) -> Result<(), ErrorKind> {
+        for t in self.tensors {
+            let buf = self.buffers.get(usize::from(t.buffer)).ok_or(ErrorKind::InvalidArgument)?;
+            let end = t.end().ok_or(ErrorKind::InvalidArgument)?;
+            if end > buf.size {
+                return Err(ErrorKind::InvalidArgument);
+            }
+        }
+        let n = self.tensors.len();
+        for op in self.ops {
+            let idx = op.src.iter().flatten().chain(core::iter::once(&op.dst));
+            if idx.into_iter().any(|&i| usize::from(i) >= n) {
+                return Err(ErrorKind::InvalidArgument);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why an op is not supported.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
+pub enum Reason {
+    /// The firmware does not implement this op kind.
+    OpKind,
+    /// A tensor type is not accepted.
+    DType,
+    /// A tensor layout is not accepted.
+    Layout,
+    /// Shapes do not fit the op or the kernel's rules.
+    Shape,
+    /// The unit that runs it is absent or failed its self-test.
+    Unit,
+    /// A tensor index is missing or out of range.
+    Index,
+}
+
+/// Answer to `supports(op)`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Support {
+    /// The device runs it.
+    Yes,
+    /// It does not, and why.
+    No(Reason),
+}

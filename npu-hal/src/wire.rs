@@ -1,0 +1,183 @@
+//! The wire protocol between host and firmware: postcard-encoded messages,
+//! one per transport packet (a dspqueue message, a FastRPC buffer, a pipe frame).
+//!
+//! Rules that keep old firmware and new hosts talking:
+//! - The first exchange is [`HostMsg::Hello`] → [`DeviceMsg::HelloAck`]; the device
+//!   answers [`DeviceMsg::Error`] of kind `Protocol` to a magic or version it does
+//!   not speak, and to anything before a successful hello.
+//! - Message enums and every enum inside them are **append-only**: postcard
+//!   encodes a variant as its index, so a new variant goes at the end and an old
+//!   one is never removed or reordered. Changing a struct's fields bumps
+//!   [`PROTOCOL_VERSION`]. The golden byte tests in `tests/wire_golden.rs` fail on drift.
+//! - Descriptor tables are bounded ([`MAX_BUFFERS`], [`MAX_TENSORS`], [`MAX_OPS`])
+//!   so both sides decode without an allocator.
+
+use heapless::Vec;
+use serde::{Deserialize, Serialize};
+
+use crate::buffer::BufferId;
+use crate::caps::{Caps, Identity};
+use crate::device::{BatchStatus, Seq};
+use crate::error::ErrorKind;
+use crate::op::{Batch, BufferRef, OpDesc, TensorDesc};
+
+/// `b"KEEL"` read little-endian.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"KEEL");
+/// Version of this protocol.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Most buffers one batch may name.
+pub const MAX_BUFFERS: usize = 16;
+/// Most tensors one batch may describe.
+pub const MAX_TENSORS: usize = 64;
+/// Most ops one batch may carry.
+pub const MAX_OPS: usize = 32;
+/// Longest encoded message, bytes (a full batch with worst-case varints is about 4.2 KiB).
+pub const MAX_MESSAGE: usize = 8192;
+
+/// An op batch on the wire: the three descriptor tables, by value.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BatchMsg {
+    /// Sequence number the completion will carry.
+    pub seq: Seq,
+    /// Buffer table.
+    pub buffers: Vec<BufferRef, MAX_BUFFERS>,
+    /// Tensor table.
+    pub tensors: Vec<TensorDesc, MAX_TENSORS>,
+    /// Op table, executed in order.
+    pub ops: Vec<OpDesc, MAX_OPS>,
+}
+
+impl BatchMsg {
+    /// Copies a batch into wire form; `Unsupported` if a table is too long.
+    pub fn new(seq: Seq, batch: &Batch<'_>) -> Result<Self, ErrorKind> {
+        let long = |_| ErrorKind::Unsupported;
+        Ok(BatchMsg {
+            seq,
+            buffers: Vec::from_slice(batch.buffers).map_err(long)?,
+            tensors: Vec::from_slice(batch.tensors).map_err(long)?,
+            ops: Vec::from_slice(batch.ops).map_err(long)?,
+        })
+    }
+
+    /// The tables as a [`Batch`] (to validate or execute).
+    pub fn batch(&self) -> Batch<'_> {
+        Batch { buffers: &self.buffers, tensors: &self.tensors, ops: &self.ops }
+    }
+}
+
+/// Host → device messages. Append-only.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum HostMsg {
+    /// Opens the conversation.
+    Hello {
+        /// Must be [`MAGIC`].
+        magic: u32,
+        /// The host's [`PROTOCOL_VERSION`].
+        protocol_version: u16,
+    },
+    /// Asks for [`DeviceMsg::Caps`].
+    QueryCaps,
+    /// Device-private memory (for example a device-resident KV cache).
+    AllocBuffer {
+        /// Bytes wanted.
+        size: u64,
+    },
+    /// Host shared memory to map on the device (a dma-buf / file descriptor).
+    MapBuffer {
+        /// Id the host chose for it.
+        id: BufferId,
+        /// Descriptor the device side can map (fd for FastRPC; for QEMU an fd
+        /// number valid in the guest).
+        fd: i32,
+        /// Offset into the descriptor, bytes (4 KiB aligned).
+        offset: u64,
+        /// Length, bytes.
+        len: u64,
+    },
+    /// Unmaps or frees a buffer.
+    FreeBuffer {
+        /// The buffer.
+        id: BufferId,
+    },
+    /// Runs an op batch; answered by [`DeviceMsg::BatchDone`] with the same seq.
+    SubmitBatch(BatchMsg),
+    /// Runs the known-input test of [`crate::selftest`] for `seed`.
+    SelfTest {
+        /// Chosen by the host at random, so that a constant answer cannot pass.
+        seed: u32,
+    },
+}
+
+/// Device → host messages. Append-only.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum DeviceMsg {
+    /// Answer to `Hello`.
+    HelloAck {
+        /// Who the device is; `identity.protocol_version` is what it speaks.
+        identity: Identity,
+    },
+    /// Answer to `QueryCaps`.
+    Caps(Caps),
+    /// Answer to `AllocBuffer`.
+    BufferAllocated {
+        /// Id of the new buffer.
+        id: BufferId,
+        /// Bytes reserved (rounded by the device's rules).
+        size: u64,
+    },
+    /// Answer to `MapBuffer`.
+    BufferMapped {
+        /// The buffer.
+        id: BufferId,
+        /// Its address in the device's address space.
+        device_addr: u64,
+    },
+    /// Answer to `FreeBuffer`.
+    BufferFreed {
+        /// The buffer.
+        id: BufferId,
+    },
+    /// Completion of a `SubmitBatch`.
+    BatchDone {
+        /// The batch.
+        seq: Seq,
+        /// Its outcome.
+        status: BatchStatus,
+    },
+    /// Answer to `SelfTest`.
+    SelfTestResult {
+        /// The seed it ran with.
+        seed: u32,
+        /// [`crate::selftest::Digest`] of the block sums.
+        digest: u32,
+    },
+    /// A request failed as a whole.
+    Error {
+        /// Why.
+        kind: ErrorKind,
+        /// Device-specific detail (an errno, a DSP error code), 0 if none.
+        detail: u32,
+    },
+}
+
+/// Encodes a message into `buf`, returning the used prefix.
+pub fn encode<'b, T: Serialize>(msg: &T, buf: &'b mut [u8]) -> Result<&'b mut [u8], ErrorKind> {
+    postcard::to_slice(msg, buf).map_err(|_| ErrorKind::InvalidArgument)
+}
+
+/// Decodes one message that must fill `bytes` exactly; anything else is `Protocol`.
+pub fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ErrorKind> {
+    match postcard::take_from_bytes(bytes) {
+        Ok((msg, [])) => Ok(msg),
+        _ => Err(ErrorKind::Protocol),
+    }
+}
+
+/// What a device answers to a `Hello`: `Ok` if it speaks the host's version.
+pub fn check_hello(magic: u32, protocol_version: u16) -> Result<(), ErrorKind> {
+    if magic == MAGIC && protocol_version == PROTOCOL_VERSION {
+        Ok(())
+    } else {
+        Err(ErrorKind::Protocol)
+    }
+}

@@ -1,0 +1,139 @@
+//! Golden bytes for every wire message: if an encoding changes, these fail and
+//! the change must come with a protocol version bump (see `wire` module docs).
+
+use keel_npu_hal::buffer::{BufferId, BufferRules};
+use keel_npu_hal::caps::{Arch, Caps, DTypeSet, Identity, MemoryLimits, OpSet, UnitState, Units};
+use keel_npu_hal::device::BatchStatus;
+use keel_npu_hal::op::{Batch, BufferRef, DType, Layout, OpDesc, OpKind, TensorDesc};
+use keel_npu_hal::wire::{self, BatchMsg, DeviceMsg, HostMsg, MAGIC, PROTOCOL_VERSION};
+use keel_npu_hal::ErrorKind;
+
+fn caps() -> Caps {
+    Caps {
+        units: Units { hvx_contexts: 4, hvx: UnitState::Verified, hmx: UnitState::Absent, npu_cores: 0, npu: UnitState::Absent },
+        memory: MemoryLimits {
+            va_budget: 3 << 30,
+            scratch_bytes: 4 << 20,
+            buffers: BufferRules { align: 4096, granule: 4096, max_size: 1 << 31 },
+        },
+        ops: OpSet::default().with(0).with(2),
+        matmul_weights: DTypeSet::default().with(DType::Q4_0).with(DType::Q8_0),
+        max_in_flight: 8,
+        max_batch_ops: 32,
+    }
+}
+
+fn batch() -> BatchMsg {
+    let buffers = [BufferRef { id: BufferId(1), size: 4096 }, BufferRef { id: BufferId(2), size: 256 }];
+    let tensors = [
+        TensorDesc { dtype: DType::Q8_0, layout: Layout::Tiles32, ne: [64, 32, 1, 1], nb: [0; 4], buffer: 0, offset: 0 },
+        TensorDesc::contiguous(DType::F32, [64, 1, 1, 1], 1, 0).unwrap(),
+        TensorDesc::contiguous(DType::F32, [32, 1, 1, 1], 1, 128).unwrap(),
+    ];
+    let ops = [
+        OpDesc { kind: OpKind::MatMul, src: [Some(0), Some(1), None], dst: 2 },
+        OpDesc { kind: OpKind::RmsNorm { eps: 1e-5 }, src: [Some(2), None, None], dst: 2 },
+    ];
+    BatchMsg::new(7, &Batch { buffers: &buffers, tensors: &tensors, ops: &ops }).unwrap()
+}
+
+fn host_cases() -> Vec<(HostMsg, &'static str)> {
+    vec![
+        (HostMsg::Hello { magic: MAGIC, protocol_version: PROTOCOL_VERSION }, "00 cb 8a 95 e2 04 01"),
+        (HostMsg::QueryCaps, "01"),
+        (HostMsg::AllocBuffer { size: 1 << 20 }, "02 80 80 40"),
+        (HostMsg::MapBuffer { id: BufferId(3), fd: -2, offset: 4096, len: 300 }, "03 03 03 80 20 ac 02"),
+        (HostMsg::FreeBuffer { id: BufferId(3) }, "04 03"),
+        (HostMsg::SelfTest { seed: 0x1234_5678 }, "06 f8 ac d1 91 01"),
+        (
+            HostMsg::SubmitBatch(batch()),
+            "05 07 \
+             02 01 80 20 02 80 02 \
+             03 03 01 40 20 01 01 00 00 00 00 00 00 \
+             00 00 40 01 01 01 04 80 02 80 02 80 02 01 00 \
+             00 00 20 01 01 01 04 80 01 80 01 80 01 01 80 01 \
+             02 00 01 00 01 01 00 02 \
+             02 ac c5 27 37 01 02 00 00 02",
+        ),
+    ]
+}
+
+fn device_cases() -> Vec<(DeviceMsg, &'static str)> {
+    let identity = Identity { arch: Arch::Hexagon { version: 73 }, firmware_version: 0x0001_0200, protocol_version: 1, emulated: true };
+    vec![
+        (DeviceMsg::HelloAck { identity }, "00 00 49 80 84 04 01 01"),
+        (
+            DeviceMsg::Caps(caps()),
+            "01 04 02 00 00 00 80 80 80 80 0c 80 80 80 02 80 20 80 20 80 80 80 80 08 05 0c 08 20",
+        ),
+        (DeviceMsg::BufferAllocated { id: BufferId(9), size: 8192 }, "02 09 80 40"),
+        (DeviceMsg::BufferMapped { id: BufferId(9), device_addr: 0xc000_0000 }, "03 09 80 80 80 80 0c"),
+        (DeviceMsg::BufferFreed { id: BufferId(9) }, "04 09"),
+        (DeviceMsg::BatchDone { seq: 300, status: BatchStatus::Done }, "05 ac 02 00"),
+        (DeviceMsg::BatchDone { seq: 1, status: BatchStatus::Failed { op: 2, kind: ErrorKind::OutOfMemory } }, "05 01 01 02 02"),
+        (DeviceMsg::SelfTestResult { seed: 5, digest: 0xffff_ffff }, "06 05 ff ff ff ff 0f"),
+        (DeviceMsg::Error { kind: ErrorKind::Protocol, detail: 0x8000_0600 }, "07 04 80 8c 80 80 08"),
+    ]
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ")
+}
+
+fn norm(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn host_messages_match_golden_bytes() {
+    for (msg, golden) in host_cases() {
+        let mut buf = [0u8; wire::MAX_MESSAGE];
+        let bytes = wire::encode(&msg, &mut buf).unwrap();
+        assert_eq!(hex(bytes), norm(golden), "{msg:?}");
+        assert_eq!(wire::decode::<HostMsg>(bytes).unwrap(), msg);
+    }
+}
+
+#[test]
+fn device_messages_match_golden_bytes() {
+    for (msg, golden) in device_cases() {
+        let mut buf = [0u8; wire::MAX_MESSAGE];
+        let bytes = wire::encode(&msg, &mut buf).unwrap();
+        assert_eq!(hex(bytes), norm(golden), "{msg:?}");
+        assert_eq!(wire::decode::<DeviceMsg>(bytes).unwrap(), msg);
+    }
+}
+
+#[test]
+fn decode_rejects_truncated_trailing_and_unknown() {
+    let mut buf = [0u8; 64];
+    let bytes = wire::encode(&HostMsg::MapBuffer { id: BufferId(3), fd: 4, offset: 0, len: 9 }, &mut buf).unwrap().to_vec();
+    assert_eq!(wire::decode::<HostMsg>(&bytes[..bytes.len() - 1]), Err(ErrorKind::Protocol));
+    let mut longer = bytes.clone();
+    longer.push(0);
+    assert_eq!(wire::decode::<HostMsg>(&longer), Err(ErrorKind::Protocol));
+    assert_eq!(wire::decode::<HostMsg>(&[0x7f]), Err(ErrorKind::Protocol));
+    assert_eq!(wire::decode::<DeviceMsg>(&[]), Err(ErrorKind::Protocol));
+}
+
+#[test]
+fn full_batch_fits_max_message() {
+    let t = TensorDesc { dtype: DType::F32, layout: Layout::RowMajor, ne: [u32::MAX; 4], nb: [u32::MAX; 4], buffer: u16::MAX, offset: u32::MAX };
+    let o = OpDesc { kind: OpKind::Rope { n_dims: u16::MAX, mode: 2, freq_base: 1e4 }, src: [Some(u16::MAX); 3], dst: u16::MAX };
+    let b = BufferRef { id: BufferId(u32::MAX), size: u64::MAX };
+    let msg = HostMsg::SubmitBatch(
+        BatchMsg::new(u32::MAX, &Batch { buffers: &[b; wire::MAX_BUFFERS], tensors: &[t; wire::MAX_TENSORS], ops: &[o; wire::MAX_OPS] })
+            .unwrap(),
+    );
+    let mut buf = [0u8; wire::MAX_MESSAGE];
+    assert!(wire::encode(&msg, &mut buf).is_ok());
+    let too_many = [o; wire::MAX_OPS + 1];
+    assert_eq!(BatchMsg::new(0, &Batch { buffers: &[], tensors: &[], ops: &too_many }).unwrap_err(), ErrorKind::Unsupported);
+}
+
+#[test]
+fn hello_checks_magic_and_version() {
+    assert_eq!(wire::check_hello(MAGIC, PROTOCOL_VERSION), Ok(()));
+    assert_eq!(wire::check_hello(MAGIC ^ 1, PROTOCOL_VERSION), Err(ErrorKind::Protocol));
+    assert_eq!(wire::check_hello(MAGIC, PROTOCOL_VERSION + 1), Err(ErrorKind::Protocol));
+}
