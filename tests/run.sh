@@ -7,5 +7,6 @@ export KEEL_REQUIRE_MODELS=1   # a missing model fails the tests instead of skip
 
 cargo build --release -p keel-host-linux
 ./target/release/keel pull smollm2-135m
+./target/release/keel pull gemma3-270m
 
 cargo test --release --workspace

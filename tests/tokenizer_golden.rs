@@ -1,8 +1,9 @@
 //! Tokenizer against llama.cpp: the `tokenize.jsonl` goldens of SmolLM2 (BPE,
 //! pre-tokenizer `smollm`), Gemma 3 (SentencePiece) and the synthetic model that
 //! carries SmolLM2's exact tokenizer (always present, so SmolLM2's tokenizer is
-//! proven without a download); round-trip detokenization, UTF-8 streaming, and the
-//! errors for a full output buffer and an unknown pre-tokenizer.
+//! proven without a download); round-trip detokenization, the greedy goldens' text
+//! as the concatenated pieces, UTF-8 streaming, and the errors for a full output
+//! buffer and an unknown pre-tokenizer.
 
 use keel::core::gguf::Gguf;
 use keel::core::tokenizer::{Tokenizer, TokenizerError, Utf8Stream};
@@ -152,6 +153,28 @@ fn gemma3_golden_60() {
         let eot = tok.token_id(b"<end_of_turn>").unwrap();
         assert!(tok.is_eog(eot) && tok.is_eog(1));
     });
+}
+
+/// llama.cpp's greedy `text` is the concatenation of the generated tokens' pieces.
+fn greedy_pieces(tok: &Tokenizer<'_>, path: &str) {
+    let s = std::fs::read_to_string(root().join("tests/golden").join(path)).unwrap();
+    for l in s.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        let ids: Vec<u32> = v["generated"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        let text = v["text"].as_str().unwrap();
+        assert_eq!(String::from_utf8_lossy(&detokenize(tok, &ids, false)), text);
+        assert_eq!(stream(tok, &ids, false), text);
+    }
+}
+
+#[test]
+fn greedy_text_is_the_pieces() {
+    if let Some(bytes) = model("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m") {
+        with_tokenizer(&bytes, |tok| greedy_pieces(tok, "smollm2-135m-q4_1/greedy.jsonl"));
+    }
+    if let Some(bytes) = model("gemma-3-270m-q4_k_m.gguf", "gemma3-270m") {
+        with_tokenizer(&bytes, |tok| greedy_pieces(tok, "gemma3-270m-q4_k_m/greedy.jsonl"));
+    }
 }
 
 /// The GPL-3 text (35 KB): round trip, and the time it takes.

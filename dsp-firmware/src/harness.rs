@@ -92,7 +92,7 @@ impl Writer<'_> {
         Ok(dst)
     }
     fn pad4(&mut self) -> Result<(), ErrorKind> {
-        while self.len % 4 != 0 {
+        while !self.len.is_multiple_of(4) {
             self.put(&[0])?;
         }
         Ok(())

@@ -1,81 +1,106 @@
 //! HVX integer kernels over Tiles32 weights (layout: `keel_npu_hal::tile`).
 //! One call handles one K-block for a run of 32-row groups: it holds the
 //! block's 8 activation words in scalar registers and streams the groups'
-//! tiles, `vrmpy(Vu.ub, Rt.b)` int8×int8 → int32, one int32 lane per row.
-//! Weights are unsigned in the tile (Q8_0 biased by +128, 4-bit codes 0..15),
-//! so each block sum is corrected by `-bias · Σa` (the accumulator starts there).
+//! tiles through `vrmpy(Vu.ub, Rt.b)` (int8×int8 → int32, one lane per row).
 //!
-//! Feature `broken-hvx-zeros` makes every product zero, as a fused-off unit
-//! would, so that the open-time self-test can be seen to refuse it.
+//! Weights are unsigned in the tiles (Q8_0 biased by +128, 4-bit codes 0..15),
+//! so the sums returned are *raw*: `Σ u·a` with `u = w + bias`; the caller
+//! subtracts `bias · Σa` ([`Q8_0_BIAS`], [`Q4_0_BIAS`]) in its scalar scale pass.
+//!
+//! The Q8_0 loop is hand-scheduled (inline asm): 8 packets per 1024-byte
+//! tile, each `{ vector load .cur; vrmpy }`, the store riding in the last one,
+//! which is the bound of one vector load per packet. Q4_0 is written with
+//! intrinsics and scheduled by LLVM.
+//!
+//! Feature `broken-hvx-zeros` makes every result zero, as a fused-off unit
+//! would, so that the open-time self-test can be seen to refuse such a build.
 
-use core::arch::hexagon::v128::{
-    HvxVector, Q6_V_vand_VV, Q6_V_vsplat_R, Q6_Vw_vadd_VwVw, Q6_Vw_vasr_VwR, Q6_Vw_vrmpyacc_VwVubRb,
-};
+use core::arch::hexagon::v128::{HvxVector, Q6_V_vand_VV, Q6_V_vsplat_R, Q6_Vw_vadd_VwVw, Q6_Vw_vasr_VwR, Q6_Vw_vrmpy_VubRb, Q6_Vw_vrmpyacc_VwVubRb};
 
 /// Bytes of one Q8_0 tile (8 vectors).
 pub const Q8_0_TILE: usize = 1024;
 /// Bytes of one Q4_0 tile (4 vectors).
 pub const Q4_0_TILE: usize = 512;
+/// Offset of the Q8_0 tile codes (`u = q + 128`).
+pub const Q8_0_BIAS: i32 = 128;
+/// Offset of the Q4_0 codes (`x = d·(u − 8)`).
+pub const Q4_0_BIAS: i32 = 8;
+
+use core::arch::asm;
 
 #[inline(always)]
-fn finish(acc: HvxVector) -> HvxVector {
+unsafe fn broken_zeros(out: *mut HvxVector, n_groups: usize) {
     if cfg!(feature = "broken-hvx-zeros") {
-        // SAFETY: HVX is enabled for the whole build (see .cargo/config.toml).
-        unsafe { Q6_V_vsplat_R(0) }
-    } else {
-        acc
+        for g in 0..n_groups {
+            *out.add(g) = Q6_V_vsplat_R(0);
+        }
     }
 }
 
-/// Block sums of `n_groups` Q8_0 tiles for one activation block.
+/// Raw block sums of `n_groups` Q8_0 tiles for one activation block.
 ///
 /// # Safety
 /// `tiles` points to `n_groups · 1024` readable bytes and `out` to `n_groups · 128`
 /// writable bytes, both 128-byte aligned; HVX (128-byte mode) is enabled.
 #[inline(never)]
-pub unsafe fn q8_0_block_sums(tiles: *const HvxVector, n_groups: usize, a: &[u32; 8], asum: i32, out: *mut HvxVector) {
-    let corr = Q6_V_vsplat_R(asum.wrapping_mul(-128));
-    let [a0, a1, a2, a3, a4, a5, a6, a7] = a.map(|w| w as i32);
-    for g in 0..n_groups {
-        let t = tiles.add(8 * g);
-        let mut acc = Q6_Vw_vrmpyacc_VwVubRb(corr, *t, a0);
-        acc = Q6_Vw_vrmpyacc_VwVubRb(acc, *t.add(1), a1);
-        acc = Q6_Vw_vrmpyacc_VwVubRb(acc, *t.add(2), a2);
-        acc = Q6_Vw_vrmpyacc_VwVubRb(acc, *t.add(3), a3);
-        acc = Q6_Vw_vrmpyacc_VwVubRb(acc, *t.add(4), a4);
-        acc = Q6_Vw_vrmpyacc_VwVubRb(acc, *t.add(5), a5);
-        acc = Q6_Vw_vrmpyacc_VwVubRb(acc, *t.add(6), a6);
-        acc = Q6_Vw_vrmpyacc_VwVubRb(acc, *t.add(7), a7);
-        *out.add(g) = finish(acc);
+pub unsafe fn q8_0_block_sums(tiles: *const HvxVector, n_groups: usize, a: &[u32; 8], out: *mut HvxVector) {
+    if n_groups == 0 {
+        return;
     }
+    let [a0, a1, a2, a3, a4, a5, a6, a7] = *a;
+    // SAFETY: reads n_groups·8 vectors from `tiles` and writes n_groups vectors
+    // to `out` (the caller guarantees both, aligned); clobbers only v0/v1 and
+    // hardware loop 0 (LC0/SA0), which no caller keeps live across this
+    // non-inlined call. One packet per 128 weight bytes: a .cur load feeding
+    // its vrmpy; the result is stored (.new) in the last packet of the tile.
+    asm!(
+        "loop0(2f, {n})",
+        ".falign",
+        "2:",
+        "{{ v0.cur = vmem({t}++#1); v1.w = vrmpy(v0.ub, {a0}.b) }}",
+        "{{ v0.cur = vmem({t}++#1); v1.w += vrmpy(v0.ub, {a1}.b) }}",
+        "{{ v0.cur = vmem({t}++#1); v1.w += vrmpy(v0.ub, {a2}.b) }}",
+        "{{ v0.cur = vmem({t}++#1); v1.w += vrmpy(v0.ub, {a3}.b) }}",
+        "{{ v0.cur = vmem({t}++#1); v1.w += vrmpy(v0.ub, {a4}.b) }}",
+        "{{ v0.cur = vmem({t}++#1); v1.w += vrmpy(v0.ub, {a5}.b) }}",
+        "{{ v0.cur = vmem({t}++#1); v1.w += vrmpy(v0.ub, {a6}.b) }}",
+        "{{ v0.cur = vmem({t}++#1); v1.w += vrmpy(v0.ub, {a7}.b); vmem({o}++#1) = v1.new }}:endloop0",
+        n = in(reg) n_groups,
+        t = inout(reg) tiles => _,
+        o = inout(reg) out => _,
+        a0 = in(reg) a0, a1 = in(reg) a1, a2 = in(reg) a2, a3 = in(reg) a3,
+        a4 = in(reg) a4, a5 = in(reg) a5, a6 = in(reg) a6, a7 = in(reg) a7,
+        out("v0") _, out("v1") _,
+        options(nostack),
+    );
+    broken_zeros(out, n_groups);
 }
 
-/// Block sums of `n_groups` Q4_0 tiles for one activation block.
+/// Raw block sums of `n_groups` Q4_0 tiles for one activation block.
 ///
 /// Low nibbles are masked to 0..15; high nibbles are masked in place (16·q) into
-/// a second accumulator that is shifted down by 4 at the end (exact: it is a
-/// multiple of 16), which saves a shift per vector.
+/// a second accumulator shifted down by 4 at the end (exact: a multiple of 16),
+/// which saves a shift per vector.
 ///
 /// # Safety
 /// As [`q8_0_block_sums`], with `n_groups · 512` bytes of tiles.
 #[inline(never)]
-pub unsafe fn q4_0_block_sums(tiles: *const HvxVector, n_groups: usize, a: &[u32; 8], asum: i32, out: *mut HvxVector) {
-    let corr = Q6_V_vsplat_R(asum.wrapping_mul(-8));
+pub unsafe fn q4_0_block_sums(tiles: *const HvxVector, n_groups: usize, a: &[u32; 8], out: *mut HvxVector) {
     let lo_mask = Q6_V_vsplat_R(0x0f0f_0f0f);
     let hi_mask = Q6_V_vsplat_R(0xf0f0_f0f0_u32 as i32);
-    let zero = Q6_V_vsplat_R(0);
     let [a0, a1, a2, a3, a4, a5, a6, a7] = a.map(|w| w as i32);
     for g in 0..n_groups {
         let t = tiles.add(4 * g);
         let (n0, n1, n2, n3) = (*t, *t.add(1), *t.add(2), *t.add(3));
-        let mut lo = Q6_Vw_vrmpyacc_VwVubRb(corr, Q6_V_vand_VV(n0, lo_mask), a0);
-        let mut hi = Q6_Vw_vrmpyacc_VwVubRb(zero, Q6_V_vand_VV(n0, hi_mask), a4);
+        let mut lo = Q6_Vw_vrmpy_VubRb(Q6_V_vand_VV(n0, lo_mask), a0);
+        let mut hi = Q6_Vw_vrmpy_VubRb(Q6_V_vand_VV(n0, hi_mask), a4);
         lo = Q6_Vw_vrmpyacc_VwVubRb(lo, Q6_V_vand_VV(n1, lo_mask), a1);
         hi = Q6_Vw_vrmpyacc_VwVubRb(hi, Q6_V_vand_VV(n1, hi_mask), a5);
         lo = Q6_Vw_vrmpyacc_VwVubRb(lo, Q6_V_vand_VV(n2, lo_mask), a2);
         hi = Q6_Vw_vrmpyacc_VwVubRb(hi, Q6_V_vand_VV(n2, hi_mask), a6);
         lo = Q6_Vw_vrmpyacc_VwVubRb(lo, Q6_V_vand_VV(n3, lo_mask), a3);
         hi = Q6_Vw_vrmpyacc_VwVubRb(hi, Q6_V_vand_VV(n3, hi_mask), a7);
-        *out.add(g) = finish(Q6_Vw_vadd_VwVw(lo, Q6_Vw_vasr_VwR(hi, 4)));
+        *out.add(g) = Q6_Vw_vadd_VwVw(lo, Q6_Vw_vasr_VwR(hi, 4));
     }
+    broken_zeros(out, n_groups);
 }

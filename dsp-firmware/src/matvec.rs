@@ -1,6 +1,7 @@
 //! Matrix-vector products over Tiles32 weights: the HVX block-sum kernels
-//! ([`crate::hvx`]) for the integer part, then the scales, per block and in a
-//! fixed order, in scalar float:
+//! ([`crate::hvx`]) for the integer part, then, in scalar code, the weight-bias
+//! correction (`− bias·Σa`, exact int32) and the scales, per block and in a
+//! fixed order:
 //!
 //! `y[r] = Σ_b (sumi[r][b] as f32) · (dw[r][b] · da[b])`, blocks ascending from `0.0`
 //! (ggml's order), so a scalar reference can match it bit for bit.
@@ -30,12 +31,12 @@ pub struct TiledWeights<'a> {
     pub packed: &'a [u8],
 }
 
-type Kernel = unsafe fn(*const HvxVector, usize, &[u32; 8], i32, *mut HvxVector);
+type Kernel = unsafe fn(*const HvxVector, usize, &[u32; 8], *mut HvxVector);
 
-fn kernel(dtype: DType) -> Result<(Kernel, usize), ErrorKind> {
+fn kernel(dtype: DType) -> Result<(Kernel, usize, i32), ErrorKind> {
     match dtype {
-        DType::Q8_0 => Ok((hvx::q8_0_block_sums, hvx::Q8_0_TILE)),
-        DType::Q4_0 => Ok((hvx::q4_0_block_sums, hvx::Q4_0_TILE)),
+        DType::Q8_0 => Ok((hvx::q8_0_block_sums, hvx::Q8_0_TILE, hvx::Q8_0_BIAS)),
+        DType::Q4_0 => Ok((hvx::q4_0_block_sums, hvx::Q4_0_TILE, hvx::Q4_0_BIAS)),
         _ => Err(ErrorKind::Unsupported),
     }
 }
@@ -51,7 +52,7 @@ pub fn matvec(
     out: &mut [f32],
     mut sums: Option<&mut [i32]>,
 ) -> Result<(), ErrorKind> {
-    let (kern, tile_bytes) = kernel(w.dtype)?;
+    let (kern, tile_bytes, bias) = kernel(w.dtype)?;
     let size = tile::packed_size(w.dtype, w.rows, w.k).ok_or(ErrorKind::InvalidArgument)?;
     let (rows, nb, groups) = (w.rows as usize, w.k as usize / 32, tile::groups(w.rows));
     let bad_sums = sums.as_ref().is_some_and(|s| s.len() != nb * rows);
@@ -76,13 +77,14 @@ pub fn matvec(
             // SAFETY: the packed size was checked, so `n` tiles from tile (b, g0)
             // are in bounds; `packed` and `buf` are 128-byte aligned (checked /
             // from Scratch) and `buf` holds `chunk ≥ n` vectors; HVX is enabled.
-            unsafe { kern(tiles, n, &a.words, a.sum, buf.as_mut_ptr() as *mut HvxVector) };
+            unsafe { kern(tiles, n, &a.words, buf.as_mut_ptr() as *mut HvxVector) };
+            let corr = -bias * a.sum;
             for (i, s4) in buf[..n * 128].chunks_exact(4).enumerate() {
                 let row = g0 * 32 + i;
                 if row >= rows {
                     break;
                 }
-                let s = i32::from_le_bytes([s4[0], s4[1], s4[2], s4[3]]);
+                let s = i32::from_le_bytes([s4[0], s4[1], s4[2], s4[3]]) + corr;
                 let si = ((b * groups + g0) * 32 + i) * 4;
                 let dw = f32::from_le_bytes([scales[si], scales[si + 1], scales[si + 2], scales[si + 3]]);
                 out[row] += s as f32 * (dw * a.d);

@@ -52,5 +52,8 @@ pub fn write_all(fd: i32, mut buf: &[u8]) -> bool {
 /// Ends the process.
 pub fn exit(code: i32) -> ! {
     syscall3(SYS_EXIT, code, 0, 0);
-    loop {}
+    // exit does not return; if it somehow did, trap forever rather than run on.
+    loop {
+        core::hint::spin_loop();
+    }
 }

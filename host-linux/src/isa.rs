@@ -4,24 +4,10 @@
 //! run time (cpuid on x86_64, hwcaps on aarch64), never assumed from the build target.
 //! The core picks kernels from the answer; this module does not know the kernels.
 //!
-//! `Isa` here mirrors `keel_core::quant::Isa` (same public bool fields, `Default` =
-//! scalar only). When the core's type lands, this struct becomes
-//! `pub use keel_core::quant::Isa;` and `detect` stays as is.
+//! The answer is the core's [`Isa`] (re-exported here), which the core's
+//! `quant::Kernels` take.
 
-/// SIMD extensions the kernels may use. `Default` is none: the scalar reference.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Isa {
-    /// x86_64 AVX2 and FMA.
-    pub avx2_fma: bool,
-    /// x86_64 AVX-512 F, BW and VL (the subset integer dot products need).
-    pub avx512: bool,
-    /// x86_64 AVX-512 VNNI (`vpdpbusd`), on top of `avx512`.
-    pub avx512_vnni: bool,
-    /// aarch64 dot product (`sdot`/`udot`).
-    pub neon_dotprod: bool,
-    /// aarch64 int8 matrix multiply (`smmla`).
-    pub i8mm: bool,
-}
+pub use keel_core::quant::Isa;
 
 /// Asks the CPU which extensions it has.
 pub fn detect() -> Isa {
@@ -30,7 +16,7 @@ pub fn detect() -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
-        isa.avx2_fma = has!("avx2") && has!("fma");
+        isa.avx2_fma = has!("avx2") && has!("fma") && has!("f16c");
         isa.avx512 = has!("avx512f") && has!("avx512bw") && has!("avx512vl");
         isa.avx512_vnni = isa.avx512 && has!("avx512vnni");
     }

@@ -12,11 +12,11 @@
 //!    thread count are handed out by the atomic counter `next`. So the common job of
 //!    one task per thread touches no shared counter at all;
 //! 3. each worker then "checks out" by incrementing `done`, and the caller waits (spin,
-//!    then futex) until `done` reaches its target. Only then does it clear the task
-//!    pointer and return, so no worker ever touches a dead closure.
+//!    then futex) until `done` reaches its target. Only then does it return, so no
+//!    worker ever touches a dead closure.
 //!
-//! The fields each side writes sit on separate cache lines, so a job costs about one
-//! cache-line round trip between caller and workers.
+//! What the workers spin on, the job data, and what the workers write sit on separate
+//! cache lines, so a job costs a few cache-line transfers each way.
 //!
 //! Waiting threads spin for [`DEFAULT_SPIN`] (or the value given to
 //! [`ThreadPool::with_spin`]) before sleeping in the kernel, so back-to-back calls of a
@@ -65,6 +65,8 @@ struct Padded<T>(T);
 struct Shared {
     /// Held by the thread whose job is in flight (its own line: only callers touch it).
     busy: Padded<AtomicBool>,
+    /// Workers spin (then sleep) here for the next job.
+    signal: Padded<Signal>,
     /// Written by the caller once per job, read by the workers.
     job: Padded<Job>,
     /// Next task index to hand out; used only when there are more tasks than threads.
@@ -78,12 +80,18 @@ struct Shared {
     spin: Duration,
 }
 
-struct Job {
+/// What the workers wait on. Its own line, so the caller's writes of the job data do
+/// not disturb the workers spinning here.
+struct Signal {
     /// Generation counter: bumped once per job and once at shutdown. Futex word.
     epoch: AtomicU32,
     /// Workers asleep (or about to sleep) on `epoch`.
     sleepers: AtomicU32,
     shutdown: AtomicBool,
+}
+
+/// The current job, written by the caller before it bumps `epoch`.
+struct Job {
     /// Number of tasks in the current job.
     n_tasks: AtomicUsize,
     /// The value `done.count` reaches when every worker has checked out of this job.
@@ -97,6 +105,8 @@ struct Done {
     count: AtomicU32,
     /// Set while the caller is (about to be) asleep on `count`.
     caller_waiting: AtomicBool,
+    /// Set (before check-out) when a task of the current job panicked.
+    panicked: AtomicBool,
 }
 
 // SAFETY: every field but `job.task` is Sync/Send on its own. `job.task` is written
@@ -121,10 +131,12 @@ impl ThreadPool {
         let n_threads = n_threads.max(1);
         let shared = Arc::new(Shared {
             busy: Padded(AtomicBool::new(false)),
-            job: Padded(Job {
+            signal: Padded(Signal {
                 epoch: AtomicU32::new(0),
                 sleepers: AtomicU32::new(0),
                 shutdown: AtomicBool::new(false),
+            }),
+            job: Padded(Job {
                 n_tasks: AtomicUsize::new(0),
                 done_target: AtomicU32::new(0),
                 task: UnsafeCell::new(None),
@@ -133,6 +145,7 @@ impl ThreadPool {
             done: Padded(Done {
                 count: AtomicU32::new(0),
                 caller_waiting: AtomicBool::new(false),
+                panicked: AtomicBool::new(false),
             }),
             n_threads,
             panic: Mutex::new(None),
@@ -160,8 +173,7 @@ impl ThreadPool {
     /// The job protocol described in the module docs; `n_tasks >= 2`, pool claimed.
     fn run_parallel(&self, n_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
         let sh = &*self.shared;
-        let job = &sh.job.0;
-        let done = &sh.done.0;
+        let (sig, job, done) = (&sh.signal.0, &sh.job.0, &sh.done.0);
         // SAFETY: only the lifetime is erased. Workers dereference the pointer only
         // until they check out of this job, and this function does not return (not even
         // by unwinding: tasks run under catch_unwind) before every worker has checked
@@ -184,9 +196,9 @@ impl ThreadPool {
             sh.next.0.store(sh.n_threads, Ordering::Relaxed);
         }
         // Publishes everything above to the workers that observe the new epoch.
-        job.epoch.fetch_add(1, Ordering::SeqCst);
-        if job.sleepers.load(Ordering::SeqCst) != 0 {
-            futex_wake(&job.epoch, i32::MAX);
+        sig.epoch.fetch_add(1, Ordering::SeqCst);
+        if sig.sleepers.load(Ordering::SeqCst) != 0 {
+            futex_wake(&sig.epoch, i32::MAX);
         }
 
         do_tasks(sh, task, 0);
@@ -212,11 +224,11 @@ impl ThreadPool {
         }
         // The cell keeps the now dangling pointer: workers dereference it only after a
         // new epoch, and every new epoch but shutdown comes with a new pointer.
-        let panic = match sh.panic.try_lock() {
-            Ok(mut slot) => slot.take(),
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().take(),
-            Err(std::sync::TryLockError::WouldBlock) => None, // unreachable: all done
-        };
+        let mut panic = None;
+        if done.panicked.load(Ordering::Relaxed) {
+            done.panicked.store(false, Ordering::Relaxed);
+            panic = sh.panic.lock().unwrap_or_else(|p| p.into_inner()).take();
+        }
         sh.busy.0.store(false, Ordering::Release);
         if let Some(payload) = panic {
             resume_unwind(payload);
@@ -248,10 +260,10 @@ impl Parallel for ThreadPool {
 
 impl Drop for ThreadPool {
     fn drop(&mut self) {
-        let job = &self.shared.job.0;
-        job.shutdown.store(true, Ordering::SeqCst);
-        job.epoch.fetch_add(1, Ordering::SeqCst);
-        futex_wake(&job.epoch, i32::MAX);
+        let sig = &self.shared.signal.0;
+        sig.shutdown.store(true, Ordering::SeqCst);
+        sig.epoch.fetch_add(1, Ordering::SeqCst);
+        futex_wake(&sig.epoch, i32::MAX);
         for handle in self.workers.drain(..) {
             // Tasks run under catch_unwind, so a worker cannot have died of a panic.
             let _ = handle.join();
@@ -269,12 +281,11 @@ impl core::fmt::Debug for ThreadPool {
 }
 
 fn worker_loop(sh: &Shared, index: usize) {
-    let job = &sh.job.0;
-    let done = &sh.done.0;
+    let (sig, job, done) = (&sh.signal.0, &sh.job.0, &sh.done.0);
     let mut seen = 0u32;
     loop {
         seen = wait_for_new_epoch(sh, seen);
-        if job.shutdown.load(Ordering::Acquire) {
+        if sig.shutdown.load(Ordering::Acquire) {
             return;
         }
         // SAFETY: a new epoch other than shutdown means a job was published with the
@@ -295,10 +306,10 @@ fn worker_loop(sh: &Shared, index: usize) {
 
 /// Spins, then sleeps, until `epoch` differs from `seen`; returns the new value.
 fn wait_for_new_epoch(sh: &Shared, seen: u32) -> u32 {
-    let job = &sh.job.0;
+    let sig = &sh.signal.0;
     let mut spin = Spin::new(sh.spin);
     loop {
-        let e = job.epoch.load(Ordering::Acquire);
+        let e = sig.epoch.load(Ordering::Acquire);
         if e != seen {
             return e;
         }
@@ -307,12 +318,12 @@ fn wait_for_new_epoch(sh: &Shared, seen: u32) -> u32 {
         }
     }
     loop {
-        job.sleepers.fetch_add(1, Ordering::SeqCst);
-        if job.epoch.load(Ordering::SeqCst) == seen {
-            futex_wait(&job.epoch, seen);
+        sig.sleepers.fetch_add(1, Ordering::SeqCst);
+        if sig.epoch.load(Ordering::SeqCst) == seen {
+            futex_wait(&sig.epoch, seen);
         }
-        job.sleepers.fetch_sub(1, Ordering::SeqCst);
-        let e = job.epoch.load(Ordering::Acquire);
+        sig.sleepers.fetch_sub(1, Ordering::SeqCst);
+        let e = sig.epoch.load(Ordering::Acquire);
         if e != seen {
             return e;
         }
@@ -344,15 +355,25 @@ fn run_caught(sh: &Shared, task: &(dyn Fn(usize) + Sync), i: usize, n: usize) {
         if slot.is_none() {
             *slot = Some(payload);
         }
+        sh.done.0.panicked.store(true, Ordering::Relaxed);
     }
 }
 
-/// A bounded busy-wait: `again()` spins once and says whether to keep spinning.
+/// A bounded busy-wait: `again()` waits a little and says whether to keep waiting.
+///
+/// The first iterations only pause the core (`spin_loop`); after [`PAUSE_PHASE`] each
+/// iteration yields the CPU instead, so that when there are more runnable threads than
+/// cores (a loaded machine, or more pool threads than cores) the thread being waited
+/// for gets to run. After `limit` the caller sleeps in the kernel.
 struct Spin {
     limit: Duration,
     iters: u32,
     start: Option<Instant>,
+    yielding: bool,
 }
+
+/// How long a wait only pauses before it starts yielding the CPU.
+const PAUSE_PHASE: Duration = Duration::from_micros(10);
 
 impl Spin {
     fn new(limit: Duration) -> Self {
@@ -360,19 +381,25 @@ impl Spin {
             limit,
             iters: 0,
             start: None,
+            yielding: false,
         }
     }
 
     fn again(&mut self) -> bool {
         self.iters = self.iters.wrapping_add(1);
-        if self.iters % 64 == 0 {
+        if self.yielding || self.iters % 64 == 0 {
             // The clock is read only once a hand-off is not immediate.
-            let start = *self.start.get_or_insert_with(Instant::now);
-            if start.elapsed() >= self.limit {
+            let waited = self.start.get_or_insert_with(Instant::now).elapsed();
+            if waited >= self.limit {
                 return false;
             }
+            self.yielding = waited >= PAUSE_PHASE;
         }
-        spin_loop();
+        if self.yielding {
+            std::thread::yield_now();
+        } else {
+            spin_loop();
+        }
         true
     }
 }

@@ -85,6 +85,14 @@ impl Progress {
         }
     }
 
+    /// Ends the bar's line on a terminal, so that other output (a subprocess's, a
+    /// message) starts on a fresh line; the next update draws the bar again below it.
+    pub fn interrupt(&mut self) {
+        if self.tty && self.last_draw.take().is_some() {
+            self.emit(&format!("\r{}\x1b[K\n", self.line()));
+        }
+    }
+
     /// Draws the final state and ends the line. Called by `Drop` if not called before.
     pub fn finish(&mut self) {
         if self.finished {

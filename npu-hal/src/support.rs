@@ -5,7 +5,7 @@
 use crate::caps::Caps;
 use crate::op::{DType, Layout, OpDesc, OpKind, Reason, Support, TensorDesc};
 
-fn get<'t>(tensors: &'t [TensorDesc], i: Option<u16>) -> Result<&'t TensorDesc, Reason> {
+fn get(tensors: &[TensorDesc], i: Option<u16>) -> Result<&TensorDesc, Reason> {
     i.and_then(|i| tensors.get(usize::from(i))).ok_or(Reason::Index)
 }
 

@@ -66,6 +66,8 @@ impl BatchMsg {
 }
 
 /// Host → device messages. Append-only.
+// The batch variant is large on purpose: bounded tables by value, no allocator.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum HostMsg {
     /// Opens the conversation.

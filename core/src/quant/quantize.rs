@@ -31,12 +31,12 @@ use half::f16;
 pub(crate) fn quantize_row_ref(ty: GgmlType, x: &[f32], out: &mut [u8]) -> bool {
     match ty {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => convert_row(ty, x, out),
-        GgmlType::Q4_0 => each_block(x, out, 18, |xb| q4_0_block(xb)),
-        GgmlType::Q4_1 => each_block(x, out, 20, |xb| q4_1_block(xb)),
-        GgmlType::Q5_0 => each_block(x, out, 22, |xb| q5_0_block(xb)),
-        GgmlType::Q5_1 => each_block(x, out, 24, |xb| q5_1_block(xb)),
-        GgmlType::Q8_0 => each_block(x, out, 34, |xb| q8_0_ref_block(xb)),
-        GgmlType::Q8_1 => each_block(x, out, 36, |xb| q8_1_ref_block(xb)),
+        GgmlType::Q4_0 => each_block(x, out, 18, q4_0_block),
+        GgmlType::Q4_1 => each_block(x, out, 20, q4_1_block),
+        GgmlType::Q5_0 => each_block(x, out, 22, q5_0_block),
+        GgmlType::Q5_1 => each_block(x, out, 24, q5_1_block),
+        GgmlType::Q8_0 => each_block(x, out, 34, q8_0_ref_block),
+        GgmlType::Q8_1 => each_block(x, out, 36, q8_1_ref_block),
         _ => return false,
     }
     true

@@ -227,7 +227,7 @@ fn known_q4_0_quantization() {
     }
     let b = quantized(Q4_0, &x);
     assert_eq!(u16::from_le_bytes([b[0], b[1]]), 0x3800);
-    let q = |j: usize| if j == 0 { 0u8 } else { ((j as u8 + 1) / 2).min(15) };
+    let q = |j: usize| if j == 0 { 0u8 } else { (j as u8).div_ceil(2).min(15) };
     for j in 0..16 {
         assert_eq!(b[2 + j], q(j) | (q(j + 16) << 4), "byte {j}");
     }

@@ -217,7 +217,7 @@ pub(crate) fn specials(g: &Gguf<'_>, idx: &Index<'_>, attrs: &mut [u8], spm: boo
     let call = in_eog(&s, "<|call|>").is_some() || in_eog(&s, "<|calls|>").is_some();
     let flush = in_eog(&s, "<|flush|>").is_some();
     if let Some(end) = end {
-        if (ret && call) || (call && flush) {
+        if call && (ret || flush) {
             s.eog.retain(|&x| x != end);
             attrs[end as usize] = TokenAttr::USER_DEFINED;
         }

@@ -8,8 +8,8 @@
 //! symbol that is not in the vocabulary falls back to single-byte tokens (llama.cpp
 //! looks up each byte of the mapped text and drops bytes with no token).
 
-use super::error::TokenizerError;
-use super::scratch::{Cand, Heap, Order, Sink, Symbols, HEAP_BYTES, NONE, SYM_BYTES};
+use super::error::LoopError;
+use super::scratch::{Cand, Heap, Sink, Symbols, HEAP_BYTES, NONE, SYM_BYTES};
 use super::unicode::{encode, utf8_len, BYTE_TO_CP};
 use super::vocab::Index;
 
@@ -18,7 +18,7 @@ pub(crate) const fn work_per_byte() -> usize {
     2 + SYM_BYTES + 3 * HEAP_BYTES
 }
 
-fn try_pair(idx: &Index<'_>, text: &[u8], syms: &Symbols<'_>, heap: &mut Heap<'_>, left: u32, right: u32) -> Result<(), TokenizerError> {
+fn try_pair(idx: &Index<'_>, text: &[u8], syms: &Symbols<'_>, heap: &mut Heap<'_>, left: u32, right: u32) -> Result<(), LoopError> {
     if left == NONE || right == NONE {
         return Ok(());
     }
@@ -26,17 +26,17 @@ fn try_pair(idx: &Index<'_>, text: &[u8], syms: &Symbols<'_>, heap: &mut Heap<'_
     let lt = &text[l.start as usize..(l.start + l.n) as usize];
     let rt = &text[r.start as usize..(r.start + r.n) as usize];
     if let Some(rank) = idx.merge_rank(lt, rt) {
-        heap.push(Cand { key: rank, left, size: l.n + r.n })?;
+        heap.push(Cand::by_rank(rank, left, l.n + r.n))?;
     }
     Ok(())
 }
 
 /// Tokenizes one word into `sink`. `ignore_merges`: a word that is a token as a
 /// whole is that token (LLaMA 3 vocabularies).
-pub(crate) fn word(idx: &Index<'_>, word: &[u8], ignore_merges: bool, scratch: &mut [u8], sink: &mut Sink<'_>) -> Result<(), TokenizerError> {
+pub(crate) fn word(idx: &Index<'_>, word: &[u8], ignore_merges: bool, scratch: &mut [u8], sink: &mut Sink<'_>) -> Result<(), LoopError> {
     let need = word.len() * work_per_byte();
     if scratch.len() < need {
-        return Err(TokenizerError::WorkTooSmall { needed: need, got: scratch.len() });
+        return Err(LoopError::WorkTooSmall { needed: need, got: scratch.len() });
     }
     let (mapped, rest) = scratch.split_at_mut(2 * word.len());
     let mut len = 0;
@@ -57,12 +57,13 @@ pub(crate) fn word(idx: &Index<'_>, word: &[u8], ignore_merges: bool, scratch: &
     let (sym_mem, heap_mem) = rest.split_at_mut(SYM_BYTES * word.len());
     let mut syms = Symbols::new(sym_mem);
     let n = syms.init(text, utf8_len)?;
-    let mut heap = Heap::new(heap_mem, Order::RankAsc);
+    let mut heap = Heap::new(heap_mem);
     for i in 1..n {
         try_pair(idx, text, &syms, &mut heap, i - 1, i)?;
     }
     while let Some(c) = heap.pop() {
-        let l = syms.get(c.left);
+        let left = c.left();
+        let l = syms.get(left);
         if l.n == 0 || l.next == NONE {
             continue;
         }
@@ -70,10 +71,10 @@ pub(crate) fn word(idx: &Index<'_>, word: &[u8], ignore_merges: bool, scratch: &
         if l.n + r.n != c.size {
             continue; // stale: one side changed since this pair was queued
         }
-        syms.merge(c.left, l.next);
-        let l = syms.get(c.left);
-        try_pair(idx, text, &syms, &mut heap, l.prev, c.left)?;
-        try_pair(idx, text, &syms, &mut heap, c.left, l.next)?;
+        syms.merge(left, l.next);
+        let l = syms.get(left);
+        try_pair(idx, text, &syms, &mut heap, l.prev, left)?;
+        try_pair(idx, text, &syms, &mut heap, left, l.next)?;
     }
 
     let mut i = if n > 0 { 0 } else { NONE };

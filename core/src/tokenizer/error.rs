@@ -74,6 +74,23 @@ pub enum TokenizerError {
     TooLarge,
 }
 
+/// The errors the tokenizing loops can meet, kept small for the hot path
+/// (converted to [`TokenizerError`] when `tokenize` returns).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LoopError {
+    WorkTooSmall { needed: usize, got: usize },
+    NoByteToken(u8),
+}
+
+impl From<LoopError> for TokenizerError {
+    fn from(e: LoopError) -> Self {
+        match e {
+            LoopError::WorkTooSmall { needed, got } => TokenizerError::WorkTooSmall { needed, got },
+            LoopError::NoByteToken(b) => TokenizerError::NoByteToken(b),
+        }
+    }
+}
+
 impl From<GgufError> for TokenizerError {
     fn from(e: GgufError) -> Self {
         TokenizerError::Gguf(e)

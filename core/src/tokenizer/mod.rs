@@ -16,6 +16,10 @@
 //! let n = tok.tokenize(text, true, true, &mut ids, &mut work)?;
 //! ```
 
+// `TokenizerError` carries names from the file (like `GgufError`, which it wraps) and
+// so is large; the tokenizing loops use the small `error::LoopError` instead.
+#![allow(clippy::result_large_err)]
+
 mod attrs;
 mod bpe;
 mod detok;
@@ -52,6 +56,10 @@ pub enum Model {
     Spm,
 }
 
+/// Most tokens (and merges) a vocabulary may have, so every index size fits in a
+/// 32-bit `usize` (the largest real vocabularies are near 2^18).
+const MAX_ENTRIES: usize = 1 << 26;
+
 /// What the metadata says, read without building anything.
 struct Config<'a> {
     model: Model,
@@ -70,8 +78,8 @@ fn config<'a>(g: &Gguf<'a>) -> Result<Config<'a>, TokenizerError> {
     let model = g.str_opt("tokenizer.ggml.model")?.ok_or(TokenizerError::MissingKey("tokenizer.ggml.model"))?;
     let tokens = g.array_opt("tokenizer.ggml.tokens")?.ok_or(TokenizerError::MissingKey("tokenizer.ggml.tokens"))?;
     tokens.expect_type("tokenizer.ggml.tokens", ValueType::Str)?;
-    if tokens.is_empty() || tokens.len() > u32::MAX as usize / 2 {
-        return Err(TokenizerError::BadVocab("tokenizer.ggml.tokens is empty or absurdly long"));
+    if tokens.is_empty() || tokens.len() > MAX_ENTRIES {
+        return Err(TokenizerError::BadVocab("tokenizer.ggml.tokens is empty or has more than 2^26 entries"));
     }
     let n = tokens.len();
     let types = g.array_opt("tokenizer.ggml.token_type")?;
@@ -91,6 +99,9 @@ fn config<'a>(g: &Gguf<'a>) -> Result<Config<'a>, TokenizerError> {
         b"gpt2" => {
             let merges = g.array_opt("tokenizer.ggml.merges")?.ok_or(TokenizerError::MissingKey("tokenizer.ggml.merges"))?;
             merges.expect_type("tokenizer.ggml.merges", ValueType::Str)?;
+            if merges.len() > MAX_ENTRIES {
+                return Err(TokenizerError::BadVocab("tokenizer.ggml.merges has more than 2^26 entries"));
+            }
             // llama.cpp falls back to "default" (with a warning) when the key is absent.
             let name = g.str_opt("tokenizer.ggml.pre")?.unwrap_or(b"default");
             let pre = PreConfig::from_name(name).ok_or_else(|| TokenizerError::UnknownPreTokenizer(name_from(name)))?;
@@ -132,6 +143,10 @@ pub struct Tokenizer<'a> {
     /// `parse_special` is false (user-defined ones).
     first_any: [u32; 8],
     first_user: [u32; 8],
+    /// The same for the first two bytes of special tokens of two bytes or more
+    /// (bit `b0 << 8 | b1`).
+    pair_any: &'a [u8],
+    pair_user: &'a [u8],
     types: Option<Array<'a>>,
     scores: Option<Array<'a>>,
     sp: Specials,
@@ -156,7 +171,8 @@ impl<'a> Tokenizer<'a> {
     /// Scratch bytes `tokenize` needs for a text of `text_len` bytes.
     pub const fn work_bytes(text_len: usize) -> usize {
         let per = if bpe::work_per_byte() > spm::work_per_byte() { bpe::work_per_byte() } else { spm::work_per_byte() };
-        4 * text_len + per * (text_len + 1)
+        // 4 bytes a text byte mark special tokens; the merge loops take `per`.
+        (4 + per).saturating_mul(text_len.saturating_add(1))
     }
 
     /// Builds the tokenizer for `g`'s vocabulary, indexing it into `mem` (at least
@@ -179,15 +195,25 @@ impl<'a> Tokenizer<'a> {
         }
 
         let (mut first_any, mut first_user) = ([0u32; 8], [0u32; 8]);
-        r.len_bitmap.fill(0);
+        r.filters.fill(0);
+        let (lens, pairs) = r.filters.split_at_mut(lay.len_bitmap);
+        let (pair_any, pair_user) = pairs.split_at_mut(vocab::PAIR_FILTER_BYTES);
         for (id, &a) in r.attrs.iter().enumerate() {
             let a = TokenAttr(a);
             let text = idx.text(id as u32);
             if a.is_special() && !text.is_empty() {
-                r.len_bitmap[text.len() / 8] |= 1 << (text.len() % 8);
+                let user = !a.has(TokenAttr::CONTROL | TokenAttr::UNKNOWN);
+                lens[text.len() / 8] |= 1 << (text.len() % 8);
                 set_bit(&mut first_any, text[0]);
-                if !a.has(TokenAttr::CONTROL | TokenAttr::UNKNOWN) {
+                if user {
                     set_bit(&mut first_user, text[0]);
+                }
+                if let [b0, b1, ..] = *text {
+                    let k = (b0 as usize) << 8 | b1 as usize;
+                    pair_any[k / 8] |= 1 << (k % 8);
+                    if user {
+                        pair_user[k / 8] |= 1 << (k % 8);
+                    }
                 }
             }
         }
@@ -195,9 +221,11 @@ impl<'a> Tokenizer<'a> {
             model: c.model,
             idx,
             attrs: r.attrs,
-            special_lens: r.len_bitmap,
+            special_lens: lens,
             first_any,
             first_user,
+            pair_any,
+            pair_user,
             types: c.types,
             scores: c.scores,
             sp,
@@ -233,7 +261,7 @@ impl<'a> Tokenizer<'a> {
             sink.push(self.sp.bos.unwrap_or(0));
         }
         let mut prev_special = true;
-        let mut frag = |f: partition::Fragment<'_>, sink: &mut Sink<'_>| -> Result<(), TokenizerError> {
+        let mut frag = |f: partition::Fragment<'_>, sink: &mut Sink<'_>| -> Result<(), error::LoopError> {
             match f {
                 partition::Fragment::Token(id) => {
                     sink.push(id);

@@ -11,7 +11,7 @@
 //! they differ (the collapsed regexes see only A-Z/a-z as ASCII letters, 0-9 as
 //! ASCII digits, and C-locale `\s`). Pieces are byte ranges of the fragment.
 
-use super::error::TokenizerError;
+use super::error::LoopError;
 use super::unicode::{ascii_lower, decode, flags, Class, Flags};
 
 /// Which pre-tokenizer a BPE vocabulary uses (from `tokenizer.ggml.pre`).
@@ -89,13 +89,23 @@ impl PreTokenizer {
         }
     }
 
+    /// Calls `f` on each word BPE would merge within, in order (the pre-tokenizer's
+    /// split of `text`, with no special tokens cut out).
+    pub fn for_each_word(self, text: &str, mut f: impl FnMut(&str)) {
+        // Pieces of valid UTF-8 split at code-point boundaries are valid UTF-8.
+        let _ = self.split(text.as_bytes(), &mut |w| {
+            f(core::str::from_utf8(w).unwrap_or_default());
+            Ok(())
+        });
+    }
+
     /// Splits `text` into words, calling `word` on each in order.
-    pub(crate) fn split(self, text: &[u8], word: &mut dyn FnMut(&[u8]) -> Result<(), TokenizerError>) -> Result<(), TokenizerError> {
+    pub(crate) fn split(self, text: &[u8], word: &mut dyn FnMut(&[u8]) -> Result<(), LoopError>) -> Result<(), LoopError> {
         run(self.stages(), text, word)
     }
 }
 
-fn run(stages: &[Stage], s: &[u8], word: &mut dyn FnMut(&[u8]) -> Result<(), TokenizerError>) -> Result<(), TokenizerError> {
+fn run(stages: &[Stage], s: &[u8], word: &mut dyn FnMut(&[u8]) -> Result<(), LoopError>) -> Result<(), LoopError> {
     match stages.split_first() {
         None => word(s),
         Some((stage, rest)) => {
@@ -113,7 +123,7 @@ fn run(stages: &[Stage], s: &[u8], word: &mut dyn FnMut(&[u8]) -> Result<(), Tok
     }
 }
 
-type Emit<'e> = dyn FnMut(usize, usize) -> Result<(), TokenizerError> + 'e;
+type Emit<'e> = dyn FnMut(usize, usize) -> Result<(), LoopError> + 'e;
 
 // ---- classes as the collapsed std::regex sees them ----
 
@@ -135,7 +145,7 @@ fn is_punct_default(cp: u32) -> bool {
 }
 
 /// Matches of a one-character class (a run of them if `run`), with the text between.
-fn split_class(s: &[u8], is: fn(u32) -> bool, run: bool, emit: &mut Emit<'_>) -> Result<(), TokenizerError> {
+fn split_class(s: &[u8], is: fn(u32) -> bool, run: bool, emit: &mut Emit<'_>) -> Result<(), LoopError> {
     let (mut pos, mut gap) = (0, 0);
     while pos < s.len() {
         let (cp, l) = decode(s, pos);
@@ -165,7 +175,7 @@ fn split_class(s: &[u8], is: fn(u32) -> bool, run: bool, emit: &mut Emit<'_>) ->
 }
 
 /// `[0-9][0-9][0-9]`, leftmost-first, with the text between.
-fn split_digits3(s: &[u8], emit: &mut Emit<'_>) -> Result<(), TokenizerError> {
+fn split_digits3(s: &[u8], emit: &mut Emit<'_>) -> Result<(), LoopError> {
     let (mut pos, mut gap) = (0, 0);
     while pos + 3 <= s.len() {
         if s[pos..pos + 3].iter().all(u8::is_ascii_digit) {
@@ -223,7 +233,7 @@ impl<'s> Cursor<'s> {
     }
 
     /// Emits the piece ending at `end`; returns `end`.
-    fn add(&mut self, end: usize, emit: &mut Emit<'_>) -> Result<usize, TokenizerError> {
+    fn add(&mut self, end: usize, emit: &mut Emit<'_>) -> Result<usize, LoopError> {
         if end > self.prev_end {
             emit(self.prev_end, end)?;
         }
@@ -262,7 +272,7 @@ impl<'s> Cursor<'s> {
     }
 
     /// llama.cpp's hand-written GPT-2 matcher.
-    fn gpt2(mut self, emit: &mut Emit<'_>) -> Result<(), TokenizerError> {
+    fn gpt2(mut self, emit: &mut Emit<'_>) -> Result<(), LoopError> {
         let len = self.s.len();
         let mut pos = 0;
         while pos < len {
@@ -307,7 +317,7 @@ impl<'s> Cursor<'s> {
 
     /// llama.cpp's hand-written LLaMA 3 matcher:
     /// `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`.
-    fn llama3(mut self, emit: &mut Emit<'_>) -> Result<(), TokenizerError> {
+    fn llama3(mut self, emit: &mut Emit<'_>) -> Result<(), LoopError> {
         let len = self.s.len();
         let mut pos = 0;
         while pos < len {
@@ -369,7 +379,7 @@ impl<'s> Cursor<'s> {
     /// `(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`.
     /// Every code point is a letter, a number, a space or "other", so some
     /// alternative always matches and no text falls between matches.
-    fn qwen2(mut self, emit: &mut Emit<'_>) -> Result<(), TokenizerError> {
+    fn qwen2(mut self, emit: &mut Emit<'_>) -> Result<(), LoopError> {
         let other = |c: u32| !(is_s_collapsed(c) || is_l_collapsed(c) || is_n_collapsed(c));
         let len = self.s.len();
         let mut pos = 0;

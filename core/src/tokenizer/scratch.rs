@@ -7,7 +7,7 @@
 //! a word of `m` symbols has at most `3m` heap pushes (`m - 1` initial pairs, two
 //! per merge, at most `m - 1` merges).
 
-use super::error::TokenizerError;
+use super::error::LoopError;
 use super::vocab::{get_u32, set_u32};
 
 /// Collects token ids; counts the ones that do not fit so the caller learns the total.
@@ -53,13 +53,13 @@ impl<'w> Symbols<'w> {
         Symbols { b }
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn get(&self, i: u32) -> Sym {
         let k = i as usize * 4;
         Sym { start: get_u32(self.b, k), n: get_u32(self.b, k + 1), prev: get_u32(self.b, k + 2), next: get_u32(self.b, k + 3) }
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn set(&mut self, i: u32, s: Sym) {
         let k = i as usize * 4;
         set_u32(self.b, k, s.start);
@@ -70,11 +70,11 @@ impl<'w> Symbols<'w> {
 
     /// Splits `text` into initial symbols of `char_len(first byte)` bytes each (capped
     /// at the end) and links them; returns the count.
-    pub(crate) fn init(&mut self, text: &[u8], char_len: fn(u8) -> usize) -> Result<u32, TokenizerError> {
+    pub(crate) fn init(&mut self, text: &[u8], char_len: fn(u8) -> usize) -> Result<u32, LoopError> {
         let (mut off, mut i) = (0usize, 0u32);
         while off < text.len() {
             if (i as usize + 1) * SYM_BYTES > self.b.len() {
-                return Err(TokenizerError::WorkTooSmall { needed: (i as usize + 1) * SYM_BYTES, got: self.b.len() });
+                return Err(LoopError::WorkTooSmall { needed: (i as usize + 1) * SYM_BYTES, got: self.b.len() });
             }
             let n = char_len(text[off]).min(text.len() - off);
             let next = if off + n == text.len() { NONE } else { i + 1 };
@@ -106,70 +106,74 @@ impl<'w> Symbols<'w> {
 /// still total `size` bytes.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Cand {
-    /// BPE: the merge rank (lower first). SPM: the score's bits (higher first).
-    pub key: u32,
-    pub left: u32,
+    /// Pops lowest first: `priority << 32 | left` (leftmost wins ties).
+    pub key: u64,
     pub size: u32,
 }
 
-/// Which candidate pops first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Order {
-    /// Lowest rank, then leftmost (llama.cpp's BPE queue).
-    RankAsc,
-    /// Highest score, then leftmost (llama.cpp's SentencePiece queue).
-    ScoreDesc,
+impl Cand {
+    /// BPE: lowest merge rank first, then leftmost (llama.cpp's BPE queue).
+    #[inline]
+    pub(crate) fn by_rank(rank: u32, left: u32, size: u32) -> Cand {
+        Cand { key: (rank as u64) << 32 | left as u64, size }
+    }
+
+    /// SentencePiece: highest score first, then leftmost (llama.cpp's SPM queue). The
+    /// score's bits are mapped so that unsigned order is descending float order.
+    #[inline]
+    pub(crate) fn by_score(score: f32, left: u32, size: u32) -> Cand {
+        let b = score.to_bits();
+        let ascending = if b & 0x8000_0000 != 0 { !b } else { b | 0x8000_0000 };
+        Cand { key: ((!ascending) as u64) << 32 | left as u64, size }
+    }
+
+    /// The left symbol.
+    #[inline]
+    pub(crate) fn left(&self) -> u32 {
+        self.key as u32
+    }
 }
 
-/// A binary heap of candidates.
+/// A binary min-heap of candidates.
 pub(crate) struct Heap<'w> {
     b: &'w mut [u8],
     len: usize,
-    order: Order,
 }
 
 impl<'w> Heap<'w> {
-    pub(crate) fn new(b: &'w mut [u8], order: Order) -> Self {
-        Heap { b, len: 0, order }
+    pub(crate) fn new(b: &'w mut [u8]) -> Self {
+        Heap { b, len: 0 }
     }
 
-    #[inline]
+    #[inline(always)]
+    fn key(&self, i: usize) -> u64 {
+        (get_u32(self.b, 3 * i) as u64) << 32 | get_u32(self.b, 3 * i + 1) as u64
+    }
+
+    #[inline(always)]
     fn get(&self, i: usize) -> Cand {
-        Cand { key: get_u32(self.b, 3 * i), left: get_u32(self.b, 3 * i + 1), size: get_u32(self.b, 3 * i + 2) }
+        Cand { key: self.key(i), size: get_u32(self.b, 3 * i + 2) }
     }
 
-    #[inline]
+    #[inline(always)]
     fn put(&mut self, i: usize, c: Cand) {
-        set_u32(self.b, 3 * i, c.key);
-        set_u32(self.b, 3 * i + 1, c.left);
+        set_u32(self.b, 3 * i, (c.key >> 32) as u32);
+        set_u32(self.b, 3 * i + 1, c.key as u32);
         set_u32(self.b, 3 * i + 2, c.size);
     }
 
-    /// True if `a` pops before `b`.
-    #[inline]
-    fn before(&self, a: &Cand, b: &Cand) -> bool {
-        match self.order {
-            Order::RankAsc => a.key < b.key || (a.key == b.key && a.left < b.left),
-            Order::ScoreDesc => {
-                let (x, y) = (f32::from_bits(a.key), f32::from_bits(b.key));
-                // llama.cpp's comparator: lower score, or equal score and larger left, sinks.
-                y < x || (x == y && a.left < b.left)
-            }
-        }
-    }
-
-    pub(crate) fn push(&mut self, c: Cand) -> Result<(), TokenizerError> {
+    pub(crate) fn push(&mut self, c: Cand) -> Result<(), LoopError> {
         if (self.len + 1) * HEAP_BYTES > self.b.len() {
-            return Err(TokenizerError::WorkTooSmall { needed: (self.len + 1) * HEAP_BYTES, got: self.b.len() });
+            return Err(LoopError::WorkTooSmall { needed: (self.len + 1) * HEAP_BYTES, got: self.b.len() });
         }
         let mut i = self.len;
         self.len += 1;
         while i > 0 {
             let parent = (i - 1) / 2;
-            let p = self.get(parent);
-            if !self.before(&c, &p) {
+            if self.key(parent) <= c.key {
                 break;
             }
+            let p = self.get(parent);
             self.put(i, p);
             i = parent;
         }
@@ -191,14 +195,11 @@ impl<'w> Heap<'w> {
                 if l >= self.len {
                     break;
                 }
-                let mut child = l;
-                if r < self.len && self.before(&self.get(r), &self.get(l)) {
-                    child = r;
-                }
-                let cc = self.get(child);
-                if !self.before(&cc, &last) {
+                let child = if r < self.len && self.key(r) < self.key(l) { r } else { l };
+                if self.key(child) >= last.key {
                     break;
                 }
+                let cc = self.get(child);
                 self.put(i, cc);
                 i = child;
             }

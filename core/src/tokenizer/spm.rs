@@ -8,8 +8,8 @@
 //! until no pair forms a token. A final symbol that is not a token falls back to
 //! byte tokens `<0xAB>` (or the single byte's own token).
 
-use super::error::TokenizerError;
-use super::scratch::{Cand, Heap, Order, Sink, Symbols, HEAP_BYTES, NONE, SYM_BYTES};
+use super::error::LoopError;
+use super::scratch::{Cand, Heap, Sink, Symbols, HEAP_BYTES, NONE, SYM_BYTES};
 use super::unicode::utf8_len;
 use super::vocab::Index;
 use crate::gguf::Array;
@@ -28,10 +28,10 @@ pub(crate) fn score(scores: Option<&Array<'_>>, id: u32) -> f32 {
 }
 
 /// The byte-fallback token for `b`.
-pub(crate) fn byte_token(idx: &Index<'_>, b: u8) -> Result<u32, TokenizerError> {
+pub(crate) fn byte_token(idx: &Index<'_>, b: u8) -> Result<u32, LoopError> {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
     let name = [b'<', b'0', b'x', HEX[(b >> 4) as usize], HEX[(b & 15) as usize], b'>'];
-    idx.id(&name).or_else(|| idx.id(&[b])).ok_or(TokenizerError::NoByteToken(b))
+    idx.id(&name).or_else(|| idx.id(&[b])).ok_or(LoopError::NoByteToken(b))
 }
 
 struct Ctx<'x, 'a> {
@@ -41,7 +41,7 @@ struct Ctx<'x, 'a> {
 }
 
 impl Ctx<'_, '_> {
-    fn try_pair(&self, text: &[u8], syms: &Symbols<'_>, heap: &mut Heap<'_>, left: u32, right: u32) -> Result<(), TokenizerError> {
+    fn try_pair(&self, text: &[u8], syms: &Symbols<'_>, heap: &mut Heap<'_>, left: u32, right: u32) -> Result<(), LoopError> {
         if left == NONE || right == NONE {
             return Ok(());
         }
@@ -51,7 +51,7 @@ impl Ctx<'_, '_> {
             return Ok(()); // longer than any token
         }
         if let Some(id) = self.idx.id(&text[l.start as usize..(l.start + size) as usize]) {
-            heap.push(Cand { key: score(self.scores, id).to_bits(), left, size })?;
+            heap.push(Cand::by_score(score(self.scores, id), left, size))?;
         }
         Ok(())
     }
@@ -66,11 +66,11 @@ pub(crate) fn fragment(
     prefix_space: bool,
     scratch: &mut [u8],
     sink: &mut Sink<'_>,
-) -> Result<(), TokenizerError> {
+) -> Result<(), LoopError> {
     let chars = raw.len() + 1;
     let need = chars * work_per_byte();
     if scratch.len() < need {
-        return Err(TokenizerError::WorkTooSmall { needed: need, got: scratch.len() });
+        return Err(LoopError::WorkTooSmall { needed: need, got: scratch.len() });
     }
     let (esc, rest) = scratch.split_at_mut(3 * chars);
     let mut len = 0;
@@ -89,12 +89,13 @@ pub(crate) fn fragment(
     let (sym_mem, heap_mem) = rest.split_at_mut(SYM_BYTES * chars);
     let mut syms = Symbols::new(sym_mem);
     let n = syms.init(text, utf8_len)?;
-    let mut heap = Heap::new(heap_mem, Order::ScoreDesc);
+    let mut heap = Heap::new(heap_mem);
     for i in 1..n {
         ctx.try_pair(text, &syms, &mut heap, i - 1, i)?;
     }
     while let Some(c) = heap.pop() {
-        let l = syms.get(c.left);
+        let left = c.left();
+        let l = syms.get(left);
         if l.n == 0 || l.next == NONE {
             continue;
         }
@@ -102,10 +103,10 @@ pub(crate) fn fragment(
         if l.n + r.n != c.size {
             continue;
         }
-        syms.merge(c.left, l.next);
-        let l = syms.get(c.left);
-        ctx.try_pair(text, &syms, &mut heap, l.prev, c.left)?;
-        ctx.try_pair(text, &syms, &mut heap, c.left, l.next)?;
+        syms.merge(left, l.next);
+        let l = syms.get(left);
+        ctx.try_pair(text, &syms, &mut heap, l.prev, left)?;
+        ctx.try_pair(text, &syms, &mut heap, left, l.next)?;
     }
 
     // Every merged symbol is a token (pairs are only queued when they are); an

@@ -58,8 +58,29 @@ fn decode_entry(e: u32) -> Flags {
     Flags { class: CLASSES[(e & 7) as usize], space: e & 8 != 0 }
 }
 
+const fn build_ascii() -> [u8; 128] {
+    let mut t = [0u8; 128];
+    let mut c = 0;
+    while c < 128 {
+        let mut i = 0;
+        while i + 1 < RANGES.len() && RANGES[i + 1] >> 8 <= c {
+            i += 1;
+        }
+        t[c as usize] = (RANGES[i] & 0xFF) as u8;
+        c += 1;
+    }
+    t
+}
+
+/// The table's entries for ASCII, looked up directly.
+static ASCII: [u8; 128] = build_ascii();
+
 /// Class and whitespace bit of `cp`.
+#[inline]
 pub fn flags(cp: u32) -> Flags {
+    if cp < 0x80 {
+        return decode_entry(ASCII[cp as usize] as u32);
+    }
     if cp >= 0x11_0000 {
         return Flags { class: Class::Undefined, space: false };
     }

@@ -28,6 +28,11 @@ pub(crate) struct Sink {
 }
 
 impl Sink {
+    /// Lets other output through below the progress bar (see [`Progress::interrupt`]).
+    pub(crate) fn interrupt_progress(&mut self) {
+        self.progress.interrupt();
+    }
+
     /// Appends everything `r` yields; returns the number of bytes copied.
     pub(crate) fn copy_from(&mut self, r: &mut dyn Read) -> Result<u64, PullError> {
         let mut n = 0u64;

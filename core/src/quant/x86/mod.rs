@@ -11,8 +11,9 @@
 //!   by an offset (`q - 8`, `q - 16`: subtract `maddubs(offset, y)`) or by the sign trick
 //!   (`|x|`, `y·sign(x)`; needs activations in -127..=127, which every keel activation
 //!   quantizer guarantees);
-//! - float part: `acc = fma(f32(lanes), dw·da, acc)`, two blocks per iteration into two
-//!   accumulators, one final horizontal sum; Q4_1/Q5_1 add `Σ mw·sa` at the end.
+//! - float part: `acc = fma(f32(lanes), dw·da, acc)`, four blocks per iteration into
+//!   two to four accumulators, one final horizontal sum; Q4_1/Q5_1 add `Σ mw·sa` at the
+//!   end. Layout tricks are described in `qdot.rs`.
 //!
 //! The order is fixed by `n` alone, so a row gives the same bits however many rows are
 //! computed and on whichever thread. It differs from the scalar reference only in float
@@ -28,7 +29,10 @@
 
 use core::arch::x86_64::*;
 
+mod qdot;
+
 use super::blocks::{bf16_to_f32, f16_to_f32};
+use qdot::{q4_0_q8_0, q4_1_q8_1, q5_0_q8_0, q5_1_q8_1, q8_0_q8_0};
 
 /// True if this CPU (and OS) can run the kernels here: AVX, AVX2, FMA, F16C, and the OS
 /// saves YMM state (XCR0 bits 1 and 2).
@@ -103,6 +107,7 @@ dot_wrapper!(/// AVX2 BF16 · BF16.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn hsum_ps(v: __m256) -> f32 {
+    // SAFETY: value-only intrinsics; the caller has AVX2, FMA and F16C (this fn's target features).
     unsafe {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -113,62 +118,12 @@ unsafe fn hsum_ps(v: __m256) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    // SAFETY: value-only intrinsics; the caller has AVX2, FMA and F16C (this fn's target features).
     unsafe {
         let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
         let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
         _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s)))
     }
-}
-
-/// 16 bytes at `p` → 32 values 0..=15: low nibbles (elements 0..16), then high nibbles.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nibbles(p: *const u8) -> __m256i {
-    unsafe {
-        let q = _mm_loadu_si128(p.cast());
-        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(q), q), _mm256_set1_epi8(0x0F))
-    }
-}
-
-/// The u32 at `p` (a Q5 `qh`) → byte i = 0x10 if bit i is set, else 0.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn fifth_bits(p: *const u8) -> __m256i {
-    unsafe {
-        let qh = core::ptr::read_unaligned(p.cast::<i32>());
-        // Byte i of `spread` is byte i/8 of qh; `sel` picks bit i%8 of it.
-        let spread = _mm256_shuffle_epi8(
-            _mm256_set1_epi32(qh),
-            _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0),
-        );
-        let sel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-        let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel);
-        _mm256_and_si256(set, _mm256_set1_epi8(0x10))
-    }
-}
-
-/// Σ pairs of u8 `x` × i8 `y` → 8 i32 lanes (each the sum of 4 products).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_u8_i8(x: __m256i, y: __m256i) -> __m256i {
-    unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1)) }
-}
-
-/// As [`dot_u8_i8`] with `x - off` (off = 8 or 16) as the weight.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_u8_off_i8(x: __m256i, off: __m256i, y: __m256i) -> __m256i {
-    unsafe {
-        let p = _mm256_sub_epi16(_mm256_maddubs_epi16(x, y), _mm256_maddubs_epi16(off, y));
-        _mm256_madd_epi16(p, _mm256_set1_epi16(1))
-    }
-}
-
-/// i8 `x` (any) × i8 `y` (-127..=127) → 8 i32 lanes, by the sign trick.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_i8_i8(x: __m256i, y: __m256i) -> __m256i {
-    unsafe { dot_u8_i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
 }
 
 #[inline]
@@ -181,137 +136,6 @@ unsafe fn rd16(p: *const u8) -> i16 {
 unsafe fn rd32(p: *const u8) -> i32 {
     // SAFETY: the caller guarantees 4 readable bytes at p.
     unsafe { core::ptr::read_unaligned(p.cast::<i32>()) }
-}
-
-/// The first 4 bytes of each of four blocks, as f32 pairs: lanes (2k, 2k+1) are the
-/// two f16 at the start of block k (`d, m` or `d, s`; for Q8_0-style blocks the odd lane
-/// is the first two quants read as an f16 and is ignored).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn head4(p0: *const u8, p1: *const u8, p2: *const u8, p3: *const u8) -> __m256 {
-    unsafe { _mm256_cvtph_ps(_mm_setr_epi32(rd32(p0), rd32(p1), rd32(p2), rd32(p3))) }
-}
-
-/// Lane `K` of `v` in all 8 lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn lane<const K: i32>(v: __m256) -> __m256 {
-    unsafe { _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(K)) }
-}
-
-/// Σ of lanes 1, 3, 5, 7 (the Σ mw·sa that [`dot_loop`] gathers).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn odd_lanes_sum(v: __m256) -> f32 {
-    unsafe {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_movehdup_ps(s))
-    }
-}
-
-// ---------------------------------------------------------------- quant dots
-
-/// Shared loop of the quant dots. `block(w, a)` gives the 8 i32 lane sums of one block
-/// pair. Scales: f16 `d` at offset 0 of both blocks; with `ms`, also `m` (weight) and
-/// `s` (activation) at offset 2, whose products are summed separately.
-///
-/// Four blocks per iteration: one f16→f32 conversion per side gives all eight scale
-/// pairs, one multiply all `dw·da` (even lanes) and `mw·sa` (odd lanes); each block's
-/// `f32(lanes)·dw·da` goes to its own accumulator (FMA latency hidden). Then 0-3
-/// leftover blocks, one at a time, into accumulator 0.
-macro_rules! dot_loop {
-    ($nb:expr, $w:expr, $a:expr, $ws:expr, $as:expr, ms = $ms:expr, |$bw:ident, $ba:ident| $block:expr) => {{
-        let (nb, w, a) = ($nb, $w, $a);
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut ms = _mm256_setzero_ps();
-        let mut i = 0;
-        while i + 4 <= nb {
-            let wp = [w.add(i * $ws), w.add((i + 1) * $ws), w.add((i + 2) * $ws), w.add((i + 3) * $ws)];
-            let ap = [a.add(i * $as), a.add((i + 1) * $as), a.add((i + 2) * $as), a.add((i + 3) * $as)];
-            let p = _mm256_mul_ps(head4(wp[0], wp[1], wp[2], wp[3]), head4(ap[0], ap[1], ap[2], ap[3]));
-            if $ms {
-                ms = _mm256_add_ps(ms, p);
-            }
-            let d = [lane::<0>(p), lane::<2>(p), lane::<4>(p), lane::<6>(p)];
-            for k in 0..4 {
-                let s = { let ($bw, $ba) = (wp[k], ap[k]); $block };
-                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d[k], acc[k]);
-            }
-            i += 4;
-        }
-        while i < nb {
-            let (w0, a0) = (w.add(i * $ws), a.add(i * $as));
-            // [dw, mw, da, sa] → lane 0 = dw·da, lane 1 = mw·sa
-            let f = _mm_cvtph_ps(_mm_setr_epi32(rd32(w0), rd32(a0), 0, 0));
-            let p = _mm_mul_ps(f, _mm_movehl_ps(f, f));
-            if $ms {
-                ms = _mm256_add_ps(ms, _mm256_castps128_ps256(_mm_and_ps(p, _mm_castsi128_ps(_mm_setr_epi32(0, -1, 0, 0)))));
-            }
-            let s = { let ($bw, $ba) = (w0, a0); $block };
-            acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcastss_ps(p), acc[0]);
-            i += 1;
-        }
-        let total = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-        if $ms { total + odd_lanes_sum(ms) } else { total }
-    }};
-}
-
-// Each body: `nb` block pairs at `w` (weight blocks) and `a` (activation blocks), all in
-// bounds (the wrapper's SAFETY argument); AVX2, FMA and F16C available.
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_0_q8_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
-    // SAFETY: see above; every pointer formed is inside block i < nb of its row.
-    unsafe {
-        let off = _mm256_set1_epi8(8);
-        dot_loop!(nb, w, a, 18, 34, ms = false, |bw, ba| {
-            dot_u8_off_i8(nibbles(bw.add(2)), off, _mm256_loadu_si256(ba.add(2).cast()))
-        })
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q5_0_q8_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
-    // SAFETY: see above; block layout d@0 qh@2 qs@6.
-    unsafe {
-        let off = _mm256_set1_epi8(16);
-        dot_loop!(nb, w, a, 22, 34, ms = false, |bw, ba| {
-            let x = _mm256_or_si256(nibbles(bw.add(6)), fifth_bits(bw.add(2)));
-            dot_u8_off_i8(x, off, _mm256_loadu_si256(ba.add(2).cast()))
-        })
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0_q8_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
-    // SAFETY: see above; block layout d@0 qs@2.
-    unsafe {
-        dot_loop!(nb, w, a, 34, 34, ms = false, |bw, ba| {
-            dot_i8_i8(_mm256_loadu_si256(bw.add(2).cast()), _mm256_loadu_si256(ba.add(2).cast()))
-        })
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_1_q8_1(nb: usize, w: *const u8, a: *const u8) -> f32 {
-    // SAFETY: see above; layouts d@0 m@2 qs@4 and d@0 s@2 qs@4.
-    unsafe {
-        dot_loop!(nb, w, a, 20, 36, ms = true, |bw, ba| {
-            dot_u8_i8(nibbles(bw.add(4)), _mm256_loadu_si256(ba.add(4).cast()))
-        })
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q5_1_q8_1(nb: usize, w: *const u8, a: *const u8) -> f32 {
-    // SAFETY: see above; layout d@0 m@2 qh@4 qs@8.
-    unsafe {
-        dot_loop!(nb, w, a, 24, 36, ms = true, |bw, ba| {
-            let x = _mm256_or_si256(nibbles(bw.add(8)), fifth_bits(bw.add(4)));
-            dot_u8_i8(x, _mm256_loadu_si256(ba.add(4).cast()))
-        })
-    }
 }
 
 // ---------------------------------------------------------------- float dots
@@ -426,6 +250,7 @@ unsafe fn quantize_q8_avx2(nb: usize, x: *const f32, out: *mut u8, with_sum: boo
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn round_i32(v: __m256, id: __m256) -> __m256i {
+    // SAFETY: value-only intrinsics; the caller has AVX2, FMA and F16C (this fn's target features).
     unsafe { _mm256_cvtps_epi32(_mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(v, id))) }
 }
 

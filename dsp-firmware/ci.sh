@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Install (idempotently), build and test keel's Hexagon firmware under qemu-hexagon.
+#   bash dsp-firmware/ci.sh
+# Steps: nightly rust-src + llvm-tools; qemu-user (bookworm-backports 10.x for
+# v68/v73, else bookworm's 7.2 for v67); build the harness ELF per CPU, plus a
+# `broken-hvx-zeros` ELF; run the qemu-tests crate against each; print the
+# packets-per-128-weight-bytes of the HVX inner loops from llvm-objdump.
+# Env: KEEL_DSP_TARGET_DIR (default dsp-firmware/target).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here"
+target=hexagon-unknown-none-elf
+td=${KEEL_DSP_TARGET_DIR:-$here/target}
+sudo=""
+[ "$(id -u)" = 0 ] || sudo=sudo
+
+echo "== toolchain"
+rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+rustup component add rust-src llvm-tools --toolchain nightly
+
+echo "== qemu-hexagon"
+if ! (qemu-hexagon -cpu help 2>/dev/null || true) | grep -qw v73; then
+  export DEBIAN_FRONTEND=noninteractive
+  if grep -q 'VERSION_CODENAME=bookworm' /etc/os-release; then
+    src=/etc/apt/sources.list.d/bookworm-backports.sources
+    if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+      printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' | $sudo tee "$src" >/dev/null
+    fi
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq -t bookworm-backports qemu-user >/dev/null || $sudo apt-get install -y -qq qemu-user >/dev/null
+  else
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq qemu-user >/dev/null
+  fi
+fi
+qemu-hexagon --version | head -1
+cpus=$( (qemu-hexagon -cpu help || true) | tr -s ' \t' '\n' | grep -E '^v[0-9]+$' | tr '\n' ' ')
+echo "qemu-hexagon CPUs: $cpus"
+
+# name:target-cpu:hvx-feature
+configs=()
+if [[ " $cpus " == *" v73 "* ]]; then configs+=("v68:hexagonv68:hvxv68" "v73:hexagonv73:hvxv73")
+elif [[ " $cpus " == *" v68 "* ]]; then configs+=("v68:hexagonv68:hvxv68")
+else configs+=("v67:hexagonv67:hvxv66"); fi
+
+build() { # name cpu hvx [features]
+  local flags="-C target-cpu=$2 -C target-feature=+$3,+hvx-length128b"
+  RUSTFLAGS="$flags" cargo +nightly build -q --release --target $target -Zbuild-std=core \
+    --target-dir "$td/$1" ${4:+--features $4}
+}
+
+packets_out=""
+for c in "${configs[@]}"; do
+  IFS=: read -r name cpu hvx <<<"$c"
+  echo "== build $name ($cpu, $hvx)"
+  build "$name" "$cpu" "$hvx"
+  build "$name-broken" "$cpu" "$hvx" broken-hvx-zeros
+  elf="$td/$name/$target/release/keel-dsp-harness"
+  echo "== test under qemu-hexagon -cpu $name"
+  (cd qemu-tests && KEEL_DSP_ELF="$elf" KEEL_DSP_ELF_BROKEN="$td/$name-broken/$target/release/keel-dsp-harness" \
+    KEEL_QEMU_CPU="$name" cargo +nightly test --release --target-dir "$td/host")
+  packets_out+="$(scripts/packets.sh "$elf" | sed "s/^/$name /")"$'\n'
+done
+echo "== packets per 128 weight bytes (bound: one vector load per packet = 1.0)"
+printf '%s' "$packets_out"
