@@ -42,7 +42,12 @@ pub fn info(mut a: Args) -> Result<()> {
         e.0 += 1;
         e.1 += t.data.len() as u64;
     }
-    let hp = HParams::from_gguf(&g).map_err(|e| anyhow::anyhow!("{}: {e}", opened.path.display()));
+    // The same checks a run does: hyper-parameters, then every tensor's presence, shape and type.
+    let hp = HParams::from_gguf(&g).map_err(keel_core::Error::from).and_then(|hp| {
+        let mut table: Vec<std::mem::MaybeUninit<keel_core::model::Layer<'_>>> = (0..hp.n_layer).map(|_| std::mem::MaybeUninit::uninit()).collect();
+        keel_core::model::Model::load(&g, hp, &mut table).map(|_| hp)
+    });
+    let hp = hp.map_err(|e| anyhow::anyhow!("{}: {e}", opened.path.display()));
     if as_json {
         let mut o = json::Object::new();
         o.str("path", &opened.path.display().to_string()).u64("version", g.version() as u64).u64("n_tensors", g.n_tensors() as u64);
