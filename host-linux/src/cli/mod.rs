@@ -1,11 +1,13 @@
 //! The `keel` command line: one module per subcommand.
 
 pub mod args;
+pub mod bench;
 pub mod common;
 pub mod eval;
 pub mod info;
 pub mod load;
 pub mod perplexity;
+pub mod quantize;
 pub mod run;
 pub mod tokenize;
 
@@ -28,7 +30,11 @@ commands:
   perplexity  keel perplexity -m MODEL -f TEXT [-c 512] [-t T] [--json]
   info        keel info MODEL [--json]
   plan        keel plan -m MODEL [-c N_CTX] [-b N_BATCH] [-t T] [--json]
+  bench       keel bench -m MODEL [-p 512] [-n 128] [-r 3] [-t T] [--json]
+              (pp and tg speed; checks its own output and refuses to report broken runs)
   pull        keel pull NAME        (known: smollm2-135m, gemma3-270m)
+  quantize    keel quantize IN OUT TYPE [--allow-requantize] [-t THREADS] [--json]
+              TYPE as llama-quantize names it: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
 
 MODEL is a path to a .gguf file or a known name, fetched on first use into
 $KEEL_MODELS (default ~/.cache/keel/models).
@@ -47,6 +53,8 @@ pub fn main(argv: Vec<String>) -> Result<()> {
         "info" => info::info(a),
         "plan" => info::plan(a),
         "pull" => pull(a),
+        "quantize" => quantize::main(a),
+        "bench" => bench::main(a),
         "help" | "-h" | "--help" | "" => {
             print!("{USAGE}");
             Ok(())

