@@ -4,12 +4,14 @@
 
 pub mod cli;
 pub mod fsutil;
+pub mod gguf_write;
 pub mod isa;
 pub mod json;
 pub mod mem;
 pub mod mmap;
 pub mod pool;
 pub mod progress;
+pub mod quant_mix;
 pub mod pull;
 
 /// This crate's version (the workspace version).
