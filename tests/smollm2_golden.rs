@@ -47,20 +47,16 @@ fn greedy_agreement() -> Option<Vec<(usize, usize)>> {
     Some(res)
 }
 
-/// Regression guard: every prompt agrees with llama.cpp for at least 8 tokens and at
-/// least 1 prompt agrees on all 64 (what keel achieves today).
+/// Regression guard: keel's x86 arithmetic follows llama.cpp's operation for operation,
+/// so every prompt agrees on all 64 tokens (stricter than the issue's bar below).
 #[test]
 fn greedy_close_to_llama_cpp() {
     let Some(res) = greedy_agreement() else { return };
-    for &(agree, n) in &res {
-        assert!(agree >= 8.min(n), "only {agree} leading tokens agree: {res:?}");
-    }
-    assert!(res.iter().filter(|(a, n)| a == n).count() >= 1, "{res:?}");
+    assert!(res.iter().all(|(a, n)| a == n), "{res:?}");
 }
 
 /// The issue's bar: the first 16 tokens agree on every prompt and all 64 on 4 of 6.
 #[test]
-#[ignore = "not met yet: prompts part from llama.cpp after 8-58 tokens; see README status"]
 fn greedy_meets_issue_thresholds() {
     let Some(res) = greedy_agreement() else { return };
     assert!(res.iter().all(|&(a, n)| a >= 16.min(n)), "{res:?}");
@@ -118,22 +114,21 @@ fn logit_stats(kernels: keel::core::quant::Kernels) -> Option<Vec<LogitStats>> {
     Some(out)
 }
 
-/// Logits against llama.cpp, with a bound that guards against regressions. The issue's
-/// thresholds (mean |d| top-10 <= 0.05, lse <= 0.05, KL <= 1e-3) are checked by
-/// `logits_meet_issue_thresholds` below, which does not pass yet (see README status).
+/// Logits against llama.cpp, with a bound that guards against regressions: keel's x86
+/// arithmetic reproduces llama.cpp's bits on these prompts (measured: |d| = 0, KL = 0),
+/// so the guard is far tighter than the issue's thresholds checked below.
 #[test]
 fn logits_close_to_llama_cpp() {
     let Some(stats) = logit_stats(fast_kernels()) else { return };
     for s in &stats {
-        assert!(s.top1 >= 0.9, "top-1 agreement {:.3} regressed below 0.9", s.top1);
-        assert!(s.mean_top10 <= 0.25, "mean |d| top-10 {:.4} regressed past 0.25", s.mean_top10);
-        assert!(s.mean_lse <= 0.25, "mean |d| lse {:.4} regressed past 0.25", s.mean_lse);
-        assert!(s.kl_last <= 2e-2, "last-position KL {:.2e} regressed past 2e-2", s.kl_last);
+        assert!(s.top1 >= 1.0, "top-1 agreement {:.3} regressed below 1", s.top1);
+        assert!(s.mean_top10 <= 1e-4, "mean |d| top-10 {:.2e} regressed past 1e-4", s.mean_top10);
+        assert!(s.mean_lse <= 1e-4, "mean |d| lse {:.2e} regressed past 1e-4", s.mean_lse);
+        assert!(s.kl_last <= 1e-7, "last-position KL {:.2e} regressed past 1e-7", s.kl_last);
     }
 }
 
 #[test]
-#[ignore = "not met yet: SmolLM2's massive activations amplify rounding differences; see README status"]
 fn logits_meet_issue_thresholds() {
     let Some(stats) = logit_stats(fast_kernels()) else { return };
     for s in &stats {

@@ -26,24 +26,96 @@ pub fn rms_norm(x: &[f32], w: &[u8], eps: f32, out: &mut [f32]) {
 }
 
 /// Fills `cs` with interleaved `(cos, sin)` of the RoPE angles for position `pos`:
-/// theta_i = pos * base^(-2i/n_rot), computed by repeated multiplication as ggml does.
+/// theta_i = pos * base^(-2i/n_rot), computed by repeated multiplication as ggml does,
+/// with [`sincosf`] (glibc's rounding, which llama.cpp gets from `sincosf`).
 pub fn rope_angles(pos: usize, base: f32, n_rot: usize, cs: &mut [f32]) {
     let theta_scale = libm::powf(base, -2.0 / n_rot as f32);
     let mut theta = pos as f32;
     for i in 0..n_rot / 2 {
-        cs[2 * i] = libm::cosf(theta);
-        cs[2 * i + 1] = libm::sinf(theta);
+        let (s, c) = sincosf(theta);
+        cs[2 * i] = c;
+        cs[2 * i + 1] = s;
         theta *= theta_scale;
     }
+}
+
+/// 4/π in 32-bit windows, byte by byte (for the large-argument reduction).
+const INV_PIO4: [u32; 24] = [
+    0xa2, 0xa2f9, 0xa2f983, 0xa2f9836e, 0xf9836e4e, 0x836e4e44, 0x6e4e4415, 0x4e441529,
+    0x441529fc, 0x1529fc27, 0x29fc2757, 0xfc2757d1, 0x2757d1f5, 0x57d1f534, 0xd1f534dd, 0xf534ddc0,
+    0x34ddc0db, 0xddc0db62, 0xc0db6295, 0xdb629599, 0x6295993c, 0x95993c43, 0x993c4390, 0x3c439041,
+];
+
+/// `(sin x, cos x)` of an f32 with glibc's algorithm (the ARM optimized-routines
+/// `sincosf`: f64 range reduction by π/2, or by a 4/π bit table above 120, then two
+/// short f64 polynomials with fma), so the values are the ones llama.cpp's RoPE cache
+/// gets on x86 Linux bit for bit (checked against glibc 2.36 for 65536 RoPE angles).
+/// `libm` only; NaN/∞ give NaN.
+pub fn sincosf(y: f32) -> (f32, f32) {
+    let top = |v: f32| (v.to_bits() >> 20) & 0x7ff;
+    let x = y as f64;
+    // (reduced x, quadrant for the signs and table, quadrant for the sin/cos swap)
+    let (xr, n, swap) = if top(y) < top(core::f32::consts::FRAC_PI_4) {
+        if top(y) < top(f32::from_bits(0x3980_0000)) {
+            return (y, 1.0); // |y| < 2^-12
+        }
+        (x, 0, 0)
+    } else if top(y) < top(120.0) {
+        // n = round(x·2/π) via a 2^24-scaled truncation; x - n·π/2.
+        let r = x * f64::from_bits(0x4164_5f30_6dc9_c883);
+        let n = ((r as i32).wrapping_add(0x80_0000)) >> 24;
+        (libm::fma(-(n as f64), f64::from_bits(0x3ff9_21fb_5444_2d18), x), n, n)
+    } else if top(y) < top(f32::INFINITY) {
+        let xi = y.to_bits();
+        let arr = &INV_PIO4[((xi >> 26) & 15) as usize..];
+        let m = ((xi & 0xff_ffff) | 0x80_0000) << ((xi >> 23) & 7);
+        let res0 = m.wrapping_mul(arr[0]) as u64;
+        let res1 = m as u64 * arr[4] as u64;
+        let res2 = m as u64 * arr[8] as u64;
+        let mut r = ((res2 >> 32) | (res0 << 32)).wrapping_add(res1);
+        let n = r.wrapping_add(1 << 61) >> 62;
+        r = r.wrapping_sub(n << 62);
+        // The sign of y folds into the quadrant of the signs, not of the swap.
+        ((r as i64) as f64 * f64::from_bits(0x3c19_21fb_5444_2d18), n as i32 + (xi >> 31) as i32, n as i32)
+    } else {
+        return (f32::NAN, f32::NAN);
+    };
+    let sign = if (n + 1) & 2 != 0 { -1.0 } else { 1.0 }; // [1, -1, -1, 1][n & 3]
+    let neg = if n & 2 != 0 { -1.0 } else { 1.0 };
+    let b = f64::from_bits;
+    let (c0, c1, c2, c3, c4) = (neg, neg * b(0xbfdf_ffff_fd0c_621c), neg * b(0x3fa5_5553_e106_8f19), neg * b(0xbf56_c087_e89a_359d), neg * b(0x3ef9_9343_027b_f8c3));
+    let (s1, s2, s3) = (b(0xbfc5_5554_5995_a603), b(0x3f81_1076_0523_0bc4), b(0xbf29_94eb_3774_cf24));
+    let x = if n == 0 { xr } else { xr * sign };
+    let x2 = xr * xr;
+    let (x3, x4) = (x2 * x, x2 * x2);
+    let (cc2, ss1) = (libm::fma(x2, c4, c3), libm::fma(x2, s3, s2));
+    let cc1 = libm::fma(x2, c1, c0);
+    let (x5, x6) = (x3 * x2, x4 * x2);
+    let s = libm::fma(x3, s1, x);
+    let c = libm::fma(x4, c2, cc1);
+    let (sv, cv) = (libm::fma(x5, ss1, s) as f32, libm::fma(x6, cc2, c) as f32);
+    if swap & 1 == 1 {
+        (cv, sv)
+    } else {
+        (sv, cv)
+    }
+}
+
+/// One RoPE rotation as llama.cpp's compiled x86 code rounds it (GCC contracts
+/// `x0*c - x1*s` and `x0*s + x1*c` into one fma each): `(fma(x0, c, -(x1·s)),
+/// fma(x0, s, x1·c))` (which product is fused was found by comparing sums of the
+/// rotated tensors with `llama-eval-callback`).
+#[inline]
+fn rotate(x0: f32, x1: f32, c: f32, s: f32) -> (f32, f32) {
+    (libm::fmaf(x0, c, -(x1 * s)), libm::fmaf(x0, s, x1 * c))
 }
 
 /// Rotates adjacent pairs `(2i, 2i+1)` of the first `n_rot` dims of one head.
 pub fn rope_normal(head: &mut [f32], cs: &[f32], n_rot: usize) {
     for i in 0..n_rot / 2 {
-        let (c, s) = (cs[2 * i], cs[2 * i + 1]);
-        let (x0, x1) = (head[2 * i], head[2 * i + 1]);
-        head[2 * i] = x0 * c - x1 * s;
-        head[2 * i + 1] = x0 * s + x1 * c;
+        let (x0, x1) = rotate(head[2 * i], head[2 * i + 1], cs[2 * i], cs[2 * i + 1]);
+        head[2 * i] = x0;
+        head[2 * i + 1] = x1;
     }
 }
 
@@ -51,19 +123,55 @@ pub fn rope_normal(head: &mut [f32], cs: &[f32], n_rot: usize) {
 pub fn rope_neox(head: &mut [f32], cs: &[f32], n_rot: usize) {
     let half = n_rot / 2;
     for i in 0..half {
-        let (c, s) = (cs[2 * i], cs[2 * i + 1]);
-        let (x0, x1) = (head[i], head[i + half]);
-        head[i] = x0 * c - x1 * s;
-        head[i + half] = x0 * s + x1 * c;
+        let (x0, x1) = rotate(head[i], head[i + half], cs[2 * i], cs[2 * i + 1]);
+        head[i] = x0;
+        head[i + half] = x1;
     }
 }
 
-/// SiLU: `x * sigmoid(x)`.
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + libm::expf(-x))
+/// `e^x` as glibc's `expf` (which llama.cpp's attention calls) rounds it: the f64
+/// exponential rounded to f32, i.e. correctly rounded, which glibc's `expf` is for all
+/// but about 1 input in 1600.
+pub fn expf(x: f32) -> f32 {
+    libm::exp(x as f64) as f32
 }
 
-/// `gate[i] = silu(gate[i]) * up[i]` (SwiGLU).
+/// `e^x` by llama.cpp's vectorized `ggml_v_expf` (AVX-512 build), the exponential its
+/// SiLU uses: `n = round(x·log2 e)` by the 1.5·2^23 shift, `b = x - n·ln2` in two fma
+/// steps, a degree-5 polynomial in `b` by fma, scaled by `2^n` (0 or ∞ when |n| > 192).
+/// Every fma is `libm::fmaf`, so this is exact on every target; the AVX2 version in
+/// `quant/x86/act.rs` gives the same bits.
+pub fn ggml_expf(x: f32) -> f32 {
+    use libm::fmaf;
+    let r = f32::from_bits(0x4B40_0000); // 0x1.8p23
+    let z = fmaf(x, f32::from_bits(0x3FB8_AA3B), r); // 0x1.715476p+0
+    let n = z - r;
+    let b = fmaf(-n, f32::from_bits(0x35BF_BE8E), fmaf(-n, f32::from_bits(0x3F31_7200), x)); // 0x1.7f7d1cp-20, 0x1.62e4p-1
+    let u = b * b;
+    let p1 = fmaf(fmaf(f32::from_bits(0x3C07_2010), b, f32::from_bits(0x3D2B_9F17)), u, fmaf(f32::from_bits(0x3E2A_AF33), b, f32::from_bits(0x3EFF_FEDB)));
+    let j = fmaf(p1, u, fmaf(f32::from_bits(0x3F7F_FFF6), b, 1.0));
+    if libm::fabsf(n) > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    scale_by_pow2(j, n as i32)
+}
+
+/// `j · 2^n` rounded once (as `vscalefps`), for |n| <= 192 and j near 1: two exact
+/// power-of-two factors, the second multiply rounds.
+#[inline]
+pub(crate) fn scale_by_pow2(j: f32, n: i32) -> f32 {
+    let n1 = n / 2;
+    let n2 = n - n1;
+    let p = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
+    (j * p(n1)) * p(n2)
+}
+
+/// SiLU as llama.cpp's vectorized `ggml_v_silu`: `x / (1 + ggml_expf(0 - x))`.
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + ggml_expf(0.0 - x))
+}
+
+/// `gate[i] = silu(gate[i]) * up[i]` (SwiGLU), llama.cpp's `ggml_vec_swiglu_f32`.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = silu(*g) * u;

@@ -63,7 +63,7 @@ pub fn plan_session(plan: &mut Plan, hp: &HParams, act_row: usize, cfg: &Session
     plan.add(REGIONS[8], b * hp.n_ff, f4)?;
     plan.add(REGIONS[9], b * hp.n_ff, f4)?;
     plan.add(REGIONS[10], b.max(cfg.n_outputs), act_row)?;
-    plan.add(REGIONS[11], cfg.n_threads * (cfg.n_ctx + hp.head_dim + hp.head_dim_v), f4)?;
+    plan.add(REGIONS[11], cfg.n_threads * (hp.head_dim + hp.head_dim_v), f2)?;
     plan.add(REGIONS[12], hp.n_rot, f4)?;
     plan.add(REGIONS[13], cfg.n_outputs.checked_mul(hp.n_vocab).ok_or(Error::BadConfig("logits size overflows"))?, f4)?;
     Ok(())
@@ -84,7 +84,7 @@ pub struct Session<'a> {
     ffn_a: &'a mut [f32],
     ffn_b: &'a mut [f32],
     act_q: &'a mut [u8],
-    attn_scratch: &'a mut [f32],
+    attn_scratch: &'a mut [f16],
     rope: &'a mut [f32],
     logits: &'a mut [f32],
     n_logits: usize,
@@ -109,7 +109,7 @@ impl<'a> Session<'a> {
             ffn_a: carver.f32s(r(REGIONS[8])),
             ffn_b: carver.f32s(r(REGIONS[9])),
             act_q: carver.bytes(r(REGIONS[10])),
-            attn_scratch: carver.f32s(r(REGIONS[11])),
+            attn_scratch: carver.f16s(r(REGIONS[11])),
             rope: carver.f32s(r(REGIONS[12])),
             logits: carver.f32s(r(REGIONS[13])),
             n_logits: 0,
@@ -222,9 +222,9 @@ impl<'a> Session<'a> {
             act.project(par, &layer.wk, &xn[..n * e], n, k);
             act.project(par, &layer.wv, &xn[..n * e], n, v);
             let cache = Cache { kv_k, kv_v, n_ctx, layer: l, n_past };
-            rope_and_store(hp, cache, q, k, v, rope, n);
+            rope_and_store(hp, &kern, cache, q, k, v, rope, n);
             let cache = Cache { kv_k, kv_v, n_ctx, layer: l, n_past };
-            attention(hp, &cache, q, attn, attn_scratch, n_tasks, n, par);
+            attention(hp, &kern, &cache, q, attn, attn_scratch, n_tasks, n, par);
             // x += attn Wo
             act.invalidate();
             act.project(par, &layer.wo, &attn[..n * attn_w], n, xn);
@@ -237,7 +237,7 @@ impl<'a> Session<'a> {
             act.invalidate();
             act.project(par, &layer.ffn_gate, &xn[..n * e], n, ffn_a);
             act.project(par, &layer.ffn_up, &xn[..n * e], n, ffn_b);
-            ops::swiglu(&mut ffn_a[..n * f], &ffn_b[..n * f]);
+            kern.swiglu(&mut ffn_a[..n * f], &ffn_b[..n * f]);
             act.invalidate();
             act.project(par, &layer.ffn_down, &ffn_a[..n * f], n, xn);
             ops::add_assign(&mut x[..n * e], &xn[..n * e]);
@@ -271,7 +271,8 @@ struct Cache<'c> {
 }
 
 /// RoPE on q and k of `n` tokens, then k and v into the cache as f16.
-fn rope_and_store(hp: &HParams, c: Cache<'_>, q: &mut [f32], k: &mut [f32], v: &[f32], rope: &mut [f32], n: usize) {
+#[allow(clippy::too_many_arguments)]
+fn rope_and_store(hp: &HParams, kern: &Kernels, c: Cache<'_>, q: &mut [f32], k: &mut [f32], v: &[f32], rope: &mut [f32], n: usize) {
     let (qd, kd, vd) = (hp.q_dim(), hp.k_dim(), hp.v_dim());
     let hd = hp.head_dim;
     let rotate: fn(&mut [f32], &[f32], usize) = match hp.rope_mode {
@@ -288,27 +289,31 @@ fn rope_and_store(hp: &HParams, c: Cache<'_>, q: &mut [f32], k: &mut [f32], v: &
             rotate(&mut k[i * kd + h * hd..i * kd + (h + 1) * hd], rope, hp.n_rot);
         }
         let kc = (c.layer * c.n_ctx + pos) * kd;
-        for (dst, &src) in c.kv_k[kc..kc + kd].iter_mut().zip(&k[i * kd..(i + 1) * kd]) {
-            *dst = f16::from_f32(src);
-        }
+        kern.f32_to_f16(&k[i * kd..(i + 1) * kd], &mut c.kv_k[kc..kc + kd]);
         let vc = (c.layer * c.n_ctx + pos) * vd;
-        for (dst, &src) in c.kv_v[vc..vc + vd].iter_mut().zip(&v[i * vd..(i + 1) * vd]) {
-            *dst = f16::from_f32(src);
-        }
+        kern.f32_to_f16(&v[i * vd..(i + 1) * vd], &mut c.kv_v[vc..vc + vd]);
     }
 }
 
 /// Causal grouped-query attention of the `n` new tokens over one layer's cache, split
-/// by (token, head) across at most `max_tasks` tasks, each with its own scratch slot.
+/// by (token, head) across at most `max_tasks` tasks, each with its own f16 scratch.
+///
+/// The arithmetic is llama.cpp's CPU flash attention (`one_chunk` path) operation for
+/// operation: q rounded to f16; per key in order `s = dot(k, q)·scale` (f16 dot order of
+/// `Kernels::f16_dot`); online softmax with the value accumulator in **f16** (on a new
+/// maximum `acc *= exp(old - max)`, else `vs = exp(s - max)`; `acc += v·vs` rounded to
+/// f16 each step; `sum = fma(sum, ms, vs)`); finally `out = f32(acc) · (1/sum)`.
+/// llama.cpp uses a different, tiled arithmetic for batches of 64 or more queries; keel
+/// always uses this one, so a position's output does not depend on the batch.
 #[allow(clippy::too_many_arguments)]
-fn attention(hp: &HParams, c: &Cache<'_>, q: &[f32], out: &mut [f32], scratch: &mut [f32], max_tasks: usize, n: usize, par: &dyn Parallel) {
+fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], out: &mut [f32], scratch: &mut [f16], max_tasks: usize, n: usize, par: &dyn Parallel) {
     let (hd, hdv) = (hp.head_dim, hp.head_dim_v);
     let (qd, kd, vd) = (hp.q_dim(), hp.k_dim(), hp.v_dim());
     let group = hp.n_head / hp.n_head_kv;
     let (n_ctx, l, n_past) = (c.n_ctx, c.layer, c.n_past);
     let scale = 1.0 / libm::sqrtf(hd as f32);
     let (kv_k, kv_v) = (&*c.kv_k, &*c.kv_v);
-    let per_task = n_ctx + hd + hdv;
+    let per_task = hd + hdv;
     let tasks = par.n_threads().min(max_tasks).min(n * hp.n_head).max(1);
     let scratch = SharedMut::new(scratch);
     let out_w = hp.n_head * hdv;
@@ -316,41 +321,34 @@ fn attention(hp: &HParams, c: &Cache<'_>, q: &[f32], out: &mut [f32], scratch: &
     par.run(tasks, &|t| {
         // SAFETY: task t owns scratch slot t (tasks <= the n_threads slots planned).
         let s = unsafe { scratch.slice(t * per_task, per_task) };
-        let (scores, rest) = s.split_at_mut(n_ctx);
-        let (qh, acc) = rest.split_at_mut(hd);
+        let (qh, acc) = s.split_at_mut(hd);
         for pair in split_range(n * hp.n_head, tasks, t) {
             let (i, h) = (pair / hp.n_head, pair % hp.n_head);
             let pos = n_past + i;
             let kvh = h / group;
-            // Queries are rounded to f16 like the f16 keys they meet (as ggml does).
-            for (d, v) in qh.iter_mut().enumerate() {
-                *v = f16::from_f32(q[i * qd + h * hd + d]).to_f32();
-            }
-            let mut max = f32::NEG_INFINITY;
-            for (j, sc) in scores[..=pos].iter_mut().enumerate() {
+            kern.f32_to_f16(&q[i * qd + h * hd..][..hd], qh);
+            acc.fill(f16::ZERO);
+            let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
+            for j in 0..=pos {
                 let kr = &kv_k[(l * n_ctx + j) * kd + kvh * hd..][..hd];
-                let mut dot = 0.0f32;
-                for d in 0..hd {
-                    dot += qh[d] * kr[d].to_f32();
-                }
-                *sc = dot * scale;
-                max = max.max(*sc);
-            }
-            acc[..hdv].fill(0.0);
-            let mut sum = 0.0f32;
-            for (j, &sc) in scores[..=pos].iter().enumerate() {
-                let p = libm::expf(sc - max);
-                sum += p;
-                let vr = &kv_v[(l * n_ctx + j) * vd + kvh * hdv..][..hdv];
-                for d in 0..hdv {
-                    acc[d] += p * vr[d].to_f32();
-                }
+                let s = kern.f16_dot(kr, qh) * scale;
+                let (ms, vs) = if s > max {
+                    let ms = ops::expf(max - s);
+                    max = s;
+                    kern.f16_scale(acc, ms);
+                    (ms, 1.0)
+                } else {
+                    (1.0, ops::expf(s - max))
+                };
+                kern.f16_mad(acc, &kv_v[(l * n_ctx + j) * vd + kvh * hdv..][..hdv], vs);
+                sum = libm::fmaf(sum, ms, vs);
             }
             // SAFETY: output (i, h) is written by exactly one task.
             let o = unsafe { out.slice(i * out_w + h * hdv, hdv) };
-            let inv = 1.0 / sum;
-            for d in 0..hdv {
-                o[d] = acc[d] * inv;
+            kern.f16_to_f32(acc, o);
+            let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+            for v in o.iter_mut() {
+                *v *= inv;
             }
         }
     });

@@ -27,6 +27,7 @@
 //! out-of-bounds read.
 
 pub mod blocks;
+mod f16ops;
 mod quantize;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
@@ -39,6 +40,7 @@ mod tests;
 pub use blocks::{as_blocks, Block, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
 
 use crate::ggml_type::GgmlType;
+use half::f16;
 
 /// CPU features the host detected (no_std cannot ask the OS itself).
 ///
@@ -206,6 +208,62 @@ impl Kernels {
         }
         let _ = wtype;
         None
+    }
+
+    /// `gate[i] = silu(gate[i]) * up[i]` with llama.cpp's vectorized exponential
+    /// ([`crate::ops::swiglu`]); the same bits with every kernel set.
+    pub fn swiglu(&self, gate: &mut [f32], up: &[f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            return x86::act::swiglu(gate, up);
+        }
+        crate::ops::swiglu(gate, up)
+    }
+
+    /// Dot product of two f16 rows in llama.cpp's flash-attention order (K·Q); the same
+    /// bits with every kernel set. See `f16ops.rs` for the order.
+    pub fn f16_dot(&self, x: &[f16], y: &[f16]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            return x86::f16ops::dot(x, y);
+        }
+        f16ops::dot(x, y)
+    }
+
+    /// `y += x·v` on an f16 accumulator, rounding to f16 as llama.cpp's attention does.
+    pub fn f16_mad(&self, y: &mut [f16], x: &[f16], v: f32) {
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            return x86::f16ops::mad(y, x, v);
+        }
+        f16ops::mad(y, x, v)
+    }
+
+    /// `y *= v` on an f16 accumulator, rounding to f16 as llama.cpp's attention does.
+    pub fn f16_scale(&self, y: &mut [f16], v: f32) {
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            return x86::f16ops::scale(y, v);
+        }
+        f16ops::scale(y, v)
+    }
+
+    /// `dst[i] = f16(src[i])` (round to nearest even; F16C where available).
+    pub fn f32_to_f16(&self, src: &[f32], dst: &mut [f16]) {
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            return x86::f16ops::to_f16(src, dst);
+        }
+        f16ops::to_f16(src, dst)
+    }
+
+    /// `dst[i] = f32(src[i])` (exact; F16C where available).
+    pub fn f16_to_f32(&self, src: &[f16], dst: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            return x86::f16ops::to_f32(src, dst);
+        }
+        f16ops::to_f32(src, dst)
     }
 
     /// Converts an activation row `x` (n floats) into `ty` (a vec dot type) in `out`,

@@ -1,16 +1,18 @@
 //! The scalar reference: dequantization and `vec_dot` for every supported type.
 //!
 //! Owns the arithmetic every faster path is checked against. Plain f32 operations in a
-//! fixed order (no FMA contraction: Rust never fuses), so the result is bit-identical on
+//! fixed order (no implicit FMA contraction: Rust never fuses; where llama.cpp's compiled
+//! x86 code fuses, we call `libm::fmaf`, which is exact everywhere), so the result is bit-identical on
 //! x86_64, aarch64 and wasm32. The per-block formulas and their float evaluation order
 //! follow llama.cpp's `dequantize_row_*` and `ggml_vec_dot_*_generic`:
 //!
 //! ```text
 //! q4_0·q8_0  sumf += ((sumi as f32) * dw) * da
-//! q4_1·q8_1  sumf += (dw * da) * sumi + mw * sa
+//! q4_1·q8_1  llama.cpp's x86 order: 8 lane accumulators with fma, `summs` by fma
+//!            (`vec_dot_q4_1_q8_1` below), so the AVX2 kernel gives the same bits
 //! q5_0·q8_0  sumf += (dw * da) * sumi
 //! q5_1·q8_1  sumf += (dw * da) * sumi + mw * sa
-//! q8_0·q8_0  sumf += sumi * (dw * da)
+//! q8_0·q8_0  llama.cpp's x86 order, as q4_1 (same bits as the AVX2 kernel)
 //! f32/f16/bf16  sumf += w[i] * a[i], i ascending, one f32 accumulator
 //! ```
 //!
@@ -155,16 +157,44 @@ pub(crate) fn vec_dot_q4_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     sumf
 }
 
-/// Reference Q4_1 · Q8_1.
+/// Reference Q4_1 · Q8_1, in llama.cpp's x86 order (see [`lane_sums`]): per block
+/// `acc[l] = fma(dw·da, lane l, acc[l])` and `summs = fma(mw, sa, summs)`; then
+/// `hsum8(acc) + summs`.
 pub(crate) fn vec_dot_q4_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
     contract(n, QK, w, 20, a, 36);
-    let mut sumf = 0.0f32;
+    let mut acc = [0.0f32; 8];
+    let mut summs = 0.0f32;
     for (cw, ca) in w.chunks_exact(20).zip(a.chunks_exact(36)).take(n / QK) {
         let (Some(x), Some(y)) = (read_block::<BlockQ4_1>(cw), read_block::<BlockQ8_1>(ca)) else { break };
-        let sumi = nibble_sumi(&x.qs, &y.qs, |q, _| ((q & 0x0F) as i32, (q >> 4) as i32));
-        sumf += (x.d.to_f32() * y.d.to_f32()) * sumi as f32 + x.m.to_f32() * y.s.to_f32();
+        summs = libm::fmaf(x.m.to_f32(), y.s.to_f32(), summs);
+        let d = x.d.to_f32() * y.d.to_f32();
+        let lanes = lane_sums(|k| if k < 16 { (x.qs[k] & 0x0F) as i32 } else { (x.qs[k - 16] >> 4) as i32 }, &y.qs);
+        for (acc, s) in acc.iter_mut().zip(lanes) {
+            *acc = libm::fmaf(d, s as f32, *acc);
+        }
     }
-    sumf
+    hsum8(acc) + summs
+}
+
+/// The 8 lane sums llama.cpp's x86 kernels form for one block (`maddubs`+`madd` or
+/// `dpbusd`): lane `l` = Σ over k in 4l..4l+4 of `x(k)·y[k]`, exact in i32.
+#[inline]
+pub(crate) fn lane_sums(x: impl Fn(usize) -> i32, y: &[i8; 32]) -> [i32; 8] {
+    let mut lanes = [0i32; 8];
+    for (l, s) in lanes.iter_mut().enumerate() {
+        for k in 4 * l..4 * l + 4 {
+            *s += x(k) * y[k] as i32;
+        }
+    }
+    lanes
+}
+
+/// Horizontal sum of 8 lanes in the order of an AVX `hsum` (high half + low half, then
+/// pairs): `((a4+a0) + (a6+a2)) + ((a5+a1) + (a7+a3))`.
+#[inline]
+pub(crate) fn hsum8(a: [f32; 8]) -> f32 {
+    let r = [a[4] + a[0], a[5] + a[1], a[6] + a[2], a[7] + a[3]];
+    (r[0] + r[2]) + (r[1] + r[3])
 }
 
 /// Reference Q5_0 · Q8_0.
@@ -196,19 +226,20 @@ pub(crate) fn vec_dot_q5_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
     sumf
 }
 
-/// Reference Q8_0 · Q8_0.
+/// Reference Q8_0 · Q8_0, in llama.cpp's x86 order: per block
+/// `acc[l] = fma(dw·da, lane l, acc[l])`, then `hsum8(acc)` (see [`lane_sums`]).
 pub(crate) fn vec_dot_q8_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     contract(n, QK, w, 34, a, 34);
-    let mut sumf = 0.0f32;
+    let mut acc = [0.0f32; 8];
     for (cw, ca) in w.chunks_exact(34).zip(a.chunks_exact(34)).take(n / QK) {
         let (Some(x), Some(y)) = (read_block::<BlockQ8_0>(cw), read_block::<BlockQ8_0>(ca)) else { break };
-        let mut sumi = 0i32;
-        for j in 0..QK {
-            sumi += x.qs[j] as i32 * y.qs[j] as i32;
+        let d = x.d.to_f32() * y.d.to_f32();
+        let lanes = lane_sums(|k| x.qs[k] as i32, &y.qs);
+        for (acc, s) in acc.iter_mut().zip(lanes) {
+            *acc = libm::fmaf(d, s as f32, *acc);
         }
-        sumf += sumi as f32 * (x.d.to_f32() * y.d.to_f32());
     }
-    sumf
+    hsum8(acc)
 }
 
 /// Reference F32 · F32.

@@ -323,6 +323,10 @@ fn simd_dot_matches_reference() {
             let scale = l1 + ms;
             let err = if scale > 0.0 { (got - want).abs() / scale } else { (got - want).abs() };
             assert!(err <= 1e-5, "{wtype} n={n}: simd {got} vs reference {want} (L1 {scale})");
+            if matches!(wtype, Q4_1 | Q8_0) {
+                // These follow llama.cpp's x86 order in both kernel sets: same bits.
+                assert_eq!(got32.to_bits(), r(n, &w, &a).to_bits(), "{wtype} n={n}: simd and reference bits differ");
+            }
             worst = worst.max(err);
 
             // Same bits from a misaligned copy of the same rows.
@@ -372,4 +376,39 @@ fn api_checks_types_and_shapes() {
     assert!(k.dequantize_row(Q8_0, &out[..34], &mut y).is_err());
     assert_eq!(k.dequantize_row(Q2_K, &out, &mut y).unwrap_err().reason, Reason::NoDequantize);
     assert_eq!(quantize_row_ref(IQ4_NL, &x, &mut out).unwrap_err().reason, Reason::NoQuantize);
+}
+
+#[test]
+fn simd_attention_f16_ops_and_swiglu_match_reference_bits() {
+    use half::f16;
+    let Some(fast) = fast_kernels() else { return };
+    let reference = Kernels::reference();
+    let mut rng = Rng::new(5);
+    for &n in &[64usize, 72, 128, 200, 7] {
+        let x: Vec<f16> = (0..n).map(|_| f16::from_f32(rng.unit() * 4.0)).collect();
+        let y: Vec<f16> = (0..n).map(|_| f16::from_f32(rng.unit() * 4.0)).collect();
+        assert_eq!(fast.f16_dot(&x, &y).to_bits(), reference.f16_dot(&x, &y).to_bits(), "dot n={n}");
+        let v = rng.unit();
+        let (mut a, mut b) = (y.clone(), y.clone());
+        fast.f16_mad(&mut a, &x, v);
+        reference.f16_mad(&mut b, &x, v);
+        assert_eq!(a, b, "mad n={n}");
+        fast.f16_scale(&mut a, v);
+        reference.f16_scale(&mut b, v);
+        assert_eq!(a, b, "scale n={n}");
+        let src: Vec<f32> = (0..n).map(|_| rng.unit() * 100.0).collect();
+        let (mut h1, mut h2) = (vec![f16::ZERO; n], vec![f16::ZERO; n]);
+        fast.f32_to_f16(&src, &mut h1);
+        reference.f32_to_f16(&src, &mut h2);
+        assert_eq!(h1, h2, "to_f16 n={n}");
+    }
+    // SwiGLU over a wide range, including |x| large enough to saturate the exponential.
+    let gate: Vec<f32> = (0..4099).map(|i| if i % 97 == 0 { rng.unit() * 400.0 } else { rng.unit() * 30.0 }).collect();
+    let up: Vec<f32> = (0..4099).map(|_| rng.unit() * 3.0).collect();
+    let (mut a, mut b) = (gate.clone(), gate.clone());
+    fast.swiglu(&mut a, &up);
+    reference.swiglu(&mut b, &up);
+    for i in 0..a.len() {
+        assert_eq!(a[i].to_bits(), b[i].to_bits(), "swiglu x={} up={}", gate[i], up[i]);
+    }
 }

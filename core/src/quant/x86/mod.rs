@@ -29,6 +29,8 @@
 
 use core::arch::x86_64::*;
 
+pub(crate) mod act;
+pub(crate) mod f16ops;
 mod qdot;
 
 use super::blocks::{bf16_to_f32, f16_to_f32};

@@ -1,9 +1,12 @@
 //! The quant `vec_dot` bodies (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 weights) and their helpers.
 //!
-//! Block layouts are in `blocks.rs`. 4- and 5-bit weights are processed two blocks per
-//! 256-bit vector (`lo` = elements 0..16 of both blocks, `hi` = 16..32), so one
-//! `madd`, convert and FMA serve two blocks; Q8_0 one block per vector (sign trick).
-//! Scales come four blocks at a time from one f16→f32 conversion per side.
+//! Block layouts are in `blocks.rs`. Q4_1 and Q8_0 (the types of the golden-tested
+//! models) follow llama.cpp's x86 kernels operation for operation, one block per vector
+//! and one accumulator, so they give the scalar reference's bits exactly. Q4_0, Q5_0 and
+//! Q5_1 are processed two blocks per 256-bit vector (`lo` = elements 0..16 of both
+//! blocks, `hi` = 16..32), so one `madd`, convert and FMA serve two blocks, with scales
+//! four blocks at a time from one f16→f32 conversion per side (they differ from the
+//! reference in summation order only).
 //! Every function requires AVX2, FMA and F16C, and pointers to whole in-bounds blocks.
 
 use core::arch::x86_64::*;
@@ -87,15 +90,7 @@ unsafe fn head4(p0: *const u8, p1: *const u8, p2: *const u8, p3: *const u8) -> _
     unsafe { _mm256_cvtph_ps(_mm_setr_epi32(rd32(p0), rd32(p1), rd32(p2), rd32(p3))) }
 }
 
-/// Lane `K` of `v` in all 8 lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn lane<const K: i32>(v: __m256) -> __m256 {
-    // SAFETY: value-only intrinsics; the caller has AVX2, FMA and F16C (this fn's target features).
-    unsafe { _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(K)) }
-}
-
-/// Σ of lanes 1, 3, 5, 7 (the Σ mw·sa that [`dot_loop`] gathers).
+/// Σ of lanes 1, 3, 5, 7 (the Σ mw·sa that [`dot_loop_pairs`] gathers).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn odd_lanes_sum(v: __m256) -> f32 {
@@ -105,51 +100,6 @@ unsafe fn odd_lanes_sum(v: __m256) -> f32 {
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         _mm_cvtss_f32(_mm_movehdup_ps(s))
     }
-}
-
-/// Shared loop of the quant dots. `block(w, a)` gives the 8 i32 lane sums of one block
-/// pair. Scales: f16 `d` at offset 0 of both blocks; with `ms`, also `m` (weight) and
-/// `s` (activation) at offset 2, whose products are summed separately.
-///
-/// Four blocks per iteration: one f16→f32 conversion per side gives all eight scale
-/// pairs, one multiply all `dw·da` (even lanes) and `mw·sa` (odd lanes); each block's
-/// `f32(lanes)·dw·da` goes to its own accumulator (FMA latency hidden). Then 0-3
-/// leftover blocks, one at a time, into accumulator 0.
-macro_rules! dot_loop {
-    ($nb:expr, $w:expr, $a:expr, $ws:expr, $as:expr, ms = $ms:expr, |$bw:ident, $ba:ident| $block:expr) => {{
-        let (nb, w, a) = ($nb, $w, $a);
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut ms = _mm256_setzero_ps();
-        let mut i = 0;
-        while i + 4 <= nb {
-            let wp = [w.add(i * $ws), w.add((i + 1) * $ws), w.add((i + 2) * $ws), w.add((i + 3) * $ws)];
-            let ap = [a.add(i * $as), a.add((i + 1) * $as), a.add((i + 2) * $as), a.add((i + 3) * $as)];
-            let p = _mm256_mul_ps(head4(wp[0], wp[1], wp[2], wp[3]), head4(ap[0], ap[1], ap[2], ap[3]));
-            if $ms {
-                ms = _mm256_add_ps(ms, p);
-            }
-            let d = [lane::<0>(p), lane::<2>(p), lane::<4>(p), lane::<6>(p)];
-            for k in 0..4 {
-                let s = { let ($bw, $ba) = (wp[k], ap[k]); $block };
-                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d[k], acc[k]);
-            }
-            i += 4;
-        }
-        while i < nb {
-            let (w0, a0) = (w.add(i * $ws), a.add(i * $as));
-            // [dw, mw, da, sa] → lane 0 = dw·da, lane 1 = mw·sa
-            let f = _mm_cvtph_ps(_mm_setr_epi32(rd32(w0), rd32(a0), 0, 0));
-            let p = _mm_mul_ps(f, _mm_movehl_ps(f, f));
-            if $ms {
-                ms = _mm256_add_ps(ms, _mm256_zextps128_ps256(_mm_and_ps(p, _mm_castsi128_ps(_mm_setr_epi32(0, -1, 0, 0)))));
-            }
-            let s = { let ($bw, $ba) = (w0, a0); $block };
-            acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcastss_ps(p), acc[0]);
-            i += 1;
-        }
-        let total = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-        if $ms { total + odd_lanes_sum(ms) } else { total }
-    }};
 }
 
 /// Two Q4-style blocks' nibbles at `q0`, `q1` (16 bytes each), paired:
@@ -216,7 +166,8 @@ unsafe fn pair_sum_off(lo: __m256i, hi: __m256i, off: __m256i, ylo: __m256i, yhi
 /// a1)` giving block 0's partial sums in lanes 0..4 and block 1's in lanes 4..8, so one
 /// convert and one FMA (with scales `[dd0 x4, dd1 x4]`) serve two blocks. Four blocks
 /// per iteration, then a pair, then `single(w, a)` (8 lanes of one block) for the last.
-/// Scales and `ms` as in [`dot_loop`].
+/// Scales: f16 `d` at offset 0 of both blocks; with `ms`, also `m` (weight) and `s`
+/// (activation) at offset 2, whose products are summed separately.
 macro_rules! dot_loop_pairs {
     ($nb:expr, $w:expr, $a:expr, $ws:expr, $as:expr, ms = $ms:expr,
      pair = |$w0:ident, $a0:ident, $w1:ident, $a1:ident| $pair:expr,
@@ -306,17 +257,24 @@ pub(super) unsafe fn q5_0_q8_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
     }
 }
 
+/// Q4_1 · Q8_1 in llama.cpp's x86 order, bit-identical to the scalar reference: one
+/// accumulator, blocks in order, `acc = fma(dw·da, f32(lanes), acc)`,
+/// `summs = fma(mw, sa, summs)`, result `hsum(acc) + summs`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_1_q8_1(nb: usize, w: *const u8, a: *const u8) -> f32 {
     // SAFETY: see above; layouts d@0 m@2 qs@4 and d@0 s@2 qs@4.
     unsafe {
-        dot_loop_pairs!(nb, w, a, 20, 36, ms = true,
-            pair = |w0, a0, w1, a1| {
-                let (lo, hi) = nibbles2(w0.add(4), w1.add(4));
-                let (ylo, yhi) = act2(a0.add(4), a1.add(4));
-                pair_sum(lo, hi, ylo, yhi)
-            },
-            single = |bw, ba| dot_u8_i8(nibbles(bw.add(4)), _mm256_loadu_si256(ba.add(4).cast())))
+        let mut acc = _mm256_setzero_ps();
+        let mut summs = _mm_setzero_ps();
+        for i in 0..nb {
+            let (wb, ab) = (w.add(i * 20), a.add(i * 36));
+            let f = _mm_cvtph_ps(_mm_setr_epi32(rd32(wb), rd32(ab), 0, 0)); // [dw, mw, da, sa]
+            summs = _mm_fmadd_ss(_mm_movehdup_ps(f), _mm_shuffle_ps::<0xFF>(f, f), summs); // mw·sa
+            let d = _mm256_set1_ps(_mm_cvtss_f32(_mm_mul_ss(f, _mm_movehl_ps(f, f))));
+            let s = dot_u8_i8(nibbles(wb.add(4)), _mm256_loadu_si256(ab.add(4).cast()));
+            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc);
+        }
+        hsum_ps(acc) + _mm_cvtss_f32(summs)
     }
 }
 
@@ -338,13 +296,20 @@ pub(super) unsafe fn q5_1_q8_1(nb: usize, w: *const u8, a: *const u8) -> f32 {
     }
 }
 
+/// Q8_0 · Q8_0 in llama.cpp's x86 order, bit-identical to the scalar reference: one
+/// accumulator, blocks in order, `acc = fma(dw·da, f32(lanes), acc)`, then `hsum(acc)`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q8_0_q8_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
     // SAFETY: see above; layout d@0 qs@2.
     unsafe {
-        dot_loop!(nb, w, a, 34, 34, ms = false, |bw, ba| {
-            dot_i8_i8(_mm256_loadu_si256(bw.add(2).cast()), _mm256_loadu_si256(ba.add(2).cast()))
-        })
+        let mut acc = _mm256_setzero_ps();
+        for i in 0..nb {
+            let (wb, ab) = (w.add(i * 34), a.add(i * 34));
+            let f = _mm_cvtph_ps(_mm_setr_epi32(rd32(wb), rd32(ab), 0, 0)); // [dw, _, da, _]
+            let d = _mm256_set1_ps(_mm_cvtss_f32(_mm_mul_ss(f, _mm_movehl_ps(f, f))));
+            let s = dot_i8_i8(_mm256_loadu_si256(wb.add(2).cast()), _mm256_loadu_si256(ab.add(2).cast()));
+            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc);
+        }
+        hsum_ps(acc)
     }
 }
-

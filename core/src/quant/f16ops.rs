@@ -1,0 +1,95 @@
+//! Scalar reference of the f16 vector operations of attention: the K·Q dot, the f16
+//! accumulator update `y += x·v` and rescale `y *= v`, and f32 → f16 rows.
+//!
+//! Owns the arithmetic of llama.cpp's CPU flash attention on x86 as built with
+//! `-march=native` on an AVX-512 FP16 machine (the build the golden files come from),
+//! operation for operation, so keel's attention rounds where llama.cpp's does:
+//!
+//! - `dot(x, y)`: f32 lanes, 64 elements per step in 4 × 16 lanes, each lane
+//!   `acc = fma(x, y, acc)`; the four 16-lane sums are added (0+2, 1+3, then the two),
+//!   then reduced 16 → 8 → 4 → 2 → 1 (high half + low half each time); the leftover
+//!   `n % 64` products are added in f64, and the result rounds to f32.
+//! - `mad(y, x, v)` (f16 `y`): the first `n & !127` elements as native f16 FMA with `v`
+//!   rounded to f16 (one rounding of the exact `x·v16 + y`); the rest as
+//!   `y = f16(fma(x, v, y))` in f32.
+//! - `scale(y, v)`: the first `n & !127` as `f16(y · f16(v))`, the rest `f16(y · v)`.
+//!
+//! Uses `libm` only; the x86 versions (`x86/f16ops.rs`) give the same bits.
+
+use half::f16;
+
+/// Elements per step of the f32-lane dot (4 vectors of 16 lanes).
+pub(crate) const DOT_STEP: usize = 64;
+/// Elements per step of the native f16 `mad`/`scale` (4 vectors of 32 f16 lanes).
+pub(crate) const F16_STEP: usize = 128;
+
+/// The 16 → 1 reduction of `_mm512_reduce_add_ps` as GCC implements it.
+#[inline]
+pub(crate) fn reduce16(s: &[f32; 16]) -> f32 {
+    let mut t = [0.0f32; 8];
+    for i in 0..8 {
+        t[i] = s[8 + i] + s[i];
+    }
+    super::scalar::hsum8(t)
+}
+
+/// K·Q dot of two f16 rows (see the module doc).
+pub(crate) fn dot(x: &[f16], y: &[f16]) -> f32 {
+    let n = x.len().min(y.len());
+    let np = n - n % DOT_STEP;
+    let mut acc = [0.0f32; DOT_STEP];
+    for i in (0..np).step_by(DOT_STEP) {
+        for (l, a) in acc.iter_mut().enumerate() {
+            *a = libm::fmaf(x[i + l].to_f32(), y[i + l].to_f32(), *a);
+        }
+    }
+    let mut s = [0.0f32; 16];
+    for (l, v) in s.iter_mut().enumerate() {
+        *v = (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l]);
+    }
+    let mut sum = reduce16(&s) as f64;
+    for i in np..n {
+        sum += (x[i].to_f32() * y[i].to_f32()) as f64;
+    }
+    sum as f32
+}
+
+/// `y += x·v` on an f16 accumulator (see the module doc).
+pub(crate) fn mad(y: &mut [f16], x: &[f16], v: f32) {
+    let n = y.len().min(x.len());
+    let np = n - n % F16_STEP;
+    let vh = f16::from_f32(v).to_f64();
+    for i in 0..np {
+        y[i] = f16::from_f64(libm::fma(x[i].to_f64(), vh, y[i].to_f64()));
+    }
+    for i in np..n {
+        y[i] = f16::from_f32(libm::fmaf(x[i].to_f32(), v, y[i].to_f32()));
+    }
+}
+
+/// `y *= v` on an f16 accumulator (see the module doc).
+pub(crate) fn scale(y: &mut [f16], v: f32) {
+    let n = y.len();
+    let np = n - n % F16_STEP;
+    let vh = f16::from_f32(v).to_f32();
+    for e in &mut y[..np] {
+        *e = f16::from_f32(e.to_f32() * vh);
+    }
+    for e in &mut y[np..] {
+        *e = f16::from_f32(e.to_f32() * v);
+    }
+}
+
+/// `dst[i] = f16(src[i])`, round to nearest even.
+pub(crate) fn to_f16(src: &[f32], dst: &mut [f16]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = f16::from_f32(s);
+    }
+}
+
+/// `dst[i] = f32(src[i])` (exact).
+pub(crate) fn to_f32(src: &[f16], dst: &mut [f32]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = s.to_f32();
+    }
+}
