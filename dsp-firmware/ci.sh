@@ -2,9 +2,12 @@
 # Install (idempotently), build and test keel's Hexagon firmware under qemu-hexagon.
 #   bash dsp-firmware/ci.sh
 # Steps: nightly rust-src + llvm-tools; qemu-user (bookworm-backports 10.x for
-# v68/v73, else bookworm's 7.2 for v67); build the harness ELF per CPU, plus a
-# `broken-hvx-zeros` ELF; run the qemu-tests crate against each; print the
+# v68/v73, else bookworm's 7.2 for v67); build the harness and device ELFs per CPU
+# (`target/<cpu>/…/keel-dsp-harness`, `…/keel-dsp-device`), plus `broken-hvx-zeros`
+# builds (`target/<cpu>-broken/…`); run the qemu-tests crate against each; print the
 # packets-per-128-weight-bytes of the HVX inner loops from llvm-objdump.
+# The host's hexagon-sim device tests (cargo test -p keel-host-linux) use the v68
+# device ELFs built here; tests/run.sh runs them with KEEL_REQUIRE_DSP=1.
 # Env: KEEL_DSP_TARGET_DIR (default dsp-firmware/target).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

@@ -3,8 +3,10 @@
 //! correction (`− bias·Σa`, exact int32) and the scales, per block and in a
 //! fixed order:
 //!
-//! `y[r] = Σ_b (sumi[r][b] as f32) · (dw[r][b] · da[b])`, blocks ascending from `0.0`
-//! (ggml's order), so a scalar reference can match it bit for bit.
+//! `y[r] = Σ_b (sumi[r][b] as f32) · (dw[r][b] · da[b])` for Q8_0 and
+//! `Σ_b ((sumi as f32) · dw) · da` for Q4_0, blocks ascending from `0.0`: the
+//! operations and order of keel's scalar reference (`keel_core::quant`, after
+//! ggml's), so the products are bit for bit the CPU reference's.
 //!
 //! Work is split by 32-row groups into chunks whose int32 block sums fit the
 //! scratch region that is left; the chunk size comes from the scratch size.
@@ -53,6 +55,7 @@ pub fn matvec(
     mut sums: Option<&mut [i32]>,
 ) -> Result<(), ErrorKind> {
     let (kern, tile_bytes, bias) = kernel(w.dtype)?;
+    let q8 = w.dtype == DType::Q8_0;
     let size = tile::packed_size(w.dtype, w.rows, w.k).ok_or(ErrorKind::InvalidArgument)?;
     let (rows, nb, groups) = (w.rows as usize, w.k as usize / 32, tile::groups(w.rows));
     let bad_sums = sums.as_ref().is_some_and(|s| s.len() != nb * rows);
@@ -87,7 +90,7 @@ pub fn matvec(
                 let s = i32::from_le_bytes([s4[0], s4[1], s4[2], s4[3]]) + corr;
                 let si = ((b * groups + g0) * 32 + i) * 4;
                 let dw = f32::from_le_bytes([scales[si], scales[si + 1], scales[si + 2], scales[si + 3]]);
-                out[row] += s as f32 * (dw * a.d);
+                out[row] += if q8 { s as f32 * (dw * a.d) } else { s as f32 * dw * a.d };
                 if let Some(sums) = sums.as_deref_mut() {
                     sums[b * rows + row] = s;
                 }

@@ -1,7 +1,8 @@
-//! Activations quantized on the DSP to Q8_0 blocks (ggml's reference rule, in
-//! scalar Hexagon float): `d = max|x| / 127`, `q = round(x / d)` computed as
-//! `round(x · (1/d))`, rounding half away from zero; `d` is stored as f16 and
-//! used widened back. Each block is kept in the form the HVX kernels want: the
+//! Activations quantized on the DSP to Q8_0 blocks, with the rule keel's CPU
+//! kernels use (llama.cpp's x86 variant, `keel_core::quant`), in scalar Hexagon
+//! float: `d = max|x| / 127`, `q = rint(x · (127 / max|x|))` rounding half to
+//! even; `d` is stored as f16 and used widened back. Same bytes as the CPU path,
+//! so a product on the DSP equals the CPU's. Each block is kept in the form the HVX kernels want: the
 //! 32 quants as 8 little-endian words (the `Rt` operands of `vrmpy`) and their sum.
 
 use keel_npu_hal::f16::{f16_to_f32, f32_to_f16};
@@ -34,13 +35,14 @@ impl ActBlock {
     }
 }
 
-/// Rounds half away from zero (C's `roundf`), for |v| < 2^23.
-fn round_away(v: f32) -> i32 {
+/// Rounds half to even (C's `rintf` in the default mode), for |v| < 2^23.
+fn round_even(v: f32) -> i32 {
     let t = v as i32;
     let frac = v - t as f32; // exact for |v| < 2^23
-    if frac >= 0.5 {
+    let odd = t & 1 != 0;
+    if frac > 0.5 || (frac == 0.5 && odd) {
         t + 1
-    } else if frac <= -0.5 {
+    } else if frac < -0.5 || (frac == -0.5 && odd) {
         t - 1
     } else {
         t
@@ -51,11 +53,11 @@ fn round_away(v: f32) -> i32 {
 pub fn quantize_block(x: &[f32; 32]) -> ActBlock {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
     let mut words = [0u32; 8];
     let mut sum = 0i32;
     for (j, &v) in x.iter().enumerate() {
-        let q = round_away(v * id).clamp(-128, 127);
+        let q = round_even(v * id).clamp(-128, 127);
         sum += q;
         words[j / 4] |= u32::from(q as i8 as u8) << (8 * (j % 4));
     }

@@ -1,21 +1,41 @@
-//! The few Linux system calls the QEMU harness needs (`trap0(#1)`, number in r6,
-//! arguments in r0–r2, result in r0; Hexagon Linux uses the generic table).
-//! On a real DSP the FastRPC skel replaces this module; nothing else calls the OS.
+//! The few Linux system calls the firmware needs under `qemu-hexagon`
+//! (`trap0(#1)`, number in r6, arguments in r0–r5, result in r0; Hexagon Linux
+//! uses the generic 32-bit table). On a real DSP the FastRPC skel and QuRT replace
+//! this module; nothing else calls the OS.
 
 use core::arch::asm;
 
+const SYS_OPENAT: i32 = 56;
+const SYS_LLSEEK: i32 = 62;
 const SYS_READ: i32 = 63;
 const SYS_WRITE: i32 = 64;
 const SYS_EXIT: i32 = 93;
+const SYS_NANOSLEEP: i32 = 101;
+const SYS_MUNMAP: i32 = 215;
+const SYS_MMAP2: i32 = 222;
 
-fn syscall3(nr: i32, a: i32, b: i32, c: i32) -> i32 {
+const AT_FDCWD: i32 = -100;
+const O_RDWR: i32 = 2;
+const PROT_READ_WRITE: i32 = 1 | 2;
+const MAP_SHARED: i32 = 1;
+const SEEK_END: i32 = 2;
+/// `mmap2` counts offsets in units of this (whatever the page size; the mapping
+/// itself must still start on a page: 64 KiB under QEMU's Hexagon target).
+pub const PAGE: u64 = 4096;
+
+fn syscall6(nr: i32, a: [i32; 6]) -> i32 {
     let ret: i32;
     // SAFETY: trap0(#1) is the Linux system-call trap; the kernel (QEMU) reads
-    // r0-r2 and r6 and writes only r0. Callers pass valid buffer pointers.
+    // r0-r5 and r6 and writes only r0. Callers pass valid pointers for the call.
     unsafe {
-        asm!("trap0(#1)", inlateout("r0") a => ret, in("r1") b, in("r2") c, in("r6") nr, options(nostack));
+        asm!("trap0(#1)", inlateout("r0") a[0] => ret, in("r1") a[1], in("r2") a[2], in("r3") a[3],
+             in("r4") a[4], in("r5") a[5], in("r6") nr, options(nostack));
     }
     ret
+}
+
+fn syscall3(nr: i32, a: i32, b: i32, c: i32) -> i32 {
+    syscall6(nr, [a, b, c, 0, 0, 0])
 }
 
 /// Reads all of `fd` into `buf`; returns the bytes read, or `None` on error or if it does not fit.
@@ -37,6 +57,21 @@ pub fn read_all(fd: i32, buf: &mut [u8]) -> Option<usize> {
     }
 }
 
+/// Fills `buf` from `fd`: `Some(true)` when full, `Some(false)` on end of input
+/// before the first byte, `None` on an error or end of input part-way.
+pub fn read_exact(fd: i32, buf: &mut [u8]) -> Option<bool> {
+    let mut n = 0;
+    while n < buf.len() {
+        let rest = &mut buf[n..];
+        match syscall3(SYS_READ, fd, rest.as_mut_ptr() as i32, rest.len() as i32) {
+            0 if n == 0 => return Some(false),
+            r if r <= 0 => return None,
+            r => n += r as usize,
+        }
+    }
+    Some(true)
+}
+
 /// Writes all of `buf` to `fd`; false on error.
 pub fn write_all(fd: i32, mut buf: &[u8]) -> bool {
     while !buf.is_empty() {
@@ -47,6 +82,43 @@ pub fn write_all(fd: i32, mut buf: &[u8]) -> bool {
         buf = &buf[r as usize..];
     }
     true
+}
+
+/// Opens the NUL-terminated `path` read-write; the descriptor or `-errno`.
+pub fn open_rw(path: &[u8]) -> i32 {
+    if path.last() != Some(&0) {
+        return -22; // EINVAL: not NUL-terminated
+    }
+    syscall6(SYS_OPENAT, [AT_FDCWD, path.as_ptr() as i32, O_RDWR, 0, 0, 0])
+}
+
+/// Size of the file behind `fd` (seeks to its end), or `None`.
+pub fn file_size(fd: i32) -> Option<u64> {
+    let mut pos = 0u64;
+    let r = syscall6(SYS_LLSEEK, [fd, 0, 0, &mut pos as *mut u64 as i32, SEEK_END, 0]);
+    (r == 0).then_some(pos)
+}
+
+/// Maps `len` bytes of `fd` at byte `offset` (a multiple of [`PAGE`]) shared and
+/// read-write; the address, or `None`.
+pub fn mmap_shared(fd: i32, offset: u64, len: u32) -> Option<usize> {
+    if !offset.is_multiple_of(PAGE) || offset / PAGE > i32::MAX as u64 || len == 0 {
+        return None;
+    }
+    let r = syscall6(SYS_MMAP2, [0, len as i32, PROT_READ_WRITE, MAP_SHARED, fd, (offset / PAGE) as i32]);
+    // Addresses in the top 4 KiB are error codes (-4095..-1).
+    ((r as u32) < (-4095i32) as u32).then_some(r as u32 as usize)
+}
+
+/// Unmaps what [`mmap_shared`] mapped.
+pub fn munmap(addr: usize, len: u32) -> bool {
+    syscall3(SYS_MUNMAP, addr as i32, len as i32, 0) == 0
+}
+
+/// Sleeps about `ms` milliseconds.
+pub fn sleep_ms(ms: u32) {
+    let ts = [(ms / 1000) as i32, ((ms % 1000) * 1_000_000) as i32];
+    syscall3(SYS_NANOSLEEP, ts.as_ptr() as i32, 0, 0);
 }
 
 /// Ends the process.

@@ -1,9 +1,10 @@
 //! Scalar reference, straight from ggml's block definitions:
 //! Q8_0 = f16 d + 32 × i8, `x = d·q`; Q4_0 = f16 d + 16 bytes, element j in
 //! the low nibble of byte j and element j+16 in the high nibble, `x = d·(q−8)`.
-//! Activations: `d = max|x|/127`, `q = round(x/d)` (as `x · (1/d)`, half away
-//! from zero), d stored as f16. Dot: per block the exact int32 sum, then
-//! `sumf += sumi · (dw · da)`, blocks in order from 0.
+//! Activations (keel's CPU rule, llama.cpp's x86 variant): `d = max|x|/127`,
+//! `q = rint(x · (127/max|x|))` (half to even), d stored as f16. Dot: per block
+//! the exact int32 sum, then `sumf += sumi · (dw · da)` (Q8_0) or
+//! `sumf += (sumi · dw) · da` (Q4_0), blocks in order from 0.
 
 use half::f16;
 
@@ -51,12 +52,12 @@ impl ActBlock {
     }
 }
 
-/// ggml's `quantize_row_q8_0_ref` for one block.
+/// One activation block, as keel's CPU kernels quantize it.
 pub fn quantize_q8_0(x: &[f32]) -> ActBlock {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    let q = std::array::from_fn(|j| (x[j] * id).round() as i8);
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let q = std::array::from_fn(|j| (x[j] * id).round_ties_even() as i8);
     ActBlock { d16: f16::from_f32(d).to_bits(), q }
 }
 
@@ -84,7 +85,10 @@ pub fn matvec(t: WType, w: &[u8], rows: usize, k: usize, act: &[ActBlock]) -> (V
             let sumi: i32 = q.iter().zip(a.q.iter()).map(|(&w, &a)| w * i32::from(a)).sum();
             sums[b * rows + r] = sumi;
             let da = f16::from_bits(a.d16).to_f32();
-            sumf += sumi as f32 * (dw * da);
+            sumf += match t {
+                WType::Q8_0 => sumi as f32 * (dw * da),
+                WType::Q4_0 => sumi as f32 * dw * da,
+            };
         }
         *o = sumf;
     }

@@ -7,6 +7,7 @@ pub mod eval;
 pub mod info;
 pub mod load;
 pub mod perplexity;
+pub mod probe;
 pub mod quantize;
 pub mod run;
 pub mod tokenize;
@@ -33,6 +34,7 @@ commands:
   bench       keel bench -m MODEL [-p 512] [-n 128] [-r 3] [-t T] [--json]
               (pp and tg speed; checks its own output and refuses to report broken runs)
   pull        keel pull NAME        (known: smollm2-135m, gemma3-270m)
+  probe       keel probe --device hexagon-sim [--json]   identity, capabilities, memory, self-test
   quantize    keel quantize IN OUT TYPE [--allow-requantize] [-t THREADS] [--json]
               TYPE as llama-quantize names it: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
 
@@ -53,6 +55,7 @@ pub fn main(argv: Vec<String>) -> Result<()> {
         "info" => info::info(a),
         "plan" => info::plan(a),
         "pull" => pull(a),
+        "probe" => probe::main(a),
         "quantize" => quantize::main(a),
         "bench" => bench::main(a),
         "help" | "-h" | "--help" | "" => {

@@ -1,0 +1,94 @@
+//! How to start a `hexagon-sim` device: which emulator, which firmware ELF,
+//! which CPU, how much scratch and shared memory, how long to wait. Defaults
+//! come from the environment so tests, CI and `keel probe` agree:
+//!
+//! | variable | default |
+//! |---|---|
+//! | `KEEL_QEMU` | `qemu-hexagon` on `PATH` |
+//! | `KEEL_QEMU_CPU` | `v68` |
+//! | `KEEL_DSP_ELF` | `dsp-firmware/target/<cpu>/hexagon-unknown-none-elf/release/keel-dsp-device` (what `dsp-firmware/ci.sh` builds) |
+//! | `KEEL_DSP_TIMEOUT_MS` | 10000 |
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Everything needed to start the emulated DSP.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// The `qemu-hexagon` binary.
+    pub qemu: PathBuf,
+    /// The firmware's `keel-dsp-device` ELF, built for `cpu`.
+    pub elf: PathBuf,
+    /// QEMU CPU model (`v68`, `v73`, …).
+    pub cpu: String,
+    /// VTCM granted to the firmware, bytes (4 MiB on v68, 8 MiB on v69–v75).
+    pub vtcm_bytes: u32,
+    /// Size of the shared `/dev/shm` pool, bytes (sparse until touched).
+    pub pool_bytes: u64,
+    /// Longest wait for any reply, and for a batch from its submission.
+    pub timeout: Duration,
+    /// A firmware fault mode (`hang-on-batch`, `malformed-reply`, `wrong-seq`,
+    /// `other-version`), for fault tests only.
+    pub fault: Option<String>,
+}
+
+/// VTCM size of a Hexagon generation, bytes.
+pub fn vtcm_for(cpu: &str) -> u32 {
+    match cpu.trim_start_matches('v').parse::<u32>() {
+        Ok(v) if v >= 69 => 8 << 20,
+        _ => 4 << 20,
+    }
+}
+
+/// The firmware ELF `dsp-firmware/ci.sh` builds for `cpu`.
+pub fn default_elf(cpu: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../dsp-firmware/target")
+        .join(cpu)
+        .join("hexagon-unknown-none-elf/release/keel-dsp-device")
+}
+
+/// `name` if it is a path, else the first match on `PATH`.
+pub fn find_program(name: &str) -> Option<PathBuf> {
+    if name.contains('/') {
+        return Path::new(name).is_file().then(|| PathBuf::from(name));
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+impl SimConfig {
+    /// The defaults, overridden by the environment (see the module doc).
+    pub fn from_env() -> SimConfig {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let qemu_name = var("KEEL_QEMU").unwrap_or_else(|| "qemu-hexagon".into());
+        let cpu = var("KEEL_QEMU_CPU").unwrap_or_else(|| "v68".into());
+        let timeout_ms = var("KEEL_DSP_TIMEOUT_MS").and_then(|v| v.parse().ok()).unwrap_or(10_000);
+        SimConfig {
+            qemu: find_program(&qemu_name).unwrap_or_else(|| PathBuf::from(qemu_name)),
+            elf: var("KEEL_DSP_ELF").map_or_else(|| default_elf(&cpu), PathBuf::from),
+            vtcm_bytes: vtcm_for(&cpu),
+            cpu,
+            pool_bytes: 256 << 20,
+            timeout: Duration::from_millis(timeout_ms),
+            fault: None,
+        }
+    }
+
+    /// What is missing to start the device, said so a user can fix it; `None` if nothing.
+    pub fn missing(&self) -> Option<String> {
+        if !self.qemu.is_file() {
+            return Some(format!(
+                "{} not found: install qemu-user (Debian bookworm-backports has qemu-hexagon with v68/v73; \
+                 `bash dsp-firmware/ci.sh` installs it) or set KEEL_QEMU",
+                self.qemu.display()
+            ));
+        }
+        if !self.elf.is_file() {
+            return Some(format!(
+                "firmware ELF {} not found: build it with `bash dsp-firmware/ci.sh` or set KEEL_DSP_ELF",
+                self.elf.display()
+            ));
+        }
+        None
+    }
+}

@@ -1,0 +1,24 @@
+//! Device shims: the host side of keel's NPU HAL (`keel_npu_hal`). Each device
+//! implements `Device`, `SharedBuffers` and `Queue` exactly as a board's will;
+//! errors are [`DeviceError`]s naming the device.
+//!
+//! - [`hexagon_sim`]: keel's Hexagon firmware under `qemu-hexagon`, buffers in a
+//!   shared `/dev/shm` file, messages over the process's pipes.
+//!
+//! Pieces: [`config`] (what to start), [`transport`] (the process and its framed
+//! pipes), [`link`] (messages with timeouts and fatal-fault handling), [`shm`]
+//! (the shared pool), [`error`].
+
+pub mod config;
+pub mod error;
+pub mod hexagon_sim;
+pub mod link;
+pub mod shm;
+pub mod transport;
+
+pub use config::SimConfig;
+pub use error::DeviceError;
+pub use hexagon_sim::{HexagonSim, SelfTestReport};
+
+/// Device names `open` knows.
+pub const KNOWN: &[&str] = &["hexagon-sim"];

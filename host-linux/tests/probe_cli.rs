@@ -1,0 +1,54 @@
+//! `keel probe --device hexagon-sim [--json]` as a user runs it: the JSON
+//! object's fields, the text form, the refusal of a zero-writing HVX build,
+//! and unknown devices. Skips loudly without qemu-hexagon or the firmware
+//! (`KEEL_REQUIRE_DSP=1`: fails).
+
+mod sim;
+
+use std::process::{Command, Output};
+
+fn keel(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_keel"));
+    c.args(args);
+    c.envs(env.iter().copied());
+    c.output().unwrap()
+}
+
+#[test]
+fn probe_prints_identity_caps_memory_and_self_test() {
+    let Some(cfg) = sim::config("probe_prints_identity_caps_memory_and_self_test") else { return };
+    let out = keel(&["probe", "--device", "hexagon-sim", "--json"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["identity"]["arch"], "hexagon");
+    assert_eq!(v["identity"]["arch_version"], cfg.cpu[1..].parse::<u64>().unwrap());
+    assert_eq!(v["identity"]["emulated"], true);
+    assert_eq!(v["units"]["hvx"], "verified");
+    assert_eq!(v["memory"]["scratch_bytes"], u64::from(cfg.vtcm_bytes));
+    assert_eq!(v["memory"]["va_budget"], cfg.pool_bytes);
+    assert_eq!(v["ops"], serde_json::json!(["mat_mul"]));
+    assert_eq!(v["matmul_weights"], serde_json::json!(["q4_0", "q8_0"]));
+    assert_eq!(v["self_test"]["passed"], true);
+    assert_eq!(v["self_test"]["digest"], v["self_test"]["expected"]);
+
+    let text = keel(&["probe", "--device", "hexagon-sim"], &[]);
+    let text = String::from_utf8(text.stdout).unwrap();
+    for want in ["identity   hexagon v", "HVX verified", "scratch (VTCM)", "self-test  passed"] {
+        assert!(text.contains(want), "{want:?} missing from:\n{text}");
+    }
+}
+
+#[test]
+fn probe_refuses_zero_writing_hvx_and_unknown_devices() {
+    let Some(cfg) = sim::config("probe_refuses_zero_writing_hvx_and_unknown_devices") else { return };
+    let broken = keel_host_linux::device::config::default_elf(&format!("{}-broken", cfg.cpu));
+    if broken.is_file() {
+        let out = keel(&["probe", "--device", "hexagon-sim"], &[("KEEL_DSP_ELF", broken.to_str().unwrap())]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1));
+        assert!(err.contains("self-test failed") && err.contains("hexagon-sim"), "{err}");
+    }
+    let out = keel(&["probe", "--device", "npu9000"], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown device 'npu9000'; known: hexagon-sim"));
+}
