@@ -3,6 +3,7 @@
 #![forbid(unsafe_op_in_unsafe_fn)]
 
 pub mod cli;
+pub mod device;
 pub mod fsutil;
 pub mod gguf_write;
 pub mod isa;

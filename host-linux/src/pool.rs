@@ -15,8 +15,8 @@
 //!    then futex) until `done` reaches its target. Only then does it return, so no
 //!    worker ever touches a dead closure.
 //!
-//! What the workers spin on, the job data, and what the workers write sit on separate
-//! cache lines, so a job costs a few cache-line transfers each way.
+//! The job (which the workers spin on and read) and the check-outs (which they write)
+//! sit on separate cache lines, so a job costs about one line transfer each way.
 //!
 //! Waiting threads spin for [`DEFAULT_SPIN`] (or the value given to
 //! [`ThreadPool::with_spin`]) before sleeping in the kernel, so back-to-back calls of a
@@ -65,8 +65,6 @@ struct Padded<T>(T);
 struct Shared {
     /// Held by the thread whose job is in flight (its own line: only callers touch it).
     busy: Padded<AtomicBool>,
-    /// Workers spin (then sleep) here for the next job.
-    signal: Padded<Signal>,
     /// Written by the caller once per job, read by the workers.
     job: Padded<Job>,
     /// Next task index to hand out; used only when there are more tasks than threads.
@@ -80,18 +78,15 @@ struct Shared {
     spin: Duration,
 }
 
-/// What the workers wait on. Its own line, so the caller's writes of the job data do
-/// not disturb the workers spinning here.
-struct Signal {
+/// The current job, written by the caller, read by the workers. One line: the
+/// workers spin on `epoch`, and the same transfer that shows them a new epoch brings
+/// them the job's data.
+struct Job {
     /// Generation counter: bumped once per job and once at shutdown. Futex word.
     epoch: AtomicU32,
     /// Workers asleep (or about to sleep) on `epoch`.
     sleepers: AtomicU32,
     shutdown: AtomicBool,
-}
-
-/// The current job, written by the caller before it bumps `epoch`.
-struct Job {
     /// Number of tasks in the current job.
     n_tasks: AtomicUsize,
     /// The value `done.count` reaches when every worker has checked out of this job.
@@ -131,12 +126,10 @@ impl ThreadPool {
         let n_threads = n_threads.max(1);
         let shared = Arc::new(Shared {
             busy: Padded(AtomicBool::new(false)),
-            signal: Padded(Signal {
+            job: Padded(Job {
                 epoch: AtomicU32::new(0),
                 sleepers: AtomicU32::new(0),
                 shutdown: AtomicBool::new(false),
-            }),
-            job: Padded(Job {
                 n_tasks: AtomicUsize::new(0),
                 done_target: AtomicU32::new(0),
                 task: UnsafeCell::new(None),
@@ -173,7 +166,7 @@ impl ThreadPool {
     /// The job protocol described in the module docs; `n_tasks >= 2`, pool claimed.
     fn run_parallel(&self, n_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
         let sh = &*self.shared;
-        let (sig, job, done) = (&sh.signal.0, &sh.job.0, &sh.done.0);
+        let (job, done) = (&sh.job.0, &sh.done.0);
         // SAFETY: only the lifetime is erased. Workers dereference the pointer only
         // until they check out of this job, and this function does not return (not even
         // by unwinding: tasks run under catch_unwind) before every worker has checked
@@ -196,9 +189,9 @@ impl ThreadPool {
             sh.next.0.store(sh.n_threads, Ordering::Relaxed);
         }
         // Publishes everything above to the workers that observe the new epoch.
-        sig.epoch.fetch_add(1, Ordering::SeqCst);
-        if sig.sleepers.load(Ordering::SeqCst) != 0 {
-            futex_wake(&sig.epoch, i32::MAX);
+        job.epoch.fetch_add(1, Ordering::SeqCst);
+        if job.sleepers.load(Ordering::SeqCst) != 0 {
+            futex_wake(&job.epoch, i32::MAX);
         }
 
         do_tasks(sh, task, 0);
@@ -260,10 +253,10 @@ impl Parallel for ThreadPool {
 
 impl Drop for ThreadPool {
     fn drop(&mut self) {
-        let sig = &self.shared.signal.0;
-        sig.shutdown.store(true, Ordering::SeqCst);
-        sig.epoch.fetch_add(1, Ordering::SeqCst);
-        futex_wake(&sig.epoch, i32::MAX);
+        let job = &self.shared.job.0;
+        job.shutdown.store(true, Ordering::SeqCst);
+        job.epoch.fetch_add(1, Ordering::SeqCst);
+        futex_wake(&job.epoch, i32::MAX);
         for handle in self.workers.drain(..) {
             // Tasks run under catch_unwind, so a worker cannot have died of a panic.
             let _ = handle.join();
@@ -281,11 +274,11 @@ impl core::fmt::Debug for ThreadPool {
 }
 
 fn worker_loop(sh: &Shared, index: usize) {
-    let (sig, job, done) = (&sh.signal.0, &sh.job.0, &sh.done.0);
+    let (job, done) = (&sh.job.0, &sh.done.0);
     let mut seen = 0u32;
     loop {
         seen = wait_for_new_epoch(sh, seen);
-        if sig.shutdown.load(Ordering::Acquire) {
+        if job.shutdown.load(Ordering::Acquire) {
             return;
         }
         // SAFETY: a new epoch other than shutdown means a job was published with the
@@ -306,10 +299,10 @@ fn worker_loop(sh: &Shared, index: usize) {
 
 /// Spins, then sleeps, until `epoch` differs from `seen`; returns the new value.
 fn wait_for_new_epoch(sh: &Shared, seen: u32) -> u32 {
-    let sig = &sh.signal.0;
+    let job = &sh.job.0;
     let mut spin = Spin::new(sh.spin);
     loop {
-        let e = sig.epoch.load(Ordering::Acquire);
+        let e = job.epoch.load(Ordering::Acquire);
         if e != seen {
             return e;
         }
@@ -318,12 +311,12 @@ fn wait_for_new_epoch(sh: &Shared, seen: u32) -> u32 {
         }
     }
     loop {
-        sig.sleepers.fetch_add(1, Ordering::SeqCst);
-        if sig.epoch.load(Ordering::SeqCst) == seen {
-            futex_wait(&sig.epoch, seen);
+        job.sleepers.fetch_add(1, Ordering::SeqCst);
+        if job.epoch.load(Ordering::SeqCst) == seen {
+            futex_wait(&job.epoch, seen);
         }
-        sig.sleepers.fetch_sub(1, Ordering::SeqCst);
-        let e = sig.epoch.load(Ordering::Acquire);
+        job.sleepers.fetch_sub(1, Ordering::SeqCst);
+        let e = job.epoch.load(Ordering::Acquire);
         if e != seen {
             return e;
         }
@@ -373,7 +366,7 @@ struct Spin {
 }
 
 /// How long a wait only pauses before it starts yielding the CPU.
-const PAUSE_PHASE: Duration = Duration::from_micros(10);
+const PAUSE_PHASE: Duration = Duration::from_micros(4);
 
 impl Spin {
     fn new(limit: Duration) -> Self {
@@ -432,157 +425,4 @@ fn futex_wake(word: &AtomicU32, n: i32) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::AtomicU8;
-
-    fn check_each_once(pool: &ThreadPool, n: usize) {
-        let hits: Vec<AtomicU8> = (0..n).map(|_| AtomicU8::new(0)).collect();
-        pool.run(n, &|i| {
-            hits[i].fetch_add(1, Ordering::Relaxed);
-        });
-        for (i, h) in hits.iter().enumerate() {
-            assert_eq!(h.load(Ordering::Relaxed), 1, "task {i} of {n}");
-        }
-    }
-
-    #[test]
-    fn every_index_runs_exactly_once() {
-        for threads in [0, 1, 2, 3, 4, 7] {
-            for spin in [Duration::ZERO, DEFAULT_SPIN] {
-                let pool = ThreadPool::with_spin(threads, spin).unwrap();
-                assert_eq!(pool.n_threads(), threads.max(1));
-                for n in (0..40).chain([100, 1000, 4097]) {
-                    check_each_once(&pool, n);
-                }
-                for _ in 0..300 {
-                    check_each_once(&pool, 5);
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn workers_take_part() {
-        let pool = ThreadPool::with_spin(3, Duration::from_millis(5)).unwrap();
-        let caller = std::thread::current().id();
-        let others = AtomicUsize::new(0);
-        for _ in 0..200 {
-            pool.run(64, &|_| {
-                if std::thread::current().id() != caller {
-                    others.fetch_add(1, Ordering::Relaxed);
-                }
-                std::hint::black_box((0..2000u32).sum::<u32>());
-            });
-        }
-        assert!(
-            others.load(Ordering::Relaxed) > 0,
-            "only the caller ran tasks"
-        );
-    }
-
-    #[test]
-    fn panic_propagates_and_pool_survives() {
-        for threads in [1, 2, 4] {
-            let pool = ThreadPool::with_spin(threads, Duration::ZERO).unwrap();
-            let r = catch_unwind(AssertUnwindSafe(|| {
-                pool.run(50, &|i| {
-                    if i == 7 {
-                        panic!("task seven failed");
-                    }
-                })
-            }));
-            let payload = r.expect_err("the panic must reach the caller");
-            assert_eq!(payload.downcast_ref::<&str>(), Some(&"task seven failed"));
-            check_each_once(&pool, 50);
-        }
-    }
-
-    #[test]
-    fn nested_and_concurrent_runs_do_not_deadlock() {
-        let pool = ThreadPool::new(3).unwrap();
-        let total = AtomicUsize::new(0);
-        pool.run(8, &|_| {
-            pool.run(10, &|_| {
-                total.fetch_add(1, Ordering::Relaxed);
-            });
-        });
-        assert_eq!(total.load(Ordering::Relaxed), 80);
-        std::thread::scope(|s| {
-            for _ in 0..3 {
-                s.spawn(|| {
-                    for _ in 0..200 {
-                        check_each_once(&pool, 17);
-                    }
-                });
-            }
-        });
-    }
-
-    /// Per-call overhead at 2 threads, against the floor of one cache-line round trip
-    /// between two spinning threads. Reports the best and the median of 40 batches
-    /// (the machine may be shared). Run with
-    /// `cargo test --release -p keel-host-linux pool::tests::bench -- --ignored --nocapture`.
-    #[test]
-    #[ignore]
-    fn bench_run_overhead() {
-        fn report(what: &str, mut per_call: Vec<f64>) {
-            per_call.sort_by(f64::total_cmp);
-            println!(
-                "{what}: best {:.0} ns, median {:.0} ns per call",
-                per_call[0],
-                per_call[per_call.len() / 2]
-            );
-        }
-        const BATCH: u32 = 10_000;
-        let ping = AtomicU32::new(0);
-        let pong = AtomicU32::new(0);
-        let stop = AtomicBool::new(false);
-        let mut floor = Vec::new();
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let mut last = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    let v = ping.load(Ordering::Acquire);
-                    if v != last {
-                        last = v;
-                        pong.store(v, Ordering::Release);
-                    }
-                    spin_loop();
-                }
-            });
-            let mut v = 0;
-            for _ in 0..40 {
-                let t = Instant::now();
-                for _ in 0..BATCH {
-                    v += 1;
-                    ping.store(v, Ordering::Release);
-                    while pong.load(Ordering::Acquire) != v {
-                        spin_loop();
-                    }
-                }
-                floor.push(t.elapsed().as_nanos() as f64 / f64::from(BATCH));
-            }
-            stop.store(true, Ordering::Relaxed);
-        });
-        report("floor: one round trip between 2 spinning threads", floor);
-        for threads in [1, 2] {
-            let pool = ThreadPool::new(threads).unwrap();
-            let task = |i: usize| {
-                std::hint::black_box(i);
-            };
-            let mut times = Vec::new();
-            for _ in 0..40 {
-                let t = Instant::now();
-                for _ in 0..BATCH {
-                    pool.run(2, &task);
-                }
-                times.push(t.elapsed().as_nanos() as f64 / f64::from(BATCH));
-            }
-            report(
-                &format!("ThreadPool::run, {threads} thread(s), 2 empty tasks"),
-                times,
-            );
-        }
-    }
-}
+mod tests;

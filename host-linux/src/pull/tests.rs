@@ -41,6 +41,8 @@ fn unknown_name_lists_known_names() {
         assert!(msg.contains(m.name), "{msg}");
     }
     assert!(msg.contains("llama-70b"), "{msg}");
+    let e = pull_by_name("./model.gguf").unwrap_err();
+    assert!(matches!(e, PullError::UnknownModel { .. }), "{e}");
 
     let e = resolve_model_in("./missing/model.gguf", &dir).unwrap_err();
     let msg = e.to_string();

@@ -1,0 +1,154 @@
+//! Tests of the thread pool; the overhead bench is `#[ignore]`d (see `bench_run_overhead`).
+
+use super::*;
+use std::sync::atomic::AtomicU8;
+
+fn check_each_once(pool: &ThreadPool, n: usize) {
+    let hits: Vec<AtomicU8> = (0..n).map(|_| AtomicU8::new(0)).collect();
+    pool.run(n, &|i| {
+        hits[i].fetch_add(1, Ordering::Relaxed);
+    });
+    for (i, h) in hits.iter().enumerate() {
+        assert_eq!(h.load(Ordering::Relaxed), 1, "task {i} of {n}");
+    }
+}
+
+#[test]
+fn every_index_runs_exactly_once() {
+    for threads in [0, 1, 2, 3, 4, 7] {
+        for spin in [Duration::ZERO, DEFAULT_SPIN] {
+            let pool = ThreadPool::with_spin(threads, spin).unwrap();
+            assert_eq!(pool.n_threads(), threads.max(1));
+            for n in (0..40).chain([100, 1000, 4097]) {
+                check_each_once(&pool, n);
+            }
+            for _ in 0..300 {
+                check_each_once(&pool, 5);
+            }
+        }
+    }
+}
+
+#[test]
+fn workers_take_part() {
+    let pool = ThreadPool::with_spin(3, Duration::from_millis(5)).unwrap();
+    let caller = std::thread::current().id();
+    let others = AtomicUsize::new(0);
+    for _ in 0..200 {
+        pool.run(64, &|_| {
+            if std::thread::current().id() != caller {
+                others.fetch_add(1, Ordering::Relaxed);
+            }
+            std::hint::black_box((0..2000u32).sum::<u32>());
+        });
+    }
+    assert!(
+        others.load(Ordering::Relaxed) > 0,
+        "only the caller ran tasks"
+    );
+}
+
+#[test]
+fn panic_propagates_and_pool_survives() {
+    for threads in [1, 2, 4] {
+        let pool = ThreadPool::with_spin(threads, Duration::ZERO).unwrap();
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            pool.run(50, &|i| {
+                if i == 7 {
+                    panic!("task seven failed");
+                }
+            })
+        }));
+        let payload = r.expect_err("the panic must reach the caller");
+        assert_eq!(payload.downcast_ref::<&str>(), Some(&"task seven failed"));
+        check_each_once(&pool, 50);
+    }
+}
+
+#[test]
+fn nested_and_concurrent_runs_do_not_deadlock() {
+    let pool = ThreadPool::new(3).unwrap();
+    let total = AtomicUsize::new(0);
+    pool.run(8, &|_| {
+        pool.run(10, &|_| {
+            total.fetch_add(1, Ordering::Relaxed);
+        });
+    });
+    assert_eq!(total.load(Ordering::Relaxed), 80);
+    std::thread::scope(|s| {
+        for _ in 0..3 {
+            s.spawn(|| {
+                for _ in 0..200 {
+                    check_each_once(&pool, 17);
+                }
+            });
+        }
+    });
+}
+
+/// Per-call overhead at 2 threads, against the floor of one cache-line round trip
+/// between two spinning threads. Reports the best and the median of 40 batches
+/// (the machine may be shared). Run with
+/// `cargo test --release -p keel-host-linux pool::tests::bench -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn bench_run_overhead() {
+    fn report(what: &str, mut per_call: Vec<f64>) {
+        per_call.sort_by(f64::total_cmp);
+        println!(
+            "{what}: best {:.0} ns, median {:.0} ns per call",
+            per_call[0],
+            per_call[per_call.len() / 2]
+        );
+    }
+    const BATCH: u32 = 10_000;
+    let ping = AtomicU32::new(0);
+    let pong = AtomicU32::new(0);
+    let stop = AtomicBool::new(false);
+    let mut floor = Vec::new();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut last = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let v = ping.load(Ordering::Acquire);
+                if v != last {
+                    last = v;
+                    pong.store(v, Ordering::Release);
+                }
+                spin_loop();
+            }
+        });
+        let mut v = 0;
+        for _ in 0..40 {
+            let t = Instant::now();
+            for _ in 0..BATCH {
+                v += 1;
+                ping.store(v, Ordering::Release);
+                while pong.load(Ordering::Acquire) != v {
+                    spin_loop();
+                }
+            }
+            floor.push(t.elapsed().as_nanos() as f64 / f64::from(BATCH));
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    report("floor: one round trip between 2 spinning threads", floor);
+    for threads in [1, 2] {
+        let pool = ThreadPool::new(threads).unwrap();
+        let task = |i: usize| {
+            std::hint::black_box(i);
+        };
+        let mut times = Vec::new();
+        for _ in 0..40 {
+            let t = Instant::now();
+            for _ in 0..BATCH {
+                pool.run(2, &task);
+            }
+            times.push(t.elapsed().as_nanos() as f64 / f64::from(BATCH));
+        }
+        report(
+            &format!("ThreadPool::run, {threads} thread(s), 2 empty tasks"),
+            times,
+        );
+    }
+}
