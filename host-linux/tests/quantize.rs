@@ -138,10 +138,11 @@ fn metadata_is_kept_except_the_file_type() {
 fn keel_runs_the_requantized_files() {
     for ty in ["Q8_0", "Q4_0"] {
         let Some(out) = requantized(ty) else { return };
-        let r = keel().args(["run", "-p", "The capital of France is", "-n", "8", "-t", "2", "-c", "64", "--json", "-m"]).arg(&out).output().unwrap();
+        let r = keel().args(["run", "-p", "The capital of France is", "-n", "8", "-t", "2", "-c", "64", "--temp", "0", "--json", "-m"]).arg(&out).output().unwrap();
         ok(&r);
         let j: serde_json::Value = serde_json::from_slice(&r.stdout).expect("one JSON object on stdout");
-        assert_eq!(j["generated"].as_array().map(|a| a.len()), Some(8), "{ty}: {j}");
+        let n = j["generated"].as_array().map_or(0, |a| a.len());
+        assert!(n == 8 || (n > 0 && j["stop"] == "end of generation"), "{ty}: {j}");
         let info = keel().arg("info").arg(&out).output().unwrap();
         ok(&info);
     }
