@@ -77,7 +77,7 @@ fn pull(mut a: Args) -> Result<()> {
         anyhow::bail!("keel pull NAME; known: {}", crate::pull::known_models_list());
     }
     for n in names {
-        let path = crate::pull::resolve_model(&n)?;
+        let path = crate::pull::pull_by_name(&n)?;
         println!("{}", path.display());
     }
     Ok(())
