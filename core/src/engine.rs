@@ -91,6 +91,3 @@ impl<'a> Engine<'a> {
         self.sampler.reset();
     }
 }
-
-/// Convenience re-export for hosts.
-pub use crate::session::Outputs as LogitRows;

@@ -154,12 +154,6 @@ impl<'a> Session<'a> {
         &self.logits[(n - 1) * n_vocab..n * n_vocab]
     }
 
-    /// Mutable access to the last logits row (for samplers that penalize in place).
-    pub fn last_logits_mut(&mut self, n_vocab: usize) -> &mut [f32] {
-        let n = self.n_logits.max(1);
-        &mut self.logits[(n - 1) * n_vocab..n * n_vocab]
-    }
-
     /// Appends `tokens` to the context and computes logits for `outputs`.
     pub fn eval(&mut self, model: &Model<'_>, tokens: &[u32], outputs: Outputs, par: &dyn Parallel) -> Result<(), Error> {
         let hp = &model.hp;

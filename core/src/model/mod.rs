@@ -59,14 +59,13 @@ impl<'a> Model<'a> {
         // exclusive borrow of the region is converted into a shared one for 'a.
         let layers: &'a [Layer<'a>] = unsafe { &*(table as *mut [MaybeUninit<Layer<'a>>] as *const [Layer<'a>]) };
         let m = Model { hp, tok_embd, output_norm, output, tied_output, layers };
-        m.check_types(g)?;
+        m.check_types()?;
         Ok(m)
     }
 
     /// Every weight must be a type the kernels compute with; norms must be f32.
-    fn check_types(&self, g: &Gguf<'a>) -> Result<(), Error> {
+    fn check_types(&self) -> Result<(), Error> {
         let unsupported = |name: &str, ty: GgmlType| Error::UnsupportedType { ty, tensor: name_from(name.as_bytes()) };
-        let _ = g;
         if Kernels::vec_dot_type(self.tok_embd.ty).is_none() {
             return Err(unsupported("token_embd.weight", self.tok_embd.ty));
         }
