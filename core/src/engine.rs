@@ -87,7 +87,7 @@ impl<'a> Engine<'a> {
 
     /// Starts a new sequence (the context and the sampler history are cleared).
     pub fn reset(&mut self) {
-        self.session.truncate(0);
+        let _ = self.session.truncate(0);
         self.sampler.reset();
     }
 }

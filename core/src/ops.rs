@@ -25,6 +25,19 @@ pub fn rms_norm(x: &[f32], w: &[u8], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// [`rms_norm`] in place.
+pub fn rms_norm_in_place(x: &mut [f32], w: &[u8], eps: f32) {
+    let mut sum = 0.0f64;
+    for &v in x.iter() {
+        sum += (v * v) as f64;
+    }
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0 / libm::sqrtf(mean + eps);
+    for (i, v) in x.iter_mut().enumerate() {
+        *v = (*v * scale) * f32_at(w, i);
+    }
+}
+
 /// Fills `cs` with interleaved `(cos, sin)` of the RoPE angles for position `pos`:
 /// theta_i = pos * base^(-2i/n_rot), computed by repeated multiplication as ggml does,
 /// with [`sincosf`] (glibc's rounding, which llama.cpp gets from `sincosf`).
@@ -175,6 +188,45 @@ pub fn silu(x: f32) -> f32 {
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = silu(*g) * u;
+    }
+}
+
+/// `1 / (1 + e^-x)`, as ggml's sigmoid.
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + expf(-x))
+}
+
+/// `ln(1 + e^x)` (x itself above 20), as ggml's softplus.
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        libm::logf(1.0 + expf(x))
+    }
+}
+
+/// GELU with the tanh approximation, as ggml's `ggml_gelu_f32`.
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044715;
+    0.5 * x * (1.0 + libm::tanhf(SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)))
+}
+
+/// `gate[i] = gelu(gate[i]) * up[i]` (GeGLU) as ggml's CPU `geglu`: 0 below -10, the
+/// identity above 10, else GELU of the input rounded to f16, itself rounded to f16 (the
+/// values of ggml's 64K-entry f16 table).
+pub fn geglu(gate: &mut [f32], up: &[f32]) {
+    use half::f16;
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        *g = if x <= -10.0 {
+            0.0
+        } else if x >= 10.0 {
+            x * u
+        } else {
+            let xr = f16::from_f32(x).to_f32();
+            f16::from_f32(gelu_tanh(xr)).to_f32() * u
+        };
     }
 }
 

@@ -9,7 +9,9 @@ use crate::error::Error;
 use crate::ggml_type::GgmlType;
 use crate::gguf::Gguf;
 use crate::matmul::{act_row_bytes, matmul, quantize_rows, SharedMut};
-use crate::model::{HParams, Model, RopeMode, Tensor};
+use crate::attn_tiled;
+use crate::delta_net;
+use crate::model::{Attention, DeltaNet, FfnAct, HParams, Mixer, Model, RopeMode, Ssm, Tensor};
 use crate::ops;
 use crate::parallel::{split_range, Parallel};
 use crate::quant::Kernels;
@@ -38,11 +40,58 @@ pub enum Outputs {
 }
 
 /// Region names in plan order.
-const REGIONS: [&str; 14] = ["kv_k", "kv_v", "x", "xn", "q", "k", "v", "attn", "ffn_a", "ffn_b", "act_q", "attn_scratch", "rope", "logits"];
+const REGIONS: [&str; 21] = [
+    "kv_k", "kv_v", "conv_state", "ssm_state", "x", "xn", "q", "k", "v", "gate", "attn", "ffn_a", "ffn_b", "act_q", "attn_scratch", "rope", "gdn_ab", "conv_out", "gdn_scratch", "attn_tile", "logits",
+];
+
+/// Tokens per chunk of the chunked delta-net prompt path.
+const DELTA_CHUNK: usize = 64;
 
 /// The largest activation row (bytes) any matrix product of this file needs.
 pub fn max_act_row_bytes(g: &Gguf<'_>) -> usize {
     g.tensors().filter(|t| t.n_dims >= 2).filter_map(|t| act_row_bytes(t.ty, t.ne[0] as usize)).max().unwrap_or(0)
+}
+
+/// Elements (count, element size) of each region, in `REGIONS` order.
+fn region_sizes(hp: &HParams, act_row: usize, cfg: &SessionConfig) -> Result<[(usize, usize); 21], Error> {
+    let overflow = || Error::BadConfig("KV cache size overflows; lower -c");
+    let (b, f4, f2) = (cfg.n_batch, 4, 2);
+    let mut kv_rows = 0usize;
+    for l in 0..hp.n_layer {
+        kv_rows = kv_rows.checked_add(hp.kv_rows(l, cfg.n_ctx, cfg.n_batch)).ok_or_else(overflow)?;
+    }
+    let kv = |dim: usize| kv_rows.checked_mul(dim).ok_or_else(overflow);
+    let n_recr = hp.n_recurrent();
+    let (conv_state, ssm_state, ch, d_inner, n_vh, d_state) = match hp.ssm {
+        Some(s) => (n_recr * s.conv_state_len(), n_recr * s.state_len(), s.conv_channels(), s.d_inner, s.n_v_heads, s.d_state),
+        None => (0, 0, 0, 0, 0, 0),
+    };
+    let q_rows = if hp.attn_gated { 2 * hp.q_dim() } else { hp.q_dim() };
+    let gate = if hp.attn_gated { b * hp.q_dim() } else { 0 };
+    let logits = cfg.n_outputs.checked_mul(hp.n_vocab).ok_or(Error::BadConfig("logits size overflows"))?;
+    Ok([
+        (kv(hp.k_dim())?, f2),
+        (kv(hp.v_dim())?, f2),
+        (conv_state, f4),
+        (ssm_state, f4),
+        (b * hp.n_embd, f4),
+        (b * hp.n_embd, f4),
+        (b * q_rows.max(ch), f4),
+        (b * hp.k_dim().max(d_inner), f4),
+        (b * hp.v_dim(), f4),
+        (gate, f4),
+        (b * (hp.n_head * hp.head_dim_v).max(d_inner), f4),
+        (b * hp.n_ff.max(hp.n_embd), f4),
+        (b * hp.n_ff.max(hp.n_embd), f4),
+        (b.max(cfg.n_outputs), act_row),
+        (cfg.n_threads * (hp.head_dim + hp.head_dim_v), f2),
+        (hp.n_rot, f4),
+        (2 * b * n_vh, f4),
+        (b * ch, f4),
+        (if d_state > 0 { cfg.n_threads * (delta_net::chunk_scratch_len(DELTA_CHUNK, d_state) + DELTA_CHUNK * d_state) } else { 0 }, f4),
+        (cfg.n_threads * attn_tiled::scratch_len(hp.head_dim, hp.head_dim_v), f4),
+        (logits, f4),
+    ])
 }
 
 /// Appends a session's regions to `plan`.
@@ -50,22 +99,9 @@ pub fn plan_session(plan: &mut Plan, hp: &HParams, act_row: usize, cfg: &Session
     if cfg.n_ctx == 0 || cfg.n_batch == 0 || cfg.n_outputs == 0 || cfg.n_threads == 0 {
         return Err(Error::BadConfig("n_ctx, n_batch, n_outputs and n_threads must be > 0"));
     }
-    let (b, f4, f2) = (cfg.n_batch, 4, 2);
-    let kv = |dim: usize| hp.n_layer.checked_mul(cfg.n_ctx).and_then(|v| v.checked_mul(dim)).ok_or(Error::BadConfig("KV cache size overflows; lower -c"));
-    plan.add(REGIONS[0], kv(hp.k_dim())?, f2)?;
-    plan.add(REGIONS[1], kv(hp.v_dim())?, f2)?;
-    plan.add(REGIONS[2], b * hp.n_embd, f4)?;
-    plan.add(REGIONS[3], b * hp.n_embd, f4)?;
-    plan.add(REGIONS[4], b * hp.q_dim(), f4)?;
-    plan.add(REGIONS[5], b * hp.k_dim(), f4)?;
-    plan.add(REGIONS[6], b * hp.v_dim(), f4)?;
-    plan.add(REGIONS[7], b * hp.n_head * hp.head_dim_v, f4)?;
-    plan.add(REGIONS[8], b * hp.n_ff, f4)?;
-    plan.add(REGIONS[9], b * hp.n_ff, f4)?;
-    plan.add(REGIONS[10], b.max(cfg.n_outputs), act_row)?;
-    plan.add(REGIONS[11], cfg.n_threads * (hp.head_dim + hp.head_dim_v), f2)?;
-    plan.add(REGIONS[12], hp.n_rot, f4)?;
-    plan.add(REGIONS[13], cfg.n_outputs.checked_mul(hp.n_vocab).ok_or(Error::BadConfig("logits size overflows"))?, f4)?;
+    for (name, (count, size)) in REGIONS.iter().zip(region_sizes(hp, act_row, cfg)?) {
+        plan.add(name, count, size)?;
+    }
     Ok(())
 }
 
@@ -75,18 +111,27 @@ pub struct Session<'a> {
     kernels: Kernels,
     kv_k: &'a mut [f16],
     kv_v: &'a mut [f16],
+    conv_state: &'a mut [f32],
+    ssm_state: &'a mut [f32],
     x: &'a mut [f32],
     xn: &'a mut [f32],
     q: &'a mut [f32],
     k: &'a mut [f32],
     v: &'a mut [f32],
+    gate: &'a mut [f32],
     attn: &'a mut [f32],
     ffn_a: &'a mut [f32],
     ffn_b: &'a mut [f32],
     act_q: &'a mut [u8],
     attn_scratch: &'a mut [f16],
     rope: &'a mut [f32],
+    gdn_ab: &'a mut [f32],
+    conv_out: &'a mut [f32],
+    gdn_scratch: &'a mut [f32],
+    attn_tile: &'a mut [f32],
     logits: &'a mut [f32],
+    tiled_batches: bool,
+    delta_chunked: bool,
     n_logits: usize,
     n_past: usize,
 }
@@ -100,21 +145,47 @@ impl<'a> Session<'a> {
             kernels,
             kv_k: carver.f16s(r(REGIONS[0])),
             kv_v: carver.f16s(r(REGIONS[1])),
-            x: carver.f32s(r(REGIONS[2])),
-            xn: carver.f32s(r(REGIONS[3])),
-            q: carver.f32s(r(REGIONS[4])),
-            k: carver.f32s(r(REGIONS[5])),
-            v: carver.f32s(r(REGIONS[6])),
-            attn: carver.f32s(r(REGIONS[7])),
-            ffn_a: carver.f32s(r(REGIONS[8])),
-            ffn_b: carver.f32s(r(REGIONS[9])),
-            act_q: carver.bytes(r(REGIONS[10])),
-            attn_scratch: carver.f16s(r(REGIONS[11])),
-            rope: carver.f32s(r(REGIONS[12])),
-            logits: carver.f32s(r(REGIONS[13])),
+            conv_state: carver.f32s(r(REGIONS[2])),
+            ssm_state: carver.f32s(r(REGIONS[3])),
+            x: carver.f32s(r(REGIONS[4])),
+            xn: carver.f32s(r(REGIONS[5])),
+            q: carver.f32s(r(REGIONS[6])),
+            k: carver.f32s(r(REGIONS[7])),
+            v: carver.f32s(r(REGIONS[8])),
+            gate: carver.f32s(r(REGIONS[9])),
+            attn: carver.f32s(r(REGIONS[10])),
+            ffn_a: carver.f32s(r(REGIONS[11])),
+            ffn_b: carver.f32s(r(REGIONS[12])),
+            act_q: carver.bytes(r(REGIONS[13])),
+            attn_scratch: carver.f16s(r(REGIONS[14])),
+            rope: carver.f32s(r(REGIONS[15])),
+            gdn_ab: carver.f32s(r(REGIONS[16])),
+            conv_out: carver.f32s(r(REGIONS[17])),
+            gdn_scratch: carver.f32s(r(REGIONS[18])),
+            attn_tile: carver.f32s(r(REGIONS[19])),
+            logits: carver.f32s(r(REGIONS[20])),
+            tiled_batches: false,
+            delta_chunked: false,
             n_logits: 0,
             n_past: 0,
         }
+    }
+
+    /// With `on`, forward passes over 64 or more tokens use llama.cpp's tiled attention
+    /// arithmetic ([`crate::attn_tiled`]), as llama.cpp's CPU backend does, so long
+    /// prompts give llama.cpp's numbers; shorter batches and decoding keep the one-query
+    /// arithmetic. A token's logits then depend on whether it was evaluated in such a
+    /// batch. Off (the default): every batch uses the one-query arithmetic, and logits
+    /// never depend on batching.
+    pub fn set_llama_cpp_batches(&mut self, on: bool) {
+        self.tiled_batches = on;
+    }
+
+    /// With `on`, delta-net layers evaluate batches of several tokens in the chunked
+    /// (matrix) form ([`delta_net::chunk`]) instead of token by token. The results agree
+    /// to float rounding, not bit for bit; off (the default) follows llama.cpp's fused op.
+    pub fn set_delta_net_chunked(&mut self, on: bool) {
+        self.delta_chunked = on;
     }
 
     /// Tokens in the context.
@@ -138,9 +209,16 @@ impl<'a> Session<'a> {
     }
 
     /// Forgets the context after the first `n` tokens (0 = start over).
-    pub fn truncate(&mut self, n: usize) {
+    ///
+    /// A model with recurrent (delta-net) layers keeps one state, not one per position,
+    /// so it can only start over: any `0 < n < n_past` is refused.
+    pub fn truncate(&mut self, n: usize) -> Result<(), Error> {
+        if n > 0 && n < self.n_past && !self.ssm_state.is_empty() {
+            return Err(Error::BadConfig("a model with recurrent layers cannot rewind its context; start over instead"));
+        }
         self.n_past = self.n_past.min(n);
         self.n_logits = 0;
+        Ok(())
     }
 
     /// Logits rows from the last `eval`, `n_vocab` each.
@@ -194,47 +272,69 @@ impl<'a> Session<'a> {
         let n = tokens.len();
         let (e, f) = (hp.n_embd, hp.n_ff);
         let kern = self.kernels;
-        let n_ctx = self.cfg.n_ctx;
+        let (n_ctx, n_batch) = (self.cfg.n_ctx, self.cfg.n_batch);
         let n_tasks = self.cfg.n_threads;
         let n_past = self.n_past;
-        let Session { kv_k, kv_v, x, xn, q, k, v, attn, ffn_a, ffn_b, act_q, attn_scratch, rope, logits, .. } = self;
+        let tiled = self.tiled_batches && n >= attn_tiled::TILE;
+        let chunked = self.delta_chunked && n > 1;
+        let Session { kv_k, kv_v, conv_state, ssm_state, x, xn, q, k, v, gate, attn, ffn_a, ffn_b, act_q, attn_scratch, rope, gdn_ab, conv_out, gdn_scratch, attn_tile, logits, .. } = self;
         let mut act = Act { kern, buf: &mut **act_q, cur: None };
-
-        // Token embedding rows -> x (n, n_embd).
-        for (i, &t) in tokens.iter().enumerate() {
-            let _ = kern.dequantize_row(model.tok_embd.ty, model.tok_embd.row(t as usize), &mut x[i * e..(i + 1) * e]);
+        if n_past == 0 {
+            // A new sequence: recurrent layers start from zero state.
+            conv_state.fill(0.0);
+            ssm_state.fill(0.0);
         }
 
-        let attn_w = hp.n_head * hp.head_dim_v;
+        // Token embedding rows -> x (n, n_embd), scaled for Gemma.
+        for (i, &t) in tokens.iter().enumerate() {
+            let row = &mut x[i * e..(i + 1) * e];
+            let _ = kern.dequantize_row(model.tok_embd.ty, model.tok_embd.row(t as usize), row);
+            if hp.embd_scale != 1.0 {
+                for v in row.iter_mut() {
+                    *v *= hp.embd_scale;
+                }
+            }
+        }
+
+        let (mut kv_row0, mut recr) = (0usize, 0usize);
         for (l, layer) in model.layers.iter().enumerate() {
-            // Attention: xn = norm(x); q, k, v = xn W.
             for i in 0..n {
                 ops::rms_norm(&x[i * e..(i + 1) * e], layer.attn_norm.data, hp.rms_eps, &mut xn[i * e..(i + 1) * e]);
             }
             act.invalidate();
-            act.project(par, &layer.wq, &xn[..n * e], n, q);
-            act.project(par, &layer.wk, &xn[..n * e], n, k);
-            act.project(par, &layer.wv, &xn[..n * e], n, v);
-            let cache = Cache { kv_k, kv_v, n_ctx, layer: l, n_past };
-            rope_and_store(hp, &kern, cache, q, k, v, rope, n);
-            let cache = Cache { kv_k, kv_v, n_ctx, layer: l, n_past };
-            attention(hp, &kern, &cache, q, attn, attn_scratch, n_tasks, n, par);
-            // x += attn Wo
-            act.invalidate();
-            act.project(par, &layer.wo, &attn[..n * attn_w], n, xn);
-            ops::add_assign(&mut x[..n * e], &xn[..n * e]);
+            match &layer.mixer {
+                Mixer::Attention(a) => {
+                    let rows = hp.kv_rows(l, n_ctx, n_batch);
+                    let bufs = AttnBufs { q, k, v, gate, attn, rope, scratch: attn_scratch, tile: if tiled { Some(&mut **attn_tile) } else { None } };
+                    let cache = Cache { kv_k: &mut kv_k[kv_row0 * hp.k_dim()..(kv_row0 + rows) * hp.k_dim()], kv_v: &mut kv_v[kv_row0 * hp.v_dim()..(kv_row0 + rows) * hp.v_dim()], rows, n_past, window: if hp.is_swa(l) { hp.n_swa } else { 0 } };
+                    attention_block(hp, l, a, &mut act, cache, bufs, &xn[..n * e], &mut ffn_a[..n * e], n_tasks, n, par);
+                    kv_row0 += rows;
+                }
+                Mixer::DeltaNet(d) => {
+                    let Some(s) = hp.ssm else { return };
+                    let st = DeltaState { conv: &mut conv_state[recr * s.conv_state_len()..(recr + 1) * s.conv_state_len()], ssm: &mut ssm_state[recr * s.state_len()..(recr + 1) * s.state_len()] };
+                    let bufs = DeltaBufs { qkv: q, z: k, ab: gdn_ab, conv: conv_out, out: attn, scratch: gdn_scratch };
+                    delta_net_block(hp, &s, d, &mut act, st, bufs, &xn[..n * e], &mut ffn_a[..n * e], n_tasks, n, chunked, par);
+                    recr += 1;
+                }
+            }
+            // The mixer output is in ffn_a; optional post-norm, then the residual add.
+            add_residual(hp, layer.attn_post_norm, &ffn_a[..n * e], &mut xn[..n * e], &mut x[..n * e], n);
 
-            // Feed-forward: x += (silu(xn Wg) * (xn Wu)) Wd
+            // Feed-forward: x += act(xn Wg) * (xn Wu)) Wd
             for i in 0..n {
                 ops::rms_norm(&x[i * e..(i + 1) * e], layer.ffn_norm.data, hp.rms_eps, &mut xn[i * e..(i + 1) * e]);
             }
             act.invalidate();
             act.project(par, &layer.ffn_gate, &xn[..n * e], n, ffn_a);
             act.project(par, &layer.ffn_up, &xn[..n * e], n, ffn_b);
-            kern.swiglu(&mut ffn_a[..n * f], &ffn_b[..n * f]);
+            match hp.ffn_act {
+                FfnAct::Silu => kern.swiglu(&mut ffn_a[..n * f], &ffn_b[..n * f]),
+                FfnAct::GeluTanh => ops::geglu(&mut ffn_a[..n * f], &ffn_b[..n * f]),
+            }
             act.invalidate();
-            act.project(par, &layer.ffn_down, &ffn_a[..n * f], n, xn);
-            ops::add_assign(&mut x[..n * e], &xn[..n * e]);
+            act.project(par, &layer.ffn_down, &ffn_a[..n * f], n, ffn_b);
+            add_residual(hp, layer.ffn_post_norm, &ffn_b[..n * e], &mut xn[..n * e], &mut x[..n * e], n);
         }
         self.n_past += n;
 
@@ -252,41 +352,130 @@ impl<'a> Session<'a> {
             self.n_logits += out_rows;
         }
     }
-
 }
 
-/// One layer's view of the KV cache.
+/// `x += post_norm(y)` (or `x += y` without a post-norm) for `n` rows; `tmp` is scratch.
+fn add_residual(hp: &HParams, post_norm: Option<Tensor<'_>>, y: &[f32], tmp: &mut [f32], x: &mut [f32], n: usize) {
+    let e = hp.n_embd;
+    match post_norm {
+        Some(w) => {
+            for i in 0..n {
+                ops::rms_norm(&y[i * e..(i + 1) * e], w.data, hp.rms_eps, &mut tmp[i * e..(i + 1) * e]);
+            }
+            ops::add_assign(x, tmp);
+        }
+        None => ops::add_assign(x, y),
+    }
+}
+
+/// One attention layer's view of the KV cache: `rows` rows (a ring of the last `rows`
+/// positions when `window > 0`).
 struct Cache<'c> {
     kv_k: &'c mut [f16],
     kv_v: &'c mut [f16],
-    n_ctx: usize,
-    layer: usize,
+    rows: usize,
     n_past: usize,
+    /// Sliding-window width (0: none).
+    window: usize,
 }
 
-/// RoPE on q and k of `n` tokens, then k and v into the cache as f16.
+/// Activation buffers an attention layer uses.
+struct AttnBufs<'b> {
+    q: &'b mut [f32],
+    k: &'b mut [f32],
+    v: &'b mut [f32],
+    gate: &'b mut [f32],
+    attn: &'b mut [f32],
+    rope: &'b mut [f32],
+    scratch: &'b mut [f16],
+    /// Scratch for the tiled arithmetic, when this batch uses it.
+    tile: Option<&'b mut [f32]>,
+}
+
+/// Adds an f32 bias (raw bytes) to each of `n` rows of width `w`.
+fn add_bias(x: &mut [f32], bias: Option<Tensor<'_>>, n: usize, w: usize) {
+    if let Some(b) = bias {
+        for i in 0..n {
+            for (j, v) in x[i * w..(i + 1) * w].iter_mut().enumerate() {
+                *v += ops::f32_at(b.data, j);
+            }
+        }
+    }
+}
+
+/// RMSNorm of each `hd`-wide head of `n` rows of width `w`, in place.
+fn head_norm(x: &mut [f32], norm: Option<Tensor<'_>>, n: usize, w: usize, hd: usize, eps: f32) {
+    if let Some(t) = norm {
+        for i in 0..n {
+            for h in 0..w / hd {
+                ops::rms_norm_in_place(&mut x[i * w + h * hd..i * w + (h + 1) * hd], t.data, eps);
+            }
+        }
+    }
+}
+
+/// Attention mixer of layer `l`: projections, norms, RoPE, cache, attention, output
+/// projection into `out` (`n` rows of `n_embd`).
 #[allow(clippy::too_many_arguments)]
-fn rope_and_store(hp: &HParams, kern: &Kernels, c: Cache<'_>, q: &mut [f32], k: &mut [f32], v: &[f32], rope: &mut [f32], n: usize) {
-    let (qd, kd, vd) = (hp.q_dim(), hp.k_dim(), hp.v_dim());
-    let hd = hp.head_dim;
+fn attention_block(hp: &HParams, l: usize, a: &Attention<'_>, act: &mut Act<'_>, c: Cache<'_>, b: AttnBufs<'_>, xn: &[f32], out: &mut [f32], n_tasks: usize, n: usize, par: &dyn Parallel) {
+    let (qd, kd, vd, hd) = (hp.q_dim(), hp.k_dim(), hp.v_dim(), hp.head_dim);
+    let kern = act.kern;
+    act.project(par, &a.wq, xn, n, b.q);
+    act.project(par, &a.wk, xn, n, b.k);
+    act.project(par, &a.wv, xn, n, b.v);
+    if hp.attn_gated {
+        // Rows are [q | gate] per head: move the gates out, then pack q (destination
+        // offsets never pass the source, so a forward copy is safe).
+        for i in 0..n {
+            for h in 0..hp.n_head {
+                let src = i * 2 * qd + h * 2 * hd;
+                b.gate[i * qd + h * hd..i * qd + (h + 1) * hd].copy_from_slice(&b.q[src + hd..src + 2 * hd]);
+                b.q.copy_within(src..src + hd, i * qd + h * hd);
+            }
+        }
+    }
+    add_bias(b.q, a.bq, n, qd);
+    add_bias(b.k, a.bk, n, kd);
+    add_bias(b.v, a.bv, n, vd);
+    head_norm(b.q, a.q_norm, n, qd, hd, hp.rms_eps);
+    head_norm(b.k, a.k_norm, n, kd, hd, hp.rms_eps);
     let rotate: fn(&mut [f32], &[f32], usize) = match hp.rope_mode {
         RopeMode::Normal => ops::rope_normal,
         RopeMode::Neox => ops::rope_neox,
     };
+    let base = hp.rope_base_of(l);
     for i in 0..n {
         let pos = c.n_past + i;
-        ops::rope_angles(pos, hp.rope_base, hp.n_rot, rope);
+        ops::rope_angles(pos, base, hp.n_rot, b.rope);
         for h in 0..hp.n_head {
-            rotate(&mut q[i * qd + h * hd..i * qd + (h + 1) * hd], rope, hp.n_rot);
+            rotate(&mut b.q[i * qd + h * hd..i * qd + (h + 1) * hd], b.rope, hp.n_rot);
         }
         for h in 0..hp.n_head_kv {
-            rotate(&mut k[i * kd + h * hd..i * kd + (h + 1) * hd], rope, hp.n_rot);
+            rotate(&mut b.k[i * kd + h * hd..i * kd + (h + 1) * hd], b.rope, hp.n_rot);
         }
-        let kc = (c.layer * c.n_ctx + pos) * kd;
-        kern.f32_to_f16(&k[i * kd..(i + 1) * kd], &mut c.kv_k[kc..kc + kd]);
-        let vc = (c.layer * c.n_ctx + pos) * vd;
-        kern.f32_to_f16(&v[i * vd..(i + 1) * vd], &mut c.kv_v[vc..vc + vd]);
+        let slot = pos % c.rows;
+        kern.f32_to_f16(&b.k[i * kd..(i + 1) * kd], &mut c.kv_k[slot * kd..(slot + 1) * kd]);
+        kern.f32_to_f16(&b.v[i * vd..(i + 1) * vd], &mut c.kv_v[slot * vd..(slot + 1) * vd]);
     }
+    let mut scale = hp.attn_scale;
+    if hp.q_prescale {
+        for v in b.q[..n * qd].iter_mut() {
+            *v *= scale;
+        }
+        scale = 1.0;
+    }
+    match b.tile {
+        Some(tile) => attention_tiled(hp, &kern, &c, b.q, scale, b.attn, tile, n_tasks, n, par),
+        None => attention(hp, &kern, &c, b.q, scale, b.attn, b.scratch, n_tasks, n, par),
+    }
+    let aw = hp.n_head * hp.head_dim_v;
+    if hp.attn_gated {
+        for (o, &g) in b.attn[..n * aw].iter_mut().zip(b.gate.iter()) {
+            *o *= ops::sigmoid(g);
+        }
+    }
+    act.invalidate();
+    act.project(par, &a.wo, &b.attn[..n * aw], n, out);
 }
 
 /// Causal grouped-query attention of the `n` new tokens over one layer's cache, split
@@ -298,14 +487,14 @@ fn rope_and_store(hp: &HParams, kern: &Kernels, c: Cache<'_>, q: &mut [f32], k: 
 /// maximum `acc *= exp(old - max)`, else `vs = exp(s - max)`; `acc += v·vs` rounded to
 /// f16 each step; `sum = fma(sum, ms, vs)`); finally `out = f32(acc) · (1/sum)`.
 /// llama.cpp uses a different, tiled arithmetic for batches of 64 or more queries; keel
-/// always uses this one, so a position's output does not depend on the batch.
+/// always uses this one, so a position's output does not depend on the batch. With a
+/// sliding window a query at `pos` sees keys `pos - window + 1 ..= pos`.
 #[allow(clippy::too_many_arguments)]
-fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], out: &mut [f32], scratch: &mut [f16], max_tasks: usize, n: usize, par: &dyn Parallel) {
+fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32, out: &mut [f32], scratch: &mut [f16], max_tasks: usize, n: usize, par: &dyn Parallel) {
     let (hd, hdv) = (hp.head_dim, hp.head_dim_v);
     let (qd, kd, vd) = (hp.q_dim(), hp.k_dim(), hp.v_dim());
     let group = hp.n_head / hp.n_head_kv;
-    let (n_ctx, l, n_past) = (c.n_ctx, c.layer, c.n_past);
-    let scale = 1.0 / libm::sqrtf(hd as f32);
+    let (rows, n_past, window) = (c.rows, c.n_past, c.window);
     let (kv_k, kv_v) = (&*c.kv_k, &*c.kv_v);
     let per_task = hd + hdv;
     let tasks = par.n_threads().min(max_tasks).min(n * hp.n_head).max(1);
@@ -319,12 +508,14 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], out: &mut [
         for pair in split_range(n * hp.n_head, tasks, t) {
             let (i, h) = (pair / hp.n_head, pair % hp.n_head);
             let pos = n_past + i;
+            let first = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
             let kvh = h / group;
             kern.f32_to_f16(&q[i * qd + h * hd..][..hd], qh);
             acc.fill(f16::ZERO);
             let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
-            for j in 0..=pos {
-                let kr = &kv_k[(l * n_ctx + j) * kd + kvh * hd..][..hd];
+            for j in first..=pos {
+                let slot = j % rows;
+                let kr = &kv_k[slot * kd + kvh * hd..][..hd];
                 let s = kern.f16_dot(kr, qh) * scale;
                 let (ms, vs) = if s > max {
                     let ms = ops::expf(max - s);
@@ -334,7 +525,7 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], out: &mut [
                 } else {
                     (1.0, ops::expf(s - max))
                 };
-                kern.f16_mad(acc, &kv_v[(l * n_ctx + j) * vd + kvh * hdv..][..hdv], vs);
+                kern.f16_mad(acc, &kv_v[slot * vd + kvh * hdv..][..hdv], vs);
                 sum = libm::fmaf(sum, ms, vs);
             }
             // SAFETY: output (i, h) is written by exactly one task.
@@ -346,6 +537,151 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], out: &mut [
             }
         }
     });
+}
+
+/// [`attention`] with llama.cpp's tiled arithmetic ([`attn_tiled::row`]) per query row.
+#[allow(clippy::too_many_arguments)]
+fn attention_tiled(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32, out: &mut [f32], scratch: &mut [f32], max_tasks: usize, n: usize, par: &dyn Parallel) {
+    let (hd, hdv) = (hp.head_dim, hp.head_dim_v);
+    let (qd, kd, vd) = (hp.q_dim(), hp.k_dim(), hp.v_dim());
+    let group = hp.n_head / hp.n_head_kv;
+    let (kv_k, kv_v) = (&*c.kv_k, &*c.kv_v);
+    let per_task = attn_tiled::scratch_len(hd, hdv);
+    let tasks = par.n_threads().min(max_tasks).min(n * hp.n_head).max(1);
+    let scratch = SharedMut::new(scratch);
+    let out_w = hp.n_head * hdv;
+    let out = SharedMut::new(&mut out[..n * out_w]);
+    par.run(tasks, &|t| {
+        // SAFETY: task t owns scratch slot t.
+        let s = unsafe { scratch.slice(t * per_task, per_task) };
+        for pair in split_range(n * hp.n_head, tasks, t) {
+            let (i, h) = (pair / hp.n_head, pair % hp.n_head);
+            let pos = c.n_past + i;
+            let first = if c.window > 0 { (pos + 1).saturating_sub(c.window) } else { 0 };
+            let kvh = h / group;
+            // SAFETY: output (i, h) is written by exactly one task.
+            let o = unsafe { out.slice(i * out_w + h * hdv, hdv) };
+            attn_tiled::row(kern, &q[i * qd + h * hd..][..hd], kv_k, kv_v, (c.rows, kd, vd, kvh * hd, kvh * hdv), first, pos, scale, s, o);
+        }
+    });
+}
+
+/// One recurrent layer's conv and delta-rule state.
+struct DeltaState<'s> {
+    conv: &'s mut [f32],
+    ssm: &'s mut [f32],
+}
+
+/// Activation buffers a delta-net layer uses.
+struct DeltaBufs<'b> {
+    qkv: &'b mut [f32],
+    z: &'b mut [f32],
+    ab: &'b mut [f32],
+    conv: &'b mut [f32],
+    out: &'b mut [f32],
+    scratch: &'b mut [f32],
+}
+
+/// Gated delta-net mixer: mixed QKV projection, causal conv1d + SiLU, L2-normalized q/k,
+/// the delta rule per value head (token by token, as llama.cpp's fused op), the gated
+/// output RMSNorm and the output projection into `out`.
+#[allow(clippy::too_many_arguments)]
+fn delta_net_block(hp: &HParams, s: &Ssm, d: &DeltaNet<'_>, act: &mut Act<'_>, st: DeltaState<'_>, b: DeltaBufs<'_>, xn: &[f32], out: &mut [f32], n_tasks: usize, n: usize, chunked: bool, par: &dyn Parallel) {
+    let ch = s.conv_channels();
+    let (ds, nvh, nkh) = (s.d_state, s.n_v_heads, s.n_k_heads);
+    let kc = s.d_conv;
+    act.project(par, &d.wqkv, xn, n, b.qkv);
+    act.project(par, &d.wgate, xn, n, b.z);
+    let (beta, alpha) = b.ab.split_at_mut(n * nvh);
+    act.project(par, &d.wbeta, xn, n, beta);
+    act.project(par, &d.walpha, xn, n, &mut alpha[..n * nvh]);
+    // beta = sigmoid(.); g = softplus(alpha + dt_bias) * a (stored in alpha).
+    for i in 0..n {
+        for h in 0..nvh {
+            beta[i * nvh + h] = ops::sigmoid(beta[i * nvh + h]);
+            let ab = alpha[i * nvh + h] + ops::f32_at(d.dt_bias.data, h);
+            alpha[i * nvh + h] = ops::softplus(ab) * ops::f32_at(d.a.data, h);
+        }
+    }
+    // Causal depthwise conv over [state (kc-1 previous inputs) | the n new inputs].
+    let w = |c: usize, t: usize| ops::f32_at(d.conv1d.data, c * kc + t);
+    for c in 0..ch {
+        let state = &st.conv[c * (kc - 1)..(c + 1) * (kc - 1)];
+        let input = |j: usize| if j < kc - 1 { state[j] } else { b.qkv[(j - (kc - 1)) * ch + c] };
+        for i in 0..n {
+            let mut sum = 0.0f32;
+            for t in 0..kc {
+                sum = libm::fmaf(input(i + t), w(c, t), sum);
+            }
+            b.conv[i * ch + c] = ops::silu(sum);
+        }
+        // The new state: the last kc-1 of [state | inputs].
+        let mut last = [0.0f32; 64];
+        for (t, v) in last[..kc - 1].iter_mut().enumerate() {
+            *v = input(n + t);
+        }
+        st.conv[c * (kc - 1)..(c + 1) * (kc - 1)].copy_from_slice(&last[..kc - 1]);
+    }
+    // L2-normalize each q and k head.
+    let kdim = nkh * ds;
+    for i in 0..n {
+        for h in 0..2 * nkh {
+            delta_net::l2_norm(&mut b.conv[i * ch + h * ds..i * ch + (h + 1) * ds], hp.rms_eps);
+        }
+    }
+    // The delta rule, one task per group of value heads.
+    let scale = 1.0 / libm::sqrtf(ds as f32);
+    let tasks = par.n_threads().min(n_tasks).min(nvh).max(1);
+    let ssm = SharedMut::new(st.ssm);
+    let scratch = SharedMut::new(b.scratch);
+    let o = SharedMut::new(&mut b.out[..n * nvh * ds]);
+    let (conv, beta, g) = (&*b.conv, &*beta, &alpha[..n * nvh]);
+    let per_task = delta_net::chunk_scratch_len(DELTA_CHUNK, ds) + DELTA_CHUNK * ds;
+    par.run(tasks, &|t| {
+        // SAFETY: task t owns scratch slot t, the state of its heads, and their outputs.
+        let work = unsafe { scratch.slice(t * per_task, per_task) };
+        for h in split_range(nvh, tasks, t) {
+            let m = unsafe { ssm.slice(h * ds * ds, ds * ds) };
+            let kh = h % nkh;
+            if chunked {
+                let mut i0 = 0;
+                while i0 < n {
+                    let c = DELTA_CHUNK.min(n - i0);
+                    let base = &conv[i0 * ch..];
+                    let (cw, tmp) = work.split_at_mut(delta_net::chunk_scratch_len(DELTA_CHUNK, ds));
+                    delta_net::chunk(m, &base[kh * ds..], &base[kdim + kh * ds..], ch, &base[2 * kdim + h * ds..], ch, tmp, ds, &g[i0 * nvh + h..], &beta[i0 * nvh + h..], nvh, c, ds, scale, cw);
+                    for j in 0..c {
+                        // SAFETY: output (i0 + j, h) belongs to this task.
+                        unsafe { o.slice((i0 + j) * nvh * ds + h * ds, ds) }.copy_from_slice(&tmp[j * ds..(j + 1) * ds]);
+                    }
+                    i0 += c;
+                }
+                continue;
+            }
+            let delta = &mut work[..ds];
+            for i in 0..n {
+                let row = &conv[i * ch..(i + 1) * ch];
+                let q = &row[kh * ds..(kh + 1) * ds];
+                let k = &row[kdim + kh * ds..kdim + (kh + 1) * ds];
+                let v = &row[2 * kdim + h * ds..2 * kdim + (h + 1) * ds];
+                // SAFETY: output (i, h) belongs to this task.
+                let out = unsafe { o.slice(i * nvh * ds + h * ds, ds) };
+                delta_net::step(m, q, k, v, g[i * nvh + h], beta[i * nvh + h], scale, delta, out);
+            }
+        }
+    });
+    // Gated RMSNorm per head: norm(o) * w * silu(z).
+    for i in 0..n {
+        for h in 0..nvh {
+            let r = i * nvh * ds + h * ds;
+            ops::rms_norm_in_place(&mut b.out[r..r + ds], d.norm.data, hp.rms_eps);
+            for (v, &z) in b.out[r..r + ds].iter_mut().zip(&b.z[r..r + ds]) {
+                *v *= ops::silu(z);
+            }
+        }
+    }
+    act.invalidate();
+    act.project(par, &d.wout, &b.out[..n * s.d_inner], n, out);
 }
 
 /// The quantized-activation buffer and which type it currently holds, so q, k and v

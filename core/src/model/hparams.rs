@@ -7,6 +7,14 @@ use crate::gguf::{Gguf, GgufError, GgufErrorKind};
 pub enum Arch {
     /// `llama`: Llama 2/3, SmolLM, TinyLlama...
     Llama,
+    /// `qwen2`: Qwen 2 / 2.5 (Q/K/V biases, NeoX RoPE).
+    Qwen2,
+    /// `qwen3`: Qwen 3 dense (per-head Q/K RMSNorm, NeoX RoPE).
+    Qwen3,
+    /// `qwen35`: Qwen 3.5 dense hybrid (gated full attention + gated delta-net layers).
+    Qwen35,
+    /// `gemma3`: Gemma 3 text (scaled embedding, pre/post norms, GELU, sliding window).
+    Gemma3,
 }
 
 impl Arch {
@@ -14,15 +22,23 @@ impl Arch {
     pub fn name(self) -> &'static str {
         match self {
             Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+            Arch::Qwen35 => "qwen35",
+            Arch::Gemma3 => "gemma3",
         }
     }
 
     /// Every architecture keel runs, for error messages.
-    pub const KNOWN: &'static str = "llama";
+    pub const KNOWN: &'static str = "llama, qwen2, qwen3, qwen35, gemma3";
 
     fn from_name(s: &[u8]) -> Option<Arch> {
         match s {
             b"llama" => Some(Arch::Llama),
+            b"qwen2" => Some(Arch::Qwen2),
+            b"qwen3" => Some(Arch::Qwen3),
+            b"qwen35" => Some(Arch::Qwen35),
+            b"gemma3" => Some(Arch::Gemma3),
             _ => None,
         }
     }
@@ -33,9 +49,54 @@ impl Arch {
 pub enum RopeMode {
     /// Adjacent pairs `(2i, 2i+1)` (llama).
     Normal,
-    /// Halves `(i, i + n_rot/2)` (NeoX, Qwen, Gemma).
+    /// Halves `(i, i + n_rot/2)` (NeoX, Qwen, Gemma; also Qwen 3.5's interleaved M-RoPE
+    /// for text, where every section sees the same position).
     Neox,
 }
+
+/// The gated feed-forward activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FfnAct {
+    /// `silu(gate) * up` (SwiGLU).
+    Silu,
+    /// `gelu_tanh(gate) * up` (GeGLU), GELU rounded through f16 as ggml's table does.
+    GeluTanh,
+}
+
+/// Gated delta-net (linear attention) sizes of a hybrid model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ssm {
+    /// Causal conv1d kernel width.
+    pub d_conv: usize,
+    /// Value width of all heads (`n_v_heads * head_dim`).
+    pub d_inner: usize,
+    /// Head width of keys and values (the state is `d_state x d_state` per head).
+    pub d_state: usize,
+    /// Key/query heads.
+    pub n_k_heads: usize,
+    /// Value heads (each has its own state, decay and beta).
+    pub n_v_heads: usize,
+}
+
+impl Ssm {
+    /// Channels of the mixed QKV projection (`2 * k heads * d_state + d_inner`).
+    pub fn conv_channels(&self) -> usize {
+        2 * self.n_k_heads * self.d_state + self.d_inner
+    }
+
+    /// Floats of one layer's conv state (`(d_conv - 1) * channels`).
+    pub fn conv_state_len(&self) -> usize {
+        (self.d_conv - 1) * self.conv_channels()
+    }
+
+    /// Floats of one layer's recurrent state (`n_v_heads * d_state^2`).
+    pub fn state_len(&self) -> usize {
+        self.n_v_heads * self.d_state * self.d_state
+    }
+}
+
+/// Most layers a hybrid (recurrent + attention) model may have.
+pub const MAX_HYBRID_LAYERS: usize = 256;
 
 /// The numbers that size a model and its arena.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -62,19 +123,39 @@ pub struct HParams {
     pub n_ctx_train: usize,
     /// RMSNorm epsilon.
     pub rms_eps: f32,
-    /// RoPE base frequency.
+    /// RoPE base frequency (global-attention layers).
     pub rope_base: f32,
+    /// RoPE base frequency of sliding-window layers.
+    pub rope_base_swa: f32,
     /// Number of dimensions RoPE rotates in each head.
     pub n_rot: usize,
     /// RoPE pairing.
     pub rope_mode: RopeMode,
+    /// Sliding-window width (0: every layer attends to the whole context).
+    pub n_swa: usize,
+    /// Layer `l` is a sliding-window layer when `l % pattern < pattern - 1` (gemma3's rule).
+    pub swa_pattern: usize,
+    /// Factor applied to the token embedding (`sqrt(n_embd)` for Gemma, else 1).
+    pub embd_scale: f32,
+    /// Attention scale (`1/sqrt(head_dim)` unless the architecture says otherwise).
+    pub attn_scale: f32,
+    /// The scale multiplies q before attention (Gemma) instead of each score.
+    pub q_prescale: bool,
+    /// Feed-forward activation.
+    pub ffn_act: FfnAct,
+    /// The q projection carries a per-head output gate (`[q | gate]` per head; Qwen 3.5).
+    pub attn_gated: bool,
+    /// Gated delta-net sizes (hybrid models).
+    pub ssm: Option<Ssm>,
+    /// Bit `l` set: layer `l` is a gated delta-net layer (hybrid models).
+    pub recurrent: [u64; MAX_HYBRID_LAYERS / 64],
 }
 
 impl HParams {
     /// Reads the hyper-parameters of a model file, checking them for sanity.
     pub fn from_gguf(g: &Gguf<'_>) -> Result<HParams, GgufError> {
         let arch_s = g.str_opt("general.architecture")?.ok_or_else(|| GgufError::at(GgufErrorKind::MissingKey, 0).named_str("general.architecture"))?;
-        let arch = Arch::from_name(arch_s).ok_or_else(|| GgufError::at(GgufErrorKind::BadValue("architecture not supported (keel runs: llama)"), g.key_offset("general.architecture")).named(arch_s))?;
+        let arch = Arch::from_name(arch_s).ok_or_else(|| GgufError::at(GgufErrorKind::BadValue("architecture not supported (keel runs: llama, qwen2, qwen3, qwen35, gemma3)"), g.key_offset("general.architecture")).named(arch_s))?;
         let mut keys = ArchKeys::new(arch);
         let n_embd = g.u32(keys.key("embedding_length"))? as usize;
         let n_layer = g.u32(keys.key("block_count"))? as usize;
@@ -82,7 +163,8 @@ impl HParams {
         let n_head_kv = g.u32_opt(keys.key("attention.head_count_kv"))?.map(|v| v as usize).unwrap_or(n_head);
         let n_ff = g.u32(keys.key("feed_forward_length"))? as usize;
         let n_ctx_train = g.u32_opt(keys.key("context_length"))?.unwrap_or(2048) as usize;
-        let rms_eps = g.f32_opt(keys.key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5);
+        let default_eps = if arch == Arch::Llama { 1e-5 } else { 1e-6 };
+        let rms_eps = g.f32_opt(keys.key("attention.layer_norm_rms_epsilon"))?.unwrap_or(default_eps);
         let rope_base = g.f32_opt(keys.key("rope.freq_base"))?.unwrap_or(10000.0);
         if n_head == 0 || n_embd == 0 || n_layer == 0 {
             return Err(GgufError::at(GgufErrorKind::BadValue("embedding_length, block_count and head_count must be > 0"), 0).named(arch_s));
@@ -94,8 +176,92 @@ impl HParams {
             Some(a) => a.len(),
             None => g.u32(keys.key("vocab_size"))? as usize,
         };
-        let hp = HParams { arch, n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, head_dim_v, n_ff, n_ctx_train, rms_eps, rope_base, n_rot, rope_mode: RopeMode::Normal };
-        hp.check()?;
+        let rope_mode = if arch == Arch::Llama { RopeMode::Normal } else { RopeMode::Neox };
+        let mut hp = HParams {
+            arch,
+            n_vocab,
+            n_embd,
+            n_layer,
+            n_head,
+            n_head_kv,
+            head_dim,
+            head_dim_v,
+            n_ff,
+            n_ctx_train,
+            rms_eps,
+            rope_base,
+            rope_base_swa: rope_base,
+            n_rot,
+            rope_mode,
+            n_swa: 0,
+            swa_pattern: 0,
+            embd_scale: 1.0,
+            attn_scale: 1.0 / libm::sqrtf(head_dim as f32),
+            q_prescale: false,
+            ffn_act: FfnAct::Silu,
+            attn_gated: false,
+            ssm: None,
+            recurrent: [0; MAX_HYBRID_LAYERS / 64],
+        };
+        match arch {
+            Arch::Gemma3 => {
+                hp.embd_scale = libm::sqrtf(n_embd as f32);
+                hp.q_prescale = true;
+                hp.ffn_act = FfnAct::GeluTanh;
+                // Gemma 3 27B (62 layers) scales by the model width per head, the others by the head size.
+                if n_layer == 62 {
+                    hp.attn_scale = 1.0 / libm::sqrtf((n_embd / n_head) as f32);
+                }
+                let n_swa = g.u32_opt(keys.key("attention.sliding_window"))?.unwrap_or(0) as usize;
+                if n_swa > 0 {
+                    hp.n_swa = n_swa;
+                    hp.swa_pattern = g.u32_opt(keys.key("attention.sliding_window_pattern"))?.unwrap_or(6) as usize;
+                    hp.rope_base_swa = g.f32_opt(keys.key("rope.freq_base_swa"))?.unwrap_or(10000.0);
+                }
+            }
+            Arch::Qwen35 => {
+                hp.attn_gated = true;
+                let need = |keys: &mut ArchKeys, k: &str| -> Result<usize, GgufError> { Ok(g.u32(keys.key(k))? as usize) };
+                let ssm = Ssm {
+                    d_conv: need(&mut keys, "ssm.conv_kernel")?,
+                    d_inner: need(&mut keys, "ssm.inner_size")?,
+                    d_state: need(&mut keys, "ssm.state_size")?,
+                    n_k_heads: need(&mut keys, "ssm.group_count")?,
+                    n_v_heads: need(&mut keys, "ssm.time_step_rank")?,
+                };
+                hp.ssm = Some(ssm);
+                if n_layer > MAX_HYBRID_LAYERS {
+                    return Err(GgufError::at(GgufErrorKind::BadValue("hybrid models may have at most 256 layers"), g.key_offset(keys.key("block_count"))).named(arch_s));
+                }
+                let key = keys.key("attention.recurrent_layers");
+                match g.array_opt(key)? {
+                    Some(a) => {
+                        if a.len() < n_layer {
+                            return Err(GgufError::at(GgufErrorKind::BadValue("recurrent_layers has fewer entries than block_count"), g.key_offset(key)).named_str(key));
+                        }
+                        for l in 0..n_layer {
+                            let on = match a.get(l) {
+                                Some(crate::gguf::Value::Bool(b)) => b,
+                                _ => a.int(l).map(|v| v != 0).ok_or_else(|| GgufError::at(GgufErrorKind::BadValue("recurrent_layers must hold bools"), g.key_offset(key)).named_str(key))?,
+                            };
+                            if on {
+                                hp.recurrent[l / 64] |= 1 << (l % 64);
+                            }
+                        }
+                    }
+                    None => {
+                        let interval = g.u32_opt(keys.key("full_attention_interval"))?.unwrap_or(4) as usize;
+                        for l in 0..n_layer {
+                            if interval == 0 || (l + 1) % interval != 0 {
+                                hp.recurrent[l / 64] |= 1 << (l % 64);
+                            }
+                        }
+                    }
+                }
+            }
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => {}
+        }
+        hp.check().map_err(|e| e.named(arch_s))?;
         Ok(hp)
     }
 
@@ -114,8 +280,22 @@ impl HParams {
         if self.head_dim == 0 || self.n_vocab == 0 || self.n_ff == 0 {
             return bad("head size, vocabulary and feed_forward_length must be > 0");
         }
-        if !(self.rms_eps > 0.0 && self.rms_eps < 1.0) || !(self.rope_base > 1.0 && self.rope_base.is_finite()) {
-            return bad("rms epsilon must be in (0, 1) and rope.freq_base > 1");
+        if !(self.rms_eps > 0.0 && self.rms_eps < 1.0) || !(self.rope_base > 1.0 && self.rope_base.is_finite()) || !(self.rope_base_swa > 1.0 && self.rope_base_swa.is_finite()) {
+            return bad("rms epsilon must be in (0, 1) and rope.freq_base (and freq_base_swa) > 1");
+        }
+        if self.n_swa > 0 && self.swa_pattern == 0 {
+            return bad("attention.sliding_window_pattern must be > 0");
+        }
+        if let Some(s) = self.ssm {
+            if s.d_conv < 1 || s.d_conv > 64 || s.d_state == 0 || s.d_state > 1024 || s.n_k_heads == 0 || s.n_v_heads == 0 || s.n_v_heads % s.n_k_heads != 0 {
+                return bad("ssm: conv_kernel must be 1..=64, state_size 1..=1024, time_step_rank a multiple of group_count");
+            }
+            if s.d_inner != s.n_v_heads * s.d_state {
+                return bad("ssm.inner_size must equal time_step_rank * state_size");
+            }
+            if self.head_dim != self.head_dim_v {
+                return bad("key_length and value_length must be equal in a qwen35 model");
+            }
         }
         Ok(())
     }
@@ -133,6 +313,43 @@ impl HParams {
     /// Value width (`n_head_kv * head_dim_v`).
     pub fn v_dim(&self) -> usize {
         self.n_head_kv * self.head_dim_v
+    }
+
+    /// Whether layer `l` is a gated delta-net (recurrent) layer.
+    pub fn is_recurrent(&self, l: usize) -> bool {
+        self.ssm.is_some() && l < MAX_HYBRID_LAYERS && self.recurrent[l / 64] & (1 << (l % 64)) != 0
+    }
+
+    /// Whether layer `l` attends through a sliding window.
+    pub fn is_swa(&self, l: usize) -> bool {
+        self.n_swa > 0 && l % self.swa_pattern < self.swa_pattern - 1
+    }
+
+    /// RoPE base of layer `l`.
+    pub fn rope_base_of(&self, l: usize) -> f32 {
+        if self.is_swa(l) {
+            self.rope_base_swa
+        } else {
+            self.rope_base
+        }
+    }
+
+    /// Number of recurrent layers.
+    pub fn n_recurrent(&self) -> usize {
+        (0..self.n_layer).filter(|&l| self.is_recurrent(l)).count()
+    }
+
+    /// KV-cache rows layer `l` keeps for a context of `n_ctx` evaluated `n_batch` tokens
+    /// at a time: 0 for recurrent layers; for sliding-window layers a ring of
+    /// `n_swa + n_batch - 1` rows (every key a batch can see); else `n_ctx`.
+    pub fn kv_rows(&self, l: usize, n_ctx: usize, n_batch: usize) -> usize {
+        if self.is_recurrent(l) {
+            0
+        } else if self.is_swa(l) {
+            n_ctx.min(self.n_swa + n_batch - 1)
+        } else {
+            n_ctx
+        }
     }
 }
 

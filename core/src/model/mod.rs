@@ -6,8 +6,8 @@
 pub mod hparams;
 pub mod weights;
 
-pub use hparams::{Arch, HParams, RopeMode};
-pub use weights::{Layer, Tensor};
+pub use hparams::{Arch, FfnAct, HParams, RopeMode, Ssm};
+pub use weights::{Attention, DeltaNet, Layer, Mixer, Tensor, Use};
 
 use crate::error::Error;
 use crate::ggml_type::GgmlType;
@@ -77,11 +77,14 @@ impl<'a> Model<'a> {
         }
         let mut name = heapless::String::<96>::new();
         for (l, layer) in self.layers.iter().enumerate() {
-            for (suffix, t, is_norm) in layer.named() {
+            for (suffix, t, u) in layer.named() {
                 use core::fmt::Write;
                 name.clear();
                 let _ = write!(name, "blk.{l}.{suffix}");
-                let ok = if is_norm { t.ty == GgmlType::F32 } else { Kernels::vec_dot_type(t.ty).is_some() };
+                let ok = match u {
+                    Use::F32 => t.ty == GgmlType::F32,
+                    Use::Matrix => Kernels::vec_dot_type(t.ty).is_some(),
+                };
                 if !ok {
                     return Err(unsupported(&name, t.ty));
                 }
@@ -97,28 +100,11 @@ impl<'a> Model<'a> {
             n += self.output.data.len();
         }
         for layer in self.layers {
-            for (_, t, _) in layer.named() {
+            for (_, t, _) in layer.named().iter() {
                 n += t.data.len();
             }
         }
         n
-    }
-}
-
-impl<'a> Layer<'a> {
-    /// Each tensor of the block with its name suffix and whether it is a norm weight.
-    pub fn named(&self) -> [(&'static str, Tensor<'a>, bool); 9] {
-        [
-            ("attn_norm.weight", self.attn_norm, true),
-            ("attn_q.weight", self.wq, false),
-            ("attn_k.weight", self.wk, false),
-            ("attn_v.weight", self.wv, false),
-            ("attn_output.weight", self.wo, false),
-            ("ffn_norm.weight", self.ffn_norm, true),
-            ("ffn_gate.weight", self.ffn_gate, false),
-            ("ffn_up.weight", self.ffn_up, false),
-            ("ffn_down.weight", self.ffn_down, false),
-        ]
     }
 }
 

@@ -3,7 +3,7 @@
 //! Owns: finding each tensor by its llama.cpp name, checking its shape and type, and the
 //! per-layer table. Weights stay where they are (the mapped file); nothing is copied.
 
-use super::hparams::HParams;
+use super::hparams::{Arch, HParams};
 use crate::ggml_type::GgmlType;
 use crate::gguf::{Gguf, GgufError, GgufErrorKind};
 
@@ -33,12 +33,11 @@ impl<'m> Tensor<'m> {
     }
 }
 
-/// The tensors of one transformer block (shapes in comments: `(cols, rows)`).
+/// The attention mixer of a block (shapes in comments: `(cols, rows)`).
 #[derive(Clone, Copy, Debug)]
-pub struct Layer<'m> {
-    /// `(n_embd)` RMSNorm weight before attention.
-    pub attn_norm: Tensor<'m>,
-    /// `(n_embd, n_head*head_dim)`.
+pub struct Attention<'m> {
+    /// `(n_embd, n_head*head_dim)`, or `(n_embd, 2*n_head*head_dim)` with a per-head
+    /// `[q | gate]` layout when the attention is gated.
     pub wq: Tensor<'m>,
     /// `(n_embd, n_head_kv*head_dim)`.
     pub wk: Tensor<'m>,
@@ -46,14 +45,128 @@ pub struct Layer<'m> {
     pub wv: Tensor<'m>,
     /// `(n_head*head_dim_v, n_embd)`.
     pub wo: Tensor<'m>,
-    /// `(n_embd)` RMSNorm weight before the feed-forward.
+    /// Optional biases of q, k, v (Qwen 2).
+    pub bq: Option<Tensor<'m>>,
+    /// See `bq`.
+    pub bk: Option<Tensor<'m>>,
+    /// See `bq`.
+    pub bv: Option<Tensor<'m>>,
+    /// Optional per-head RMSNorm weights `(head_dim)` of q and k, applied before RoPE.
+    pub q_norm: Option<Tensor<'m>>,
+    /// See `q_norm`.
+    pub k_norm: Option<Tensor<'m>>,
+}
+
+/// The gated delta-net mixer of a hybrid block.
+#[derive(Clone, Copy, Debug)]
+pub struct DeltaNet<'m> {
+    /// `(n_embd, conv_channels)`: the mixed `[q | k | v]` projection.
+    pub wqkv: Tensor<'m>,
+    /// `(n_embd, d_inner)`: the output gate `z`.
+    pub wgate: Tensor<'m>,
+    /// `(d_conv, conv_channels)` f32: depthwise causal conv kernel.
+    pub conv1d: Tensor<'m>,
+    /// `(n_v_heads)` f32: bias added to alpha before softplus.
+    pub dt_bias: Tensor<'m>,
+    /// `(n_v_heads)` f32: `-exp(A_log)`, the decay rate.
+    pub a: Tensor<'m>,
+    /// `(n_embd, n_v_heads)`: beta projection.
+    pub wbeta: Tensor<'m>,
+    /// `(n_embd, n_v_heads)`: alpha (decay) projection.
+    pub walpha: Tensor<'m>,
+    /// `(d_state)` f32: RMSNorm weight of the gated output norm.
+    pub norm: Tensor<'m>,
+    /// `(d_inner, n_embd)`: output projection.
+    pub wout: Tensor<'m>,
+}
+
+/// What mixes information across positions in a block.
+#[derive(Clone, Copy, Debug)]
+pub enum Mixer<'m> {
+    /// Softmax attention over the KV cache.
+    Attention(Attention<'m>),
+    /// Gated delta-net linear attention with a recurrent state.
+    DeltaNet(DeltaNet<'m>),
+}
+
+/// The tensors of one transformer block (shapes in comments: `(cols, rows)`).
+#[derive(Clone, Copy, Debug)]
+pub struct Layer<'m> {
+    /// `(n_embd)` RMSNorm weight before the mixer.
+    pub attn_norm: Tensor<'m>,
+    /// The mixer.
+    pub mixer: Mixer<'m>,
+    /// Optional `(n_embd)` RMSNorm of the mixer output before the residual add (Gemma).
+    pub attn_post_norm: Option<Tensor<'m>>,
+    /// `(n_embd)` RMSNorm weight before the feed-forward (`post_attention_norm` in Qwen 3.5 files).
     pub ffn_norm: Tensor<'m>,
+    /// The file's name suffix of `ffn_norm`.
+    pub ffn_norm_name: &'static str,
     /// `(n_embd, n_ff)`.
     pub ffn_gate: Tensor<'m>,
     /// `(n_embd, n_ff)`.
     pub ffn_up: Tensor<'m>,
     /// `(n_ff, n_embd)`.
     pub ffn_down: Tensor<'m>,
+    /// Optional `(n_embd)` RMSNorm of the feed-forward output before the residual add (Gemma).
+    pub ffn_post_norm: Option<Tensor<'m>>,
+}
+
+/// Most tensors one block has.
+pub const MAX_LAYER_TENSORS: usize = 17;
+
+/// How a weight is used, for type checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Use {
+    /// Multiplied with quantized activations (any type with a dot kernel).
+    Matrix,
+    /// Read as f32 (norm weights, biases, conv kernels, per-head constants).
+    F32,
+}
+
+impl<'m> Layer<'m> {
+    /// Each tensor of the block with its name suffix and use.
+    pub fn named(&self) -> heapless::Vec<(&'static str, Tensor<'m>, Use), MAX_LAYER_TENSORS> {
+        let mut v = heapless::Vec::new();
+        let mut push = |n: &'static str, t: Option<Tensor<'m>>, u: Use| {
+            if let Some(t) = t {
+                let _ = v.push((n, t, u));
+            }
+        };
+        let (m, f) = (Use::Matrix, Use::F32);
+        push("attn_norm.weight", Some(self.attn_norm), f);
+        match &self.mixer {
+            Mixer::Attention(a) => {
+                push("attn_q.weight", Some(a.wq), m);
+                push("attn_k.weight", Some(a.wk), m);
+                push("attn_v.weight", Some(a.wv), m);
+                push("attn_output.weight", Some(a.wo), m);
+                push("attn_q.bias", a.bq, f);
+                push("attn_k.bias", a.bk, f);
+                push("attn_v.bias", a.bv, f);
+                push("attn_q_norm.weight", a.q_norm, f);
+                push("attn_k_norm.weight", a.k_norm, f);
+            }
+            Mixer::DeltaNet(d) => {
+                push("attn_qkv.weight", Some(d.wqkv), m);
+                push("attn_gate.weight", Some(d.wgate), m);
+                push("ssm_conv1d.weight", Some(d.conv1d), f);
+                push("ssm_dt.bias", Some(d.dt_bias), f);
+                push("ssm_a", Some(d.a), f);
+                push("ssm_beta.weight", Some(d.wbeta), m);
+                push("ssm_alpha.weight", Some(d.walpha), m);
+                push("ssm_norm.weight", Some(d.norm), f);
+                push("ssm_out.weight", Some(d.wout), m);
+            }
+        }
+        push("post_attention_norm.weight", self.attn_post_norm, f);
+        push(self.ffn_norm_name, Some(self.ffn_norm), f);
+        push("ffn_gate.weight", Some(self.ffn_gate), m);
+        push("ffn_up.weight", Some(self.ffn_up), m);
+        push("ffn_down.weight", Some(self.ffn_down), m);
+        push("post_ffw_norm.weight", self.ffn_post_norm, f);
+        v
+    }
 }
 
 /// Looks tensors up by name, checking shape; builds names without allocating.
@@ -99,16 +212,53 @@ impl<'g, 'm> Finder<'g, 'm> {
 
 /// Reads the tensors of block `l`.
 pub fn load_layer<'m>(f: &mut Finder<'_, 'm>, hp: &HParams, l: usize) -> Result<Layer<'m>, GgufError> {
-    let (e, l) = (hp.n_embd, Some(l));
+    let e = hp.n_embd;
+    let li = Some(l);
+    let attn_norm = f.req(li, "attn_norm.weight", e, 1)?;
+    let mixer = if let (true, Some(s)) = (hp.is_recurrent(l), hp.ssm) {
+        let ch = s.conv_channels();
+        Mixer::DeltaNet(DeltaNet {
+            wqkv: f.req(li, "attn_qkv.weight", e, ch)?,
+            wgate: f.req(li, "attn_gate.weight", e, s.d_inner)?,
+            conv1d: f.req(li, "ssm_conv1d.weight", s.d_conv, ch)?,
+            dt_bias: f.req(li, "ssm_dt.bias", s.n_v_heads, 1)?,
+            a: f.req(li, "ssm_a", s.n_v_heads, 1)?,
+            wbeta: f.req(li, "ssm_beta.weight", e, s.n_v_heads)?,
+            walpha: f.req(li, "ssm_alpha.weight", e, s.n_v_heads)?,
+            norm: f.req(li, "ssm_norm.weight", s.d_state, 1)?,
+            wout: f.req(li, "ssm_out.weight", s.d_inner, e)?,
+        })
+    } else {
+        let q_rows = if hp.attn_gated { 2 * hp.q_dim() } else { hp.q_dim() };
+        let needs_qk_norm = matches!(hp.arch, Arch::Qwen3 | Arch::Qwen35 | Arch::Gemma3);
+        let qk_norm = |f: &mut Finder<'_, 'm>, name| if needs_qk_norm { f.req(li, name, hp.head_dim, 1).map(Some) } else { Ok(None) };
+        let bias = |f: &mut Finder<'_, 'm>, name, n| if hp.arch == Arch::Qwen2 { f.req(li, name, n, 1).map(Some) } else { f.opt(li, name, n, 1) };
+        Mixer::Attention(Attention {
+            wq: f.req(li, "attn_q.weight", e, q_rows)?,
+            wk: f.req(li, "attn_k.weight", e, hp.k_dim())?,
+            wv: f.req(li, "attn_v.weight", e, hp.v_dim())?,
+            wo: f.req(li, "attn_output.weight", hp.n_head * hp.head_dim_v, e)?,
+            bq: bias(f, "attn_q.bias", hp.q_dim())?,
+            bk: bias(f, "attn_k.bias", hp.k_dim())?,
+            bv: bias(f, "attn_v.bias", hp.v_dim())?,
+            q_norm: qk_norm(f, "attn_q_norm.weight")?,
+            k_norm: qk_norm(f, "attn_k_norm.weight")?,
+        })
+    };
+    let gemma = hp.arch == Arch::Gemma3;
+    let post = |f: &mut Finder<'_, 'm>, name| if gemma { f.req(li, name, e, 1).map(Some) } else { Ok(None) };
+    let attn_post_norm = post(f, "post_attention_norm.weight")?;
+    let ffn_norm_name = if hp.arch == Arch::Qwen35 { "post_attention_norm.weight" } else { "ffn_norm.weight" };
+    let ffn_norm = f.req(li, ffn_norm_name, e, 1)?;
     Ok(Layer {
-        attn_norm: f.req(l, "attn_norm.weight", e, 1)?,
-        wq: f.req(l, "attn_q.weight", e, hp.q_dim())?,
-        wk: f.req(l, "attn_k.weight", e, hp.k_dim())?,
-        wv: f.req(l, "attn_v.weight", e, hp.v_dim())?,
-        wo: f.req(l, "attn_output.weight", hp.n_head * hp.head_dim_v, e)?,
-        ffn_norm: f.req(l, "ffn_norm.weight", e, 1)?,
-        ffn_gate: f.req(l, "ffn_gate.weight", e, hp.n_ff)?,
-        ffn_up: f.req(l, "ffn_up.weight", e, hp.n_ff)?,
-        ffn_down: f.req(l, "ffn_down.weight", hp.n_ff, e)?,
+        attn_norm,
+        mixer,
+        attn_post_norm,
+        ffn_norm,
+        ffn_norm_name,
+        ffn_gate: f.req(li, "ffn_gate.weight", e, hp.n_ff)?,
+        ffn_up: f.req(li, "ffn_up.weight", e, hp.n_ff)?,
+        ffn_down: f.req(li, "ffn_down.weight", hp.n_ff, e)?,
+        ffn_post_norm: post(f, "post_ffw_norm.weight")?,
     })
 }

@@ -4,6 +4,9 @@
 use super::args::Args;
 use super::load::RunOptions;
 use anyhow::{bail, Context, Result};
+use keel_core::chat::ChatFormat;
+use keel_core::gguf::Gguf;
+use keel_core::sampler::SamplerConfig;
 use keel_core::tokenizer::{Tokenizer, TokenizerError};
 
 /// Reads the prompt from `-p TEXT` or `-f FILE` (one of them required).
@@ -28,6 +31,37 @@ pub fn run_options(a: &mut Args, n_outputs: usize) -> Result<RunOptions> {
         bail!("-c, -b and -t must be at least 1");
     }
     Ok(RunOptions { n_ctx, n_batch, n_outputs: n_outputs.max(1), threads, reference })
+}
+
+/// The sampling flags (`--temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n -s`).
+pub fn sampling(a: &mut Args) -> Result<SamplerConfig> {
+    let d = SamplerConfig::default();
+    Ok(SamplerConfig {
+        temp: a.value_or(&["--temp"], "a temperature", d.temp)?,
+        top_k: a.value_or(&["--top-k"], "a count (0 = off)", d.top_k)?,
+        top_p: a.value_or(&["--top-p"], "a probability", d.top_p)?,
+        min_p: a.value_or(&["--min-p"], "a probability", d.min_p)?,
+        repeat_penalty: a.value_or(&["--repeat-penalty"], "a factor (1 = off)", d.repeat_penalty)?,
+        repeat_last_n: a.value_or(&["--repeat-last-n"], "a count", d.repeat_last_n)?,
+        seed: match a.value::<u64>(&["-s", "--seed"], "an integer seed")? {
+            Some(s) => s,
+            None => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0),
+        },
+    })
+}
+
+/// The chat format of a model, or an error naming the file and the known families.
+pub fn chat_format<'a>(g: &Gguf<'a>, path: &std::path::Path) -> Result<ChatFormat<'a>> {
+    ChatFormat::for_model(g).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+/// One user turn in the model's chat format, ready for the reply (for `run --chat`).
+pub fn chat_prompt(g: &Gguf<'_>, path: &std::path::Path, system: Option<&str>, user: &str) -> Result<String> {
+    let f = chat_format(g, path)?;
+    let mut s = String::new();
+    f.first_user(&mut s, system, user)?;
+    f.assistant_start(&mut s)?;
+    Ok(s)
 }
 
 /// Tokenizes `text`; if it does not fit in `max` tokens, says both lengths.

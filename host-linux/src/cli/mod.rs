@@ -2,6 +2,7 @@
 
 pub mod args;
 pub mod bench;
+pub mod chat;
 pub mod common;
 pub mod eval;
 pub mod info;
@@ -24,11 +25,13 @@ usage: keel <command> [options]
 commands:
   run         generate text:  keel run -m MODEL -p PROMPT [-f FILE] [-n N] [-c N_CTX] [-t THREADS]
               [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty F] [--seed S]
-              [--reference] [--json]
+              [--chat [--system TEXT]] [--reference] [--json]
+  chat        keel chat -m MODEL [--system TEXT] [-n N] [-c N_CTX] [sampling flags as run]
+              (interactive; the conversation stays in the fixed context; /reset, /quit)
   tokenize    keel tokenize -m MODEL [--add-special] [--parse-special] [-f FILE | TEXT] [--json]
   eval        keel eval -m MODEL (-p PROMPT | -f FILE | --tokens-file FILE) [--top-k 10]
               [--dump-last FILE] [--reference] --json
-  perplexity  keel perplexity -m MODEL -f TEXT [-c 512] [-t T] [--json]
+  perplexity  keel perplexity -m MODEL -f TEXT [-c 512] [-t T] [--batch-invariant] [--json]
   info        keel info MODEL [--json]
   plan        keel plan -m MODEL [-c N_CTX] [-b N_BATCH] [-t T] [--json]
   bench       keel bench -m MODEL [-p 512] [-n 128] [-r 3] [-t T] [--json]
@@ -49,6 +52,7 @@ pub fn main(argv: Vec<String>) -> Result<()> {
     let a = Args::new(it);
     match cmd.as_str() {
         "run" => run::main(a),
+        "chat" => chat::main(a),
         "tokenize" => tokenize::main(a),
         "eval" => eval::main(a),
         "perplexity" => perplexity::main(a),

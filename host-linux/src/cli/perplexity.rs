@@ -2,7 +2,10 @@
 //! the model adds one), cut into consecutive chunks of `n_ctx` tokens (a tail that does not
 //! fill a chunk is dropped); a chunk's first token becomes BOS when the model adds BOS;
 //! only the second half of each chunk is scored: for j in n_ctx/2 .. n_ctx-1, the
-//! negative log-likelihood of token j+1 under the logits at j.
+//! negative log-likelihood of token j+1 under the logits at j. Each chunk is one batch
+//! evaluated with llama.cpp's tiled attention arithmetic (as llama.cpp does for batches of
+//! 64+ tokens), so the figure is llama.cpp's; `--batch-invariant` uses keel's one-query
+//! arithmetic instead.
 
 use super::args::Args;
 use super::common::{run_options, tokenize_all};
@@ -18,6 +21,9 @@ pub fn main(mut a: Args) -> Result<()> {
     let file: String = a.value(&["-f", "--file"], "a text file")?.ok_or_else(|| anyhow::anyhow!("perplexity needs -f FILE"))?;
     let as_json = a.flag(&["--json"]);
     let c = a.value_or(&["-c", "--ctx-size"], "a chunk length in tokens", 512usize)?;
+    // llama.cpp evaluates each chunk as one batch with its tiled attention arithmetic;
+    // keel does the same unless asked for its batch-invariant one-query arithmetic.
+    let invariant = a.flag(&["--batch-invariant"]);
     let mut opts = run_options(&mut a, 1)?;
     a.finish()?;
     if c < 4 {
@@ -30,6 +36,7 @@ pub fn main(mut a: Args) -> Result<()> {
     let g = opened.gguf()?;
     let mut loaded = prepare(&g, &opened.path, &opts)?;
     let (mut e, pool) = engine(&g, &opened.path, &mut loaded, opts.reference, SamplerConfig::default())?;
+    e.session.set_llama_cpp_batches(!invariant);
     let tokens = tokenize_all(&e.tokenizer, &text, true, false)?;
     let n_chunks = tokens.len() / c;
     if n_chunks == 0 {

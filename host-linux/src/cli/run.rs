@@ -1,11 +1,10 @@
 //! `keel run`: generate text from a prompt, streaming it, then report speed and memory.
 
 use super::args::Args;
-use super::common::{mib, prompt, run_options, tokenize};
+use super::common::{chat_prompt, mib, prompt, run_options, sampling, tokenize};
 use super::load::{engine, open, prepare};
 use crate::json;
 use anyhow::Result;
-use keel_core::sampler::SamplerConfig;
 use keel_core::session::Outputs;
 use keel_core::tokenizer::Utf8Stream;
 use std::io::Write;
@@ -33,19 +32,9 @@ pub fn main(mut a: Args) -> Result<()> {
     let text = prompt(&mut a)?;
     let n_predict = a.value_or(&["-n", "--n-predict"], "a token count", 128usize)?;
     let opts = run_options(&mut a, 1)?;
-    let d = SamplerConfig::default();
-    let sampling = SamplerConfig {
-        temp: a.value_or(&["--temp"], "a temperature", d.temp)?,
-        top_k: a.value_or(&["--top-k"], "a count (0 = off)", d.top_k)?,
-        top_p: a.value_or(&["--top-p"], "a probability", d.top_p)?,
-        min_p: a.value_or(&["--min-p"], "a probability", d.min_p)?,
-        repeat_penalty: a.value_or(&["--repeat-penalty"], "a factor (1 = off)", d.repeat_penalty)?,
-        repeat_last_n: a.value_or(&["--repeat-last-n"], "a count", d.repeat_last_n)?,
-        seed: match a.value::<u64>(&["-s", "--seed"], "an integer seed")? {
-            Some(s) => s,
-            None => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0),
-        },
-    };
+    let sampling = sampling(&mut a)?;
+    let chat = a.flag(&["--chat"]);
+    let system: Option<String> = a.value(&["--system"], "a system message")?;
     let as_json = a.flag(&["--json"]);
     a.finish()?;
 
@@ -54,6 +43,10 @@ pub fn main(mut a: Args) -> Result<()> {
     let mut loaded = prepare(&g, &opened.path, &opts)?;
     let arena_bytes = loaded.arena.len();
     let (mut e, pool) = engine(&g, &opened.path, &mut loaded, opts.reference, sampling)?;
+    if system.is_some() && !chat {
+        anyhow::bail!("--system needs --chat");
+    }
+    let text = if chat { chat_prompt(&g, &opened.path, system.as_deref(), &text)? } else { text };
     let prompt_tokens = tokenize(&e.tokenizer, &text, true, true, opts.n_ctx)?;
     if prompt_tokens.is_empty() {
         anyhow::bail!("the prompt is empty after tokenization");
