@@ -3,18 +3,30 @@
 //! runs the ELF, and checks the response against its own scalar reference.
 //!
 //! Request: `b"KDSP"`, command word, then
-//! - `CMD_MATMUL`: dtype code (`DType::code`: Q4_0 2, Q8_0 3), rows, k, n_cols,
+//! - `CMD_MATMUL`: dtype code (`DType::code`: Q4_0 2, Q8_0 3, IQ4_NL 4), rows, k, n_cols,
 //!   scratch bytes; ggml weight rows (padded to 4 bytes); `n_cols × k` f32 activations.
 //! - `CMD_SELFTEST`: seed, scratch bytes.
+//! - `CMD_BATCH`: scratch bytes, then a postcard `BatchMsg` (length word, bytes
+//!   padded to 4), then the buffers: count, and per buffer its id, length and
+//!   bytes (padded to 4). The harness places each buffer 128-byte aligned in its
+//!   work memory and runs the batch with the device's own executor
+//!   (`exec::run_batch`, caps as the device reports them after its self-test).
 //!
 //! Response: status word (0 ok, else 1 + error code), then
 //! - `CMD_MATMUL`: the DSP-quantized activation blocks in ggml form
 //!   (`n_cols × k/32 × 34` bytes, padded to 4), the int32 block sums
 //!   (`[col][block][row]`), the f32 outputs (`[col][row]`).
 //! - `CMD_SELFTEST`: the digest word.
+//! - `CMD_BATCH`: the batch status (0 done, else 1 + failing op index), the
+//!   error code (`error_code`, 0 when done), then every buffer's bytes after
+//!   the batch, in request order (each padded to 4).
 
 use keel_npu_hal::op::DType;
-use keel_npu_hal::{tile, ErrorKind};
+use keel_npu_hal::wire::{self, BatchMsg, MAX_BUFFERS};
+use keel_npu_hal::{tile, BatchStatus, BufferId, ErrorKind, UnitState};
+
+use crate::exec::{run_batch, Buffers};
+use crate::msgloop::{caps, Measured};
 
 use crate::matvec::{matvec, TiledWeights};
 use crate::quantize::{quantize_block, ActBlock};
@@ -26,6 +38,8 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"KDSP");
 pub const CMD_MATMUL: u32 = 1;
 /// The open-time self-test.
 pub const CMD_SELFTEST: u32 = 2;
+/// An op batch over buffers in harness memory.
+pub const CMD_BATCH: u32 = 3;
 
 /// Memory the platform lends to one request.
 pub struct Regions<'a> {
@@ -127,14 +141,66 @@ fn dispatch(input: &[u8], work: &mut [u8], scratch: &mut [u8], w: &mut Writer<'_
             let mut s = Scratch::new(scratch.get_mut(..n).ok_or(ErrorKind::OutOfMemory)?);
             w.put(&crate::selftest::run(seed, &mut s)?.to_le_bytes())
         }
+        CMD_BATCH => batch(&mut rd, work, scratch, w),
         _ => Err(ErrorKind::Unsupported),
     }
+}
+
+/// Buffers placed in the harness's work memory.
+struct Placed {
+    bufs: [(BufferId, usize, u32); MAX_BUFFERS],
+    n: usize,
+}
+
+impl Buffers for Placed {
+    fn get(&self, id: BufferId) -> Option<(usize, u32)> {
+        self.bufs[..self.n].iter().find(|b| b.0 == id).map(|b| (b.1, b.2))
+    }
+}
+
+fn batch(rd: &mut Reader<'_>, work: &mut [u8], scratch: &mut [u8], w: &mut Writer<'_>) -> Result<(), ErrorKind> {
+    let scratch_bytes = rd.u32()? as usize;
+    let len = rd.u32()? as usize;
+    let msg: BatchMsg = wire::decode(&rd.bytes(len.next_multiple_of(4))?[..len])?;
+    let n = rd.u32()? as usize;
+    if n > MAX_BUFFERS {
+        return Err(ErrorKind::Unsupported);
+    }
+    let mut placed = Placed { bufs: [(BufferId(0), 0, 0); MAX_BUFFERS], n };
+    let mut at = 0;
+    for slot in placed.bufs[..n].iter_mut() {
+        let (id, len) = (BufferId(rd.u32()?), rd.u32()? as usize);
+        let dst = work.get_mut(at..at + len).ok_or(ErrorKind::OutOfMemory)?;
+        dst.copy_from_slice(&rd.bytes(len.next_multiple_of(4))?[..len]);
+        *slot = (id, dst.as_mut_ptr() as usize, len as u32);
+        at = (at + len).next_multiple_of(crate::scratch::ALIGN);
+    }
+    let scratch = scratch.get_mut(..scratch_bytes).ok_or(ErrorKind::OutOfMemory)?;
+    let hvx = match crate::selftest::run(1, &mut Scratch::new(scratch)) {
+        Ok(d) if keel_npu_hal::selftest::check(1, d).is_ok() => UnitState::Verified,
+        _ => UnitState::Failed,
+    };
+    let m = Measured { scratch_bytes, shared_bytes: work.len() as u64, page: crate::scratch::ALIGN as u32, hvx };
+    let status = run_batch(&msg, &placed, &caps(&m), &mut Scratch::new(scratch));
+    let (op, kind) = match status {
+        BatchStatus::Done => (0, 0),
+        BatchStatus::Failed { op, kind } => (1 + u32::from(op), error_code(kind)),
+    };
+    w.put(&op.to_le_bytes())?;
+    w.put(&kind.to_le_bytes())?;
+    for &(_, addr, len) in &placed.bufs[..n] {
+        let start = addr - work.as_ptr() as usize;
+        w.put(&work[start..start + len as usize])?;
+        w.pad4()?;
+    }
+    Ok(())
 }
 
 fn matmul(rd: &mut Reader<'_>, work: &mut [u8], scratch: &mut [u8], w: &mut Writer<'_>) -> Result<(), ErrorKind> {
     let dtype = match rd.u32()? {
         2 => DType::Q4_0,
         3 => DType::Q8_0,
+        4 => DType::IQ4NL,
         _ => return Err(ErrorKind::Unsupported),
     };
     let (rows, k, n_cols, scratch_bytes) = (rd.u32()?, rd.u32()?, rd.u32()? as usize, rd.u32()? as usize);

@@ -3,19 +3,28 @@
 //! block's 8 activation words in scalar registers and streams the groups'
 //! tiles through `vrmpy(Vu.ub, Rt.b)` (int8×int8 → int32, one lane per row).
 //!
-//! Weights are unsigned in the tiles (Q8_0 biased by +128, 4-bit codes 0..15),
-//! so the sums returned are *raw*: `Σ u·a` with `u = w + bias`; the caller
-//! subtracts `bias · Σa` ([`Q8_0_BIAS`], [`Q4_0_BIAS`]) in its scalar scale pass.
+//! Weights are unsigned where `vrmpy` sees them (Q8_0 biased by +128 in the
+//! tiles, Q4_0 codes 0..15, IQ4_NL table values looked up +128), so the sums
+//! returned are *raw*: `Σ u·a` with `u = w + bias`; the caller subtracts
+//! `bias · Σa` ([`Q8_0_BIAS`], [`Q4_0_BIAS`], [`IQ4_NL_BIAS`]) in its scalar
+//! scale pass.
 //!
 //! The Q8_0 loop is hand-scheduled (inline asm): 8 packets per 1024-byte
 //! tile, each `{ vector load .cur; vrmpy }`, the store riding in the last one,
-//! which is the bound of one vector load per packet. Q4_0 is written with
-//! intrinsics and scheduled by LLVM.
+//! which is the bound of one vector load per packet. Q4_0 (`hvx/q4_0.rs`) is
+//! hand-pipelined too: 6 packets per 512-byte tile, its floor. IQ4_NL
+//! (`hvx/iq4_nl.rs`) turns code bytes into table values with `vlut32` (one per
+//! packet, its bound): 8 packets per tile, hand-pipelined the same way.
 //!
 //! Feature `broken-hvx-zeros` makes every result zero, as a fused-off unit
 //! would, so that the open-time self-test can be seen to refuse such a build.
 
-use core::arch::hexagon::v128::{HvxVector, Q6_V_vand_VV, Q6_V_vsplat_R, Q6_Vw_vadd_VwVw, Q6_Vw_vasr_VwR, Q6_Vw_vrmpy_VubRb, Q6_Vw_vrmpyacc_VwVubRb};
+use core::arch::hexagon::v128::{HvxVector, Q6_V_vsplat_R};
+
+mod iq4_nl;
+mod q4_0;
+pub use iq4_nl::{iq4_nl_block_sums, IQ4_NL_BIAS, KVALUES_IQ4NL};
+pub use q4_0::q4_0_block_sums;
 
 /// Bytes of one Q8_0 tile (8 vectors).
 pub const Q8_0_TILE: usize = 1024;
@@ -29,7 +38,7 @@ pub const Q4_0_BIAS: i32 = 8;
 use core::arch::asm;
 
 #[inline(always)]
-unsafe fn broken_zeros(out: *mut HvxVector, n_groups: usize) {
+pub(crate) unsafe fn broken_zeros(out: *mut HvxVector, n_groups: usize) {
     if cfg!(feature = "broken-hvx-zeros") {
         for g in 0..n_groups {
             *out.add(g) = Q6_V_vsplat_R(0);
@@ -73,34 +82,5 @@ pub unsafe fn q8_0_block_sums(tiles: *const HvxVector, n_groups: usize, a: &[u32
         out("v0") _, out("v1") _,
         options(nostack),
     );
-    broken_zeros(out, n_groups);
-}
-
-/// Raw block sums of `n_groups` Q4_0 tiles for one activation block.
-///
-/// Low nibbles are masked to 0..15; high nibbles are masked in place (16·q) into
-/// a second accumulator shifted down by 4 at the end (exact: a multiple of 16),
-/// which saves a shift per vector.
-///
-/// # Safety
-/// As [`q8_0_block_sums`], with `n_groups · 512` bytes of tiles.
-#[inline(never)]
-pub unsafe fn q4_0_block_sums(tiles: *const HvxVector, n_groups: usize, a: &[u32; 8], out: *mut HvxVector) {
-    let lo_mask = Q6_V_vsplat_R(0x0f0f_0f0f);
-    let hi_mask = Q6_V_vsplat_R(0xf0f0_f0f0_u32 as i32);
-    let [a0, a1, a2, a3, a4, a5, a6, a7] = a.map(|w| w as i32);
-    for g in 0..n_groups {
-        let t = tiles.add(4 * g);
-        let (n0, n1, n2, n3) = (*t, *t.add(1), *t.add(2), *t.add(3));
-        let mut lo = Q6_Vw_vrmpy_VubRb(Q6_V_vand_VV(n0, lo_mask), a0);
-        let mut hi = Q6_Vw_vrmpy_VubRb(Q6_V_vand_VV(n0, hi_mask), a4);
-        lo = Q6_Vw_vrmpyacc_VwVubRb(lo, Q6_V_vand_VV(n1, lo_mask), a1);
-        hi = Q6_Vw_vrmpyacc_VwVubRb(hi, Q6_V_vand_VV(n1, hi_mask), a5);
-        lo = Q6_Vw_vrmpyacc_VwVubRb(lo, Q6_V_vand_VV(n2, lo_mask), a2);
-        hi = Q6_Vw_vrmpyacc_VwVubRb(hi, Q6_V_vand_VV(n2, hi_mask), a6);
-        lo = Q6_Vw_vrmpyacc_VwVubRb(lo, Q6_V_vand_VV(n3, lo_mask), a3);
-        hi = Q6_Vw_vrmpyacc_VwVubRb(hi, Q6_V_vand_VV(n3, hi_mask), a7);
-        *out.add(g) = Q6_Vw_vadd_VwVw(lo, Q6_Vw_vasr_VwR(hi, 4));
-    }
     broken_zeros(out, n_groups);
 }

@@ -2,9 +2,10 @@
 //! - [`hvx`]: HVX integer kernels (vrmpy block sums over Tiles32 weights)
 //! - [`quantize`]: activations → Q8_0 blocks, on the DSP
 //! - [`matvec`]: matrix-vector products (kernels + per-block scales)
+//! - [`ops`]: the float ops of a layer (RMSNorm, RoPE, attention, activations…)
 //! - [`scratch`]: VTCM as a managed scratch region
 //! - [`selftest`]: the known-input test run at open
-//! - [`exec`]: op batches over mapped shared buffers
+//! - [`exec`]: op batches over mapped buffers (descriptors → kernels)
 //! - [`msgloop`]: the wire-protocol message loop (handshake, caps, buffers, batches)
 //! - [`shm`]: the shared-memory region and the buffers mapped from it
 //! - [`args`]: the device ELF's command line
@@ -22,6 +23,7 @@ pub mod harness;
 pub mod hvx;
 pub mod matvec;
 pub mod msgloop;
+pub mod ops;
 pub mod quantize;
 pub mod scratch;
 pub mod selftest;

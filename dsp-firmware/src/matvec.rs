@@ -3,7 +3,7 @@
 //! correction (`− bias·Σa`, exact int32) and the scales, per block and in a
 //! fixed order:
 //!
-//! `y[r] = Σ_b (sumi[r][b] as f32) · (dw[r][b] · da[b])` for Q8_0 and
+//! `y[r] = Σ_b (sumi[r][b] as f32) · (dw[r][b] · da[b])` for Q8_0 and IQ4_NL,
 //! `Σ_b ((sumi as f32) · dw) · da` for Q4_0, blocks ascending from `0.0`: the
 //! operations and order of keel's scalar reference (`keel_core::quant`, after
 //! ggml's), so the products are bit for bit the CPU reference's.
@@ -23,7 +23,7 @@ use crate::scratch::{Scratch, ALIGN};
 
 /// A weight matrix in Tiles32 layout.
 pub struct TiledWeights<'a> {
-    /// Q8_0 or Q4_0.
+    /// Q8_0, Q4_0 or IQ4_NL.
     pub dtype: DType,
     /// Output rows (ggml `ne[1]`).
     pub rows: u32,
@@ -39,6 +39,7 @@ fn kernel(dtype: DType) -> Result<(Kernel, usize, i32), ErrorKind> {
     match dtype {
         DType::Q8_0 => Ok((hvx::q8_0_block_sums, hvx::Q8_0_TILE, hvx::Q8_0_BIAS)),
         DType::Q4_0 => Ok((hvx::q4_0_block_sums, hvx::Q4_0_TILE, hvx::Q4_0_BIAS)),
+        DType::IQ4NL => Ok((hvx::iq4_nl_block_sums, hvx::Q4_0_TILE, hvx::IQ4_NL_BIAS)),
         _ => Err(ErrorKind::Unsupported),
     }
 }
@@ -55,7 +56,8 @@ pub fn matvec(
     mut sums: Option<&mut [i32]>,
 ) -> Result<(), ErrorKind> {
     let (kern, tile_bytes, bias) = kernel(w.dtype)?;
-    let q8 = w.dtype == DType::Q8_0;
+    // Q8_0 and IQ4_NL scale as `sumi · (dw · da)`, Q4_0 as `(sumi · dw) · da` (ggml's generic dots).
+    let q8 = w.dtype != DType::Q4_0;
     let size = tile::packed_size(w.dtype, w.rows, w.k).ok_or(ErrorKind::InvalidArgument)?;
     let (rows, nb, groups) = (w.rows as usize, w.k as usize / 32, tile::groups(w.rows));
     let bad_sums = sums.as_ref().is_some_and(|s| s.len() != nb * rows);

@@ -21,7 +21,7 @@ use crate::shm::SharedRegion;
 use crate::sys;
 
 /// `major << 16 | minor << 8 | patch` of this crate.
-pub const FIRMWARE_VERSION: u32 = 0x0001_0000;
+pub const FIRMWARE_VERSION: u32 = 0x0001_0100;
 /// Batches the host may have in flight (the pipe holds them; they run in order).
 pub const MAX_IN_FLIGHT: u8 = 8;
 
@@ -39,6 +39,24 @@ pub const fn arch_version() -> u8 {
         67
     }
 }
+
+/// The op kinds this firmware executes (see [`crate::exec`]).
+pub const OPS: [OpKind; 14] = [
+    OpKind::MatMul,
+    OpKind::GetRows,
+    OpKind::RmsNorm { eps: 0.0 },
+    OpKind::Rope { n_dims: 0, mode: 0, freq_base: 0.0 },
+    OpKind::Attention { n_head: 0, n_head_kv: 0, scale: 0.0 },
+    OpKind::Softmax { scale: 0.0 },
+    OpKind::Silu,
+    OpKind::Gelu,
+    OpKind::SwiGlu,
+    OpKind::Mul,
+    OpKind::Add,
+    OpKind::GeGlu,
+    OpKind::Quantize,
+    OpKind::Copy,
+];
 
 /// What the firmware measured at start.
 pub struct Measured {
@@ -61,8 +79,8 @@ pub fn caps(m: &Measured) -> Caps {
             scratch_bytes: m.scratch_bytes as u32,
             buffers: BufferRules { align: m.page, granule: m.page, max_size: m.shared_bytes },
         },
-        ops: OpSet::default().with(OpKind::MatMul.code()),
-        matmul_weights: DTypeSet::default().with(DType::Q4_0).with(DType::Q8_0),
+        ops: OPS.iter().fold(OpSet::default(), |set, k| set.with(k.code())),
+        matmul_weights: DTypeSet::default().with(DType::Q4_0).with(DType::Q8_0).with(DType::IQ4NL),
         max_in_flight: MAX_IN_FLIGHT,
         max_batch_ops: MAX_OPS as u16,
     }

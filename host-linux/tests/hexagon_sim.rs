@@ -103,9 +103,10 @@ fn unsupported_op_fails_its_batch_and_the_device_carries_on() {
     let mut dev = HexagonSim::open(&cfg).unwrap();
     let p = [Product::random(DType::Q8_0, 32, 64, 1, 7)];
     let mut s = stage(&mut dev, &p);
-    let norm = OpDesc { kind: OpKind::RmsNorm { eps: 1e-5 }, src: [Some(2), None, None], dst: 2 };
-    assert_ne!(dev.supports(&norm, &s.tensors), Support::Yes, "the firmware does not claim RmsNorm");
-    s.ops.push(norm);
+    // RoPE mode 1 is neither normal (0) nor NeoX (2): the firmware does not take it.
+    let rope = OpDesc { kind: OpKind::Rope { n_dims: 2, mode: 1, freq_base: 1e4 }, src: [Some(2), None, None], dst: 2 };
+    assert_ne!(dev.supports(&rope, &s.tensors), Support::Yes, "the firmware does not claim RoPE mode 1");
+    s.ops.push(rope);
     let seq = dev.submit(&s.batch()).unwrap();
     assert_eq!(dev.wait(seq).unwrap(), BatchStatus::Failed { op: 1, kind: ErrorKind::Unsupported });
     // A bad request is refused before it reaches the device.

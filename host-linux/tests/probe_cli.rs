@@ -26,8 +26,8 @@ fn probe_prints_identity_caps_memory_and_self_test() {
     assert_eq!(v["units"]["hvx"], "verified");
     assert_eq!(v["memory"]["scratch_bytes"], u64::from(cfg.vtcm_bytes));
     assert_eq!(v["memory"]["va_budget"], cfg.pool_bytes);
-    assert_eq!(v["ops"], serde_json::json!(["mat_mul"]));
-    assert_eq!(v["matmul_weights"], serde_json::json!(["q4_0", "q8_0"]));
+    assert_eq!(v["ops"], serde_json::json!(["mat_mul", "get_rows", "rms_norm", "rope", "attention", "softmax", "silu", "gelu", "swiglu", "mul", "add", "geglu", "quantize", "copy"]));
+    assert_eq!(v["matmul_weights"], serde_json::json!(["q4_0", "q8_0", "iq4_nl"]));
     assert_eq!(v["self_test"]["passed"], true);
     assert_eq!(v["self_test"]["digest"], v["self_test"]["expected"]);
 

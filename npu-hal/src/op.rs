@@ -143,15 +143,19 @@ impl TensorDesc {
 #[non_exhaustive]
 pub enum OpKind {
     /// `dst[n, m] = Σ_k src0[m, k] · src1[n, k]` (ggml MUL_MAT; a mat-vec when src1 has one row).
+    /// src1 is F32 (quantized to Q8_0 on the device) or Q8_0 already (see [`OpKind::Quantize`]).
     MatMul,
     /// Rows of src0 (any type) picked by the I32 indices in src1, as F32.
     GetRows,
-    /// Root-mean-square normalisation of each row.
+    /// Root-mean-square normalisation of each row: `x / sqrt(mean(x²) + eps)`,
+    /// times the F32 weight row src1 if given (fused, as `(x · scale) · w`).
     RmsNorm {
         /// Added to the mean square before the square root.
         eps: f32,
     },
-    /// Rotary position embedding of src0 at the I32 positions src1.
+    /// Rotary position embedding of src0 at the I32 positions src1. If src2 is
+    /// given it is the F32 `(cos, sin)` table, `[n_dims, n_tokens]` (pair `i` of
+    /// token `t` at `2i`, `2i + 1`), and `freq_base` is not used.
     Rope {
         /// Leading dimensions of each head that are rotated.
         n_dims: u16,
@@ -160,7 +164,9 @@ pub enum OpKind {
         /// Frequency base θ.
         freq_base: f32,
     },
-    /// Causal attention of Q (src0) over the device-resident K (src1) and V (src2) caches.
+    /// Causal attention of Q (src0) over the device-resident K (src1) and V (src2)
+    /// caches: of `n_kv = k.ne[1]` positions, query token `t` of `n_tokens` sees
+    /// `0 ..= n_kv − n_tokens + t` (the queries are the last `n_tokens` positions).
     Attention {
         /// Query heads.
         n_head: u16,
@@ -184,6 +190,15 @@ pub enum OpKind {
     Mul,
     /// Element-wise sum; src1 may broadcast over rows.
     Add,
+    /// `gelu(src0) · src1` (the gated FFN product with GELU, tanh approximation).
+    GeGlu,
+    /// Quantizes the F32 rows of src0 into dst, a Q8_0 row-major tensor of the
+    /// same shape, with keel's CPU activation rule (`d = max|x|/127` as f16,
+    /// `q = rint(x · 127/max|x|)`, half to even).
+    Quantize,
+    /// Copies the F32 src0 into dst (F32 or F16, round to nearest even) of the
+    /// same shape; either may be a strided view (for writing K/V cache rows).
+    Copy,
 }
 
 impl OpKind {
@@ -201,6 +216,9 @@ impl OpKind {
             OpKind::SwiGlu => 8,
             OpKind::Mul => 9,
             OpKind::Add => 10,
+            OpKind::GeGlu => 11,
+            OpKind::Quantize => 12,
+            OpKind::Copy => 13,
         }
     }
 }

@@ -18,8 +18,7 @@ fn need(cond: bool, r: Reason) -> Result<(), Reason> {
 }
 
 fn is_f32_rows(t: &TensorDesc) -> Result<(), Reason> {
-    need(t.dtype == DType::F32, Reason::DType)?;
-    need(t.layout == Layout::RowMajor, Reason::Layout)
+    is_rows(t, DType::F32)
 }
 
 /// Whether a device with `caps` supports `op` over the tensor table `tensors`.
@@ -30,16 +29,34 @@ pub fn check_op(caps: &Caps, op: &OpDesc, tensors: &[TensorDesc]) -> Support {
     }
 }
 
+fn is_rows(t: &TensorDesc, dtype: DType) -> Result<(), Reason> {
+    need(t.dtype == dtype, Reason::DType)?;
+    need(t.layout == Layout::RowMajor, Reason::Layout)
+}
+
+/// A single row of `n` values broadcast over everything (ggml's `[n, 1, 1, 1]`).
+fn is_row_of(t: &TensorDesc, n: u32) -> bool {
+    t.ne[0] == n && t.ne[1..].iter().all(|&d| d == 1)
+}
+
 fn check(caps: &Caps, op: &OpDesc, t: &[TensorDesc]) -> Result<(), Reason> {
     need(caps.ops.contains(&op.kind), Reason::OpKind)?;
     need(caps.units.hvx.usable() || caps.units.npu.usable(), Reason::Unit)?;
     let dst = get(t, Some(op.dst))?;
     let a = get(t, op.src[0])?;
-    is_f32_rows(dst)?;
+    match op.kind {
+        OpKind::Quantize => is_rows(dst, DType::Q8_0)?,
+        OpKind::Copy => {
+            need(matches!(dst.dtype, DType::F32 | DType::F16), Reason::DType)?;
+            need(dst.layout == Layout::RowMajor, Reason::Layout)?;
+        }
+        _ => is_f32_rows(dst)?,
+    }
     match op.kind {
         OpKind::MatMul => {
             let x = get(t, op.src[1])?;
-            is_f32_rows(x)?;
+            need(matches!(x.dtype, DType::F32 | DType::Q8_0), Reason::DType)?;
+            need(x.layout == Layout::RowMajor, Reason::Layout)?;
             need(caps.matmul_weights.contains(a.dtype), Reason::DType)?;
             need(a.layout == Layout::Tiles32, Reason::Layout)?;
             need(a.ne[0] % 32 == 0 && a.ne[2] == 1 && a.ne[3] == 1, Reason::Shape)?;
@@ -49,35 +66,52 @@ fn check(caps: &Caps, op: &OpDesc, t: &[TensorDesc]) -> Result<(), Reason> {
         OpKind::GetRows => {
             let idx = get(t, op.src[1])?;
             need(idx.dtype == DType::I32, Reason::DType)?;
-            need(matches!(a.dtype, DType::F32 | DType::F16 | DType::Q8_0 | DType::Q4_0), Reason::DType)?;
+            need(matches!(a.dtype, DType::F32 | DType::F16 | DType::Q8_0 | DType::Q4_0 | DType::IQ4NL), Reason::DType)?;
             need(a.layout == Layout::RowMajor, Reason::Layout)?;
             need(dst.ne == [a.ne[0], idx.ne[0], 1, 1], Reason::Shape)
         }
-        OpKind::RmsNorm { .. } | OpKind::Silu | OpKind::Gelu | OpKind::Softmax { .. } => {
+        OpKind::RmsNorm { .. } => {
+            is_f32_rows(a)?;
+            if op.src[1].is_some() {
+                let w = get(t, op.src[1])?;
+                is_f32_rows(w)?;
+                need(is_row_of(w, a.ne[0]), Reason::Shape)?;
+            }
+            need(dst.ne == a.ne, Reason::Shape)
+        }
+        OpKind::Silu | OpKind::Gelu | OpKind::Softmax { .. } | OpKind::Copy => {
             is_f32_rows(a)?;
             need(dst.ne == a.ne, Reason::Shape)
         }
-        OpKind::SwiGlu | OpKind::Mul | OpKind::Add => {
+        OpKind::Quantize => {
+            is_f32_rows(a)?;
+            need(a.ne[0] % 32 == 0 && dst.ne == a.ne, Reason::Shape)
+        }
+        OpKind::SwiGlu | OpKind::GeGlu | OpKind::Mul | OpKind::Add => {
             let b = get(t, op.src[1])?;
             is_f32_rows(a)?;
             is_f32_rows(b)?;
             need(dst.ne == a.ne, Reason::Shape)?;
-            let broadcast = b.ne[0] == a.ne[0] && b.ne[1..].iter().all(|&n| n == 1);
-            let same = b.ne == a.ne;
-            need(same || (broadcast && op.kind != OpKind::SwiGlu), Reason::Shape)
+            let gated = matches!(op.kind, OpKind::SwiGlu | OpKind::GeGlu);
+            need(b.ne == a.ne || (is_row_of(b, a.ne[0]) && !gated), Reason::Shape)
         }
         OpKind::Rope { n_dims, mode, .. } => {
-            // a: [head_dim, n_head, n_tokens]; positions: [n_tokens] I32.
+            // a: [head_dim, n_head, n_tokens]; positions: [n_tokens] I32; cos/sin: [n_dims, n_tokens].
             let pos = get(t, op.src[1])?;
             is_f32_rows(a)?;
             need(pos.dtype == DType::I32, Reason::DType)?;
             need(mode == 0 || mode == 2, Reason::Shape)?;
             let n = u32::from(n_dims);
             need(n % 2 == 0 && n > 0 && n <= a.ne[0], Reason::Shape)?;
+            if op.src[2].is_some() {
+                let cs = get(t, op.src[2])?;
+                is_f32_rows(cs)?;
+                need(cs.ne == [n, a.ne[2], 1, 1], Reason::Shape)?;
+            }
             need(pos.ne[0] == a.ne[2] && dst.ne == a.ne, Reason::Shape)
         }
         OpKind::Attention { n_head, n_head_kv, .. } => {
-            // q: [head_dim, n_head, n_tokens]; k, v: [head_dim, n_ctx, n_head_kv].
+            // q: [head_dim, n_head, n_tokens]; k, v: [head_dim, n_kv, n_head_kv].
             let k = get(t, op.src[1])?;
             let v = get(t, op.src[2])?;
             is_f32_rows(a)?;
@@ -88,6 +122,7 @@ fn check(caps: &Caps, op: &OpDesc, t: &[TensorDesc]) -> Result<(), Reason> {
             let (nh, nkv) = (u32::from(n_head), u32::from(n_head_kv));
             need(nkv > 0 && nh % nkv == 0 && a.ne[1] == nh, Reason::Shape)?;
             need(k.ne[0] == a.ne[0] && k.ne[2] == nkv && v.ne == k.ne, Reason::Shape)?;
+            need(k.ne[1] >= a.ne[2] && a.ne[3] == 1 && k.ne[3] == 1, Reason::Shape)?;
             need(dst.ne == a.ne, Reason::Shape)
         }
     }

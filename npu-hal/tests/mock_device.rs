@@ -208,6 +208,32 @@ fn supports_follows_types_layouts_shapes_and_units() {
     assert_eq!(dev.supports(&rope, &[q, pos]), Support::Yes);
     let pos4 = TensorDesc::contiguous(DType::I32, [4, 1, 1, 1], 1, 0).unwrap();
     assert_eq!(dev.supports(&rope, &[q, pos4]), Support::No(Reason::Shape));
+    // Optional sources: a cos/sin table for RoPE, a weight row for RMSNorm.
+    let rope_cs = OpDesc { src: [Some(0), Some(1), Some(2)], ..rope };
+    let cs = TensorDesc::contiguous(DType::F32, [64, 5, 1, 1], 1, 0).unwrap();
+    assert_eq!(dev.supports(&rope_cs, &[q, pos, cs]), Support::Yes);
+    let cs_short = TensorDesc::contiguous(DType::F32, [32, 5, 1, 1], 1, 0).unwrap();
+    assert_eq!(dev.supports(&rope_cs, &[q, pos, cs_short]), Support::No(Reason::Shape));
+    let norm = OpDesc { kind: OpKind::RmsNorm { eps: 1e-5 }, src: [Some(0), Some(1), None], dst: 0 };
+    let w = TensorDesc::contiguous(DType::F32, [64, 1, 1, 1], 1, 0).unwrap();
+    assert_eq!(dev.supports(&norm, &[q, w]), Support::Yes);
+    assert_eq!(dev.supports(&norm, &[q, cs]), Support::No(Reason::Shape));
+    // Activations quantized on the device, then a product that takes them as Q8_0.
+    let x = TensorDesc::contiguous(DType::F32, [256, 3, 1, 1], 1, 0).unwrap();
+    let xq = TensorDesc::contiguous(DType::Q8_0, [256, 3, 1, 1], 1, 4096).unwrap();
+    let quant = OpDesc { kind: OpKind::Quantize, src: [Some(0), None, None], dst: 1 };
+    assert_eq!(dev.supports(&quant, &[x, xq]), Support::Yes);
+    assert_eq!(dev.supports(&quant, &[x, x]), Support::No(Reason::DType));
+    let [wt, _, _] = matmul_tables(DType::IQ4NL, Layout::Tiles32, 256);
+    let d = TensorDesc::contiguous(DType::F32, [64, 3, 1, 1], 1, 0).unwrap();
+    assert_eq!(dev.supports(&mm[0], &[wt, xq, d]), Support::Yes);
+    // GeGLU does not broadcast; Copy writes F16.
+    let geglu = OpDesc { kind: OpKind::GeGlu, src: [Some(0), Some(1), None], dst: 0 };
+    assert_eq!(dev.supports(&geglu, &[q, q]), Support::Yes);
+    assert_eq!(dev.supports(&geglu, &[q, w]), Support::No(Reason::Shape));
+    let copy = OpDesc { kind: OpKind::Copy, src: [Some(0), None, None], dst: 1 };
+    let q16 = TensorDesc::contiguous(DType::F16, [64, 8, 5, 1], 1, 0).unwrap();
+    assert_eq!(dev.supports(&copy, &[q, q16]), Support::Yes);
     // A unit that failed its self-test runs nothing.
     dev.caps = mock::hexagon_caps(UnitState::Failed);
     assert_eq!(dev.supports(&mm[0], &matmul_tables(DType::Q8_0, Layout::Tiles32, 64)), Support::No(Reason::Unit));

@@ -104,6 +104,32 @@ fn device_messages_match_golden_bytes() {
     }
 }
 
+/// Op descriptors of the kinds appended after protocol version 1 shipped
+/// (GeGlu 11, Quantize 12, Copy 13), and the optional sources RmsNorm (weight)
+/// and Rope (cos/sin table) gained: an appended variant only adds an index.
+fn op_cases() -> Vec<(OpDesc, &'static str)> {
+    vec![
+        (OpDesc { kind: OpKind::GeGlu, src: [Some(0), Some(1), None], dst: 2 }, "0b 01 00 01 01 00 02"),
+        (OpDesc { kind: OpKind::Quantize, src: [Some(3), None, None], dst: 4 }, "0c 01 03 00 00 04"),
+        (OpDesc { kind: OpKind::Copy, src: [Some(5), None, None], dst: 300 }, "0d 01 05 00 00 ac 02"),
+        (OpDesc { kind: OpKind::RmsNorm { eps: 1e-6 }, src: [Some(0), Some(1), None], dst: 0 }, "02 bd 37 86 35 01 00 01 01 00 00"),
+        (
+            OpDesc { kind: OpKind::Rope { n_dims: 64, mode: 2, freq_base: 1e6 }, src: [Some(0), Some(1), Some(2)], dst: 0 },
+            "03 40 02 00 24 74 49 01 00 01 01 01 02 00",
+        ),
+    ]
+}
+
+#[test]
+fn op_descriptors_match_golden_bytes() {
+    for (op, golden) in op_cases() {
+        let mut buf = [0u8; 64];
+        let bytes = wire::encode(&op, &mut buf).unwrap();
+        assert_eq!(hex(bytes), norm(golden), "{op:?}");
+        assert_eq!(wire::decode::<OpDesc>(bytes).unwrap(), op);
+    }
+}
+
 #[test]
 fn decode_rejects_truncated_trailing_and_unknown() {
     let mut buf = [0u8; 64];

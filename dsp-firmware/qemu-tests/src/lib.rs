@@ -1,11 +1,15 @@
-//! Host side of the firmware tests: random ggml inputs, a scalar reference
-//! written from the ggml block definitions (independent of the firmware code),
-//! and a runner that feeds a request to the harness ELF under `qemu-hexagon`.
+//! Host side of the firmware tests: random ggml inputs, scalar references
+//! written from the ggml block definitions ([`reference`]) and the op
+//! definitions ([`layer_ref`]), independent of the firmware code, op batches
+//! built with keel-npu-hal's types ([`batch`]), and a runner that feeds a
+//! request to the harness ELF under `qemu-hexagon`.
 //!
 //! Environment (set by `dsp-firmware/ci.sh`): `KEEL_DSP_ELF` (the harness),
 //! `KEEL_DSP_ELF_BROKEN` (built with `broken-hvx-zeros`), `KEEL_QEMU_CPU`
 //! (`v68`, `v73`, or `v67`), optionally `KEEL_QEMU` (the qemu-hexagon binary).
 
+pub mod batch;
+pub mod layer_ref;
 pub mod reference;
 
 use std::io::Write;
@@ -78,4 +82,15 @@ pub fn words(bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
 /// Appends little-endian u32 words.
 pub fn put(req: &mut Vec<u8>, ws: &[u32]) {
     ws.iter().for_each(|w| req.extend_from_slice(&w.to_le_bytes()));
+}
+
+/// Random ggml weight rows of `t`: scales of both signs and many magnitudes.
+pub fn ggml_weights(t: reference::WType, rows: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut v = Vec::new();
+    for _ in 0..rows * k / 32 {
+        let d = rng.f32() * [1e-3, 0.02, 0.5, 4.0][(rng.u32() % 4) as usize];
+        v.extend_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
+        (0..t.block_bytes() - 2).for_each(|_| v.push(rng.u32() as u8));
+    }
+    v
 }

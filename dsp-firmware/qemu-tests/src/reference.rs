@@ -1,6 +1,8 @@
 //! Scalar reference, straight from ggml's block definitions:
 //! Q8_0 = f16 d + 32 × i8, `x = d·q`; Q4_0 = f16 d + 16 bytes, element j in
-//! the low nibble of byte j and element j+16 in the high nibble, `x = d·(q−8)`.
+//! the low nibble of byte j and element j+16 in the high nibble, `x = d·(q−8)`;
+//! IQ4_NL = Q4_0's bytes, but `x = d·kvalues_iq4nl[q]` with ggml's table
+//! {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}.
 //! Activations (keel's CPU rule, llama.cpp's x86 variant): `d = max|x|/127`,
 //! `q = rint(x · (127/max|x|))` (half to even), d stored as f16. Dot: per block
 //! the exact int32 sum, then `sumf += sumi · (dw · da)` (Q8_0) or
@@ -15,7 +17,12 @@ pub enum WType {
     Q8_0,
     /// ggml Q4_0.
     Q4_0,
+    /// ggml IQ4_NL.
+    IQ4NL,
 }
+
+/// ggml's `kvalues_iq4nl`.
+pub const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
 
 impl WType {
     /// `keel_npu_hal::op::DType::code` of the type.
@@ -23,13 +30,14 @@ impl WType {
         match self {
             WType::Q4_0 => 2,
             WType::Q8_0 => 3,
+            WType::IQ4NL => 4,
         }
     }
     /// Bytes per block.
     pub fn block_bytes(self) -> usize {
         match self {
             WType::Q8_0 => 34,
-            WType::Q4_0 => 18,
+            WType::Q4_0 | WType::IQ4NL => 18,
         }
     }
 }
@@ -61,13 +69,15 @@ pub fn quantize_q8_0(x: &[f32]) -> ActBlock {
     ActBlock { d16: f16::from_f32(d).to_bits(), q }
 }
 
-/// Weight quant values (already offset: Q4_0 gives q−8) and scale of one block.
+/// Weight quant values (already offset: Q4_0 gives q−8, IQ4_NL the table value) and scale of one block.
 pub fn weight_block(t: WType, blk: &[u8]) -> ([i32; 32], f32) {
     let d = f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
     let q = std::array::from_fn(|j| match t {
         WType::Q8_0 => i32::from(blk[2 + j] as i8),
         WType::Q4_0 if j < 16 => i32::from(blk[2 + j] & 15) - 8,
         WType::Q4_0 => i32::from(blk[2 + j - 16] >> 4) - 8,
+        WType::IQ4NL if j < 16 => i32::from(KVALUES_IQ4NL[usize::from(blk[2 + j] & 15)]),
+        WType::IQ4NL => i32::from(KVALUES_IQ4NL[usize::from(blk[2 + j - 16] >> 4)]),
     });
     (q, d)
 }
@@ -86,7 +96,7 @@ pub fn matvec(t: WType, w: &[u8], rows: usize, k: usize, act: &[ActBlock]) -> (V
             sums[b * rows + r] = sumi;
             let da = f16::from_bits(a.d16).to_f32();
             sumf += match t {
-                WType::Q8_0 => sumi as f32 * (dw * da),
+                WType::Q8_0 | WType::IQ4NL => sumi as f32 * (dw * da),
                 WType::Q4_0 => sumi as f32 * dw * da,
             };
         }

@@ -1,4 +1,4 @@
-//! Q8_0 and Q4_0 matrix-vector (and multi-column) products run as Hexagon code
+//! Q8_0, Q4_0 and IQ4_NL matrix-vector (and multi-column) products run as Hexagon code
 //! under qemu-hexagon, on many shapes and scratch sizes, against the scalar
 //! reference: activation quantization, int32 block sums and f32 outputs must
 //! all be bit-exact (same operations in the same order on IEEE binary32).
@@ -95,6 +95,13 @@ fn q8_0_matvec_matches_reference() {
 fn q4_0_matvec_matches_reference() {
     for (i, c) in shapes(WType::Q4_0).iter().enumerate() {
         check(c, 0x4b1d_0000 + i as u64);
+    }
+}
+
+#[test]
+fn iq4_nl_matvec_matches_reference() {
+    for (i, c) in shapes(WType::IQ4NL).iter().enumerate() {
+        check(c, 0x1a4e_0000 + i as u64);
     }
 }
 

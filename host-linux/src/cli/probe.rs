@@ -11,7 +11,7 @@ use keel_npu_hal::caps::{Arch, Caps, Identity};
 use keel_npu_hal::op::DType;
 use keel_npu_hal::{Device, UnitState};
 
-const OPS: [&str; 11] = ["mat_mul", "get_rows", "rms_norm", "rope", "attention", "softmax", "silu", "gelu", "swiglu", "mul", "add"];
+const OPS: [&str; 14] = ["mat_mul", "get_rows", "rms_norm", "rope", "attention", "softmax", "silu", "gelu", "swiglu", "mul", "add", "geglu", "quantize", "copy"];
 const TYPES: [(DType, &str); 6] = [(DType::F32, "f32"), (DType::F16, "f16"), (DType::Q4_0, "q4_0"), (DType::Q8_0, "q8_0"), (DType::IQ4NL, "iq4_nl"), (DType::I32, "i32")];
 
 fn unit(s: UnitState) -> &'static str {

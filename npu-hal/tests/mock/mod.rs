@@ -61,7 +61,7 @@ pub struct MockDevice {
 
 pub fn hexagon_caps(hvx: UnitState) -> Caps {
     let mut ops = OpSet::default();
-    for code in 0..=10 {
+    for code in 0..=13 {
         ops = ops.with(code);
     }
     Caps {

@@ -1,0 +1,125 @@
+//! Matrix products and data movement: `MatMul`, `Quantize`, `GetRows`, `Copy`.
+
+use keel_npu_hal::f16::f16_to_f32;
+use keel_npu_hal::op::{DType, OpDesc};
+use keel_npu_hal::ErrorKind;
+
+use super::view::{contiguous, words, words_mut, Tensors};
+use crate::matvec::{matvec, TiledWeights};
+use crate::ops::rows::{dequantize_row, store_f16};
+use crate::quantize::{quantize_row, ActBlock};
+use crate::scratch::{Scratch, ALIGN};
+
+/// `dst[col] = W · x[col]`: W in Tiles32 (Q8_0, Q4_0, IQ4_NL); x F32 (each
+/// column quantized to Q8_0 here, into scratch) or Q8_0 ggml blocks already.
+pub fn matmul(op: &OpDesc, ts: &Tensors<'_>, scratch: &mut Scratch<'_>) -> Result<(), ErrorKind> {
+    let (w, x, d) = (ts.src(op, 0)?, ts.src(op, 1)?, ts.dst(op)?);
+    if !contiguous(x) || !contiguous(d) {
+        return Err(ErrorKind::Unsupported);
+    }
+    ts.disjoint(d, w)?;
+    ts.disjoint(d, x)?;
+    if ts.span(w)?.start % ALIGN != 0 {
+        return Err(ErrorKind::InvalidArgument);
+    }
+    let (k, rows, cols) = (x.ne[0] as usize, w.ne[1] as usize, x.ne[1] as usize);
+    let nb = k / 32;
+
+    // The columns as Q8_0 blocks in the kernels' form, in scratch (VTCM).
+    let act_bytes = scratch.take(cols * nb * core::mem::size_of::<ActBlock>())?;
+    // SAFETY: ActBlock is repr(C) of u32/i32/f32/u16 fields, valid for any bit
+    // pattern; align_to_mut only yields correctly aligned elements.
+    let (_, acts, _) = unsafe { act_bytes.align_to_mut::<ActBlock>() };
+    let acts = acts.get_mut(..cols * nb).ok_or(ErrorKind::OutOfMemory)?;
+    // SAFETY: x and w do not overlap d (checked), the only mutable view.
+    let (xb, packed) = unsafe { (ts.bytes(x)?, ts.bytes(w)?) };
+    match x.dtype {
+        DType::F32 => {
+            for (col, a) in words::<f32>(xb)?.chunks_exact(k).zip(acts.chunks_exact_mut(nb.max(1))) {
+                quantize_row(col, a);
+            }
+        }
+        DType::Q8_0 => {
+            for (a, blk) in acts.iter_mut().zip(xb.chunks_exact(34)) {
+                let d16 = u16::from_le_bytes([blk[0], blk[1]]);
+                let words = core::array::from_fn(|i| u32::from_le_bytes([blk[2 + 4 * i], blk[3 + 4 * i], blk[4 + 4 * i], blk[5 + 4 * i]]));
+                let sum = blk[2..].iter().map(|&q| i32::from(q as i8)).sum();
+                *a = ActBlock { words, sum, d: f16_to_f32(d16), d16 };
+            }
+        }
+        _ => return Err(ErrorKind::Unsupported),
+    }
+    // SAFETY: d overlaps neither source (checked): the only view of its bytes.
+    let out = words_mut::<f32>(unsafe { ts.bytes_mut(d)? })?;
+    let weights = TiledWeights { dtype: w.dtype, rows: rows as u32, k: k as u32, packed };
+    for (c, o) in out.chunks_exact_mut(rows).enumerate() {
+        matvec(&weights, &acts[c * nb..][..nb], &mut scratch.scope(), o, None)?;
+    }
+    Ok(())
+}
+
+/// F32 rows → Q8_0 ggml blocks (f16 d, 32 × i8), keel's CPU rule.
+pub fn quantize(op: &OpDesc, ts: &Tensors<'_>) -> Result<(), ErrorKind> {
+    let (x, d) = (ts.src(op, 0)?, ts.dst(op)?);
+    if !contiguous(x) || !contiguous(d) {
+        return Err(ErrorKind::Unsupported);
+    }
+    ts.disjoint(d, x)?;
+    // SAFETY: x and d are disjoint (checked); d's view is the only mutable one.
+    let (xv, out) = unsafe { (words::<f32>(ts.bytes(x)?)?, ts.bytes_mut(d)?) };
+    let mut blk = [ActBlock::default()];
+    for (v, o) in xv.chunks_exact(32).zip(out.chunks_exact_mut(34)) {
+        quantize_row(v, &mut blk);
+        o.copy_from_slice(&blk[0].ggml_bytes());
+    }
+    Ok(())
+}
+
+/// `dst[i] = row idx[i] of src0`, dequantized to F32 (embedding lookup).
+pub fn get_rows(op: &OpDesc, ts: &Tensors<'_>) -> Result<(), ErrorKind> {
+    let (a, idx, d) = (ts.src(op, 0)?, ts.src(op, 1)?, ts.dst(op)?);
+    if !contiguous(idx) || !contiguous(d) || a.ne[2] != 1 || a.ne[3] != 1 {
+        return Err(ErrorKind::Unsupported);
+    }
+    ts.disjoint(d, a)?;
+    ts.disjoint(d, idx)?;
+    let row_bytes = a.dtype.row_bytes(a.ne[0]).ok_or(ErrorKind::InvalidArgument)? as usize;
+    // SAFETY: d overlaps neither source (checked): its view is the only mutable one.
+    let (src, ids, out) = unsafe { (ts.bytes(a)?, words::<i32>(ts.bytes(idx)?)?, words_mut::<f32>(ts.bytes_mut(d)?)?) };
+    for (&i, o) in ids.iter().zip(out.chunks_exact_mut(a.ne[0] as usize)) {
+        let r = usize::try_from(i).ok().filter(|&r| r < a.ne[1] as usize).ok_or(ErrorKind::InvalidArgument)?;
+        let at = r * a.nb[1] as usize;
+        dequantize_row(a.dtype, &src[at..at + row_bytes], o)?;
+    }
+    Ok(())
+}
+
+/// F32 → F32 or F16, same shape, either side strided (rows contiguous).
+pub fn copy(op: &OpDesc, ts: &Tensors<'_>) -> Result<(), ErrorKind> {
+    let (x, d) = (ts.src(op, 0)?, ts.dst(op)?);
+    let es = d.dtype.block_bytes() as usize;
+    if x.nb[0] != 4 || d.nb[0] as usize != es {
+        return Err(ErrorKind::Unsupported);
+    }
+    if ts.same_or_disjoint(d, x)? {
+        return Ok(()); // the very same F32 tensor
+    }
+    // SAFETY: disjoint (checked); d's view is the only mutable one.
+    let (src, out) = unsafe { (ts.bytes(x)?, ts.bytes_mut(d)?) };
+    let n0 = x.ne[0] as usize;
+    for i3 in 0..x.ne[3] as usize {
+        for i2 in 0..x.ne[2] as usize {
+            for i1 in 0..x.ne[1] as usize {
+                let off = |t: &keel_npu_hal::op::TensorDesc| i1 * t.nb[1] as usize + i2 * t.nb[2] as usize + i3 * t.nb[3] as usize;
+                let row = words::<f32>(&src[off(x)..off(x) + 4 * n0])?;
+                let o = &mut out[off(d)..off(d) + es * n0];
+                if es == 2 {
+                    store_f16(row, o);
+                } else {
+                    o.iter_mut().zip(row.iter().flat_map(|v| v.to_le_bytes())).for_each(|(o, b)| *o = b);
+                }
+            }
+        }
+    }
+    Ok(())
+}
