@@ -56,11 +56,14 @@ fn ok(out: &Output) {
     assert!(out.status.success(), "keel failed: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
 }
 
-/// The SmolLM2 file re-quantized to `ty` by `keel quantize` (made once per test run).
+/// The mixes llama.cpp's golden files were made with (tests/golden/smollm2-135m-requant/).
+const MIXES: [&str; 4] = ["Q8_0", "Q4_0", "IQ4_NL", "Q4_K_M"];
+
+/// The SmolLM2 file re-quantized to `ty` (one of [`MIXES`]) by `keel quantize` (made once
+/// per test run).
 fn requantized(ty: &'static str) -> Option<PathBuf> {
-    static Q8: OnceLock<Option<PathBuf>> = OnceLock::new();
-    static Q4: OnceLock<Option<PathBuf>> = OnceLock::new();
-    let cell = if ty == "Q8_0" { &Q8 } else { &Q4 };
+    static CELLS: [OnceLock<Option<PathBuf>>; 4] = [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    let cell = &CELLS[MIXES.iter().position(|m| *m == ty).expect("a golden mix")];
     cell.get_or_init(|| {
         let src = model()?;
         // Under the target directory, replaced on every run.
@@ -112,10 +115,26 @@ fn q4_0_tensors_equal_llama_cpp_digests() {
     assert_eq!(m, n);
 }
 
+/// IQ4_NL (`quantize_iq4_nl` without an imatrix) plus its Q5_K ffn_down layers and the
+/// Q8_0 embedding.
+#[test]
+fn iq4_nl_tensors_equal_llama_cpp_digests() {
+    let Some((m, n)) = digest_matches("IQ4_NL") else { return };
+    assert_eq!(m, n);
+}
+
+/// Q4_K_M: Q4_K and Q6_K where the 1536-wide ffn_down rows allow 256-blocks, and the
+/// fallbacks Q5_0 (for Q4_K) and Q8_0 (for Q6_K) on the 576-wide rows.
+#[test]
+fn q4_k_m_tensors_equal_llama_cpp_digests() {
+    let Some((m, n)) = digest_matches("Q4_K_M") else { return };
+    assert_eq!(m, n);
+}
+
 #[test]
 fn metadata_is_kept_except_the_file_type() {
     let Some(src) = model() else { return };
-    for (ty, ftype) in [("Q8_0", 7u32), ("Q4_0", 2)] {
+    for (ty, ftype) in [("Q8_0", 7u32), ("Q4_0", 2), ("IQ4_NL", 25), ("Q4_K_M", 15)] {
         let out = requantized(ty).unwrap();
         let (a, b) = (std::fs::read(&src).unwrap(), std::fs::read(&out).unwrap());
         let (ga, gb) = (Gguf::parse(&a).unwrap(), Gguf::parse(&b).unwrap());
@@ -136,7 +155,7 @@ fn metadata_is_kept_except_the_file_type() {
 
 #[test]
 fn keel_runs_the_requantized_files() {
-    for ty in ["Q8_0", "Q4_0"] {
+    for ty in MIXES {
         let Some(out) = requantized(ty) else { return };
         let r = keel().args(["run", "-p", "The capital of France is", "-n", "8", "-t", "2", "-c", "64", "--temp", "0", "--json", "-m"]).arg(&out).output().unwrap();
         ok(&r);
@@ -264,8 +283,33 @@ fn greedy_on_q4_0_file_matches_llama_cpp() {
     assert!(res.iter().all(|&(a, n)| a >= 16.min(n)), "Q4_0: {res:?}");
 }
 
-/// The type rules alone, for all four files llama.cpp wrote, including the IQ4_NL and
-/// Q4_K_M mixes whose kernels keel does not have yet: every tensor gets llama.cpp's type.
+/// The same bar for the IQ4_NL file. Its tensor bytes equal llama.cpp's and its IQ4_NL,
+/// Q5_K and Q8_0 dots reproduce llama.cpp's single-token matmuls bit for bit; what
+/// differs is prompts of 8+ tokens, where llama.cpp multiplies the three Q5_K ffn_down
+/// layers with its tiled matmul (another order). With `core/src/matmul.rs` calling
+/// `Kernels::dot_fn_in_batch` per activation row, all 6 prompts agree 32/32 (measured);
+/// keel's matmul keeps batch-independent rows for now, so the test stays ignored.
+#[test]
+#[ignore = "not met with keel's batch-independent matmul: leading tokens per prompt 32, 5, 11, 32, 17, 16 of 32; met (32/32 on all 6) when matmul uses Kernels::dot_fn_in_batch"]
+fn greedy_on_iq4_nl_file_matches_llama_cpp() {
+    let Some(res) = greedy_agreement("IQ4_NL") else { return };
+    assert!(res.iter().all(|&(a, n)| a >= 16.min(n)), "IQ4_NL: {res:?}");
+}
+
+/// The same bar for the Q4_K_M file (tensor bytes equal llama.cpp's). 166 of its 210
+/// matrices are Q5_0, whose keel kernel does not follow llama.cpp's summation order; its
+/// Q4_K/Q6_K layers follow llama.cpp's single-token kernels, and its batch kernels with
+/// `Kernels::dot_fn_in_batch` (then the prompts agree 12/12, 32, 32, 20, 17, 0).
+#[test]
+#[ignore = "not met yet: leading tokens per prompt 12 (of 12), 19, 32, 20, 17, 0 of 32; the remaining gap is keel's Q5_0 kernel order (166 of 210 matrices)"]
+fn greedy_on_q4_k_m_file_matches_llama_cpp() {
+    let Some(res) = greedy_agreement("Q4_K_M") else { return };
+    assert!(res.iter().all(|&(a, n)| a >= 16.min(n)), "Q4_K_M: {res:?}");
+}
+
+/// The type rules alone, for all four files llama.cpp wrote: every tensor gets
+/// llama.cpp's type (independently of the quantizers, so a rule bug and a rounding bug
+/// show up as different failures).
 #[test]
 fn mix_rules_choose_llama_cpps_types() {
     use keel_host_linux::quant_mix::{choose_types, Mix, ModelFacts, TensorShape};

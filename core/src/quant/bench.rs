@@ -35,9 +35,12 @@ fn bench_vec_dot() {
     let reference = Kernels::reference();
     let fast = fast_kernels();
     let mut rng = Rng::new(7);
-    for wtype in [Q4_1, Q8_0, Q4_0, Q5_0, Q5_1, F16, F32] {
+    for wtype in [Q4_1, Q8_0, Q4_0, Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, F32] {
         let atype = Kernels::vec_dot_type(wtype).unwrap();
         for n in [576usize, 1536] {
+            if n % wtype.block_size() != 0 {
+                continue;
+            }
             let row_bytes = wtype.row_bytes(n as u64).unwrap() as usize;
             let n_big = (16 << 20) / row_bytes;
             let rows: Vec<Vec<u8>> = (0..n_big)

@@ -1,8 +1,8 @@
 //! Quant formats and the kernels that compute with them.
 //!
-//! Owns: the block layouts of the 32-element ggml quant types ([`blocks`]), the scalar
-//! reference (dequantize, `vec_dot`, quantizers) and the SIMD kernels, and the choice
-//! between them ([`Kernels`]). Knows nothing of tensors, models or threads: every entry
+//! Owns: the block layouts of the ggml quant types ([`blocks`]), the scalar reference
+//! (dequantize, `vec_dot`, quantizers) and the SIMD kernels, and the choice between them
+//! ([`Kernels`]). Knows nothing of tensors, models or threads: every entry
 //! point works on one row, so a caller may split rows across threads freely and get the
 //! same bits (each row's arithmetic depends only on that row and `n`).
 //!
@@ -10,15 +10,46 @@
 //! quantize `x` once into the weight type's [`Kernels::vec_dot_type`] with
 //! [`Kernels::quantize_activations`]; then `y[r] = dot(n, row r of W, x_q)` per row.
 //!
-//! Types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (weights) and Q8_0/Q8_1
-//! (activations). K-quants and IQ types are not here yet ([`Unsupported`]).
+//! Types: weights F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4 (32-element
+//! blocks) and the K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (256-element super-blocks);
+//! activations Q8_0 (for Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4), Q8_1 (Q4_1, Q5_1) and Q8_K
+//! (the K-quants), as llama.cpp's `type_traits_cpu` pairs them. Every supported type
+//! has a scalar dot, a dequantizer and llama.cpp's reference quantizer; AVX2 dots exist
+//! for all of them. Any other type (the IQ1/IQ2/IQ3 grids, IQ4_XS, TQ*) is refused with
+//! an [`Unsupported`] that names it.
 //!
-//! Roundings (see `quantize.rs`): [`quantize_row_ref`] is llama.cpp's reference weight
-//! quantizer (`roundf`, ties away from zero) and reproduces `llama-quantize`'s bytes
-//! (checked against `golden/smollm2-135m-requant/tensor-digests.json`: every Q4_0, Q5_0
-//! and Q8_0 tensor re-quantized from the Q4_1 source matches);
-//! activation quantization is llama.cpp's x86 variant (`id = 127/amax`, ties to even),
-//! and the reference and SIMD paths produce identical activation bytes.
+//! Roundings (see `quantize.rs`, `quantize_k.rs`): [`quantize_row_ref`] is what
+//! `llama-quantize` writes without an importance matrix — llama.cpp's
+//! `quantize_row_*_ref` (`roundf` or `nearest_int`, its scale searches for the K-quants),
+//! and for IQ4_NL `quantize_iq4_nl` with no weights — and reproduces its bytes (checked
+//! against `golden/smollm2-135m-requant/tensor-digests.json`: every tensor of the Q8_0,
+//! Q4_0, IQ4_NL and Q4_K_M files re-quantized from the Q4_1 source matches);
+//! Q8_0/Q8_1 activation quantization is llama.cpp's x86 variant (`id = 127/amax`, ties to
+//! even), Q8_K activations are `quantize_row_q8_K_ref` (which llama.cpp's x86 build also
+//! uses), and the reference and SIMD paths produce identical activation bytes.
+//!
+//! Summation orders: each dot follows the kernel llama.cpp 11434 runs for that weight
+//! type on an AVX2 CPU, and the scalar reference and the AVX2 kernel of every type give
+//! the same bits except Q4_0, Q5_0 and Q5_1 (float summation order only; see the tests
+//! for the bound). Where llama.cpp repacks the weights (`CPU_REPACK`: Q4_K and IQ4_NL
+//! and MXFP4 on AVX2, Q2_K on AVX-512, whenever the matrix has a multiple of 8 rows) keel
+//! follows the repacked single-token kernels' (`gemv`) per-output order — per
+//! (super-)block an exact integer sum, then one fma into one accumulator (two for
+//! Q4_K/Q2_K: scales and mins, subtracted at the end). Q3_K, Q5_K and Q6_K are not
+//! repacked on x86 and follow `ggml_vec_dot_q*_K_q8_K` (8 lane accumulators,
+//! `scalar_k.rs`). Q4_0 is repacked by llama.cpp too (q4_0_8x8) but keel keeps its own
+//! order for it.
+//!
+//! Batches: llama.cpp 11434 does not compute a row the same way in every batch. Its
+//! repacked Q4_K/Q2_K `gemm` (tokens in groups of four) accumulates per 64 / 128
+//! elements instead of per super-block, and for batches of 8+ tokens over K-quant
+//! weights it does not repack (Q3_K, Q5_K, Q6_K on x86) it runs a new tiled matmul with
+//! its own order. [`Kernels::dot_fn`] follows the single-token kernels (so batched and
+//! single-token evaluation stay identical in keel); [`Kernels::dot_fn_in_batch`] gives
+//! the kernel llama.cpp uses for a given row of a given batch, for a caller that wants
+//! llama.cpp's prompt bits instead (IQ4_NL and MXFP4 have one order for every batch).
+//! All of this is checked bit for bit against llama.cpp's own matmul outputs
+//! (`golden/quant-llamacpp-11434`: 5- and 13-token batches).
 //!
 //! Errors vs contracts: functions that take a whole row (`quantize_activations`,
 //! `dequantize_row`, `quantize_row_ref`) check the row shape and return an error naming
@@ -29,15 +60,22 @@
 pub mod blocks;
 mod f16ops;
 mod quantize;
+mod quantize_k;
 mod scalar;
+mod scalar_k;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(test)]
 mod bench;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_k;
 
-pub use blocks::{as_blocks, Block, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
+pub use blocks::{
+    as_blocks, Block, BlockIq4Nl, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K,
+    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
+};
 
 use crate::ggml_type::GgmlType;
 use half::f16;
@@ -84,7 +122,7 @@ pub struct Unsupported {
 pub enum Reason {
     /// No `vec_dot` kernel for this weight type.
     NoDot,
-    /// Not a vec dot (activation) type: F32, F16, BF16, Q8_0 or Q8_1 are.
+    /// Not a vec dot (activation) type: F32, F16, BF16, Q8_0, Q8_1 or Q8_K are.
     NotActivationType,
     /// No dequantizer for this type.
     NoDequantize,
@@ -163,8 +201,9 @@ impl Kernels {
             F32 => Some(F32),
             F16 => Some(F16),
             BF16 => Some(BF16),
-            Q4_0 | Q5_0 | Q8_0 => Some(Q8_0),
+            Q4_0 | Q5_0 | Q8_0 | IQ4_NL | MXFP4 => Some(Q8_0),
             Q4_1 | Q5_1 => Some(Q8_1),
+            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K => Some(Q8_K),
             _ => None,
         }
     }
@@ -184,7 +223,65 @@ impl Kernels {
             Q5_0 => scalar::vec_dot_q5_0_q8_0,
             Q5_1 => scalar::vec_dot_q5_1_q8_1,
             Q8_0 => scalar::vec_dot_q8_0_q8_0,
+            IQ4_NL => scalar::vec_dot_iq4_nl_q8_0,
+            MXFP4 => scalar::vec_dot_mxfp4_q8_0,
+            Q2_K => scalar_k::vec_dot_q2_k_q8_k,
+            Q3_K => scalar_k::vec_dot_q3_k_q8_k,
+            Q4_K => scalar_k::vec_dot_q4_k_q8_k,
+            Q5_K => scalar_k::vec_dot_q5_k_q8_k,
+            Q6_K => scalar_k::vec_dot_q6_k_q8_k,
             _ => return Err(Unsupported { ty: wtype, reason: Reason::NoDot }),
+        };
+        Ok(f)
+    }
+
+    /// The dot that reproduces, bit for bit, output `(row, token)` of llama.cpp 11434's
+    /// CPU matmul of a weight with `rows` rows by a batch of `n_tokens` activation rows,
+    /// `token` being this activation row's index in the batch — on llama.cpp's x86
+    /// AVX-512 build with CPU_REPACK on (its default, and how keel's goldens were made).
+    /// llama.cpp picks its kernel by batch geometry:
+    /// - Q4_K and Q2_K with `rows % 8 == 0` are repacked: tokens in whole groups of four
+    ///   (`token < n_tokens - n_tokens % 4`) go through `gemm`, whose order has an fma
+    ///   pair per 64 (Q4_K) / 128 (Q2_K) elements; the rest go through `gemv`, whose
+    ///   order [`Kernels::dot_fn`] follows;
+    /// - Q2_K .. Q6_K weights that are not repacked, in batches of 8 or more tokens, go
+    ///   through the tiled matmul (`ggml-cpu/tiled/`, new in 11434): per super-block
+    ///   `r = f32(s1)·dw`, `r = fma(-dminw, f32(s2), r)`, `acc = fma(r, da, acc)`;
+    /// - everything else uses [`Kernels::dot_fn`]'s order.
+    ///
+    /// Not reproduced (this returns `dot_fn`): Q4_K/Q2_K with `rows % 8 != 0` in batches
+    /// of fewer than 8 (llama.cpp's `vec_dot` lanes), IQ4_NL/MXFP4 with `rows % 8 != 0`,
+    /// Q4_0, Q5_0, Q5_1. Opt-in: a caller using it gives up keel's rule that a row's dot
+    /// does not depend on the batch the row is in.
+    pub fn dot_fn_in_batch(&self, wtype: GgmlType, rows: usize, n_tokens: usize, token: usize) -> Result<DotFn, Unsupported> {
+        use GgmlType::*;
+        let repacked = matches!(wtype, Q4_K | Q2_K) && rows % 8 == 0;
+        let gemm = repacked && token < n_tokens - n_tokens % 4;
+        let tiled = !repacked && n_tokens >= 8 && matches!(wtype, Q2_K | Q3_K | Q4_K | Q5_K | Q6_K);
+        if !gemm && !tiled {
+            return self.dot_fn(wtype);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            let f: DotFn = match (wtype, gemm) {
+                (Q4_K, true) => x86::vec_dot_q4_k_q8_k_gemm,
+                (Q2_K, true) => x86::vec_dot_q2_k_q8_k_gemm,
+                (Q2_K, false) => x86::vec_dot_q2_k_q8_k_tiled,
+                (Q3_K, false) => x86::vec_dot_q3_k_q8_k_tiled,
+                (Q4_K, false) => x86::vec_dot_q4_k_q8_k_tiled,
+                (Q5_K, false) => x86::vec_dot_q5_k_q8_k_tiled,
+                _ => x86::vec_dot_q6_k_q8_k_tiled,
+            };
+            return Ok(f);
+        }
+        let f: DotFn = match (wtype, gemm) {
+            (Q4_K, true) => scalar_k::vec_dot_q4_k_q8_k_gemm,
+            (Q2_K, true) => scalar_k::vec_dot_q2_k_q8_k_gemm,
+            (Q2_K, false) => scalar_k::vec_dot_q2_k_q8_k_tiled,
+            (Q3_K, false) => scalar_k::vec_dot_q3_k_q8_k_tiled,
+            (Q4_K, false) => scalar_k::vec_dot_q4_k_q8_k_tiled,
+            (Q5_K, false) => scalar_k::vec_dot_q5_k_q8_k_tiled,
+            _ => scalar_k::vec_dot_q6_k_q8_k_tiled,
         };
         Ok(f)
     }
@@ -202,6 +299,13 @@ impl Kernels {
                 Q5_0 => x86::vec_dot_q5_0_q8_0,
                 Q5_1 => x86::vec_dot_q5_1_q8_1,
                 Q8_0 => x86::vec_dot_q8_0_q8_0,
+                IQ4_NL => x86::vec_dot_iq4_nl_q8_0,
+                MXFP4 => x86::vec_dot_mxfp4_q8_0,
+                Q2_K => x86::vec_dot_q2_k_q8_k,
+                Q3_K => x86::vec_dot_q3_k_q8_k,
+                Q4_K => x86::vec_dot_q4_k_q8_k,
+                Q5_K => x86::vec_dot_q5_k_q8_k,
+                Q6_K => x86::vec_dot_q6_k_q8_k,
                 _ => return None,
             };
             return Some(f);
@@ -268,11 +372,11 @@ impl Kernels {
 
     /// Converts an activation row `x` (n floats) into `ty` (a vec dot type) in `out`,
     /// which must be exactly `ty.row_bytes(n)` long. F32 is copied, F16 rounds to
-    /// nearest even, BF16 as ggml, Q8_0/Q8_1 as described in the module doc; the bytes
-    /// are the same whichever kernel set runs.
+    /// nearest even, BF16 as ggml, Q8_0/Q8_1/Q8_K as described in the module doc; the
+    /// bytes are the same whichever kernel set runs.
     pub fn quantize_activations(&self, ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), Unsupported> {
         use GgmlType::*;
-        if !matches!(ty, F32 | F16 | BF16 | Q8_0 | Q8_1) {
+        if !matches!(ty, F32 | F16 | BF16 | Q8_0 | Q8_1 | Q8_K) {
             return Err(Unsupported { ty, reason: Reason::NotActivationType });
         }
         check_row(ty, x.len(), out.len())?;
@@ -282,6 +386,7 @@ impl Kernels {
                 Q8_0 => x86::quantize_q8(x, out, false),
                 Q8_1 => x86::quantize_q8(x, out, true),
                 F16 => x86::convert_f16(x, out),
+                Q8_K => quantize::quantize_act_q8_k(x, out),
                 _ => quantize::convert_row(ty, x, out),
             }
             return Ok(());
@@ -289,18 +394,18 @@ impl Kernels {
         match ty {
             Q8_0 => quantize::quantize_act_q8_0(x, out),
             Q8_1 => quantize::quantize_act_q8_1(x, out),
+            Q8_K => quantize::quantize_act_q8_k(x, out),
             _ => quantize::convert_row(ty, x, out),
         }
         Ok(())
     }
 
     /// Dequantizes one row: `src` holds `dst.len()` elements of `ty`, exactly
-    /// `ty.row_bytes(dst.len())` bytes. Supports F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1,
-    /// Q8_0 and Q8_1, with llama.cpp's per-element formulas (mul then add, unfused), so
-    /// every kernel set gives the same values.
+    /// `ty.row_bytes(dst.len())` bytes. Supports every type of the module doc (weights
+    /// and activations), with llama.cpp's per-element formulas (mul then add, unfused),
+    /// so every kernel set gives the same values.
     pub fn dequantize_row(&self, ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Unsupported> {
-        use GgmlType::*;
-        if !matches!(ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1) {
+        if !is_known(ty) {
             return Err(Unsupported { ty, reason: Reason::NoDequantize });
         }
         check_row(ty, dst.len(), src.len())?;
@@ -310,19 +415,25 @@ impl Kernels {
     }
 }
 
-/// Quantizes a row with llama.cpp's reference rounding (`quantize_row_*_ref`), which
-/// `llama-quantize` uses when no importance matrix is given: Q4_0, Q4_1, Q5_0, Q5_1,
-/// Q8_0, Q8_1, plus plain conversion to F32/F16/BF16. `out` must be exactly
+/// Quantizes a row as `llama-quantize` does when no importance matrix is given
+/// (llama.cpp's `quantize_row_*_ref`; for IQ4_NL `quantize_iq4_nl` without weights):
+/// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, IQ4_NL, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+/// Q8_K, plus plain conversion to F32/F16/BF16. `out` must be exactly
 /// `ty.row_bytes(x.len())` long.
 pub fn quantize_row_ref(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), Unsupported> {
-    use GgmlType::*;
-    if !matches!(ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1) {
+    if !is_known(ty) {
         return Err(Unsupported { ty, reason: Reason::NoQuantize });
     }
     check_row(ty, x.len(), out.len())?;
     let done = quantize::quantize_row_ref(ty, x, out);
     debug_assert!(done, "quantize_row_ref: {ty} passed the type check but has no kernel");
     Ok(())
+}
+
+/// The types this module can store and convert (see the module doc).
+fn is_known(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4_NL | MXFP4 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K)
 }
 
 fn check_row(ty: GgmlType, n: usize, bytes: usize) -> Result<(), Unsupported> {

@@ -1,16 +1,19 @@
 //! Scalar quantizers: llama.cpp's reference weight quantizers and keel's activation
-//! quantizers.
+//! quantizers (the K-quant ones are in `quantize_k.rs`).
 //!
 //! Owns two different roundings, on purpose:
 //!
-//! - **Weights** (`quantize_row_ref`): llama.cpp's `quantize_row_*_ref`, operation for
-//!   operation, so that re-quantizing a model reproduces `llama-quantize`'s bytes (no
-//!   imatrix). Q4_0/Q5_0 take the element of largest magnitude *with its sign*,
+//! - **Weights** (`quantize_row_ref`): what `llama-quantize` writes without an imatrix,
+//!   operation for operation, so that re-quantizing a model reproduces its bytes. For
+//!   most types that is `quantize_row_*_ref`; for IQ4_NL it is `quantize_iq4_nl` with
+//!   no weights (x²-weighted scale search over 15 trial scales, `ntry = 7`), which is
+//!   *not* `quantize_row_iq4_nl_ref` (`ntry = -1`). Q4_0/Q5_0 take the element of largest magnitude *with its sign*,
 //!   `d = max / -8` (`-16`), `id = 1/d` (0 if d == 0), `q = min(15, trunc(x*id + 8.5))`
 //!   (`min(31, trunc(x*id + 16.5))`); Q4_1/Q5_1 use `d = (max - min) / 15` (`31`),
 //!   `q = trunc((x - min)*id + 0.5)` (clamped to 15 for Q4_1 only); Q8_0/Q8_1 use
 //!   `d = amax / 127`, `id = 1/d`, `q = roundf(x*id)` (ties away from zero), and Q8_1
-//!   stores `s = f16(sum(q) * d)`.
+//!   stores `s = f16(sum(q) * d)`. MXFP4 (`quantize_row_mxfp4_ref`) takes the exponent
+//!   `floor(log2(amax)) - 2` and the nearest table value per element (see [`mxfp4_block`]).
 //! - **Activations** (`quantize_act_*`): llama.cpp's x86 `quantize_row_q8_0/q8_1`
 //!   (the AVX path that produced the golden outputs): `d = amax / 127`,
 //!   `id = 127 / amax` (0 if amax == 0), `q = round_half_even(x*id)`. keel's AVX2 path
@@ -20,9 +23,10 @@
 //! Row shapes: `x` has n = 32·k floats, `out` has k blocks; the caller (`mod.rs`) checks.
 
 use super::blocks::{
-    f32_to_bf16, f32_to_f16, write_block, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0,
-    BlockQ8_1, QK,
+    e8m0_to_f32_half, f32_to_bf16, f32_to_f16, write_block, BlockIq4Nl, BlockMxfp4, BlockQ4_0, BlockQ4_1,
+    BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, KVALUES_IQ4NL, KVALUES_MXFP4, QK,
 };
+use super::quantize_k::{each_super_block, q2_k_block, q3_k_block, q4_k_block, q5_k_block, q6_k_block, q8_k_block};
 use crate::ggml_type::GgmlType;
 use half::f16;
 
@@ -37,6 +41,14 @@ pub(crate) fn quantize_row_ref(ty: GgmlType, x: &[f32], out: &mut [u8]) -> bool 
         GgmlType::Q5_1 => each_block(x, out, 24, q5_1_block),
         GgmlType::Q8_0 => each_block(x, out, 34, q8_0_ref_block),
         GgmlType::Q8_1 => each_block(x, out, 36, q8_1_ref_block),
+        GgmlType::IQ4_NL => each_block(x, out, 18, iq4_nl_block),
+        GgmlType::MXFP4 => each_block(x, out, 17, mxfp4_block),
+        GgmlType::Q2_K => each_super_block(x, out, q2_k_block),
+        GgmlType::Q3_K => each_super_block(x, out, q3_k_block),
+        GgmlType::Q4_K => each_super_block(x, out, q4_k_block),
+        GgmlType::Q5_K => each_super_block(x, out, q5_k_block),
+        GgmlType::Q6_K => each_super_block(x, out, q6_k_block),
+        GgmlType::Q8_K => each_super_block(x, out, q8_k_block),
         _ => return false,
     }
     true
@@ -221,10 +233,141 @@ pub(crate) fn quantize_act_q8_0(x: &[f32], out: &mut [u8]) {
     });
 }
 
+/// Activations → Q8_K: llama.cpp's `quantize_row_q8_K_ref`, which its x86 build also
+/// uses for activations (every kernel set runs this one). Shapes prechecked.
+pub(crate) fn quantize_act_q8_k(x: &[f32], out: &mut [u8]) {
+    each_super_block(x, out, q8_k_block);
+}
+
 /// Activations → Q8_1 (reference for `x86::quantize_q8_1`). Shapes prechecked.
 pub(crate) fn quantize_act_q8_1(x: &[f32], out: &mut [u8]) {
     each_block(x, out, 36, |xb| {
         let (d, qs, sum) = q8_act(xb);
         BlockQ8_1 { d: f16::from_f32(d), s: f16::from_f32(d * sum as f32), qs }
     });
+}
+
+/// ggml's `best_index_int8` on a sorted table: the index of the value nearest to `x`,
+/// the lower one unless the upper is strictly nearer. ggml binary-searches for the pair
+/// `val[mu-1] <= x < val[mu]`; `mu` is also the number of values <= x, which is computed
+/// here without branches (same result for every x, NaN included: ggml returns 15).
+#[inline]
+fn best_index_int8(val: &[f32; 16], x: f32) -> usize {
+    if x <= val[0] {
+        return 0;
+    }
+    if x >= val[15] || x.is_nan() {
+        return 15;
+    }
+    let mu = val.iter().map(|&v| (v <= x) as usize).sum::<usize>();
+    if x - val[mu - 1] < val[mu] - x {
+        mu - 1
+    } else {
+        mu
+    }
+}
+
+/// IQ4_NL as `quantize_iq4_nl` writes it with no importance weights (what
+/// `llama-quantize` does without an imatrix): weights x², a first scale
+/// `d = max / 127` (max = the signed element of largest magnitude), its least-squares
+/// refit, then 15 trial inverse scales `(t - 127) / max`, t = -7..=7, keeping the best
+/// `Σwqx² / Σwq²`; the indices are then recomputed with the final (unrounded) scale.
+fn iq4_nl_block(xb: &[f32]) -> BlockIq4Nl {
+    const NTRY: i32 = 7;
+    let v = &KVALUES_IQ4NL.map(|k| k as f32);
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &x in xb {
+        let ax = libm::fabsf(x);
+        if ax > amax {
+            amax = ax;
+            max = x;
+        }
+    }
+    let mut scale = 0.0f32;
+    if amax >= 1e-15 {
+        let fit = |id: f32| {
+            let (mut sumqx, mut sumq2) = (0.0f32, 0.0f32);
+            for &x in xb {
+                let q = v[best_index_int8(v, id * x)];
+                let w = x * x;
+                sumqx += w * q * x;
+                sumq2 += w * q * q;
+            }
+            (sumqx, sumq2)
+        };
+        let d0 = -max / v[0];
+        let (sumqx, sumq2) = fit(1.0 / d0);
+        let mut d = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
+        let mut best = d * sumqx;
+        for itry in -NTRY..=NTRY {
+            let (sumqx, sumq2) = fit((itry + KVALUES_IQ4NL[0] as i32) as f32 / max);
+            if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
+                d = sumqx / sumq2;
+                best = d * sumqx;
+            }
+        }
+        scale = d;
+    }
+    let id = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+    let mut qs = [0u8; 16];
+    for j in 0..16 {
+        let lo = best_index_int8(v, id * xb[j]) as u8;
+        let hi = best_index_int8(v, id * xb[j + 16]) as u8;
+        qs[j] = lo | (hi << 4);
+    }
+    BlockIq4Nl { d: half::f16::from_f32(scale), qs }
+}
+
+/// `floorf(log2f(x))` as glibc computes it, for positive finite `x`: the f64 logarithm
+/// rounded to f32 (glibc's `log2f` is correctly rounded near powers of two, where the
+/// floor is decided; checked against it for every f32 in `tests.rs`).
+#[inline]
+fn floor_log2f(x: f32) -> f32 {
+    libm::floorf(libm::log2(x as f64) as f32)
+}
+
+/// The index of the table value `KVALUES_MXFP4[i]·e` nearest to `x` (first wins; ggml's
+/// `best_index_mxfp4`).
+#[inline]
+fn best_index_mxfp4(x: f32, e: f32) -> u8 {
+    let mut best = 0u8;
+    let mut best_err = libm::fabsf(KVALUES_MXFP4[0] as f32 * e - x);
+    for (i, &k) in KVALUES_MXFP4.iter().enumerate().skip(1) {
+        let err = libm::fabsf(k as f32 * e - x);
+        if err < best_err {
+            best = i as u8;
+            best_err = err;
+        }
+    }
+    best
+}
+
+/// `quantize_row_mxfp4_ref` for one block: `e = floor(log2(amax)) - 2 + 127` (0 if
+/// amax = 0; truncated to u8 as ggml's cast does on x86), scale `d = 2^(e-128)`, and per
+/// element the nearest of the 16 doubled E2M1 values times d.
+fn mxfp4_block(xb: &[f32]) -> BlockMxfp4 {
+    let mut amax = 0.0f32;
+    for &v in xb {
+        if amax < libm::fabsf(v) {
+            amax = libm::fabsf(v);
+        }
+    }
+    let e = if amax > 0.0 {
+        let v = floor_log2f(amax) - 2.0 + 127.0;
+        // x86's cvttss2si: out of range (or NaN) gives 0x8000_0000, whose low byte is 0.
+        if (-2_147_483_648.0..2_147_483_648.0).contains(&v) { v as i32 as u8 } else { 0 }
+    } else {
+        0
+    };
+    let d = e8m0_to_f32_half(e);
+    let mut qs = [0u8; 16];
+    for j in 0..16 {
+        qs[j] = best_index_mxfp4(xb[j], d) | (best_index_mxfp4(xb[j + 16], d) << 4);
+    }
+    BlockMxfp4 { e, qs }
+}
+
+#[cfg(test)]
+pub(crate) fn floor_log2f_for_tests(x: f32) -> f32 {
+    floor_log2f(x)
 }

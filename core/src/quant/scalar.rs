@@ -13,8 +13,13 @@
 //! q5_0·q8_0  sumf += (dw * da) * sumi
 //! q5_1·q8_1  sumf += (dw * da) * sumi + mw * sa
 //! q8_0·q8_0  llama.cpp's x86 order, as q4_1 (same bits as the AVX2 kernel)
+//! iq4_nl·q8_0, mxfp4·q8_0  llama.cpp's repacked order (CPU_REPACK iq4_nl_8x8 / mxfp4_8x8,
+//!            which it uses for every weight with a multiple of 8 rows on AVX2):
+//!            per block acc = fma(f32(sumi), dw·da, acc), one accumulator
 //! f32/f16/bf16  sumf += w[i] * a[i], i ascending, one f32 accumulator
 //! ```
+//!
+//! The K-quants (256-element super-blocks) are in `scalar_k.rs`.
 //!
 //! (llama.cpp's scalar f16 dot accumulates in f64; ours stays in f32 so every target
 //! gets the same bits cheaply.) Blocks are decoded from bytes with [`read_block`], so
@@ -26,8 +31,8 @@
 //! fit in all three (never out of bounds, never a panic).
 
 use super::blocks::{
-    bf16_to_f32, f16_to_f32, qh_u32, read_block, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1,
-    BlockQ8_0, BlockQ8_1, QK,
+    bf16_to_f32, e8m0_to_f32_half, f16_to_f32, qh_u32, read_block, BlockIq4Nl, BlockMxfp4, BlockQ4_0,
+    BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, KVALUES_IQ4NL, KVALUES_MXFP4, QK,
 };
 use crate::ggml_type::GgmlType;
 
@@ -113,7 +118,27 @@ pub(crate) fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> bool 
                 }
             }
         }
-        _ => return false,
+        GgmlType::IQ4_NL => {
+            for (c, y) in src.chunks_exact(18).zip(dst.chunks_exact_mut(QK)) {
+                let Some(b) = read_block::<BlockIq4Nl>(c) else { break };
+                let d = b.d.to_f32();
+                for j in 0..16 {
+                    y[j] = d * KVALUES_IQ4NL[(b.qs[j] & 0xF) as usize] as f32;
+                    y[j + 16] = d * KVALUES_IQ4NL[(b.qs[j] >> 4) as usize] as f32;
+                }
+            }
+        }
+        GgmlType::MXFP4 => {
+            for (c, y) in src.chunks_exact(17).zip(dst.chunks_exact_mut(QK)) {
+                let Some(b) = read_block::<BlockMxfp4>(c) else { break };
+                let d = e8m0_to_f32_half(b.e);
+                for j in 0..16 {
+                    y[j] = KVALUES_MXFP4[(b.qs[j] & 0xF) as usize] as f32 * d;
+                    y[j + 16] = KVALUES_MXFP4[(b.qs[j] >> 4) as usize] as f32 * d;
+                }
+            }
+        }
+        _ => return super::scalar_k::dequantize_row(ty, src, dst),
     }
     true
 }
@@ -127,7 +152,7 @@ fn q5_pair(q: u8, qh: u32, j: usize) -> (i32, i32) {
 }
 
 #[inline]
-fn contract(n: usize, bs: usize, w: &[u8], wsize: usize, a: &[u8], asize: usize) {
+pub(crate) fn contract(n: usize, bs: usize, w: &[u8], wsize: usize, a: &[u8], asize: usize) {
     debug_assert!(n % bs == 0, "vec_dot: n = {n} is not a multiple of the block size {bs}");
     debug_assert!(w.len() >= n / bs * wsize, "vec_dot: weight row too short");
     debug_assert!(a.len() >= n / bs * asize, "vec_dot: activation row too short");
@@ -194,6 +219,11 @@ pub(crate) fn lane_sums(x: impl Fn(usize) -> i32, y: &[i8; 32]) -> [i32; 8] {
 #[inline]
 pub(crate) fn hsum8(a: [f32; 8]) -> f32 {
     let r = [a[4] + a[0], a[5] + a[1], a[6] + a[2], a[7] + a[3]];
+    // A deliberately wrong order, compiled in only by host-wasi's perturbed-kernel test
+    // (which passes `--cfg keel_perturb_for_test` to its own guest build; no feature or
+    // normal build can turn it on): the reference digest check must catch it.
+    #[cfg(keel_perturb_for_test)]
+    let r = [r[0], r[2], r[1], r[3]];
     (r[0] + r[2]) + (r[1] + r[3])
 }
 
@@ -240,6 +270,42 @@ pub(crate) fn vec_dot_q8_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
         }
     }
     hsum8(acc)
+}
+
+/// Σ over the block of `table[nibble] · a` for a 4-bit table type (exact).
+#[inline]
+fn table_sumi(qs: &[u8; 16], a: &[i8; 32], table: &[i8; 16]) -> i32 {
+    let mut s = 0i32;
+    for j in 0..16 {
+        s += table[(qs[j] & 0xF) as usize] as i32 * a[j] as i32 + table[(qs[j] >> 4) as usize] as i32 * a[j + 16] as i32;
+    }
+    s
+}
+
+/// Reference IQ4_NL · Q8_0 in llama.cpp's repacked order: per block
+/// `acc = fma(f32(sumi), dw·da, acc)`.
+pub(crate) fn vec_dot_iq4_nl_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    contract(n, QK, w, 18, a, 34);
+    let mut acc = 0.0f32;
+    for (cw, ca) in w.chunks_exact(18).zip(a.chunks_exact(34)).take(n / QK) {
+        let (Some(x), Some(y)) = (read_block::<BlockIq4Nl>(cw), read_block::<BlockQ8_0>(ca)) else { break };
+        let sumi = table_sumi(&x.qs, &y.qs, &KVALUES_IQ4NL);
+        acc = libm::fmaf(sumi as f32, x.d.to_f32() * y.d.to_f32(), acc);
+    }
+    acc
+}
+
+/// Reference MXFP4 · Q8_0 in llama.cpp's repacked order: per block
+/// `acc = fma(f32(sumi), e8m0_half(e)·da, acc)`.
+pub(crate) fn vec_dot_mxfp4_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    contract(n, QK, w, 17, a, 34);
+    let mut acc = 0.0f32;
+    for (cw, ca) in w.chunks_exact(17).zip(a.chunks_exact(34)).take(n / QK) {
+        let (Some(x), Some(y)) = (read_block::<BlockMxfp4>(cw), read_block::<BlockQ8_0>(ca)) else { break };
+        let sumi = table_sumi(&x.qs, &y.qs, &KVALUES_MXFP4);
+        acc = libm::fmaf(sumi as f32, e8m0_to_f32_half(x.e) * y.d.to_f32(), acc);
+    }
+    acc
 }
 
 /// Reference F32 · F32.

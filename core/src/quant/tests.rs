@@ -1,12 +1,16 @@
 //! Tests of the quant module: known blocks, round-trip error bounds, the reference dot
 //! against an f64 sum, the SIMD dots against the reference, and byte equality of the
 //! SIMD and reference activation quantizers. SIMD tests run only where the CPU has the
-//! features (they print a note and pass otherwise).
+//! features (they print a note and pass otherwise). The K-quant, IQ4_NL and MXFP4
+//! tests are in `tests_k.rs`.
 //!
-//! Tolerances (L1 = Σ|w_i·a_i| over the dequantized rows, plus Σ|m·s| for Q4_1/Q5_1):
+//! Tolerances (L1 = Σ|w_i·a_i| over the dequantized rows, plus Σ|m·s| for Q4_1/Q5_1
+//! and Σ|dmin·m·a| for the K-quants with mins):
 //! - reference dot vs f64 sum of dequantized products: 1e-5·L1 (+ 2^-10·Σ|m·s|, since
 //!   `s` is an f16 rounding of `d·Σq`);
-//! - SIMD dot vs reference dot: 1e-5·L1 (only the float summation order differs);
+//! - SIMD dot vs reference dot: 1e-5·L1 (only the float summation order differs), and
+//!   bit equality for the types whose kernels follow llama.cpp's order in both sets
+//!   (Q4_1, Q8_0, IQ4_NL, MXFP4, every K-quant);
 //! - round trip |x - dequant(quant(x))| per element, with d the block's scale and
 //!   h(v) = max(|v|·2^-11, 2^-25) the error of storing v as f16: Q4_0 |d| + 8·h(d) and
 //!   Q5_0 |d| + 16·h(d) (the top value may clamp by one step), Q4_1 / Q5_1
@@ -78,32 +82,38 @@ pub(super) fn fast_kernels() -> Option<Kernels> {
     None
 }
 
-fn bytes_of(ty: GgmlType, n: usize) -> usize {
+pub(super) fn bytes_of(ty: GgmlType, n: usize) -> usize {
     ty.row_bytes(n as u64).unwrap() as usize
 }
 
-fn quantized(ty: GgmlType, x: &[f32]) -> Vec<u8> {
+pub(super) fn quantized(ty: GgmlType, x: &[f32]) -> Vec<u8> {
     let mut out = vec![0u8; bytes_of(ty, x.len())];
     quantize_row_ref(ty, x, &mut out).unwrap();
     out
 }
 
-fn activations(k: &Kernels, ty: GgmlType, x: &[f32]) -> Vec<u8> {
+pub(super) fn activations(k: &Kernels, ty: GgmlType, x: &[f32]) -> Vec<u8> {
     let mut out = vec![0u8; bytes_of(ty, x.len())];
     k.quantize_activations(ty, x, &mut out).unwrap();
     out
 }
 
-fn dequantized(ty: GgmlType, src: &[u8], n: usize) -> Vec<f32> {
+pub(super) fn dequantized(ty: GgmlType, src: &[u8], n: usize) -> Vec<f32> {
     let mut out = vec![0.0f32; n];
     Kernels::reference().dequantize_row(ty, src, &mut out).unwrap();
     out
 }
 
-const DOT_TYPES: [GgmlType; 8] = [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0];
+pub(super) const DOT_TYPES: [GgmlType; 15] = [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K];
 
-/// (f64 sum of dequantized products, L1 of them, Σ|m·s| for the Q8_1 pairings).
-fn exact_dot(wtype: GgmlType, w: &[u8], a: &[u8], n: usize) -> (f64, f64, f64) {
+/// Types whose SIMD dot gives the reference's bits (see `x86/mod.rs`).
+pub(super) fn simd_bit_exact(ty: GgmlType) -> bool {
+    matches!(ty, Q4_1 | Q8_0 | IQ4_NL | MXFP4 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K)
+}
+
+/// (f64 sum of dequantized products, L1 of them, Σ|m·s| for the Q8_1 pairings and
+/// Σ|dmin·m·a| for the K-quants with mins).
+pub(super) fn exact_dot(wtype: GgmlType, w: &[u8], a: &[u8], n: usize) -> (f64, f64, f64) {
     let atype = Kernels::vec_dot_type(wtype).unwrap();
     let (wf, af) = (dequantized(wtype, w, n), dequantized(atype, a, n));
     let (mut sum, mut l1) = (0.0f64, 0.0f64);
@@ -118,10 +128,20 @@ fn exact_dot(wtype: GgmlType, w: &[u8], a: &[u8], n: usize) -> (f64, f64, f64) {
             ms += (f16_to_f32(u16::from_le_bytes([bw[2], bw[3]])) as f64 * f16_to_f32(u16::from_le_bytes([ba[2], ba[3]])) as f64).abs();
         }
     }
+    let mins = super::tests_k::min_offsets(wtype, w, n);
+    if !mins.is_empty() {
+        // The dequantized weight is scaled part - min part: count both in the L1.
+        ms = mins.iter().zip(&af).map(|(m, y)| (*m as f64 * *y as f64).abs()).sum::<f64>();
+        l1 = wf.iter().zip(&mins).zip(&af).map(|((x, m), y)| ((*x + *m) as f64 * *y as f64).abs()).sum::<f64>();
+    }
     (sum, l1, ms)
 }
 
-fn random_n(rng: &mut Rng, ty: GgmlType, i: usize) -> usize {
+pub(super) fn random_n(rng: &mut Rng, ty: GgmlType, i: usize) -> usize {
+    if ty.block_size() == 256 {
+        const FIXED: [usize; 5] = [256, 512, 768, 1536, 4096];
+        return if i < FIXED.len() { FIXED[i] } else { 256 * (1 + rng.below(16) as usize) };
+    }
     const FIXED: [usize; 7] = [32, 64, 96, 576, 1536, 2048, 4096];
     if i < FIXED.len() {
         return FIXED[i];
@@ -134,6 +154,18 @@ fn random_n(rng: &mut Rng, ty: GgmlType, i: usize) -> usize {
 
 #[test]
 fn block_structs_match_ggml_sizes() {
+    // The ggml tables (`ggml-common.h` static_asserts): bytes per block and elements.
+    for (ty, size, elems) in [(Q2_K, 84, 256), (Q3_K, 110, 256), (Q4_K, 144, 256), (Q5_K, 176, 256), (Q6_K, 210, 256), (Q8_K, 292, 256), (IQ4_NL, 18, 32), (MXFP4, 17, 32)] {
+        assert_eq!((ty.type_size(), ty.block_size()), (size, elems), "{ty}");
+    }
+    assert_eq!(core::mem::size_of::<BlockQ2K>(), Q2_K.type_size());
+    assert_eq!(core::mem::size_of::<BlockQ3K>(), Q3_K.type_size());
+    assert_eq!(core::mem::size_of::<BlockQ4K>(), Q4_K.type_size());
+    assert_eq!(core::mem::size_of::<BlockQ5K>(), Q5_K.type_size());
+    assert_eq!(core::mem::size_of::<BlockQ6K>(), Q6_K.type_size());
+    assert_eq!(core::mem::size_of::<BlockQ8K>(), Q8_K.type_size());
+    assert_eq!(core::mem::size_of::<BlockIq4Nl>(), IQ4_NL.type_size());
+    assert_eq!(core::mem::size_of::<BlockMxfp4>(), MXFP4.type_size());
     assert_eq!(core::mem::size_of::<BlockQ4_0>(), Q4_0.type_size());
     assert_eq!(core::mem::size_of::<BlockQ4_1>(), Q4_1.type_size());
     assert_eq!(core::mem::size_of::<BlockQ5_0>(), Q5_0.type_size());
@@ -298,7 +330,7 @@ fn reference_dot_matches_f64_sum() {
             let a = activations(&k, atype, &random_row(&mut rng, n));
             let got = dot(n, &w, &a) as f64;
             let (want, l1, ms) = exact_dot(wtype, &w, &a, n);
-            let tol = 1e-5 * (l1 + ms) + ms / 1024.0;
+            let tol = 1e-5 * (l1 + ms) + if atype == Q8_1 { ms / 1024.0 } else { 0.0 };
             assert!((got - want).abs() <= tol, "{wtype} n={n}: {got} vs {want} (tol {tol})");
         }
     }
@@ -323,7 +355,7 @@ fn simd_dot_matches_reference() {
             let scale = l1 + ms;
             let err = if scale > 0.0 { (got - want).abs() / scale } else { (got - want).abs() };
             assert!(err <= 1e-5, "{wtype} n={n}: simd {got} vs reference {want} (L1 {scale})");
-            if matches!(wtype, Q4_1 | Q8_0) {
+            if simd_bit_exact(wtype) {
                 // These follow llama.cpp's x86 order in both kernel sets: same bits.
                 assert_eq!(got32.to_bits(), r(n, &w, &a).to_bits(), "{wtype} n={n}: simd and reference bits differ");
             }
@@ -345,9 +377,15 @@ fn simd_activations_are_byte_identical() {
     let Some(fast) = fast_kernels() else { return };
     let reference = Kernels::reference();
     let mut rng = Rng::new(4);
-    for ty in [F32, F16, BF16, Q8_0, Q8_1] {
+    for ty in [F32, F16, BF16, Q8_0, Q8_1, Q8_K] {
         for i in 0..200 {
-            let n = if ty.block_size() == 1 && i % 2 == 0 { 1 + rng.below(300) as usize } else { 32 * (1 + rng.below(128) as usize) };
+            let n = if ty == Q8_K {
+                256 * (1 + rng.below(16) as usize)
+            } else if ty.block_size() == 1 && i % 2 == 0 {
+                1 + rng.below(300) as usize
+            } else {
+                32 * (1 + rng.below(128) as usize)
+            };
             let x = random_row(&mut rng, n);
             assert_eq!(activations(&fast, ty, &x), activations(&reference, ty, &x), "{ty} n={n}");
         }
@@ -358,9 +396,17 @@ fn simd_activations_are_byte_identical() {
 fn api_checks_types_and_shapes() {
     let k = Kernels::reference();
     assert!(Kernels::new(Isa::default()).is_reference());
-    assert_eq!(k.dot_fn(Q4_K).unwrap_err(), Unsupported { ty: Q4_K, reason: Reason::NoDot });
+    assert_eq!(k.dot_fn(IQ2_XXS).unwrap_err(), Unsupported { ty: IQ2_XXS, reason: Reason::NoDot });
+    assert!(format!("{}", k.dot_fn(IQ4_XS).unwrap_err()).contains("iq4_xs"));
     assert_eq!(Kernels::vec_dot_type(Q4_1), Some(Q8_1));
-    assert_eq!(Kernels::vec_dot_type(Q6_K), None);
+    // llama.cpp's type_traits_cpu pairings.
+    for (w, a) in [(Q2_K, Q8_K), (Q3_K, Q8_K), (Q4_K, Q8_K), (Q5_K, Q8_K), (Q6_K, Q8_K), (IQ4_NL, Q8_0), (MXFP4, Q8_0)] {
+        assert_eq!(Kernels::vec_dot_type(w), Some(a), "{w}");
+    }
+    assert_eq!(Kernels::vec_dot_type(IQ4_XS), None);
+    assert_eq!(Kernels::vec_dot_type(Q8_K), None, "Q8_K is an activation type only");
+    let e = k.quantize_activations(Q8_K, &[0.5f32; 64], &mut [0u8; 292]).unwrap_err();
+    assert_eq!(e.reason, Reason::RowShape { n: 64, bytes: 292 }, "K rows are whole 256-blocks");
     let x = [0.5f32; 64];
     let mut out = [0u8; 68];
     assert!(k.quantize_activations(Q8_0, &x, &mut out).is_ok());
@@ -374,8 +420,10 @@ fn api_checks_types_and_shapes() {
     let mut y = [0.0f32; 64];
     assert!(k.dequantize_row(Q8_0, &out, &mut y).is_ok());
     assert!(k.dequantize_row(Q8_0, &out[..34], &mut y).is_err());
-    assert_eq!(k.dequantize_row(Q2_K, &out, &mut y).unwrap_err().reason, Reason::NoDequantize);
-    assert_eq!(quantize_row_ref(IQ4_NL, &x, &mut out).unwrap_err().reason, Reason::NoQuantize);
+    assert_eq!(k.dequantize_row(IQ2_XS, &out, &mut y).unwrap_err().reason, Reason::NoDequantize);
+    let e = quantize_row_ref(IQ4_XS, &x, &mut out).unwrap_err();
+    assert_eq!(e.reason, Reason::NoQuantize);
+    assert!(format!("{e}").contains("iq4_xs"));
 }
 
 #[test]
@@ -412,3 +460,4 @@ fn simd_attention_f16_ops_and_swiglu_match_reference_bits() {
         assert_eq!(a[i].to_bits(), b[i].to_bits(), "swiglu x={} up={}", gate[i], up[i]);
     }
 }
+

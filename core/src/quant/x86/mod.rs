@@ -1,11 +1,14 @@
 //! AVX2 + FMA (+ F16C) kernels for x86_64: the decode hot path.
 //!
-//! Owns the SIMD `vec_dot`s and the SIMD activation quantizers. Every public-in-crate
+//! Owns the SIMD `vec_dot`s (32-element types in `qdot.rs`, K-quants in `kdot.rs`) and
+//! the SIMD activation quantizers (Q8_K activations use the scalar reference on every
+//! kernel set). Every public-in-crate
 //! function here is a safe wrapper with the [`super::DotFn`] shape around an
 //! `unsafe #[target_feature]` body; the wrappers may only be handed out after
 //! [`cpu_has_avx2_fma`] returned true (`Kernels::new` does that; tests check it too).
 //!
-//! Arithmetic, per weight/activation block pair (32 elements):
+//! Arithmetic of the 32-element types (the K-quants: see `kdot.rs`), per weight/activation
+//! block pair:
 //! - integer part exact: `maddubs` (u8 × i8 → i16 pairs, never saturating for these
 //!   ranges) then `madd` with ones → 8 i32 lane sums; signed weights are handled either
 //!   by an offset (`q - 8`, `q - 16`: subtract `maddubs(offset, y)`) or by the sign trick
@@ -16,7 +19,8 @@
 //!   end. Layout tricks are described in `qdot.rs`.
 //!
 //! The order is fixed by `n` alone, so a row gives the same bits however many rows are
-//! computed and on whichever thread. It differs from the scalar reference only in float
+//! computed and on whichever thread. Q4_1, Q8_0, IQ4_NL, MXFP4 and all K-quants give
+//! the scalar reference's bits exactly; Q4_0, Q5_0 and Q5_1 differ from it only in float
 //! summation order (tests bound the difference).
 //!
 //! Activation quantizers compute exactly what `quantize.rs` does (`id = 127/amax`,
@@ -31,10 +35,12 @@ use core::arch::x86_64::*;
 
 pub(crate) mod act;
 pub(crate) mod f16ops;
+mod kdot;
 mod qdot;
 
 use super::blocks::{bf16_to_f32, f16_to_f32};
-use qdot::{q4_0_q8_0, q4_1_q8_1, q5_0_q8_0, q5_1_q8_1, q8_0_q8_0};
+use kdot::{q2_k_q8_k, q3_k_q8_k, q4_k_q8_k, q5_k_q8_k, q6_k_q8_k, GEMM, NATIVE, TILED};
+use qdot::{iq4_nl_q8_0, mxfp4_q8_0, q4_0_q8_0, q4_1_q8_1, q5_0_q8_0, q5_1_q8_1, q8_0_q8_0};
 
 /// True if this CPU (and OS) can run the kernels here: AVX, AVX2, FMA, F16C, and the OS
 /// saves YMM state (XCR0 bits 1 and 2).
@@ -76,7 +82,7 @@ fn fit(n: usize, bs: usize, w: &[u8], wsize: usize, a: &[u8], asize: usize) -> u
 }
 
 macro_rules! dot_wrapper {
-    ($(#[$doc:meta])* $name:ident, $body:ident, $bs:expr, $wsize:expr, $asize:expr) => {
+    ($(#[$doc:meta])* $name:ident, $body:path, $bs:expr, $wsize:expr, $asize:expr) => {
         $(#[$doc])*
         pub(crate) fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let nb = fit(n, $bs, w, $wsize, a, $asize);
@@ -97,6 +103,34 @@ dot_wrapper!(/// AVX2 Q5_1 · Q8_1.
     vec_dot_q5_1_q8_1, q5_1_q8_1, 32, 24, 36);
 dot_wrapper!(/// AVX2 Q8_0 · Q8_0.
     vec_dot_q8_0_q8_0, q8_0_q8_0, 32, 34, 34);
+dot_wrapper!(/// AVX2 IQ4_NL · Q8_0.
+    vec_dot_iq4_nl_q8_0, iq4_nl_q8_0, 32, 18, 34);
+dot_wrapper!(/// AVX2 MXFP4 · Q8_0.
+    vec_dot_mxfp4_q8_0, mxfp4_q8_0, 32, 17, 34);
+dot_wrapper!(/// AVX2 Q2_K · Q8_K.
+    vec_dot_q2_k_q8_k, q2_k_q8_k::<NATIVE>, 256, 84, 292);
+dot_wrapper!(/// AVX2 Q3_K · Q8_K.
+    vec_dot_q3_k_q8_k, q3_k_q8_k::<NATIVE>, 256, 110, 292);
+dot_wrapper!(/// AVX2 Q4_K · Q8_K.
+    vec_dot_q4_k_q8_k, q4_k_q8_k::<NATIVE>, 256, 144, 292);
+dot_wrapper!(/// AVX2 Q5_K · Q8_K.
+    vec_dot_q5_k_q8_k, q5_k_q8_k::<NATIVE>, 256, 176, 292);
+dot_wrapper!(/// AVX2 Q6_K · Q8_K.
+    vec_dot_q6_k_q8_k, q6_k_q8_k::<NATIVE>, 256, 210, 292);
+dot_wrapper!(/// AVX2 Q2_K · Q8_K in llama.cpp's `gemm` order.
+    vec_dot_q2_k_q8_k_gemm, q2_k_q8_k::<GEMM>, 256, 84, 292);
+dot_wrapper!(/// AVX2 Q4_K · Q8_K in llama.cpp's `gemm` order.
+    vec_dot_q4_k_q8_k_gemm, q4_k_q8_k::<GEMM>, 256, 144, 292);
+dot_wrapper!(/// AVX2 Q2_K · Q8_K in llama.cpp's tiled order.
+    vec_dot_q2_k_q8_k_tiled, q2_k_q8_k::<TILED>, 256, 84, 292);
+dot_wrapper!(/// AVX2 Q3_K · Q8_K in llama.cpp's tiled order.
+    vec_dot_q3_k_q8_k_tiled, q3_k_q8_k::<TILED>, 256, 110, 292);
+dot_wrapper!(/// AVX2 Q4_K · Q8_K in llama.cpp's tiled order.
+    vec_dot_q4_k_q8_k_tiled, q4_k_q8_k::<TILED>, 256, 144, 292);
+dot_wrapper!(/// AVX2 Q5_K · Q8_K in llama.cpp's tiled order.
+    vec_dot_q5_k_q8_k_tiled, q5_k_q8_k::<TILED>, 256, 176, 292);
+dot_wrapper!(/// AVX2 Q6_K · Q8_K in llama.cpp's tiled order.
+    vec_dot_q6_k_q8_k_tiled, q6_k_q8_k::<TILED>, 256, 210, 292);
 dot_wrapper!(/// AVX2 F32 · F32.
     vec_dot_f32, f32_f32, 1, 4, 4);
 dot_wrapper!(/// AVX2 F16 · F16.

@@ -1,4 +1,5 @@
-//! The quant `vec_dot` bodies (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 weights) and their helpers.
+//! The `vec_dot` bodies of the 32-element types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL,
+//! MXFP4 weights) and their helpers.
 //!
 //! Block layouts are in `blocks.rs`. Q4_1 and Q8_0 (the types of the golden-tested
 //! models) follow llama.cpp's x86 kernels operation for operation, one block per vector
@@ -11,7 +12,8 @@
 
 use core::arch::x86_64::*;
 
-use super::{hsum_ps, rd32};
+use super::{hsum_epi32, hsum_ps, rd16, rd32};
+use crate::quant::blocks::{e8m0_to_f32_half, f16_to_f32, KVALUES_IQ4NL, KVALUES_MXFP4};
 
 /// 16 bytes at `p` → 32 values 0..=15: low nibbles (elements 0..16), then high nibbles.
 #[inline]
@@ -312,4 +314,60 @@ pub(super) unsafe fn q8_0_q8_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
         }
         hsum_ps(acc)
     }
+}
+
+/// The 4-bit table dots (IQ4_NL, MXFP4) in llama.cpp's repacked order, bit-identical to
+/// the scalar reference: per block the exact integer `sumi = Σ table[q]·a` (table lookup
+/// by `pshufb`, then the sign trick), then `acc = fma(f32(sumi), dw·da, acc)` in block
+/// order with one accumulator. Four blocks' sums are formed at once (`hadd`) and fed to
+/// the fma chain one by one. `scale(k)` is the weight scale of block k, `q_off` the
+/// offset of the nibbles in a weight block of `ws` bytes.
+macro_rules! table_dot {
+    ($nb:expr, $w:expr, $a:expr, $ws:expr, $q_off:expr, $table:expr, |$p:ident| $scale:expr) => {{
+        let (nb, w, a) = ($nb, $w, $a);
+        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128($table.as_ptr().cast()));
+        let m4 = _mm_set1_epi8(0x0F);
+        let block = |k: usize| {
+            let q = _mm_loadu_si128(w.add(k * $ws + $q_off).cast());
+            let idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(q), m4), _mm_and_si128(q, m4));
+            dot_i8_i8(_mm256_shuffle_epi8(table, idx), _mm256_loadu_si256(a.add(k * 34 + 2).cast()))
+        };
+        let wscale = |k: usize| { let $p = w.add(k * $ws); $scale };
+        let mut acc = _mm_setzero_ps();
+        let mut i = 0;
+        while i + 4 <= nb {
+            let h01 = _mm256_hadd_epi32(block(i), block(i + 1));
+            let h23 = _mm256_hadd_epi32(block(i + 2), block(i + 3));
+            let h = _mm256_hadd_epi32(h01, h23);
+            let s = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h)));
+            let da = _mm_cvtph_ps(_mm_setr_epi16(
+                rd16(a.add(i * 34)), rd16(a.add((i + 1) * 34)), rd16(a.add((i + 2) * 34)), rd16(a.add((i + 3) * 34)), 0, 0, 0, 0,
+            ));
+            let d = _mm_mul_ps(_mm_setr_ps(wscale(i), wscale(i + 1), wscale(i + 2), wscale(i + 3)), da);
+            acc = _mm_fmadd_ss(s, d, acc);
+            acc = _mm_fmadd_ss(_mm_shuffle_ps::<0b01>(s, s), _mm_shuffle_ps::<0b01>(d, d), acc);
+            acc = _mm_fmadd_ss(_mm_shuffle_ps::<0b10>(s, s), _mm_shuffle_ps::<0b10>(d, d), acc);
+            acc = _mm_fmadd_ss(_mm_shuffle_ps::<0b11>(s, s), _mm_shuffle_ps::<0b11>(d, d), acc);
+            i += 4;
+        }
+        while i < nb {
+            let s = hsum_epi32(block(i));
+            let da = f16_to_f32(rd16(a.add(i * 34)) as u16);
+            acc = _mm_fmadd_ss(_mm_cvtsi32_ss(acc, s), _mm_set_ss(wscale(i) * da), acc);
+            i += 1;
+        }
+        _mm_cvtss_f32(acc)
+    }};
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn iq4_nl_q8_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
+    // SAFETY: see above; layouts d@0 qs@2 and d@0 qs@2.
+    unsafe { table_dot!(nb, w, a, 18, 2, KVALUES_IQ4NL, |p| f16_to_f32(rd16(p) as u16)) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn mxfp4_q8_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
+    // SAFETY: see above; layouts e@0 qs@1 and d@0 qs@2.
+    unsafe { table_dot!(nb, w, a, 17, 1, KVALUES_MXFP4, |p| e8m0_to_f32_half(*p)) }
 }

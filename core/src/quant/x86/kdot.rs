@@ -1,0 +1,454 @@
+//! AVX2 `vec_dot`s of the K-quants (Q2_K .. Q6_K weights, Q8_K activations).
+//!
+//! Each follows the float order of its scalar reference in `scalar_k.rs` exactly (which
+//! in turn is llama.cpp's), so fast and reference dots give the same bits:
+//!
+//! - Q3_K, Q5_K, Q6_K: llama.cpp's `ggml_vec_dot_q*_K_q8_K` AVX2 lane layout —
+//!   `maddubs` of 32 weights by 32 activations (exact: |pair| <= 2·63·127), `madd` with
+//!   the sub-block scales (16-element sub-blocks: low 128 bits take scale 2g, high 128
+//!   bits scale 2g+1), summed over the super-block into 8 i32 lanes, then one
+//!   `fma(dw·da, f32(lanes), acc)` per super-block and a final horizontal sum.
+//! - Q2_K, Q4_K: llama.cpp's repacked order — the same integer lanes summed to one exact
+//!   i32 per super-block (and one for the mins), then two scalar fmas per super-block
+//!   (`gemv`), or per 128 / 64 elements in the `GEMM` instances (`gemm`).
+//! - every K-quant in the `TILED` instances: the lanes summed to exact `s1` (and `s2` for
+//!   the mins), then llama.cpp's tiled-matmul steps `r = f32(s1)·dw`,
+//!   `r = fma(-dminw, f32(s2), r)`, `acc = fma(r, da, acc)`.
+//!
+//! The `MODE` parameter picks the order: [`NATIVE`] (`dot_fn`), [`GEMM`], [`TILED`].
+//!
+//! Block layouts are in `blocks.rs`; Q8_K is `d:f32 @0 | qs[256] @4 | bsums[16] @260`.
+//! Every function requires AVX2, FMA and F16C, and pointers to `nb` whole in-bounds
+//! blocks (the wrappers in `mod.rs` guarantee both).
+
+use core::arch::x86_64::*;
+
+use super::{hsum_epi32, hsum_ps, rd32};
+
+/// `MODE` of the kernels: llama.cpp's `vec_dot` lanes (Q3_K, Q5_K, Q6_K) or repacked
+/// `gemv` (Q2_K, Q4_K).
+pub(super) const NATIVE: u8 = 0;
+/// `MODE`: llama.cpp's repacked `gemm` (Q2_K, Q4_K; 4-token groups of a batch).
+pub(super) const GEMM: u8 = 1;
+/// `MODE`: llama.cpp's tiled K-quant matmul (batches of 8+ tokens, weights not repacked).
+pub(super) const TILED: u8 = 2;
+
+/// One super-block of the tiled order: `r = f32(s1)·dw`, `r = fma(-dminw, f32(s2), r)`
+/// if `s2` is given, `acc = fma(r, da, acc)` (lane 0 of `acc`; `w` = [dw, dminw, ..]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tiled_step(acc: __m128, s1: i32, s2: Option<i32>, w: __m128, da: f32) -> __m128 {
+    // SAFETY: value-only intrinsics; AVX2, FMA available (this fn's target features).
+    unsafe {
+        let mut r = _mm_mul_ss(_mm_cvtsi32_ss(w, s1), w);
+        if let Some(s2) = s2 {
+            r = _mm_fnmadd_ss(_mm_movehdup_ps(w), _mm_cvtsi32_ss(w, s2), r);
+        }
+        _mm_fmadd_ss(r, _mm_set_ss(da), acc)
+    }
+}
+
+/// The f16 pair at `w` (d, dmin) as `[dw, dminw, 0, 0]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_pair(w: *const u8) -> __m128 {
+    // SAFETY: 4 readable bytes at w (caller).
+    unsafe { _mm_cvtph_ps(_mm_cvtsi32_si128(rd32(w))) }
+}
+
+/// Q8_K: quants at +4, bsums at +260.
+const A_QS: usize = 4;
+const A_BSUMS: usize = 260;
+
+#[inline]
+unsafe fn rdf32(p: *const u8) -> f32 {
+    // SAFETY: the caller guarantees 4 readable bytes at p.
+    unsafe { core::ptr::read_unaligned(p.cast::<f32>()) }
+}
+
+/// 32 bytes at `p`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn ld(p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 32 readable bytes at p.
+    unsafe { _mm256_loadu_si256(p.cast()) }
+}
+
+/// `[dw·da, dminw·da, ..]` from the f16 pair at `w` (d, dmin) and the f32 `da`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn d_dmin(w: *const u8, da: f32) -> __m128 {
+    // SAFETY: 4 readable bytes at w (caller); value-only intrinsics otherwise.
+    unsafe { _mm_mul_ps(f16_pair(w), _mm_set1_ps(da)) }
+}
+
+/// The scale vector of a 32-element group covering two 16-element sub-blocks: i16
+/// lanes 0..8 (elements 0..16) take scale `k` of `sc8`, lanes 8..16 take `k + 1` (`sc8`:
+/// 8 i16 scales in each 128-bit half; k even, 0..8).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pair_scales(sc8: __m256i, k: i32) -> __m256i {
+    // SAFETY: value-only intrinsics; AVX2 available (this fn's target features).
+    unsafe {
+        let lo = _mm_set1_epi16((((2 * k + 1) << 8) | (2 * k)) as i16);
+        let hi = _mm_set1_epi16((((2 * k + 3) << 8) | (2 * k + 2)) as i16);
+        _mm256_shuffle_epi8(sc8, _mm256_set_m128i(hi, lo))
+    }
+}
+
+/// `scales` (16 i16: sub-blocks 0..8 in the low half, 8..16 in the high half) with both
+/// halves holding sub-blocks 8h..8h+8.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn half_scales(scales: __m256i, h: usize) -> __m256i {
+    // SAFETY: value-only intrinsics; AVX2 available (this fn's target features).
+    unsafe {
+        if h == 0 {
+            _mm256_permute2x128_si256::<0x00>(scales, scales)
+        } else {
+            _mm256_permute2x128_si256::<0x11>(scales, scales)
+        }
+    }
+}
+
+/// The 8 i32 lanes of one super-block of a type with 16-element sub-blocks: `level(h,
+/// t)` gives the 32 unsigned levels of group 4h+t, `scales` the 16 sub-block scales as
+/// i16, and `neg(h, t)`, if given, 32 bytes subtracted (as `maddubs(neg, a)`).
+macro_rules! lanes16 {
+    ($a:expr, $scales:expr, |$h:ident, $t:ident| $level:expr, neg = |$h2:ident, $t2:ident| $neg:expr) => {{
+        let mut sumi = _mm256_setzero_si256();
+        for $h in 0..2usize {
+            let sc8 = half_scales($scales, $h);
+            for $t in 0..4usize {
+                let y = ld($a.add(A_QS + 128 * $h + 32 * $t));
+                let mut p = _mm256_maddubs_epi16($level, y);
+                if let Some(n) = { let ($h2, $t2) = ($h, $t); $neg } {
+                    p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(n, y));
+                }
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pair_scales(sc8, 2 * $t as i32), p));
+            }
+        }
+        sumi
+    }};
+}
+
+// Each body: `nb` super-blocks at `w` (weights) and `a` (Q8_K activations), all in
+// bounds (the wrapper's SAFETY argument); AVX2, FMA and F16C available.
+
+/// Q2_K · Q8_K: repacked `gemv` order (`NATIVE`), `gemm` order (`GEMM`: an fma pair
+/// per 128 elements) or tiled order (`TILED`); see the module doc.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q2_k_q8_k<const MODE: u8>(nb: usize, w: *const u8, a: *const u8) -> f32 {
+    // SAFETY: see above; layout scales@0 qs@16 d@80 dmin@82.
+    unsafe {
+        let m3 = _mm256_set1_epi8(3);
+        let (mut acc, mut accm) = (_mm_setzero_ps(), _mm_setzero_ps());
+        for i in 0..nb {
+            let (wb, ab) = (w.add(84 * i), a.add(292 * i));
+            let dd = d_dmin(wb.add(80), rdf32(ab));
+            let dm = _mm_movehdup_ps(dd);
+            let raw = _mm_loadu_si128(wb.cast());
+            let sc = _mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(0xF)));
+            let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(raw), _mm_set1_epi8(0xF)));
+            // Lanes 0..4 hold the min sums of sub-blocks 0..8, lanes 4..8 of 8..16.
+            let pm = _mm256_madd_epi16(mins, ld(ab.add(A_BSUMS)));
+            let level = |h: usize, t: usize| {
+                let q = ld(wb.add(16 + 32 * h));
+                let q = match t { 0 => q, 1 => _mm256_srli_epi16::<2>(q), 2 => _mm256_srli_epi16::<4>(q), _ => _mm256_srli_epi16::<6>(q) };
+                _mm256_and_si256(q, m3)
+            };
+            if MODE != GEMM {
+                let sumi = lanes16!(ab, sc, |h, t| level(h, t), neg = |_h, _t| None::<__m256i>);
+                if MODE == TILED {
+                    acc = tiled_step(acc, hsum_epi32(sumi), Some(hsum_epi32(pm)), f16_pair(wb.add(80)), rdf32(ab));
+                    continue;
+                }
+                acc = _mm_fmadd_ss(_mm_cvtsi32_ss(acc, hsum_epi32(sumi)), dd, acc);
+                accm = _mm_fmadd_ss(_mm_cvtsi32_ss(accm, hsum_epi32(pm)), dm, accm);
+            } else {
+                for h in 0..2 {
+                    let sumi = half_lanes16(ab, sc, h, |t| level(h, t));
+                    let pmh = if h == 0 { _mm256_castsi256_si128(pm) } else { _mm256_extracti128_si256::<1>(pm) };
+                    acc = _mm_fmadd_ss(_mm_cvtsi32_ss(acc, hsum_epi32(sumi)), dd, acc);
+                    accm = _mm_fmadd_ss(_mm_cvtsi32_ss(accm, hsum_epi32_128(pmh)), dm, accm);
+                }
+            }
+        }
+        _mm_cvtss_f32(_mm_sub_ss(acc, accm))
+    }
+}
+
+/// The lanes of half `h` (elements 128h..128h+128) of a 16-element-sub-block type.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn half_lanes16(a: *const u8, scales: __m256i, h: usize, level: impl Fn(usize) -> __m256i) -> __m256i {
+    // SAFETY: a Q8_K block at a (caller); value-only intrinsics otherwise.
+    unsafe {
+        let sc8 = half_scales(scales, h);
+        let mut sumi = _mm256_setzero_si256();
+        for t in 0..4usize {
+            let p = _mm256_maddubs_epi16(level(t), ld(a.add(A_QS + 128 * h + 32 * t)));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pair_scales(sc8, 2 * t as i32), p));
+        }
+        sumi
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_epi32_128(p: __m128i) -> i32 {
+    // SAFETY: value-only intrinsics; AVX2 available (this fn's target features).
+    unsafe {
+        let p = _mm_add_epi32(p, _mm_unpackhi_epi64(p, p));
+        _mm_cvtsi128_si32(_mm_add_epi32(p, _mm_shuffle_epi32::<0b01>(p)))
+    }
+}
+
+/// Q3_K · Q8_K, llama.cpp's x86 lane order (`NATIVE`) or tiled order (`TILED`).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q3_k_q8_k<const MODE: u8>(nb: usize, w: *const u8, a: *const u8) -> f32 {
+    // SAFETY: see above; layout hmask@0 qs@32 scales@96 d@108.
+    unsafe {
+        let m3 = _mm256_set1_epi8(3);
+        let four = _mm256_set1_epi8(4);
+        let mut acc = _mm256_setzero_ps();
+        let mut tacc = _mm_setzero_ps();
+        for i in 0..nb {
+            let (wb, ab) = (w.add(110 * i), a.add(292 * i));
+            let d = rdf32(ab) * _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(rd16u(wb.add(108)) as i32)));
+            let scales = _mm256_cvtepi8_epi16(q3_k_scales(wb.add(96)));
+            let hbits = ld(wb);
+            let sumi = lanes16!(ab, scales,
+                |h, t| {
+                    let q = ld(wb.add(32 + 32 * h));
+                    let q = match t { 0 => q, 1 => _mm256_srli_epi16::<2>(q), 2 => _mm256_srli_epi16::<4>(q), _ => _mm256_srli_epi16::<6>(q) };
+                    _mm256_and_si256(q, m3)
+                },
+                neg = |h, t| {
+                    let bit = _mm256_set1_epi8(1 << (4 * h + t));
+                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(hbits, bit), bit);
+                    Some(_mm256_andnot_si256(set, four))
+                });
+            if MODE == TILED {
+                tacc = tiled_step(tacc, hsum_epi32(sumi), None, _mm_cvtph_ps(_mm_cvtsi32_si128(rd16u(wb.add(108)) as i32)), rdf32(ab));
+                continue;
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
+        if MODE == TILED {
+            return _mm_cvtss_f32(tacc);
+        }
+        hsum_ps(acc)
+    }
+}
+
+/// The 16 signed scales of a Q3_K block (12 packed bytes at `p`, see `blocks.rs`) as
+/// bytes: low nibbles from bytes 0..8, top 2 bits from bytes 8..12, minus 32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3_k_scales(p: *const u8) -> __m128i {
+    // SAFETY: 12 readable bytes at p (caller); value-only intrinsics otherwise.
+    unsafe {
+        let (a0, a1, a2) = (rd32(p) as u32, rd32(p.add(4)) as u32, rd32(p.add(8)) as u32);
+        const LOW4: u32 = 0x0f0f_0f0f;
+        const LOW2: u32 = 0x0303_0303;
+        let s0 = (a0 & LOW4) | ((a2 & LOW2) << 4);
+        let s1 = (a1 & LOW4) | (((a2 >> 2) & LOW2) << 4);
+        let s2 = ((a0 >> 4) & LOW4) | (((a2 >> 4) & LOW2) << 4);
+        let s3 = ((a1 >> 4) & LOW4) | (((a2 >> 6) & LOW2) << 4);
+        _mm_sub_epi8(_mm_setr_epi32(s0 as i32, s1 as i32, s2 as i32, s3 as i32), _mm_set1_epi8(32))
+    }
+}
+
+#[inline]
+unsafe fn rd16u(p: *const u8) -> u16 {
+    // SAFETY: the caller guarantees 2 readable bytes at p.
+    unsafe { core::ptr::read_unaligned(p.cast::<u16>()) }
+}
+
+/// The 8 scales and 8 mins of a Q4_K/Q5_K block (12 packed bytes at `p`), as 16 i16:
+/// scales in lanes 0..8, mins in 8..16.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scales_mins(p: *const u8) -> __m256i {
+    // SAFETY: 12 readable bytes at p (caller); value-only intrinsics otherwise.
+    unsafe {
+        let (u0, u1, u2) = (rd32(p) as u32, rd32(p.add(4)) as u32, rd32(p.add(8)) as u32);
+        const LOW6: u32 = 0x3f3f_3f3f;
+        const LOW4: u32 = 0x0f0f_0f0f;
+        const LOW2: u32 = 0x0303_0303;
+        let sc_lo = u0 & LOW6;
+        let sc_hi = (u2 & LOW4) | (((u0 >> 6) & LOW2) << 4);
+        let m_lo = u1 & LOW6;
+        let m_hi = ((u2 >> 4) & LOW4) | (((u1 >> 6) & LOW2) << 4);
+        _mm256_cvtepu8_epi16(_mm_setr_epi32(sc_lo as i32, sc_hi as i32, m_lo as i32, m_hi as i32))
+    }
+}
+
+/// The 8 i32 lanes of one Q4_K/Q5_K super-block: group j (64 elements, sub-blocks 2j
+/// and 2j+1) from `levels(j)` = (low sub-block, high sub-block) as unsigned bytes.
+macro_rules! lanes32 {
+    ($a:expr, $scales:expr, |$j:ident| $levels:expr) => {{
+        let mut sumi = _mm256_setzero_si256();
+        for $j in 0..4usize {
+            sumi = _mm256_add_epi32(sumi, lanes32_group($a, $scales, $j, $levels));
+        }
+        sumi
+    }};
+}
+
+/// Lane j (0..4) = m_{2j}·(bsums[4j] + bsums[4j+1]) + m_{2j+1}·(bsums[4j+2] + bsums[4j+3]):
+/// the min sums of each 64 elements of a Q4_K/Q5_K block (`sm` from [`scales_mins`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mins_lanes(sm: __m256i, a: *const u8) -> __m128i {
+    // SAFETY: a Q8_K block at a (caller); value-only intrinsics otherwise.
+    unsafe {
+        let b = ld(a.add(A_BSUMS));
+        let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256::<1>(b));
+        _mm_madd_epi16(_mm256_extracti128_si256::<1>(sm), q8s)
+    }
+}
+
+/// Q4_K · Q8_K: repacked `gemv` order (`NATIVE`), `gemm` order (`GEMM`: an fma pair
+/// per 64 elements) or tiled order (`TILED`); see the module doc.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_k_q8_k<const MODE: u8>(nb: usize, w: *const u8, a: *const u8) -> f32 {
+    // SAFETY: see above; layout d@0 dmin@2 scales@4 qs@16.
+    unsafe {
+        let m4 = _mm256_set1_epi8(0xF);
+        let (mut acc, mut accm) = (_mm_setzero_ps(), _mm_setzero_ps());
+        for i in 0..nb {
+            let (wb, ab) = (w.add(144 * i), a.add(292 * i));
+            let dd = d_dmin(wb, rdf32(ab));
+            let dm = _mm_movehdup_ps(dd);
+            let sm = scales_mins(wb.add(4));
+            let pm = mins_lanes(sm, ab);
+            let levels = |j: usize| {
+                let q = ld(wb.add(16 + 32 * j));
+                (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4))
+            };
+            if MODE != GEMM {
+                let sumi = lanes32!(ab, sm, |j| levels(j));
+                if MODE == TILED {
+                    acc = tiled_step(acc, hsum_epi32(sumi), Some(hsum_epi32_128(pm)), f16_pair(wb), rdf32(ab));
+                    continue;
+                }
+                acc = _mm_fmadd_ss(_mm_cvtsi32_ss(acc, hsum_epi32(sumi)), dd, acc);
+                accm = _mm_fmadd_ss(_mm_cvtsi32_ss(accm, hsum_epi32_128(pm)), dm, accm);
+            } else {
+                let mut ms = [0i32; 4];
+                _mm_storeu_si128(ms.as_mut_ptr().cast(), pm);
+                for (j, &m) in ms.iter().enumerate() {
+                    let sumj = lanes32_group(ab, sm, j, levels(j));
+                    acc = _mm_fmadd_ss(_mm_cvtsi32_ss(acc, hsum_epi32(sumj)), dd, acc);
+                    accm = _mm_fmadd_ss(_mm_cvtsi32_ss(accm, m), dm, accm);
+                }
+            }
+        }
+        _mm_cvtss_f32(_mm_sub_ss(acc, accm))
+    }
+}
+
+/// The lanes of 64-element group `j` of a Q4_K/Q5_K block (one step of [`lanes32`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lanes32_group(a: *const u8, scales: __m256i, j: usize, (lo, hi): (__m256i, __m256i)) -> __m256i {
+    // SAFETY: a Q8_K block at a (caller); value-only intrinsics otherwise.
+    unsafe {
+        let sc = _mm256_permute2x128_si256::<0x00>(scales, scales);
+        let k = 2 * j as i32;
+        let slo = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((((2 * k + 1) << 8) | (2 * k)) as i16));
+        let shi = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((((2 * k + 3) << 8) | (2 * k + 2)) as i16));
+        let plo = _mm256_madd_epi16(slo, _mm256_maddubs_epi16(lo, ld(a.add(A_QS + 64 * j))));
+        let phi = _mm256_madd_epi16(shi, _mm256_maddubs_epi16(hi, ld(a.add(A_QS + 64 * j + 32))));
+        _mm256_add_epi32(plo, phi)
+    }
+}
+
+/// Q5_K · Q8_K, llama.cpp's x86 lane order plus its scalar `summs` chain (`NATIVE`), or
+/// the tiled order (`TILED`).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q5_k_q8_k<const MODE: u8>(nb: usize, w: *const u8, a: *const u8) -> f32 {
+    // SAFETY: see above; layout d@0 dmin@2 scales@4 qh@16 qs@48.
+    unsafe {
+        let m4 = _mm256_set1_epi8(0xF);
+        let b16 = _mm256_set1_epi8(0x10);
+        let mut acc = _mm256_setzero_ps();
+        let mut summs = _mm_setzero_ps();
+        for i in 0..nb {
+            let (wb, ab) = (w.add(176 * i), a.add(292 * i));
+            let da = rdf32(ab);
+            let f = _mm_cvtph_ps(_mm_cvtsi32_si128(rd32(wb))); // [dw, dminw, 0, 0]
+            let d = da * _mm_cvtss_f32(f);
+            let dmin = -da * _mm_cvtss_f32(_mm_movehdup_ps(f));
+            let sm = scales_mins(wb.add(4));
+            let summ = hsum_epi32_128(mins_lanes(sm, ab));
+            if MODE != TILED {
+                summs = _mm_fmadd_ss(_mm_set_ss(dmin), _mm_cvtsi32_ss(summs, summ), summs);
+            }
+            let qh = ld(wb.add(16));
+            let fifth = |bit: i32| {
+                let m = _mm256_set1_epi8(1 << bit);
+                _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m), m), b16)
+            };
+            let sumi = lanes32!(ab, sm, |j| {
+                let q = ld(wb.add(48 + 32 * j));
+                let lo = _mm256_or_si256(_mm256_and_si256(q, m4), fifth(2 * j as i32));
+                let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q), m4), fifth(2 * j as i32 + 1));
+                (lo, hi)
+            });
+            if MODE == TILED {
+                summs = tiled_step(summs, hsum_epi32(sumi), Some(summ), f, da);
+                continue;
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
+        if MODE == TILED {
+            return _mm_cvtss_f32(summs);
+        }
+        hsum_ps(acc) + _mm_cvtss_f32(summs)
+    }
+}
+
+/// Q6_K · Q8_K, llama.cpp's x86 lane order (levels unsigned, the -32 through bsums;
+/// `NATIVE`) or the tiled order (`TILED`).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q6_k_q8_k<const MODE: u8>(nb: usize, w: *const u8, a: *const u8) -> f32 {
+    // SAFETY: see above; layout ql@0 qh@128 scales@192 d@208.
+    unsafe {
+        let m4 = _mm256_set1_epi8(0xF);
+        let m3 = _mm256_set1_epi8(3);
+        let mut acc = _mm256_setzero_ps();
+        let mut tacc = _mm_setzero_ps();
+        for i in 0..nb {
+            let (wb, ab) = (w.add(210 * i), a.add(292 * i));
+            let d = rdf32(ab) * _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(rd16u(wb.add(208)) as i32)));
+            let scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(192).cast()));
+            let sub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(ld(ab.add(A_BSUMS)), scales));
+            let sumi = lanes16!(ab, scales,
+                |h, t| {
+                    let ql = ld(wb.add(64 * h + 32 * (t & 1)));
+                    let qh = ld(wb.add(128 + 32 * h));
+                    let (low, high) = match t {
+                        0 => (ql, qh),
+                        1 => (ql, _mm256_srli_epi16::<2>(qh)),
+                        2 => (_mm256_srli_epi16::<4>(ql), _mm256_srli_epi16::<4>(qh)),
+                        _ => (_mm256_srli_epi16::<4>(ql), _mm256_srli_epi16::<6>(qh)),
+                    };
+                    _mm256_or_si256(_mm256_and_si256(low, m4), _mm256_slli_epi16::<4>(_mm256_and_si256(high, m3)))
+                },
+                neg = |_h, _t| None::<__m256i>);
+            if MODE == TILED {
+                let dw = _mm_cvtph_ps(_mm_cvtsi32_si128(rd16u(wb.add(208)) as i32));
+                tacc = tiled_step(tacc, hsum_epi32(_mm256_sub_epi32(sumi, sub)), None, dw, rdf32(ab));
+                continue;
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi, sub)), acc);
+        }
+        if MODE == TILED {
+            return _mm_cvtss_f32(tacc);
+        }
+        hsum_ps(acc)
+    }
+}
