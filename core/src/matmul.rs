@@ -67,7 +67,17 @@ const TOKEN_TILE: usize = 16;
 /// `out[i * w.rows + r] = dot(w row r, activation row i)` for `n` activation rows `xq`
 /// (already quantized for `w.ty`).
 pub fn matmul(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usize, out: &mut [f32]) {
+    matmul_as(k, par, w, xq, n, out, false)
+}
+
+/// [`matmul`]; with `llama_cpp_batches`, each token's dot is the kernel llama.cpp uses
+/// for that token of a batch of `n` ([`Kernels::dot_fn_in_batch`]), so a row's result
+/// may depend on the batch (as it does in llama.cpp).
+pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usize, out: &mut [f32], llama_cpp_batches: bool) {
     let Ok(dot) = k.dot_fn(w.ty) else { return };
+    if llama_cpp_batches && (0..n).any(|i| k.dot_fn_in_batch(w.ty, w.rows, n, i).map(|f| f as usize) != Ok(dot as usize)) {
+        return matmul_per_token(k, par, w, xq, n, out);
+    }
     let rows = w.rows;
     let rb = act_row_bytes(w.ty, w.cols).unwrap_or(0);
     let wrb = w.row_bytes();
@@ -88,6 +98,26 @@ pub fn matmul(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usi
                 }
             }
             i0 = i1;
+        }
+    });
+}
+
+/// [`matmul`] with llama.cpp's per-token kernel choice.
+fn matmul_per_token(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usize, out: &mut [f32]) {
+    let rows = w.rows;
+    let rb = act_row_bytes(w.ty, w.cols).unwrap_or(0);
+    let wrb = w.row_bytes();
+    let out = SharedMut::new(&mut out[..n * rows]);
+    let tasks = par.n_threads().min(rows).max(1);
+    let cols = w.cols;
+    par.run(tasks, &|t| {
+        for i in 0..n {
+            let Ok(dot) = k.dot_fn_in_batch(w.ty, rows, n, i) else { return };
+            for r in split_range(rows, tasks, t) {
+                let v = dot(cols, &w.data[r * wrb..(r + 1) * wrb], &xq[i * rb..(i + 1) * rb]);
+                // SAFETY: element (i, r) is written by the one task owning row r.
+                unsafe { out.slice(i * rows + r, 1)[0] = v };
+            }
         }
     });
 }

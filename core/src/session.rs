@@ -8,7 +8,7 @@ use crate::arena::{Carver, Plan};
 use crate::error::Error;
 use crate::ggml_type::GgmlType;
 use crate::gguf::Gguf;
-use crate::matmul::{act_row_bytes, matmul, quantize_rows, SharedMut};
+use crate::matmul::{act_row_bytes, matmul_as, quantize_rows, SharedMut};
 use crate::attn_tiled;
 use crate::delta_net;
 use crate::model::{Attention, DeltaNet, FfnAct, HParams, Mixer, Model, RopeMode, Ssm, Tensor};
@@ -171,11 +171,12 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// With `on`, forward passes over 64 or more tokens use llama.cpp's tiled attention
-    /// arithmetic ([`crate::attn_tiled`]), as llama.cpp's CPU backend does, so long
-    /// prompts give llama.cpp's numbers; shorter batches and decoding keep the one-query
-    /// arithmetic. A token's logits then depend on whether it was evaluated in such a
-    /// batch. Off (the default): every batch uses the one-query arithmetic, and logits
+    /// With `on`, keel follows llama.cpp's batch-dependent choices: forward passes over 64
+    /// or more tokens use its tiled attention arithmetic ([`crate::attn_tiled`]), and
+    /// matrix products use the kernel llama.cpp uses for each token of the batch
+    /// ([`Kernels::dot_fn_in_batch`]: repacked GEMM groups of 4 for Q4_K/Q2_K, the tiled
+    /// K-quant matmul for 8+ tokens), so prompts give llama.cpp's numbers. A token's logits
+    /// then depend on the batch it was evaluated in. Off (the default): every batch uses the one-query arithmetic, and logits
     /// never depend on batching.
     pub fn set_llama_cpp_batches(&mut self, on: bool) {
         self.tiled_batches = on;
@@ -276,9 +277,10 @@ impl<'a> Session<'a> {
         let n_tasks = self.cfg.n_threads;
         let n_past = self.n_past;
         let tiled = self.tiled_batches && n >= attn_tiled::TILE;
+        let self_tiled_mode = self.tiled_batches;
         let chunked = self.delta_chunked && n > 1;
         let Session { kv_k, kv_v, conv_state, ssm_state, x, xn, q, k, v, gate, attn, ffn_a, ffn_b, act_q, attn_scratch, rope, gdn_ab, conv_out, gdn_scratch, attn_tile, logits, .. } = self;
-        let mut act = Act { kern, buf: &mut **act_q, cur: None };
+        let mut act = Act { kern, buf: &mut **act_q, cur: None, llama_cpp_batches: self_tiled_mode };
         if n_past == 0 {
             // A new sequence: recurrent layers start from zero state.
             conv_state.fill(0.0);
@@ -690,6 +692,8 @@ struct Act<'b> {
     kern: Kernels,
     buf: &'b mut [u8],
     cur: Option<GgmlType>,
+    /// Use llama.cpp's batch-dependent kernel choice ([`matmul_as`]).
+    llama_cpp_batches: bool,
 }
 
 impl Act<'_> {
@@ -706,6 +710,6 @@ impl Act<'_> {
             quantize_rows(&self.kern, par, vdt, x, n, w.cols, &mut self.buf[..n * rb]);
             self.cur = Some(vdt);
         }
-        matmul(&self.kern, par, w, self.buf, n, out);
+        matmul_as(&self.kern, par, w, self.buf, n, out, self.llama_cpp_batches);
     }
 }

@@ -38,6 +38,11 @@ pub fn smollm2() -> Option<Vec<u8>> {
     model_bytes("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m")
 }
 
+/// Gemma 3 270M Q4_K_M.
+pub fn gemma3() -> Option<Vec<u8>> {
+    model_bytes("gemma-3-270m-q4_k_m.gguf", "gemma3-270m")
+}
+
 /// The file under `tests/golden/`.
 pub fn golden(path: &str) -> String {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(path);
