@@ -30,6 +30,35 @@ cargo build --release -p keel-core -p keel-npu-hal --target thumbv7em-none-eabih
 echo "== cargo test"
 cargo test --release --workspace
 
+echo "== host-wasi: deterministic reference digests (wasmtime, native, aarch64 under qemu)"
+# host-wasi is its own workspace (wasmtime takes ~10 minutes to compile on 2 cores):
+# plain cargo builds above never compile it. Its target dir is kept outside the clone
+# (override with KEEL_WASI_TARGET_DIR) so later CI runs on the same machine reuse it.
+rustup target add wasm32-unknown-unknown aarch64-unknown-linux-musl >/dev/null
+main_target=${CARGO_TARGET_DIR:-target}
+wasi_target=${KEEL_WASI_TARGET_DIR:-$HOME/.cache/keel/target-wasi}
+keel_wasi=$wasi_target/release/keel-wasi
+(cd host-wasi && CARGO_TARGET_DIR=$wasi_target cargo build --release --locked)
+# The guest in wasmtime against tests/golden/reference-digests.json: 6 SmolLM2 prompts
+# and the synthetic llama, 32 tokens each (the bar: under 3 minutes).
+SECONDS=0
+"$keel_wasi" check
+echo "wasm reference check: ${SECONDS} s"
+[ "$SECONDS" -lt 180 ] || { echo "the wasm reference check took ${SECONDS} s (limit 180 s)" >&2; exit 1; }
+# host-wasi's own tests: no imports, fuel invariance, llama.cpp's tokens, and the
+# perturbed-kernel guest failing the check at the first differing position (the full
+# wasm check just ran above, so it is skipped here).
+(cd host-wasi && CARGO_TARGET_DIR=$wasi_target cargo test --release --locked -- --skip committed_digests_match_in_wasmtime)
+# Native x86_64 `keel run --reference --json` must give the same tokens and digests.
+"$keel_wasi" check --keel "$main_target/release/keel"
+# The static aarch64 build under qemu-aarch64 (installed by dsp-firmware/ci.sh above);
+# linked with rust-lld (.cargo/config.toml). All 12 runs take ~2 minutes under QEMU.
+command -v qemu-aarch64 >/dev/null || { echo "qemu-aarch64 is missing: apt-get install qemu-user" >&2; exit 1; }
+cargo build --release -p keel-host-linux --target aarch64-unknown-linux-musl
+SECONDS=0
+"$keel_wasi" check --keel "$main_target/aarch64-unknown-linux-musl/release/keel" --wrap "qemu-aarch64 -cpu max"
+echo "aarch64 (qemu) reference check: ${SECONDS} s"
+
 echo "== fuzz: GGUF parser, tokenizer index, plan and model loader (bounded run)"
 if ! rustup toolchain list | grep -q '^nightly'; then
     echo "the nightly toolchain is missing (cargo-fuzz needs it): rustup toolchain install nightly" >&2

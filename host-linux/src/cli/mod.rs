@@ -7,6 +7,7 @@ pub mod common;
 pub mod eval;
 pub mod info;
 pub mod load;
+pub mod logits_digest;
 pub mod perplexity;
 pub mod probe;
 pub mod quantize;

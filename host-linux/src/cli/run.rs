@@ -58,6 +58,8 @@ pub fn main(mut a: Args) -> Result<()> {
     let mut piece = vec![0u8; e.tokenizer.max_piece_len()];
     let mut generated = Vec::with_capacity(n_predict);
     let mut text_out = String::with_capacity(n_predict * 8);
+    // With --json: digests of every row a token is chosen from (see logits_digest.rs).
+    let mut digest = as_json.then(super::logits_digest::LogitsDigest::default);
 
     let t0 = Instant::now();
     e.eval(&prompt_tokens, Outputs::Last, pool)?;
@@ -65,6 +67,9 @@ pub fn main(mut a: Args) -> Result<()> {
     let t1 = Instant::now();
     let mut stop = "length";
     for _ in 0..n_predict {
+        if let Some(d) = digest.as_mut() {
+            d.row(e.session.last_logits(e.n_vocab()));
+        }
         let tok = e.sample();
         if e.tokenizer.is_eog(tok) {
             stop = "end of generation";
@@ -115,6 +120,18 @@ pub fn main(mut a: Args) -> Result<()> {
         });
         o.str("text", &g.text).f64("prompt_tps", g.prompt_tps).f64("gen_tps", g.gen_tps).str("stop", g.stop);
         o.u64("arena_bytes", arena_bytes as u64).u64("peak_rss_bytes", peak);
+        // host-wasi's fields: `tokens` (the prompt's ids) and the logits digests.
+        let (all, rows) = digest.unwrap_or_default().finish();
+        o.arr("tokens", |arr| {
+            for &t in &g.prompt_tokens {
+                arr.u64(t as u64);
+            }
+        });
+        o.str("logits_sha256", &all).arr("row_sha256", |arr| {
+            for r in &rows {
+                arr.str(r);
+            }
+        });
         o.print();
     } else {
         let _ = writeln!(out);
