@@ -60,6 +60,9 @@ cargo build --release -p keel-host-linux --target aarch64-unknown-linux-musl
 SECONDS=0
 "$keel_wasi" check --keel "$main_target/aarch64-unknown-linux-musl/release/keel" --wrap "qemu-aarch64 -cpu max"
 echo "aarch64 (qemu) reference check: ${SECONDS} s"
+# NEON kernels: keel-core's kernel tests under qemu-aarch64 (-cpu max: dot-product path;
+# -cpu cortex-a53: plain NEON), then one SmolLM2 greedy golden check with the NEON kernels.
+bash tests/aarch64.sh
 
 echo "== fuzz: GGUF parser, tokenizer index, plan and model loader (bounded run)"
 if ! rustup toolchain list | grep -q '^nightly'; then

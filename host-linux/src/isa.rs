@@ -23,7 +23,8 @@ pub fn detect() -> Isa {
     #[cfg(target_arch = "aarch64")]
     {
         use std::arch::is_aarch64_feature_detected as has;
-        isa.neon_dotprod = has!("dotprod");
+        isa.neon = has!("neon");
+        isa.neon_dotprod = isa.neon && has!("dotprod");
         isa.i8mm = has!("i8mm");
     }
     isa
@@ -36,6 +37,7 @@ pub fn describe(isa: &Isa) -> String {
         (isa.avx2_fma, "avx2_fma"),
         (isa.avx512, "avx512"),
         (isa.avx512_vnni, "avx512_vnni"),
+        (isa.neon, "neon"),
         (isa.neon_dotprod, "neon_dotprod"),
         (isa.i8mm, "i8mm"),
     ];
@@ -56,7 +58,7 @@ mod tests {
         let isa = detect();
         assert!(!isa.avx512_vnni || isa.avx512);
         if cfg!(target_arch = "x86_64") {
-            assert!(!isa.neon_dotprod && !isa.i8mm);
+            assert!(!isa.neon && !isa.neon_dotprod && !isa.i8mm);
         }
         if cfg!(target_arch = "aarch64") {
             assert!(!isa.avx2_fma && !isa.avx512);

@@ -60,11 +60,31 @@ pub(crate) fn mad(y: &mut [f16], x: &[f16], v: f32) {
     let np = n - n % F16_STEP;
     let vh = f16::from_f32(v).to_f64();
     for i in 0..np {
-        y[i] = f16::from_f64(libm::fma(x[i].to_f64(), vh, y[i].to_f64()));
+        y[i] = f16_from_f64(libm::fma(x[i].to_f64(), vh, y[i].to_f64()));
     }
     for i in np..n {
         y[i] = f16::from_f32(libm::fmaf(x[i].to_f32(), v, y[i].to_f32()));
     }
+}
+
+/// `v` rounded to f16 once, to nearest even. (`half`'s `f16::from_f64` rounds twice —
+/// through f32, or after dropping the low 32 mantissa bits — and can turn a value just
+/// off an f16 midpoint into a tie.) Rounding to f32 by round-to-odd first keeps the
+/// sticky information, so the f32 → f16 step then rounds as one rounding would. `v` here
+/// is the exact `x·v + y` of two f16 and an f16 (an f64 `fma` holds it exactly whenever
+/// the terms are within 2^30 of each other in magnitude, and otherwise keeps its sign of
+/// error), so this is the single rounding of AVX512-FP16's `vfmadd`.
+pub(crate) fn f16_from_f64(v: f64) -> f16 {
+    let r = v as f32;
+    let back = r as f64;
+    let r = if back == v || !r.is_finite() {
+        r
+    } else {
+        // Truncate toward zero, then mark the dropped bits in the last place.
+        let bits = if back.abs() > v.abs() { r.to_bits() - 1 } else { r.to_bits() };
+        f32::from_bits(bits | 1)
+    };
+    f16::from_f32(r)
 }
 
 /// `y *= v` on an f16 accumulator (see the module doc).

@@ -14,9 +14,10 @@
 //! blocks) and the K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (256-element super-blocks);
 //! activations Q8_0 (for Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4), Q8_1 (Q4_1, Q5_1) and Q8_K
 //! (the K-quants), as llama.cpp's `type_traits_cpu` pairs them. Every supported type
-//! has a scalar dot, a dequantizer and llama.cpp's reference quantizer; AVX2 dots exist
-//! for all of them. Any other type (the IQ1/IQ2/IQ3 grids, IQ4_XS, TQ*) is refused with
-//! an [`Unsupported`] that names it.
+//! has a scalar dot, a dequantizer and llama.cpp's reference quantizer; AVX2 dots and
+//! aarch64 NEON dots (`aarch64/`, with `sdot` where the host reports it; the reference's
+//! bits for every quantized type) exist for all of them. Any other type (the IQ1/IQ2/IQ3
+//! grids, IQ4_XS, TQ*) is refused with an [`Unsupported`] that names it.
 //!
 //! Roundings (see `quantize.rs`, `quantize_k.rs`): [`quantize_row_ref`] is what
 //! `llama-quantize` writes without an importance matrix — llama.cpp's
@@ -30,15 +31,14 @@
 //!
 //! Summation orders: each dot follows the kernel llama.cpp 11434 runs for that weight
 //! type on an AVX2 CPU, and the scalar reference and the AVX2 kernel of every type give
-//! the same bits except Q4_0, Q5_0 and Q5_1 (float summation order only; see the tests
-//! for the bound). Where llama.cpp repacks the weights (`CPU_REPACK`: Q4_K and IQ4_NL
+//! the same bits. Where llama.cpp repacks the weights (`CPU_REPACK`: Q4_0, Q4_K, IQ4_NL
 //! and MXFP4 on AVX2, Q2_K on AVX-512, whenever the matrix has a multiple of 8 rows) keel
 //! follows the repacked single-token kernels' (`gemv`) per-output order — per
 //! (super-)block an exact integer sum, then one fma into one accumulator (two for
 //! Q4_K/Q2_K: scales and mins, subtracted at the end). Q3_K, Q5_K and Q6_K are not
 //! repacked on x86 and follow `ggml_vec_dot_q*_K_q8_K` (8 lane accumulators,
-//! `scalar_k.rs`). Q4_0 is repacked by llama.cpp too (q4_0_8x8) but keel keeps its own
-//! order for it.
+//! `scalar_k.rs`); nor are Q4_1, Q5_0, Q5_1 and Q8_0, which follow `ggml_vec_dot_*`
+//! (one fma per block into 8 lane accumulators, `scalar.rs`).
 //!
 //! Batches: llama.cpp 11434 does not compute a row the same way in every batch. Its
 //! repacked Q4_K/Q2_K `gemm` (tokens in groups of four) accumulates per 64 / 128
@@ -47,9 +47,14 @@
 //! its own order. [`Kernels::dot_fn`] follows the single-token kernels (so batched and
 //! single-token evaluation stay identical in keel); [`Kernels::dot_fn_in_batch`] gives
 //! the kernel llama.cpp uses for a given row of a given batch, for a caller that wants
-//! llama.cpp's prompt bits instead (IQ4_NL and MXFP4 have one order for every batch).
+//! llama.cpp's prompt bits instead. Q4_0, IQ4_NL and MXFP4 have one order for every
+//! batch (repacked `gemm` = `gemv`), and so have the unrepacked 32-element types:
+//! llama.cpp runs Q5_0, Q8_0 (and Q4_0 with `rows % 8 != 0`) batches through llamafile's
+//! `tinyBLAS_Q0_AVX`, whose per-output order is `vec_dot`'s, and Q4_1/Q5_1 through
+//! `vec_dot` itself; for Q4_0 with `rows % 8 != 0` that is not [`Kernels::dot_fn`]'s
+//! (repacked) order, so `dot_fn_in_batch` returns the `vec_dot` one.
 //! All of this is checked bit for bit against llama.cpp's own matmul outputs
-//! (`golden/quant-llamacpp-11434`: 5- and 13-token batches).
+//! (`golden/quant-llamacpp-11434`: 1-, 5- and 13-token batches).
 //!
 //! Errors vs contracts: functions that take a whole row (`quantize_activations`,
 //! `dequantize_row`, `quantize_row_ref`) check the row shape and return an error naming
@@ -65,6 +70,8 @@ mod scalar;
 mod scalar_k;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+mod aarch64;
 #[cfg(test)]
 mod bench;
 #[cfg(test)]
@@ -92,7 +99,9 @@ pub struct Isa {
     pub avx512: bool,
     /// x86_64 AVX-512 VNNI (not used yet).
     pub avx512_vnni: bool,
-    /// aarch64 dot-product instructions (not used yet).
+    /// aarch64 Advanced SIMD (NEON): the NEON kernels (`aarch64/`).
+    pub neon: bool,
+    /// aarch64 dot-product instructions (`sdot`; used by the NEON kernels if `neon`).
     pub neon_dotprod: bool,
     /// aarch64 int8 matrix multiply (not used yet).
     pub i8mm: bool,
@@ -161,19 +170,29 @@ impl core::fmt::Display for Unsupported {
 pub struct Kernels {
     /// AVX2 + FMA + F16C kernels (x86_64 only; confirmed by CPUID).
     avx2: bool,
+    /// NEON kernels (aarch64 only).
+    neon: bool,
+    /// The NEON kernels' `sdot` variants (aarch64 with the dot-product extension).
+    sdot: bool,
 }
 
 impl Kernels {
     /// The scalar reference only: bit-identical on every target.
     pub fn reference() -> Self {
-        Kernels { avx2: false }
+        Kernels { avx2: false, neon: false, sdot: false }
     }
 
     /// The fastest kernels `isa` allows (and, on x86_64, CPUID confirms).
     pub fn new(isa: Isa) -> Self {
         #[cfg(target_arch = "x86_64")]
         if isa.avx2_fma && x86::cpu_has_avx2_fma() {
-            return Kernels { avx2: true };
+            return Kernels { avx2: true, neon: false, sdot: false };
+        }
+        // NEON is part of the target (the module is compiled only with it); `sdot` is
+        // trusted from the host's report (no_std cannot ask the OS).
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        if isa.neon {
+            return Kernels { avx2: false, neon: true, sdot: isa.neon_dotprod };
         }
         let _ = isa;
         Self::reference()
@@ -181,13 +200,17 @@ impl Kernels {
 
     /// True if this is the scalar reference.
     pub fn is_reference(&self) -> bool {
-        !self.avx2
+        !self.avx2 && !self.neon
     }
 
-    /// A short name for logs: `"reference"` or `"avx2"`.
+    /// A short name for logs: `"reference"`, `"avx2"`, `"neon"` or `"neon-dotprod"`.
     pub fn name(&self) -> &'static str {
         if self.avx2 {
             "avx2"
+        } else if self.sdot {
+            "neon-dotprod"
+        } else if self.neon {
+            "neon"
         } else {
             "reference"
         }
@@ -247,14 +270,26 @@ impl Kernels {
     /// - Q2_K .. Q6_K weights that are not repacked, in batches of 8 or more tokens, go
     ///   through the tiled matmul (`ggml-cpu/tiled/`, new in 11434): per super-block
     ///   `r = f32(s1)·dw`, `r = fma(-dminw, f32(s2), r)`, `acc = fma(r, da, acc)`;
-    /// - everything else uses [`Kernels::dot_fn`]'s order.
+    /// - Q4_0 with `rows % 8 != 0` is not repacked: every token goes through
+    ///   `ggml_vec_dot_q4_0_q8_0` or (batches) llamafile's `tinyBLAS_Q0_AVX`, which share
+    ///   the Q8_0-style lane order, not the repacked order of [`Kernels::dot_fn`];
+    /// - everything else uses [`Kernels::dot_fn`]'s order (Q4_0's repacked `gemm` and
+    ///   `gemv` share it; Q5_0 and Q8_0 batches run llamafile's `tinyBLAS_Q0_AVX`, whose
+    ///   per-output order is `vec_dot`'s).
     ///
     /// Not reproduced (this returns `dot_fn`): Q4_K/Q2_K with `rows % 8 != 0` in batches
-    /// of fewer than 8 (llama.cpp's `vec_dot` lanes), IQ4_NL/MXFP4 with `rows % 8 != 0`,
-    /// Q4_0, Q5_0, Q5_1. Opt-in: a caller using it gives up keel's rule that a row's dot
-    /// does not depend on the batch the row is in.
+    /// of fewer than 8 (llama.cpp's `vec_dot` lanes), IQ4_NL/MXFP4 with `rows % 8 != 0`.
+    /// Opt-in: a caller using it gives up keel's rule that a row's dot does not depend
+    /// on the batch the row is in.
     pub fn dot_fn_in_batch(&self, wtype: GgmlType, rows: usize, n_tokens: usize, token: usize) -> Result<DotFn, Unsupported> {
         use GgmlType::*;
+        if wtype == Q4_0 && rows % 8 != 0 {
+            #[cfg(target_arch = "x86_64")]
+            if self.avx2 {
+                return Ok(x86::vec_dot_q4_0_q8_0_lanes);
+            }
+            return Ok(scalar::vec_dot_q4_0_q8_0_lanes);
+        }
         let repacked = matches!(wtype, Q4_K | Q2_K) && rows % 8 == 0;
         let gemm = repacked && token < n_tokens - n_tokens % 4;
         let tiled = !repacked && n_tokens >= 8 && matches!(wtype, Q2_K | Q3_K | Q4_K | Q5_K | Q6_K);
@@ -310,6 +345,10 @@ impl Kernels {
             };
             return Some(f);
         }
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        if self.neon {
+            return aarch64_dot(wtype, self.sdot);
+        }
         let _ = wtype;
         None
     }
@@ -331,6 +370,10 @@ impl Kernels {
         if self.avx2 {
             return x86::f16ops::dot(x, y);
         }
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        if self.neon {
+            return aarch64::f16ops::dot(x, y);
+        }
         f16ops::dot(x, y)
     }
 
@@ -339,6 +382,10 @@ impl Kernels {
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
             return x86::f16ops::mad(y, x, v);
+        }
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        if self.neon {
+            return aarch64::f16ops::mad(y, x, v);
         }
         f16ops::mad(y, x, v)
     }
@@ -349,6 +396,10 @@ impl Kernels {
         if self.avx2 {
             return x86::f16ops::scale(y, v);
         }
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        if self.neon {
+            return aarch64::f16ops::scale(y, v);
+        }
         f16ops::scale(y, v)
     }
 
@@ -358,6 +409,10 @@ impl Kernels {
         if self.avx2 {
             return x86::f16ops::to_f16(src, dst);
         }
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        if self.neon {
+            return aarch64::f16ops::to_f16(src, dst);
+        }
         f16ops::to_f16(src, dst)
     }
 
@@ -366,6 +421,10 @@ impl Kernels {
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
             return x86::f16ops::to_f32(src, dst);
+        }
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        if self.neon {
+            return aarch64::f16ops::to_f32(src, dst);
         }
         f16ops::to_f32(src, dst)
     }
@@ -391,6 +450,11 @@ impl Kernels {
             }
             return Ok(());
         }
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        if self.neon && matches!(ty, Q8_0 | Q8_1) {
+            aarch64::quantize_q8(x, out, ty == Q8_1);
+            return Ok(());
+        }
         match ty {
             Q8_0 => quantize::quantize_act_q8_0(x, out),
             Q8_1 => quantize::quantize_act_q8_1(x, out),
@@ -413,6 +477,32 @@ impl Kernels {
         debug_assert!(done, "dequantize_row: {ty} passed the type check but has no kernel");
         Ok(())
     }
+}
+
+/// The NEON dot for `wtype` (`sdot` variants if `sdot`); see `aarch64/mod.rs`.
+#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+fn aarch64_dot(wtype: GgmlType, sdot: bool) -> Option<DotFn> {
+    use aarch64::*;
+    use GgmlType::*;
+    let (plain, with_sdot): (DotFn, DotFn) = match wtype {
+        F32 => (vec_dot_f32, vec_dot_f32),
+        F16 => (vec_dot_f16, vec_dot_f16),
+        BF16 => (vec_dot_bf16, vec_dot_bf16),
+        Q4_0 => (vec_dot_q4_0_q8_0, vec_dot_q4_0_q8_0_sdot),
+        Q4_1 => (vec_dot_q4_1_q8_1, vec_dot_q4_1_q8_1_sdot),
+        Q5_0 => (vec_dot_q5_0_q8_0, vec_dot_q5_0_q8_0_sdot),
+        Q5_1 => (vec_dot_q5_1_q8_1, vec_dot_q5_1_q8_1_sdot),
+        Q8_0 => (vec_dot_q8_0_q8_0, vec_dot_q8_0_q8_0_sdot),
+        IQ4_NL => (vec_dot_iq4_nl_q8_0, vec_dot_iq4_nl_q8_0_sdot),
+        MXFP4 => (vec_dot_mxfp4_q8_0, vec_dot_mxfp4_q8_0_sdot),
+        Q2_K => (vec_dot_q2_k_q8_k, vec_dot_q2_k_q8_k_sdot),
+        Q3_K => (vec_dot_q3_k_q8_k, vec_dot_q3_k_q8_k_sdot),
+        Q4_K => (vec_dot_q4_k_q8_k, vec_dot_q4_k_q8_k_sdot),
+        Q5_K => (vec_dot_q5_k_q8_k, vec_dot_q5_k_q8_k_sdot),
+        Q6_K => (vec_dot_q6_k_q8_k, vec_dot_q6_k_q8_k_sdot),
+        _ => return None,
+    };
+    Some(if sdot { with_sdot } else { plain })
 }
 
 /// Quantizes a row as `llama-quantize` does when no importance matrix is given

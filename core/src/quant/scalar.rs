@@ -7,15 +7,14 @@
 //! follow llama.cpp's `dequantize_row_*` and `ggml_vec_dot_*_generic`:
 //!
 //! ```text
-//! q4_0·q8_0  sumf += ((sumi as f32) * dw) * da
-//! q4_1·q8_1  llama.cpp's x86 order: 8 lane accumulators with fma, `summs` by fma
-//!            (`vec_dot_q4_1_q8_1` below), so the AVX2 kernel gives the same bits
-//! q5_0·q8_0  sumf += (dw * da) * sumi
-//! q5_1·q8_1  sumf += (dw * da) * sumi + mw * sa
-//! q8_0·q8_0  llama.cpp's x86 order, as q4_1 (same bits as the AVX2 kernel)
-//! iq4_nl·q8_0, mxfp4·q8_0  llama.cpp's repacked order (CPU_REPACK iq4_nl_8x8 / mxfp4_8x8,
-//!            which it uses for every weight with a multiple of 8 rows on AVX2):
-//!            per block acc = fma(f32(sumi), dw·da, acc), one accumulator
+//! q4_1·q8_1, q5_1·q8_1  llama.cpp's x86 order: 8 lane accumulators with fma, `summs`
+//!            by fma (`vec_dot_q4_1_q8_1` below), so the AVX2 kernel gives the same bits
+//! q5_0·q8_0, q8_0·q8_0  llama.cpp's x86 order, as q4_1 without `summs`
+//! iq4_nl·q8_0, mxfp4·q8_0, q4_0·q8_0  llama.cpp's repacked order (CPU_REPACK
+//!            iq4_nl_8x8 / mxfp4_8x8 / q4_0_8x8, which it uses for every weight with a
+//!            multiple of 8 rows on AVX2): per block acc = fma(f32(sumi), dw·da, acc),
+//!            one accumulator (`vec_dot_q4_0_q8_0_lanes`: the q8_0 order, for the
+//!            Q4_0 weights llama.cpp does not repack)
 //! f32/f16/bf16  sumf += w[i] * a[i], i ascending, one f32 accumulator
 //! ```
 //!
@@ -170,16 +169,36 @@ fn nibble_sumi(qs: &[u8; 16], a: &[i8; 32], f: impl Fn(u8, usize) -> (i32, i32))
     s0 + s1
 }
 
-/// Reference Q4_0 · Q8_0.
+/// Reference Q4_0 · Q8_0 in llama.cpp's repacked order (CPU_REPACK q4_0_8x8, which it
+/// uses on AVX2 for every Q4_0 weight with a multiple of 8 rows, in its `gemv` and its
+/// `gemm` alike): per block `acc = fma(f32(sumi), dw·da, acc)`, one accumulator.
 pub(crate) fn vec_dot_q4_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     contract(n, QK, w, 18, a, 34);
-    let mut sumf = 0.0f32;
+    let mut acc = 0.0f32;
     for (cw, ca) in w.chunks_exact(18).zip(a.chunks_exact(34)).take(n / QK) {
         let (Some(x), Some(y)) = (read_block::<BlockQ4_0>(cw), read_block::<BlockQ8_0>(ca)) else { break };
         let sumi = nibble_sumi(&x.qs, &y.qs, |q, _| ((q & 0x0F) as i32 - 8, (q >> 4) as i32 - 8));
-        sumf += sumi as f32 * x.d.to_f32() * y.d.to_f32();
+        acc = libm::fmaf(sumi as f32, x.d.to_f32() * y.d.to_f32(), acc);
     }
-    sumf
+    acc
+}
+
+/// Reference Q4_0 · Q8_0 in the order of llama.cpp's x86 `ggml_vec_dot_q4_0_q8_0`, which
+/// it runs for Q4_0 weights it does not repack (rows % 8 != 0; for batches its llamafile
+/// `tinyBLAS_Q0_AVX` has the same per-output order): per block
+/// `acc[l] = fma(dw·da, lane l, acc[l])`, then `hsum8(acc)` (see [`lane_sums`]).
+pub(crate) fn vec_dot_q4_0_q8_0_lanes(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    contract(n, QK, w, 18, a, 34);
+    let mut acc = [0.0f32; 8];
+    for (cw, ca) in w.chunks_exact(18).zip(a.chunks_exact(34)).take(n / QK) {
+        let (Some(x), Some(y)) = (read_block::<BlockQ4_0>(cw), read_block::<BlockQ8_0>(ca)) else { break };
+        let d = x.d.to_f32() * y.d.to_f32();
+        let lanes = lane_sums(|k| if k < 16 { (x.qs[k] & 0x0F) as i32 - 8 } else { (x.qs[k - 16] >> 4) as i32 - 8 }, &y.qs);
+        for (acc, s) in acc.iter_mut().zip(lanes) {
+            *acc = libm::fmaf(d, s as f32, *acc);
+        }
+    }
+    hsum8(acc)
 }
 
 /// Reference Q4_1 · Q8_1, in llama.cpp's x86 order (see [`lane_sums`]): per block
@@ -227,33 +246,47 @@ pub(crate) fn hsum8(a: [f32; 8]) -> f32 {
     (r[0] + r[2]) + (r[1] + r[3])
 }
 
-/// Reference Q5_0 · Q8_0.
+/// Reference Q5_0 · Q8_0 in llama.cpp's x86 order (`ggml_vec_dot_q5_0_q8_0`; llamafile's
+/// `tinyBLAS_Q0_AVX`, which runs its batches, has the same per-output order): per block
+/// `acc[l] = fma(dw·da, lane l, acc[l])`, then `hsum8(acc)` (see [`lane_sums`]).
 pub(crate) fn vec_dot_q5_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     contract(n, QK, w, 22, a, 34);
-    let mut sumf = 0.0f32;
+    let mut acc = [0.0f32; 8];
     for (cw, ca) in w.chunks_exact(22).zip(a.chunks_exact(34)).take(n / QK) {
         let (Some(x), Some(y)) = (read_block::<BlockQ5_0>(cw), read_block::<BlockQ8_0>(ca)) else { break };
-        let qh = qh_u32(x.qh);
-        let sumi = nibble_sumi(&x.qs, &y.qs, |q, j| {
-            let (lo, hi) = q5_pair(q, qh, j);
-            (lo - 16, hi - 16)
-        });
-        sumf += (x.d.to_f32() * y.d.to_f32()) * sumi as f32;
+        let d = x.d.to_f32() * y.d.to_f32();
+        let lanes = lane_sums(|k| q5_value(&x.qs, qh_u32(x.qh), k) - 16, &y.qs);
+        for (acc, s) in acc.iter_mut().zip(lanes) {
+            *acc = libm::fmaf(d, s as f32, *acc);
+        }
     }
-    sumf
+    hsum8(acc)
 }
 
-/// Reference Q5_1 · Q8_1.
+/// Reference Q5_1 · Q8_1 in llama.cpp's x86 order (`ggml_vec_dot_q5_1_q8_1`, as Q4_1): per
+/// block `acc[l] = fma(lane l, dw·da, acc[l])` and `summs = fma(mw, sa, summs)`; then
+/// `hsum8(acc) + summs`.
 pub(crate) fn vec_dot_q5_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
     contract(n, QK, w, 24, a, 36);
-    let mut sumf = 0.0f32;
+    let mut acc = [0.0f32; 8];
+    let mut summs = 0.0f32;
     for (cw, ca) in w.chunks_exact(24).zip(a.chunks_exact(36)).take(n / QK) {
         let (Some(x), Some(y)) = (read_block::<BlockQ5_1>(cw), read_block::<BlockQ8_1>(ca)) else { break };
-        let qh = qh_u32(x.qh);
-        let sumi = nibble_sumi(&x.qs, &y.qs, |q, j| q5_pair(q, qh, j));
-        sumf += (x.d.to_f32() * y.d.to_f32()) * sumi as f32 + x.m.to_f32() * y.s.to_f32();
+        summs = libm::fmaf(x.m.to_f32(), y.s.to_f32(), summs);
+        let d = x.d.to_f32() * y.d.to_f32();
+        let lanes = lane_sums(|k| q5_value(&x.qs, qh_u32(x.qh), k), &y.qs);
+        for (acc, s) in acc.iter_mut().zip(lanes) {
+            *acc = libm::fmaf(s as f32, d, *acc);
+        }
     }
-    sumf
+    hsum8(acc) + summs
+}
+
+/// The unsigned 5-bit value (0..=31) of element `k` (0..32) of a Q5 block.
+#[inline]
+fn q5_value(qs: &[u8; 16], qh: u32, k: usize) -> i32 {
+    let (lo, hi) = q5_pair(qs[k % 16], qh, k % 16);
+    if k < 16 { lo } else { hi }
 }
 
 /// Reference Q8_0 · Q8_0, in llama.cpp's x86 order: per block

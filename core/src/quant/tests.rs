@@ -10,7 +10,7 @@
 //!   `s` is an f16 rounding of `d·Σq`);
 //! - SIMD dot vs reference dot: 1e-5·L1 (only the float summation order differs), and
 //!   bit equality for the types whose kernels follow llama.cpp's order in both sets
-//!   (Q4_1, Q8_0, IQ4_NL, MXFP4, every K-quant);
+//!   (every quant type; the float types sum in a different order);
 //! - round trip |x - dequant(quant(x))| per element, with d the block's scale and
 //!   h(v) = max(|v|·2^-11, 2^-25) the error of storing v as f16: Q4_0 |d| + 8·h(d) and
 //!   Q5_0 |d| + 16·h(d) (the top value may clamp by one step), Q4_1 / Q5_1
@@ -78,6 +78,14 @@ pub(super) fn fast_kernels() -> Option<Kernels> {
         assert!(!k.is_reference(), "CPUID disagrees with std's feature detection");
         return Some(k);
     }
+    #[cfg(target_arch = "aarch64")]
+    if std::arch::is_aarch64_feature_detected!("neon") {
+        // `sdot` variants where the CPU has them (qemu -cpu max), else plain NEON (qemu
+        // -cpu cortex-a53): tests/aarch64.sh runs both.
+        let k = Kernels::new(Isa { neon: true, neon_dotprod: std::arch::is_aarch64_feature_detected!("dotprod"), ..Isa::default() });
+        println!("note: SIMD kernels: {}", k.name());
+        return Some(k);
+    }
     println!("note: no SIMD kernels on this CPU; SIMD comparisons skipped");
     None
 }
@@ -106,9 +114,9 @@ pub(super) fn dequantized(ty: GgmlType, src: &[u8], n: usize) -> Vec<f32> {
 
 pub(super) const DOT_TYPES: [GgmlType; 15] = [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K];
 
-/// Types whose SIMD dot gives the reference's bits (see `x86/mod.rs`).
+/// Types whose SIMD dot gives the reference's bits (see `x86/mod.rs`): all quant types.
 pub(super) fn simd_bit_exact(ty: GgmlType) -> bool {
-    matches!(ty, Q4_1 | Q8_0 | IQ4_NL | MXFP4 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K)
+    !matches!(ty, F32 | F16 | BF16)
 }
 
 /// (f64 sum of dequantized products, L1 of them, Σ|m·s| for the Q8_1 pairings and
@@ -461,3 +469,25 @@ fn simd_attention_f16_ops_and_swiglu_match_reference_bits() {
     }
 }
 
+
+#[test]
+fn f16_rounding_of_f64_is_one_rounding() {
+    // Just above / below / on the midpoint between adjacent f16 values a < b: b / a / the
+    // even one. (`half`'s `f16::from_f64` rounds twice and gets "just above" wrong.)
+    use half::f16;
+    let mut rng = Rng::new(9);
+    for _ in 0..20000 {
+        let bits = (rng.below(0x7BFF) as u16) | if rng.below(2) == 0 { 0 } else { 0x8000 };
+        let a = f16::from_bits(bits);
+        let b = f16::from_bits(bits + 1); // next away from zero
+        let (af, bf) = (a.to_f64(), b.to_f64());
+        let m = (af + bf) / 2.0; // exact
+        let d = (bf - af).abs() * libm::ldexp(1.0, -(12 + rng.below(28) as i32)); // >= 2^-51 of m: exact in f64
+        let toward_b = if bf > af { d } else { -d };
+        assert_eq!(super::f16ops::f16_from_f64(m + toward_b).to_bits(), b.to_bits(), "{a} {b}: just past the midpoint");
+        assert_eq!(super::f16ops::f16_from_f64(m - toward_b).to_bits(), a.to_bits(), "{a} {b}: just short of the midpoint");
+        let even = if bits % 2 == 0 { a } else { b };
+        assert_eq!(super::f16ops::f16_from_f64(m).to_bits(), even.to_bits(), "{a} {b}: the midpoint");
+        assert_eq!(super::f16ops::f16_from_f64(af).to_bits(), a.to_bits());
+    }
+}

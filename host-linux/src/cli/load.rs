@@ -53,8 +53,7 @@ pub fn kernels(reference: bool) -> Kernels {
     if reference {
         Kernels::reference()
     } else {
-        let isa = crate::isa::detect();
-        Kernels::new(keel_core::quant::Isa { avx2_fma: isa.avx2_fma, avx512: isa.avx512, avx512_vnni: isa.avx512_vnni, neon_dotprod: isa.neon_dotprod, i8mm: isa.i8mm })
+        Kernels::new(crate::isa::detect())
     }
 }
 

@@ -14,14 +14,14 @@
 //!   by an offset (`q - 8`, `q - 16`: subtract `maddubs(offset, y)`) or by the sign trick
 //!   (`|x|`, `y·sign(x)`; needs activations in -127..=127, which every keel activation
 //!   quantizer guarantees);
-//! - float part: `acc = fma(f32(lanes), dw·da, acc)`, four blocks per iteration into
-//!   two to four accumulators, one final horizontal sum; Q4_1/Q5_1 add `Σ mw·sa` at the
-//!   end. Layout tricks are described in `qdot.rs`.
+//! - float part, in llama.cpp's order (see `qdot.rs`): either `acc = fma(dw·da,
+//!   f32(lanes), acc)` per block into one 8-lane accumulator and one final horizontal sum
+//!   (Q4_1/Q5_1 add `Σ mw·sa`, accumulated by fma), or, for the repacked types, the lanes
+//!   summed to one exact integer per block and `acc = fma(f32(sumi), dw·da, acc)`.
 //!
 //! The order is fixed by `n` alone, so a row gives the same bits however many rows are
-//! computed and on whichever thread. Q4_1, Q8_0, IQ4_NL, MXFP4 and all K-quants give
-//! the scalar reference's bits exactly; Q4_0, Q5_0 and Q5_1 differ from it only in float
-//! summation order (tests bound the difference).
+//! computed and on whichever thread. Every dot here gives the scalar reference's bits
+//! exactly.
 //!
 //! Activation quantizers compute exactly what `quantize.rs` does (`id = 127/amax`,
 //! round half to even), so their bytes equal the reference's (tested).
@@ -40,7 +40,7 @@ mod qdot;
 
 use super::blocks::{bf16_to_f32, f16_to_f32};
 use kdot::{q2_k_q8_k, q3_k_q8_k, q4_k_q8_k, q5_k_q8_k, q6_k_q8_k, GEMM, NATIVE, TILED};
-use qdot::{iq4_nl_q8_0, mxfp4_q8_0, q4_0_q8_0, q4_1_q8_1, q5_0_q8_0, q5_1_q8_1, q8_0_q8_0};
+use qdot::{iq4_nl_q8_0, mxfp4_q8_0, q4_0_q8_0, q4_0_q8_0_lanes, q4_1_q8_1, q5_0_q8_0, q5_1_q8_1, q8_0_q8_0};
 
 /// True if this CPU (and OS) can run the kernels here: AVX, AVX2, FMA, F16C, and the OS
 /// saves YMM state (XCR0 bits 1 and 2).
@@ -93,8 +93,10 @@ macro_rules! dot_wrapper {
     };
 }
 
-dot_wrapper!(/// AVX2 Q4_0 · Q8_0.
+dot_wrapper!(/// AVX2 Q4_0 · Q8_0 (llama.cpp's repacked order).
     vec_dot_q4_0_q8_0, q4_0_q8_0, 32, 18, 34);
+dot_wrapper!(/// AVX2 Q4_0 · Q8_0 in llama.cpp's `vec_dot` order (weights it does not repack).
+    vec_dot_q4_0_q8_0_lanes, q4_0_q8_0_lanes, 32, 18, 34);
 dot_wrapper!(/// AVX2 Q4_1 · Q8_1.
     vec_dot_q4_1_q8_1, q4_1_q8_1, 32, 20, 36);
 dot_wrapper!(/// AVX2 Q5_0 · Q8_0.
