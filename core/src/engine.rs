@@ -79,6 +79,15 @@ impl<'a> Engine<'a> {
         Ok(self.session.logits(self.model.hp.n_vocab))
     }
 
+    /// [`Engine::eval`] with matrix products placed by `exec` (see [`Session::eval_on`]).
+    pub fn eval_on(&mut self, tokens: &[u32], outputs: Outputs, par: &dyn Parallel, exec: Option<&mut crate::placement::Exec<'_, '_>>) -> Result<&[f32], Error> {
+        self.session.eval_on(&self.model, tokens, outputs, par, exec)?;
+        for &t in tokens {
+            self.sampler.accept(t);
+        }
+        Ok(self.session.logits(self.model.hp.n_vocab))
+    }
+
     /// Samples the next token from the last logits row.
     pub fn sample(&mut self) -> u32 {
         let v = self.model.hp.n_vocab;

@@ -49,6 +49,12 @@ pub enum Error {
     Arena(ArenaTooSmall),
     /// A run parameter is invalid.
     BadConfig(&'static str),
+    /// Device `device` failed mid-request (the host holds the detailed error); nothing
+    /// was computed on the CPU in its place.
+    Device {
+        /// Index of the device in the placement.
+        device: u8,
+    },
 }
 
 impl From<GgufError> for Error {
@@ -93,6 +99,7 @@ impl fmt::Display for Error {
             Error::Plan(e) => write!(f, "{e}"),
             Error::Arena(e) => write!(f, "{e}"),
             Error::BadConfig(why) => write!(f, "invalid configuration: {why}"),
+            Error::Device { device } => write!(f, "device {device} failed mid-request; the request was stopped (no silent switch to the CPU)"),
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod error;
 pub mod matmul;
 pub mod model;
 pub mod ops;
+pub mod placement;
 pub mod sampler;
 pub mod session;
 

@@ -13,6 +13,7 @@ use crate::attn_tiled;
 use crate::delta_net;
 use crate::model::{Attention, DeltaNet, FfnAct, HParams, Mixer, Model, RopeMode, Ssm, Tensor};
 use crate::ops;
+use crate::placement::{Exec, Offload, Placement, WeightId, WeightKind, OUTPUT_LAYER};
 use crate::parallel::{split_range, Parallel};
 use crate::quant::Kernels;
 use half::f16;
@@ -235,6 +236,13 @@ impl<'a> Session<'a> {
 
     /// Appends `tokens` to the context and computes logits for `outputs`.
     pub fn eval(&mut self, model: &Model<'_>, tokens: &[u32], outputs: Outputs, par: &dyn Parallel) -> Result<(), Error> {
+        self.eval_on(model, tokens, outputs, par, None)
+    }
+
+    /// [`Session::eval`] with matrix products placed by `exec` (each one the placement
+    /// assigns to a device runs there; the rest on the CPU). A device failure stops the
+    /// request with [`Error::Device`]: the session's context is then unusable (start over).
+    pub fn eval_on(&mut self, model: &Model<'_>, tokens: &[u32], outputs: Outputs, par: &dyn Parallel, mut exec: Option<&mut Exec<'_, '_>>) -> Result<(), Error> {
         let hp = &model.hp;
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= hp.n_vocab) {
             return Err(Error::BadToken { id, n_vocab: hp.n_vocab });
@@ -260,7 +268,7 @@ impl<'a> Session<'a> {
                 Outputs::Last if last_chunk => 1,
                 Outputs::Last => 0,
             };
-            self.forward(model, chunk, out_rows, par);
+            self.forward(model, chunk, out_rows, par, exec.as_deref_mut())?;
             done += n;
         }
         Ok(())
@@ -268,7 +276,7 @@ impl<'a> Session<'a> {
 
     /// One forward pass over `n <= n_batch` tokens; logits for the last `out_rows` of them
     /// are appended after the rows already produced by this `eval`.
-    fn forward(&mut self, model: &Model<'_>, tokens: &[u32], out_rows: usize, par: &dyn Parallel) {
+    fn forward(&mut self, model: &Model<'_>, tokens: &[u32], out_rows: usize, par: &dyn Parallel, exec: Option<&mut Exec<'_, '_>>) -> Result<(), Error> {
         let hp = &model.hp;
         let n = tokens.len();
         let (e, f) = (hp.n_embd, hp.n_ff);
@@ -280,7 +288,11 @@ impl<'a> Session<'a> {
         let self_tiled_mode = self.tiled_batches;
         let chunked = self.delta_chunked && n > 1;
         let Session { kv_k, kv_v, conv_state, ssm_state, x, xn, q, k, v, gate, attn, ffn_a, ffn_b, act_q, attn_scratch, rope, gdn_ab, conv_out, gdn_scratch, attn_tile, logits, .. } = self;
-        let mut act = Act { kern, buf: &mut **act_q, cur: None, llama_cpp_batches: self_tiled_mode };
+        let (placement, offload): (Option<&Placement<'_>>, Option<&mut dyn Offload>) = match exec {
+            Some(e) => (Some(e.placement), Some(&mut *e.offload)),
+            None => (None, None),
+        };
+        let mut act = Act { kern, buf: &mut **act_q, cur: None, llama_cpp_batches: self_tiled_mode, placement, offload, layer: 0, failed: None };
         if n_past == 0 {
             // A new sequence: recurrent layers start from zero state.
             conv_state.fill(0.0);
@@ -300,6 +312,7 @@ impl<'a> Session<'a> {
 
         let (mut kv_row0, mut recr) = (0usize, 0usize);
         for (l, layer) in model.layers.iter().enumerate() {
+            act.layer = l as u16;
             for i in 0..n {
                 ops::rms_norm(&x[i * e..(i + 1) * e], layer.attn_norm.data, hp.rms_eps, &mut xn[i * e..(i + 1) * e]);
             }
@@ -313,7 +326,7 @@ impl<'a> Session<'a> {
                     kv_row0 += rows;
                 }
                 Mixer::DeltaNet(d) => {
-                    let Some(s) = hp.ssm else { return };
+                    let Some(s) = hp.ssm else { return Err(Error::BadConfig("a delta-net layer without ssm parameters")) };
                     let st = DeltaState { conv: &mut conv_state[recr * s.conv_state_len()..(recr + 1) * s.conv_state_len()], ssm: &mut ssm_state[recr * s.state_len()..(recr + 1) * s.state_len()] };
                     let bufs = DeltaBufs { qkv: q, z: k, ab: gdn_ab, conv: conv_out, out: attn, scratch: gdn_scratch };
                     delta_net_block(hp, &s, d, &mut act, st, bufs, &xn[..n * e], &mut ffn_a[..n * e], n_tasks, n, chunked, par);
@@ -328,14 +341,14 @@ impl<'a> Session<'a> {
                 ops::rms_norm(&x[i * e..(i + 1) * e], layer.ffn_norm.data, hp.rms_eps, &mut xn[i * e..(i + 1) * e]);
             }
             act.invalidate();
-            act.project(par, &layer.ffn_gate, &xn[..n * e], n, ffn_a);
-            act.project(par, &layer.ffn_up, &xn[..n * e], n, ffn_b);
+            act.project(par, WeightKind::Gate, &layer.ffn_gate, &xn[..n * e], n, ffn_a);
+            act.project(par, WeightKind::Up, &layer.ffn_up, &xn[..n * e], n, ffn_b);
             match hp.ffn_act {
                 FfnAct::Silu => kern.swiglu(&mut ffn_a[..n * f], &ffn_b[..n * f]),
                 FfnAct::GeluTanh => ops::geglu(&mut ffn_a[..n * f], &ffn_b[..n * f]),
             }
             act.invalidate();
-            act.project(par, &layer.ffn_down, &ffn_a[..n * f], n, ffn_b);
+            act.project(par, WeightKind::Down, &layer.ffn_down, &ffn_a[..n * f], n, ffn_b);
             add_residual(hp, layer.ffn_post_norm, &ffn_b[..n * e], &mut xn[..n * e], &mut x[..n * e], n);
         }
         self.n_past += n;
@@ -350,8 +363,13 @@ impl<'a> Session<'a> {
             let v = hp.n_vocab;
             let base = self.n_logits * v;
             act.invalidate();
-            act.project(par, &model.output, &xn[..out_rows * e], out_rows, &mut logits[base..base + out_rows * v]);
+            act.layer = OUTPUT_LAYER;
+            act.project(par, WeightKind::Output, &model.output, &xn[..out_rows * e], out_rows, &mut logits[base..base + out_rows * v]);
             self.n_logits += out_rows;
+        }
+        match act.failed {
+            Some(device) => Err(Error::Device { device }),
+            None => Ok(()),
         }
     }
 }
@@ -422,9 +440,9 @@ fn head_norm(x: &mut [f32], norm: Option<Tensor<'_>>, n: usize, w: usize, hd: us
 fn attention_block(hp: &HParams, l: usize, a: &Attention<'_>, act: &mut Act<'_>, c: Cache<'_>, b: AttnBufs<'_>, xn: &[f32], out: &mut [f32], n_tasks: usize, n: usize, par: &dyn Parallel) {
     let (qd, kd, vd, hd) = (hp.q_dim(), hp.k_dim(), hp.v_dim(), hp.head_dim);
     let kern = act.kern;
-    act.project(par, &a.wq, xn, n, b.q);
-    act.project(par, &a.wk, xn, n, b.k);
-    act.project(par, &a.wv, xn, n, b.v);
+    act.project(par, WeightKind::Q, &a.wq, xn, n, b.q);
+    act.project(par, WeightKind::K, &a.wk, xn, n, b.k);
+    act.project(par, WeightKind::V, &a.wv, xn, n, b.v);
     if hp.attn_gated {
         // Rows are [q | gate] per head: move the gates out, then pack q (destination
         // offsets never pass the source, so a forward copy is safe).
@@ -477,7 +495,7 @@ fn attention_block(hp: &HParams, l: usize, a: &Attention<'_>, act: &mut Act<'_>,
         }
     }
     act.invalidate();
-    act.project(par, &a.wo, &b.attn[..n * aw], n, out);
+    act.project(par, WeightKind::O, &a.wo, &b.attn[..n * aw], n, out);
 }
 
 /// Causal grouped-query attention of the `n` new tokens over one layer's cache, split
@@ -592,11 +610,11 @@ fn delta_net_block(hp: &HParams, s: &Ssm, d: &DeltaNet<'_>, act: &mut Act<'_>, s
     let ch = s.conv_channels();
     let (ds, nvh, nkh) = (s.d_state, s.n_v_heads, s.n_k_heads);
     let kc = s.d_conv;
-    act.project(par, &d.wqkv, xn, n, b.qkv);
-    act.project(par, &d.wgate, xn, n, b.z);
+    act.project(par, WeightKind::Qkv, &d.wqkv, xn, n, b.qkv);
+    act.project(par, WeightKind::Z, &d.wgate, xn, n, b.z);
     let (beta, alpha) = b.ab.split_at_mut(n * nvh);
-    act.project(par, &d.wbeta, xn, n, beta);
-    act.project(par, &d.walpha, xn, n, &mut alpha[..n * nvh]);
+    act.project(par, WeightKind::Beta, &d.wbeta, xn, n, beta);
+    act.project(par, WeightKind::Alpha, &d.walpha, xn, n, &mut alpha[..n * nvh]);
     // beta = sigmoid(.); g = softplus(alpha + dt_bias) * a (stored in alpha).
     for i in 0..n {
         for h in 0..nvh {
@@ -683,7 +701,7 @@ fn delta_net_block(hp: &HParams, s: &Ssm, d: &DeltaNet<'_>, act: &mut Act<'_>, s
         }
     }
     act.invalidate();
-    act.project(par, &d.wout, &b.out[..n * s.d_inner], n, out);
+    act.project(par, WeightKind::Out, &d.wout, &b.out[..n * s.d_inner], n, out);
 }
 
 /// The quantized-activation buffer and which type it currently holds, so q, k and v
@@ -694,6 +712,13 @@ struct Act<'b> {
     cur: Option<GgmlType>,
     /// Use llama.cpp's batch-dependent kernel choice ([`matmul_as`]).
     llama_cpp_batches: bool,
+    /// Products placed on devices, when a placement is in use.
+    placement: Option<&'b Placement<'b>>,
+    offload: Option<&'b mut dyn Offload>,
+    /// The layer whose products run now ([`OUTPUT_LAYER`] for the output projection).
+    layer: u16,
+    /// The first device that failed in this forward pass (later products are skipped).
+    failed: Option<u8>,
 }
 
 impl Act<'_> {
@@ -703,7 +728,19 @@ impl Act<'_> {
     }
 
     /// `out = x W` for `n` rows of `x` (each `w.cols` wide).
-    fn project(&mut self, par: &dyn Parallel, w: &Tensor<'_>, x: &[f32], n: usize, out: &mut [f32]) {
+    fn project(&mut self, par: &dyn Parallel, kind: WeightKind, w: &Tensor<'_>, x: &[f32], n: usize, out: &mut [f32]) {
+        if self.failed.is_some() {
+            return;
+        }
+        if let (Some(p), Some(off)) = (self.placement, self.offload.as_deref_mut()) {
+            let id = WeightId { layer: self.layer, kind };
+            if let Some(dev) = p.device_for(id, n) {
+                if off.matmul(dev, id, &x[..n * w.cols], n, &mut out[..n * w.rows]).is_err() {
+                    self.failed = Some(dev);
+                }
+                return;
+            }
+        }
         let Some(vdt) = Kernels::vec_dot_type(w.ty) else { return };
         if self.cur != Some(vdt) {
             let rb = vdt.row_bytes(w.cols as u64).unwrap_or(0) as usize;

@@ -3,11 +3,11 @@
 # from `llvm-objdump -d` of the firmware ELF. The loop body runs from the
 # target of the first `loop0(ADDR, …)` to the packet ending in `:endloop0`;
 # weight bytes = 128 × the vector loads (`… = vmem(…)`) in it.
-# Usage: scripts/packets.sh ELF [kernel-name …]   (default: the q8_0, q4_0 and iq4_nl block sums)
+# Usage: scripts/packets.sh ELF [kernel-name …]   (default: the q8_0 lane sums, q8_0/q4_0/iq4_nl block sums)
 set -euo pipefail
 elf=$1; shift
 kernels=("$@")
-[ ${#kernels[@]} -gt 0 ] || kernels=(q8_0_block_sums q4_0_block_sums iq4_nl_block_sums)
+[ ${#kernels[@]} -gt 0 ] || kernels=(q8_0_lane_sums q8_0_block_sums q4_0_block_sums iq4_nl_block_sums)
 objdump=${LLVM_OBJDUMP:-$(rustc +nightly --print sysroot)/lib/rustlib/x86_64-unknown-linux-gnu/bin/llvm-objdump}
 dis=$("$objdump" -d --no-show-raw-insn "$elf")
 for k in "${kernels[@]}"; do

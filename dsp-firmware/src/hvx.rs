@@ -84,3 +84,49 @@ pub unsafe fn q8_0_block_sums(tiles: *const HvxVector, n_groups: usize, a: &[u32
     );
     broken_zeros(out, n_groups);
 }
+
+/// Raw *lane* sums of `n_groups` Q8_0 tiles for one activation block: for group `g`
+/// and lane `l` (inputs `4l..4l+4` of the block), vector `8g + l` of `out` holds one
+/// int32 per row, `Σ u·a` over those 4 inputs (`u = q + 128`). These are the 8 lanes
+/// llama.cpp's x86 Q8_0 dot (and keel's CPU) accumulate separately before their
+/// horizontal sum; [`crate::matvec`] applies the scales in that order.
+///
+/// Same packets as [`q8_0_block_sums`] (one vector load and one `vrmpy` per packet,
+/// 1.0 packet per 128 weight bytes), each packet also storing its result.
+///
+/// # Safety
+/// `tiles` points to `n_groups · 1024` readable bytes and `out` to `n_groups · 1024`
+/// writable bytes, both 128-byte aligned; HVX (128-byte mode) is enabled.
+#[inline(never)]
+pub unsafe fn q8_0_lane_sums(tiles: *const HvxVector, n_groups: usize, a: &[u32; 8], out: *mut HvxVector) {
+    if n_groups == 0 {
+        return;
+    }
+    let [a0, a1, a2, a3, a4, a5, a6, a7] = *a;
+    // SAFETY: reads n_groups·8 vectors from `tiles` and writes n_groups·8 vectors
+    // to `out` (the caller guarantees both, aligned); clobbers only v0/v1 and
+    // hardware loop 0 (LC0/SA0), which no caller keeps live across this
+    // non-inlined call. Each packet: a .cur load feeding its vrmpy, whose result
+    // is stored (.new) in the same packet.
+    asm!(
+        "loop0(2f, {n})",
+        ".falign",
+        "2:",
+        "{{ v0.cur = vmem({t}++#1); v1.w = vrmpy(v0.ub, {a0}.b); vmem({o}++#1) = v1.new }}",
+        "{{ v0.cur = vmem({t}++#1); v1.w = vrmpy(v0.ub, {a1}.b); vmem({o}++#1) = v1.new }}",
+        "{{ v0.cur = vmem({t}++#1); v1.w = vrmpy(v0.ub, {a2}.b); vmem({o}++#1) = v1.new }}",
+        "{{ v0.cur = vmem({t}++#1); v1.w = vrmpy(v0.ub, {a3}.b); vmem({o}++#1) = v1.new }}",
+        "{{ v0.cur = vmem({t}++#1); v1.w = vrmpy(v0.ub, {a4}.b); vmem({o}++#1) = v1.new }}",
+        "{{ v0.cur = vmem({t}++#1); v1.w = vrmpy(v0.ub, {a5}.b); vmem({o}++#1) = v1.new }}",
+        "{{ v0.cur = vmem({t}++#1); v1.w = vrmpy(v0.ub, {a6}.b); vmem({o}++#1) = v1.new }}",
+        "{{ v0.cur = vmem({t}++#1); v1.w = vrmpy(v0.ub, {a7}.b); vmem({o}++#1) = v1.new }}:endloop0",
+        n = in(reg) n_groups,
+        t = inout(reg) tiles => _,
+        o = inout(reg) out => _,
+        a0 = in(reg) a0, a1 = in(reg) a1, a2 = in(reg) a2, a3 = in(reg) a3,
+        a4 = in(reg) a4, a5 = in(reg) a5, a6 = in(reg) a6, a7 = in(reg) a7,
+        out("v0") _, out("v1") _,
+        options(nostack),
+    );
+    broken_zeros(out, n_groups * 8);
+}

@@ -12,7 +12,8 @@
 //! - [`harness`]: the qemu-hexagon test-vector protocol
 //! - [`sys`]: Linux system calls under qemu-hexagon
 #![no_std]
-#![feature(stdarch_hexagon, asm_experimental_arch)]
+#![feature(stdarch_hexagon, asm_experimental_arch, core_intrinsics)]
+#![allow(internal_features, unused_unsafe)]
 
 #[cfg(not(target_arch = "hexagon"))]
 compile_error!("keel-dsp-firmware builds only for Hexagon: see dsp-firmware/README.md");

@@ -5,8 +5,9 @@
 //! {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}.
 //! Activations (keel's CPU rule, llama.cpp's x86 variant): `d = max|x|/127`,
 //! `q = rint(x · (127/max|x|))` (half to even), d stored as f16. Dot: per block
-//! the exact int32 sum, then `sumf += sumi · (dw · da)` (Q8_0) or
-//! `sumf += (sumi · dw) · da` (Q4_0), blocks in order from 0.
+//! the exact int32 sum, then `sumf = fma(sumi, dw · da, sumf)` (Q4_0, IQ4_NL),
+//! blocks in order from 0; Q8_0 in llama.cpp's x86 order (8 lanes of 4 products,
+//! `lane = fma(dw · da, lane_sum, lane)`, AVX horizontal sum).
 
 use half::f16;
 
@@ -90,15 +91,26 @@ pub fn matvec(t: WType, w: &[u8], rows: usize, k: usize, act: &[ActBlock]) -> (V
     let mut out = vec![0f32; rows];
     for (r, o) in out.iter_mut().enumerate() {
         let mut sumf = 0f32;
+        // Q8_0: llama.cpp's x86 order (8 lanes of 4 products, fma per block, AVX hsum).
+        let mut lanes = [0f32; 8];
         for (b, a) in act.iter().enumerate() {
             let (q, dw) = weight_block(t, &w[(r * nb + b) * bb..][..bb]);
             let sumi: i32 = q.iter().zip(a.q.iter()).map(|(&w, &a)| w * i32::from(a)).sum();
             sums[b * rows + r] = sumi;
             let da = f16::from_bits(a.d16).to_f32();
-            sumf += match t {
-                WType::Q8_0 | WType::IQ4NL => sumi as f32 * (dw * da),
-                WType::Q4_0 => sumi as f32 * dw * da,
-            };
+            if t == WType::Q8_0 {
+                for (l, acc) in lanes.iter_mut().enumerate() {
+                    let ls: i32 = (4 * l..4 * l + 4).map(|j| q[j] * i32::from(a.q[j])).sum();
+                    *acc = (dw * da).mul_add(ls as f32, *acc);
+                }
+                continue;
+            }
+            // Q4_0 and IQ4_NL: keel's CPU (llama.cpp's repacked gemv) order, one fma per block.
+            sumf = (sumi as f32).mul_add(dw * da, sumf);
+        }
+        if t == WType::Q8_0 {
+            let h = [lanes[4] + lanes[0], lanes[5] + lanes[1], lanes[6] + lanes[2], lanes[7] + lanes[3]];
+            sumf = (h[0] + h[2]) + (h[1] + h[3]);
         }
         *o = sumf;
     }

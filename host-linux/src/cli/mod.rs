@@ -8,6 +8,7 @@ pub mod eval;
 pub mod info;
 pub mod load;
 pub mod logits_digest;
+pub mod offload;
 pub mod perplexity;
 pub mod probe;
 pub mod quantize;
@@ -27,6 +28,7 @@ commands:
   run         generate text:  keel run -m MODEL -p PROMPT [-f FILE] [-n N] [-c N_CTX] [-t THREADS]
               [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty F] [--seed S]
               [--chat [--system TEXT]] [--reference] [--json]
+              [--device LIST] [--offload-* flags]: see below
   chat        keel chat -m MODEL [--system TEXT] [-n N] [-c N_CTX] [sampling flags as run]
               (interactive; the conversation stays in the fixed context; /reset, /quit)
   tokenize    keel tokenize -m MODEL [--add-special] [--parse-special] [-f FILE | TEXT] [--json]
@@ -41,6 +43,19 @@ commands:
   probe       keel probe --device hexagon-sim [--json]   identity, capabilities, memory, self-test
   quantize    keel quantize IN OUT TYPE [--allow-requantize] [-t THREADS] [--json]
               TYPE as llama-quantize names it: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
+
+device flags of run (matrix products placed on devices; the rest on the CPU):
+  --device LIST        e.g. hexagon-sim,cpu (cpu is always last; hexagon-sim twice = two
+                       device sessions, weights split when one budget is full)
+  --offload-layers N   (-ngl) only layers 0..N on devices (default all)
+  --offload-min-batch N  offload only forward passes of at least N tokens (default 1)
+  --offload-output on|off  the output projection (lm head) on a device (default on)
+  --offload-kinds LIST attn, ffn, output, all, or tensor kinds (attn_q, ffn_down, ...)
+  --offload-types LIST file types allowed on devices (e.g. q8_0,q4_0,q4_k; default all)
+  --offload-convert T  type for weights the device lacks (q8_0 default, q4_0, none)
+  --device-mem MIB[,MIB..]  weight budget per device session
+  after load and at exit run prints each device's memory (model, context, compute, free,
+  as the device measured it); a run that places nothing on a device says so loudly
 
 MODEL is a path to a .gguf file or a known name, fetched on first use into
 $KEEL_MODELS (default ~/.cache/keel/models).

@@ -5,6 +5,9 @@ use super::common::{chat_prompt, mib, prompt, run_options, sampling, tokenize};
 use super::load::{engine, open, prepare};
 use crate::json;
 use anyhow::Result;
+use crate::device::offload::Devices;
+use keel_core::engine::Engine;
+use keel_core::placement::{weight_count, Decision, Exec, Placement};
 use keel_core::session::Outputs;
 use keel_core::tokenizer::Utf8Stream;
 use std::io::Write;
@@ -36,7 +39,9 @@ pub fn main(mut a: Args) -> Result<()> {
     let chat = a.flag(&["--chat"]);
     let system: Option<String> = a.value(&["--system"], "a system message")?;
     let as_json = a.flag(&["--json"]);
+    let offload = super::offload::OffloadOptions::parse(&mut a)?;
     a.finish()?;
+    let mut devices = offload.open()?;
 
     let opened = open(&model)?;
     let g = opened.gguf()?;
@@ -48,6 +53,15 @@ pub fn main(mut a: Args) -> Result<()> {
     }
     let text = if chat { chat_prompt(&g, &opened.path, system.as_deref(), &text)? } else { text };
     let prompt_tokens = tokenize(&e.tokenizer, &text, true, true, opts.n_ctx)?;
+    let mut slots = vec![Decision::EMPTY; weight_count(&e.model)];
+    let placement = devices.plan(&e.model, &offload.policy, &mut slots).map_err(|err| anyhow::anyhow!("{}: {err}", opened.path.display()))?;
+    let use_devices = !devices.slots.is_empty();
+    if use_devices {
+        devices.load(&e.model, &placement, &e.session.kernels()).map_err(|err| anyhow::anyhow!("loading weights onto the device: {err}"))?;
+        super::offload::print_placement(&placement, &devices);
+        super::offload::print_breakdown("after load", &devices.breakdown(), super::offload::host_breakdown(&e, Some(&placement)));
+    }
+
     if prompt_tokens.is_empty() {
         anyhow::bail!("the prompt is empty after tokenization");
     }
@@ -62,7 +76,9 @@ pub fn main(mut a: Args) -> Result<()> {
     let mut digest = as_json.then(super::logits_digest::LogitsDigest::default);
 
     let t0 = Instant::now();
-    e.eval(&prompt_tokens, Outputs::Last, pool)?;
+    step(&mut e, &prompt_tokens, pool, use_devices, &placement, &mut devices)?;
+    let batches_before = devices.batches();
+    let mut n_evals = 0u64;
     let prompt_secs = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut stop = "length";
@@ -88,7 +104,8 @@ pub fn main(mut a: Args) -> Result<()> {
             stop = "context full";
             break;
         }
-        e.eval(&[tok], Outputs::Last, pool)?;
+        step(&mut e, &[tok], pool, use_devices, &placement, &mut devices)?;
+        n_evals += 1;
     }
     stream.finish(|s: &str| {
         text_out.push_str(s);
@@ -106,6 +123,10 @@ pub fn main(mut a: Args) -> Result<()> {
         stop,
     };
     let peak = crate::mem::peak_rss_bytes().unwrap_or(0);
+    let gen_batches = devices.batches() - batches_before;
+    let per_token = if n_evals > 0 { gen_batches as f64 / n_evals as f64 } else { 0.0 };
+    let host = super::offload::host_breakdown(&e, Some(&placement));
+    let breakdown = devices.breakdown();
     if as_json {
         let mut o = json::Object::new();
         o.arr("prompt_tokens", |arr| {
@@ -119,7 +140,14 @@ pub fn main(mut a: Args) -> Result<()> {
             }
         });
         o.str("text", &g.text).f64("prompt_tps", g.prompt_tps).f64("gen_tps", g.gen_tps).str("stop", g.stop);
+        o.str("kernels", e.session.kernels().name());
         o.u64("arena_bytes", arena_bytes as u64).u64("peak_rss_bytes", peak);
+        o.u64("offloaded_weights", placement.n_on_devices() as u64).u64("matrix_weights", placement.decisions().len() as u64);
+        o.u64("device_batches", devices.batches()).f64("device_batches_per_token", per_token);
+        if use_devices && placement.n_on_devices() == 0 {
+            o.str("placement_warning", "devices were given but nothing was placed on them: every op ran on the CPU");
+        }
+        super::offload::breakdown_json(&mut o, "memory_breakdown", &breakdown, host);
         // host-wasi's fields: `tokens` (the prompt's ids) and the logits digests.
         let (all, rows) = digest.unwrap_or_default().finish();
         o.arr("tokens", |arr| {
@@ -149,5 +177,27 @@ pub fn main(mut a: Args) -> Result<()> {
             e.session.kernels().name()
         );
     }
+    if use_devices {
+        eprintln!("keel: device batches: {} in all, {per_token:.1} per generated token", devices.batches());
+        super::offload::print_breakdown("at exit", &breakdown, host);
+    }
     Ok(())
+}
+
+/// Evaluates `tokens`, on the devices when there are any; a device failure ends the
+/// request with the device's own error (which device, what happened).
+pub fn step(e: &mut Engine<'_>, tokens: &[u32], pool: &crate::pool::ThreadPool, use_devices: bool, placement: &Placement<'_>, devices: &mut Devices) -> Result<()> {
+    let r = if use_devices {
+        let mut exec = Exec { placement, offload: devices };
+        e.eval_on(tokens, Outputs::Last, pool, Some(&mut exec)).map(|_| ())
+    } else {
+        e.eval(tokens, Outputs::Last, pool).map(|_| ())
+    };
+    match r {
+        Err(keel_core::Error::Device { .. }) => match devices.error.take() {
+            Some(err) => Err(anyhow::anyhow!("{err} (the request was stopped; nothing ran on the CPU in its place)")),
+            None => Err(anyhow::anyhow!("a device failed mid-request")),
+        },
+        other => other.map_err(Into::into),
+    }
 }

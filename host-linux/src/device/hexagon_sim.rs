@@ -182,6 +182,11 @@ impl HexagonSim {
         self.pool.len()
     }
 
+    /// Bytes of shared memory allocated to buffers now (rounded as the device rules say).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.bufs.values().map(|b| b.size).sum()
+    }
+
     /// Batches submitted and not yet collected.
     pub fn in_flight(&self) -> usize {
         self.pending.len() + self.ready.len()

@@ -13,6 +13,7 @@ pub mod config;
 pub mod error;
 pub mod hexagon_sim;
 pub mod link;
+pub mod offload;
 pub mod shm;
 pub mod transport;
 

@@ -1,0 +1,400 @@
+//! Op placement: which device runs each matrix product of a model.
+//!
+//! Owns: the placement policy (device order, op kinds and weight types allowed, minimum
+//! batch size for offload, memory budget per device, where the output projection goes,
+//! the type weights a device lacks are converted to), the per-weight decisions made once
+//! at load from the devices' own `supports` answers ([`DeviceInfo`]), and the switches an
+//! application may flip between tokens ([`Placement::set_device_enabled`],
+//! [`Placement::set_min_batch`]). It does not own devices, buffers or repacking: the
+//! host does that through [`Offload`], and the session calls it per product.
+//!
+//! Decisions are made in model order (layer 0's q, k, v, o, gate, up, down, layer 1's …,
+//! the output projection last); for each weight the first device in policy order that
+//! supports it (natively, or after conversion to [`Policy::convert_to`]) and still has
+//! budget for its device-layout bytes gets it; otherwise it stays on the CPU, and the
+//! decision records why. A weight that goes to a device in a converted type is
+//! computed there in that type (the CPU keeps the file's original bytes, used when the
+//! device is switched off).
+
+use crate::ggml_type::GgmlType;
+use crate::model::{Mixer, Model};
+
+/// Most devices one placement spreads weights over.
+pub const MAX_DEVICES: usize = 4;
+
+/// `layer` of the output projection in a [`WeightId`].
+pub const OUTPUT_LAYER: u16 = u16::MAX;
+
+/// Which matrix of a layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightKind {
+    /// Attention query projection.
+    Q,
+    /// Attention key projection.
+    K,
+    /// Attention value projection.
+    V,
+    /// Attention output projection.
+    O,
+    /// Feed-forward gate.
+    Gate,
+    /// Feed-forward up.
+    Up,
+    /// Feed-forward down.
+    Down,
+    /// Delta-net mixed qkv projection.
+    Qkv,
+    /// Delta-net output gate `z`.
+    Z,
+    /// Delta-net beta projection.
+    Beta,
+    /// Delta-net alpha projection.
+    Alpha,
+    /// Delta-net output projection.
+    Out,
+    /// The model's output projection (lm head).
+    Output,
+}
+
+impl WeightKind {
+    /// This kind's bit in a kind mask.
+    pub const fn bit(self) -> u16 {
+        1 << self as u16
+    }
+    /// Short name (`attn_q`, `ffn_down`, `output`, …), as in the GGUF tensor names.
+    pub const fn name(self) -> &'static str {
+        match self {
+            WeightKind::Q => "attn_q",
+            WeightKind::K => "attn_k",
+            WeightKind::V => "attn_v",
+            WeightKind::O => "attn_output",
+            WeightKind::Gate => "ffn_gate",
+            WeightKind::Up => "ffn_up",
+            WeightKind::Down => "ffn_down",
+            WeightKind::Qkv => "attn_qkv",
+            WeightKind::Z => "attn_gate",
+            WeightKind::Beta => "ssm_beta",
+            WeightKind::Alpha => "ssm_alpha",
+            WeightKind::Out => "ssm_out",
+            WeightKind::Output => "output",
+        }
+    }
+}
+
+/// Mask of every layer matrix kind (not the output projection).
+pub const LAYER_KINDS: u16 = !WeightKind::Output.bit() & ((1 << 13) - 1);
+
+/// One matrix product's weight: its layer and kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WeightId {
+    /// Layer index, or [`OUTPUT_LAYER`].
+    pub layer: u16,
+    /// Which matrix.
+    pub kind: WeightKind,
+}
+
+/// What a device answers about holding and running one matrix product. The host
+/// implements it over the device's `supports(op)` and its memory rules.
+pub trait DeviceInfo {
+    /// Bytes a `rows × cols` weight of type `ty` takes on the device in its own layout
+    /// (after repacking), if the device supports a matrix product with that weight and
+    /// F32 activations; `None` if it does not.
+    fn matmul_weight_bytes(&self, ty: GgmlType, rows: usize, cols: usize) -> Option<u64>;
+    /// Bytes of device memory weights may use (what the device reported, less what the
+    /// host keeps for activations).
+    fn memory_budget(&self) -> u64;
+}
+
+/// What the policy says about one device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DevicePolicy {
+    /// Cap on weight bytes placed here, under the device's own budget (`None`: the device's).
+    pub budget: Option<u64>,
+    /// Weight kinds allowed here ([`WeightKind::bit`] mask).
+    pub kinds: u16,
+    /// Weight types (of the file) allowed here: bit `ty as u32`; `u64::MAX`: all.
+    pub types: u64,
+}
+
+impl Default for DevicePolicy {
+    fn default() -> Self {
+        DevicePolicy { budget: None, kinds: LAYER_KINDS | WeightKind::Output.bit(), types: u64::MAX }
+    }
+}
+
+/// The placement policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// Per device, in order of preference (the first `n_devices` are used).
+    pub devices: [DevicePolicy; MAX_DEVICES],
+    /// Devices in use.
+    pub n_devices: usize,
+    /// Offload a product only for batches of at least this many tokens (1: always).
+    pub min_batch: usize,
+    /// Most layers placed on devices, from layer 0 (llama.cpp's `-ngl`); `usize::MAX`: all.
+    pub max_layers: usize,
+    /// Whether the output projection may go to a device.
+    pub output: bool,
+    /// Type a weight the device lacks is converted to at load (`None`: such weights stay on the CPU).
+    pub convert_to: Option<GgmlType>,
+}
+
+impl Policy {
+    /// Everything the devices support, on `n_devices` devices; weights of types the
+    /// device lacks converted to Q8_0 (8 bits: the smallest accuracy cost).
+    pub fn all(n_devices: usize) -> Policy {
+        Policy {
+            devices: [DevicePolicy::default(); MAX_DEVICES],
+            n_devices: n_devices.min(MAX_DEVICES),
+            min_batch: 1,
+            max_layers: usize::MAX,
+            output: true,
+            convert_to: Some(GgmlType::Q8_0),
+        }
+    }
+}
+
+/// Why a weight stays on the CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuReason {
+    /// No device was given.
+    NoDevice,
+    /// The policy excludes this kind, type or layer.
+    Policy,
+    /// No device supports it (nor its converted type).
+    Unsupported,
+    /// Every device that supports it is out of budget.
+    Budget,
+}
+
+/// Where one weight's products run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Where {
+    /// On the CPU, and why.
+    Cpu(CpuReason),
+    /// On device `n` (index into the devices given to [`Placement::plan`]).
+    Device(u8),
+}
+
+/// The decision for one weight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// Which weight.
+    pub id: WeightId,
+    /// Where its products run.
+    pub place: Where,
+    /// The file's type.
+    pub file_ty: GgmlType,
+    /// The type it has on the device (differs from `file_ty` when converted).
+    pub device_ty: GgmlType,
+    /// `(rows, cols)`.
+    pub shape: (usize, usize),
+    /// Bytes on the device (0 on the CPU).
+    pub device_bytes: u64,
+}
+
+impl Decision {
+    /// A placeholder to fill decision slots with before [`Placement::plan`].
+    pub const EMPTY: Decision = Decision {
+        id: WeightId { layer: 0, kind: WeightKind::Q },
+        place: Where::Cpu(CpuReason::NoDevice),
+        file_ty: GgmlType::F32,
+        device_ty: GgmlType::F32,
+        shape: (0, 0),
+        device_bytes: 0,
+    };
+
+    /// Whether the weight is converted at load.
+    pub fn converted(&self) -> bool {
+        matches!(self.place, Where::Device(_)) && self.file_ty != self.device_ty
+    }
+}
+
+/// Every matrix weight of `model` in placement order, with its id.
+pub fn for_each_weight<'m>(model: &Model<'m>, mut f: impl FnMut(WeightId, &crate::model::Tensor<'m>)) {
+    for (l, layer) in model.layers.iter().enumerate() {
+        let id = |kind| WeightId { layer: l as u16, kind };
+        match &layer.mixer {
+            Mixer::Attention(a) => {
+                f(id(WeightKind::Q), &a.wq);
+                f(id(WeightKind::K), &a.wk);
+                f(id(WeightKind::V), &a.wv);
+                f(id(WeightKind::O), &a.wo);
+            }
+            Mixer::DeltaNet(d) => {
+                f(id(WeightKind::Qkv), &d.wqkv);
+                f(id(WeightKind::Z), &d.wgate);
+                f(id(WeightKind::Beta), &d.wbeta);
+                f(id(WeightKind::Alpha), &d.walpha);
+                f(id(WeightKind::Out), &d.wout);
+            }
+        }
+        f(id(WeightKind::Gate), &layer.ffn_gate);
+        f(id(WeightKind::Up), &layer.ffn_up);
+        f(id(WeightKind::Down), &layer.ffn_down);
+    }
+    f(WeightId { layer: OUTPUT_LAYER, kind: WeightKind::Output }, &model.output);
+}
+
+/// Decision slots [`Placement::plan`] needs for `model`.
+pub fn weight_count(model: &Model<'_>) -> usize {
+    let mut n = 0;
+    for_each_weight(model, |_, _| n += 1);
+    n
+}
+
+/// Per device: bytes placed, weights placed, weights converted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceTotals {
+    /// Device-layout bytes of the weights placed there.
+    pub bytes: u64,
+    /// Weights placed there.
+    pub weights: usize,
+    /// Of which converted to another type at load.
+    pub converted: usize,
+}
+
+/// The decisions for one model, and the switches that may change between tokens.
+pub struct Placement<'a> {
+    decisions: &'a mut [Decision],
+    n: usize,
+    n_devices: usize,
+    enabled: [bool; MAX_DEVICES],
+    min_batch: usize,
+}
+
+impl<'a> Placement<'a> {
+    /// Places every matrix weight of `model` under `policy` on `devices` (in policy
+    /// order), writing decisions into `slots` (at least [`weight_count`] long).
+    pub fn plan(model: &Model<'_>, policy: &Policy, devices: &[&dyn DeviceInfo], slots: &'a mut [Decision]) -> Result<Placement<'a>, crate::Error> {
+        if slots.len() < weight_count(model) {
+            return Err(crate::Error::BadConfig("placement slots fewer than the model's matrix weights"));
+        }
+        let n_dev = policy.n_devices.min(devices.len()).min(MAX_DEVICES);
+        let mut used = [0u64; MAX_DEVICES];
+        let mut n = 0;
+        for_each_weight(model, |id, t| {
+            let shape = (t.rows, t.cols);
+            let mut d = Decision { id, place: Where::Cpu(CpuReason::NoDevice), file_ty: t.ty, device_ty: t.ty, shape, device_bytes: 0 };
+            let in_layers = id.layer == OUTPUT_LAYER || usize::from(id.layer) < policy.max_layers;
+            let wanted = if id.kind == WeightKind::Output { policy.output } else { in_layers };
+            if n_dev > 0 {
+                d.place = Where::Cpu(if wanted { CpuReason::Unsupported } else { CpuReason::Policy });
+            }
+            for (i, dev) in devices.iter().enumerate().take(n_dev) {
+                if !wanted {
+                    break;
+                }
+                let p = &policy.devices[i];
+                if p.kinds & id.kind.bit() == 0 || p.types & (1u64 << (t.ty as u32 & 63)) == 0 {
+                    if d.place == Where::Cpu(CpuReason::Unsupported) {
+                        d.place = Where::Cpu(CpuReason::Policy);
+                    }
+                    continue;
+                }
+                let native = dev.matmul_weight_bytes(t.ty, t.rows, t.cols).map(|b| (t.ty, b));
+                let conv = || policy.convert_to.and_then(|c| dev.matmul_weight_bytes(c, t.rows, t.cols).map(|b| (c, b)));
+                let Some((ty, bytes)) = native.or_else(conv) else { continue };
+                let budget = p.budget.map_or(dev.memory_budget(), |b| b.min(dev.memory_budget()));
+                if used[i].saturating_add(bytes) > budget {
+                    d.place = Where::Cpu(CpuReason::Budget);
+                    continue;
+                }
+                used[i] += bytes;
+                d.place = Where::Device(i as u8);
+                d.device_ty = ty;
+                d.device_bytes = bytes;
+                break;
+            }
+            slots[n] = d;
+            n += 1;
+        });
+        Ok(Placement { decisions: slots, n, n_devices: n_dev, enabled: [true; MAX_DEVICES], min_batch: policy.min_batch.max(1) })
+    }
+
+    /// The decisions, in model order.
+    pub fn decisions(&self) -> &[Decision] {
+        &self.decisions[..self.n]
+    }
+
+    /// Devices this placement was made for.
+    pub fn n_devices(&self) -> usize {
+        self.n_devices
+    }
+
+    /// What was placed on device `dev`.
+    pub fn totals(&self, dev: u8) -> DeviceTotals {
+        let mut t = DeviceTotals::default();
+        for d in self.decisions() {
+            if d.place == Where::Device(dev) {
+                t.bytes += d.device_bytes;
+                t.weights += 1;
+                t.converted += usize::from(d.converted());
+            }
+        }
+        t
+    }
+
+    /// Weights placed on any device.
+    pub fn n_on_devices(&self) -> usize {
+        self.decisions().iter().filter(|d| matches!(d.place, Where::Device(_))).count()
+    }
+
+    /// The decision for `id`.
+    pub fn decision(&self, id: WeightId) -> Option<&Decision> {
+        self.decisions().iter().find(|d| d.id == id)
+    }
+
+    /// The device that runs `id`'s product for a batch of `n_tokens`, or `None` for the CPU
+    /// (placed there, its device switched off, or the batch below the minimum).
+    pub fn device_for(&self, id: WeightId, n_tokens: usize) -> Option<u8> {
+        if n_tokens < self.min_batch {
+            return None;
+        }
+        match self.decision(id)?.place {
+            Where::Device(d) if self.enabled[usize::from(d)] => Some(d),
+            _ => None,
+        }
+    }
+
+    /// The hook for between tokens: switches device `dev` off (its products run on the
+    /// CPU from the file's weights, which stay mapped) or on again. The device keeps its
+    /// repacked weights either way.
+    pub fn set_device_enabled(&mut self, dev: u8, on: bool) {
+        if let Some(e) = self.enabled.get_mut(usize::from(dev)) {
+            *e = on;
+        }
+    }
+
+    /// Whether device `dev` is in use.
+    pub fn device_enabled(&self, dev: u8) -> bool {
+        self.enabled.get(usize::from(dev)).copied().unwrap_or(false)
+    }
+
+    /// The hook for between tokens: offload only batches of at least `n` tokens.
+    pub fn set_min_batch(&mut self, n: usize) {
+        self.min_batch = n.max(1);
+    }
+}
+
+/// A device failed mid-request; the host keeps the detailed error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceFailed {
+    /// The device index.
+    pub device: u8,
+}
+
+/// The host's side of an offloaded product.
+pub trait Offload {
+    /// `out[i * rows + r] = Σ_k W[r, k] · x[i * cols + k]` for the `n` rows of `x`, with
+    /// the weight `id` that device `device` holds (`x`: `n × cols`, `out`: `n × rows`).
+    fn matmul(&mut self, device: u8, id: WeightId, x: &[f32], n: usize, out: &mut [f32]) -> Result<(), DeviceFailed>;
+}
+
+/// What a session needs to run products off the CPU: the placement and the host's devices.
+pub struct Exec<'p, 'd> {
+    /// Where each product runs.
+    pub placement: &'p Placement<'d>,
+    /// The devices.
+    pub offload: &'p mut dyn Offload,
+}

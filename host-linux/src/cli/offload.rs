@@ -1,0 +1,217 @@
+//! `--device` and the `--offload-*` policy flags, the placement summary, and the
+//! memory breakdown per device (printed like llama.cpp's `llama_memory_breakdown_print`).
+
+use super::args::Args;
+use super::common::mib;
+use crate::device::offload::{Breakdown, Devices};
+use crate::device::SimConfig;
+use crate::json;
+use anyhow::{bail, Result};
+use keel_core::engine::Engine;
+use keel_core::ggml_type::GgmlType;
+use keel_core::placement::{CpuReason, Decision, Placement, Policy, WeightKind, Where, LAYER_KINDS};
+
+/// The parsed flags.
+pub struct OffloadOptions {
+    /// Devices to open, in order (`cpu` dropped: the CPU always runs what is left).
+    pub devices: Vec<String>,
+    /// The placement policy.
+    pub policy: Policy,
+}
+
+fn parse_type(s: &str) -> Result<GgmlType> {
+    keel_core::ggml_type::ALL_TYPES
+        .iter()
+        .copied()
+        .find(|t| t.to_string().eq_ignore_ascii_case(s))
+        .ok_or_else(|| anyhow::anyhow!("unknown type '{s}' (e.g. q8_0, q4_0, iq4_nl, q4_k, q6_k)"))
+}
+
+fn parse_kinds(list: &str) -> Result<u16> {
+    let all = [WeightKind::Q, WeightKind::K, WeightKind::V, WeightKind::O, WeightKind::Gate, WeightKind::Up, WeightKind::Down, WeightKind::Qkv, WeightKind::Z, WeightKind::Beta, WeightKind::Alpha, WeightKind::Out, WeightKind::Output];
+    let mut m = 0u16;
+    for k in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        m |= match k {
+            "attn" => WeightKind::Q.bit() | WeightKind::K.bit() | WeightKind::V.bit() | WeightKind::O.bit() | WeightKind::Qkv.bit() | WeightKind::Z.bit() | WeightKind::Beta.bit() | WeightKind::Alpha.bit() | WeightKind::Out.bit(),
+            "ffn" => WeightKind::Gate.bit() | WeightKind::Up.bit() | WeightKind::Down.bit(),
+            "all" => LAYER_KINDS | WeightKind::Output.bit(),
+            name => match all.iter().find(|w| w.name() == name) {
+                Some(w) => w.bit(),
+                None => bail!("--offload-kinds: unknown kind '{name}' (attn, ffn, output, all, or a tensor kind like ffn_down)"),
+            },
+        };
+    }
+    Ok(m)
+}
+
+impl OffloadOptions {
+    /// Reads the flags.
+    pub fn parse(a: &mut Args) -> Result<OffloadOptions> {
+        let list: Option<String> = a.value(&["--device", "-dev"], "a device list, e.g. hexagon-sim,cpu")?;
+        let devices = crate::device::offload::parse_device_list(list.as_deref().unwrap_or("cpu")).map_err(anyhow::Error::msg)?;
+        let mut policy = Policy::all(devices.len());
+        if let Some(n) = a.value::<usize>(&["--offload-layers", "-ngl", "--n-gpu-layers"], "a layer count")? {
+            policy.max_layers = n;
+        }
+        policy.min_batch = a.value_or(&["--offload-min-batch"], "a token count", 1usize)?.max(1);
+        match a.value::<String>(&["--offload-output"], "on or off")?.as_deref() {
+            None | Some("on") => {}
+            Some("off") => policy.output = false,
+            Some(o) => bail!("--offload-output {o:?}: expected on or off"),
+        }
+        if let Some(k) = a.value::<String>(&["--offload-kinds"], "a kind list")? {
+            let m = parse_kinds(&k)?;
+            policy.output = policy.output && m & WeightKind::Output.bit() != 0;
+            policy.devices.iter_mut().for_each(|d| d.kinds = m);
+        }
+        if let Some(t) = a.value::<String>(&["--offload-types"], "a type list")? {
+            let mut m = 0u64;
+            for s in t.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                m |= 1u64 << (parse_type(s)? as u32 & 63);
+            }
+            policy.devices.iter_mut().for_each(|d| d.types = m);
+        }
+        if let Some(c) = a.value::<String>(&["--offload-convert"], "q8_0, q4_0 or none")? {
+            policy.convert_to = if c.eq_ignore_ascii_case("none") { None } else { Some(parse_type(&c)?) };
+        }
+        if let Some(m) = a.value::<String>(&["--device-mem"], "MiB per device")? {
+            for (i, v) in m.split(',').enumerate().take(policy.devices.len()) {
+                let mb: u64 = v.trim().parse().map_err(|_| anyhow::anyhow!("--device-mem {v:?}: expected MiB"))?;
+                policy.devices[i].budget = Some(mb << 20);
+            }
+        }
+        Ok(OffloadOptions { devices, policy })
+    }
+
+    /// Opens the devices (none for `cpu` only).
+    pub fn open(&self) -> Result<Devices> {
+        if self.devices.is_empty() {
+            return Ok(Devices::none());
+        }
+        Devices::open(&self.devices, &SimConfig::from_env()).map_err(|e| anyhow::anyhow!("{e}"))
+    }
+}
+
+fn reason(r: CpuReason) -> &'static str {
+    match r {
+        CpuReason::NoDevice => "no device",
+        CpuReason::Policy => "excluded by the --offload policy",
+        CpuReason::Unsupported => "the device does not support it (nor its converted type)",
+        CpuReason::Budget => "the device budget is full",
+    }
+}
+
+/// Placement summary lines (stderr); loud when devices were asked for and got nothing.
+pub fn print_placement(p: &Placement<'_>, devs: &Devices) {
+    if devs.slots.is_empty() {
+        return;
+    }
+    let n = p.decisions().len();
+    for (i, s) in devs.slots.iter().enumerate() {
+        let t = p.totals(i as u8);
+        let mut types: Vec<String> = Vec::new();
+        for d in p.decisions().iter().filter(|d| d.place == Where::Device(i as u8)) {
+            let k = if d.converted() { format!("{}->{}", d.file_ty, d.device_ty) } else { d.device_ty.to_string() };
+            if !types.contains(&k) {
+                types.push(k);
+            }
+        }
+        eprintln!(
+            "keel: placement: {} ({}) runs {} of {} matrix products ({} converted at load; types {}), {} repacked",
+            s.label,
+            s.dev.name(),
+            t.weights,
+            n,
+            t.converted,
+            if types.is_empty() { "-".into() } else { types.join(", ") },
+            mib(t.bytes)
+        );
+    }
+    let cpu: Vec<&Decision> = p.decisions().iter().filter(|d| matches!(d.place, Where::Cpu(_))).collect();
+    if !cpu.is_empty() {
+        let mut why: Vec<String> = Vec::new();
+        for d in &cpu {
+            if let Where::Cpu(r) = d.place {
+                let s = reason(r).to_string();
+                if !why.contains(&s) {
+                    why.push(s);
+                }
+            }
+        }
+        eprintln!("keel: placement: cpu runs {} of {} matrix products ({})", cpu.len(), n, why.join("; "));
+    }
+    if p.n_on_devices() == 0 {
+        eprintln!(
+            "\nkeel: WARNING: --device {} was given but NOTHING was placed on it: every matrix product runs on the CPU \
+             ({}). The device holds 0 bytes of weights.\n",
+            devs.slots.iter().map(|s| s.label.as_str()).collect::<Vec<_>>().join(","),
+            cpu.iter()
+                .filter_map(|d| if let Where::Cpu(r) = d.place { Some(reason(r)) } else { None })
+                .next()
+                .unwrap_or("no reason")
+        );
+    }
+}
+
+/// Host memory: weights the CPU computes with, context (KV/state), compute (the rest of the arena).
+pub fn host_breakdown(e: &Engine<'_>, p: Option<&Placement<'_>>) -> (u64, u64, u64) {
+    let mut model = e.model.weight_bytes() as u64;
+    if let Some(p) = p {
+        for d in p.decisions().iter().filter(|d| matches!(d.place, Where::Device(_))) {
+            let rb = d.file_ty.row_bytes(d.shape.1 as u64).unwrap_or(0);
+            // A tied output projection still serves the CPU's embedding lookups.
+            if !(d.id.kind == WeightKind::Output && e.model.tied_output) {
+                model = model.saturating_sub(rb * d.shape.0 as u64);
+            }
+        }
+    }
+    let region = |n: &str| e.plan.region(n).map_or(0, |r| r.bytes as u64);
+    let context = region("kv_k") + region("kv_v") + region("conv_state") + region("ssm_state");
+    let compute = (e.plan.total_bytes() as u64).saturating_sub(context);
+    (model, context, compute)
+}
+
+/// Prints the breakdown (stderr) the way llama.cpp's `llama_memory_breakdown_print` does.
+pub fn print_breakdown(when: &str, devs: &[Breakdown], host: (u64, u64, u64)) {
+    let m = |b: u64| format!("{:.1}", b as f64 / (1024.0 * 1024.0));
+    eprintln!("keel: memory breakdown [MiB] {:<16} |   total =    free + (   self =   model + context + compute)", format!("({when})"));
+    for d in devs {
+        eprintln!(
+            "keel:   - {:<39} | {:>7} = {:>7} + ({:>7} = {:>7} + {:>7} + {:>7})",
+            format!("{} ({})", d.name, d.what),
+            m(d.total),
+            m(d.free),
+            m(d.used()),
+            m(d.model),
+            m(d.context),
+            m(d.compute)
+        );
+    }
+    let (model, context, compute) = host;
+    eprintln!(
+        "keel:   - {:<39} |                     {:>7} = {:>7} + {:>7} + {:>7}",
+        "host (cpu)",
+        m(model + context + compute),
+        m(model),
+        m(context),
+        m(compute)
+    );
+}
+
+/// The breakdown as JSON fields.
+pub fn breakdown_json(o: &mut json::Object, key: &str, devs: &[Breakdown], host: (u64, u64, u64)) {
+    o.arr(key, |arr| {
+        for d in devs {
+            arr.obj(|x| {
+                x.str("device", &d.name).str("what", &d.what).u64("total", d.total).u64("free", d.free).u64("self", d.used());
+                x.u64("model", d.model).u64("context", d.context).u64("compute", d.compute);
+                x.u64("weights", d.weights.0 as u64).u64("converted", d.weights.1 as u64);
+            });
+        }
+        arr.obj(|x| {
+            let (model, context, compute) = host;
+            x.str("device", "host").str("what", "cpu").u64("self", model + context + compute);
+            x.u64("model", model).u64("context", context).u64("compute", compute);
+        });
+    });
+}

@@ -1,0 +1,161 @@
+//! keel-core's op placement without a real device: a fake device that supports only
+//! Q8_0 weights (so Q4_0 ones are converted) and computes each product with keel's own
+//! CPU kernels, so a run through the placement must equal the CPU run bit for bit.
+//! Covers the policy (device order, kinds, types, layers, output, budget, minimum
+//! batch), the between-token hook, and a device fault ending the request.
+
+mod common;
+use common::*;
+use keel::core::ggml_type::GgmlType;
+use keel::core::gguf::Gguf;
+use keel::core::matmul::{matmul, quantize_rows};
+use keel::core::model::Model;
+use keel::core::placement::*;
+use keel::core::quant::Kernels;
+use keel::core::session::{Outputs, SessionConfig};
+use keel_host_linux::pool::ThreadPool;
+
+fn model_bytes(name: &str) -> Vec<u8> {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/golden/synth/{name}.gguf"));
+    std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Supports Q8_0 weights only; each weight takes its ggml size.
+struct FakeInfo {
+    budget: u64,
+}
+
+impl DeviceInfo for FakeInfo {
+    fn matmul_weight_bytes(&self, ty: GgmlType, rows: usize, cols: usize) -> Option<u64> {
+        (ty == GgmlType::Q8_0).then(|| ty.row_bytes(cols as u64).unwrap() * rows as u64)
+    }
+    fn memory_budget(&self) -> u64 {
+        self.budget
+    }
+}
+
+/// Computes each product with keel's CPU kernels on the file's weights (looked up by id).
+struct FakeOffload<'m> {
+    model: &'m Model<'m>,
+    kern: Kernels,
+    calls: usize,
+    fail_after: Option<usize>,
+}
+
+impl Offload for FakeOffload<'_> {
+    fn matmul(&mut self, device: u8, id: WeightId, x: &[f32], n: usize, out: &mut [f32]) -> Result<(), DeviceFailed> {
+        if self.fail_after.is_some_and(|k| self.calls >= k) {
+            return Err(DeviceFailed { device });
+        }
+        self.calls += 1;
+        let mut w = None;
+        for_each_weight(self.model, |i, t| {
+            if i == id {
+                w = Some(*t);
+            }
+        });
+        let w = w.unwrap();
+        let vdt = Kernels::vec_dot_type(w.ty).unwrap();
+        let mut xq = vec![0u8; n * vdt.row_bytes(w.cols as u64).unwrap() as usize];
+        let par = keel::core::parallel::Sequential;
+        quantize_rows(&self.kern, &par, vdt, x, n, w.cols, &mut xq);
+        matmul(&self.kern, &par, &w, &xq, n, out);
+        Ok(())
+    }
+}
+
+#[test]
+fn policy_decides_per_weight_from_the_device_answers() {
+    let bytes = model_bytes("synth-llama-q4_0");
+    let g = Gguf::parse(&bytes).unwrap();
+    let c = SessionConfig { n_ctx: 32, n_batch: 8, n_outputs: 1, n_threads: 1 };
+    let mut arena = arena_for(&bytes, &c);
+    let e = engine(&g, &mut arena, c, fast_kernels());
+    let n = weight_count(&e.model);
+    let big = FakeInfo { budget: u64::MAX };
+    let mut slots = vec![Decision::EMPTY; n];
+
+    // No devices: everything on the CPU, said why.
+    let p = Placement::plan(&e.model, &Policy::all(0), &[], &mut slots).unwrap();
+    assert!(p.decisions().iter().all(|d| d.place == Where::Cpu(CpuReason::NoDevice)));
+
+    // Everything, Q4_0 converted to Q8_0 (the fake device has only Q8_0).
+    let p = Placement::plan(&e.model, &Policy::all(1), &[&big], &mut slots).unwrap();
+    assert_eq!(p.n_on_devices(), n);
+    assert!(p.decisions().iter().all(|d| d.device_ty == GgmlType::Q8_0));
+    assert!(p.decisions().iter().any(|d| d.converted() && d.file_ty == GgmlType::Q4_0));
+    // Without conversion, the Q4_0 weights stay on the CPU as unsupported.
+    let mut pol = Policy::all(1);
+    pol.convert_to = None;
+    let p = Placement::plan(&e.model, &pol, &[&big], &mut slots).unwrap();
+    assert!(p.decisions().iter().all(|d| (d.file_ty == GgmlType::Q8_0) == matches!(d.place, Where::Device(0))));
+    assert!(p.decisions().iter().any(|d| d.place == Where::Cpu(CpuReason::Unsupported)));
+
+    // Layers, output and kinds.
+    let mut pol = Policy::all(1);
+    pol.max_layers = 1;
+    pol.output = false;
+    pol.devices[0].kinds = WeightKind::Down.bit() | WeightKind::Q.bit();
+    let p = Placement::plan(&e.model, &pol, &[&big], &mut slots).unwrap();
+    for d in p.decisions() {
+        let on = d.id.layer == 0 && matches!(d.id.kind, WeightKind::Down | WeightKind::Q);
+        assert_eq!(matches!(d.place, Where::Device(0)), on, "{:?}", d);
+    }
+    assert_eq!(p.decision(WeightId { layer: OUTPUT_LAYER, kind: WeightKind::Output }).unwrap().place, Where::Cpu(CpuReason::Policy));
+
+    // Budget: the first device fills up, the second takes the rest (split across sessions).
+    let total: u64 = Placement::plan(&e.model, &Policy::all(1), &[&big], &mut slots).unwrap().totals(0).bytes;
+    let half = FakeInfo { budget: total / 2 };
+    let p = Placement::plan(&e.model, &Policy::all(2), &[&half, &big], &mut slots).unwrap();
+    let (t0, t1) = (p.totals(0), p.totals(1));
+    assert!(t0.bytes <= total / 2 && t0.weights > 0 && t1.weights > 0);
+    assert_eq!(t0.weights + t1.weights, n);
+    let p = Placement::plan(&e.model, &Policy::all(1), &[&half], &mut slots).unwrap();
+    assert!(p.decisions().iter().any(|d| d.place == Where::Cpu(CpuReason::Budget)));
+
+    // Minimum batch and the between-token hook.
+    let mut p = Placement::plan(&e.model, &Policy::all(1), &[&big], &mut slots).unwrap();
+    let q0 = WeightId { layer: 0, kind: WeightKind::Q };
+    assert_eq!(p.device_for(q0, 1), Some(0));
+    p.set_min_batch(4);
+    assert_eq!((p.device_for(q0, 3), p.device_for(q0, 4)), (None, Some(0)));
+    p.set_min_batch(1);
+    p.set_device_enabled(0, false);
+    assert_eq!(p.device_for(q0, 8), None);
+}
+
+#[test]
+fn a_placed_run_equals_the_cpu_run_and_the_hook_moves_work_between_tokens() {
+    let bytes = model_bytes("synth-llama-q8_0");
+    let g = Gguf::parse(&bytes).unwrap();
+    let c = SessionConfig { n_ctx: 64, n_batch: 16, n_outputs: 1, n_threads: 2 };
+    let (mut a1, mut a2) = (arena_for(&bytes, &c), arena_for(&bytes, &c));
+    let mut cpu = engine(&g, &mut a1, c, fast_kernels());
+    let mut dev = engine(&g, &mut a2, c, fast_kernels());
+    let pool = ThreadPool::new(2).unwrap();
+    let mut slots = vec![Decision::EMPTY; weight_count(&dev.model)];
+    let info = FakeInfo { budget: u64::MAX };
+    let mut placement = Placement::plan(&dev.model, &Policy::all(1), &[&info], &mut slots).unwrap();
+    let model_copy: Model<'_> = dev.model;
+    let mut off = FakeOffload { model: &model_copy, kern: dev.session.kernels(), calls: 0, fail_after: None };
+    let prompt = [1u32, 17, 300, 42, 7];
+    let mut tok = 0u32;
+    for step in 0..6 {
+        // The hook: the device is switched off for steps 2 and 3.
+        placement.set_device_enabled(0, !(2..4).contains(&step));
+        let input: Vec<u32> = if step == 0 { prompt.to_vec() } else { vec![tok] };
+        let before = off.calls;
+        let want = cpu.eval(&input, Outputs::Last, &pool).unwrap().to_vec();
+        let mut exec = Exec { placement: &placement, offload: &mut off };
+        let got = dev.eval_on(&input, Outputs::Last, &pool, Some(&mut exec)).unwrap().to_vec();
+        assert_eq!(want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "step {step}");
+        let calls = off.calls - before;
+        assert_eq!(calls, if (2..4).contains(&step) { 0 } else { weight_count(&dev.model) }, "step {step}: products on the device");
+        tok = keel::core::sampler::argmax(&want);
+    }
+    // A device fault stops the request with an error; nothing is computed in its place.
+    off.fail_after = Some(off.calls + 3);
+    let mut exec = Exec { placement: &placement, offload: &mut off };
+    let r = dev.eval_on(&[tok], Outputs::Last, &pool, Some(&mut exec));
+    assert_eq!(r.err(), Some(keel::core::Error::Device { device: 0 }));
+}
