@@ -50,3 +50,36 @@ fn refuses_nan_and_constant_logits() {
         assert!(out.stdout.is_empty(), "no speed may be printed: {}", String::from_utf8_lossy(&out.stdout));
     }
 }
+
+/// `--roofline`: the bytes read per generated token are the model's matrix weights (counted
+/// here independently from the file's tensor table) plus the KV rows, norms and one
+/// embedding row, and the bound is the measured bandwidth divided by them.
+#[test]
+fn roofline_counts_the_weights_and_divides_the_bandwidth() {
+    let p = with_output_norm(1.0);
+    let out = Command::new(env!("CARGO_BIN_EXE_keel")).args(["bench", "-p", "0", "-n", "4", "-r", "1", "-t", "1", "--roofline", "--json", "-m"]).arg(&p).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tg = &v[0];
+    assert_eq!(tg["test"], "tg4");
+    let bytes = std::fs::read(&p).unwrap();
+    let g = Gguf::parse(&bytes).unwrap();
+    let matrices = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"];
+    let mut want = 0u64;
+    for t in g.tensors() {
+        let name = String::from_utf8_lossy(t.name).into_owned();
+        let layer_matrix = name.starts_with("blk.") && matrices.iter().any(|m| name.ends_with(&format!(".{m}.weight")));
+        if layer_matrix || name == "output.weight" {
+            want += t.data.len() as u64;
+        }
+    }
+    if g.tensor("output.weight").is_none() {
+        want += g.tensor("token_embd.weight").unwrap().data.len() as u64;
+    }
+    assert_eq!(tg["weight_bytes_per_token"].as_u64().unwrap(), want);
+    let total = tg["bytes_per_token"].as_u64().unwrap();
+    assert!(total > want && tg["kv_bytes_per_token"].as_u64().unwrap() > 0, "{tg}");
+    let (bw, bound) = (tg["read_bytes_per_s"].as_f64().unwrap(), tg["bound_tps"].as_f64().unwrap());
+    assert!(bw > 1e8, "implausible bandwidth {bw}");
+    assert!((bound - bw / total as f64).abs() <= 1e-9 * bound, "{tg}");
+}

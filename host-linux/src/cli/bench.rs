@@ -85,6 +85,7 @@ pub fn main(mut a: Args) -> Result<()> {
     let n_gen = a.value_or(&["-n", "--n-gen"], "a token count", 128usize)?;
     let reps = a.value_or(&["-r", "--repetitions"], "a count", 3usize)?;
     let as_json = a.flag(&["--json"]);
+    let roofline = a.flag(&["--roofline"]);
     let mut opts = run_options(&mut a, 1)?;
     a.finish()?;
     if reps == 0 || (n_prompt == 0 && n_gen == 0) {
@@ -128,11 +129,23 @@ pub fn main(mut a: Args) -> Result<()> {
         results.push(m);
     }
 
+    // The bandwidth bound of tg (measured after the runs, so it never disturbs them).
+    let bound = if roofline && n_gen > 0 {
+        let bw = super::roofline::read_bandwidth(opts.threads);
+        let bytes = super::roofline::bytes_per_token(&e.model, 0, n_gen);
+        Some((bw, bytes, bw / bytes.total() as f64))
+    } else {
+        None
+    };
+
     if as_json {
         let mut arr = String::from("[");
         for (i, m) in results.iter().enumerate() {
             let mut o = json::Object::new();
             o.str("test", &m.test).f64("tps", m.mean()).f64("sd", m.sd()).u64("threads", opts.threads as u64).u64("repetitions", reps as u64);
+            if let (Some((bw, bytes, tps_max)), true) = (bound, m.test.starts_with("tg")) {
+                o.f64("read_bytes_per_s", bw).u64("bytes_per_token", bytes.total()).u64("weight_bytes_per_token", bytes.weights).u64("kv_bytes_per_token", bytes.kv).f64("bound_tps", tps_max).f64("fraction_of_bound", m.mean() / tps_max);
+            }
             if i > 0 {
                 arr.push(',');
             }
@@ -147,6 +160,14 @@ pub fn main(mut a: Args) -> Result<()> {
         let name = opened.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         for m in &results {
             println!("| {name} | {size:.1} MiB | {} | {} | {} | {:.2} ± {:.2} |", opts.threads, e.session.kernels().name(), m.test, m.mean(), m.sd());
+        }
+        if let Some((bw, bytes, tps_max)) = bound {
+            let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+            let tg = results.iter().find(|m| m.test.starts_with("tg")).map_or(0.0, Measured::mean);
+            println!();
+            println!("read bandwidth ({} threads, {} MiB buffer, best of 5): {:.2} GB/s", opts.threads, 512, bw / 1e9);
+            println!("bytes read per generated token: {:.2} MiB (weights {:.2}, KV at the mean position of tg{n_gen} {:.2}, embedding row and norms {:.3})", mib(bytes.total()), mib(bytes.weights), mib(bytes.kv), mib(bytes.small));
+            println!("bandwidth bound: {tps_max:.1} t/s; tg{n_gen} reaches {:.0}% of it", 100.0 * tg / tps_max);
         }
     }
     Ok(())

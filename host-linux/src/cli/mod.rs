@@ -12,6 +12,7 @@ pub mod offload;
 pub mod perplexity;
 pub mod probe;
 pub mod quantize;
+pub mod roofline;
 pub mod run;
 pub mod tokenize;
 
@@ -37,7 +38,7 @@ commands:
   perplexity  keel perplexity -m MODEL -f TEXT [-c 512] [-t T] [--batch-invariant] [--json]
   info        keel info MODEL [--json]
   plan        keel plan -m MODEL [-c N_CTX] [-b N_BATCH] [-t T] [--json]
-  bench       keel bench -m MODEL [-p 512] [-n 128] [-r 3] [-t T] [--json]
+  bench       keel bench -m MODEL [-p 512] [-n 128] [-r 3] [-t T] [--roofline] [--json]
               (pp and tg speed; checks its own output and refuses to report broken runs)
   pull        keel pull NAME        (known: smollm2-135m, gemma3-270m)
   probe       keel probe --device hexagon-sim [--json]   identity, capabilities, memory, self-test
