@@ -37,9 +37,12 @@ pub fn build(cargo: &Path, guest_dir: &Path, target_dir: &Path, variant: Variant
     for var in ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "CARGO_BUILD_RUSTFLAGS", "CARGO_BUILD_TARGET", "CARGO_TARGET_DIR", "CARGO_BUILD_TARGET_DIR", "RUSTC_WORKSPACE_WRAPPER"] {
         cmd.env_remove(var);
     }
+    // simd128 (fixed-width SIMD, deterministic; relaxed SIMD stays off): keel-core's
+    // reference kernels then form their integer lane sums and single-rounding fmas with
+    // it (core/src/quant/wasm32.rs), with the same bits as the scalar code.
     let rustflags = match variant {
-        Variant::Normal => "[]",
-        Variant::Perturbed => r#"["--cfg", "keel_perturb_for_test"]"#,
+        Variant::Normal => r#"["-C", "target-feature=+simd128"]"#,
+        Variant::Perturbed => r#"["-C", "target-feature=+simd128", "--cfg", "keel_perturb_for_test"]"#,
     };
     cmd.arg("--config").arg(format!("target.{TARGET}.rustflags = {rustflags}"));
     let out = cmd.output().map_err(|e| format!("running {}: {e}", cargo.display()))?;

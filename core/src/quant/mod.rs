@@ -68,6 +68,8 @@ mod quantize;
 mod quantize_k;
 mod scalar;
 mod scalar_k;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod wasm32;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]

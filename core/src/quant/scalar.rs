@@ -193,10 +193,8 @@ pub(crate) fn vec_dot_q4_0_q8_0_lanes(n: usize, w: &[u8], a: &[u8]) -> f32 {
     for (cw, ca) in w.chunks_exact(18).zip(a.chunks_exact(34)).take(n / QK) {
         let (Some(x), Some(y)) = (read_block::<BlockQ4_0>(cw), read_block::<BlockQ8_0>(ca)) else { break };
         let d = x.d.to_f32() * y.d.to_f32();
-        let lanes = lane_sums(|k| if k < 16 { (x.qs[k] & 0x0F) as i32 - 8 } else { (x.qs[k - 16] >> 4) as i32 - 8 }, &y.qs);
-        for (acc, s) in acc.iter_mut().zip(lanes) {
-            *acc = libm::fmaf(d, s as f32, *acc);
-        }
+        let lanes = lane_sums_i8(&decode(|k| if k < 16 { (x.qs[k] & 0x0F) as i8 - 8 } else { (x.qs[k - 16] >> 4) as i8 - 8 }), &y.qs);
+        fma_lanes(d, lanes_f32(lanes), &mut acc);
     }
     hsum8(acc)
 }
@@ -212,16 +210,15 @@ pub(crate) fn vec_dot_q4_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let (Some(x), Some(y)) = (read_block::<BlockQ4_1>(cw), read_block::<BlockQ8_1>(ca)) else { break };
         summs = libm::fmaf(x.m.to_f32(), y.s.to_f32(), summs);
         let d = x.d.to_f32() * y.d.to_f32();
-        let lanes = lane_sums(|k| if k < 16 { (x.qs[k] & 0x0F) as i32 } else { (x.qs[k - 16] >> 4) as i32 }, &y.qs);
-        for (acc, s) in acc.iter_mut().zip(lanes) {
-            *acc = libm::fmaf(d, s as f32, *acc);
-        }
+        let lanes = lane_sums_i8(&decode(|k| if k < 16 { (x.qs[k] & 0x0F) as i8 } else { (x.qs[k - 16] >> 4) as i8 }), &y.qs);
+        fma_lanes(d, lanes_f32(lanes), &mut acc);
     }
     hsum8(acc) + summs
 }
 
 /// The 8 lane sums llama.cpp's x86 kernels form for one block (`maddubs`+`madd` or
 /// `dpbusd`): lane `l` = Σ over k in 4l..4l+4 of `x(k)·y[k]`, exact in i32.
+#[cfg_attr(all(target_arch = "wasm32", target_feature = "simd128", not(test)), allow(dead_code))]
 #[inline]
 pub(crate) fn lane_sums(x: impl Fn(usize) -> i32, y: &[i8; 32]) -> [i32; 8] {
     let mut lanes = [0i32; 8];
@@ -231,6 +228,65 @@ pub(crate) fn lane_sums(x: impl Fn(usize) -> i32, y: &[i8; 32]) -> [i32; 8] {
         }
     }
     lanes
+}
+
+/// [`lane_sums`] of a block whose 32 weights are decoded to `i8` (every type's values
+/// fit): wasm32 with simd128 forms them with `i32x4.dot_i16x8_s`, other targets by the
+/// scalar loop; integer sums, so the same on every target.
+#[inline]
+pub(crate) fn lane_sums_i8(x: &[i8; 32], y: &[i8; 32]) -> [i32; 8] {
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    return super::wasm32::lane_sums_i8(x, y);
+    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+    lane_sums(|k| x[k] as i32, y)
+}
+
+/// The 32 weights of a block, decoded by `f(k)`.
+#[inline]
+pub(crate) fn decode(f: impl Fn(usize) -> i8) -> [i8; 32] {
+    core::array::from_fn(f)
+}
+
+/// Lane sums as f32 (`as f32`: exact below 2^24, rounded to nearest even above, as
+/// the x86 kernels' `cvtepi32_ps`).
+#[inline]
+pub(crate) fn lanes_f32(l: [i32; 8]) -> [f32; 8] {
+    l.map(|s| s as f32)
+}
+
+/// `acc[l] = fma(d, s[l], acc[l])` for the 8 lanes, one rounding each. wasm32 (simd128)
+/// has no fused multiply-add, so there it is computed exactly in f64 lanes
+/// ([`fma_via_f64`]'s method, two lanes per `f64x2`); elsewhere `libm::fmaf` (the
+/// hardware instruction where the target has one).
+#[inline]
+pub(crate) fn fma_lanes(d: f32, s: [f32; 8], acc: &mut [f32; 8]) {
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    super::wasm32::fma_lanes(d, s, acc);
+    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+    for (a, s) in acc.iter_mut().zip(s) {
+        *a = libm::fmaf(d, s, *a);
+    }
+}
+
+/// `fma(x, y, z)` for f32, correctly rounded, from f64 operations only: `x·y` is exact in
+/// f64 (24 + 24 bits); `r = x·y + z` in f64 with its exact error `e` (TwoSum); when `e`
+/// is not zero, `r` is replaced by the exact sum rounded to odd (truncate toward zero,
+/// set the last bit), which then rounds to f32 (29 bits narrower) exactly as one
+/// rounding would. The scalar model of the wasm simd128 lanes (tested against
+/// `libm::fmaf` natively); NaN and infinite results pass through unchanged.
+#[cfg_attr(not(test), allow(dead_code))]
+#[inline]
+pub(crate) fn fma_via_f64(x: f32, y: f32, z: f32) -> f32 {
+    let (p, a) = (x as f64 * y as f64, z as f64);
+    let r = p + a;
+    let bb = r - p;
+    let e = (p - (r - bb)) + (a - bb);
+    if e != 0.0 && r.is_finite() {
+        let bits = r.to_bits();
+        let toward_zero = if (e < 0.0) != (r < 0.0) { bits - 1 } else { bits };
+        return f64::from_bits(toward_zero | 1) as f32;
+    }
+    r as f32
 }
 
 /// Horizontal sum of 8 lanes in the order of an AVX `hsum` (high half + low half, then
@@ -255,10 +311,9 @@ pub(crate) fn vec_dot_q5_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     for (cw, ca) in w.chunks_exact(22).zip(a.chunks_exact(34)).take(n / QK) {
         let (Some(x), Some(y)) = (read_block::<BlockQ5_0>(cw), read_block::<BlockQ8_0>(ca)) else { break };
         let d = x.d.to_f32() * y.d.to_f32();
-        let lanes = lane_sums(|k| q5_value(&x.qs, qh_u32(x.qh), k) - 16, &y.qs);
-        for (acc, s) in acc.iter_mut().zip(lanes) {
-            *acc = libm::fmaf(d, s as f32, *acc);
-        }
+        let qh = qh_u32(x.qh);
+        let lanes = lane_sums_i8(&decode(|k| (q5_value(&x.qs, qh, k) - 16) as i8), &y.qs);
+        fma_lanes(d, lanes_f32(lanes), &mut acc);
     }
     hsum8(acc)
 }
@@ -274,10 +329,10 @@ pub(crate) fn vec_dot_q5_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let (Some(x), Some(y)) = (read_block::<BlockQ5_1>(cw), read_block::<BlockQ8_1>(ca)) else { break };
         summs = libm::fmaf(x.m.to_f32(), y.s.to_f32(), summs);
         let d = x.d.to_f32() * y.d.to_f32();
-        let lanes = lane_sums(|k| q5_value(&x.qs, qh_u32(x.qh), k), &y.qs);
-        for (acc, s) in acc.iter_mut().zip(lanes) {
-            *acc = libm::fmaf(s as f32, d, *acc);
-        }
+        let qh = qh_u32(x.qh);
+        let lanes = lane_sums_i8(&decode(|k| q5_value(&x.qs, qh, k) as i8), &y.qs);
+        // (llama.cpp writes fma(lane, d, acc): the same single rounding.)
+        fma_lanes(d, lanes_f32(lanes), &mut acc);
     }
     hsum8(acc) + summs
 }
@@ -297,10 +352,8 @@ pub(crate) fn vec_dot_q8_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     for (cw, ca) in w.chunks_exact(34).zip(a.chunks_exact(34)).take(n / QK) {
         let (Some(x), Some(y)) = (read_block::<BlockQ8_0>(cw), read_block::<BlockQ8_0>(ca)) else { break };
         let d = x.d.to_f32() * y.d.to_f32();
-        let lanes = lane_sums(|k| x.qs[k] as i32, &y.qs);
-        for (acc, s) in acc.iter_mut().zip(lanes) {
-            *acc = libm::fmaf(d, s as f32, *acc);
-        }
+        let lanes = lane_sums_i8(&x.qs, &y.qs);
+        fma_lanes(d, lanes_f32(lanes), &mut acc);
     }
     hsum8(acc)
 }

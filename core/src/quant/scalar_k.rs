@@ -241,9 +241,7 @@ pub(crate) fn vec_dot_q3_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let sc = q3_k_scales(&x.scales);
         let lanes = k_lanes(&q3_k_levels(&x), &y.qs, |g, l| sc[2 * g + l / 4] as i32);
         let d = y.d * x.d.to_f32();
-        for (acc, s) in acc.iter_mut().zip(lanes) {
-            *acc = libm::fmaf(d, s as f32, *acc);
-        }
+        super::scalar::fma_lanes(d, super::scalar::lanes_f32(lanes), &mut acc);
     }
     hsum8(acc)
 }
@@ -292,9 +290,7 @@ pub(crate) fn vec_dot_q5_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         summs = libm::fmaf(-y.d * x.dmin.to_f32(), summ as f32, summs);
         let lanes = k_lanes(&q45_k_levels(&x.qs, Some(&x.qh)), &y.qs, |g, _| sc[g]);
         let d = y.d * x.d.to_f32();
-        for (acc, s) in acc.iter_mut().zip(lanes) {
-            *acc = libm::fmaf(d, s as f32, *acc);
-        }
+        super::scalar::fma_lanes(d, super::scalar::lanes_f32(lanes), &mut acc);
     }
     hsum8(acc) + summs
 }
@@ -310,9 +306,7 @@ pub(crate) fn vec_dot_q6_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
             *lane -= bs << 5;
         }
         let d = y.d * x.d.to_f32();
-        for (acc, s) in acc.iter_mut().zip(lanes) {
-            *acc = libm::fmaf(d, s as f32, *acc);
-        }
+        super::scalar::fma_lanes(d, super::scalar::lanes_f32(lanes), &mut acc);
     }
     hsum8(acc)
 }

@@ -491,3 +491,66 @@ fn f16_rounding_of_f64_is_one_rounding() {
         assert_eq!(super::f16ops::f16_from_f64(af).to_bits(), a.to_bits());
     }
 }
+
+/// The f64 method of wasm32's 8-lane fma (`scalar::fma_via_f64`, which the simd128 lanes
+/// transliterate) equals a single-rounding `fma` bit for bit: on random f32 triples over
+/// the whole exponent range, on the shapes the dots produce (scale × integer lane sum +
+/// accumulator), and on crafted ties, cancellations, subnormals and overflow.
+#[test]
+fn fma_via_f64_rounds_once() {
+    use super::scalar::fma_via_f64;
+    let check = |x: f32, y: f32, z: f32| {
+        let (got, want) = (fma_via_f64(x, y, z), libm::fmaf(x, y, z));
+        assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "fma({x:e}, {y:e}, {z:e}): {got:e} ({:#x}) vs {want:e} ({:#x})", got.to_bits(), want.to_bits());
+    };
+    let mut rng = Rng::new(0x5eed_f0a);
+    for _ in 0..2_000_000 {
+        let r = rng.next();
+        let (x, y, z) = (f32::from_bits(r as u32), f32::from_bits((r >> 32) as u32), f32::from_bits(rng.next() as u32));
+        check(x, y, z);
+        // Dot shapes: a positive scale, an integer lane sum, an accumulator of similar size.
+        let d = f32::from_bits(0x3000_0000 + (r as u32 & 0x0fff_ffff));
+        let s = ((r >> 40) as i32 % 70_000) as f32;
+        let acc = (d * s) * f32::from_bits(0x3f00_0000 + ((r >> 8) as u32 & 0x00ff_ffff)) * if r & 1 == 0 { -1.0 } else { 1.0 };
+        check(d, s, acc);
+        check(d, s, -d * s);
+    }
+    // Products that land exactly half an ulp off the accumulator's grid, and one past.
+    for k in 0..2000u32 {
+        let z = f32::from_bits(0x3f80_0000 + k);
+        let half_ulp = f32::from_bits(0x3380_0000); // 2^-24: half an ulp of [1, 2)
+        for (x, y) in [(half_ulp, 1.0), (half_ulp, -1.0), (half_ulp * 3.0, 0.5), (f32::from_bits(0x3380_0001), 1.0), (f32::from_bits(0x337f_ffff), -1.0)] {
+            check(x, y, z);
+            check(x, y, -z);
+        }
+    }
+    for (x, y, z) in [
+        (f32::MAX, 2.0, -f32::MAX),
+        (f32::MAX, 1.0, f32::MAX),
+        (f32::MIN_POSITIVE, 0.5, 0.0),
+        (f32::MIN_POSITIVE, f32::MIN_POSITIVE, -0.0),
+        (1e-45, 0.5, 1e-45),
+        (1.0, f32::INFINITY, 1.0),
+        (f32::NAN, 1.0, 1.0),
+        (0.0, -1.0, 0.0),
+        (-0.0, 1.0, -0.0),
+        (1.0 + f32::EPSILON, 1.0 - f32::EPSILON, -1.0),
+        (16_777_217.0, 1.0, 0.0),
+    ] {
+        check(x, y, z);
+    }
+}
+
+/// The i8 lane sums equal the closure form on every weight range the dots decode to.
+#[test]
+fn lane_sums_i8_equal_the_closure_form() {
+    use super::scalar::{lane_sums, lane_sums_i8};
+    let mut rng = Rng::new(0x1a5e);
+    for _ in 0..10_000 {
+        let x: [i8; 32] = core::array::from_fn(|_| rng.next() as i8);
+        let y: [i8; 32] = core::array::from_fn(|_| rng.next() as i8);
+        assert_eq!(lane_sums_i8(&x, &y), lane_sums(|k| x[k] as i32, &y));
+    }
+    let (x, y) = ([-128i8; 32], [-128i8; 32]);
+    assert_eq!(lane_sums_i8(&x, &y), [65536; 8]);
+}
