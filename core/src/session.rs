@@ -135,6 +135,9 @@ pub struct Session<'a> {
     delta_chunked: bool,
     n_logits: usize,
     n_past: usize,
+    /// The placement's layer generation when this sequence started with whole layers
+    /// on devices (`None`: every layer's KV cache is in the arena).
+    seq_layers: Option<u32>,
 }
 
 impl<'a> Session<'a> {
@@ -169,6 +172,7 @@ impl<'a> Session<'a> {
             delta_chunked: false,
             n_logits: 0,
             n_past: 0,
+            seq_layers: None,
         }
     }
 
@@ -257,6 +261,13 @@ impl<'a> Session<'a> {
         if want > self.cfg.n_outputs {
             return Err(Error::TooManyOutputs { asked: want, planned: self.cfg.n_outputs });
         }
+        // Whole layers keep their KV cache on the device: a sequence stays where it started.
+        let layers = exec.as_deref().map(|e| e.placement).filter(|p| p.has_device_layers()).map(|p| p.layer_generation());
+        if self.n_past == 0 {
+            self.seq_layers = layers;
+        } else if self.seq_layers != layers {
+            return Err(Error::DeviceLayersSwitched);
+        }
         self.n_logits = 0;
         let mut done = 0;
         while done < tokens.len() {
@@ -311,8 +322,33 @@ impl<'a> Session<'a> {
         }
 
         let (mut kv_row0, mut recr) = (0usize, 0usize);
+        let mut on_device_until = 0;
         for (l, layer) in model.layers.iter().enumerate() {
             act.layer = l as u16;
+            if l < on_device_until {
+                kv_row0 += hp.kv_rows(l, n_ctx, n_batch);
+                continue;
+            }
+            if let Some(dev) = placement.and_then(|p| p.layer_device(l)) {
+                // Layers l.. on this device run there whole, with their KV cache; x goes
+                // in and comes back.
+                let mut l1 = l + 1;
+                while l1 < model.layers.len() && placement.and_then(|p| p.layer_device(l1)) == Some(dev) {
+                    l1 += 1;
+                }
+                if act.failed.is_none() {
+                    let ok = match act.offload.as_deref_mut() {
+                        Some(off) => off.layers(dev, l as u16..l1 as u16, &mut x[..n * e], n, n_past).is_ok(),
+                        None => false,
+                    };
+                    if !ok {
+                        act.failed = Some(dev);
+                    }
+                }
+                on_device_until = l1;
+                kv_row0 += hp.kv_rows(l, n_ctx, n_batch);
+                continue;
+            }
             for i in 0..n {
                 ops::rms_norm(&x[i * e..(i + 1) * e], layer.attn_norm.data, hp.rms_eps, &mut xn[i * e..(i + 1) * e]);
             }
