@@ -37,6 +37,13 @@ use super::{DeviceError, HexagonSim, SimConfig};
 /// Bytes of shared memory kept for one product's activations and outputs.
 pub const IO_BYTES: u64 = 8 << 20;
 
+/// Default for [`Devices::batch_work`]: weight bytes × tokens one batch of whole layers
+/// may stream. The emulated DSP takes about 0.06 s per MiB·token (SmolLM2 Q8_0: 144 MiB
+/// per token at ~0.12 tokens/s), so 32 MiB keeps a batch near 2 s, the size of the
+/// largest product batch (SmolLM2's output projection, 28 MiB) and far below the 10 s
+/// hang timeout.
+pub const BATCH_WORK: u64 = 32 << 20;
+
 /// The HAL type of a ggml weight type, if the HAL has it.
 pub fn hal_dtype(t: GgmlType) -> Option<DType> {
     match t {
@@ -134,6 +141,9 @@ pub struct Devices {
     pub error: Option<DeviceError>,
     /// Time spent converting and repacking weights at load.
     pub load_time: Duration,
+    /// Most weight bytes × tokens one batch of whole layers streams (at least one layer
+    /// for one token goes in every batch): bounds a batch's run time. [`BATCH_WORK`] by default.
+    pub batch_work: u64,
 }
 
 /// Memory of one device, bytes.
@@ -198,12 +208,12 @@ impl Devices {
                 busy: Duration::ZERO,
             });
         }
-        Ok(Devices { slots, error: None, load_time: Duration::ZERO })
+        Ok(Devices { slots, error: None, load_time: Duration::ZERO, batch_work: BATCH_WORK })
     }
 
     /// No devices: everything on the CPU.
     pub fn none() -> Devices {
-        Devices { slots: Vec::new(), error: None, load_time: Duration::ZERO }
+        Devices { slots: Vec::new(), error: None, load_time: Duration::ZERO, batch_work: BATCH_WORK }
     }
 
     /// Decides placement for `model` under `policy` (decisions written into `slots`);
@@ -393,13 +403,20 @@ impl Devices {
         if x.len() < n * e {
             return Err(bad(format!("{} residual values for {n} tokens of {e}", x.len())));
         }
-        // Tokens per chunk: as many as the work buffer holds.
-        let mut per = n;
+        let kinds = [WeightKind::Q, WeightKind::K, WeightKind::V, WeightKind::O, WeightKind::Gate, WeightKind::Up, WeightKind::Down];
+        // Weight bytes one layer streams per token (the layers on a device share a shape).
+        let mut layer_bytes = 0u64;
+        for kind in kinds {
+            let h = slot.weights.get(&(layers.start, kind as u8)).ok_or_else(|| bad(format!("weight blk.{}.{} is not on this device", layers.start, kind.name())))?;
+            layer_bytes += tile::packed_size(h.dtype, h.rows as u32, h.cols as u32).unwrap_or(0) as u64;
+        }
+        let layer_bytes = layer_bytes.max(1);
+        // Tokens per chunk: as many as the work buffer holds and one layer's batch work allows.
+        let mut per = n.min((self.batch_work / layer_bytes).max(1) as usize);
         while per > 1 && Work::new(&sh, per).is_none_or(|w| w.end > ws) {
             per = per.div_ceil(2);
         }
         let max_ops = usize::from(slot.dev.caps().max_batch_ops);
-        let kinds = [WeightKind::Q, WeightKind::K, WeightKind::V, WeightKind::O, WeightKind::Gate, WeightKind::Up, WeightKind::Down];
         let mut t0 = 0;
         while t0 < n {
             let m = per.min(n - t0);
@@ -420,6 +437,9 @@ impl Devices {
             while l < layers.end {
                 let mut b = whole_layer::Builder::new(&sh, &w, work, m).ok_or_else(|| bad("layer descriptors overflow".into()))?;
                 while l < layers.end {
+                    if b.layers > 0 && (b.layers as u64 + 1) * layer_bytes * m as u64 > self.batch_work {
+                        break;
+                    }
                     let r = *slot.resident.get(&l).ok_or_else(|| bad(format!("layer {l} is not resident on this device")))?;
                     let mut ws7 = [None; 7];
                     for (k, kind) in kinds.iter().enumerate() {
