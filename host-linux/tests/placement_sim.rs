@@ -521,3 +521,29 @@ fn smollm2_q4_k_m_conversion_cost_end_to_end() {
     eprintln!("SmolLM2 Q4_K_M on the DSP (converted) vs CPU (original): top-1 {}/{}, max |Δlogit| {:.3e}", st.top1_agree, st.positions, st.max_dlogit);
     assert!(st.top1_agree * 4 >= st.positions * 3, "top-1 {}/{}", st.top1_agree, st.positions);
 }
+
+/// A device that hangs on a whole-layer batch ends the request with the device's error
+/// (which device, what happened); nothing is recomputed on the CPU, and the sequence
+/// cannot continue.
+#[test]
+fn a_hung_device_mid_layer_batch_stops_the_request() {
+    let Some(cfg) = sim::faulty("a_hung_device_mid_layer_batch_stops_the_request", "hang-on-batch") else { return };
+    let m = root().join("tests/golden/synth/synth-llama-q8_0.gguf");
+    let opened = open(m.to_str().unwrap()).unwrap();
+    let g = opened.gguf().unwrap();
+    let opts = RunOptions { n_ctx: 64, n_batch: 16, n_outputs: 1, threads: 1, reference: false };
+    let mut l = prepare(&g, &opened.path, &opts).unwrap();
+    let (mut e, pool) = engine(&g, &opened.path, &mut l, false, Default::default()).unwrap();
+    let mut devices = Devices::open(&["hexagon-sim".to_string()], &cfg).unwrap();
+    let mut slots = vec![Decision::EMPTY; weight_count(&e.model)];
+    let placement = devices.plan(&e.model, &policy(OffloadMode::Layers), opts.n_ctx, &mut slots).unwrap();
+    devices.load(&e.model, &placement, &e.session.kernels()).unwrap();
+    assert_eq!(placement.layer_device(0), Some(0));
+    let mut exec = Exec { placement: &placement, offload: &mut devices };
+    let r = e.eval_on(&[1, 2, 3], Outputs::Last, pool, Some(&mut exec)).map(|_| ());
+    assert_eq!(r, Err(keel_core::Error::Device { device: 0 }));
+    let err = devices.error.take().expect("the device's error is kept");
+    let text = err.to_string();
+    assert!(text.contains("hexagon-sim") && text.contains("batch"), "{text}");
+    assert_eq!(devices.batches(), 1, "the first layer batch hung; nothing more was sent");
+}
