@@ -223,7 +223,7 @@ pub enum OffloadMode {
 }
 
 /// The placement policy.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Policy {
     /// Per device, in order of preference (the first `n_devices` are used).
     pub devices: [DevicePolicy; MAX_DEVICES],

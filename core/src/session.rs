@@ -244,8 +244,12 @@ impl<'a> Session<'a> {
     }
 
     /// [`Session::eval`] with matrix products placed by `exec` (each one the placement
-    /// assigns to a device runs there; the rest on the CPU). A device failure stops the
-    /// request with [`Error::Device`]: the session's context is then unusable (start over).
+    /// assigns to a device runs there; the rest on the CPU), and layers the placement
+    /// runs whole on a device handed to [`crate::placement::Offload::layers`] (their KV
+    /// cache is on the device; the arena's rows for them are not used). A device failure
+    /// stops the request with [`Error::Device`]: the session's context is then unusable
+    /// (start over). If the devices holding whole layers were switched since this
+    /// sequence started, the call fails with [`Error::DeviceLayersSwitched`].
     pub fn eval_on(&mut self, model: &Model<'_>, tokens: &[u32], outputs: Outputs, par: &dyn Parallel, mut exec: Option<&mut Exec<'_, '_>>) -> Result<(), Error> {
         let hp = &model.hp;
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= hp.n_vocab) {
