@@ -159,3 +159,120 @@ fn a_placed_run_equals_the_cpu_run_and_the_hook_moves_work_between_tokens() {
     let r = dev.eval_on(&[tok], Outputs::Last, &pool, Some(&mut exec));
     assert_eq!(r.err(), Some(keel::core::Error::Device { device: 0 }));
 }
+
+/// [`FakeInfo`] that also answers for whole llama layers, with a KV cache of
+/// `2 · n_ctx · kv_dim · 2` bytes (F16 K and V).
+struct FakeLayerInfo {
+    budget: u64,
+}
+
+impl DeviceInfo for FakeLayerInfo {
+    fn matmul_weight_bytes(&self, ty: GgmlType, rows: usize, cols: usize) -> Option<u64> {
+        FakeInfo { budget: self.budget }.matmul_weight_bytes(ty, rows, cols)
+    }
+    fn memory_budget(&self) -> u64 {
+        self.budget
+    }
+    fn layer_kv_bytes(&self, shape: &LayerShape, n_ctx: usize) -> Option<u64> {
+        Some(4 * (n_ctx * shape.kv_dim()) as u64)
+    }
+}
+
+/// Records the whole-layer calls; products run as in [`FakeOffload`]. It leaves the
+/// residual stream as it was (this test checks the session's calls, not arithmetic).
+struct LayerRecorder<'m> {
+    inner: FakeOffload<'m>,
+    calls: Vec<(std::ops::Range<u16>, usize, usize)>,
+}
+
+impl Offload for LayerRecorder<'_> {
+    fn matmul(&mut self, device: u8, id: WeightId, x: &[f32], n: usize, out: &mut [f32]) -> Result<(), DeviceFailed> {
+        self.inner.matmul(device, id, x, n, out)
+    }
+    fn layers(&mut self, _device: u8, layers: std::ops::Range<u16>, x: &mut [f32], n: usize, pos: usize) -> Result<(), DeviceFailed> {
+        assert!(x.len() >= n);
+        self.calls.push((layers, n, pos));
+        Ok(())
+    }
+}
+
+#[test]
+fn whole_layers_are_placed_per_layer_and_a_switch_mid_sequence_is_refused() {
+    let bytes = model_bytes("synth-llama-q8_0");
+    let g = Gguf::parse(&bytes).unwrap();
+    let c = SessionConfig { n_ctx: 32, n_batch: 8, n_outputs: 1, n_threads: 1 };
+    let (mut a1, mut a2) = (arena_for(&bytes, &c), arena_for(&bytes, &c));
+    let mut cpu = engine(&g, &mut a1, c, fast_kernels());
+    let mut dev = engine(&g, &mut a2, c, fast_kernels());
+    let n_layer = dev.model.layers.len();
+    let mut slots = vec![Decision::EMPTY; weight_count(&dev.model)];
+    let big = FakeLayerInfo { budget: u64::MAX };
+    let mut pol = Policy::all(1);
+    pol.kv_ctx = c.n_ctx;
+
+    // Default mode: every layer whole, its KV cache counted on the device.
+    let p = Placement::plan(&dev.model, &pol, &[&big], &mut slots).unwrap();
+    assert!((0..n_layer).all(|l| p.layer_device(l) == Some(0)));
+    let kv_dim = dev.model.hp.n_head_kv * dev.model.hp.head_dim;
+    assert_eq!(p.totals(0).layers, n_layer);
+    assert_eq!(p.totals(0).kv_bytes, (n_layer * 4 * c.n_ctx * kv_dim) as u64);
+    assert_eq!(p.layer_note(), None);
+    let weights = p.totals(0).bytes;
+    // Matmul mode, no context size, a device without the ops, a layer cut by -ngl: not whole.
+    for (mode, kv_ctx, layers_ok, max_layers) in [(OffloadMode::MatMul, 32, true, usize::MAX), (OffloadMode::Layers, 0, true, usize::MAX), (OffloadMode::Layers, 32, false, usize::MAX), (OffloadMode::Layers, 32, true, 2)] {
+        let mut q = pol;
+        (q.mode, q.kv_ctx, q.max_layers) = (mode, kv_ctx, max_layers);
+        let plain = FakeInfo { budget: u64::MAX };
+        let info: &dyn DeviceInfo = if layers_ok { &big } else { &plain };
+        let p = Placement::plan(&dev.model, &q, &[info], &mut slots).unwrap();
+        let whole = (0..n_layer).filter(|&l| p.layer_device(l).is_some()).count();
+        assert_eq!(whole, if max_layers == 2 { 2 } else { 0 }, "{mode:?} kv_ctx {kv_ctx} ops {layers_ok} -ngl {max_layers}");
+        assert!(max_layers == 2 || p.layer_note().is_some());
+    }
+    // A budget with room for the weights and one layer's cache: only layer 0 is whole.
+    let tight = FakeLayerInfo { budget: weights + (4 * c.n_ctx * kv_dim) as u64 };
+    let p = Placement::plan(&dev.model, &pol, &[&tight], &mut slots).unwrap();
+    assert_eq!((0..n_layer).map(|l| p.layer_device(l).is_some()).collect::<Vec<_>>(), (0..n_layer).map(|l| l == 0).collect::<Vec<_>>());
+    assert_eq!(p.layer_note(), Some("the layer's KV cache does not fit the device budget"));
+    // Another architecture stays one product per batch, and says so.
+    let qb = model_bytes("synth-qwen2-q8_0");
+    let qg = Gguf::parse(&qb).unwrap();
+    let mut qa = arena_for(&qb, &c);
+    let qe = engine(&qg, &mut qa, c, fast_kernels());
+    let mut qslots = vec![Decision::EMPTY; weight_count(&qe.model)];
+    let p = Placement::plan(&qe.model, &pol, &[&big], &mut qslots).unwrap();
+    assert_eq!(p.n_on_devices(), weight_count(&qe.model));
+    assert!((0..qe.model.layers.len()).all(|l| p.layer_device(l).is_none()));
+    assert!(p.layer_note().unwrap().contains("llama"), "{:?}", p.layer_note());
+
+    // The session: one call for all (consecutive) layers per forward pass, at the right
+    // positions; no per-product call besides the output projection.
+    let mut p = Placement::plan(&dev.model, &pol, &[&big], &mut slots).unwrap();
+    let model_copy: Model<'_> = dev.model;
+    let mut off = LayerRecorder { inner: FakeOffload { model: &model_copy, kern: dev.session.kernels(), calls: 0, fail_after: None }, calls: Vec::new() };
+    let pool = ThreadPool::new(1).unwrap();
+    let prompt = [1u32, 17, 300, 42, 7];
+    let mut exec = Exec { placement: &p, offload: &mut off };
+    dev.eval_on(&prompt, Outputs::Last, &pool, Some(&mut exec)).unwrap();
+    let mut exec = Exec { placement: &p, offload: &mut off };
+    dev.eval_on(&[5], Outputs::Last, &pool, Some(&mut exec)).unwrap();
+    assert_eq!(off.calls, vec![(0..n_layer as u16, 5, 0), (0..n_layer as u16, 1, 5)]);
+    assert_eq!(off.inner.calls, 2, "only the output projection as a product");
+    // The hook switches the device off mid-sequence: refused (the cache is on the device).
+    p.set_device_enabled(0, false);
+    let mut exec = Exec { placement: &p, offload: &mut off };
+    assert_eq!(dev.eval_on(&[6], Outputs::Last, &pool, Some(&mut exec)).err(), Some(keel::core::Error::DeviceLayersSwitched));
+    // Without the placement at all: refused too.
+    assert_eq!(dev.eval_on(&[6], Outputs::Last, &pool, None).err(), Some(keel::core::Error::DeviceLayersSwitched));
+    // At the next sequence the switch takes effect: all on the CPU, equal to the CPU run.
+    dev.reset();
+    let want = cpu.eval(&prompt, Outputs::Last, &pool).unwrap().to_vec();
+    let mut exec = Exec { placement: &p, offload: &mut off };
+    let got = dev.eval_on(&prompt, Outputs::Last, &pool, Some(&mut exec)).unwrap().to_vec();
+    assert_eq!(want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), got.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    assert_eq!(off.calls.len(), 2);
+    // Switched on mid-sequence: refused as well (the device's cache lacks the prompt).
+    p.set_device_enabled(0, true);
+    let mut exec = Exec { placement: &p, offload: &mut off };
+    assert_eq!(dev.eval_on(&[6], Outputs::Last, &pool, Some(&mut exec)).err(), Some(keel::core::Error::DeviceLayersSwitched));
+}

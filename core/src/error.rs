@@ -55,6 +55,9 @@ pub enum Error {
         /// Index of the device in the placement.
         device: u8,
     },
+    /// A device holding whole layers (and so their KV cache) was switched off or on
+    /// since this sequence started: its cache cannot move mid-sequence. Start over.
+    DeviceLayersSwitched,
 }
 
 impl From<GgufError> for Error {
@@ -96,6 +99,10 @@ impl fmt::Display for Error {
             }
             Error::TooManyOutputs { asked, planned } => write!(f, "{asked} logits rows asked for, the arena plan reserved {planned}"),
             Error::BadToken { id, n_vocab } => write!(f, "token id {id} is outside the vocabulary (0..{n_vocab})"),
+            Error::DeviceLayersSwitched => write!(
+                f,
+                "a device that holds whole layers (and their KV cache) was switched off or on mid-sequence; the cache cannot move, so this sequence must start over"
+            ),
             Error::Plan(e) => write!(f, "{e}"),
             Error::Arena(e) => write!(f, "{e}"),
             Error::BadConfig(why) => write!(f, "invalid configuration: {why}"),

@@ -15,6 +15,17 @@
 //! decision records why. A weight that goes to a device in a converted type is
 //! computed there in that type (the CPU keeps the file's original bytes, used when the
 //! device is switched off).
+//!
+//! Whole layers ([`OffloadMode::Layers`], the default): after the weights, each layer
+//! whose matrix weights all went to one device, whose structure is the plain llama
+//! block ([`layer_shape`]), and whose device answers that it runs every other op of it
+//! ([`DeviceInfo::layer_kv_bytes`]) with room left for its KV cache, runs **whole** on
+//! that device: the session hands the residual stream to [`Offload::layers`] and does
+//! none of that layer's CPU work; the layer's K/V cache lives on the device (the
+//! session's CPU cache rows for it are not used). Because the cache cannot move, a
+//! device holding whole layers that is switched off (or on) mid-sequence makes the
+//! session refuse to continue that sequence ([`crate::Error::DeviceLayersSwitched`]);
+//! the switch takes effect when a sequence starts over.
 
 use crate::ggml_type::GgmlType;
 use crate::model::{Mixer, Model};
@@ -103,6 +114,84 @@ pub trait DeviceInfo {
     /// Bytes of device memory weights may use (what the device reported, less what the
     /// host keeps for activations).
     fn memory_budget(&self) -> u64;
+    /// Bytes of the device-resident K and V cache of one layer of `shape` with `n_ctx`
+    /// positions, if the device runs every op of such a layer besides its products
+    /// (RMSNorm with weight, RoPE, the cache writes, attention, SwiGLU, adds); `None`
+    /// if it does not. Optional: by default a device runs products only.
+    fn layer_kv_bytes(&self, shape: &LayerShape, n_ctx: usize) -> Option<u64> {
+        let _ = (shape, n_ctx);
+        None
+    }
+}
+
+/// One llama block as a device runs it whole: `x += W_o·attn(rope(W_q·n), rope(W_k·n),
+/// W_v·n)` with `n = rms_norm(x)·w_attn`, then `x += W_d·(silu(W_g·m) ⊙ W_u·m)` with
+/// `m = rms_norm(x)·w_ffn`. No biases, no per-head norms, no post-norms, no sliding
+/// window.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerShape {
+    /// Width of the residual stream.
+    pub n_embd: usize,
+    /// Feed-forward width.
+    pub n_ff: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// Width of one head (keys, queries and values).
+    pub head_dim: usize,
+    /// Leading dimensions of each head that RoPE rotates.
+    pub n_rot: usize,
+    /// RoPE pairs halves (NeoX) rather than neighbours.
+    pub rope_neox: bool,
+    /// RoPE frequency base.
+    pub rope_base: f32,
+    /// RMSNorm epsilon.
+    pub rms_eps: f32,
+    /// Attention score scale.
+    pub attn_scale: f32,
+}
+
+impl LayerShape {
+    /// `n_head_kv · head_dim`: one position's K (or V) row.
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+}
+
+/// The shape of layer `l` if it is a plain llama block a device may run whole, or why not.
+pub fn layer_shape(model: &Model<'_>, l: usize) -> Result<LayerShape, &'static str> {
+    use crate::model::{Arch, FfnAct};
+    let hp = &model.hp;
+    let layer = model.layers.get(l).ok_or("no such layer")?;
+    if hp.arch != Arch::Llama {
+        return Err("only llama-architecture layers run whole on a device (this architecture: one batch per product)");
+    }
+    let Mixer::Attention(a) = &layer.mixer else { return Err("a recurrent layer") };
+    if a.bq.is_some() || a.bk.is_some() || a.bv.is_some() || a.q_norm.is_some() || a.k_norm.is_some() {
+        return Err("the layer has Q/K/V biases or per-head norms");
+    }
+    if hp.attn_gated || hp.q_prescale || layer.attn_post_norm.is_some() || layer.ffn_post_norm.is_some() || hp.ffn_act != FfnAct::Silu {
+        return Err("the layer has a gate, pre-scaled queries, post-norms or a non-SiLU feed-forward");
+    }
+    if hp.is_swa(l) || hp.head_dim != hp.head_dim_v || hp.n_head_kv == 0 || hp.n_head % hp.n_head_kv != 0 {
+        return Err("sliding-window attention or unequal key/value head widths");
+    }
+    if layer.attn_norm.ty != GgmlType::F32 || layer.ffn_norm.ty != GgmlType::F32 {
+        return Err("norm weights are not F32");
+    }
+    Ok(LayerShape {
+        n_embd: hp.n_embd,
+        n_ff: hp.n_ff,
+        n_head: hp.n_head,
+        n_head_kv: hp.n_head_kv,
+        head_dim: hp.head_dim,
+        n_rot: hp.n_rot,
+        rope_neox: hp.rope_mode == crate::model::RopeMode::Neox,
+        rope_base: hp.rope_base_of(l),
+        rms_eps: hp.rms_eps,
+        attn_scale: hp.attn_scale,
+    })
 }
 
 /// What the policy says about one device.
@@ -122,6 +211,17 @@ impl Default for DevicePolicy {
     }
 }
 
+/// How placed layers run on their device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OffloadMode {
+    /// A layer whose products all sit on one device runs there whole, its KV cache on
+    /// the device (when the model's layers allow it; see [`layer_shape`]); other
+    /// products one by one.
+    Layers,
+    /// One device batch per matrix product; every other op and the KV cache on the CPU.
+    MatMul,
+}
+
 /// The placement policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Policy {
@@ -137,6 +237,11 @@ pub struct Policy {
     pub output: bool,
     /// Type a weight the device lacks is converted to at load (`None`: such weights stay on the CPU).
     pub convert_to: Option<GgmlType>,
+    /// Whole layers or single products.
+    pub mode: OffloadMode,
+    /// Positions of a whole layer's device-resident KV cache (the session's `n_ctx`);
+    /// 0: no whole layers.
+    pub kv_ctx: usize,
 }
 
 impl Policy {
@@ -150,6 +255,8 @@ impl Policy {
             max_layers: usize::MAX,
             output: true,
             convert_to: Some(GgmlType::Q8_0),
+            mode: OffloadMode::Layers,
+            kv_ctx: 0,
         }
     }
 }
@@ -191,6 +298,10 @@ pub struct Decision {
     pub shape: (usize, usize),
     /// Bytes on the device (0 on the CPU).
     pub device_bytes: u64,
+    /// The weight's layer runs whole on its device ([`OffloadMode::Layers`]).
+    pub whole_layer: bool,
+    /// Bytes of the layer's device-resident KV cache (on the layer's first weight only).
+    pub kv_bytes: u64,
 }
 
 impl Decision {
@@ -202,6 +313,8 @@ impl Decision {
         device_ty: GgmlType::F32,
         shape: (0, 0),
         device_bytes: 0,
+        whole_layer: false,
+        kv_bytes: 0,
     };
 
     /// Whether the weight is converted at load.
@@ -252,6 +365,10 @@ pub struct DeviceTotals {
     pub weights: usize,
     /// Of which converted to another type at load.
     pub converted: usize,
+    /// Layers that run whole there.
+    pub layers: usize,
+    /// Bytes of their KV caches.
+    pub kv_bytes: u64,
 }
 
 /// The decisions for one model, and the switches that may change between tokens.
@@ -261,6 +378,9 @@ pub struct Placement<'a> {
     n_devices: usize,
     enabled: [bool; MAX_DEVICES],
     min_batch: usize,
+    kv_ctx: usize,
+    layer_generation: u32,
+    layer_note: Option<&'static str>,
 }
 
 impl<'a> Placement<'a> {
@@ -275,7 +395,7 @@ impl<'a> Placement<'a> {
         let mut n = 0;
         for_each_weight(model, |id, t| {
             let shape = (t.rows, t.cols);
-            let mut d = Decision { id, place: Where::Cpu(CpuReason::NoDevice), file_ty: t.ty, device_ty: t.ty, shape, device_bytes: 0 };
+            let mut d = Decision { id, place: Where::Cpu(CpuReason::NoDevice), file_ty: t.ty, device_ty: t.ty, shape, device_bytes: 0, whole_layer: false, kv_bytes: 0 };
             let in_layers = id.layer == OUTPUT_LAYER || usize::from(id.layer) < policy.max_layers;
             let wanted = if id.kind == WeightKind::Output { policy.output } else { in_layers };
             if n_dev > 0 {
@@ -309,7 +429,17 @@ impl<'a> Placement<'a> {
             slots[n] = d;
             n += 1;
         });
-        Ok(Placement { decisions: slots, n, n_devices: n_dev, enabled: [true; MAX_DEVICES], min_batch: policy.min_batch.max(1) })
+        let layer_note = if n_dev == 0 { None } else { place_layers(model, policy, devices, &mut used, &mut slots[..n]) };
+        Ok(Placement {
+            decisions: slots,
+            n,
+            n_devices: n_dev,
+            enabled: [true; MAX_DEVICES],
+            min_batch: policy.min_batch.max(1),
+            kv_ctx: policy.kv_ctx,
+            layer_generation: 0,
+            layer_note,
+        })
     }
 
     /// The decisions, in model order.
@@ -330,6 +460,8 @@ impl<'a> Placement<'a> {
                 t.bytes += d.device_bytes;
                 t.weights += 1;
                 t.converted += usize::from(d.converted());
+                t.kv_bytes += d.kv_bytes;
+                t.layers += usize::from(d.kv_bytes > 0);
             }
         }
         t
@@ -357,11 +489,49 @@ impl<'a> Placement<'a> {
         }
     }
 
+    /// The device that runs layer `l` whole, or `None` (its products are placed one by
+    /// one, or its device is switched off). Batch size does not matter here: the
+    /// layer's KV cache is on the device, so every batch of that layer runs there.
+    pub fn layer_device(&self, l: usize) -> Option<u8> {
+        let d = self.decisions().iter().find(|d| usize::from(d.id.layer) == l && d.id.layer != OUTPUT_LAYER)?;
+        match d.place {
+            Where::Device(dev) if d.whole_layer && self.enabled[usize::from(dev)] => Some(dev),
+            _ => None,
+        }
+    }
+
+    /// Whether any layer now runs whole on a device.
+    pub fn has_device_layers(&self) -> bool {
+        self.decisions().iter().any(|d| d.whole_layer && matches!(d.place, Where::Device(dev) if self.enabled[usize::from(dev)]))
+    }
+
+    /// Counts switches of devices that hold whole layers (a session compares it to refuse
+    /// a sequence whose KV cache would have to move).
+    pub fn layer_generation(&self) -> u32 {
+        self.layer_generation
+    }
+
+    /// Positions of each whole layer's device-resident KV cache.
+    pub fn kv_ctx(&self) -> usize {
+        self.kv_ctx
+    }
+
+    /// Why some (or all) layers placed on devices do not run whole there, if any.
+    pub fn layer_note(&self) -> Option<&'static str> {
+        self.layer_note
+    }
+
     /// The hook for between tokens: switches device `dev` off (its products run on the
     /// CPU from the file's weights, which stay mapped) or on again. The device keeps its
-    /// repacked weights either way.
+    /// repacked weights either way. If `dev` runs whole layers, their KV cache is on
+    /// the device: a session refuses to continue a sequence across the switch
+    /// ([`crate::Error::DeviceLayersSwitched`]); start the sequence over.
     pub fn set_device_enabled(&mut self, dev: u8, on: bool) {
+        let holds_layers = self.decisions().iter().any(|d| d.whole_layer && d.place == Where::Device(dev));
         if let Some(e) = self.enabled.get_mut(usize::from(dev)) {
+            if *e != on && holds_layers {
+                self.layer_generation = self.layer_generation.wrapping_add(1);
+            }
             *e = on;
         }
     }
@@ -377,6 +547,51 @@ impl<'a> Placement<'a> {
     }
 }
 
+/// Marks the layers that run whole on their device (see the module docs); returns why
+/// some layer with products on a device does not, if one does not.
+fn place_layers(model: &Model<'_>, policy: &Policy, devices: &[&dyn DeviceInfo], used: &mut [u64; MAX_DEVICES], d: &mut [Decision]) -> Option<&'static str> {
+    let mut note = None;
+    let mut first = 0;
+    for l in 0..model.layers.len() {
+        let mut end = first;
+        while end < d.len() && usize::from(d[end].id.layer) == l && d[end].id.layer != OUTPUT_LAYER {
+            end += 1;
+        }
+        let ws = &mut d[first..end];
+        first = end;
+        let Some(place) = ws.first().map(|w| w.place) else { continue };
+        let Where::Device(dev) = place else { continue };
+        let why = if policy.mode != OffloadMode::Layers {
+            Err("--offload-mode matmul: one batch per product")
+        } else if policy.kv_ctx == 0 {
+            Err("no context size for a device KV cache")
+        } else if !ws.iter().all(|w| w.place == place) {
+            Err("the layer's products are not all on one device")
+        } else {
+            layer_shape(model, l).and_then(|shape| {
+                let di = usize::from(dev);
+                let kv = devices.get(di).and_then(|x| x.layer_kv_bytes(&shape, policy.kv_ctx)).ok_or("the device does not run every op of the layer")?;
+                let budget = policy.devices[di].budget.map_or(devices[di].memory_budget(), |b| b.min(devices[di].memory_budget()));
+                if used[di].saturating_add(kv) > budget {
+                    return Err("the layer's KV cache does not fit the device budget");
+                }
+                used[di] += kv;
+                Ok(kv)
+            })
+        };
+        match why {
+            Ok(kv) => {
+                for w in ws.iter_mut() {
+                    w.whole_layer = true;
+                }
+                ws[0].kv_bytes = kv;
+            }
+            Err(e) => note = note.or(Some(e)),
+        }
+    }
+    note
+}
+
 /// A device failed mid-request; the host keeps the detailed error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceFailed {
@@ -389,6 +604,16 @@ pub trait Offload {
     /// `out[i * rows + r] = Σ_k W[r, k] · x[i * cols + k]` for the `n` rows of `x`, with
     /// the weight `id` that device `device` holds (`x`: `n × cols`, `out`: `n × rows`).
     fn matmul(&mut self, device: u8, id: WeightId, x: &[f32], n: usize, out: &mut [f32]) -> Result<(), DeviceFailed>;
+
+    /// Runs layers `layers` (all whole on `device`, see [`Placement::layer_device`]) for
+    /// `n` tokens at positions `pos .. pos + n`: `x` (`n × n_embd`) is the residual stream
+    /// before the first layer on entry and after the last on return; the layers' K/V
+    /// rows for those positions are written into the device's cache. Optional: a host
+    /// whose devices answer `None` to [`DeviceInfo::layer_kv_bytes`] never gets this call.
+    fn layers(&mut self, device: u8, layers: core::ops::Range<u16>, x: &mut [f32], n: usize, pos: usize) -> Result<(), DeviceFailed> {
+        let _ = (layers, x, n, pos);
+        Err(DeviceFailed { device })
+    }
 }
 
 /// What a session needs to run products off the CPU: the placement and the host's devices.

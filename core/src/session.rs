@@ -135,6 +135,9 @@ pub struct Session<'a> {
     delta_chunked: bool,
     n_logits: usize,
     n_past: usize,
+    /// The placement's layer generation when this sequence started with whole layers
+    /// on devices (`None`: every layer's KV cache is in the arena).
+    seq_layers: Option<u32>,
 }
 
 impl<'a> Session<'a> {
@@ -169,6 +172,7 @@ impl<'a> Session<'a> {
             delta_chunked: false,
             n_logits: 0,
             n_past: 0,
+            seq_layers: None,
         }
     }
 
@@ -240,8 +244,12 @@ impl<'a> Session<'a> {
     }
 
     /// [`Session::eval`] with matrix products placed by `exec` (each one the placement
-    /// assigns to a device runs there; the rest on the CPU). A device failure stops the
-    /// request with [`Error::Device`]: the session's context is then unusable (start over).
+    /// assigns to a device runs there; the rest on the CPU), and layers the placement
+    /// runs whole on a device handed to [`crate::placement::Offload::layers`] (their KV
+    /// cache is on the device; the arena's rows for them are not used). A device failure
+    /// stops the request with [`Error::Device`]: the session's context is then unusable
+    /// (start over). If the devices holding whole layers were switched since this
+    /// sequence started, the call fails with [`Error::DeviceLayersSwitched`].
     pub fn eval_on(&mut self, model: &Model<'_>, tokens: &[u32], outputs: Outputs, par: &dyn Parallel, mut exec: Option<&mut Exec<'_, '_>>) -> Result<(), Error> {
         let hp = &model.hp;
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= hp.n_vocab) {
@@ -256,6 +264,13 @@ impl<'a> Session<'a> {
         let want = if outputs == Outputs::All { tokens.len() } else { 1 };
         if want > self.cfg.n_outputs {
             return Err(Error::TooManyOutputs { asked: want, planned: self.cfg.n_outputs });
+        }
+        // Whole layers keep their KV cache on the device: a sequence stays where it started.
+        let layers = exec.as_deref().map(|e| e.placement).filter(|p| p.has_device_layers()).map(|p| p.layer_generation());
+        if self.n_past == 0 {
+            self.seq_layers = layers;
+        } else if self.seq_layers != layers {
+            return Err(Error::DeviceLayersSwitched);
         }
         self.n_logits = 0;
         let mut done = 0;
@@ -311,8 +326,33 @@ impl<'a> Session<'a> {
         }
 
         let (mut kv_row0, mut recr) = (0usize, 0usize);
+        let mut on_device_until = 0;
         for (l, layer) in model.layers.iter().enumerate() {
             act.layer = l as u16;
+            if l < on_device_until {
+                kv_row0 += hp.kv_rows(l, n_ctx, n_batch);
+                continue;
+            }
+            if let Some(dev) = placement.and_then(|p| p.layer_device(l)) {
+                // Layers l.. on this device run there whole, with their KV cache; x goes
+                // in and comes back.
+                let mut l1 = l + 1;
+                while l1 < model.layers.len() && placement.and_then(|p| p.layer_device(l1)) == Some(dev) {
+                    l1 += 1;
+                }
+                if act.failed.is_none() {
+                    let ok = match act.offload.as_deref_mut() {
+                        Some(off) => off.layers(dev, l as u16..l1 as u16, &mut x[..n * e], n, n_past).is_ok(),
+                        None => false,
+                    };
+                    if !ok {
+                        act.failed = Some(dev);
+                    }
+                }
+                on_device_until = l1;
+                kv_row0 += hp.kv_rows(l, n_ctx, n_batch);
+                continue;
+            }
             for i in 0..n {
                 ops::rms_norm(&x[i * e..(i + 1) * e], layer.attn_norm.data, hp.rms_eps, &mut xn[i * e..(i + 1) * e]);
             }

@@ -27,12 +27,15 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"KEEL");
 pub const PROTOCOL_VERSION: u16 = 1;
 /// Most buffers one batch may name.
 pub const MAX_BUFFERS: usize = 16;
-/// Most tensors one batch may describe.
-pub const MAX_TENSORS: usize = 64;
-/// Most ops one batch may carry.
-pub const MAX_OPS: usize = 32;
-/// Longest encoded message, bytes (a full batch with worst-case varints is about 4.2 KiB).
-pub const MAX_MESSAGE: usize = 8192;
+/// Most tensors one batch may describe (not fewer than [`MAX_OPS`]: a host that keeps
+/// to a device's reported `max_batch_ops` then stays within an older firmware's
+/// tensor table too, as long as its batches have no more tensors than ops).
+pub const MAX_TENSORS: usize = 512;
+/// Most ops one batch may carry: enough for the 30 layers of a SmolLM2-sized model
+/// (17 ops each) as one batch.
+pub const MAX_OPS: usize = 512;
+/// Longest encoded message, bytes (a full batch with worst-case varints is about 38 KiB).
+pub const MAX_MESSAGE: usize = 40 << 10;
 
 /// An op batch on the wire: the three descriptor tables, by value.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

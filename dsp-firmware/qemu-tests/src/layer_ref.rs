@@ -90,6 +90,70 @@ pub fn attend(q: &[f32], k: impl Fn(usize, usize) -> f32, v: impl Fn(usize, usiz
     (0..q.len()).map(|i| ((0..n).map(|j| e[j] * v(j, i) as f64).sum::<f64>() / sum) as f32).collect()
 }
 
+/// `x` rounded to binary16 and back.
+fn f16r(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
+}
+
+/// `v` rounded once to binary16 (through binary32 by round to odd).
+fn f16_once(v: f64) -> f32 {
+    let r = v as f32;
+    let r = if r as f64 == v || !r.is_finite() {
+        r
+    } else {
+        f32::from_bits((if (r as f64).abs() > v.abs() { r.to_bits() - 1 } else { r.to_bits() }) | 1)
+    };
+    f16r(r)
+}
+
+/// Attention of one head over an F16 cache with keel's CPU arithmetic
+/// (`keel_core::session::attention`, llama.cpp's x86 CPU flash attention; see
+/// `keel_core::quant::f16ops`): q rounded to f16; K·Q in 64 fma lanes reduced as
+/// AVX-512 does, the leftover `n % 64` products summed in f64; the value
+/// accumulator in f16 (elements below `n − n % 128` by one f16 rounding of
+/// `x·f16(vs) + acc`, the rest as `f16(fmaf(x, vs, acc))`); `S = fmaf(S, ms, vs)`.
+/// `k`, `v` give f16 values (as f32).
+pub fn attend_f16_cpu(q: &[f32], k: impl Fn(usize, usize) -> f32, v: impl Fn(usize, usize) -> f32, n: usize, scale: f32) -> Vec<f32> {
+    let hd = q.len();
+    let qh: Vec<f32> = q.iter().map(|&x| f16r(x)).collect();
+    let (np_dot, np_acc) = (hd - hd % 64, hd - hd % 128);
+    let mut acc = vec![0f32; hd];
+    let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+    for j in 0..n {
+        let mut lanes = [0f32; 64];
+        for i in (0..np_dot).step_by(64) {
+            for (l, a) in lanes.iter_mut().enumerate() {
+                *a = k(j, i + l).mul_add(qh[i + l], *a);
+            }
+        }
+        let s16: Vec<f32> = (0..16).map(|l| (lanes[l] + lanes[32 + l]) + (lanes[16 + l] + lanes[48 + l])).collect();
+        let t: Vec<f32> = (0..8).map(|i| s16[8 + i] + s16[i]).collect();
+        let r4 = [t[4] + t[0], t[5] + t[1], t[6] + t[2], t[7] + t[3]];
+        let mut dot = ((r4[0] + r4[2]) + (r4[1] + r4[3])) as f64;
+        for i in np_dot..hd {
+            dot += (k(j, i) * qh[i]) as f64;
+        }
+        let s = dot as f32 * scale;
+        let (ms, vs) = if s > m {
+            let ms = ((m - s) as f64).exp() as f32;
+            m = s;
+            for (i, a) in acc.iter_mut().enumerate() {
+                *a = if i < np_acc { f16r(*a * f16r(ms)) } else { f16r(*a * ms) };
+            }
+            (ms, 1.0)
+        } else {
+            (1.0, ((s - m) as f64).exp() as f32)
+        };
+        for (i, a) in acc.iter_mut().enumerate() {
+            let x = v(j, i);
+            *a = if i < np_acc { f16_once((x as f64).mul_add(f16r(vs) as f64, *a as f64)) } else { f16r(x.mul_add(vs, *a)) };
+        }
+        sum = sum.mul_add(ms, vs);
+    }
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    acc.iter().map(|a| a * inv).collect()
+}
+
 /// Asserts `|got − want| ≤ rel·|want| + abs` element by element; returns the
 /// largest error seen relative to that bound (≤ 1 when it passes).
 pub fn check_close(got: &[f32], want: &[f32], rel: f32, abs: f32, what: &str) -> f32 {

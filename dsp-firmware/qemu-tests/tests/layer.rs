@@ -10,7 +10,8 @@
 //! | GELU | rel 1e-5, abs 1e-6 |
 //! | GeGLU | rel 2e-3 (one f16 step of the table value), abs 1e-6 |
 //! | RoPE with angles computed on the DSP | abs 2e-6·(|x0| + |x1|) per pair |
-//! | Attention | abs 2e-6·max|v| |
+//! | Attention over F32 caches | abs 2e-6·max|v| (vs f64) |
+//! | Attention over F16 caches | exact, against keel's CPU arithmetic (`layer_ref::attend_f16_cpu`) |
 
 use keel_dsp_qemu_tests::batch::{bytes_f32, Builder, Failed, INVALID_ARGUMENT, UNSUPPORTED};
 use keel_dsp_qemu_tests::layer_ref::{self as r, check_close, check_exact};
@@ -228,12 +229,21 @@ fn attention_over_strided_f32_and_f16_caches_is_within_tolerance() {
                 let qh = &q[(t * n_head as usize + h) * head_dim as usize..][..head_dim as usize];
                 let hk = h / group;
                 let n = (n_kv - n_tokens) as usize + t + 1;
-                want.extend(r::attend(qh, |j, i| load(&kv, j, hk, i), |j, i| load(&vv, j, hk, i), n, scale));
+                if f16 {
+                    want.extend(r::attend_f16_cpu(qh, |j, i| load(&kv, j, hk, i), |j, i| load(&vv, j, hk, i), n, scale));
+                } else {
+                    want.extend(r::attend(qh, |j, i| load(&kv, j, hk, i), |j, i| load(&vv, j, hk, i), n, scale));
+                }
             }
         }
         let what = format!("attention hd={head_dim} heads={n_head}/{n_head_kv} n_kv={n_kv} tokens={n_tokens} f16={f16}");
-        check_close(&out_f32(&b, &bufs, d), &want, 0.0, 2e-6 * 1.5, &what);
-        check_close(&out_f32(&b, &bufs, q2), &want, 0.0, 2e-6 * 1.5, &format!("{what}, in place"));
+        if f16 {
+            check_exact(&out_f32(&b, &bufs, d), &want, &what);
+            check_exact(&out_f32(&b, &bufs, q2), &want, &format!("{what}, in place"));
+        } else {
+            check_close(&out_f32(&b, &bufs, d), &want, 0.0, 2e-6 * 1.5, &what);
+            check_close(&out_f32(&b, &bufs, q2), &want, 0.0, 2e-6 * 1.5, &format!("{what}, in place"));
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use keel_npu_hal::op::{DType, OpDesc, OpKind, TensorDesc};
 use keel_npu_hal::ErrorKind;
 
 use super::view::{contiguous, scratch_f32, words, words_mut, Tensors};
-use crate::ops::attention::{attend, Cache};
+use crate::ops::attention::{attend, attend_f16, Cache};
 use crate::ops::{act, norm, rope as rot};
 use crate::scratch::Scratch;
 
@@ -146,6 +146,8 @@ pub fn attention(op: &OpDesc, ts: &Tensors<'_>, n_head: u16, n_head_kv: u16, sca
     }
     let same = ts.same_or_disjoint(d, q)?;
     let (qbuf, obuf) = (scratch_f32(s, head_dim)?, scratch_f32(s, head_dim)?);
+    let f16 = kc.f16 && vc.f16;
+    let (qh, acc) = if f16 { (scratch_f32(s, head_dim)?, scratch_f32(s, head_dim)?) } else { (&mut [][..], &mut [][..]) };
     // Q, when it is not the destination: copied head by head into qbuf below.
     // SAFETY: disjoint from the destination (checked by same_or_disjoint).
     let qbytes = if same { None } else { Some(unsafe { ts.bytes(q)? }) };
@@ -163,7 +165,11 @@ pub fn attention(op: &OpDesc, ts: &Tensors<'_>, n_head: u16, n_head_kv: u16, sca
                 }
                 None => qbuf.copy_from_slice(&out[o..o + head_dim]),
             }
-            attend(qbuf, &kc, &vc, h / group, n_pos, scale, obuf);
+            if f16 {
+                attend_f16(qbuf, &kc, &vc, h / group, n_pos, scale, qh, acc, obuf);
+            } else {
+                attend(qbuf, &kc, &vc, h / group, n_pos, scale, obuf);
+            }
             out[o..o + head_dim].copy_from_slice(obuf);
         }
     }

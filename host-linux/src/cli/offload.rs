@@ -9,7 +9,7 @@ use crate::json;
 use anyhow::{bail, Result};
 use keel_core::engine::Engine;
 use keel_core::ggml_type::GgmlType;
-use keel_core::placement::{CpuReason, Decision, Placement, Policy, WeightKind, Where, LAYER_KINDS};
+use keel_core::placement::{CpuReason, Decision, OffloadMode, Placement, Policy, WeightKind, Where, LAYER_KINDS};
 
 /// The parsed flags.
 pub struct OffloadOptions {
@@ -74,6 +74,11 @@ impl OffloadOptions {
         if let Some(c) = a.value::<String>(&["--offload-convert"], "q8_0, q4_0 or none")? {
             policy.convert_to = if c.eq_ignore_ascii_case("none") { None } else { Some(parse_type(&c)?) };
         }
+        match a.value::<String>(&["--offload-mode"], "layers or matmul")?.as_deref() {
+            None | Some("layers") => {}
+            Some("matmul") => policy.mode = OffloadMode::MatMul,
+            Some(o) => bail!("--offload-mode {o:?}: expected layers (whole llama layers on the device when possible) or matmul (one batch per product)"),
+        }
         if let Some(m) = a.value::<String>(&["--device-mem"], "MiB per device")? {
             for (i, v) in m.split(',').enumerate().take(policy.devices.len()) {
                 let mb: u64 = v.trim().parse().map_err(|_| anyhow::anyhow!("--device-mem {v:?}: expected MiB"))?;
@@ -90,6 +95,19 @@ impl OffloadOptions {
         }
         Devices::open(&self.devices, &SimConfig::from_env()).map_err(|e| anyhow::anyhow!("{e}"))
     }
+}
+
+/// `layers` or `matmul`.
+pub fn mode_name(m: OffloadMode) -> &'static str {
+    match m {
+        OffloadMode::Layers => "layers",
+        OffloadMode::MatMul => "matmul",
+    }
+}
+
+/// Layers that run whole on some device.
+pub fn whole_layers(p: &Placement<'_>, n_layer: usize) -> usize {
+    (0..n_layer).filter(|&l| p.layer_device(l).is_some()).count()
 }
 
 fn reason(r: CpuReason) -> &'static str {
@@ -126,6 +144,20 @@ pub fn print_placement(p: &Placement<'_>, devs: &Devices) {
             if types.is_empty() { "-".into() } else { types.join(", ") },
             mib(t.bytes)
         );
+        if t.layers > 0 {
+            eprintln!(
+                "keel: placement: {} runs {} whole layers (mode layers: norms, RoPE, attention over its own F16 KV cache of {} positions, {}, SwiGLU, residual adds; up to {} layers per batch, fewer when a batch would stream more than {} of weights × tokens), the other products one batch each",
+                s.label,
+                t.layers,
+                p.kv_ctx(),
+                mib(t.kv_bytes),
+                crate::device::whole_layer::layers_per_batch(usize::from(keel_npu_hal::device::Device::caps(&s.dev).max_batch_ops)),
+                mib(devs.batch_work)
+            );
+        }
+    }
+    if let Some(why) = p.layer_note().filter(|_| p.n_on_devices() > 0) {
+        eprintln!("keel: placement: layers with products on a device that do not run whole there (one batch per product instead): {why}");
     }
     let cpu: Vec<&Decision> = p.decisions().iter().filter(|d| matches!(d.place, Where::Cpu(_))).collect();
     if !cpu.is_empty() {

@@ -54,7 +54,7 @@ pub fn main(mut a: Args) -> Result<()> {
     let text = if chat { chat_prompt(&g, &opened.path, system.as_deref(), &text)? } else { text };
     let prompt_tokens = tokenize(&e.tokenizer, &text, true, true, opts.n_ctx)?;
     let mut slots = vec![Decision::EMPTY; weight_count(&e.model)];
-    let placement = devices.plan(&e.model, &offload.policy, &mut slots).map_err(|err| anyhow::anyhow!("{}: {err}", opened.path.display()))?;
+    let placement = devices.plan(&e.model, &offload.policy, e.session.n_ctx(), &mut slots).map_err(|err| anyhow::anyhow!("{}: {err}", opened.path.display()))?;
     let use_devices = !devices.slots.is_empty();
     if use_devices {
         devices.load(&e.model, &placement, &e.session.kernels()).map_err(|err| anyhow::anyhow!("loading weights onto the device: {err}"))?;
@@ -144,6 +144,7 @@ pub fn main(mut a: Args) -> Result<()> {
         o.u64("arena_bytes", arena_bytes as u64).u64("peak_rss_bytes", peak);
         o.u64("offloaded_weights", placement.n_on_devices() as u64).u64("matrix_weights", placement.decisions().len() as u64);
         o.u64("device_batches", devices.batches()).f64("device_batches_per_token", per_token);
+        o.str("offload_mode", super::offload::mode_name(offload.policy.mode)).u64("device_layers", super::offload::whole_layers(&placement, e.model.layers.len()) as u64);
         if use_devices && placement.n_on_devices() == 0 {
             o.str("placement_warning", "devices were given but nothing was placed on them: every op ran on the CPU");
         }

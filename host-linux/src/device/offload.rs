@@ -9,7 +9,12 @@
 //! default, with keel-core's reference quantizer) and repacks every placed weight once
 //! into the device's Tiles32 layout in shared buffers, and reserves the activation and
 //! output buffers. Then [`Devices`] implements [`Offload`]: one batch (one MatMul op)
-//! per product and chunk of tokens, completed before the CPU continues.
+//! per product and chunk of tokens, completed before the CPU continues; and, for layers
+//! placed whole ([`keel_core::placement::OffloadMode::Layers`]), batches of whole layers
+//! ([`super::whole_layer`]: as many consecutive layers per batch as the device's op limit
+//! and the wire tables allow) over their norm weights and a device-resident F16 KV cache
+//! allocated at load (`n_ctx` positions per layer), the residual stream copied in before
+//! and out after.
 //!
 //! Memory is counted by kind (model, context, compute) from the buffers this module
 //! allocates, and the total from what the firmware measured (`Caps::memory.va_budget`,
@@ -20,16 +25,24 @@ use std::time::{Duration, Instant};
 
 use keel_core::ggml_type::GgmlType;
 use keel_core::model::Model;
-use keel_core::placement::{for_each_weight, Decision, DeviceFailed, DeviceInfo, Offload, Placement, Policy, WeightId, Where};
+use keel_core::placement::{for_each_weight, Decision, DeviceFailed, DeviceInfo, LayerShape, Offload, Placement, Policy, WeightId, WeightKind, Where};
 use keel_core::quant::{quantize_row_ref, Kernels};
 use keel_npu_hal::device::{BatchStatus, Device, Queue, SharedBuffers};
 use keel_npu_hal::op::{Batch, BufferRef, DType, Layout, OpDesc, OpKind, Support, TensorDesc};
 use keel_npu_hal::{tile, BufferId, ErrorKind};
 
+use super::whole_layer::{self, Placed, Resident, Weight, Work};
 use super::{DeviceError, HexagonSim, SimConfig};
 
 /// Bytes of shared memory kept for one product's activations and outputs.
 pub const IO_BYTES: u64 = 8 << 20;
+
+/// Default for [`Devices::batch_work`]: weight bytes × tokens one batch of whole layers
+/// may stream. The emulated DSP takes about 0.06 s per MiB·token (SmolLM2 Q8_0: 144 MiB
+/// per token at ~0.12 tokens/s), so 32 MiB keeps a batch near 2 s, the size of the
+/// largest product batch (SmolLM2's output projection, 28 MiB) and far below the 10 s
+/// hang timeout.
+pub const BATCH_WORK: u64 = 32 << 20;
 
 /// The HAL type of a ggml weight type, if the HAL has it.
 pub fn hal_dtype(t: GgmlType) -> Option<DType> {
@@ -68,6 +81,17 @@ impl DeviceInfo for Info<'_> {
     fn memory_budget(&self) -> u64 {
         self.dev.caps().memory.va_budget.saturating_sub(self.reserve)
     }
+    fn layer_kv_bytes(&self, shape: &LayerShape, n_ctx: usize) -> Option<u64> {
+        for (op, t) in whole_layer::probe_ops(shape)? {
+            if self.dev.supports(&op, &t) != Support::Yes {
+                return None;
+            }
+        }
+        let one = whole_layer::cache_bytes(shape, n_ctx);
+        // The work buffer must hold at least one token's activations.
+        let w = Work::new(shape, 1)?;
+        (w.end <= IO_BYTES && 2 * one <= self.dev.buffer_rules().max_size).then_some(2 * one)
+    }
 }
 
 /// Alignment of a weight inside a device buffer (one HVX vector).
@@ -91,8 +115,14 @@ pub struct Slot {
     pub label: String,
     weights: HashMap<(u16, u8), Held>,
     io: Option<(BufferId, u64, BufferId, u64)>,
-    /// Bytes of repacked weights.
+    /// Norm weights and KV cache of each layer that runs whole here.
+    resident: HashMap<u16, Resident>,
+    /// The shape of those layers.
+    shape: Option<LayerShape>,
+    /// Bytes of repacked weights (and norm weights of whole layers).
     pub model_bytes: u64,
+    /// Bytes of the KV caches allocated here.
+    pub context_bytes: u64,
     /// Bytes of activation/output buffers.
     pub compute_bytes: u64,
     /// Weights held, of which converted at load.
@@ -111,6 +141,9 @@ pub struct Devices {
     pub error: Option<DeviceError>,
     /// Time spent converting and repacking weights at load.
     pub load_time: Duration,
+    /// Most weight bytes × tokens one batch of whole layers streams (at least one layer
+    /// for one token goes in every batch): bounds a batch's run time. [`BATCH_WORK`] by default.
+    pub batch_work: u64,
 }
 
 /// Memory of one device, bytes.
@@ -165,27 +198,32 @@ impl Devices {
                 label: format!("{name}{i}"),
                 weights: HashMap::new(),
                 io: None,
+                resident: HashMap::new(),
+                shape: None,
                 model_bytes: 0,
+                context_bytes: 0,
                 compute_bytes: 0,
                 weights_held: (0, 0),
                 batches: 0,
                 busy: Duration::ZERO,
             });
         }
-        Ok(Devices { slots, error: None, load_time: Duration::ZERO })
+        Ok(Devices { slots, error: None, load_time: Duration::ZERO, batch_work: BATCH_WORK })
     }
 
     /// No devices: everything on the CPU.
     pub fn none() -> Devices {
-        Devices { slots: Vec::new(), error: None, load_time: Duration::ZERO }
+        Devices { slots: Vec::new(), error: None, load_time: Duration::ZERO, batch_work: BATCH_WORK }
     }
 
-    /// Decides placement for `model` under `policy` (decisions written into `slots`).
-    pub fn plan<'s>(&self, model: &Model<'_>, policy: &Policy, slots: &'s mut [Decision]) -> Result<Placement<'s>, keel_core::Error> {
+    /// Decides placement for `model` under `policy` (decisions written into `slots`);
+    /// whole layers get a KV cache of `n_ctx` positions on their device.
+    pub fn plan<'s>(&self, model: &Model<'_>, policy: &Policy, n_ctx: usize, slots: &'s mut [Decision]) -> Result<Placement<'s>, keel_core::Error> {
         let infos: Vec<Info<'_>> = self.slots.iter().map(|s| Info { dev: &s.dev, reserve: IO_BYTES + IO_BYTES }).collect();
         let dyns: Vec<&dyn DeviceInfo> = infos.iter().map(|i| i as &dyn DeviceInfo).collect();
         let mut p = *policy;
         p.n_devices = p.n_devices.min(self.slots.len());
+        p.kv_ctx = n_ctx;
         Placement::plan(model, &p, &dyns, slots)
     }
 
@@ -258,6 +296,7 @@ impl Devices {
                 slot.dev.map(b)?;
             }
         }
+        self.load_layers(model, placement)?;
         for slot in &mut self.slots {
             if slot.weights.is_empty() {
                 continue;
@@ -292,12 +331,155 @@ impl Devices {
                     total,
                     free: total.saturating_sub(allocated),
                     model: s.model_bytes,
-                    context: 0,
+                    context: s.context_bytes,
                     compute: s.compute_bytes,
                     weights: s.weights_held,
                 }
             })
             .collect()
+    }
+
+    /// Allocates, fills and maps the norm weights and the KV caches of the layers that
+    /// run whole on each device: norms in one buffer per device, each layer's K and V
+    /// cache (F16, `placement.kv_ctx()` positions) packed into buffers of at most the
+    /// device's mapping size.
+    fn load_layers(&mut self, model: &Model<'_>, placement: &Placement<'_>) -> Result<(), DeviceError> {
+        let n_ctx = placement.kv_ctx();
+        for (di, slot) in self.slots.iter_mut().enumerate() {
+            let layers: Vec<usize> = (0..model.layers.len()).filter(|&l| placement.layer_device(l) == Some(di as u8)).collect();
+            let Some(&first) = layers.first() else { continue };
+            let label = slot.label.clone();
+            let shape = keel_core::placement::layer_shape(model, first).map_err(|w| DeviceError::new(&label, ErrorKind::Unsupported, format!("layer {first}: {w}")))?;
+            if let Some(&l) = layers.iter().find(|&&l| keel_core::placement::layer_shape(model, l) != Ok(shape)) {
+                return Err(DeviceError::new(&label, ErrorKind::Unsupported, format!("layer {l} differs in shape from layer {first}; whole layers on one device share one shape")));
+            }
+            let norm_bytes = (4 * shape.n_embd as u64).next_multiple_of(WEIGHT_ALIGN);
+            let nbuf = slot.dev.alloc(2 * norm_bytes * layers.len() as u64)?;
+            let nsize = slot.dev.host_view(nbuf)?.len() as u64;
+            slot.model_bytes += nsize;
+            let cache = whole_layer::cache_bytes(&shape, n_ctx);
+            let max = slot.dev.buffer_rules().max_size.min(u64::from(u32::MAX));
+            let per_buf = (max / (2 * cache)).max(1) as usize;
+            let mut kv_bufs = Vec::new();
+            for chunk in layers.chunks(per_buf) {
+                let b = slot.dev.alloc(2 * cache * chunk.len() as u64)?;
+                let size = slot.dev.host_view(b)?.len() as u64;
+                slot.context_bytes += size;
+                kv_bufs.push((b, size));
+            }
+            for (i, &l) in layers.iter().enumerate() {
+                let ly = &model.layers[l];
+                let view = slot.dev.host_view(nbuf)?;
+                let (a, f) = ((2 * i) as u64 * norm_bytes, (2 * i + 1) as u64 * norm_bytes);
+                for (at, t) in [(a, &ly.attn_norm), (f, &ly.ffn_norm)] {
+                    let dst = &mut view[at as usize..at as usize + 4 * shape.n_embd];
+                    dst.copy_from_slice(&t.data[..4 * shape.n_embd]);
+                }
+                let (kb, ksize) = kv_bufs[i / per_buf];
+                let k_off = ((i % per_buf) as u64 * 2 * cache) as u32;
+                let p = |offset: u64, buf, size| Placed { buf, size, offset: offset as u32 };
+                slot.resident.insert(
+                    l as u16,
+                    Resident { attn_norm: p(a, nbuf, nsize), ffn_norm: p(f, nbuf, nsize), kv: Placed { buf: kb, size: ksize, offset: k_off }, v_offset: k_off + cache as u32 },
+                );
+            }
+            slot.dev.map(nbuf)?;
+            for &(b, _) in &kv_bufs {
+                slot.dev.map(b)?;
+            }
+            slot.shape = Some(shape);
+        }
+        Ok(())
+    }
+
+    /// Runs layers `layers` (whole on `device`) for the `n` rows of `x` at positions `pos..`.
+    fn run_layers(&mut self, device: u8, layers: std::ops::Range<u16>, x: &mut [f32], n: usize, pos: usize) -> Result<(), DeviceError> {
+        let slot = self.slots.get_mut(usize::from(device)).ok_or_else(|| DeviceError::new("placement", ErrorKind::InvalidArgument, format!("no device {device}")))?;
+        let label = slot.label.clone();
+        let bad = |what: String| DeviceError::new(&label, ErrorKind::InvalidArgument, what);
+        let sh = slot.shape.ok_or_else(|| bad("no whole layers were loaded on this device".into()))?;
+        let (wb, ws, _, _) = slot.io.ok_or_else(|| bad("no work buffer".into()))?;
+        let e = sh.n_embd;
+        if x.len() < n * e {
+            return Err(bad(format!("{} residual values for {n} tokens of {e}", x.len())));
+        }
+        let kinds = [WeightKind::Q, WeightKind::K, WeightKind::V, WeightKind::O, WeightKind::Gate, WeightKind::Up, WeightKind::Down];
+        // Weight bytes one layer streams per token (the layers on a device share a shape).
+        let mut layer_bytes = 0u64;
+        for kind in kinds {
+            let h = slot.weights.get(&(layers.start, kind as u8)).ok_or_else(|| bad(format!("weight blk.{}.{} is not on this device", layers.start, kind.name())))?;
+            layer_bytes += tile::packed_size(h.dtype, h.rows as u32, h.cols as u32).unwrap_or(0) as u64;
+        }
+        let layer_bytes = layer_bytes.max(1);
+        // Tokens per chunk: as many as the work buffer holds and one layer's batch work allows.
+        let mut per = n.min((self.batch_work / layer_bytes).max(1) as usize);
+        while per > 1 && Work::new(&sh, per).is_none_or(|w| w.end > ws) {
+            per = per.div_ceil(2);
+        }
+        let max_ops = usize::from(slot.dev.caps().max_batch_ops);
+        let mut t0 = 0;
+        while t0 < n {
+            let m = per.min(n - t0);
+            let w = Work::new(&sh, m).filter(|w| w.end <= ws).ok_or_else(|| bad(format!("one token's activations do not fit the {ws}-byte work buffer")))?;
+            // Residual rows, positions and the RoPE table (keel's own angles, as the CPU).
+            let view = slot.dev.host_view(wb)?;
+            put_f32(&mut view[w.x() as usize..], &x[t0 * e..(t0 + m) * e]);
+            let mut cs = vec![0f32; sh.n_rot * m];
+            for i in 0..m {
+                let p = pos + t0 + i;
+                let pv = i32::try_from(p).map_err(|_| bad(format!("position {p}")))?;
+                view[w.pos() as usize + 4 * i..][..4].copy_from_slice(&pv.to_le_bytes());
+                keel_core::ops::rope_angles(p, sh.rope_base, sh.n_rot, &mut cs[i * sh.n_rot..(i + 1) * sh.n_rot]);
+            }
+            put_f32(&mut view[w.cs() as usize..], &cs);
+            let work = BufferRef { id: wb, size: ws };
+            let mut l = layers.start;
+            while l < layers.end {
+                let mut b = whole_layer::Builder::new(&sh, &w, work, m).ok_or_else(|| bad("layer descriptors overflow".into()))?;
+                while l < layers.end {
+                    if b.layers > 0 && (b.layers as u64 + 1) * layer_bytes * m as u64 > self.batch_work {
+                        break;
+                    }
+                    let r = *slot.resident.get(&l).ok_or_else(|| bad(format!("layer {l} is not resident on this device")))?;
+                    let mut ws7 = [None; 7];
+                    for (k, kind) in kinds.iter().enumerate() {
+                        let h = slot.weights.get(&(l, *kind as u8)).ok_or_else(|| bad(format!("weight blk.{l}.{} is not on this device", kind.name())))?;
+                        ws7[k] = Some(Weight { at: Placed { buf: h.buf, size: h.size, offset: h.offset }, dtype: h.dtype, rows: h.rows, cols: h.cols });
+                    }
+                    let ws7 = ws7.map(|o| o.unwrap_or_else(|| unreachable!()));
+                    let (no, nt, nb) = (b.ops.len(), b.tensors.len(), b.buffers.len());
+                    b.add_layer(&sh, &ws7, &r, m, pos + t0).ok_or_else(|| bad(format!("layer {l}: descriptors overflow at position {}", pos + t0)))?;
+                    if !b.fits(max_ops) {
+                        if b.layers == 1 {
+                            return Err(bad(format!("one layer needs {} ops, {} tensors, {} buffers: more than a batch carries", b.ops.len(), b.tensors.len(), b.buffers.len())));
+                        }
+                        b.truncate(no, nt, nb);
+                        break;
+                    }
+                    l += 1;
+                }
+                let batch = Batch { buffers: &b.buffers, tensors: &b.tensors, ops: &b.ops };
+                let start = Instant::now();
+                let seq = slot.dev.submit(&batch)?;
+                slot.batches += 1;
+                let status = slot.dev.wait(seq)?;
+                slot.busy += start.elapsed();
+                if status != BatchStatus::Done {
+                    let last = l.saturating_sub(1);
+                    return Err(DeviceError::new(
+                        slot.dev.name(),
+                        ErrorKind::BadResponse,
+                        format!("whole layers ..={last} ({} in the batch) for {m} tokens at position {} failed: {status:?}", b.layers, pos + t0),
+                    ));
+                }
+            }
+            let view = slot.dev.host_view(wb)?;
+            for (o, c) in x[t0 * e..(t0 + m) * e].iter_mut().zip(view[w.x() as usize..].chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+            t0 += m;
+        }
+        Ok(())
     }
 
     /// Batches submitted to all devices.
@@ -352,6 +534,23 @@ impl Offload for Devices {
             self.error = Some(e);
             DeviceFailed { device }
         })
+    }
+
+    fn layers(&mut self, device: u8, layers: std::ops::Range<u16>, x: &mut [f32], n: usize, pos: usize) -> Result<(), DeviceFailed> {
+        if self.error.is_some() {
+            return Err(DeviceFailed { device });
+        }
+        self.run_layers(device, layers, x, n, pos).map_err(|e| {
+            self.error = Some(e);
+            DeviceFailed { device }
+        })
+    }
+}
+
+/// Writes `v` as little-endian f32 at the start of `dst`.
+fn put_f32(dst: &mut [u8], v: &[f32]) {
+    for (d, x) in dst.chunks_exact_mut(4).zip(v) {
+        d.copy_from_slice(&x.to_le_bytes());
     }
 }
 

@@ -1,0 +1,297 @@
+//! Whole llama layers as device batches: the descriptors of one layer's ops over the
+//! repacked weights, the norm weights, the device-resident KV cache and one work buffer.
+//!
+//! Owns the op order of a layer on the device and the layout of the work buffer; not
+//! the buffers themselves (allocated and counted by [`super::offload`]). Per layer, for
+//! `m` tokens at positions `pos .. pos + m` (shapes ggml-style, innermost first):
+//!
+//! ```text
+//! xn   = RmsNorm(x, w_attn)                    [n_embd, m]
+//! q, k, v = MatMul(W_q|W_k|W_v, xn)            [q_dim, m], [kv_dim, m], [kv_dim, m]
+//! q, k = Rope(q, k; pos, host cos/sin table)   viewed [head_dim, heads, m]
+//! K[l][pos..], V[l][pos..] = Copy(k), Copy(v)  F32 -> F16 rows of the cache
+//! q    = Attention(q; K[l][..pos+m], V[l][..pos+m])  in place
+//! tmp  = MatMul(W_o, q);  x = Add(x, tmp)
+//! xn   = RmsNorm(x, w_ffn)
+//! gate, up = MatMul(W_g|W_u, xn);  gate = SwiGlu(gate, up)
+//! tmp  = MatMul(W_d, gate);  x = Add(x, tmp)
+//! ```
+//!
+//! 17 ops and 13 tensors per layer, plus 12 tensors shared by the layers of a batch.
+//! The cache of one layer is `[n_ctx][n_head_kv][head_dim]` F16 for K, then the same
+//! for V (the CPU cache's layout and type), so attention reads a strided
+//! `[head_dim, n_kv, n_head_kv]` view.
+
+use keel_core::placement::LayerShape;
+use keel_npu_hal::op::{BufferRef, DType, Layout, OpDesc, OpKind, TensorDesc};
+use keel_npu_hal::wire::{MAX_BUFFERS, MAX_TENSORS};
+use keel_npu_hal::BufferId;
+
+/// Ops one layer adds to a batch.
+pub const OPS_PER_LAYER: usize = 17;
+
+/// Most layers one batch carries under a limit of `max_ops` ops and the wire's tensor
+/// table (each layer adds 13 tensors to the 12 shared ones).
+pub fn layers_per_batch(max_ops: usize) -> usize {
+    (max_ops / OPS_PER_LAYER).min((MAX_TENSORS - 12) / 13)
+}
+
+/// A tensor a device holds: `bytes` at `offset` in buffer `buf` (whose size is `size`).
+#[derive(Clone, Copy, Debug)]
+pub struct Placed {
+    /// The buffer.
+    pub buf: BufferId,
+    /// The buffer's size.
+    pub size: u64,
+    /// Where the tensor starts.
+    pub offset: u32,
+}
+
+/// A repacked weight on the device.
+#[derive(Clone, Copy, Debug)]
+pub struct Weight {
+    /// Where.
+    pub at: Placed,
+    /// Its device type.
+    pub dtype: DType,
+    /// Output rows.
+    pub rows: usize,
+    /// Input columns.
+    pub cols: usize,
+}
+
+/// What one whole layer has on the device besides its products' weights.
+#[derive(Clone, Copy, Debug)]
+pub struct Resident {
+    /// F32 attention norm weight (`n_embd`).
+    pub attn_norm: Placed,
+    /// F32 feed-forward norm weight (`n_embd`).
+    pub ffn_norm: Placed,
+    /// F16 K cache (`n_ctx × kv_dim`); V follows at `v_offset` in the same buffer.
+    pub kv: Placed,
+    /// Offset of the V cache in `kv.buf`.
+    pub v_offset: u32,
+}
+
+/// Bytes of one layer's K (or V) cache, rounded to a vector.
+pub fn cache_bytes(sh: &LayerShape, n_ctx: usize) -> u64 {
+    (n_ctx as u64 * sh.kv_dim() as u64 * 2).next_multiple_of(128)
+}
+
+/// Offsets (bytes) of the activations of `m` tokens in the work buffer.
+#[derive(Clone, Copy, Debug)]
+pub struct Work {
+    x: u32,
+    xn: u32,
+    q: u32,
+    k: u32,
+    v: u32,
+    tmp: u32,
+    gate: u32,
+    up: u32,
+    pos: u32,
+    cs: u32,
+    /// One past the last byte used.
+    pub end: u64,
+}
+
+impl Work {
+    /// The layout for `m` tokens, each region 128-byte aligned.
+    pub fn new(sh: &LayerShape, m: usize) -> Option<Work> {
+        let mut at = 0u64;
+        let mut take = |floats: usize| -> Option<u32> {
+            let o = at;
+            at = (at + 4 * (floats as u64) * m as u64).next_multiple_of(128);
+            u32::try_from(o).ok()
+        };
+        let q_dim = sh.n_head * sh.head_dim;
+        let (x, xn, q, k, v, tmp) = (take(sh.n_embd)?, take(sh.n_embd)?, take(q_dim)?, take(sh.kv_dim())?, take(sh.kv_dim())?, take(sh.n_embd)?);
+        let (gate, up, pos, cs) = (take(sh.n_ff)?, take(sh.n_ff)?, take(1)?, take(sh.n_rot)?);
+        u32::try_from(at).ok()?;
+        Some(Work { x, xn, q, k, v, tmp, gate, up, pos, cs, end: at })
+    }
+
+    /// Offset of the residual rows.
+    pub fn x(&self) -> u32 {
+        self.x
+    }
+    /// Offset of the I32 positions.
+    pub fn pos(&self) -> u32 {
+        self.pos
+    }
+    /// Offset of the F32 RoPE `(cos, sin)` table, `[n_rot, m]`.
+    pub fn cs(&self) -> u32 {
+        self.cs
+    }
+}
+
+/// One batch's three descriptor tables, filled layer by layer.
+pub struct Builder {
+    /// Buffer table.
+    pub buffers: Vec<BufferRef>,
+    /// Tensor table.
+    pub tensors: Vec<TensorDesc>,
+    /// Op table.
+    pub ops: Vec<OpDesc>,
+    shared: Shared,
+    /// Layers in this batch.
+    pub layers: usize,
+}
+
+/// Indices of the tensors every layer of a batch shares.
+#[derive(Clone, Copy, Default)]
+struct Shared {
+    x: u16,
+    xn: u16,
+    q2: u16,
+    q3: u16,
+    k2: u16,
+    k3: u16,
+    v2: u16,
+    tmp: u16,
+    gate: u16,
+    up: u16,
+    pos: u16,
+    cs: u16,
+}
+
+fn f32s(ne: [u32; 4], buffer: u16, offset: u32) -> Option<TensorDesc> {
+    TensorDesc::contiguous(DType::F32, ne, buffer, offset)
+}
+
+impl Builder {
+    /// A batch for `m` tokens with the work buffer `work_buf` laid out as `w`.
+    pub fn new(sh: &LayerShape, w: &Work, work_buf: BufferRef, m: usize) -> Option<Builder> {
+        let mut b = Builder { buffers: vec![work_buf], tensors: Vec::new(), ops: Vec::new(), shared: Shared::default(), layers: 0 };
+        let (e, f, hd, m) = (sh.n_embd as u32, sh.n_ff as u32, sh.head_dim as u32, m as u32);
+        let (nh, nkv) = (sh.n_head as u32, sh.n_head_kv as u32);
+        b.shared = Shared {
+            x: b.push(f32s([e, m, 1, 1], 0, w.x)?),
+            xn: b.push(f32s([e, m, 1, 1], 0, w.xn)?),
+            q2: b.push(f32s([nh * hd, m, 1, 1], 0, w.q)?),
+            q3: b.push(f32s([hd, nh, m, 1], 0, w.q)?),
+            k2: b.push(f32s([nkv * hd, m, 1, 1], 0, w.k)?),
+            k3: b.push(f32s([hd, nkv, m, 1], 0, w.k)?),
+            v2: b.push(f32s([nkv * hd, m, 1, 1], 0, w.v)?),
+            tmp: b.push(f32s([e, m, 1, 1], 0, w.tmp)?),
+            gate: b.push(f32s([f, m, 1, 1], 0, w.gate)?),
+            up: b.push(f32s([f, m, 1, 1], 0, w.up)?),
+            pos: b.push(TensorDesc::contiguous(DType::I32, [m, 1, 1, 1], 0, w.pos)?),
+            cs: b.push(f32s([sh.n_rot as u32, m, 1, 1], 0, w.cs)?),
+        };
+        Some(b)
+    }
+
+    fn push(&mut self, t: TensorDesc) -> u16 {
+        self.tensors.push(t);
+        (self.tensors.len() - 1) as u16
+    }
+
+    fn buffer(&mut self, id: BufferId, size: u64) -> u16 {
+        match self.buffers.iter().position(|b| b.id == id) {
+            Some(i) => i as u16,
+            None => {
+                self.buffers.push(BufferRef { id, size });
+                (self.buffers.len() - 1) as u16
+            }
+        }
+    }
+
+    fn op(&mut self, kind: OpKind, src: [Option<u16>; 3], dst: u16) {
+        self.ops.push(OpDesc { kind, src, dst });
+    }
+
+    /// Whether the tables fit the wire protocol and `max_ops`.
+    pub fn fits(&self, max_ops: usize) -> bool {
+        self.ops.len() <= max_ops && self.tensors.len() <= MAX_TENSORS && self.buffers.len() <= MAX_BUFFERS
+    }
+
+    /// Appends layer ops for `m` tokens at positions `pos..pos + m` (the builder's `m`).
+    /// `w`: the layer's q, k, v, o, gate, up, down weights. `None`: a descriptor overflowed.
+    pub fn add_layer(&mut self, sh: &LayerShape, w: &[Weight; 7], r: &Resident, m: usize, pos: usize) -> Option<()> {
+        let s = self.shared;
+        let (e, hd, kvd) = (sh.n_embd as u32, sh.head_dim as u32, sh.kv_dim() as u32);
+        let (m, pos) = (m as u32, u32::try_from(pos).ok()?);
+        let weight = |b: &mut Builder, i: usize| -> Option<u16> {
+            let wt = &w[i];
+            let buf = b.buffer(wt.at.buf, wt.at.size);
+            let t = TensorDesc { dtype: wt.dtype, layout: Layout::Tiles32, ne: [wt.cols as u32, wt.rows as u32, 1, 1], nb: [0; 4], buffer: buf, offset: wt.at.offset };
+            Some(b.push(t))
+        };
+        let wq = weight(self, 0)?;
+        let wk = weight(self, 1)?;
+        let wv = weight(self, 2)?;
+        let wo = weight(self, 3)?;
+        let wg = weight(self, 4)?;
+        let wu = weight(self, 5)?;
+        let wd = weight(self, 6)?;
+        let nb = self.buffer(r.attn_norm.buf, r.attn_norm.size);
+        let an = self.push(f32s([e, 1, 1, 1], nb, r.attn_norm.offset)?);
+        let nb = self.buffer(r.ffn_norm.buf, r.ffn_norm.size);
+        let fnm = self.push(f32s([e, 1, 1, 1], nb, r.ffn_norm.offset)?);
+        let kb = self.buffer(r.kv.buf, r.kv.size);
+        let row = 2 * kvd;
+        let k_at = r.kv.offset.checked_add(pos.checked_mul(row)?)?;
+        let v_at = r.v_offset.checked_add(pos.checked_mul(row)?)?;
+        let k_dst = self.push(TensorDesc::contiguous(DType::F16, [kvd, m, 1, 1], kb, k_at)?);
+        let v_dst = self.push(TensorDesc::contiguous(DType::F16, [kvd, m, 1, 1], kb, v_at)?);
+        let n_kv = pos.checked_add(m)?;
+        let view = |offset| TensorDesc { dtype: DType::F16, layout: Layout::RowMajor, ne: [hd, n_kv, sh.n_head_kv as u32, 1], nb: [2, row, 2 * hd, row * n_kv], buffer: kb, offset };
+        let k_all = self.push(view(r.kv.offset));
+        let v_all = self.push(view(r.v_offset));
+
+        let rope = OpKind::Rope { n_dims: u16::try_from(sh.n_rot).ok()?, mode: if sh.rope_neox { 2 } else { 0 }, freq_base: sh.rope_base };
+        let attn = OpKind::Attention { n_head: u16::try_from(sh.n_head).ok()?, n_head_kv: u16::try_from(sh.n_head_kv).ok()?, scale: sh.attn_scale };
+        let norm = OpKind::RmsNorm { eps: sh.rms_eps };
+        self.op(norm, [Some(s.x), Some(an), None], s.xn);
+        self.op(OpKind::MatMul, [Some(wq), Some(s.xn), None], s.q2);
+        self.op(OpKind::MatMul, [Some(wk), Some(s.xn), None], s.k2);
+        self.op(OpKind::MatMul, [Some(wv), Some(s.xn), None], s.v2);
+        self.op(rope, [Some(s.q3), Some(s.pos), Some(s.cs)], s.q3);
+        self.op(rope, [Some(s.k3), Some(s.pos), Some(s.cs)], s.k3);
+        self.op(OpKind::Copy, [Some(s.k2), None, None], k_dst);
+        self.op(OpKind::Copy, [Some(s.v2), None, None], v_dst);
+        self.op(attn, [Some(s.q3), Some(k_all), Some(v_all)], s.q3);
+        self.op(OpKind::MatMul, [Some(wo), Some(s.q2), None], s.tmp);
+        self.op(OpKind::Add, [Some(s.x), Some(s.tmp), None], s.x);
+        self.op(norm, [Some(s.x), Some(fnm), None], s.xn);
+        self.op(OpKind::MatMul, [Some(wg), Some(s.xn), None], s.gate);
+        self.op(OpKind::MatMul, [Some(wu), Some(s.xn), None], s.up);
+        self.op(OpKind::SwiGlu, [Some(s.gate), Some(s.up), None], s.gate);
+        self.op(OpKind::MatMul, [Some(wd), Some(s.gate), None], s.tmp);
+        self.op(OpKind::Add, [Some(s.x), Some(s.tmp), None], s.x);
+        self.layers += 1;
+        Some(())
+    }
+
+    /// Drops everything after the first `ops`/`tensors`/`buffers` entries (undoes an
+    /// [`Builder::add_layer`] that did not fit).
+    pub fn truncate(&mut self, ops: usize, tensors: usize, buffers: usize) {
+        self.ops.truncate(ops);
+        self.tensors.truncate(tensors);
+        self.buffers.truncate(buffers);
+        self.layers -= 1;
+    }
+}
+
+/// The descriptors a device is asked about before it gets whole layers: one op of each
+/// kind a layer uses besides its products, at one token.
+pub fn probe_ops(sh: &LayerShape) -> Option<Vec<(OpDesc, Vec<TensorDesc>)>> {
+    let (e, f, hd) = (sh.n_embd as u32, sh.n_ff as u32, sh.head_dim as u32);
+    let (nh, nkv) = (sh.n_head as u32, sh.n_head_kv as u32);
+    let op = |kind, src: [Option<u16>; 3], dst| OpDesc { kind, src, dst };
+    let row = |n| f32s([n, 1, 1, 1], 0, 0);
+    let q3 = f32s([hd, nh, 1, 1], 0, 0)?;
+    let kv = TensorDesc::contiguous(DType::F16, [hd, 1, nkv, 1], 0, 0)?;
+    Some(vec![
+        (op(OpKind::RmsNorm { eps: sh.rms_eps }, [Some(0), Some(1), None], 2), vec![row(e)?, row(e)?, row(e)?]),
+        (
+            op(OpKind::Rope { n_dims: u16::try_from(sh.n_rot).ok()?, mode: if sh.rope_neox { 2 } else { 0 }, freq_base: sh.rope_base }, [Some(0), Some(1), Some(2)], 0),
+            vec![q3, TensorDesc::contiguous(DType::I32, [1, 1, 1, 1], 0, 0)?, row(sh.n_rot as u32)?],
+        ),
+        (op(OpKind::Copy, [Some(0), None, None], 1), vec![row(nkv * hd)?, TensorDesc::contiguous(DType::F16, [nkv * hd, 1, 1, 1], 0, 0)?]),
+        (op(OpKind::Attention { n_head: u16::try_from(nh).ok()?, n_head_kv: u16::try_from(nkv).ok()?, scale: sh.attn_scale }, [Some(0), Some(1), Some(2)], 0), vec![q3, kv, kv]),
+        (op(OpKind::SwiGlu, [Some(0), Some(1), None], 0), vec![row(f)?, row(f)?]),
+        (op(OpKind::Add, [Some(0), Some(1), None], 0), vec![row(e)?, row(e)?]),
+    ])
+}
