@@ -77,6 +77,8 @@ mod bench;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_f16;
+#[cfg(test)]
 mod tests_k;
 
 pub use blocks::{
@@ -99,6 +101,9 @@ pub struct Isa {
     pub avx512: bool,
     /// x86_64 AVX-512 VNNI (not used yet).
     pub avx512_vnni: bool,
+    /// x86_64 AVX512-FP16 (with AVX-512 F/VL): the native f16 fma of attention's value
+    /// accumulator; confirmed by CPUID in [`Kernels::new`].
+    pub avx512_fp16: bool,
     /// aarch64 Advanced SIMD (NEON): the NEON kernels (`aarch64/`).
     pub neon: bool,
     /// aarch64 dot-product instructions (`sdot`; used by the NEON kernels if `neon`).
@@ -174,25 +179,28 @@ pub struct Kernels {
     neon: bool,
     /// The NEON kernels' `sdot` variants (aarch64 with the dot-product extension).
     sdot: bool,
+    /// AVX512-FP16 for the f16 ops (x86_64 with `avx2`; confirmed by CPUID).
+    fp16: bool,
 }
 
 impl Kernels {
     /// The scalar reference only: bit-identical on every target.
     pub fn reference() -> Self {
-        Kernels { avx2: false, neon: false, sdot: false }
+        Kernels { avx2: false, neon: false, sdot: false, fp16: false }
     }
 
     /// The fastest kernels `isa` allows (and, on x86_64, CPUID confirms).
     pub fn new(isa: Isa) -> Self {
         #[cfg(target_arch = "x86_64")]
         if isa.avx2_fma && x86::cpu_has_avx2_fma() {
-            return Kernels { avx2: true, neon: false, sdot: false };
+            let fp16 = isa.avx512_fp16 && x86::cpu_has_avx512_fp16();
+            return Kernels { avx2: true, neon: false, sdot: false, fp16 };
         }
         // NEON is part of the target (the module is compiled only with it); `sdot` is
         // trusted from the host's report (no_std cannot ask the OS).
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
         if isa.neon {
-            return Kernels { avx2: false, neon: true, sdot: isa.neon_dotprod };
+            return Kernels { avx2: false, neon: true, sdot: isa.neon_dotprod, fp16: false };
         }
         let _ = isa;
         Self::reference()
@@ -203,9 +211,12 @@ impl Kernels {
         !self.avx2 && !self.neon
     }
 
-    /// A short name for logs: `"reference"`, `"avx2"`, `"neon"` or `"neon-dotprod"`.
+    /// A short name for logs: `"reference"`, `"avx2"`, `"avx2+fp16"` (AVX512-FP16 for the
+    /// f16 ops), `"neon"` or `"neon-dotprod"`.
     pub fn name(&self) -> &'static str {
-        if self.avx2 {
+        if self.fp16 {
+            "avx2+fp16"
+        } else if self.avx2 {
             "avx2"
         } else if self.sdot {
             "neon-dotprod"
@@ -381,7 +392,7 @@ impl Kernels {
     pub fn f16_mad(&self, y: &mut [f16], x: &[f16], v: f32) {
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
-            return x86::f16ops::mad(y, x, v);
+            return x86::f16ops::mad(y, x, v, self.fp16);
         }
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
         if self.neon {
