@@ -121,6 +121,22 @@ pub struct Isa {
 /// only; see the module doc.
 pub type DotFn = fn(n: usize, w: &[u8], a: &[u8]) -> f32;
 
+/// A tile of dots: `out[t * ostride + r] = dot(n, w[r * wrow..], a[t * arow..])` for
+/// `r < DOT_TILE_ROWS` weight rows and `t < DOT_TILE_TOKENS` activation rows, each output
+/// the bits of the [`DotFn`] it stands for (see [`Kernels::dot_tile_fn`]).
+///
+/// Contract: as [`DotFn`] for every pair; `w`, `a` and `out` hold the whole tile
+/// (checked: a short slice panics).
+pub type DotTileFn = fn(n: usize, w: &[u8], wrow: usize, a: &[u8], arow: usize, out: &mut [f32], ostride: usize);
+
+/// Weight rows of a [`DotTileFn`] tile.
+pub const DOT_TILE_ROWS: usize = 4;
+/// Activation rows (tokens) of a [`DotTileFn`] tile.
+pub const DOT_TILE_TOKENS: usize = 4;
+
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(x86::TILE_ROWS == DOT_TILE_ROWS && x86::TILE_TOKENS == DOT_TILE_TOKENS);
+
 /// A type/operation pair keel cannot do, or a row whose shape does not fit its type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Unsupported {
@@ -332,6 +348,25 @@ impl Kernels {
         Ok(f)
     }
 
+    /// A tile version of [`Kernels::dot_fn`]`(wtype)`: every output of the tile has the
+    /// bits that dot gives for its (row, token) pair, so a matmul may use it for whole
+    /// tiles and the dot for the rest. `None` where there is none (the caller uses the
+    /// dot): for now AVX2's Q8_0, Q5_0 and Q4_1.
+    pub fn dot_tile_fn(&self, wtype: GgmlType) -> Option<DotTileFn> {
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            use GgmlType::*;
+            return match wtype {
+                Q8_0 => Some(x86::tile_q8_0_q8_0),
+                Q5_0 => Some(x86::tile_q5_0_q8_0),
+                Q4_1 => Some(x86::tile_q4_1_q8_1),
+                _ => None,
+            };
+        }
+        let _ = wtype;
+        None
+    }
+
     fn fast_dot(&self, wtype: GgmlType) -> Option<DotFn> {
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
@@ -372,6 +407,16 @@ impl Kernels {
             return x86::act::swiglu(gate, up);
         }
         crate::ops::swiglu(gate, up)
+    }
+
+    /// `gate[i] = gelu(gate[i]) * up[i]` as [`crate::ops::geglu`] (ggml's f16 GELU table);
+    /// the same bits with every kernel set.
+    pub fn geglu(&self, gate: &mut [f32], up: &[f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            return x86::act::geglu(gate, up);
+        }
+        crate::ops::geglu(gate, up)
     }
 
     /// Dot product of two f16 rows in llama.cpp's flash-attention order (K·Q); the same
