@@ -30,13 +30,13 @@ unsafe fn h2f(h: i16) -> f32 {
 
 /// The shared tile loop of the one-accumulator types. Per block `i`: for each token
 /// `$prep_a` (with `$ab` the activation block) gives two vectors `[y, c]`, for each row
-/// `$prep_w` (with `$wb` the weight block) the decoded weight `$x`, then per pair
+/// `$prep_w` (with `$wb` the weight block) the decoded weight `$x` and a float `$m`, then per pair
 /// `$lanes` (8 exact i32 sums of `$x` and `$y`, `$c`) and `acc = fma(dw·da, f32(lanes), acc)`;
-/// `$extra` (with `$wb`, `$ab`, pair index `$r`, `$t`) runs once per pair and block after
+/// `$extra` (with `$m`, `$c`, pair index `$r`, `$t`) runs once per pair and block after
 /// that. Scales are f16 at offset 0 of both blocks. Leaves the accumulators in `$acc`.
 macro_rules! lane_tile {
     ($nb:expr, $w:expr, $ws:expr, $wrow:expr, $a:expr, $as:expr, $arow:expr, $acc:ident,
-     |$ab:ident| $prep_a:expr, |$wb:ident| $prep_w:expr, |$x:ident, $y:ident, $c:ident| $lanes:expr,
+     |$ab:ident| $prep_a:expr, |$wb:ident| ($prep_w:expr, $prep_m:expr), |$x:ident, $m:ident, $y:ident, $c:ident| $lanes:expr,
      |$r:ident, $t:ident| $extra:expr) => {{
         let (nb, w, a) = ($nb, $w, $a);
         for i in 0..nb {
@@ -49,14 +49,12 @@ macro_rules! lane_tile {
             }
             for $r in 0..TILE_ROWS {
                 let $wb = w.add($r * $wrow + i * $ws);
-                let $x = $prep_w;
+                let ($x, $m) = ($prep_w, $prep_m);
                 let dw = h2f(rd16($wb));
                 for $t in 0..TILE_TOKENS {
                     let [$y, $c] = ya[$t];
                     let d = _mm256_set1_ps(dw * da[$t]);
                     $acc[$r][$t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps($lanes), $acc[$r][$t]);
-                    #[allow(unused_variables)]
-                    let $ab = a.add($t * $arow + i * $as);
                     $extra;
                 }
             }
@@ -77,8 +75,8 @@ pub(super) unsafe fn q8_0_q8_0(nb: usize, w: *const u8, wrow: usize, a: *const u
         let mut acc = [[_mm256_setzero_ps(); TILE_TOKENS]; TILE_ROWS];
         lane_tile!(nb, w, 34, wrow, a, 34, arow, acc,
             |ab| [_mm256_loadu_si256(ab.add(2).cast()), _mm256_setzero_si256()],
-            |wb| _mm256_loadu_si256(wb.add(2).cast()),
-            |x, y, _c| dot_u8_i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)),
+            |wb| (_mm256_loadu_si256(wb.add(2).cast()), 0.0),
+            |x, _m, y, _c| dot_u8_i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)),
             |_r, _t| ());
         for r in 0..TILE_ROWS {
             for t in 0..TILE_TOKENS {
@@ -102,8 +100,8 @@ pub(super) unsafe fn q5_0_q8_0(nb: usize, w: *const u8, wrow: usize, a: *const u
                 let y = _mm256_loadu_si256(ab.add(2).cast());
                 [y, dot_u8_i8(off, y)]
             },
-            |wb| _mm256_or_si256(nibbles(wb.add(6)), fifth_bits(wb.add(2))),
-            |x, y, c| _mm256_sub_epi32(dot_u8_i8(x, y), c),
+            |wb| (_mm256_or_si256(nibbles(wb.add(6)), fifth_bits(wb.add(2))), 0.0),
+            |x, _m, y, c| _mm256_sub_epi32(dot_u8_i8(x, y), c),
             |_r, _t| ());
         for r in 0..TILE_ROWS {
             for t in 0..TILE_TOKENS {
@@ -122,12 +120,13 @@ pub(super) unsafe fn q4_1_q8_1(nb: usize, w: *const u8, wrow: usize, a: *const u
         let mut acc = [[_mm256_setzero_ps(); TILE_TOKENS]; TILE_ROWS];
         let mut summs = [[_mm_setzero_ps(); TILE_TOKENS]; TILE_ROWS];
         lane_tile!(nb, w, 20, wrow, a, 36, arow, acc,
-            |ab| [_mm256_loadu_si256(ab.add(4).cast()), _mm256_setzero_si256()],
-            |wb| nibbles(wb.add(4)),
-            |x, y, _c| dot_u8_i8(x, y),
+            // c: the activation's `s`, broadcast; m: the weight's `m`.
+            |ab| [_mm256_loadu_si256(ab.add(4).cast()), _mm256_castps_si256(_mm256_set1_ps(h2f(rd16(ab.add(2)))))],
+            |wb| (nibbles(wb.add(4)), h2f(rd16(wb.add(2)))),
+            |x, mw, y, sa| dot_u8_i8(x, y),
             |_r, _t| {
-                let (mw, sa) = (h2f(rd16(wb.add(2))), h2f(rd16(ab.add(2))));
-                summs[_r][_t] = _mm_fmadd_ss(_mm_set_ss(mw), _mm_set_ss(sa), summs[_r][_t]);
+                let sa = _mm256_castps256_ps128(_mm256_castsi256_ps(sa));
+                summs[_r][_t] = _mm_fmadd_ss(_mm_set_ss(mw), sa, summs[_r][_t]);
             });
         for r in 0..TILE_ROWS {
             for t in 0..TILE_TOKENS {
