@@ -10,6 +10,9 @@
 //! Types: Q8_0 · Q8_0, Q5_0 · Q8_0, Q4_1 · Q8_1 (llama.cpp's one-accumulator `vec_dot`
 //! order, which its batches also follow for these types).
 
+// Pairs are indexed (row, token) on purpose; the per-pair hook is `()` for most types.
+#![allow(clippy::needless_range_loop, clippy::no_effect, clippy::unused_unit)]
+
 use core::arch::x86_64::*;
 
 use super::qdot::{dot_u8_i8, fifth_bits, nibbles};
