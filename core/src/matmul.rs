@@ -8,7 +8,7 @@
 use crate::ggml_type::GgmlType;
 use crate::model::Tensor;
 use crate::parallel::{split_range, Parallel};
-use crate::quant::Kernels;
+use crate::quant::{Kernels, DOT_TILE_ROWS, DOT_TILE_TOKENS};
 
 /// A pointer to a slice that several tasks write at disjoint indices.
 #[derive(Clone, Copy)]
@@ -84,14 +84,38 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
     let out = SharedMut::new(&mut out[..n * rows]);
     let tasks = par.n_threads().min(rows).max(1);
     let cols = w.cols;
+    let tile = k.dot_tile_fn(w.ty);
     par.run(tasks, &|t| {
         let range = split_range(rows, tasks, t);
         let mut i0 = 0;
         while i0 < n {
             let i1 = (i0 + TOKEN_TILE).min(n);
+            // Whole tiles of DOT_TILE_ROWS rows × DOT_TILE_TOKENS tokens, each output
+            // the bits of `dot` (see `Kernels::dot_tile_fn`); the rest pair by pair.
+            let (mut r_done, mut i_done) = (range.start, i0);
+            if let Some(tile) = tile {
+                let (nr, ni) = (range.len() - range.len() % DOT_TILE_ROWS, (i1 - i0) - (i1 - i0) % DOT_TILE_TOKENS);
+                if ni > 0 {
+                    for r in (range.start..range.start + nr).step_by(DOT_TILE_ROWS) {
+                        for i in (i0..i0 + ni).step_by(DOT_TILE_TOKENS) {
+                            let mut o = [0.0f32; DOT_TILE_ROWS * DOT_TILE_TOKENS];
+                            tile(cols, &w.data[r * wrb..(r + DOT_TILE_ROWS) * wrb], wrb, &xq[i * rb..(i + DOT_TILE_TOKENS) * rb], rb, &mut o, DOT_TILE_ROWS);
+                            for (ti, orow) in o.chunks_exact(DOT_TILE_ROWS).enumerate() {
+                                // SAFETY: elements (i + ti, r..) are written by the one
+                                // task owning rows r..r + DOT_TILE_ROWS.
+                                unsafe { out.slice((i + ti) * rows + r, DOT_TILE_ROWS) }.copy_from_slice(orow);
+                            }
+                        }
+                    }
+                    r_done = range.start + nr;
+                    i_done = i0 + ni;
+                }
+            }
             for r in range.clone() {
                 let wrow = &w.data[r * wrb..(r + 1) * wrb];
-                for i in i0..i1 {
+                // Rows done in tiles still need the tokens after the last whole tile.
+                let first = if r < r_done { i_done } else { i0 };
+                for i in first..i1 {
                     let v = dot(cols, wrow, &xq[i * rb..(i + 1) * rb]);
                     // SAFETY: element (i, r) is written by the one task owning row r.
                     unsafe { out.slice(i * rows + r, 1)[0] = v };

@@ -383,10 +383,7 @@ impl<'a> Session<'a> {
             act.invalidate();
             act.project(par, WeightKind::Gate, &layer.ffn_gate, &xn[..n * e], n, ffn_a);
             act.project(par, WeightKind::Up, &layer.ffn_up, &xn[..n * e], n, ffn_b);
-            match hp.ffn_act {
-                FfnAct::Silu => kern.swiglu(&mut ffn_a[..n * f], &ffn_b[..n * f]),
-                FfnAct::GeluTanh => ops::geglu(&mut ffn_a[..n * f], &ffn_b[..n * f]),
-            }
+            ffn_activation(&kern, par, hp.ffn_act, &mut ffn_a[..n * f], &ffn_b[..n * f]);
             act.invalidate();
             act.project(par, WeightKind::Down, &layer.ffn_down, &ffn_a[..n * f], n, ffn_b);
             add_residual(hp, layer.ffn_post_norm, &ffn_b[..n * e], &mut xn[..n * e], &mut x[..n * e], n);
@@ -415,6 +412,23 @@ impl<'a> Session<'a> {
 }
 
 /// `x += post_norm(y)` (or `x += y` without a post-norm) for `n` rows; `tmp` is scratch.
+/// `a = act(a) * b` elementwise (SwiGLU or GeGLU), split in ranges across the threads:
+/// each element's arithmetic does not depend on the split.
+fn ffn_activation(kern: &Kernels, par: &dyn Parallel, act: FfnAct, a: &mut [f32], b: &[f32]) {
+    let len = a.len().min(b.len());
+    let tasks = par.n_threads().min(len / 2048).max(1);
+    let shared = SharedMut::new(&mut a[..len]);
+    par.run(tasks, &|t| {
+        let r = split_range(len, tasks, t);
+        // SAFETY: the tasks' ranges are disjoint.
+        let g = unsafe { shared.slice(r.start, r.len()) };
+        match act {
+            FfnAct::Silu => kern.swiglu(g, &b[r]),
+            FfnAct::GeluTanh => kern.geglu(g, &b[r]),
+        }
+    });
+}
+
 fn add_residual(hp: &HParams, post_norm: Option<Tensor<'_>>, y: &[f32], tmp: &mut [f32], x: &mut [f32], n: usize) {
     let e = hp.n_embd;
     match post_norm {

@@ -19,6 +19,14 @@ pub fn detect() -> Isa {
         isa.avx2_fma = has!("avx2") && has!("fma") && has!("f16c");
         isa.avx512 = has!("avx512f") && has!("avx512bw") && has!("avx512vl");
         isa.avx512_vnni = isa.avx512 && has!("avx512vnni");
+        // AVX512-FP16 is CPUID leaf 7, EDX bit 23 (std's detection name for it is newer
+        // than keel's minimum Rust); `avx512f` above already confirmed ZMM state.
+        if isa.avx512 {
+            // SAFETY: CPUID exists on every x86_64 CPU, and leaf 7 when AVX-512 F does.
+            #[allow(unused_unsafe)] // an unsafe fn on older compilers
+            let leaf7 = unsafe { std::arch::x86_64::__cpuid_count(7, 0) };
+            isa.avx512_fp16 = leaf7.edx >> 23 & 1 == 1;
+        }
     }
     #[cfg(target_arch = "aarch64")]
     {
@@ -37,6 +45,7 @@ pub fn describe(isa: &Isa) -> String {
         (isa.avx2_fma, "avx2_fma"),
         (isa.avx512, "avx512"),
         (isa.avx512_vnni, "avx512_vnni"),
+        (isa.avx512_fp16, "avx512_fp16"),
         (isa.neon, "neon"),
         (isa.neon_dotprod, "neon_dotprod"),
         (isa.i8mm, "i8mm"),
@@ -57,6 +66,7 @@ mod tests {
     fn detection_is_consistent() {
         let isa = detect();
         assert!(!isa.avx512_vnni || isa.avx512);
+        assert!(!isa.avx512_fp16 || isa.avx512);
         if cfg!(target_arch = "x86_64") {
             assert!(!isa.neon && !isa.neon_dotprod && !isa.i8mm);
         }

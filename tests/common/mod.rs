@@ -4,7 +4,7 @@
 
 use keel::core::engine::{plan, Engine};
 use keel::core::gguf::Gguf;
-use keel::core::quant::{Isa, Kernels};
+use keel::core::quant::Kernels;
 use keel::core::sampler::SamplerConfig;
 use keel::core::session::SessionConfig;
 use std::path::PathBuf;
@@ -65,20 +65,9 @@ pub fn ids(v: &serde_json::Value) -> Vec<u32> {
     v.as_array().expect("array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
 }
 
-/// The fastest kernels this CPU has.
+/// The fastest kernels this CPU has (what `keel` picks).
 pub fn fast_kernels() -> Kernels {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let has = |f| match f {
-            0 => std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"),
-            _ => std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw") && std::arch::is_x86_feature_detected!("avx512vl"),
-        };
-        Kernels::new(Isa { avx2_fma: has(0), avx512: has(1), ..Default::default() })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        Kernels::new(Isa::default())
-    }
+    Kernels::new(keel_host_linux::isa::detect())
 }
 
 /// An arena for `bytes` with `cfg` (the caller keeps it alive for the engine).

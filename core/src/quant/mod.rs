@@ -79,6 +79,8 @@ mod bench;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_f16;
+#[cfg(test)]
 mod tests_k;
 
 pub use blocks::{
@@ -101,6 +103,9 @@ pub struct Isa {
     pub avx512: bool,
     /// x86_64 AVX-512 VNNI (not used yet).
     pub avx512_vnni: bool,
+    /// x86_64 AVX512-FP16 (with AVX-512 F/VL): the native f16 fma of attention's value
+    /// accumulator; confirmed by CPUID in [`Kernels::new`].
+    pub avx512_fp16: bool,
     /// aarch64 Advanced SIMD (NEON): the NEON kernels (`aarch64/`).
     pub neon: bool,
     /// aarch64 dot-product instructions (`sdot`; used by the NEON kernels if `neon`).
@@ -117,6 +122,22 @@ pub struct Isa {
 /// [`Kernels::quantize_activations`] (all |q| <= 127). Checked with `debug_assert!`
 /// only; see the module doc.
 pub type DotFn = fn(n: usize, w: &[u8], a: &[u8]) -> f32;
+
+/// A tile of dots: `out[t * ostride + r] = dot(n, w[r * wrow..], a[t * arow..])` for
+/// `r < DOT_TILE_ROWS` weight rows and `t < DOT_TILE_TOKENS` activation rows, each output
+/// the bits of the [`DotFn`] it stands for (see [`Kernels::dot_tile_fn`]).
+///
+/// Contract: as [`DotFn`] for every pair; `w`, `a` and `out` hold the whole tile
+/// (checked: a short slice panics).
+pub type DotTileFn = fn(n: usize, w: &[u8], wrow: usize, a: &[u8], arow: usize, out: &mut [f32], ostride: usize);
+
+/// Weight rows of a [`DotTileFn`] tile.
+pub const DOT_TILE_ROWS: usize = 4;
+/// Activation rows (tokens) of a [`DotTileFn`] tile.
+pub const DOT_TILE_TOKENS: usize = 4;
+
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(x86::TILE_ROWS == DOT_TILE_ROWS && x86::TILE_TOKENS == DOT_TILE_TOKENS);
 
 /// A type/operation pair keel cannot do, or a row whose shape does not fit its type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,25 +197,28 @@ pub struct Kernels {
     neon: bool,
     /// The NEON kernels' `sdot` variants (aarch64 with the dot-product extension).
     sdot: bool,
+    /// AVX512-FP16 for the f16 ops (x86_64 with `avx2`; confirmed by CPUID).
+    fp16: bool,
 }
 
 impl Kernels {
     /// The scalar reference only: bit-identical on every target.
     pub fn reference() -> Self {
-        Kernels { avx2: false, neon: false, sdot: false }
+        Kernels { avx2: false, neon: false, sdot: false, fp16: false }
     }
 
     /// The fastest kernels `isa` allows (and, on x86_64, CPUID confirms).
     pub fn new(isa: Isa) -> Self {
         #[cfg(target_arch = "x86_64")]
         if isa.avx2_fma && x86::cpu_has_avx2_fma() {
-            return Kernels { avx2: true, neon: false, sdot: false };
+            let fp16 = isa.avx512_fp16 && x86::cpu_has_avx512_fp16();
+            return Kernels { avx2: true, neon: false, sdot: false, fp16 };
         }
         // NEON is part of the target (the module is compiled only with it); `sdot` is
         // trusted from the host's report (no_std cannot ask the OS).
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
         if isa.neon {
-            return Kernels { avx2: false, neon: true, sdot: isa.neon_dotprod };
+            return Kernels { avx2: false, neon: true, sdot: isa.neon_dotprod, fp16: false };
         }
         let _ = isa;
         Self::reference()
@@ -205,9 +229,12 @@ impl Kernels {
         !self.avx2 && !self.neon
     }
 
-    /// A short name for logs: `"reference"`, `"avx2"`, `"neon"` or `"neon-dotprod"`.
+    /// A short name for logs: `"reference"`, `"avx2"`, `"avx2+fp16"` (AVX512-FP16 for the
+    /// f16 ops), `"neon"` or `"neon-dotprod"`.
     pub fn name(&self) -> &'static str {
-        if self.avx2 {
+        if self.fp16 {
+            "avx2+fp16"
+        } else if self.avx2 {
             "avx2"
         } else if self.sdot {
             "neon-dotprod"
@@ -323,6 +350,25 @@ impl Kernels {
         Ok(f)
     }
 
+    /// A tile version of [`Kernels::dot_fn`]`(wtype)`: every output of the tile has the
+    /// bits that dot gives for its (row, token) pair, so a matmul may use it for whole
+    /// tiles and the dot for the rest. `None` where there is none (the caller uses the
+    /// dot): for now AVX2's Q8_0, Q5_0 and Q4_1.
+    pub fn dot_tile_fn(&self, wtype: GgmlType) -> Option<DotTileFn> {
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            use GgmlType::*;
+            return match wtype {
+                Q8_0 => Some(x86::tile_q8_0_q8_0),
+                Q5_0 => Some(x86::tile_q5_0_q8_0),
+                Q4_1 => Some(x86::tile_q4_1_q8_1),
+                _ => None,
+            };
+        }
+        let _ = wtype;
+        None
+    }
+
     fn fast_dot(&self, wtype: GgmlType) -> Option<DotFn> {
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
@@ -365,6 +411,16 @@ impl Kernels {
         crate::ops::swiglu(gate, up)
     }
 
+    /// `gate[i] = gelu(gate[i]) * up[i]` as [`crate::ops::geglu`] (ggml's f16 GELU table);
+    /// the same bits with every kernel set.
+    pub fn geglu(&self, gate: &mut [f32], up: &[f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            return x86::act::geglu(gate, up);
+        }
+        crate::ops::geglu(gate, up)
+    }
+
     /// Dot product of two f16 rows in llama.cpp's flash-attention order (K·Q); the same
     /// bits with every kernel set. See `f16ops.rs` for the order.
     pub fn f16_dot(&self, x: &[f16], y: &[f16]) -> f32 {
@@ -383,7 +439,7 @@ impl Kernels {
     pub fn f16_mad(&self, y: &mut [f16], x: &[f16], v: f32) {
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
-            return x86::f16ops::mad(y, x, v);
+            return x86::f16ops::mad(y, x, v, self.fp16);
         }
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
         if self.neon {

@@ -458,6 +458,20 @@ fn simd_attention_f16_ops_and_swiglu_match_reference_bits() {
         reference.f32_to_f16(&src, &mut h2);
         assert_eq!(h1, h2, "to_f16 n={n}");
     }
+    // GeGLU at every f16 input, at values beside them, and at the ±10 cut-offs.
+    let mut gate: Vec<f32> = (0..=0xFFFFu16).map(|b| f16::from_bits(b).to_f32()).collect();
+    gate.extend((0..20000).map(|_| rng.unit() * 12.0));
+    gate.extend([-10.0, 10.0, -9.999, 9.999, f32::from_bits(0x4120_0001), f32::NEG_INFINITY]);
+    let up: Vec<f32> = (0..gate.len()).map(|_| rng.unit() * 3.0).collect();
+    for _ in 0..2 {
+        // Twice: the table is built by the first call.
+        let (mut a, mut b) = (gate.clone(), gate.clone());
+        fast.geglu(&mut a, &up);
+        crate::ops::geglu(&mut b, &up);
+        for i in 0..a.len() {
+            assert_eq!(a[i].to_bits(), b[i].to_bits(), "geglu x={} up={}", gate[i], up[i]);
+        }
+    }
     // SwiGLU over a wide range, including |x| large enough to saturate the exponential.
     let gate: Vec<f32> = (0..4099).map(|i| if i % 97 == 0 { rng.unit() * 400.0 } else { rng.unit() * 30.0 }).collect();
     let up: Vec<f32> = (0..4099).map(|_| rng.unit() * 3.0).collect();
@@ -553,4 +567,38 @@ fn lane_sums_i8_equal_the_closure_form() {
     }
     let (x, y) = ([-128i8; 32], [-128i8; 32]);
     assert_eq!(lane_sums_i8(&x, &y), [65536; 8]);
+}
+
+#[test]
+fn dot_tiles_give_each_dots_bits() {
+    let Some(k) = fast_kernels() else { return };
+    let mut rng = Rng::new(21);
+    for &ty in &[Q8_0, Q5_0, Q4_1, Q4_0, Q6_K] {
+        let Some(tile) = k.dot_tile_fn(ty) else { continue };
+        let dot = k.dot_fn(ty).unwrap();
+        let vdt = Kernels::vec_dot_type(ty).unwrap();
+        for i in 0..40 {
+            let n = random_n(&mut rng, ty, i);
+            let (wrow, arow) = (bytes_of(ty, n) + 2 * (i % 3), bytes_of(vdt, n) + i % 5);
+            let mut w = vec![0u8; DOT_TILE_ROWS * wrow];
+            for r in 0..DOT_TILE_ROWS {
+                let q = quantized(ty, &random_row(&mut rng, n));
+                w[r * wrow..r * wrow + q.len()].copy_from_slice(&q);
+            }
+            let mut a = vec![0u8; DOT_TILE_TOKENS * arow];
+            for t in 0..DOT_TILE_TOKENS {
+                let q = activations(&k, vdt, &random_row(&mut rng, n));
+                a[t * arow..t * arow + q.len()].copy_from_slice(&q);
+            }
+            let ostride = DOT_TILE_ROWS + i % 3;
+            let mut out = vec![f32::NAN; DOT_TILE_TOKENS * ostride];
+            tile(n, &w, wrow, &a, arow, &mut out, ostride);
+            for r in 0..DOT_TILE_ROWS {
+                for t in 0..DOT_TILE_TOKENS {
+                    let want = dot(n, &w[r * wrow..], &a[t * arow..]);
+                    assert_eq!(out[t * ostride + r].to_bits(), want.to_bits(), "{ty} n={n} r={r} t={t}");
+                }
+            }
+        }
+    }
 }

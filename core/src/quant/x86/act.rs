@@ -3,8 +3,66 @@
 //! the reference happens here on the same values, and `vscalefps` is replaced by two
 //! exact power-of-two multiplies of which only the second rounds. Only handed out after
 //! `cpu_has_avx2_fma()` (module contract of `x86`).
+//!
+//! GeGLU by table, as ggml's CPU does: `ops::geglu` rounds its input to f16 and its GELU
+//! to f16, so the GELU is a function of the input's 16 bits; the 65536 values are
+//! computed once with `ops::gelu_tanh` (the reference's own function) into a static
+//! table (128 KiB, x86_64 builds only), and looked up. Until the table is built (the
+//! first caller builds it; others racing with it compute directly) the reference runs.
 
 use core::arch::x86_64::*;
+use core::cell::UnsafeCell;
+use core::sync::atomic::{AtomicU8, Ordering};
+use half::f16;
+
+/// `f16(gelu_tanh(f32(h)))` by the bits of `h`, for [`geglu`].
+struct GeluTable(UnsafeCell<[u16; 65536]>);
+
+// SAFETY: written only by the one thread that moved GELU_STATE from EMPTY to BUILDING,
+// read only after GELU_STATE is READY (release/acquire), never written after that.
+unsafe impl Sync for GeluTable {}
+
+static GELU: GeluTable = GeluTable(UnsafeCell::new([0; 65536]));
+static GELU_STATE: AtomicU8 = AtomicU8::new(EMPTY);
+const EMPTY: u8 = 0;
+const BUILDING: u8 = 1;
+const READY: u8 = 2;
+
+/// The GELU table once built (building it if no thread has started to).
+fn gelu_table() -> Option<&'static [u16; 65536]> {
+    match GELU_STATE.load(Ordering::Acquire) {
+        // SAFETY: READY: fully written, never written again (see GeluTable).
+        READY => return Some(unsafe { &*GELU.0.get() }),
+        BUILDING => return None,
+        _ => {}
+    }
+    if GELU_STATE.compare_exchange(EMPTY, BUILDING, Ordering::Acquire, Ordering::Relaxed).is_err() {
+        return None;
+    }
+    // SAFETY: this thread won EMPTY -> BUILDING: the only writer, and no reader yet.
+    let t = unsafe { &mut *GELU.0.get() };
+    for (bits, e) in t.iter_mut().enumerate() {
+        *e = f16::from_f32(crate::ops::gelu_tanh(f16::from_bits(bits as u16).to_f32())).to_bits();
+    }
+    GELU_STATE.store(READY, Ordering::Release);
+    // SAFETY: READY from here on.
+    Some(unsafe { &*GELU.0.get() })
+}
+
+/// `gate[i] = gelu(gate[i]) * up[i]`, the bits of `ops::geglu`.
+pub(crate) fn geglu(gate: &mut [f32], up: &[f32]) {
+    let Some(t) = gelu_table() else { return crate::ops::geglu(gate, up) };
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        *g = if x <= -10.0 {
+            0.0
+        } else if x >= 10.0 {
+            x * u
+        } else {
+            f16::from_bits(t[f16::from_f32(x).to_bits() as usize]).to_f32() * u
+        };
+    }
+}
 
 /// `gate[i] = silu(gate[i]) * up[i]`.
 pub(crate) fn swiglu(gate: &mut [f32], up: &[f32]) {

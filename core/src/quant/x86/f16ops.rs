@@ -1,8 +1,18 @@
 //! AVX2 + FMA + F16C versions of the attention f16 operations in `../f16ops.rs`, with
 //! the same bits: the 16-lane vectors of the reference are pairs of 256-bit vectors, and
-//! every fma, add and rounding happens on the same values in the same order. The native
-//! f16 part of `mad` (rows of 128 or more, not used by 64-wide heads) calls the
-//! reference. Only handed out after `cpu_has_avx2_fma()` (module contract of `x86`).
+//! every fma, add and rounding happens on the same values in the same order. Only handed
+//! out after `cpu_has_avx2_fma()` (module contract of `x86`).
+//!
+//! The native f16 part of `mad` (the first `n & !127` elements: one rounding of the exact
+//! `x·v16 + y` to f16) has two exact versions:
+//! - with AVX512-FP16 (`fp16`, only after `cpu_has_avx512_fp16()`): the instruction the
+//!   reference emulates, `vfmadd231ph` on 16 f16 lanes (inline asm: the f16 intrinsics are
+//!   not stable Rust);
+//! - otherwise in f32, 8 lanes: `p = x·v16` is exact (two 11-bit significands, and
+//!   |p| >= 2^-48 is a normal f32), `s = p + y` with its exact error `e` (TwoSum), then `s`
+//!   rounded to odd using `e` (toward zero by one ulp if `e` points inward, then the last
+//!   bit set if `e != 0`) and that rounded to f16 to nearest even: 13 spare bits, so one
+//!   rounding of `p + y`, as the reference's f64 fma and round-to-odd give.
 
 use core::arch::x86_64::*;
 
@@ -43,14 +53,102 @@ unsafe fn dot_avx2(n: usize, x: *const u16, y: *const u16) -> f32 {
     }
 }
 
-/// `y += x·v` on an f16 accumulator (see `f16ops::mad`).
-pub(crate) fn mad(y: &mut [f16], x: &[f16], v: f32) {
+/// `y += x·v` on an f16 accumulator (see `f16ops::mad`); `fp16`: the CPU has
+/// AVX512-FP16 (confirmed by `cpu_has_avx512_fp16()`).
+pub(crate) fn mad(y: &mut [f16], x: &[f16], v: f32, fp16: bool) {
     let n = y.len().min(x.len());
     let np = n - n % F16_STEP;
-    reference::mad(&mut y[..np], &x[..np], v);
-    let m = n - np;
-    // SAFETY: AVX2/FMA/F16C present (module contract); m elements from np in both.
-    unsafe { mad_avx2(m, y[np..].as_mut_ptr().cast(), x[np..].as_ptr().cast(), v) }
+    let vh = f16::from_f32(v);
+    // SAFETY: AVX2/FMA/F16C present (module contract), AVX512-FP16/VL if `fp16` (caller);
+    // np elements from 0, n - np from np, lie in both slices.
+    unsafe {
+        if fp16 {
+            mad_fp16(np, y.as_mut_ptr().cast(), x.as_ptr().cast(), vh.to_bits());
+        } else {
+            mad_exact_avx2(np, y.as_mut_ptr().cast(), x.as_ptr().cast(), vh.to_f32());
+        }
+        mad_avx2(n - np, y[np..].as_mut_ptr().cast(), x[np..].as_ptr().cast(), v);
+    }
+}
+
+/// `y = f16(x·vh + y)` with one rounding, by AVX512-FP16's `vfmadd231ph`, 16 lanes.
+///
+/// # Safety
+/// AVX2 and AVX512-FP16 + AVX512-VL present; `n` elements at `x` and `y`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mad_fp16(n: usize, y: *mut u16, x: *const u16, vh: u16) {
+    // SAFETY: n elements at x and y (caller); unaligned loads and stores only; the asm
+    // reads and writes registers only, and the CPU has the instruction (caller).
+    unsafe {
+        let vv = _mm256_set1_epi16(vh as i16);
+        let mut i = 0;
+        while i + 16 <= n {
+            let mut acc = _mm256_loadu_si256(y.add(i).cast());
+            let xv = _mm256_loadu_si256(x.add(i).cast());
+            // acc = xv·vv + acc in f16, rounded once (MXCSR: nearest even; FP16
+            // instructions ignore DAZ/FTZ).
+            core::arch::asm!(
+                "vfmadd231ph {acc}, {x}, {v}",
+                acc = inout(ymm_reg) acc,
+                x = in(ymm_reg) xv,
+                v = in(ymm_reg) vv,
+                options(pure, nomem, nostack, preserves_flags),
+            );
+            _mm256_storeu_si256(y.add(i).cast(), acc);
+            i += 16;
+        }
+        if i < n {
+            mad_exact_avx2(n - i, y.add(i), x.add(i), f16::from_bits(vh).to_f32());
+        }
+    }
+}
+
+/// `y = f16(x·vh + y)` with one rounding (`vh` an f16 value), in f32 with TwoSum and
+/// round-to-odd (see the module doc), 8 lanes.
+///
+/// # Safety
+/// AVX2/FMA/F16C present; `n` elements at `x` and `y`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mad_exact_avx2(n: usize, y: *mut u16, x: *const u16, vh: f32) {
+    // SAFETY: n elements at x and y (caller); unaligned loads and stores only.
+    unsafe {
+        let vv = _mm256_set1_ps(vh);
+        let zero = _mm256_setzero_ps();
+        let one = _mm256_set1_epi32(1);
+        let mut i = 0;
+        while i + 8 <= n {
+            let xf = _mm256_cvtph_ps(_mm_loadu_si128(x.add(i).cast()));
+            let yf = _mm256_cvtph_ps(_mm_loadu_si128(y.add(i).cast()));
+            let r = round_odd_sum(_mm256_mul_ps(xf, vv), yf, zero, one);
+            _mm_storeu_si128(y.add(i).cast(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(r));
+            i += 8;
+        }
+        while i < n {
+            let (xi, yi) = (f16::from_bits(*x.add(i)), f16::from_bits(*y.add(i)));
+            *y.add(i) = reference::f16_from_f64(libm::fma(xi.to_f64(), vh as f64, yi.to_f64())).to_bits();
+            i += 1;
+        }
+    }
+}
+
+/// `p + y` rounded to f32 by round-to-odd (exact sums and non-finite `s` unchanged).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn round_odd_sum(p: __m256, y: __m256, zero: __m256, one: __m256i) -> __m256 {
+    // SAFETY: value-only intrinsics (AVX2 present: caller).
+    unsafe {
+        // TwoSum: s + e == p + y exactly (no overflow: |p| < 2^33).
+        let s = _mm256_add_ps(p, y);
+        let bb = _mm256_sub_ps(s, p);
+        let e = _mm256_add_ps(_mm256_sub_ps(p, _mm256_sub_ps(s, bb)), _mm256_sub_ps(y, bb));
+        // Inexact lanes: e != 0 (false for NaN e, i.e. for infinite s).
+        let inexact = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_NEQ_OQ>(e, zero));
+        let sb = _mm256_castps_si256(s);
+        // e of the other sign than s: s is past the exact sum, step one ulp toward zero.
+        let inward = _mm256_and_si256(_mm256_srai_epi32::<31>(_mm256_xor_si256(sb, _mm256_castps_si256(e))), inexact);
+        let t = _mm256_add_epi32(sb, inward);
+        _mm256_castsi256_ps(_mm256_or_si256(t, _mm256_and_si256(inexact, one)))
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

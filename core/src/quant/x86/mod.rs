@@ -37,6 +37,7 @@ pub(crate) mod act;
 pub(crate) mod f16ops;
 mod kdot;
 mod qdot;
+mod qtile;
 
 use super::blocks::{bf16_to_f32, f16_to_f32};
 use kdot::{q2_k_q8_k, q3_k_q8_k, q4_k_q8_k, q5_k_q8_k, q6_k_q8_k, GEMM, NATIVE, TILED};
@@ -66,6 +67,18 @@ pub(crate) fn cpu_has_avx2_fma() -> bool {
     ebx >> 5 & 1 == 1
 }
 
+/// True if, besides [`cpu_has_avx2_fma`], this CPU (and OS) has AVX512-FP16 with
+/// AVX-512 F and VL, and the OS saves the opmask and ZMM state (XCR0 bits 5, 6, 7).
+pub(crate) fn cpu_has_avx512_fp16() -> bool {
+    if !cpu_has_avx2_fma() {
+        return false;
+    }
+    // SAFETY: leaf 7 exists and OSXSAVE is set (cpu_has_avx2_fma checked both).
+    let (leaf7, xcr0) = unsafe { (__cpuid_count(7, 0), xcr0()) };
+    let (f, vl, fp16) = (leaf7.ebx >> 16 & 1, leaf7.ebx >> 31 & 1, leaf7.edx >> 23 & 1);
+    f & vl & fp16 == 1 && xcr0 & 0xE6 == 0xE6
+}
+
 #[target_feature(enable = "xsave")]
 unsafe fn xcr0() -> u64 {
     // SAFETY: the caller checked OSXSAVE.
@@ -80,6 +93,36 @@ fn fit(n: usize, bs: usize, w: &[u8], wsize: usize, a: &[u8], asize: usize) -> u
     debug_assert!(w.len() >= n / bs * wsize && a.len() >= n / bs * asize, "vec_dot: row too short");
     (n / bs).min(w.len() / wsize).min(a.len() / asize)
 }
+
+/// Runs tile body `$body` (see `qtile.rs`) on whole blocks, after checking that the
+/// slices hold the tile (a broken contract panics; it cannot read out of bounds).
+macro_rules! tile_wrapper {
+    ($(#[$doc:meta])* $name:ident, $body:path, $bs:expr, $wsize:expr, $asize:expr) => {
+        $(#[$doc])*
+        pub(crate) fn $name(n: usize, w: &[u8], wrow: usize, a: &[u8], arow: usize, out: &mut [f32], ostride: usize) {
+            use qtile::{TILE_ROWS, TILE_TOKENS};
+            let nb = n / $bs;
+            debug_assert!(n % $bs == 0, "dot tile: n = {n} is not a multiple of the block size {}", $bs);
+            assert!(
+                w.len() >= (TILE_ROWS - 1) * wrow + nb * $wsize
+                    && a.len() >= (TILE_TOKENS - 1) * arow + nb * $asize
+                    && out.len() >= (TILE_TOKENS - 1) * ostride + TILE_ROWS,
+                "dot tile: slices too short"
+            );
+            // SAFETY: only handed out after cpu_has_avx2_fma() (module contract); the
+            // tile's blocks and outputs lie inside w, a and out (checked above).
+            unsafe { $body(nb, w.as_ptr(), wrow, a.as_ptr(), arow, out.as_mut_ptr(), ostride) }
+        }
+    };
+}
+
+tile_wrapper!(/// AVX2 Q8_0 · Q8_0 tile (each output as [`vec_dot_q8_0_q8_0`]).
+    tile_q8_0_q8_0, qtile::q8_0_q8_0, 32, 34, 34);
+tile_wrapper!(/// AVX2 Q5_0 · Q8_0 tile (each output as [`vec_dot_q5_0_q8_0`]).
+    tile_q5_0_q8_0, qtile::q5_0_q8_0, 32, 22, 34);
+tile_wrapper!(/// AVX2 Q4_1 · Q8_1 tile (each output as [`vec_dot_q4_1_q8_1`]).
+    tile_q4_1_q8_1, qtile::q4_1_q8_1, 32, 20, 36);
+pub(crate) use qtile::{TILE_ROWS, TILE_TOKENS};
 
 macro_rules! dot_wrapper {
     ($(#[$doc:meta])* $name:ident, $body:path, $bs:expr, $wsize:expr, $asize:expr) => {

@@ -16,7 +16,7 @@ use crate::quant::blocks::{e8m0_to_f32_half, f16_to_f32, KVALUES_IQ4NL, KVALUES_
 /// 16 bytes at `p` → 32 values 0..=15: low nibbles (elements 0..16), then high nibbles.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nibbles(p: *const u8) -> __m256i {
+pub(super) unsafe fn nibbles(p: *const u8) -> __m256i {
     // SAFETY: the caller guarantees 16 readable bytes at p; AVX2 available (target features).
     unsafe {
         let q = _mm_loadu_si128(p.cast());
@@ -40,7 +40,7 @@ unsafe fn bit_bytes(spread: __m256i) -> __m256i {
 /// The u32 at `p` (a Q5 `qh`) → byte i = 0x10 if bit i is set, else 0.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn fifth_bits(p: *const u8) -> __m256i {
+pub(super) unsafe fn fifth_bits(p: *const u8) -> __m256i {
     // SAFETY: the caller guarantees 4 readable bytes at p; AVX2 available (target features).
     unsafe {
         let qh = core::ptr::read_unaligned(p.cast::<i32>());
@@ -56,7 +56,7 @@ unsafe fn fifth_bits(p: *const u8) -> __m256i {
 /// Σ pairs of u8 `x` × i8 `y` → 8 i32 lanes (each the sum of 4 products).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_u8_i8(x: __m256i, y: __m256i) -> __m256i {
+pub(super) unsafe fn dot_u8_i8(x: __m256i, y: __m256i) -> __m256i {
     // SAFETY: value-only intrinsics; the caller has AVX2, FMA and F16C (this fn's target features).
     unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1)) }
 }

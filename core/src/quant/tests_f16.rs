@@ -1,0 +1,192 @@
+//! Tests of the attention f16 accumulator (`Kernels::f16_mad`, `f16_scale`): every
+//! kernel set — AVX2 (the f32 TwoSum / round-to-odd path), AVX512-FP16 (the native
+//! `vfmadd231ph`) where the CPU has it, NEON — against the scalar reference, bit for
+//! bit, over every length up to 640 (tails that are not whole vectors or whole 128-element
+//! steps) and over adversarial values: exact ties between f16 neighbours and values just
+//! beside them, f16 subnormals in every operand, cancellation, sums that overflow to
+//! infinity, infinite operands, and exponent gaps of up to 2^56 between `x·v` and `y`.
+//! NaN operands are not compared: llama.cpp's attention never sees one in a finite
+//! model, and NaN payloads differ between the instruction and the emulation.
+
+extern crate std;
+use std::{vec, vec::Vec};
+
+use super::tests::Rng;
+use super::*;
+use half::f16;
+
+/// The kernel sets to compare with the reference on this CPU (with and without
+/// AVX512-FP16 on x86_64, so both exact paths run where the instruction exists).
+fn kernel_sets() -> Vec<Kernels> {
+    let mut v = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c") {
+        v.push(Kernels::new(Isa { avx2_fma: true, ..Isa::default() }));
+        let fp16 = Kernels::new(Isa { avx2_fma: true, avx512: true, avx512_fp16: true, ..Isa::default() });
+        if fp16.name() == "avx2+fp16" {
+            v.push(fp16);
+        } else {
+            std::println!("note: no AVX512-FP16 on this CPU; its f16 path is not tested");
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    if std::arch::is_aarch64_feature_detected!("neon") {
+        v.push(Kernels::new(Isa { neon: true, ..Isa::default() }));
+    }
+    v
+}
+
+/// A finite f16 with any sign and exponent (subnormals and the largest values included).
+fn any_finite(rng: &mut Rng) -> f16 {
+    loop {
+        let h = f16::from_bits(rng.below(0x10000) as u16);
+        if h.is_finite() {
+            return h;
+        }
+    }
+}
+
+/// `y += x·v` by every kernel set and by the reference; panics at the first difference.
+fn check_mad(sets: &[Kernels], y: &[f16], x: &[f16], v: f32, what: &str) {
+    let reference = Kernels::reference();
+    let mut want = y.to_vec();
+    reference.f16_mad(&mut want, x, v);
+    for k in sets {
+        let mut got = y.to_vec();
+        k.f16_mad(&mut got, x, v);
+        for i in 0..y.len() {
+            assert_eq!(
+                got[i].to_bits(),
+                want[i].to_bits(),
+                "{} mad {what}: n={} i={i} x={} v={v} y={}: {} vs reference {}",
+                k.name(),
+                y.len(),
+                x[i],
+                y[i],
+                got[i],
+                want[i]
+            );
+        }
+    }
+}
+
+#[test]
+fn f16_mad_and_scale_match_reference_at_every_length() {
+    let sets = kernel_sets();
+    let reference = Kernels::reference();
+    let mut rng = Rng::new(11);
+    for n in 0..=640usize {
+        let x: Vec<f16> = (0..n).map(|_| f16::from_f32(rng.unit() * 3.0)).collect();
+        let y: Vec<f16> = (0..n).map(|_| f16::from_f32(rng.unit() * 8.0)).collect();
+        let v = rng.unit() * 2.0;
+        check_mad(&sets, &y, &x, v, "random");
+        for k in &sets {
+            let (mut a, mut b) = (y.clone(), y.clone());
+            k.f16_scale(&mut a, v);
+            reference.f16_scale(&mut b, v);
+            assert_eq!(a, b, "{} scale n={n} v={v}", k.name());
+        }
+    }
+}
+
+#[test]
+fn f16_mad_matches_reference_on_adversarial_values() {
+    let sets = kernel_sets();
+    let mut rng = Rng::new(12);
+    let n = 512; // the native-f16 part for all but the last 0 elements
+    let pow2 = |e: i32| libm::ldexpf(1.0, e);
+    for round in 0..4000 {
+        // v: ordinary, an f16 subnormal, tiny (rounds to 0 or the least subnormal), huge,
+        // or exactly between two f16 (v's own rounding to f16 ties).
+        let v = match round % 6 {
+            0 => rng.unit() * 4.0,
+            1 => any_finite(&mut rng).to_f32(),
+            2 => pow2(-14 - rng.below(11) as i32) * (1.0 + rng.unit().abs()),
+            3 => pow2(-25) * (1.0 + rng.unit()),
+            4 => 60000.0 * rng.unit(),
+            _ => {
+                let h = any_finite(&mut rng);
+                let next = f16::from_bits(h.to_bits() ^ 1);
+                ((h.to_f64() + next.to_f64()) / 2.0) as f32
+            }
+        };
+        let vh = f16::from_f32(v).to_f64();
+        let mut x = vec![f16::ZERO; n];
+        let mut y = vec![f16::ZERO; n];
+        for i in 0..n {
+            let xi = any_finite(&mut rng);
+            let p = xi.to_f64() * vh; // exact
+            let yi = match rng.below(8) {
+                // Anything: gaps up to 2^56 between p and y both ways.
+                0 | 1 => any_finite(&mut rng),
+                // Cancellation: y next to -p.
+                2 => f16::from_bits(f16::from_f64(-p).to_bits().wrapping_add(rng.below(5) as u16).wrapping_sub(2)),
+                // y a few binades above or below p.
+                3 => f16::from_f64(p * libm::ldexp(1.0, rng.below(30) as i32 - 15) * (1.0 + rng.unit() as f64)),
+                // Subnormal y.
+                4 => f16::from_bits((rng.below(0x400) as u16) | (rng.below(2) as u16) << 15),
+                // Near the overflow threshold (65520 rounds to infinity).
+                5 => f16::from_f64(65504.0 - p.abs() * rng.unit().abs() as f64).max(f16::from_f32(-65504.0)),
+                // Infinite y.
+                6 if rng.below(8) == 0 => if rng.below(2) == 0 { f16::INFINITY } else { f16::NEG_INFINITY },
+                _ => f16::from_f32(rng.unit() * 16.0),
+            };
+            x[i] = xi;
+            y[i] = if yi.is_nan() { f16::ZERO } else { yi };
+        }
+        check_mad(&sets, &y, &x, v, "adversarial");
+    }
+}
+
+#[test]
+fn f16_mad_matches_reference_at_ties() {
+    // p = x·v16 exactly half an ulp of y (or an odd number of half ulps), one f16 step
+    // of x beside that: ties to even and their neighbours; and (`sticky` rounds)
+    // p = ±(1 - 2^-20)·ulp(y)/2, just beside a tie by far less than an f32 ulp of the sum.
+    let sets = kernel_sets();
+    let mut rng = Rng::new(13);
+    let n = 256;
+    for round in 0..4000 {
+        let sticky = round % 2 == 1;
+        let e_v = rng.below(20) as i32 - 14; // v16 = 2^e_v, normal f16
+        let v = libm::ldexpf(if sticky { 1.0 - 1.0 / 1024.0 } else { 1.0 }, e_v);
+        let mut x = vec![f16::ZERO; n];
+        let mut y = vec![f16::ZERO; n];
+        for i in 0..n {
+            // y normal with exponent e_y, ulp 2^(e_y - 10); x·v = (2k+1)·2^(e_y - 11).
+            let yb = (rng.below(0x7800) as u16 + 0x400) | (rng.below(2) as u16) << 15;
+            let yi = f16::from_bits(yb);
+            let e_y = ((yb >> 10) & 0x1F) as i32 - 15;
+            let k = if sticky { 0.0 } else { rng.below(8) as f64 };
+            let m = if sticky { 1.0 + 1.0 / 1024.0 } else { 2.0 * k + 1.0 };
+            let mut xv = m * libm::ldexp(1.0, e_y - 11 - e_v);
+            if rng.below(2) == 0 {
+                xv = -xv;
+            }
+            let mut xi = f16::from_f64(xv);
+            match if sticky { 3 } else { rng.below(4) } {
+                0 => xi = f16::from_bits(xi.to_bits().wrapping_add(1)),
+                1 => xi = f16::from_bits(xi.to_bits().wrapping_sub(1)),
+                _ => {}
+            }
+            x[i] = if xi.is_nan() { f16::ONE } else { xi };
+            y[i] = yi;
+        }
+        check_mad(&sets, &y, &x, v, "ties");
+    }
+}
+
+#[test]
+fn f16_mad_matches_reference_for_every_x() {
+    // Every finite f16 x against a few y and v16 (subnormal, ordinary, huge).
+    let sets = kernel_sets();
+    let xs: Vec<f16> = (0..=0xFFFFu16).map(f16::from_bits).filter(|h| h.is_finite()).collect();
+    let n = xs.len() - xs.len() % 128;
+    let xs = &xs[..n];
+    for &v in &[1.0f32, 0.3, -7.5e-6, 5.96e-8, 1024.5, -65504.0, 0.999] {
+        for &y0 in &[0.0f32, -0.0, 1.0, -3.14, 6.1e-5, -2.4e-7, 65504.0, 1000.0] {
+            let y = vec![f16::from_f32(y0); n];
+            check_mad(&sets, &y, xs, v, "every x");
+        }
+    }
+}
