@@ -8,7 +8,7 @@
 use crate::ggml_type::GgmlType;
 use crate::model::Tensor;
 use crate::parallel::{split_range, Parallel};
-use crate::quant::{Kernels, DOT_TILE_ROWS, DOT_TILE_TOKENS};
+use crate::quant::{Kernels, DOT_ROWS, DOT_TILE_ROWS, DOT_TILE_TOKENS};
 
 /// A pointer to a slice that several tasks write at disjoint indices.
 #[derive(Clone, Copy)]
@@ -85,6 +85,9 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
     let tasks = par.n_threads().min(rows).max(1);
     let cols = w.cols;
     let tile = k.dot_tile_fn(w.ty);
+    // Groups of DOT_ROWS rows per token where no tile applies (decode, short batches),
+    // each output the bits of `dot` (see `Kernels::dot_rows_fn`).
+    let rows_fn = k.dot_rows_fn(w.ty);
     par.run(tasks, &|t| {
         let range = split_range(rows, tasks, t);
         let mut i0 = 0;
@@ -111,7 +114,22 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
                     i_done = i0 + ni;
                 }
             }
-            for r in range.clone() {
+            let mut r_first = range.start;
+            // (Only in a chunk no tile touched, so every row still needs every token.)
+            if let (Some(rows_fn), true) = (rows_fn, i_done == i0) {
+                let nr = range.len() - range.len() % DOT_ROWS;
+                for r in (range.start..range.start + nr).step_by(DOT_ROWS) {
+                    for i in i0..i1 {
+                        let mut o = [0.0f32; DOT_ROWS];
+                        rows_fn(cols, &w.data[r * wrb..(r + DOT_ROWS) * wrb], wrb, &xq[i * rb..(i + 1) * rb], &mut o);
+                        // SAFETY: elements (i, r..r + DOT_ROWS) are written by the one task
+                        // owning those rows.
+                        unsafe { out.slice(i * rows + r, DOT_ROWS) }.copy_from_slice(&o);
+                    }
+                }
+                r_first = range.start + nr;
+            }
+            for r in r_first..range.end {
                 let wrow = &w.data[r * wrb..(r + 1) * wrb];
                 // Rows done in tiles still need the tokens after the last whole tile.
                 let first = if r < r_done { i_done } else { i0 };

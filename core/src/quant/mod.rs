@@ -131,6 +131,16 @@ pub type DotFn = fn(n: usize, w: &[u8], a: &[u8]) -> f32;
 /// (checked: a short slice panics).
 pub type DotTileFn = fn(n: usize, w: &[u8], wrow: usize, a: &[u8], arow: usize, out: &mut [f32], ostride: usize);
 
+/// [`DOT_ROWS`] weight rows (`wrow` bytes apart in `w`) · one activation row `a`: each
+/// output the bits of [`Kernels::dot_fn`] for its row (see [`Kernels::dot_rows_fn`]).
+pub type DotRowsFn = fn(n: usize, w: &[u8], wrow: usize, a: &[u8], out: &mut [f32; DOT_ROWS]);
+
+/// Weight rows of a [`DotRowsFn`].
+pub const DOT_ROWS: usize = 8;
+
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(x86::ROWS == DOT_ROWS);
+
 /// Weight rows of a [`DotTileFn`] tile.
 pub const DOT_TILE_ROWS: usize = 4;
 /// Activation rows (tokens) of a [`DotTileFn`] tile.
@@ -348,6 +358,27 @@ impl Kernels {
             _ => scalar_k::vec_dot_q6_k_q8_k_tiled,
         };
         Ok(f)
+    }
+
+    /// An 8-row version of [`Kernels::dot_fn`]`(wtype)` for one activation row: output
+    /// `r` has the bits that dot gives for row `r`, so a matmul may use it for groups of
+    /// 8 rows (decode) and the dot for the rest. `None` where there is none: for now
+    /// AVX2's Q4_0, IQ4_NL and MXFP4, whose dot is one scalar fma chain per row
+    /// (llama.cpp's repacked order): one row at a time each block waits on the previous
+    /// fma; eight rows' chains side by side in one vector overlap.
+    pub fn dot_rows_fn(&self, wtype: GgmlType) -> Option<DotRowsFn> {
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            use GgmlType::*;
+            return match wtype {
+                Q4_0 => Some(x86::rows_q4_0_q8_0),
+                IQ4_NL => Some(x86::rows_iq4_nl_q8_0),
+                MXFP4 => Some(x86::rows_mxfp4_q8_0),
+                _ => None,
+            };
+        }
+        let _ = wtype;
+        None
     }
 
     /// A tile version of [`Kernels::dot_fn`]`(wtype)`: every output of the tile has the

@@ -124,6 +124,30 @@ tile_wrapper!(/// AVX2 Q4_1 · Q8_1 tile (each output as [`vec_dot_q4_1_q8_1`]).
     tile_q4_1_q8_1, qtile::q4_1_q8_1, 32, 20, 36);
 pub(crate) use qtile::{TILE_ROWS, TILE_TOKENS};
 
+/// Runs 8-row body `$body` (see `qdot::table_dot_rows`) on whole blocks, after checking
+/// that the slices hold the rows (a broken contract panics; it cannot read out of bounds).
+macro_rules! rows_wrapper {
+    ($(#[$doc:meta])* $name:ident, $body:path, $bs:expr, $wsize:expr, $asize:expr) => {
+        $(#[$doc])*
+        pub(crate) fn $name(n: usize, w: &[u8], wrow: usize, a: &[u8], out: &mut [f32; qdot::ROWS]) {
+            let nb = n / $bs;
+            debug_assert!(n % $bs == 0, "dot rows: n = {n} is not a multiple of the block size {}", $bs);
+            assert!(w.len() >= (qdot::ROWS - 1) * wrow + nb * $wsize && a.len() >= nb * $asize, "dot rows: slices too short");
+            // SAFETY: only handed out after cpu_has_avx2_fma() (module contract); the
+            // rows' blocks, the activation blocks and the 8 outputs are in bounds (checked above).
+            unsafe { $body(nb, w.as_ptr(), wrow, a.as_ptr(), out.as_mut_ptr()) }
+        }
+    };
+}
+
+rows_wrapper!(/// AVX2 Q4_0 · Q8_0, 8 rows (each output as [`vec_dot_q4_0_q8_0`]).
+    rows_q4_0_q8_0, qdot::q4_0_q8_0_rows, 32, 18, 34);
+rows_wrapper!(/// AVX2 IQ4_NL · Q8_0, 8 rows (each output as [`vec_dot_iq4_nl_q8_0`]).
+    rows_iq4_nl_q8_0, qdot::iq4_nl_q8_0_rows, 32, 18, 34);
+rows_wrapper!(/// AVX2 MXFP4 · Q8_0, 8 rows (each output as [`vec_dot_mxfp4_q8_0`]).
+    rows_mxfp4_q8_0, qdot::mxfp4_q8_0_rows, 32, 17, 34);
+pub(crate) use qdot::ROWS;
+
 macro_rules! dot_wrapper {
     ($(#[$doc:meta])* $name:ident, $body:path, $bs:expr, $wsize:expr, $asize:expr) => {
         $(#[$doc])*

@@ -242,3 +242,80 @@ pub(super) unsafe fn mxfp4_q8_0(nb: usize, w: *const u8, a: *const u8) -> f32 {
     // SAFETY: see above; layouts e@0 qs@1 and d@0 qs@2.
     unsafe { table_dot!(nb, w, a, 17, 1, KVALUES_MXFP4, |p| e8m0_to_f32_half(*p)) }
 }
+
+/// Rows of a [`table_dot_rows`] kernel.
+pub(crate) const ROWS: usize = 8;
+
+/// [`table_dot`] for [`ROWS`] weight rows (at `w`, `wrow` bytes apart) against one
+/// activation row, the rows' accumulators side by side in one vector (as llama.cpp's
+/// repacked 8-row `gemv` keeps them): per block, each row's exact integer sum, `dw·da`
+/// per row, `acc = fma(f32(sum), dw·da, acc)`; lane `r` is [`table_dot`] of row `r`, bit
+/// for bit (the same integer sums, products and fma, blocks in the same order), but the
+/// eight fma chains run in parallel instead of one after another. Stores the 8 results
+/// at `out`.
+macro_rules! table_dot_rows {
+    ($nb:expr, $w:expr, $wrow:expr, $a:expr, $out:expr, $ws:expr, $q_off:expr, $table:expr, |$k:ident| $scales:expr) => {{
+        let (nb, w, wrow, a, out) = ($nb, $w, $wrow, $a, $out);
+        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128($table.as_ptr().cast()));
+        let m4 = _mm_set1_epi8(0x0F);
+        let block = |r: usize, k: usize| {
+            let q = _mm_loadu_si128(w.add(r * wrow + k * $ws + $q_off).cast());
+            let idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(q), m4), _mm_and_si128(q, m4));
+            dot_i8_i8(_mm256_shuffle_epi8(table, idx), _mm256_loadu_si256(a.add(k * 34 + 2).cast()))
+        };
+        let mut acc = _mm256_setzero_ps();
+        for k in 0..nb {
+            // Row r's sum of its 8 lanes in lane r (integer: any order is exact).
+            let h01 = _mm256_hadd_epi32(block(0, k), block(1, k));
+            let h23 = _mm256_hadd_epi32(block(2, k), block(3, k));
+            let h45 = _mm256_hadd_epi32(block(4, k), block(5, k));
+            let h67 = _mm256_hadd_epi32(block(6, k), block(7, k));
+            let (h0123, h4567) = (_mm256_hadd_epi32(h01, h23), _mm256_hadd_epi32(h45, h67));
+            let s = _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(h0123, h4567), _mm256_permute2x128_si256::<0x31>(h0123, h4567));
+            let da = _mm256_set1_ps(f16_to_f32(rd16(a.add(k * 34)) as u16));
+            let dw = { let $k = k; $scales };
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, da), acc);
+        }
+        _mm256_storeu_ps(out, acc);
+    }};
+}
+
+/// The f16 scales at byte `off` of [`ROWS`] rows `wrow` bytes apart, as f32 (F16C's
+/// conversion is exact, as `f16_to_f32`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_scales(w: *const u8, wrow: usize, off: usize) -> __m256 {
+    // SAFETY: the caller guarantees 2 readable bytes at off in each of the ROWS rows.
+    unsafe {
+        let h = |r: usize| rd16(w.add(r * wrow + off));
+        _mm256_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)))
+    }
+}
+
+/// [`q4_0_q8_0`] for [`ROWS`] rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_0_q8_0_rows(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+    // SAFETY: the wrapper checked that ROWS rows of nb blocks, nb activation blocks and
+    // ROWS outputs are in bounds; layouts d@0 qs@2.
+    unsafe { table_dot_rows!(nb, w, wrow, a, out, 18, 2, Q4_0_LEVELS, |k| f16_scales(w, wrow, k * 18)) }
+}
+
+/// [`iq4_nl_q8_0`] for [`ROWS`] rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn iq4_nl_q8_0_rows(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+    // SAFETY: as q4_0_q8_0_rows.
+    unsafe { table_dot_rows!(nb, w, wrow, a, out, 18, 2, KVALUES_IQ4NL, |k| f16_scales(w, wrow, k * 18)) }
+}
+
+/// [`mxfp4_q8_0`] for [`ROWS`] rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn mxfp4_q8_0_rows(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+    // SAFETY: as q4_0_q8_0_rows; layout e@0 qs@1.
+    unsafe {
+        table_dot_rows!(nb, w, wrow, a, out, 17, 1, KVALUES_MXFP4, |k| {
+            let e = |r: usize| e8m0_to_f32_half(*w.add(r * wrow + k * 17));
+            _mm256_setr_ps(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7))
+        })
+    }
+}
+
