@@ -156,6 +156,18 @@ pub fn print_placement(p: &Placement<'_>, devs: &Devices) {
             );
         }
     }
+    if let Some((d, bytes)) = p.forward_placed() {
+        if let Some(s) = devs.slots.get(usize::from(d)) {
+            eprintln!(
+                "keel: placement: {} runs the whole forward pass: the embedding lookup (a {} copy of token_embd in its file type, counted as model memory) in the first layer batch, the final norm and output projection in the last",
+                s.label,
+                mib(bytes)
+            );
+        }
+    }
+    if let Some(why) = p.forward_note().filter(|_| p.n_on_devices() > 0) {
+        eprintln!("keel: placement: the embedding lookup, final norm and output projection outside the layer batches (on the CPU, the output projection where placed): {why}");
+    }
     if let Some(why) = p.layer_note().filter(|_| p.n_on_devices() > 0) {
         eprintln!("keel: placement: layers with products on a device that do not run whole there (one batch per product instead): {why}");
     }
