@@ -146,13 +146,14 @@ pub fn print_placement(p: &Placement<'_>, devs: &Devices) {
         );
         if t.layers > 0 {
             eprintln!(
-                "keel: placement: {} runs {} whole layers (mode layers: norms, RoPE, attention over its own F16 KV cache of {} positions, {}, SwiGLU, residual adds; up to {} layers per batch, fewer when a batch would stream more than {} of weights × tokens), the other products one batch each",
+                "keel: placement: {} runs {} whole layers (mode layers: norms, RoPE, attention over its own F16 KV cache of {} positions, {}, SwiGLU, residual adds; up to {} layers per batch, fewer when a batch would stream more than {} of weights × tokens){}",
                 s.label,
                 t.layers,
                 p.kv_ctx(),
                 mib(t.kv_bytes),
                 crate::device::whole_layer::layers_per_batch(usize::from(keel_npu_hal::device::Device::caps(&s.dev).max_batch_ops)),
-                mib(devs.batch_work)
+                mib(devs.batch_work),
+                if p.forward_placed().is_some_and(|(d, _)| usize::from(d) == i) { "" } else { ", the other products one batch each" }
             );
         }
     }
