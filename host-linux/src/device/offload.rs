@@ -14,7 +14,11 @@
 //! ([`super::whole_layer`]: as many consecutive layers per batch as the device's op limit
 //! and the wire tables allow) over their norm weights and a device-resident F16 KV cache
 //! allocated at load (`n_ctx` positions per layer), the residual stream copied in before
-//! and out after.
+//! and out after. When the whole forward pass is placed on a device
+//! ([`keel_core::placement::Placement::forward_device`]), a copy of the token embedding
+//! (file type, ggml rows) and the output norm weight are loaded there too, and
+//! [`Offload::forward`] runs the same layer batches with the embedding lookup first and
+//! the final norm and output projection last: token ids in, logits out.
 //!
 //! Memory is counted by kind (model, context, compute) from the buffers this module
 //! allocates, and the total from what the firmware measured (`Caps::memory.va_budget`,
