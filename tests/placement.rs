@@ -276,3 +276,131 @@ fn whole_layers_are_placed_per_layer_and_a_switch_mid_sequence_is_refused() {
     let mut exec = Exec { placement: &p, offload: &mut off };
     assert_eq!(dev.eval_on(&[6], Outputs::Last, &pool, Some(&mut exec)).err(), Some(keel::core::Error::DeviceLayersSwitched));
 }
+
+/// [`FakeLayerInfo`] that also looks up embedding rows (the table at its ggml size).
+struct FakeForwardInfo {
+    budget: u64,
+}
+
+impl DeviceInfo for FakeForwardInfo {
+    fn matmul_weight_bytes(&self, ty: GgmlType, rows: usize, cols: usize) -> Option<u64> {
+        FakeInfo { budget: self.budget }.matmul_weight_bytes(ty, rows, cols)
+    }
+    fn memory_budget(&self) -> u64 {
+        self.budget
+    }
+    fn layer_kv_bytes(&self, shape: &LayerShape, n_ctx: usize) -> Option<u64> {
+        FakeLayerInfo { budget: self.budget }.layer_kv_bytes(shape, n_ctx)
+    }
+    fn embedding_bytes(&self, ty: GgmlType, n_vocab: usize, n_embd: usize) -> Option<u64> {
+        Some(ty.row_bytes(n_embd as u64)? * n_vocab as u64)
+    }
+}
+
+/// Records whole forward passes and answers each logit with `token + row + pos` of the
+/// pass (so the test sees which rows came back); layers and products run as in
+/// [`LayerRecorder`].
+struct ForwardRecorder<'m> {
+    layers: LayerRecorder<'m>,
+    calls: Vec<(Vec<u32>, usize, usize)>,
+    fail: bool,
+}
+
+impl Offload for ForwardRecorder<'_> {
+    fn matmul(&mut self, device: u8, id: WeightId, x: &[f32], n: usize, out: &mut [f32]) -> Result<(), DeviceFailed> {
+        self.layers.matmul(device, id, x, n, out)
+    }
+    fn layers(&mut self, device: u8, layers: std::ops::Range<u16>, x: &mut [f32], n: usize, pos: usize) -> Result<(), DeviceFailed> {
+        self.layers.layers(device, layers, x, n, pos)
+    }
+    fn forward(&mut self, device: u8, tokens: &[u32], pos: usize, out_rows: usize, logits: &mut [f32]) -> Result<(), DeviceFailed> {
+        if self.fail {
+            return Err(DeviceFailed { device });
+        }
+        self.calls.push((tokens.to_vec(), pos, out_rows));
+        let v = logits.len() / out_rows.max(1);
+        for r in 0..out_rows {
+            let t = tokens[tokens.len() - out_rows + r];
+            logits[r * v..(r + 1) * v].fill((t as usize + r + pos) as f32);
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn the_whole_forward_pass_goes_to_one_device_call_when_everything_is_there() {
+    let bytes = model_bytes("synth-llama-q8_0");
+    let g = Gguf::parse(&bytes).unwrap();
+    let c = SessionConfig { n_ctx: 32, n_batch: 4, n_outputs: 8, n_threads: 1 };
+    let mut a = arena_for(&bytes, &c);
+    let mut dev = engine(&g, &mut a, c, fast_kernels());
+    let n_layer = dev.model.layers.len();
+    let nv = dev.model.hp.n_vocab;
+    let t = dev.model.tok_embd;
+    let embd = t.ty.row_bytes(t.cols as u64).unwrap() * t.rows as u64;
+    let mut slots = vec![Decision::EMPTY; weight_count(&dev.model)];
+    let mut pol = Policy::all(1);
+    pol.kv_ctx = c.n_ctx;
+    let big = FakeForwardInfo { budget: u64::MAX };
+
+    // Everything on the device: the embedding copy is counted there.
+    let p = Placement::plan(&dev.model, &pol, &[&big], &mut slots).unwrap();
+    assert_eq!((p.forward_device(1), p.forward_device(0), p.forward_placed(), p.forward_note()), (Some(0), Some(0), Some((0, embd)), None));
+    assert_eq!(p.totals(0).embd_bytes, embd);
+    let needed = p.totals(0).bytes + p.totals(0).kv_bytes + embd;
+    // Not on the device: a device without row lookups (layers only), the output
+    // projection kept off, a layer cut by -ngl, matmul mode, a budget one byte short.
+    let layers_only = FakeLayerInfo { budget: u64::MAX };
+    let short = FakeForwardInfo { budget: needed - 1 };
+    let cases: [(&dyn DeviceInfo, bool, usize, OffloadMode, &str); 5] = [
+        (&layers_only, true, usize::MAX, OffloadMode::Layers, "the device does not look up rows of the token embedding's type"),
+        (&big, false, usize::MAX, OffloadMode::Layers, "the output projection is not on the layers' device"),
+        (&big, true, 2, OffloadMode::Layers, "not every layer runs whole on one device"),
+        (&big, true, usize::MAX, OffloadMode::MatMul, ""),
+        (&short, true, usize::MAX, OffloadMode::Layers, "the token embedding does not fit the device budget"),
+    ];
+    for (info, output, max_layers, mode, why) in cases {
+        let mut q = pol;
+        (q.output, q.max_layers, q.mode) = (output, max_layers, mode);
+        let p = Placement::plan(&dev.model, &q, &[info], &mut slots).unwrap();
+        assert_eq!(p.forward_device(1), None, "{why}");
+        assert_eq!(p.forward_note(), (!why.is_empty()).then_some(why));
+        assert_eq!(p.totals(0).embd_bytes, 0);
+    }
+    // With the budget exactly met it is placed.
+    let exact = FakeForwardInfo { budget: needed };
+    assert_eq!(Placement::plan(&dev.model, &pol, &[&exact], &mut slots).unwrap().forward_device(1), Some(0));
+
+    // The session: one forward call per chunk of n_batch tokens, with the rows that
+    // need logits; no layer or product call; the logits are the device's.
+    let mut p = Placement::plan(&dev.model, &pol, &[&big], &mut slots).unwrap();
+    let model_copy: Model<'_> = dev.model;
+    let inner = FakeOffload { model: &model_copy, kern: dev.session.kernels(), calls: 0, fail_after: None };
+    let mut off = ForwardRecorder { layers: LayerRecorder { inner, calls: Vec::new() }, calls: Vec::new(), fail: false };
+    let pool = ThreadPool::new(1).unwrap();
+    let prompt = [1u32, 17, 300, 42, 7, 9];
+    let mut exec = Exec { placement: &p, offload: &mut off };
+    let got = dev.eval_on(&prompt, Outputs::Last, &pool, Some(&mut exec)).unwrap().to_vec();
+    assert_eq!(got, vec![(9 + 0 + 4) as f32; nv]);
+    let mut exec = Exec { placement: &p, offload: &mut off };
+    dev.eval_on(&[5, 6], Outputs::All, &pool, Some(&mut exec)).unwrap();
+    assert_eq!(dev.session.logits(nv).iter().step_by(nv).copied().collect::<Vec<_>>(), vec![(5 + 6) as f32, (6 + 1 + 6) as f32]);
+    assert_eq!(off.calls, vec![(vec![1, 17, 300, 42], 0, 0), (vec![7, 9], 4, 1), (vec![5, 6], 6, 2)]);
+    assert!(off.layers.calls.is_empty() && off.layers.inner.calls == 0, "nothing else went to the device");
+    // Below the minimum batch the output projection stays on the CPU: the layers go as
+    // one call and the session does the rest.
+    p.set_min_batch(2);
+    let mut exec = Exec { placement: &p, offload: &mut off };
+    dev.eval_on(&[8], Outputs::Last, &pool, Some(&mut exec)).unwrap();
+    assert_eq!((off.calls.len(), off.layers.calls.clone(), off.layers.inner.calls), (3, vec![(0..n_layer as u16, 1, 8)], 0));
+    p.set_min_batch(1);
+    // A device failure stops the request.
+    off.fail = true;
+    let mut exec = Exec { placement: &p, offload: &mut off };
+    assert_eq!(dev.eval_on(&[8], Outputs::Last, &pool, Some(&mut exec)).err(), Some(keel::core::Error::Device { device: 0 }));
+    // Switched off mid-sequence: refused, as for whole layers.
+    p.set_device_enabled(0, false);
+    assert_eq!(p.forward_device(1), None);
+    let mut exec = Exec { placement: &p, offload: &mut off };
+    assert_eq!(dev.eval_on(&[8], Outputs::Last, &pool, Some(&mut exec)).err(), Some(keel::core::Error::DeviceLayersSwitched));
+}

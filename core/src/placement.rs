@@ -26,6 +26,14 @@
 //! device holding whole layers that is switched off (or on) mid-sequence makes the
 //! session refuse to continue that sequence ([`crate::Error::DeviceLayersSwitched`]);
 //! the switch takes effect when a sequence starts over.
+//!
+//! The whole forward pass: when every layer runs whole on one device, the output
+//! projection went to that device too, the model does not scale its embeddings, and the
+//! device answers that it looks up rows of the token embedding in the file's type
+//! ([`DeviceInfo::embedding_bytes`]) with budget left for a copy of it, the session hands
+//! the tokens to [`Offload::forward`] and gets the logits back
+//! ([`Placement::forward_device`]): embedding lookup, layers, final norm and output
+//! projection as one pass on the device, none of it on the CPU.
 
 use crate::ggml_type::GgmlType;
 use crate::model::{Mixer, Model};
@@ -120,6 +128,13 @@ pub trait DeviceInfo {
     /// if it does not. Optional: by default a device runs products only.
     fn layer_kv_bytes(&self, shape: &LayerShape, n_ctx: usize) -> Option<u64> {
         let _ = (shape, n_ctx);
+        None
+    }
+    /// Bytes a copy of the token embedding (`n_vocab` rows of `n_embd`, type `ty`, the
+    /// file's layout) takes on the device, if the device looks up its rows (dequantized
+    /// to F32) and runs the final RMSNorm; `None` if not. Optional: by default `None`.
+    fn embedding_bytes(&self, ty: GgmlType, n_vocab: usize, n_embd: usize) -> Option<u64> {
+        let _ = (ty, n_vocab, n_embd);
         None
     }
 }
@@ -369,6 +384,8 @@ pub struct DeviceTotals {
     pub layers: usize,
     /// Bytes of their KV caches.
     pub kv_bytes: u64,
+    /// Bytes of the token embedding's copy, if the whole forward pass runs there.
+    pub embd_bytes: u64,
 }
 
 /// The decisions for one model, and the switches that may change between tokens.
@@ -381,6 +398,9 @@ pub struct Placement<'a> {
     kv_ctx: usize,
     layer_generation: u32,
     layer_note: Option<&'static str>,
+    /// The device the whole forward pass runs on, and its embedding copy's bytes.
+    forward: Option<(u8, u64)>,
+    forward_note: Option<&'static str>,
 }
 
 impl<'a> Placement<'a> {
@@ -430,6 +450,10 @@ impl<'a> Placement<'a> {
             n += 1;
         });
         let layer_note = if n_dev == 0 { None } else { place_layers(model, policy, devices, &mut used, &mut slots[..n]) };
+        let (forward, forward_note) = match place_forward(model, policy, devices, &mut used, &slots[..n]) {
+            Ok(f) => (Some(f), None),
+            Err(why) => (None, slots[..n].iter().any(|w| w.whole_layer).then_some(why)),
+        };
         Ok(Placement {
             decisions: slots,
             n,
@@ -439,6 +463,8 @@ impl<'a> Placement<'a> {
             kv_ctx: policy.kv_ctx,
             layer_generation: 0,
             layer_note,
+            forward,
+            forward_note,
         })
     }
 
@@ -462,6 +488,11 @@ impl<'a> Placement<'a> {
                 t.converted += usize::from(d.converted());
                 t.kv_bytes += d.kv_bytes;
                 t.layers += usize::from(d.kv_bytes > 0);
+            }
+        }
+        if let Some((d, bytes)) = self.forward {
+            if d == dev {
+                t.embd_bytes = bytes;
             }
         }
         t
@@ -498,6 +529,34 @@ impl<'a> Placement<'a> {
             Where::Device(dev) if d.whole_layer && self.enabled[usize::from(dev)] => Some(dev),
             _ => None,
         }
+    }
+
+    /// The device that runs the whole forward pass of a batch that needs `out_rows`
+    /// logits rows (embedding lookup, every layer, final norm, output projection; see
+    /// the module docs), or `None` (the session runs it piece by piece). `None` too if
+    /// the device is switched off, or the output projection would not run there for
+    /// `out_rows` rows (below the minimum batch).
+    pub fn forward_device(&self, out_rows: usize) -> Option<u8> {
+        let (dev, _) = self.forward?;
+        if !self.enabled[usize::from(dev)] {
+            return None;
+        }
+        let output = WeightId { layer: OUTPUT_LAYER, kind: WeightKind::Output };
+        if out_rows > 0 && self.device_for(output, out_rows) != Some(dev) {
+            return None;
+        }
+        Some(dev)
+    }
+
+    /// The device holding a copy of the token embedding for whole forward passes, and
+    /// its bytes there (whether or not the device is switched on now).
+    pub fn forward_placed(&self) -> Option<(u8, u64)> {
+        self.forward
+    }
+
+    /// Why the forward pass does not run whole on a device, if devices hold whole layers.
+    pub fn forward_note(&self) -> Option<&'static str> {
+        self.forward_note
     }
 
     /// Whether any layer now runs whole on a device.
@@ -592,6 +651,41 @@ fn place_layers(model: &Model<'_>, policy: &Policy, devices: &[&dyn DeviceInfo],
     note
 }
 
+/// Places the whole forward pass: the device every layer runs whole on, if the output
+/// projection is there too and the device takes a copy of the token embedding within
+/// its budget; returns that device and the copy's bytes, or why not.
+fn place_forward(model: &Model<'_>, policy: &Policy, devices: &[&dyn DeviceInfo], used: &mut [u64; MAX_DEVICES], d: &[Decision]) -> Result<(u8, u64), &'static str> {
+    let mut dev = None;
+    for w in d.iter().filter(|w| w.id.layer != OUTPUT_LAYER) {
+        match (w.whole_layer, w.place, dev) {
+            (true, Where::Device(x), None) => dev = Some(x),
+            (true, Where::Device(x), Some(y)) if x == y => {}
+            _ => return Err("not every layer runs whole on one device"),
+        }
+    }
+    let dev = dev.ok_or("not every layer runs whole on one device")?;
+    let out = d.iter().find(|w| w.id.layer == OUTPUT_LAYER).map(|w| w.place);
+    if out != Some(Where::Device(dev)) {
+        return Err("the output projection is not on the layers' device");
+    }
+    if model.hp.embd_scale != 1.0 {
+        return Err("the model scales its token embeddings");
+    }
+    if model.output_norm.ty != GgmlType::F32 {
+        return Err("the output norm weight is not F32");
+    }
+    let di = usize::from(dev);
+    let info = devices.get(di).ok_or("no such device")?;
+    let t = &model.tok_embd;
+    let bytes = info.embedding_bytes(t.ty, t.rows, t.cols).ok_or("the device does not look up rows of the token embedding's type")?;
+    let budget = policy.devices[di].budget.map_or(info.memory_budget(), |b| b.min(info.memory_budget()));
+    if used[di].saturating_add(bytes) > budget {
+        return Err("the token embedding does not fit the device budget");
+    }
+    used[di] += bytes;
+    Ok((dev, bytes))
+}
+
 /// A device failed mid-request; the host keeps the detailed error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceFailed {
@@ -612,6 +706,17 @@ pub trait Offload {
     /// whose devices answer `None` to [`DeviceInfo::layer_kv_bytes`] never gets this call.
     fn layers(&mut self, device: u8, layers: core::ops::Range<u16>, x: &mut [f32], n: usize, pos: usize) -> Result<(), DeviceFailed> {
         let _ = (layers, x, n, pos);
+        Err(DeviceFailed { device })
+    }
+
+    /// Runs the whole forward pass on `device` (see [`Placement::forward_device`]) for
+    /// `tokens` at positions `pos ..`: the embedding rows, every layer (their K/V rows
+    /// written into the device's cache), the final RMSNorm of the last `out_rows` rows
+    /// and the output projection of those rows into `logits` (`out_rows × n_vocab`).
+    /// Optional: a host whose devices answer `None` to
+    /// [`DeviceInfo::embedding_bytes`] never gets this call.
+    fn forward(&mut self, device: u8, tokens: &[u32], pos: usize, out_rows: usize, logits: &mut [f32]) -> Result<(), DeviceFailed> {
+        let _ = (tokens, pos, out_rows, logits);
         Err(DeviceFailed { device })
     }
 }

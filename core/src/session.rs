@@ -246,7 +246,11 @@ impl<'a> Session<'a> {
     /// [`Session::eval`] with matrix products placed by `exec` (each one the placement
     /// assigns to a device runs there; the rest on the CPU), and layers the placement
     /// runs whole on a device handed to [`crate::placement::Offload::layers`] (their KV
-    /// cache is on the device; the arena's rows for them are not used). A device failure
+    /// cache is on the device; the arena's rows for them are not used). When the
+    /// placement runs the whole forward pass on one device
+    /// ([`Placement::forward_device`]), the tokens go to
+    /// [`crate::placement::Offload::forward`] and the logits come back from it: the CPU
+    /// does no embedding lookup, layer, final norm or output projection. A device failure
     /// stops the request with [`Error::Device`]: the session's context is then unusable
     /// (start over). If the devices holding whole layers were switched since this
     /// sequence started, the call fails with [`Error::DeviceLayersSwitched`].
@@ -303,10 +307,21 @@ impl<'a> Session<'a> {
         let self_tiled_mode = self.tiled_batches;
         let chunked = self.delta_chunked && n > 1;
         let Session { kv_k, kv_v, conv_state, ssm_state, x, xn, q, k, v, gate, attn, ffn_a, ffn_b, act_q, attn_scratch, rope, gdn_ab, conv_out, gdn_scratch, attn_tile, logits, .. } = self;
-        let (placement, offload): (Option<&Placement<'_>>, Option<&mut dyn Offload>) = match exec {
+        let (placement, mut offload): (Option<&Placement<'_>>, Option<&mut dyn Offload>) = match exec {
             Some(e) => (Some(e.placement), Some(&mut *e.offload)),
             None => (None, None),
         };
+        if let (Some(dev), Some(off)) = (placement.and_then(|p| p.forward_device(out_rows)), offload.as_deref_mut()) {
+            // The whole pass on one device: tokens in, logits of the last out_rows rows out.
+            let v = hp.n_vocab;
+            let base = self.n_logits * v;
+            if off.forward(dev, tokens, n_past, out_rows, &mut logits[base..base + out_rows * v]).is_err() {
+                return Err(Error::Device { device: dev });
+            }
+            self.n_past += n;
+            self.n_logits += out_rows;
+            return Ok(());
+        }
         let mut act = Act { kern, buf: &mut **act_q, cur: None, llama_cpp_batches: self_tiled_mode, placement, offload, layer: 0, failed: None };
         if n_past == 0 {
             // A new sequence: recurrent layers start from zero state.

@@ -146,15 +146,28 @@ pub fn print_placement(p: &Placement<'_>, devs: &Devices) {
         );
         if t.layers > 0 {
             eprintln!(
-                "keel: placement: {} runs {} whole layers (mode layers: norms, RoPE, attention over its own F16 KV cache of {} positions, {}, SwiGLU, residual adds; up to {} layers per batch, fewer when a batch would stream more than {} of weights × tokens), the other products one batch each",
+                "keel: placement: {} runs {} whole layers (mode layers: norms, RoPE, attention over its own F16 KV cache of {} positions, {}, SwiGLU, residual adds; up to {} layers per batch, fewer when a batch would stream more than {} of weights × tokens){}",
                 s.label,
                 t.layers,
                 p.kv_ctx(),
                 mib(t.kv_bytes),
                 crate::device::whole_layer::layers_per_batch(usize::from(keel_npu_hal::device::Device::caps(&s.dev).max_batch_ops)),
-                mib(devs.batch_work)
+                mib(devs.batch_work),
+                if p.forward_placed().is_some_and(|(d, _)| usize::from(d) == i) { "" } else { ", the other products one batch each" }
             );
         }
+    }
+    if let Some((d, bytes)) = p.forward_placed() {
+        if let Some(s) = devs.slots.get(usize::from(d)) {
+            eprintln!(
+                "keel: placement: {} runs the whole forward pass: the embedding lookup (a {} copy of token_embd in its file type, counted as model memory) in the first layer batch, the final norm and output projection in the last",
+                s.label,
+                mib(bytes)
+            );
+        }
+    }
+    if let Some(why) = p.forward_note().filter(|_| p.n_on_devices() > 0) {
+        eprintln!("keel: placement: the embedding lookup, final norm and output projection outside the layer batches (on the CPU, the output projection where placed): {why}");
     }
     if let Some(why) = p.layer_note().filter(|_| p.n_on_devices() > 0) {
         eprintln!("keel: placement: layers with products on a device that do not run whole there (one batch per product instead): {why}");

@@ -145,6 +145,7 @@ pub fn main(mut a: Args) -> Result<()> {
         o.u64("offloaded_weights", placement.n_on_devices() as u64).u64("matrix_weights", placement.decisions().len() as u64);
         o.u64("device_batches", devices.batches()).f64("device_batches_per_token", per_token);
         o.str("offload_mode", super::offload::mode_name(offload.policy.mode)).u64("device_layers", super::offload::whole_layers(&placement, e.model.layers.len()) as u64);
+        o.bool("device_forward", placement.forward_device(1).is_some());
         if use_devices && placement.n_on_devices() == 0 {
             o.str("placement_warning", "devices were given but nothing was placed on them: every op ran on the CPU");
         }

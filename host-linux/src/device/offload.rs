@@ -14,7 +14,11 @@
 //! ([`super::whole_layer`]: as many consecutive layers per batch as the device's op limit
 //! and the wire tables allow) over their norm weights and a device-resident F16 KV cache
 //! allocated at load (`n_ctx` positions per layer), the residual stream copied in before
-//! and out after.
+//! and out after. When the whole forward pass is placed on a device
+//! ([`keel_core::placement::Placement::forward_device`]), a copy of the token embedding
+//! (file type, ggml rows) and the output norm weight are loaded there too, and
+//! [`Offload::forward`] runs the same layer batches with the embedding lookup first and
+//! the final norm and output projection last: token ids in, logits out.
 //!
 //! Memory is counted by kind (model, context, compute) from the buffers this module
 //! allocates, and the total from what the firmware measured (`Caps::memory.va_budget`,
@@ -25,13 +29,13 @@ use std::time::{Duration, Instant};
 
 use keel_core::ggml_type::GgmlType;
 use keel_core::model::Model;
-use keel_core::placement::{for_each_weight, Decision, DeviceFailed, DeviceInfo, LayerShape, Offload, Placement, Policy, WeightId, WeightKind, Where};
+use keel_core::placement::{for_each_weight, Decision, DeviceFailed, DeviceInfo, LayerShape, Offload, Placement, Policy, WeightId, WeightKind, Where, OUTPUT_LAYER};
 use keel_core::quant::{quantize_row_ref, Kernels};
 use keel_npu_hal::device::{BatchStatus, Device, Queue, SharedBuffers};
 use keel_npu_hal::op::{Batch, BufferRef, DType, Layout, OpDesc, OpKind, Support, TensorDesc};
 use keel_npu_hal::{tile, BufferId, ErrorKind};
 
-use super::whole_layer::{self, Placed, Resident, Weight, Work};
+use super::whole_layer::{self, Placed, Resident, Table, Weight, Work};
 use super::{DeviceError, HexagonSim, SimConfig};
 
 /// Bytes of shared memory kept for one product's activations and outputs.
@@ -51,6 +55,15 @@ pub fn hal_dtype(t: GgmlType) -> Option<DType> {
         GgmlType::Q4_0 => Some(DType::Q4_0),
         GgmlType::IQ4_NL => Some(DType::IQ4NL),
         _ => None,
+    }
+}
+
+/// The HAL type of a ggml type whose rows the device may look up (`GetRows`), if any.
+pub fn hal_row_dtype(t: GgmlType) -> Option<DType> {
+    match t {
+        GgmlType::F32 => Some(DType::F32),
+        GgmlType::F16 => Some(DType::F16),
+        other => hal_dtype(other),
     }
 }
 
@@ -92,6 +105,15 @@ impl DeviceInfo for Info<'_> {
         let w = Work::new(shape, 1)?;
         (w.end <= IO_BYTES && 2 * one <= self.dev.buffer_rules().max_size).then_some(2 * one)
     }
+    fn embedding_bytes(&self, ty: GgmlType, n_vocab: usize, n_embd: usize) -> Option<u64> {
+        let dtype = hal_row_dtype(ty)?;
+        let (op, t) = whole_layer::probe_embedding(dtype, n_vocab, n_embd)?;
+        if self.dev.supports(&op, &t) != Support::Yes {
+            return None;
+        }
+        let bytes = dtype.row_bytes(u32::try_from(n_embd).ok()?)?.checked_mul(n_vocab as u64)?;
+        (bytes <= self.dev.buffer_rules().max_size.min(u64::from(u32::MAX))).then_some(bytes.next_multiple_of(WEIGHT_ALIGN))
+    }
 }
 
 /// Alignment of a weight inside a device buffer (one HVX vector).
@@ -119,6 +141,9 @@ pub struct Slot {
     resident: HashMap<u16, Resident>,
     /// The shape of those layers.
     shape: Option<LayerShape>,
+    /// The token embedding's copy and the output norm weight, when the whole forward
+    /// pass runs here.
+    forward: Option<(Table, Placed)>,
     /// Bytes of repacked weights (and norm weights of whole layers).
     pub model_bytes: u64,
     /// Bytes of the KV caches allocated here.
@@ -200,6 +225,7 @@ impl Devices {
                 io: None,
                 resident: HashMap::new(),
                 shape: None,
+                forward: None,
                 model_bytes: 0,
                 context_bytes: 0,
                 compute_bytes: 0,
@@ -342,7 +368,9 @@ impl Devices {
     /// Allocates, fills and maps the norm weights and the KV caches of the layers that
     /// run whole on each device: norms in one buffer per device, each layer's K and V
     /// cache (F16, `placement.kv_ctx()` positions) packed into buffers of at most the
-    /// device's mapping size.
+    /// device's mapping size; and, on the device the whole forward pass runs on, the
+    /// output norm weight (after the layers' norms) and a copy of the token embedding
+    /// in the file's type and row layout (its own buffer).
     fn load_layers(&mut self, model: &Model<'_>, placement: &Placement<'_>) -> Result<(), DeviceError> {
         let n_ctx = placement.kv_ctx();
         for (di, slot) in self.slots.iter_mut().enumerate() {
@@ -354,7 +382,9 @@ impl Devices {
                 return Err(DeviceError::new(&label, ErrorKind::Unsupported, format!("layer {l} differs in shape from layer {first}; whole layers on one device share one shape")));
             }
             let norm_bytes = (4 * shape.n_embd as u64).next_multiple_of(WEIGHT_ALIGN);
-            let nbuf = slot.dev.alloc(2 * norm_bytes * layers.len() as u64)?;
+            let forward = placement.forward_placed().is_some_and(|(d, _)| usize::from(d) == di);
+            let n_norms = 2 * layers.len() as u64 + u64::from(forward);
+            let nbuf = slot.dev.alloc(norm_bytes * n_norms)?;
             let nsize = slot.dev.host_view(nbuf)?.len() as u64;
             slot.model_bytes += nsize;
             let cache = whole_layer::cache_bytes(&shape, n_ctx);
@@ -383,6 +413,21 @@ impl Devices {
                     Resident { attn_norm: p(a, nbuf, nsize), ffn_norm: p(f, nbuf, nsize), kv: Placed { buf: kb, size: ksize, offset: k_off }, v_offset: k_off + cache as u32 },
                 );
             }
+            if forward {
+                let at = 2 * layers.len() as u64 * norm_bytes;
+                let view = slot.dev.host_view(nbuf)?;
+                view[at as usize..at as usize + 4 * shape.n_embd].copy_from_slice(&model.output_norm.data[..4 * shape.n_embd]);
+                let t = &model.tok_embd;
+                let dtype = hal_row_dtype(t.ty).ok_or_else(|| DeviceError::new(&label, ErrorKind::Unsupported, format!("no device type for token_embd ({})", t.ty)))?;
+                let ebuf = slot.dev.alloc(t.data.len() as u64)?;
+                let view = slot.dev.host_view(ebuf)?;
+                let esize = view.len() as u64;
+                view[..t.data.len()].copy_from_slice(t.data);
+                slot.dev.map(ebuf)?;
+                slot.model_bytes += esize;
+                let table = Table { at: Placed { buf: ebuf, size: esize, offset: 0 }, dtype, rows: t.rows, cols: t.cols };
+                slot.forward = Some((table, Placed { buf: nbuf, size: nsize, offset: at as u32 }));
+            }
             slot.dev.map(nbuf)?;
             for &(b, _) in &kv_bufs {
                 slot.dev.map(b)?;
@@ -392,16 +437,22 @@ impl Devices {
         Ok(())
     }
 
-    /// Runs layers `layers` (whole on `device`) for the `n` rows of `x` at positions `pos..`.
-    fn run_layers(&mut self, device: u8, layers: std::ops::Range<u16>, x: &mut [f32], n: usize, pos: usize) -> Result<(), DeviceError> {
+    /// Runs layers `layers` (whole on `device`) for `n` tokens at positions `pos..`:
+    /// with [`Pass::Layers`] over the residual rows given, with [`Pass::Forward`] from
+    /// the tokens to the logits (the embedding lookup in the first batch of each chunk
+    /// of tokens, the final norm and output projection in the last one when it still
+    /// fits the batch work and tables, else in a batch of their own).
+    fn run_pass(&mut self, device: u8, layers: std::ops::Range<u16>, n: usize, pos: usize, mut pass: Pass<'_>) -> Result<(), DeviceError> {
         let slot = self.slots.get_mut(usize::from(device)).ok_or_else(|| DeviceError::new("placement", ErrorKind::InvalidArgument, format!("no device {device}")))?;
         let label = slot.label.clone();
         let bad = |what: String| DeviceError::new(&label, ErrorKind::InvalidArgument, what);
         let sh = slot.shape.ok_or_else(|| bad("no whole layers were loaded on this device".into()))?;
-        let (wb, ws, _, _) = slot.io.ok_or_else(|| bad("no work buffer".into()))?;
+        let (wb, ws, yb, ys) = slot.io.ok_or_else(|| bad("no work buffer".into()))?;
         let e = sh.n_embd;
-        if x.len() < n * e {
-            return Err(bad(format!("{} residual values for {n} tokens of {e}", x.len())));
+        match &pass {
+            Pass::Layers { x } if x.len() < n * e => return Err(bad(format!("{} residual values for {n} tokens of {e}", x.len()))),
+            Pass::Forward { tokens, .. } if tokens.len() != n => return Err(bad(format!("{} tokens for a pass of {n}", tokens.len()))),
+            _ => {}
         }
         let kinds = [WeightKind::Q, WeightKind::K, WeightKind::V, WeightKind::O, WeightKind::Gate, WeightKind::Up, WeightKind::Down];
         // Weight bytes one layer streams per token (the layers on a device share a shape).
@@ -411,19 +462,54 @@ impl Devices {
             layer_bytes += tile::packed_size(h.dtype, h.rows as u32, h.cols as u32).unwrap_or(0) as u64;
         }
         let layer_bytes = layer_bytes.max(1);
-        // Tokens per chunk: as many as the work buffer holds and one layer's batch work allows.
+        // The forward pass's embedding table, output norm and output weight.
+        let mut tail = None;
+        if let Pass::Forward { out_rows, logits, .. } = &pass {
+            let (table, norm) = slot.forward.ok_or_else(|| bad("the token embedding is not on this device".into()))?;
+            let h = slot.weights.get(&(OUTPUT_LAYER, WeightKind::Output as u8)).ok_or_else(|| bad("the output projection is not on this device".into()))?;
+            let out = Weight { at: Placed { buf: h.buf, size: h.size, offset: h.offset }, dtype: h.dtype, rows: h.rows, cols: h.cols };
+            if logits.len() < out_rows * out.rows || *out_rows > n {
+                return Err(bad(format!("{} logits for {out_rows} rows of {} (of {n} tokens)", logits.len(), out.rows)));
+            }
+            let out_bytes = tile::packed_size(out.dtype, out.rows as u32, out.cols as u32).unwrap_or(0) as u64;
+            tail = Some((table, norm, out, out_bytes));
+        }
+        // Tokens per chunk: as many as the work buffer holds and one layer's batch work
+        // allows (and, for logits, as many rows as the output buffer holds).
         let mut per = n.min((self.batch_work / layer_bytes).max(1) as usize);
+        if let Some((_, _, out, _)) = &tail {
+            per = per.min(ys as usize / (4 * out.rows).max(1));
+            if per == 0 {
+                return Err(bad(format!("one row of {} logits does not fit the {ys}-byte output buffer", out.rows)));
+            }
+        }
         while per > 1 && Work::new(&sh, per).is_none_or(|w| w.end > ws) {
             per = per.div_ceil(2);
         }
         let max_ops = usize::from(slot.dev.caps().max_batch_ops);
+        let work = BufferRef { id: wb, size: ws };
+        let out_buf = BufferRef { id: yb, size: ys };
+        let first_out = match &pass {
+            Pass::Forward { out_rows, .. } => n - out_rows,
+            Pass::Layers { .. } => n,
+        };
         let mut t0 = 0;
         while t0 < n {
             let m = per.min(n - t0);
+            // Rows of this chunk that produce logits: its last k.
+            let k = (t0 + m).saturating_sub(first_out.max(t0));
             let w = Work::new(&sh, m).filter(|w| w.end <= ws).ok_or_else(|| bad(format!("one token's activations do not fit the {ws}-byte work buffer")))?;
-            // Residual rows, positions and the RoPE table (keel's own angles, as the CPU).
+            // Residual rows (or token ids), positions and the RoPE table (keel's own angles, as the CPU).
             let view = slot.dev.host_view(wb)?;
-            put_f32(&mut view[w.x() as usize..], &x[t0 * e..(t0 + m) * e]);
+            match &pass {
+                Pass::Layers { x } => put_f32(&mut view[w.x() as usize..], &x[t0 * e..(t0 + m) * e]),
+                Pass::Forward { tokens, .. } => {
+                    for (i, &t) in tokens[t0..t0 + m].iter().enumerate() {
+                        let id = i32::try_from(t).map_err(|_| bad(format!("token {t}")))?;
+                        view[w.tok() as usize + 4 * i..][..4].copy_from_slice(&id.to_le_bytes());
+                    }
+                }
+            }
             let mut cs = vec![0f32; sh.n_rot * m];
             for i in 0..m {
                 let p = pos + t0 + i;
@@ -432,10 +518,15 @@ impl Devices {
                 keel_core::ops::rope_angles(p, sh.rope_base, sh.n_rot, &mut cs[i * sh.n_rot..(i + 1) * sh.n_rot]);
             }
             put_f32(&mut view[w.cs() as usize..], &cs);
-            let work = BufferRef { id: wb, size: ws };
             let mut l = layers.start;
-            while l < layers.end {
+            let mut tail_done = k == 0;
+            let mut first = true;
+            while l < layers.end || !tail_done {
                 let mut b = whole_layer::Builder::new(&sh, &w, work, m).ok_or_else(|| bad("layer descriptors overflow".into()))?;
+                if let (true, Some((table, ..))) = (first && l == layers.start, &tail) {
+                    b.add_embedding(table, &w, m).ok_or_else(|| bad("embedding descriptors overflow".into()))?;
+                }
+                first = false;
                 while l < layers.end {
                     if b.layers > 0 && (b.layers as u64 + 1) * layer_bytes * m as u64 > self.batch_work {
                         break;
@@ -451,12 +542,26 @@ impl Devices {
                     b.add_layer(&sh, &ws7, &r, m, pos + t0).ok_or_else(|| bad(format!("layer {l}: descriptors overflow at position {}", pos + t0)))?;
                     if !b.fits(max_ops) {
                         if b.layers == 1 {
-                            return Err(bad(format!("one layer needs {} ops, {} tensors, {} buffers: more than a batch carries", b.ops.len(), b.tensors.len(), b.buffers.len())));
+                            return Err(bad(format!("one layer needs {} ops, {} tensors, {} buffers (with the embedding lookup, if any): more than a batch carries", b.ops.len(), b.tensors.len(), b.buffers.len())));
                         }
                         b.truncate(no, nt, nb);
                         break;
                     }
                     l += 1;
+                }
+                if let (false, true, Some((_, norm, out, out_bytes))) = (tail_done, l == layers.end, &tail) {
+                    // The logits join the last layer batch if it has the work and room for them.
+                    if b.layers == 0 || (b.layers as u64 * layer_bytes + out_bytes) * m as u64 <= self.batch_work {
+                        let (no, nt, nb) = (b.ops.len(), b.tensors.len(), b.buffers.len());
+                        b.add_output(&sh, &w, *norm, out, out_buf, m, k).ok_or_else(|| bad("output descriptors overflow".into()))?;
+                        if b.fits(max_ops) {
+                            tail_done = true;
+                        } else if b.layers == 0 {
+                            return Err(bad("the final norm and output projection do not fit a batch".into()));
+                        } else {
+                            b.undo(no, nt, nb);
+                        }
+                    }
                 }
                 let batch = Batch { buffers: &b.buffers, tensors: &b.tensors, ops: &b.ops };
                 let start = Instant::now();
@@ -469,13 +574,26 @@ impl Devices {
                     return Err(DeviceError::new(
                         slot.dev.name(),
                         ErrorKind::BadResponse,
-                        format!("whole layers ..={last} ({} in the batch) for {m} tokens at position {} failed: {status:?}", b.layers, pos + t0),
+                        format!("whole layers ..={last} ({} in the batch{}) for {m} tokens at position {} failed: {status:?}", b.layers, if tail_done && l == layers.end && k > 0 { ", with the output projection" } else { "" }, pos + t0),
                     ));
                 }
             }
-            let view = slot.dev.host_view(wb)?;
-            for (o, c) in x[t0 * e..(t0 + m) * e].iter_mut().zip(view[w.x() as usize..].chunks_exact(4)) {
-                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            match &mut pass {
+                Pass::Layers { x } => {
+                    let view = slot.dev.host_view(wb)?;
+                    for (o, c) in x[t0 * e..(t0 + m) * e].iter_mut().zip(view[w.x() as usize..].chunks_exact(4)) {
+                        *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                    }
+                }
+                Pass::Forward { logits, .. } if k > 0 => {
+                    let v = tail.as_ref().map_or(0, |t| t.2.rows);
+                    let row0 = t0 + m - k - first_out;
+                    let view = slot.dev.host_view(yb)?;
+                    for (o, c) in logits[row0 * v..(row0 + k) * v].iter_mut().zip(view.chunks_exact(4)) {
+                        *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                    }
+                }
+                Pass::Forward { .. } => {}
             }
             t0 += m;
         }
@@ -540,11 +658,30 @@ impl Offload for Devices {
         if self.error.is_some() {
             return Err(DeviceFailed { device });
         }
-        self.run_layers(device, layers, x, n, pos).map_err(|e| {
+        self.run_pass(device, layers, n, pos, Pass::Layers { x }).map_err(|e| {
             self.error = Some(e);
             DeviceFailed { device }
         })
     }
+
+    fn forward(&mut self, device: u8, tokens: &[u32], pos: usize, out_rows: usize, logits: &mut [f32]) -> Result<(), DeviceFailed> {
+        if self.error.is_some() {
+            return Err(DeviceFailed { device });
+        }
+        let n_layers = self.slots.get(usize::from(device)).map_or(0, |s| s.resident.keys().max().map_or(0, |&l| l + 1));
+        self.run_pass(device, 0..n_layers, tokens.len(), pos, Pass::Forward { tokens, out_rows, logits }).map_err(|e| {
+            self.error = Some(e);
+            DeviceFailed { device }
+        })
+    }
+}
+
+/// What a pass of whole layers starts from and gives back.
+enum Pass<'a> {
+    /// Residual rows in, residual rows out.
+    Layers { x: &'a mut [f32] },
+    /// Token ids in, the logits of the last `out_rows` tokens out.
+    Forward { tokens: &'a [u32], out_rows: usize, logits: &'a mut [f32] },
 }
 
 /// Writes `v` as little-endian f32 at the start of `dst`.

@@ -18,6 +18,16 @@
 //! ```
 //!
 //! 17 ops and 13 tensors per layer, plus 12 tensors shared by the layers of a batch.
+//! When the whole forward pass runs on the device, the first batch of a chunk of tokens
+//! starts with the embedding lookup and the last one ends with the logits of the `k`
+//! rows that need them (the last `k` of the chunk):
+//!
+//! ```text
+//! x    = GetRows(token_embd, ids)              [n_embd, m]  (file type, dequantized)
+//! …layers…
+//! xn   = RmsNorm(x[m-k..], w_out_norm)         [n_embd, k]
+//! logits = MatMul(W_output, xn)                [n_vocab, k]  (in the output buffer)
+//! ```
 //! The cache of one layer is `[n_ctx][n_head_kv][head_dim]` F16 for K, then the same
 //! for V (the CPU cache's layout and type), so attention reads a strided
 //! `[head_dim, n_kv, n_head_kv]` view.
@@ -91,6 +101,7 @@ pub struct Work {
     up: u32,
     pos: u32,
     cs: u32,
+    tok: u32,
     /// One past the last byte used.
     pub end: u64,
 }
@@ -106,9 +117,9 @@ impl Work {
         };
         let q_dim = sh.n_head * sh.head_dim;
         let (x, xn, q, k, v, tmp) = (take(sh.n_embd)?, take(sh.n_embd)?, take(q_dim)?, take(sh.kv_dim())?, take(sh.kv_dim())?, take(sh.n_embd)?);
-        let (gate, up, pos, cs) = (take(sh.n_ff)?, take(sh.n_ff)?, take(1)?, take(sh.n_rot)?);
+        let (gate, up, pos, cs, tok) = (take(sh.n_ff)?, take(sh.n_ff)?, take(1)?, take(sh.n_rot)?, take(1)?);
         u32::try_from(at).ok()?;
-        Some(Work { x, xn, q, k, v, tmp, gate, up, pos, cs, end: at })
+        Some(Work { x, xn, q, k, v, tmp, gate, up, pos, cs, tok, end: at })
     }
 
     /// Offset of the residual rows.
@@ -123,6 +134,29 @@ impl Work {
     pub fn cs(&self) -> u32 {
         self.cs
     }
+    /// Offset of the I32 token ids (for the embedding lookup).
+    pub fn tok(&self) -> u32 {
+        self.tok
+    }
+}
+
+/// The token embedding's copy on the device: `rows` rows of `cols`, type `dtype`, in
+/// the file's (ggml row) layout.
+#[derive(Clone, Copy, Debug)]
+pub struct Table {
+    /// Where.
+    pub at: Placed,
+    /// Its type.
+    pub dtype: DType,
+    /// Rows (vocabulary size).
+    pub rows: usize,
+    /// Columns (`n_embd`).
+    pub cols: usize,
+}
+
+/// The descriptor of the token embedding table.
+pub fn table_desc(t: &Table, buffer: u16) -> Option<TensorDesc> {
+    TensorDesc::contiguous(t.dtype, [u32::try_from(t.cols).ok()?, u32::try_from(t.rows).ok()?, 1, 1], buffer, t.at.offset)
 }
 
 /// One batch's three descriptor tables, filled layer by layer.
@@ -201,6 +235,42 @@ impl Builder {
         self.ops.push(OpDesc { kind, src, dst });
     }
 
+    /// Appends the embedding lookup of the `m` token ids in the work buffer into the
+    /// residual rows. `None`: a descriptor overflowed.
+    pub fn add_embedding(&mut self, t: &Table, w: &Work, m: usize) -> Option<()> {
+        let buf = self.buffer(t.at.buf, t.at.size);
+        let table = self.push(table_desc(t, buf)?);
+        let ids = self.push(TensorDesc::contiguous(DType::I32, [u32::try_from(m).ok()?, 1, 1, 1], 0, w.tok)?);
+        self.op(OpKind::GetRows, [Some(table), Some(ids), None], self.shared.x);
+        Some(())
+    }
+
+    /// Appends the final RMSNorm (weight `norm`) of the last `k` of the `m` residual
+    /// rows and the output projection `out` of them into the first `k` rows of `logits`
+    /// (F32 `[out.rows, k]`). `None`: a descriptor overflowed.
+    pub fn add_output(&mut self, sh: &LayerShape, w: &Work, norm: Placed, out: &Weight, logits: BufferRef, m: usize, k: usize) -> Option<()> {
+        let (e, k32) = (u32::try_from(sh.n_embd).ok()?, u32::try_from(k).ok()?);
+        let skip = u32::try_from(m.checked_sub(k)?).ok()?.checked_mul(4 * e)?;
+        let x = self.push(f32s([e, k32, 1, 1], 0, w.x.checked_add(skip)?)?);
+        let xn = self.push(f32s([e, k32, 1, 1], 0, w.xn)?);
+        let nb = self.buffer(norm.buf, norm.size);
+        let nw = self.push(f32s([e, 1, 1, 1], nb, norm.offset)?);
+        let wb = self.buffer(out.at.buf, out.at.size);
+        let wt = self.push(TensorDesc { dtype: out.dtype, layout: Layout::Tiles32, ne: [out.cols as u32, out.rows as u32, 1, 1], nb: [0; 4], buffer: wb, offset: out.at.offset });
+        let lb = self.buffer(logits.id, logits.size);
+        let dst = self.push(f32s([u32::try_from(out.rows).ok()?, k32, 1, 1], lb, 0)?);
+        self.op(OpKind::RmsNorm { eps: sh.rms_eps }, [Some(x), Some(nw), None], xn);
+        self.op(OpKind::MatMul, [Some(wt), Some(xn), None], dst);
+        Some(())
+    }
+
+    /// Drops everything after the first `ops`/`tensors`/`buffers` entries.
+    pub fn undo(&mut self, ops: usize, tensors: usize, buffers: usize) {
+        self.ops.truncate(ops);
+        self.tensors.truncate(tensors);
+        self.buffers.truncate(buffers);
+    }
+
     /// Whether the tables fit the wire protocol and `max_ops`.
     pub fn fits(&self, max_ops: usize) -> bool {
         self.ops.len() <= max_ops && self.tensors.len() <= MAX_TENSORS && self.buffers.len() <= MAX_BUFFERS
@@ -267,9 +337,7 @@ impl Builder {
     /// Drops everything after the first `ops`/`tensors`/`buffers` entries (undoes an
     /// [`Builder::add_layer`] that did not fit).
     pub fn truncate(&mut self, ops: usize, tensors: usize, buffers: usize) {
-        self.ops.truncate(ops);
-        self.tensors.truncate(tensors);
-        self.buffers.truncate(buffers);
+        self.undo(ops, tensors, buffers);
         self.layers -= 1;
     }
 }
@@ -294,4 +362,14 @@ pub fn probe_ops(sh: &LayerShape) -> Option<Vec<(OpDesc, Vec<TensorDesc>)>> {
         (op(OpKind::SwiGlu, [Some(0), Some(1), None], 0), vec![row(f)?, row(f)?]),
         (op(OpKind::Add, [Some(0), Some(1), None], 0), vec![row(e)?, row(e)?]),
     ])
+}
+
+/// The descriptors a device is asked about before it gets the embedding lookup: one
+/// `GetRows` of one token from a `rows × cols` table of `dtype`.
+pub fn probe_embedding(dtype: DType, rows: usize, cols: usize) -> Option<(OpDesc, Vec<TensorDesc>)> {
+    let c = u32::try_from(cols).ok()?;
+    let table = TensorDesc::contiguous(dtype, [c, u32::try_from(rows).ok()?, 1, 1], 0, 0)?;
+    let ids = TensorDesc::contiguous(DType::I32, [1, 1, 1, 1], 0, 0)?;
+    let out = f32s([c, 1, 1, 1], 0, 0)?;
+    Some((OpDesc { kind: OpKind::GetRows, src: [Some(0), Some(1), None], dst: 2 }, vec![table, ids, out]))
 }
