@@ -143,7 +143,7 @@ pub(crate) fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> bool 
 }
 
 /// The unsigned 5-bit values (0..=31) of elements j and j+16 of a Q5 block.
-#[inline]
+#[inline(always)]
 fn q5_pair(q: u8, qh: u32, j: usize) -> (i32, i32) {
     let h0 = ((qh >> j) << 4) & 0x10;
     let h1 = (qh >> (j + 12)) & 0x10;
@@ -158,7 +158,7 @@ pub(crate) fn contract(n: usize, bs: usize, w: &[u8], wsize: usize, a: &[u8], as
 }
 
 /// Sum over j < 16 of `lo(q[j]) * a[j] + hi(q[j]) * a[j+16]`, split in two as llama.cpp.
-#[inline]
+#[inline(always)]
 fn nibble_sumi(qs: &[u8; 16], a: &[i8; 32], f: impl Fn(u8, usize) -> (i32, i32)) -> i32 {
     let (mut s0, mut s1) = (0i32, 0i32);
     for j in 0..16 {
@@ -193,7 +193,7 @@ pub(crate) fn vec_dot_q4_0_q8_0_lanes(n: usize, w: &[u8], a: &[u8]) -> f32 {
     for (cw, ca) in w.chunks_exact(18).zip(a.chunks_exact(34)).take(n / QK) {
         let (Some(x), Some(y)) = (read_block::<BlockQ4_0>(cw), read_block::<BlockQ8_0>(ca)) else { break };
         let d = x.d.to_f32() * y.d.to_f32();
-        let lanes = lane_sums_i8(&decode(|k| if k < 16 { (x.qs[k] & 0x0F) as i8 - 8 } else { (x.qs[k - 16] >> 4) as i8 - 8 }), &y.qs);
+        let lanes = lane_sums_i8(&decode(&x.qs, |q, _| ((q & 0x0F) as i8 - 8, (q >> 4) as i8 - 8)), &y.qs);
         fma_lanes(d, lanes_f32(lanes), &mut acc);
     }
     hsum8(acc)
@@ -210,7 +210,7 @@ pub(crate) fn vec_dot_q4_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let (Some(x), Some(y)) = (read_block::<BlockQ4_1>(cw), read_block::<BlockQ8_1>(ca)) else { break };
         summs = libm::fmaf(x.m.to_f32(), y.s.to_f32(), summs);
         let d = x.d.to_f32() * y.d.to_f32();
-        let lanes = lane_sums_i8(&decode(|k| if k < 16 { (x.qs[k] & 0x0F) as i8 } else { (x.qs[k - 16] >> 4) as i8 }), &y.qs);
+        let lanes = lane_sums_i8(&decode(&x.qs, |q, _| ((q & 0x0F) as i8, (q >> 4) as i8)), &y.qs);
         fma_lanes(d, lanes_f32(lanes), &mut acc);
     }
     hsum8(acc) + summs
@@ -219,7 +219,7 @@ pub(crate) fn vec_dot_q4_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
 /// The 8 lane sums llama.cpp's x86 kernels form for one block (`maddubs`+`madd` or
 /// `dpbusd`): lane `l` = Σ over k in 4l..4l+4 of `x(k)·y[k]`, exact in i32.
 #[cfg_attr(all(target_arch = "wasm32", target_feature = "simd128", not(test)), allow(dead_code))]
-#[inline]
+#[inline(always)]
 pub(crate) fn lane_sums(x: impl Fn(usize) -> i32, y: &[i8; 32]) -> [i32; 8] {
     let mut lanes = [0i32; 8];
     for (l, s) in lanes.iter_mut().enumerate() {
@@ -233,7 +233,7 @@ pub(crate) fn lane_sums(x: impl Fn(usize) -> i32, y: &[i8; 32]) -> [i32; 8] {
 /// [`lane_sums`] of a block whose 32 weights are decoded to `i8` (every type's values
 /// fit): wasm32 with simd128 forms them with `i32x4.dot_i16x8_s`, other targets by the
 /// scalar loop; integer sums, so the same on every target.
-#[inline]
+#[inline(always)]
 pub(crate) fn lane_sums_i8(x: &[i8; 32], y: &[i8; 32]) -> [i32; 8] {
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     return super::wasm32::lane_sums_i8(x, y);
@@ -241,15 +241,24 @@ pub(crate) fn lane_sums_i8(x: &[i8; 32], y: &[i8; 32]) -> [i32; 8] {
     lane_sums(|k| x[k] as i32, y)
 }
 
-/// The 32 weights of a block, decoded by `f(k)`.
-#[inline]
-pub(crate) fn decode(f: impl Fn(usize) -> i8) -> [i8; 32] {
-    core::array::from_fn(f)
+/// The 32 weights of a block from its 16 bytes: `f(qs[j], j)` gives elements `j` and
+/// `j + 16` (the low and high nibble's values). A plain loop without a branch per element,
+/// always inlined, so the compiler can vectorize it (as `core::array::from_fn` over a
+/// closure it stayed one out-of-line call per weight on aarch64).
+#[inline(always)]
+pub(crate) fn decode(qs: &[u8; 16], f: impl Fn(u8, usize) -> (i8, i8)) -> [i8; 32] {
+    let mut out = [0i8; 32];
+    for j in 0..16 {
+        let (lo, hi) = f(qs[j], j);
+        out[j] = lo;
+        out[j + 16] = hi;
+    }
+    out
 }
 
 /// Lane sums as f32 (`as f32`: exact below 2^24, rounded to nearest even above, as
 /// the x86 kernels' `cvtepi32_ps`).
-#[inline]
+#[inline(always)]
 pub(crate) fn lanes_f32(l: [i32; 8]) -> [f32; 8] {
     l.map(|s| s as f32)
 }
@@ -258,7 +267,7 @@ pub(crate) fn lanes_f32(l: [i32; 8]) -> [f32; 8] {
 /// has no fused multiply-add, so there it is computed exactly in f64 lanes
 /// ([`fma_via_f64`]'s method, two lanes per `f64x2`); elsewhere `libm::fmaf` (the
 /// hardware instruction where the target has one).
-#[inline]
+#[inline(always)]
 pub(crate) fn fma_lanes(d: f32, s: [f32; 8], acc: &mut [f32; 8]) {
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     super::wasm32::fma_lanes(d, s, acc);
@@ -312,7 +321,10 @@ pub(crate) fn vec_dot_q5_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let (Some(x), Some(y)) = (read_block::<BlockQ5_0>(cw), read_block::<BlockQ8_0>(ca)) else { break };
         let d = x.d.to_f32() * y.d.to_f32();
         let qh = qh_u32(x.qh);
-        let lanes = lane_sums_i8(&decode(|k| (q5_value(&x.qs, qh, k) - 16) as i8), &y.qs);
+        let lanes = lane_sums_i8(&decode(&x.qs, |q, j| {
+            let (lo, hi) = q5_pair(q, qh, j);
+            ((lo - 16) as i8, (hi - 16) as i8)
+        }), &y.qs);
         fma_lanes(d, lanes_f32(lanes), &mut acc);
     }
     hsum8(acc)
@@ -330,18 +342,14 @@ pub(crate) fn vec_dot_q5_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
         summs = libm::fmaf(x.m.to_f32(), y.s.to_f32(), summs);
         let d = x.d.to_f32() * y.d.to_f32();
         let qh = qh_u32(x.qh);
-        let lanes = lane_sums_i8(&decode(|k| q5_value(&x.qs, qh, k) as i8), &y.qs);
+        let lanes = lane_sums_i8(&decode(&x.qs, |q, j| {
+            let (lo, hi) = q5_pair(q, qh, j);
+            (lo as i8, hi as i8)
+        }), &y.qs);
         // (llama.cpp writes fma(lane, d, acc): the same single rounding.)
         fma_lanes(d, lanes_f32(lanes), &mut acc);
     }
     hsum8(acc) + summs
-}
-
-/// The unsigned 5-bit value (0..=31) of element `k` (0..32) of a Q5 block.
-#[inline]
-fn q5_value(qs: &[u8; 16], qh: u32, k: usize) -> i32 {
-    let (lo, hi) = q5_pair(qs[k % 16], qh, k % 16);
-    if k < 16 { lo } else { hi }
 }
 
 /// Reference Q8_0 · Q8_0, in llama.cpp's x86 order: per block
@@ -359,7 +367,7 @@ pub(crate) fn vec_dot_q8_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
 }
 
 /// Σ over the block of `table[nibble] · a` for a 4-bit table type (exact).
-#[inline]
+#[inline(always)]
 fn table_sumi(qs: &[u8; 16], a: &[i8; 32], table: &[i8; 16]) -> i32 {
     let mut s = 0i32;
     for j in 0..16 {
