@@ -40,6 +40,27 @@ impl<T> SharedMut<T> {
     }
 }
 
+/// How far ahead of the row being multiplied the weight stream is prefetched.
+const PREFETCH_BYTES: usize = 2048;
+
+/// Asks the cache for the lines of `bytes` bytes from `p` (a hint: no effect on any result,
+/// and no fault for any address, so `p` may point past the weights).
+#[inline(always)]
+fn prefetch(p: *const u8, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for off in (0..bytes).step_by(64) {
+        // SAFETY: prefetch never faults and reads nothing the program sees.
+        unsafe { core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.wrapping_add(off).cast()) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    for off in (0..bytes).step_by(64) {
+        // SAFETY: `prfm` never faults and changes no architectural state.
+        unsafe { core::arch::asm!("prfm pldl1keep, [{0}]", in(reg) p.wrapping_add(off), options(nostack, preserves_flags, readonly)) };
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = (p, bytes);
+}
+
 /// Bytes of one activation row of `cols` values quantized for weights of type `wtype`.
 pub fn act_row_bytes(wtype: GgmlType, cols: usize) -> Option<usize> {
     let vdt = Kernels::vec_dot_type(wtype)?;
@@ -119,6 +140,9 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
             if let (Some(rows_fn), true) = (rows_fn, i_done == i0) {
                 let nr = range.len() - range.len() % DOT_ROWS;
                 for r in (range.start..range.start + nr).step_by(DOT_ROWS) {
+                    if i0 == 0 {
+                        prefetch(w.data.as_ptr().wrapping_add((r + DOT_ROWS) * wrb), DOT_ROWS * wrb);
+                    }
                     for i in i0..i1 {
                         let mut o = [0.0f32; DOT_ROWS];
                         rows_fn(cols, &w.data[r * wrb..(r + DOT_ROWS) * wrb], wrb, &xq[i * rb..(i + 1) * rb], &mut o);
@@ -131,6 +155,9 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
             }
             for r in r_first..range.end {
                 let wrow = &w.data[r * wrb..(r + 1) * wrb];
+                if i0 == 0 {
+                    prefetch(wrow.as_ptr().wrapping_add(PREFETCH_BYTES), wrb);
+                }
                 // Rows done in tiles still need the tokens after the last whole tile.
                 let first = if r < r_done { i_done } else { i0 };
                 for i in first..i1 {

@@ -365,7 +365,9 @@ impl Kernels {
     /// 8 rows (decode) and the dot for the rest. `None` where there is none: for now
     /// AVX2's Q4_0, IQ4_NL and MXFP4, whose dot is one scalar fma chain per row
     /// (llama.cpp's repacked order): one row at a time each block waits on the previous
-    /// fma; eight rows' chains side by side in one vector overlap.
+    /// fma; eight rows' chains side by side in one vector overlap. And Q8_0, Q5_0, Q4_1,
+    /// Q5_1 (one 8-lane accumulator per row): four rows per pass share each activation
+    /// block and convert their scales together, and their fma chains overlap.
     pub fn dot_rows_fn(&self, wtype: GgmlType) -> Option<DotRowsFn> {
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
@@ -374,6 +376,10 @@ impl Kernels {
                 Q4_0 => Some(x86::rows_q4_0_q8_0),
                 IQ4_NL => Some(x86::rows_iq4_nl_q8_0),
                 MXFP4 => Some(x86::rows_mxfp4_q8_0),
+                Q8_0 => Some(x86::rows_q8_0_q8_0),
+                Q5_0 => Some(x86::rows_q5_0_q8_0),
+                Q4_1 => Some(x86::rows_q4_1_q8_1),
+                Q5_1 => Some(x86::rows_q5_1_q8_1),
                 _ => None,
             };
         }

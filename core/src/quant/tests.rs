@@ -610,7 +610,7 @@ fn dot_rows_give_each_dots_bits() {
     let Some(k) = fast_kernels() else { return };
     let mut rng = Rng::new(22);
     let mut checked = 0;
-    for &ty in &[Q4_0, IQ4_NL, MXFP4, Q8_0, Q4_1, Q5_0] {
+    for &ty in &[Q4_0, IQ4_NL, MXFP4, Q8_0, Q4_1, Q5_0, Q5_1] {
         let Some(rows) = k.dot_rows_fn(ty) else { continue };
         let dot = k.dot_fn(ty).unwrap();
         let vdt = Kernels::vec_dot_type(ty).unwrap();
@@ -633,6 +633,6 @@ fn dot_rows_give_each_dots_bits() {
         }
     }
     #[cfg(target_arch = "x86_64")]
-    assert_eq!(checked, 180, "Q4_0, IQ4_NL and MXFP4 have 8-row kernels on AVX2");
+    assert_eq!(checked, 420, "Q4_0, IQ4_NL, MXFP4, Q8_0, Q4_1, Q5_0 and Q5_1 have 8-row kernels on AVX2");
     let _ = checked;
 }

@@ -146,6 +146,14 @@ rows_wrapper!(/// AVX2 IQ4_NL · Q8_0, 8 rows (each output as [`vec_dot_iq4_nl_q
     rows_iq4_nl_q8_0, qdot::iq4_nl_q8_0_rows, 32, 18, 34);
 rows_wrapper!(/// AVX2 MXFP4 · Q8_0, 8 rows (each output as [`vec_dot_mxfp4_q8_0`]).
     rows_mxfp4_q8_0, qdot::mxfp4_q8_0_rows, 32, 17, 34);
+rows_wrapper!(/// AVX2 Q8_0 · Q8_0, 8 rows (each output as [`vec_dot_q8_0_q8_0`]).
+    rows_q8_0_q8_0, qdot::q8_0_q8_0_rows, 32, 34, 34);
+rows_wrapper!(/// AVX2 Q5_0 · Q8_0, 8 rows (each output as [`vec_dot_q5_0_q8_0`]).
+    rows_q5_0_q8_0, qdot::q5_0_q8_0_rows, 32, 22, 34);
+rows_wrapper!(/// AVX2 Q4_1 · Q8_1, 8 rows (each output as [`vec_dot_q4_1_q8_1`]).
+    rows_q4_1_q8_1, qdot::q4_1_q8_1_rows, 32, 20, 36);
+rows_wrapper!(/// AVX2 Q5_1 · Q8_1, 8 rows (each output as [`vec_dot_q5_1_q8_1`]).
+    rows_q5_1_q8_1, qdot::q5_1_q8_1_rows, 32, 24, 36);
 pub(crate) use qdot::ROWS;
 
 macro_rules! dot_wrapper {

@@ -280,6 +280,91 @@ macro_rules! table_dot_rows {
     }};
 }
 
+/// [`lane_dot`] (and `q4_1_q8_1`'s `summs`) for [`ROWS`] weight rows (at `w`, `wrow`
+/// bytes apart) against one activation row, four rows per pass: each block's activation
+/// is loaded once per pass, the four rows' scales are converted together (`dw·da` per
+/// row, and `summs = fma(mw, sa, summs)` in lane r for the types with a min), and each row
+/// keeps its own accumulator: per block, in order, `acc_r = fma(dw_r·da, f32(lanes_r),
+/// acc_r)`, then `hsum(acc_r)` (`+ summs_r`). The same integer lanes, products, fmas and
+/// sum as the single dot, so output r has its bits for row r; the four fma chains
+/// overlap instead of waiting on each other. `$min`: the block's f16 `m` follows `d`
+/// (Q4_1, Q5_1; the activation's `s` follows its `d`). `$a_off`: the activation's `qs`.
+macro_rules! lane_dot_rows {
+    ($nb:expr, $w:expr, $wrow:expr, $a:expr, $out:expr, $ws:expr, $as:expr, $a_off:expr, $min:expr, |$wb:ident, $y:ident| $lanes:expr) => {{
+        let (nb, w0, wrow, a, out) = ($nb, $w, $wrow, $a, $out);
+        // [dw0, mw0, dw1, mw1, ..] -> [dw0..dw3 | mw0..mw3].
+        let deint = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+        for h in 0..ROWS / 4 {
+            let w = w0.add(4 * h * wrow);
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut summs = _mm_setzero_ps();
+            for k in 0..nb {
+                let ab = a.add(k * $as);
+                let fa = _mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab))); // [da, sa, _, _]
+                let sc = |r: usize| rd32(w.add(r * wrow + k * $ws));
+                let f = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_setr_epi32(sc(0), sc(1), sc(2), sc(3))), deint);
+                let d4 = _mm_mul_ps(_mm256_castps256_ps128(f), _mm_shuffle_ps::<0x00>(fa, fa));
+                if $min {
+                    summs = _mm_fmadd_ps(_mm256_extractf128_ps::<1>(f), _mm_shuffle_ps::<0x55>(fa, fa), summs);
+                }
+                let d8 = _mm256_set_m128(d4, d4);
+                let $y = _mm256_loadu_si256(ab.add($a_off).cast());
+                let lanes = |r: usize| {
+                    let $wb = w.add(r * wrow + k * $ws);
+                    _mm256_cvtepi32_ps($lanes)
+                };
+                acc[0] = _mm256_fmadd_ps(_mm256_permute_ps::<0x00>(d8), lanes(0), acc[0]);
+                acc[1] = _mm256_fmadd_ps(_mm256_permute_ps::<0x55>(d8), lanes(1), acc[1]);
+                acc[2] = _mm256_fmadd_ps(_mm256_permute_ps::<0xAA>(d8), lanes(2), acc[2]);
+                acc[3] = _mm256_fmadd_ps(_mm256_permute_ps::<0xFF>(d8), lanes(3), acc[3]);
+            }
+            let mut m = [0.0f32; 4];
+            _mm_storeu_ps(m.as_mut_ptr(), summs);
+            for r in 0..4 {
+                // (No `+ 0.0` for the types without a min: it would turn -0.0 into +0.0.)
+                *out.add(4 * h + r) = if $min { hsum_ps(acc[r]) + m[r] } else { hsum_ps(acc[r]) };
+            }
+        }
+    }};
+}
+
+/// [`q8_0_q8_0`] for [`ROWS`] rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q8_0_q8_0_rows(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+    // SAFETY: as q4_0_q8_0_rows; layouts d@0 qs@2 (each block has 4 bytes at d).
+    unsafe { lane_dot_rows!(nb, w, wrow, a, out, 34, 34, 2, false, |wb, y| dot_i8_i8(_mm256_loadu_si256(wb.add(2).cast()), y)) }
+}
+
+/// [`q5_0_q8_0`] for [`ROWS`] rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q5_0_q8_0_rows(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+    // SAFETY: as q4_0_q8_0_rows; layouts d@0 qh@2 qs@6 and d@0 qs@2.
+    unsafe {
+        let off = _mm256_set1_epi8(16);
+        lane_dot_rows!(nb, w, wrow, a, out, 22, 34, 2, false, |wb, y| {
+            dot_u8_off_i8(_mm256_or_si256(nibbles(wb.add(6)), fifth_bits(wb.add(2))), off, y)
+        })
+    }
+}
+
+/// [`q4_1_q8_1`] for [`ROWS`] rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_1_q8_1_rows(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+    // SAFETY: as q4_0_q8_0_rows; layouts d@0 m@2 qs@4 and d@0 s@2 qs@4.
+    unsafe { lane_dot_rows!(nb, w, wrow, a, out, 20, 36, 4, true, |wb, y| dot_u8_i8(nibbles(wb.add(4)), y)) }
+}
+
+/// [`q5_1_q8_1`] for [`ROWS`] rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q5_1_q8_1_rows(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+    // SAFETY: as q4_0_q8_0_rows; layouts d@0 m@2 qh@4 qs@8 and d@0 s@2 qs@4.
+    unsafe {
+        lane_dot_rows!(nb, w, wrow, a, out, 24, 36, 4, true, |wb, y| {
+            dot_u8_i8(_mm256_or_si256(nibbles(wb.add(8)), fifth_bits(wb.add(4))), y)
+        })
+    }
+}
+
 /// The f16 scales at byte `off` of [`ROWS`] rows `wrow` bytes apart, as f32 (F16C's
 /// conversion is exact, as `f16_to_f32`).
 #[inline]
