@@ -567,6 +567,9 @@ fn attention_block(hp: &HParams, l: usize, a: &Attention<'_>, act: &mut Act<'_>,
     act.project(par, WeightKind::O, &a.wo, &b.attn[..n * aw], n, out);
 }
 
+/// Keys per chunk of [`attention`]'s online softmax (scores and exponentials on the stack).
+const ATTN_CHUNK: usize = 32;
+
 /// Causal grouped-query attention of the `n` new tokens over one layer's cache, split
 /// by (token, head) across at most `max_tasks` tasks, each with its own f16 scratch.
 ///
@@ -602,20 +605,39 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32,
             kern.f32_to_f16(&q[i * qd + h * hd..][..hd], qh);
             acc.fill(f16::ZERO);
             let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
-            for j in first..=pos {
-                let slot = j % rows;
-                let kr = &kv_k[slot * kd + kvh * hd..][..hd];
-                let s = kern.f16_dot(kr, qh) * scale;
-                let (ms, vs) = if s > max {
-                    let ms = ops::expf(max - s);
-                    max = s;
-                    kern.f16_scale(acc, ms);
-                    (ms, 1.0)
-                } else {
-                    (1.0, ops::expf(s - max))
-                };
-                kern.f16_mad(acc, &kv_v[slot * vd + kvh * hdv..][..hdv], vs);
-                sum = libm::fmaf(sum, ms, vs);
+            // Keys in chunks: the chunk's scores, then every exponent the online softmax
+            // will take (the running maximum depends only on the scores), exponentiated
+            // together (`expf_batch` gives `ops::expf`'s bits), then the accumulator
+            // updates in key order: the same operations on the same values as one key
+            // at a time.
+            let mut j0 = first;
+            while j0 <= pos {
+                let len = (pos + 1 - j0).min(ATTN_CHUNK);
+                let mut e = [0.0f32; ATTN_CHUNK];
+                let mut new_max = [false; ATTN_CHUNK];
+                for (c, (ec, nm)) in e[..len].iter_mut().zip(&mut new_max[..len]).enumerate() {
+                    let slot = (j0 + c) % rows;
+                    let s = kern.f16_dot(&kv_k[slot * kd + kvh * hd..][..hd], qh) * scale;
+                    if s > max {
+                        (*ec, *nm) = (max - s, true);
+                        max = s;
+                    } else {
+                        *ec = s - max;
+                    }
+                }
+                kern.expf_batch(&mut e[..len]);
+                for c in 0..len {
+                    let slot = (j0 + c) % rows;
+                    let (ms, vs) = if new_max[c] {
+                        kern.f16_scale(acc, e[c]);
+                        (e[c], 1.0)
+                    } else {
+                        (1.0, e[c])
+                    };
+                    kern.f16_mad(acc, &kv_v[slot * vd + kvh * hdv..][..hdv], vs);
+                    sum = libm::fmaf(sum, ms, vs);
+                }
+                j0 += len;
             }
             // SAFETY: output (i, h) is written by exactly one task.
             let o = unsafe { out.slice(i * out_w + h * hdv, hdv) };

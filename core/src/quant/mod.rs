@@ -485,6 +485,19 @@ impl Kernels {
         f16ops::mad(y, x, v)
     }
 
+    /// `x[i] = ops::expf(x[i])` for every element, bit for bit (AVX2: four lanes in f64,
+    /// with `ops::expf` itself for the rare lane whose rounding the fast path cannot
+    /// decide; see `x86::act::expf_batch`).
+    pub fn expf_batch(&self, x: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            return x86::act::expf_batch(x);
+        }
+        for v in x {
+            *v = crate::ops::expf(*v);
+        }
+    }
+
     /// `y *= v` on an f16 accumulator, rounding to f16 as llama.cpp's attention does.
     pub fn f16_scale(&self, y: &mut [f16], v: f32) {
         #[cfg(target_arch = "x86_64")]

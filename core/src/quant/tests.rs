@@ -636,3 +636,76 @@ fn dot_rows_give_each_dots_bits() {
     assert_eq!(checked, 420, "Q4_0, IQ4_NL, MXFP4, Q8_0, Q4_1, Q5_0 and Q5_1 have 8-row kernels on AVX2");
     let _ = checked;
 }
+
+/// Checks `k.expf_batch` against `ops::expf` on `xs` (in slices of varied length, so
+/// the 4-lane body and the scalar tail both run); returns how many were checked.
+fn check_expf_batch(k: &Kernels, xs: &[f32]) -> usize {
+    let mut buf = xs.to_vec();
+    let mut at = 0;
+    let mut len = 1;
+    while at < buf.len() {
+        let end = (at + len).min(buf.len());
+        k.expf_batch(&mut buf[at..end]);
+        at = end;
+        len = len % 13 + 1;
+    }
+    for (x, y) in xs.iter().zip(&buf) {
+        assert_eq!(y.to_bits(), crate::ops::expf(*x).to_bits(), "expf_batch({x:e} = {:#010x})", x.to_bits());
+    }
+    xs.len()
+}
+
+/// The fast `expf_batch` gives `ops::expf`'s bits: special values and the range edges,
+/// every f32 in dense windows (around 0, the softmax range near -1 and -20, the edges at
+/// -87 and 88), inputs of the fast path's fallback, and 4M random values over the range.
+#[test]
+fn expf_batch_gives_the_reference_bits() {
+    let Some(k) = fast_kernels() else { return };
+    let mut xs: Vec<f32> = vec![0.0, -0.0, 1.0, -1.0, f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MIN, f32::MAX,
+        f32::MIN_POSITIVE, -f32::MIN_POSITIVE, 1e-45, -1e-45, -87.0, 88.0, -87.33655, 88.72283, 88.7229, -103.97208, -103.9721, -200.0, 200.0];
+    for centre in [0.0f32, -1.0, -20.0, -87.0, 88.0, 0.5, -0.3465736] {
+        let b = centre.to_bits();
+        for d in 0..20_000u32 {
+            xs.push(f32::from_bits(b.wrapping_add(d)));
+            xs.push(f32::from_bits(b.wrapping_sub(d)));
+        }
+    }
+    let mut rng = Rng::new(41);
+    for _ in 0..4_000_000 {
+        xs.push(-104.0 + (rng.next() >> 40) as f32 / (1u64 << 24) as f32 * 194.0);
+    }
+    let n = check_expf_batch(&k, &xs);
+    assert!(n > 4_200_000);
+}
+
+/// Every f32 in (-87, 88) (2.2·10^9 values; ~1 minute in release): run by hand with
+/// `cargo test --release -p keel-core --lib expf_batch_every_f32 -- --ignored`.
+#[test]
+#[ignore = "every f32 in the fast range: ~1 minute in release"]
+fn expf_batch_every_f32_in_range() {
+    let Some(k) = fast_kernels() else { return };
+    let mut buf = vec![0.0f32; 1 << 16];
+    let mut want = vec![0.0f32; 1 << 16];
+    let (mut n, mut bits) = (0u64, 0u64);
+    while bits <= u32::MAX as u64 {
+        let mut m = 0;
+        while m < buf.len() && bits <= u32::MAX as u64 {
+            let x = f32::from_bits(bits as u32);
+            bits += 1;
+            if x > -87.0 && x < 88.0 {
+                buf[m] = x;
+                m += 1;
+            }
+        }
+        for (w, x) in want[..m].iter_mut().zip(&buf[..m]) {
+            *w = crate::ops::expf(*x);
+        }
+        let src: Vec<f32> = buf[..m].to_vec();
+        k.expf_batch(&mut buf[..m]);
+        for i in 0..m {
+            assert_eq!(buf[i].to_bits(), want[i].to_bits(), "expf_batch({:e})", src[i]);
+        }
+        n += m as u64;
+    }
+    println!("{n} inputs checked");
+}
