@@ -18,9 +18,11 @@ use crate::quant::blocks::{e8m0_to_f32_half, f16_to_f32, KVALUES_IQ4NL, KVALUES_
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn nibbles(p: *const u8) -> __m256i {
     // SAFETY: the caller guarantees 16 readable bytes at p; AVX2 available (target features).
+    // (The 16 bytes go to both halves by a broadcast load and the high half is shifted
+    // by a variable shift: no shuffle-port uop, which the decode loops are short of.)
     unsafe {
-        let q = _mm_loadu_si128(p.cast());
-        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(q), q), _mm256_set1_epi8(0x0F))
+        let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.cast()));
+        _mm256_and_si256(_mm256_srlv_epi32(q, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0F))
     }
 }
 
@@ -283,7 +285,7 @@ macro_rules! table_dot_rows {
 /// [`lane_dot`] (and `q4_1_q8_1`'s `summs`) for [`ROWS`] weight rows (at `w`, `wrow`
 /// bytes apart) against one activation row, four rows per pass: each block's activation
 /// is loaded once per pass, the four rows' scales are converted together (`dw·da` per
-/// row, and `summs = fma(mw, sa, summs)` in lane r for the types with a min), and each row
+/// row, and `summs = fma(mw, sa, summs)` in lane 2r + 1 for the types with a min), and each row
 /// keeps its own accumulator: per block, in order, `acc_r = fma(dw_r·da, f32(lanes_r),
 /// acc_r)`, then `hsum(acc_r)` (`+ summs_r`). The same integer lanes, products, fmas and
 /// sum as the single dot, so output r has its bits for row r; the four fma chains
@@ -292,37 +294,33 @@ macro_rules! table_dot_rows {
 macro_rules! lane_dot_rows {
     ($nb:expr, $w:expr, $wrow:expr, $a:expr, $out:expr, $ws:expr, $as:expr, $a_off:expr, $min:expr, |$wb:ident, $y:ident| $lanes:expr) => {{
         let (nb, w0, wrow, a, out) = ($nb, $w, $wrow, $a, $out);
-        // [dw0, mw0, dw1, mw1, ..] -> [dw0..dw3 | mw0..mw3].
-        let deint = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
         for h in 0..ROWS / 4 {
             let w = w0.add(4 * h * wrow);
             let mut acc = [_mm256_setzero_ps(); 4];
-            let mut summs = _mm_setzero_ps();
+            let mut summs = _mm256_setzero_ps();
             for k in 0..nb {
                 let ab = a.add(k * $as);
-                let fa = _mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab))); // [da, sa, _, _]
+                let fa = _mm256_cvtph_ps(_mm_set1_epi32(rd32(ab))); // [da, sa, da, sa, ..]
                 let sc = |r: usize| rd32(w.add(r * wrow + k * $ws));
-                let f = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_setr_epi32(sc(0), sc(1), sc(2), sc(3))), deint);
-                let d4 = _mm_mul_ps(_mm256_castps256_ps128(f), _mm_shuffle_ps::<0x00>(fa, fa));
+                let f = _mm256_cvtph_ps(_mm_setr_epi32(sc(0), sc(1), sc(2), sc(3))); // [dw0, mw0, dw1, mw1, ..]
+                // Lane 2r: dw_r·da; lane 2r + 1: fma(mw_r, sa, summs_r) (the other lanes unused).
+                let mut d = [0.0f32; 8];
+                _mm256_storeu_ps(d.as_mut_ptr(), _mm256_mul_ps(f, fa));
                 if $min {
-                    summs = _mm_fmadd_ps(_mm256_extractf128_ps::<1>(f), _mm_shuffle_ps::<0x55>(fa, fa), summs);
+                    summs = _mm256_fmadd_ps(f, fa, summs);
                 }
-                let d8 = _mm256_set_m128(d4, d4);
                 let $y = _mm256_loadu_si256(ab.add($a_off).cast());
-                let lanes = |r: usize| {
+                for r in 0..4 {
                     let $wb = w.add(r * wrow + k * $ws);
-                    _mm256_cvtepi32_ps($lanes)
-                };
-                acc[0] = _mm256_fmadd_ps(_mm256_permute_ps::<0x00>(d8), lanes(0), acc[0]);
-                acc[1] = _mm256_fmadd_ps(_mm256_permute_ps::<0x55>(d8), lanes(1), acc[1]);
-                acc[2] = _mm256_fmadd_ps(_mm256_permute_ps::<0xAA>(d8), lanes(2), acc[2]);
-                acc[3] = _mm256_fmadd_ps(_mm256_permute_ps::<0xFF>(d8), lanes(3), acc[3]);
+                    // (A broadcast from memory: no shuffle uop.)
+                    acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&d[2 * r]), _mm256_cvtepi32_ps($lanes), acc[r]);
+                }
             }
-            let mut m = [0.0f32; 4];
-            _mm_storeu_ps(m.as_mut_ptr(), summs);
+            let mut m = [0.0f32; 8];
+            _mm256_storeu_ps(m.as_mut_ptr(), summs);
             for r in 0..4 {
                 // (No `+ 0.0` for the types without a min: it would turn -0.0 into +0.0.)
-                *out.add(4 * h + r) = if $min { hsum_ps(acc[r]) + m[r] } else { hsum_ps(acc[r]) };
+                *out.add(4 * h + r) = if $min { hsum_ps(acc[r]) + m[2 * r + 1] } else { hsum_ps(acc[r]) };
             }
         }
     }};

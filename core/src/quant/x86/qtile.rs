@@ -23,51 +23,37 @@ pub(crate) const TILE_ROWS: usize = 4;
 /// Activation rows (tokens) per tile.
 pub(crate) const TILE_TOKENS: usize = 4;
 
-/// Lane `r` (0..4) of `v` in all four lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn lane4(v: __m128, r: usize) -> __m128 {
-    // SAFETY: value-only intrinsics; AVX available (target features).
-    unsafe {
-        match r {
-            0 => _mm_permute_ps::<0x00>(v),
-            1 => _mm_permute_ps::<0x55>(v),
-            2 => _mm_permute_ps::<0xAA>(v),
-            _ => _mm_permute_ps::<0xFF>(v),
-        }
-    }
-}
-
 /// The f16 pairs (`d`, then `m` or `s`) at the start of four blocks `stride` bytes apart
-/// from `p`, as f32: `[d0, d1, d2, d3]` and `[m0, m1, m2, m3]` (F16C's conversion is exact).
+/// from `p`, as f32: `[d0, m0, d1, m1, d2, m2, d3, m3]` (F16C's conversion is exact).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scale_pairs(p: *const u8, stride: usize) -> (__m128, __m128) {
+unsafe fn scale_pairs(p: *const u8, stride: usize) -> __m256 {
     // SAFETY: the caller guarantees 4 readable bytes at p + k·stride, k < 4.
     unsafe {
         let h = |k: usize| rd32(p.add(k * stride));
-        let f = _mm256_cvtph_ps(_mm_setr_epi32(h(0), h(1), h(2), h(3)));
-        let f = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
-        (_mm256_castps256_ps128(f), _mm256_extractf128_ps::<1>(f))
+        _mm256_cvtph_ps(_mm_setr_epi32(h(0), h(1), h(2), h(3)))
     }
 }
 
 /// The shared tile loop of the one-accumulator types. Per block `i`: the four tokens'
-/// scales are converted together (`[da_t]`, `[sa_t]`), and so are the four rows'
-/// (`[dw_r]`, `[mw_r]`); for each token `$prep_a` (with `$ab` the activation block)
-/// gives two vectors `[y, c]`; for each row `$prep_w` (with `$wb` the weight block) the
-/// decoded weight `$x`, then the row's four products `dw_r·da_t` in one multiply and,
-/// for `$min` types, `summs[r][t] = fma(mw_r, sa_t, summs[r][t])` in one fma (lane t);
-/// per pair `$lanes` (8 exact i32 sums of `$x` and `$y`, `$c`) and
+/// scale pairs are converted together (`fa = [da_t, sa_t]..`), and so are the four rows'
+/// (`[dw_r, mw_r]..`); for each token `$prep_a` (with `$ab` the activation block) gives
+/// two vectors `[y, c]`; for each row `$prep_w` (with `$wb` the weight block) the decoded
+/// weight `$x`, then the row's products `dw_r·da_t` in one multiply (lanes 2t) and, for
+/// `$min` types, `summs[r] = fma(mw_r, sa_t, summs[r])` in one fma (lanes 2t + 1); per
+/// pair `$lanes` (8 exact i32 sums of `$x` and `$y`, `$c`) and
 /// `acc = fma(dw·da, f32(lanes), acc)`. Every product and fma is the single dot's, per
-/// pair, in block order. Leaves the accumulators in `$acc` and `$summs`.
+/// pair, in block order. Scalars reach the vectors by broadcast loads from small stack
+/// arrays (no shuffle uops: the shuffle port is what these loops run short of). Leaves
+/// the accumulators in `$acc` and `$summs`.
 macro_rules! lane_tile {
     ($nb:expr, $w:expr, $ws:expr, $wrow:expr, $a:expr, $as:expr, $arow:expr, $acc:ident, $summs:ident, $min:expr,
      |$ab:ident| $prep_a:expr, |$wb:ident| $prep_w:expr, |$x:ident, $y:ident, $c:ident| $lanes:expr) => {{
         let (nb, w, a) = ($nb, $w, $a);
         for i in 0..nb {
-            let (da, sa) = scale_pairs(a.add(i * $as), $arow);
-            let (dw, mw) = scale_pairs(w.add(i * $ws), $wrow);
+            let fa = scale_pairs(a.add(i * $as), $arow);
+            let mut fw = [0.0f32; 8];
+            _mm256_storeu_ps(fw.as_mut_ptr(), scale_pairs(w.add(i * $ws), $wrow));
             let mut ya = [[_mm256_setzero_si256(); 2]; TILE_TOKENS];
             for t in 0..TILE_TOKENS {
                 let $ab = a.add(t * $arow + i * $as);
@@ -76,15 +62,14 @@ macro_rules! lane_tile {
             for r in 0..TILE_ROWS {
                 let $wb = w.add(r * $wrow + i * $ws);
                 let $x = $prep_w;
-                let d = _mm_mul_ps(lane4(dw, r), da); // [dw_r·da_t]
+                let mut d = [0.0f32; 8];
+                _mm256_storeu_ps(d.as_mut_ptr(), _mm256_mul_ps(_mm256_broadcast_ss(&fw[2 * r]), fa)); // lane 2t: dw_r·da_t
                 if $min {
-                    $summs[r] = _mm_fmadd_ps(lane4(mw, r), sa, $summs[r]);
+                    $summs[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&fw[2 * r + 1]), fa, $summs[r]);
                 }
-                let d = _mm256_set_m128(d, d);
-                let dt = [_mm256_permute_ps::<0x00>(d), _mm256_permute_ps::<0x55>(d), _mm256_permute_ps::<0xAA>(d), _mm256_permute_ps::<0xFF>(d)];
                 for t in 0..TILE_TOKENS {
                     let [$y, $c] = ya[t];
-                    $acc[r][t] = _mm256_fmadd_ps(dt[t], _mm256_cvtepi32_ps($lanes), $acc[r][t]);
+                    $acc[r][t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&d[2 * t]), _mm256_cvtepi32_ps($lanes), $acc[r][t]);
                 }
             }
         }
@@ -102,7 +87,7 @@ pub(super) unsafe fn q8_0_q8_0(nb: usize, w: *const u8, wrow: usize, a: *const u
     // SAFETY: see above; layout d@0 qs@2 for both.
     unsafe {
         let mut acc = [[_mm256_setzero_ps(); TILE_TOKENS]; TILE_ROWS];
-        let mut summs = [_mm_setzero_ps(); TILE_ROWS];
+        let mut summs = [_mm256_setzero_ps(); TILE_ROWS];
         lane_tile!(nb, w, 34, wrow, a, 34, arow, acc, summs, false,
             |ab| [_mm256_loadu_si256(ab.add(2).cast()), _mm256_setzero_si256()],
             |wb| _mm256_loadu_si256(wb.add(2).cast()),
@@ -125,7 +110,7 @@ pub(super) unsafe fn q5_0_q8_0(nb: usize, w: *const u8, wrow: usize, a: *const u
     unsafe {
         let off = _mm256_set1_epi8(16);
         let mut acc = [[_mm256_setzero_ps(); TILE_TOKENS]; TILE_ROWS];
-        let mut summs = [_mm_setzero_ps(); TILE_ROWS];
+        let mut summs = [_mm256_setzero_ps(); TILE_ROWS];
         lane_tile!(nb, w, 22, wrow, a, 34, arow, acc, summs, false,
             |ab| {
                 let y = _mm256_loadu_si256(ab.add(2).cast());
@@ -149,16 +134,16 @@ pub(super) unsafe fn q4_1_q8_1(nb: usize, w: *const u8, wrow: usize, a: *const u
     // SAFETY: see above; layouts d@0 m@2 qs@4 and d@0 s@2 qs@4.
     unsafe {
         let mut acc = [[_mm256_setzero_ps(); TILE_TOKENS]; TILE_ROWS];
-        let mut summs = [_mm_setzero_ps(); TILE_ROWS];
+        let mut summs = [_mm256_setzero_ps(); TILE_ROWS];
         lane_tile!(nb, w, 20, wrow, a, 36, arow, acc, summs, true,
             |ab| [_mm256_loadu_si256(ab.add(4).cast()), _mm256_setzero_si256()],
             |wb| nibbles(wb.add(4)),
             |x, y, _c| dot_u8_i8(x, y));
         for r in 0..TILE_ROWS {
-            let mut m = [0.0f32; TILE_TOKENS];
-            _mm_storeu_ps(m.as_mut_ptr(), summs[r]);
+            let mut m = [0.0f32; 8];
+            _mm256_storeu_ps(m.as_mut_ptr(), summs[r]);
             for t in 0..TILE_TOKENS {
-                *out.add(t * ostride + r) = hsum_ps(acc[r][t]) + m[t];
+                *out.add(t * ostride + r) = hsum_ps(acc[r][t]) + m[2 * t + 1];
             }
         }
     }
