@@ -259,11 +259,13 @@ macro_rules! table_dot_rows {
     ($nb:expr, $w:expr, $wrow:expr, $a:expr, $out:expr, $ws:expr, $q_off:expr, $table:expr, |$k:ident| $scales:expr) => {{
         let (nb, w, wrow, a, out) = ($nb, $w, $wrow, $a, $out);
         let table = _mm256_broadcastsi128_si256(_mm_loadu_si128($table.as_ptr().cast()));
-        let m4 = _mm_set1_epi8(0x0F);
         let block = |r: usize, k: usize| {
-            let q = _mm_loadu_si128(w.add(r * wrow + k * $ws + $q_off).cast());
-            let idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(q), m4), _mm_and_si128(q, m4));
-            dot_i8_i8(_mm256_shuffle_epi8(table, idx), _mm256_loadu_si256(a.add(k * 34 + 2).cast()))
+            // The nibbles as indices (as `nibbles`: no shuffle-port uop).
+            let idx = nibbles(w.add(r * wrow + k * $ws + $q_off));
+            // Q4_0's levels are `q - 8`: a subtraction instead of the table's shuffle
+            // (the same bytes).
+            let x = if $table == Q4_0_LEVELS { _mm256_sub_epi8(idx, _mm256_set1_epi8(8)) } else { _mm256_shuffle_epi8(table, idx) };
+            dot_i8_i8(x, _mm256_loadu_si256(a.add(k * 34 + 2).cast()))
         };
         let mut acc = _mm256_setzero_ps();
         for k in 0..nb {
@@ -369,9 +371,13 @@ pub(super) unsafe fn q5_1_q8_1_rows(nb: usize, w: *const u8, wrow: usize, a: *co
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn f16_scales(w: *const u8, wrow: usize, off: usize) -> __m256 {
     // SAFETY: the caller guarantees 2 readable bytes at off in each of the ROWS rows.
+    // (Packed four to a u64 in general registers, then one insert: inserting the eight
+    // halves one by one would cost seven shuffle-port uops per block.)
     unsafe {
-        let h = |r: usize| rd16(w.add(r * wrow + off));
-        _mm256_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)))
+        let h = |r: usize| rd16(w.add(r * wrow + off)) as u16 as u64;
+        let lo = h(0) | h(1) << 16 | h(2) << 32 | h(3) << 48;
+        let hi = h(4) | h(5) << 16 | h(6) << 32 | h(7) << 48;
+        _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64))
     }
 }
 
