@@ -140,9 +140,6 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
             if let (Some(rows_fn), true) = (rows_fn, i_done == i0) {
                 let nr = range.len() - range.len() % DOT_ROWS;
                 for r in (range.start..range.start + nr).step_by(DOT_ROWS) {
-                    if i0 == 0 {
-                        prefetch(w.data.as_ptr().wrapping_add((r + DOT_ROWS) * wrb), DOT_ROWS * wrb);
-                    }
                     for i in i0..i1 {
                         let mut o = [0.0f32; DOT_ROWS];
                         rows_fn(cols, &w.data[r * wrb..(r + DOT_ROWS) * wrb], wrb, &xq[i * rb..(i + 1) * rb], &mut o);

@@ -269,6 +269,7 @@ macro_rules! table_dot_rows {
         };
         let mut acc = _mm256_setzero_ps();
         for k in 0..nb {
+            prefetch_next_rows(w, wrow, k * $ws);
             // Row r's sum of its 8 lanes in lane r (integer: any order is exact).
             let h01 = _mm256_hadd_epi32(block(0, k), block(1, k));
             let h23 = _mm256_hadd_epi32(block(2, k), block(3, k));
@@ -301,6 +302,9 @@ macro_rules! lane_dot_rows {
             let mut acc = [_mm256_setzero_ps(); 4];
             let mut summs = _mm256_setzero_ps();
             for k in 0..nb {
+                if h == 0 {
+                    prefetch_next_rows(w0, wrow, k * $ws);
+                }
                 let ab = a.add(k * $as);
                 let fa = _mm256_cvtph_ps(_mm_set1_epi32(rd32(ab))); // [da, sa, da, sa, ..]
                 let sc = |r: usize| rd32(w.add(r * wrow + k * $ws));
@@ -362,6 +366,22 @@ pub(super) unsafe fn q5_1_q8_1_rows(nb: usize, w: *const u8, wrow: usize, a: *co
         lane_dot_rows!(nb, w, wrow, a, out, 24, 36, 4, true, |wb, y| {
             dot_u8_i8(_mm256_or_si256(nibbles(wb.add(8)), fifth_bits(wb.add(4))), y)
         })
+    }
+}
+
+/// Prefetches byte `off` of each of the [`ROWS`] rows after the group at `w` (rows `wrow`
+/// bytes apart): called once per block, it keeps the next group's weights streaming in
+/// while this group computes, a line or so per row at a time. (A hint only: it cannot
+/// fault, so the rows may lie past the weights.)
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn prefetch_next_rows(w: *const u8, wrow: usize, off: usize) {
+    // SAFETY: prefetch never faults and reads nothing the program sees.
+    unsafe {
+        let next = w.wrapping_add(ROWS * wrow + off);
+        for r in 0..ROWS {
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(r * wrow).cast());
+        }
     }
 }
 
