@@ -55,6 +55,18 @@ pub(super) unsafe fn fifth_bits(p: *const u8) -> __m256i {
     }
 }
 
+/// The f16 pairs (`d`, then `m` or `s`) at the start of four blocks `stride` bytes apart
+/// from `p`, as f32: `[d0, m0, d1, m1, d2, m2, d3, m3]` (F16C's conversion is exact).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn scale_pairs(p: *const u8, stride: usize) -> __m256 {
+    // SAFETY: the caller guarantees 4 readable bytes at p + k·stride, k < 4.
+    unsafe {
+        let h = |k: usize| rd32(p.add(k * stride));
+        _mm256_cvtph_ps(_mm_setr_epi32(h(0), h(1), h(2), h(3)))
+    }
+}
+
 /// Σ pairs of u8 `x` × i8 `y` → 8 i32 lanes (each the sum of 4 products).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -307,8 +319,7 @@ macro_rules! lane_dot_rows {
                 }
                 let ab = a.add(k * $as);
                 let fa = _mm256_cvtph_ps(_mm_set1_epi32(rd32(ab))); // [da, sa, da, sa, ..]
-                let sc = |r: usize| rd32(w.add(r * wrow + k * $ws));
-                let f = _mm256_cvtph_ps(_mm_setr_epi32(sc(0), sc(1), sc(2), sc(3))); // [dw0, mw0, dw1, mw1, ..]
+                let f = scale_pairs(w.add(k * $ws), wrow); // [dw0, mw0, dw1, mw1, ..]
                 // Lane 2r: dw_r·da; lane 2r + 1: fma(mw_r, sa, summs_r) (the other lanes unused).
                 let mut d = [0.0f32; 8];
                 _mm256_storeu_ps(d.as_mut_ptr(), _mm256_mul_ps(f, fa));

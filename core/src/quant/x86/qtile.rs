@@ -15,25 +15,13 @@
 
 use core::arch::x86_64::*;
 
-use super::qdot::{dot_u8_i8, fifth_bits, nibbles};
-use super::{hsum_ps, rd32};
+use super::hsum_ps;
+use super::qdot::{dot_u8_i8, fifth_bits, nibbles, scale_pairs};
 
 /// Weight rows per tile.
 pub(crate) const TILE_ROWS: usize = 4;
 /// Activation rows (tokens) per tile.
 pub(crate) const TILE_TOKENS: usize = 4;
-
-/// The f16 pairs (`d`, then `m` or `s`) at the start of four blocks `stride` bytes apart
-/// from `p`, as f32: `[d0, m0, d1, m1, d2, m2, d3, m3]` (F16C's conversion is exact).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scale_pairs(p: *const u8, stride: usize) -> __m256 {
-    // SAFETY: the caller guarantees 4 readable bytes at p + k·stride, k < 4.
-    unsafe {
-        let h = |k: usize| rd32(p.add(k * stride));
-        _mm256_cvtph_ps(_mm_setr_epi32(h(0), h(1), h(2), h(3)))
-    }
-}
 
 /// The shared tile loop of the one-accumulator types. Per block `i`: the four tokens'
 /// scale pairs are converted together (`fa = [da_t, sa_t]..`), and so are the four rows'
