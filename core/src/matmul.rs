@@ -8,7 +8,7 @@
 use crate::ggml_type::GgmlType;
 use crate::model::Tensor;
 use crate::parallel::{split_range, Parallel};
-use crate::quant::{Kernels, DOT_ROWS, DOT_TILE_ROWS, DOT_TILE_TOKENS};
+use crate::quant::{Kernels, DOT_ROWS, DOT_TILE_MAX_ROWS, DOT_TILE_MAX_TOKENS};
 
 /// A pointer to a slice that several tasks write at disjoint indices.
 #[derive(Clone, Copy)]
@@ -85,6 +85,8 @@ pub fn quantize_rows(k: &Kernels, par: &dyn Parallel, vdt: GgmlType, x: &[f32], 
 /// Tokens processed together against each weight row (keeps their activations in L1).
 const TOKEN_TILE: usize = 16;
 
+const _: () = assert!(DOT_TILE_MAX_TOKENS <= TOKEN_TILE);
+
 /// `out[i * w.rows + r] = dot(w row r, activation row i)` for `n` activation rows `xq`
 /// (already quantized for `w.ty`).
 pub fn matmul(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usize, out: &mut [f32]) {
@@ -114,20 +116,21 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
         let mut i0 = 0;
         while i0 < n {
             let i1 = (i0 + TOKEN_TILE).min(n);
-            // Whole tiles of DOT_TILE_ROWS rows × DOT_TILE_TOKENS tokens, each output
-            // the bits of `dot` (see `Kernels::dot_tile_fn`); the rest pair by pair.
+            // Whole tiles of `tile.rows` rows × `tile.tokens` tokens, each output the
+            // bits of `dot` (see `Kernels::dot_tile_fn`); the rest pair by pair.
             let (mut r_done, mut i_done) = (range.start, i0);
             if let Some(tile) = tile {
-                let (nr, ni) = (range.len() - range.len() % DOT_TILE_ROWS, (i1 - i0) - (i1 - i0) % DOT_TILE_TOKENS);
+                let (tr, tt) = (tile.rows, tile.tokens);
+                let (nr, ni) = (range.len() - range.len() % tr, (i1 - i0) - (i1 - i0) % tt);
                 if ni > 0 {
-                    for r in (range.start..range.start + nr).step_by(DOT_TILE_ROWS) {
-                        for i in (i0..i0 + ni).step_by(DOT_TILE_TOKENS) {
-                            let mut o = [0.0f32; DOT_TILE_ROWS * DOT_TILE_TOKENS];
-                            tile(cols, &w.data[r * wrb..(r + DOT_TILE_ROWS) * wrb], wrb, &xq[i * rb..(i + DOT_TILE_TOKENS) * rb], rb, &mut o, DOT_TILE_ROWS);
-                            for (ti, orow) in o.chunks_exact(DOT_TILE_ROWS).enumerate() {
-                                // SAFETY: elements (i + ti, r..) are written by the one
-                                // task owning rows r..r + DOT_TILE_ROWS.
-                                unsafe { out.slice((i + ti) * rows + r, DOT_TILE_ROWS) }.copy_from_slice(orow);
+                    for r in (range.start..range.start + nr).step_by(tr) {
+                        for i in (i0..i0 + ni).step_by(tt) {
+                            let mut o = [0.0f32; DOT_TILE_MAX_ROWS * DOT_TILE_MAX_TOKENS];
+                            (tile.f)(cols, &w.data[r * wrb..(r + tr) * wrb], wrb, &xq[i * rb..(i + tt) * rb], rb, &mut o[..tr * tt], tr);
+                            for (ti, orow) in o[..tr * tt].chunks_exact(tr).enumerate() {
+                                // SAFETY: elements (i + ti, r..r + tr) are written by the
+                                // one task owning those rows.
+                                unsafe { out.slice((i + ti) * rows + r, tr) }.copy_from_slice(orow);
                             }
                         }
                     }

@@ -101,7 +101,8 @@ pub struct Isa {
     pub avx2_fma: bool,
     /// x86_64 AVX-512 F/BW/VL (not used yet).
     pub avx512: bool,
-    /// x86_64 AVX-512 VNNI (not used yet).
+    /// x86_64 AVX-512 VNNI (with AVX-512 F/BW/VL): `vpdpbusd` in the Q4_0 prompt
+    /// tile; confirmed by CPUID in [`Kernels::new`].
     pub avx512_vnni: bool,
     /// x86_64 AVX512-FP16 (with AVX-512 F/VL): the native f16 fma of attention's value
     /// accumulator; confirmed by CPUID in [`Kernels::new`].
@@ -124,12 +125,28 @@ pub struct Isa {
 pub type DotFn = fn(n: usize, w: &[u8], a: &[u8]) -> f32;
 
 /// A tile of dots: `out[t * ostride + r] = dot(n, w[r * wrow..], a[t * arow..])` for
-/// `r < DOT_TILE_ROWS` weight rows and `t < DOT_TILE_TOKENS` activation rows, each output
-/// the bits of the [`DotFn`] it stands for (see [`Kernels::dot_tile_fn`]).
+/// `r < rows` weight rows and `t < tokens` activation rows (the [`DotTile`]'s shape),
+/// each output the bits of the [`DotFn`] it stands for (see [`Kernels::dot_tile_fn`]).
 ///
-/// Contract: as [`DotFn`] for every pair; `w`, `a` and `out` hold the whole tile
-/// (checked: a short slice panics).
+/// Contract: as [`DotFn`] for every pair; `w`, `a` and `out` hold the whole tile and
+/// `ostride >= rows` (checked: a short slice panics).
 pub type DotTileFn = fn(n: usize, w: &[u8], wrow: usize, a: &[u8], arow: usize, out: &mut [f32], ostride: usize);
+
+/// A tile kernel and its shape.
+#[derive(Clone, Copy, Debug)]
+pub struct DotTile {
+    /// The kernel.
+    pub f: DotTileFn,
+    /// Weight rows per tile (at most [`DOT_TILE_MAX_ROWS`]).
+    pub rows: usize,
+    /// Activation rows (tokens) per tile (at most [`DOT_TILE_MAX_TOKENS`]).
+    pub tokens: usize,
+}
+
+/// The most weight rows any [`DotTile`] has.
+pub const DOT_TILE_MAX_ROWS: usize = 8;
+/// The most tokens any [`DotTile`] has.
+pub const DOT_TILE_MAX_TOKENS: usize = 16;
 
 /// [`DOT_ROWS`] weight rows (`wrow` bytes apart in `w`) · one activation row `a`: each
 /// output the bits of [`Kernels::dot_fn`] for its row (see [`Kernels::dot_rows_fn`]).
@@ -141,13 +158,14 @@ pub const DOT_ROWS: usize = 8;
 #[cfg(target_arch = "x86_64")]
 const _: () = assert!(x86::ROWS == DOT_ROWS);
 
-/// Weight rows of a [`DotTileFn`] tile.
-pub const DOT_TILE_ROWS: usize = 4;
-/// Activation rows (tokens) of a [`DotTileFn`] tile.
-pub const DOT_TILE_TOKENS: usize = 4;
-
 #[cfg(target_arch = "x86_64")]
-const _: () = assert!(x86::TILE_ROWS == DOT_TILE_ROWS && x86::TILE_TOKENS == DOT_TILE_TOKENS);
+const _: () = assert!(
+    x86::TILE_ROWS <= DOT_TILE_MAX_ROWS
+        && x86::TILE_TOKENS <= DOT_TILE_MAX_TOKENS
+        && x86::Q4_0_TILE_ROWS <= DOT_TILE_MAX_ROWS
+        && x86::Q4_0_TILE_TOKENS <= DOT_TILE_MAX_TOKENS
+        && x86::Q4_0_TILE_TOKENS_VNNI <= DOT_TILE_MAX_TOKENS
+);
 
 /// A type/operation pair keel cannot do, or a row whose shape does not fit its type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -209,12 +227,14 @@ pub struct Kernels {
     sdot: bool,
     /// AVX512-FP16 for the f16 ops (x86_64 with `avx2`; confirmed by CPUID).
     fp16: bool,
+    /// AVX-512 VNNI (with F/BW/VL) for the tiles (x86_64 with `avx2`; confirmed by CPUID).
+    vnni: bool,
 }
 
 impl Kernels {
     /// The scalar reference only: bit-identical on every target.
     pub fn reference() -> Self {
-        Kernels { avx2: false, neon: false, sdot: false, fp16: false }
+        Kernels { avx2: false, neon: false, sdot: false, fp16: false, vnni: false }
     }
 
     /// The fastest kernels `isa` allows (and, on x86_64, CPUID confirms).
@@ -222,13 +242,14 @@ impl Kernels {
         #[cfg(target_arch = "x86_64")]
         if isa.avx2_fma && x86::cpu_has_avx2_fma() {
             let fp16 = isa.avx512_fp16 && x86::cpu_has_avx512_fp16();
-            return Kernels { avx2: true, neon: false, sdot: false, fp16 };
+            let vnni = isa.avx512_vnni && x86::cpu_has_avx512_vnni();
+            return Kernels { avx2: true, neon: false, sdot: false, fp16, vnni };
         }
         // NEON is part of the target (the module is compiled only with it); `sdot` is
         // trusted from the host's report (no_std cannot ask the OS).
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
         if isa.neon {
-            return Kernels { avx2: false, neon: true, sdot: isa.neon_dotprod, fp16: false };
+            return Kernels { avx2: false, neon: true, sdot: isa.neon_dotprod, fp16: false, vnni: false };
         }
         let _ = isa;
         Self::reference()
@@ -240,9 +261,14 @@ impl Kernels {
     }
 
     /// A short name for logs: `"reference"`, `"avx2"`, `"avx2+fp16"` (AVX512-FP16 for the
-    /// f16 ops), `"neon"` or `"neon-dotprod"`.
+    /// f16 ops), `"avx2+vnni"` (AVX-512 VNNI for the tiles), `"avx2+vnni+fp16"`, `"neon"`
+    /// or `"neon-dotprod"`.
     pub fn name(&self) -> &'static str {
-        if self.fp16 {
+        if self.fp16 && self.vnni {
+            "avx2+vnni+fp16"
+        } else if self.vnni {
+            "avx2+vnni"
+        } else if self.fp16 {
             "avx2+fp16"
         } else if self.avx2 {
             "avx2"
@@ -390,17 +416,21 @@ impl Kernels {
     /// A tile version of [`Kernels::dot_fn`]`(wtype)`: every output of the tile has the
     /// bits that dot gives for its (row, token) pair, so a matmul may use it for whole
     /// tiles and the dot for the rest. `None` where there is none (the caller uses the
-    /// dot): for now AVX2's Q8_0, Q5_0 and Q4_1.
-    pub fn dot_tile_fn(&self, wtype: GgmlType) -> Option<DotTileFn> {
+    /// dot): for now x86's Q8_0, Q5_0, Q4_1 and Q4_0 (with AVX-512 VNNI, a larger Q4_0
+    /// tile).
+    pub fn dot_tile_fn(&self, wtype: GgmlType) -> Option<DotTile> {
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
             use GgmlType::*;
-            return match wtype {
-                Q8_0 => Some(x86::tile_q8_0_q8_0),
-                Q5_0 => Some(x86::tile_q5_0_q8_0),
-                Q4_1 => Some(x86::tile_q4_1_q8_1),
-                _ => None,
+            let (f, rows, tokens): (DotTileFn, usize, usize) = match wtype {
+                Q8_0 => (x86::tile_q8_0_q8_0, x86::TILE_ROWS, x86::TILE_TOKENS),
+                Q5_0 => (x86::tile_q5_0_q8_0, x86::TILE_ROWS, x86::TILE_TOKENS),
+                Q4_1 => (x86::tile_q4_1_q8_1, x86::TILE_ROWS, x86::TILE_TOKENS),
+                Q4_0 if self.vnni => (x86::tile_q4_0_q8_0_vnni, x86::Q4_0_TILE_ROWS, x86::Q4_0_TILE_TOKENS_VNNI),
+                Q4_0 => (x86::tile_q4_0_q8_0, x86::Q4_0_TILE_ROWS, x86::Q4_0_TILE_TOKENS),
+                _ => return None,
             };
+            return Some(DotTile { f, rows, tokens });
         }
         let _ = wtype;
         None

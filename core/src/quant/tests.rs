@@ -71,6 +71,24 @@ pub(super) fn random_row(rng: &mut Rng, n: usize) -> Vec<f32> {
 }
 
 /// The SIMD kernel set, if this CPU has it.
+/// Every SIMD kernel set this CPU can run: [`fast_kernels`] and, on x86_64, the
+/// AVX-512 VNNI variant where the CPU has it.
+pub(super) fn fast_kernel_sets() -> Vec<Kernels> {
+    let Some(k) = fast_kernels() else { return Vec::new() };
+    #[allow(unused_mut)]
+    let mut sets = vec![k];
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
+            let v = Kernels::new(Isa { avx2_fma: true, avx512: true, avx512_vnni: true, ..Isa::default() });
+            assert_eq!(v.name(), "avx2+vnni", "CPUID disagrees with std's feature detection");
+            sets.push(v);
+        }
+    }
+    sets
+}
+
 pub(super) fn fast_kernels() -> Option<Kernels> {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c") {
@@ -571,36 +589,44 @@ fn lane_sums_i8_equal_the_closure_form() {
 
 #[test]
 fn dot_tiles_give_each_dots_bits() {
-    let Some(k) = fast_kernels() else { return };
-    let mut rng = Rng::new(21);
-    for &ty in &[Q8_0, Q5_0, Q4_1, Q4_0, Q6_K] {
-        let Some(tile) = k.dot_tile_fn(ty) else { continue };
-        let dot = k.dot_fn(ty).unwrap();
-        let vdt = Kernels::vec_dot_type(ty).unwrap();
-        for i in 0..40 {
-            let n = random_n(&mut rng, ty, i);
-            let (wrow, arow) = (bytes_of(ty, n) + 2 * (i % 3), bytes_of(vdt, n) + i % 5);
-            let mut w = vec![0u8; DOT_TILE_ROWS * wrow];
-            for r in 0..DOT_TILE_ROWS {
-                let q = quantized(ty, &random_row(&mut rng, n));
-                w[r * wrow..r * wrow + q.len()].copy_from_slice(&q);
-            }
-            let mut a = vec![0u8; DOT_TILE_TOKENS * arow];
-            for t in 0..DOT_TILE_TOKENS {
-                let q = activations(&k, vdt, &random_row(&mut rng, n));
-                a[t * arow..t * arow + q.len()].copy_from_slice(&q);
-            }
-            let ostride = DOT_TILE_ROWS + i % 3;
-            let mut out = vec![f32::NAN; DOT_TILE_TOKENS * ostride];
-            tile(n, &w, wrow, &a, arow, &mut out, ostride);
-            for r in 0..DOT_TILE_ROWS {
-                for t in 0..DOT_TILE_TOKENS {
-                    let want = dot(n, &w[r * wrow..], &a[t * arow..]);
-                    assert_eq!(out[t * ostride + r].to_bits(), want.to_bits(), "{ty} n={n} r={r} t={t}");
+    let (sets, mut checked) = (fast_kernel_sets(), 0);
+    for &k in &sets {
+        let mut rng = Rng::new(21);
+        for &ty in &[Q8_0, Q5_0, Q4_1, Q4_0, Q6_K] {
+            let Some(tile) = k.dot_tile_fn(ty) else { continue };
+            let (tile, tr, tt) = (tile.f, tile.rows, tile.tokens);
+            let dot = k.dot_fn(ty).unwrap();
+            let vdt = Kernels::vec_dot_type(ty).unwrap();
+            for i in 0..40 {
+                let n = random_n(&mut rng, ty, i);
+                let (wrow, arow) = (bytes_of(ty, n) + 2 * (i % 3), bytes_of(vdt, n) + i % 5);
+                let mut w = vec![0u8; tr * wrow];
+                for r in 0..tr {
+                    let q = quantized(ty, &random_row(&mut rng, n));
+                    w[r * wrow..r * wrow + q.len()].copy_from_slice(&q);
                 }
+                let mut a = vec![0u8; tt * arow];
+                for t in 0..tt {
+                    let q = activations(&k, vdt, &random_row(&mut rng, n));
+                    a[t * arow..t * arow + q.len()].copy_from_slice(&q);
+                }
+                let ostride = tr + i % 3;
+                let mut out = vec![f32::NAN; tt * ostride];
+                tile(n, &w, wrow, &a, arow, &mut out, ostride);
+                for r in 0..tr {
+                    for t in 0..tt {
+                        let want = dot(n, &w[r * wrow..], &a[t * arow..]);
+                        assert_eq!(out[t * ostride + r].to_bits(), want.to_bits(), "{} {ty} n={n} r={r} t={t}", k.name());
+                    }
+                }
+                checked += 1;
             }
         }
     }
+    // Every x86 kernel set has tiles for four types.
+    #[cfg(target_arch = "x86_64")]
+    assert_eq!(checked, 4 * 40 * sets.len(), "tiles checked");
+    let _ = checked;
 }
 
 /// The 8-row kernels give every row the bits of its single dot (odd row strides, random

@@ -26,9 +26,11 @@
 //! Activation quantizers compute exactly what `quantize.rs` does (`id = 127/amax`,
 //! round half to even), so their bytes equal the reference's (tested).
 //!
-//! MSRV note: on Rust 1.85 the value-only intrinsics are `unsafe fn`s, on newer compilers
-//! they are safe inside `#[target_feature]` functions; the `unsafe` blocks below are for
-//! the former, hence `allow(unused_unsafe)`.
+//! With AVX-512 VNNI (and F/BW/VL; [`cpu_has_avx512_vnni`]) the Q4_0 prompt tile uses
+//! `vpdpbusd` on 256-bit vectors, with 32 vector registers (`qtile.rs`).
+//!
+//! The value-only intrinsics are safe inside `#[target_feature]` functions on current
+//! compilers; some `unsafe` blocks below predate that, hence `allow(unused_unsafe)`.
 #![allow(unused_unsafe)]
 
 use core::arch::x86_64::*;
@@ -79,6 +81,18 @@ pub(crate) fn cpu_has_avx512_fp16() -> bool {
     f & vl & fp16 == 1 && xcr0 & 0xE6 == 0xE6
 }
 
+/// True if, besides [`cpu_has_avx2_fma`], this CPU (and OS) has AVX-512 F, BW, VL and
+/// VNNI, and the OS saves the opmask and ZMM state (XCR0 bits 5, 6, 7).
+pub(crate) fn cpu_has_avx512_vnni() -> bool {
+    if !cpu_has_avx2_fma() {
+        return false;
+    }
+    // SAFETY: leaf 7 exists and OSXSAVE is set (cpu_has_avx2_fma checked both).
+    let (leaf7, xcr0) = unsafe { (__cpuid_count(7, 0), xcr0()) };
+    let (f, bw, vl, vnni) = (leaf7.ebx >> 16 & 1, leaf7.ebx >> 30 & 1, leaf7.ebx >> 31 & 1, leaf7.ecx >> 11 & 1);
+    f & bw & vl & vnni == 1 && xcr0 & 0xE6 == 0xE6
+}
+
 #[target_feature(enable = "xsave")]
 unsafe fn xcr0() -> u64 {
     // SAFETY: the caller checked OSXSAVE.
@@ -98,19 +112,24 @@ fn fit(n: usize, bs: usize, w: &[u8], wsize: usize, a: &[u8], asize: usize) -> u
 /// slices hold the tile (a broken contract panics; it cannot read out of bounds).
 macro_rules! tile_wrapper {
     ($(#[$doc:meta])* $name:ident, $body:path, $bs:expr, $wsize:expr, $asize:expr) => {
+        tile_wrapper!($(#[$doc])* $name, $body, $bs, $wsize, $asize, qtile::TILE_ROWS, qtile::TILE_TOKENS, cpu_has_avx2_fma);
+    };
+    ($(#[$doc:meta])* $name:ident, $body:path, $bs:expr, $wsize:expr, $asize:expr, $rows:expr, $tokens:expr, $cpu:ident) => {
         $(#[$doc])*
         pub(crate) fn $name(n: usize, w: &[u8], wrow: usize, a: &[u8], arow: usize, out: &mut [f32], ostride: usize) {
-            use qtile::{TILE_ROWS, TILE_TOKENS};
+            const TILE_ROWS: usize = $rows;
+            const TILE_TOKENS: usize = $tokens;
             let nb = n / $bs;
             debug_assert!(n % $bs == 0, "dot tile: n = {n} is not a multiple of the block size {}", $bs);
             assert!(
                 w.len() >= (TILE_ROWS - 1) * wrow + nb * $wsize
                     && a.len() >= (TILE_TOKENS - 1) * arow + nb * $asize
-                    && out.len() >= (TILE_TOKENS - 1) * ostride + TILE_ROWS,
+                    && out.len() >= (TILE_TOKENS - 1) * ostride + TILE_ROWS
+                    && ostride >= TILE_ROWS,
                 "dot tile: slices too short"
             );
-            // SAFETY: only handed out after cpu_has_avx2_fma() (module contract); the
-            // tile's blocks and outputs lie inside w, a and out (checked above).
+            // SAFETY: only handed out after $cpu() (module contract); the tile's blocks
+            // and outputs lie inside w, a and out (checked above).
             unsafe { $body(nb, w.as_ptr(), wrow, a.as_ptr(), arow, out.as_mut_ptr(), ostride) }
         }
     };
@@ -122,7 +141,12 @@ tile_wrapper!(/// AVX2 Q5_0 · Q8_0 tile (each output as [`vec_dot_q5_0_q8_0`]).
     tile_q5_0_q8_0, qtile::q5_0_q8_0, 32, 22, 34);
 tile_wrapper!(/// AVX2 Q4_1 · Q8_1 tile (each output as [`vec_dot_q4_1_q8_1`]).
     tile_q4_1_q8_1, qtile::q4_1_q8_1, 32, 20, 36);
-pub(crate) use qtile::{TILE_ROWS, TILE_TOKENS};
+tile_wrapper!(/// AVX2 Q4_0 · Q8_0 tile (each output as [`vec_dot_q4_0_q8_0`]).
+    tile_q4_0_q8_0, qtile::q4_0_q8_0, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_TILE_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0 tile (each output as [`vec_dot_q4_0_q8_0`]); only handed
+    /// out after [`cpu_has_avx512_vnni`].
+    tile_q4_0_q8_0_vnni, qtile::q4_0_q8_0_vnni, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_TILE_TOKENS_VNNI, cpu_has_avx512_vnni);
+pub(crate) use qtile::{Q4_0_TILE_ROWS, Q4_0_TILE_TOKENS, Q4_0_TILE_TOKENS_VNNI, TILE_ROWS, TILE_TOKENS};
 
 /// Runs 8-row body `$body` (see `qdot::table_dot_rows`) on whole blocks, after checking
 /// that the slices hold the rows (a broken contract panics; it cannot read out of bounds).

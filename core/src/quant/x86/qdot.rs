@@ -400,7 +400,7 @@ unsafe fn prefetch_next_rows(w: *const u8, wrow: usize, off: usize) {
 /// conversion is exact, as `f16_to_f32`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16_scales(w: *const u8, wrow: usize, off: usize) -> __m256 {
+pub(super) unsafe fn f16_scales(w: *const u8, wrow: usize, off: usize) -> __m256 {
     // SAFETY: the caller guarantees 2 readable bytes at off in each of the ROWS rows.
     // (Packed four to a u64 in general registers, then one insert: inserting the eight
     // halves one by one would cost seven shuffle-port uops per block.)

@@ -16,7 +16,7 @@
 use core::arch::x86_64::*;
 
 use super::hsum_ps;
-use super::qdot::{dot_u8_i8, fifth_bits, nibbles, scale_pairs};
+use super::qdot::{dot_u8_i8, f16_scales, fifth_bits, nibbles, scale_pairs};
 
 /// Weight rows per tile.
 pub(crate) const TILE_ROWS: usize = 4;
@@ -134,5 +134,137 @@ pub(super) unsafe fn q4_1_q8_1(nb: usize, w: *const u8, wrow: usize, a: *const u
                 *out.add(t * ostride + r) = hsum_ps(acc[r][t]) + m[2 * t + 1];
             }
         }
+    }
+}
+
+/// Weight rows of a Q4_0 tile: one per lane of a vector.
+pub(crate) const Q4_0_TILE_ROWS: usize = 8;
+/// Tokens of the AVX2 Q4_0 tile (its 16 vector registers hold the 8 decoded weight
+/// vectors and 4 accumulators).
+pub(crate) const Q4_0_TILE_TOKENS: usize = 4;
+/// Tokens of the AVX-512 VNNI Q4_0 tile (32 registers: 8 weight vectors, 16 accumulators).
+pub(crate) const Q4_0_TILE_TOKENS_VNNI: usize = 16;
+
+/// The Q4_0 tile loop: [`Q4_0_TILE_ROWS`] rows in the lanes of a vector, `$tokens`
+/// tokens. Per block, in block order: the 8 rows' nibbles are transposed so that
+/// vector `x[j]` holds, in lane r, row r's elements `4j..4j + 4` as signed bytes
+/// `q - 8`; each token's activation block is stored with its sign bits flipped
+/// (`y + 128`, unsigned) so that four of its bytes at a time can be broadcast by a
+/// load; then per token `$sumi` forms every row's exact integer `Σ (q - 8)·y` as
+/// `Σ x·(y + 128) - 128·Σ x` (the correction `$corr` = `128·Σ x` per row, computed once
+/// per block from the byte sum `$s8` of the `x[j]`), and per lane
+/// `acc_t = fma(f32(sumi), dw·da_t, acc_t)`. These are the single dot's operations
+/// (`qdot::q4_0_q8_0`, llama.cpp's repacked order: one exact sum per block, one fma
+/// per block in block order) on the same values, so each output has its bits. Integer
+/// bounds: |q - 8| ≤ 8 and y + 128 ≤ 255 (activations are within ±127), so a
+/// `maddubs` pair is at most 4080 in magnitude and eight of them 32640 (no i16
+/// saturation); each byte of `$s8` is within -64..=56.
+macro_rules! q4_0_tile {
+    ($nb:expr, $w:expr, $wrow:expr, $a:expr, $arow:expr, $out:expr, $ostride:expr, $tokens:expr,
+     |$s8:ident| $corr:expr, |$nc:ident, $xs:ident, $yt:ident| $sumi:expr) => {{
+        let (nb, w, wrow, a, arow, out, ostride) = ($nb, $w, $wrow, $a, $arow, $out, $ostride);
+        const T: usize = $tokens;
+        let (m4, eight, flip) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(8), _mm256_set1_epi8(-128));
+        let mut acc = [_mm256_setzero_ps(); T];
+        let mut yu = [[0i32; 8]; T];
+        let mut da = [0.0f32; T];
+        for i in 0..nb {
+            for t in 0..T {
+                let y = _mm256_loadu_si256(a.add(t * arow + i * 34 + 2).cast());
+                _mm256_storeu_si256(yu[t].as_mut_ptr().cast(), _mm256_xor_si256(y, flip));
+            }
+            for q in 0..T / 4 {
+                _mm_storeu_ps(da.as_mut_ptr().add(4 * q), f16x4(a.add(4 * q * arow + i * 34), arow));
+            }
+            let dw = f16_scales(w, wrow, i * 18);
+            // Rows k and k + 4 in the halves of a vector, then a 4×4 transpose of dwords
+            // per half: v[j] holds dword j of `qs` (elements 4j.. and 16 + 4j..) of rows
+            // 0..8 in lane order.
+            let ld = |k: usize| {
+                let lo = _mm_loadu_si128(w.add(k * wrow + i * 18 + 2).cast());
+                let hi = _mm_loadu_si128(w.add((k + 4) * wrow + i * 18 + 2).cast());
+                _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi)
+            };
+            let (r0, r1, r2, r3) = (ld(0), ld(1), ld(2), ld(3));
+            let (t0, t1) = (_mm256_unpacklo_epi32(r0, r1), _mm256_unpackhi_epi32(r0, r1));
+            let (t2, t3) = (_mm256_unpacklo_epi32(r2, r3), _mm256_unpackhi_epi32(r2, r3));
+            let v = [_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)];
+            let lo = |j: usize| _mm256_sub_epi8(_mm256_and_si256(v[j], m4), eight);
+            let hi = |j: usize| _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16::<4>(v[j]), m4), eight);
+            let x = [lo(0), lo(1), lo(2), lo(3), hi(0), hi(1), hi(2), hi(3)];
+            let s8 = _mm256_add_epi8(
+                _mm256_add_epi8(_mm256_add_epi8(x[0], x[1]), _mm256_add_epi8(x[2], x[3])),
+                _mm256_add_epi8(_mm256_add_epi8(x[4], x[5]), _mm256_add_epi8(x[6], x[7])),
+            );
+            // -128·Σ x per row.
+            let nc = { let $s8 = s8; _mm256_sub_epi32(_mm256_setzero_si256(), $corr) };
+            for t in 0..T {
+                let sumi = { let ($nc, $xs, $yt) = (nc, &x, &yu[t]); $sumi };
+                let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&da[t]));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc[t]);
+            }
+        }
+        for t in 0..T {
+            _mm256_storeu_ps(out.add(t * ostride), acc[t]);
+        }
+    }};
+}
+
+/// The f16 at `p + k·stride`, k < 4, as f32 (F16C's conversion is exact).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16x4(p: *const u8, stride: usize) -> __m128 {
+    // SAFETY: the caller guarantees 2 readable bytes at p + k·stride, k < 4. (Packed in
+    // a general register, then one insert.)
+    unsafe {
+        let h = |k: usize| core::ptr::read_unaligned(p.add(k * stride).cast::<u16>()) as u64;
+        _mm_cvtph_ps(_mm_cvtsi64_si128((h(0) | h(1) << 16 | h(2) << 32 | h(3) << 48) as i64))
+    }
+}
+
+// The Q4_0 bodies: `nb` blocks in each of Q4_0_TILE_ROWS weight rows and in each of
+// their tokens' activation rows, in bounds, and `out[t * ostride + r]` writable for
+// every r < Q4_0_TILE_ROWS (ostride >= Q4_0_TILE_ROWS) and token t (the wrapper's
+// SAFETY argument); layouts d@0 qs@2 for both.
+
+/// Q4_0 · Q8_0 tile, AVX2 ([`Q4_0_TILE_TOKENS`] tokens): each output as
+/// `qdot::q4_0_q8_0`; the row sums by `maddubs`, eight added as i16, then `madd` with
+/// ones.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_0_q8_0(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: see above; AVX2, FMA and F16C available (module contract).
+    unsafe {
+        let (ones, c128) = (_mm256_set1_epi16(1), _mm256_set1_epi8(-128));
+        q4_0_tile!(nb, w, wrow, a, arow, out, ostride, Q4_0_TILE_TOKENS,
+            |s8| _mm256_madd_epi16(_mm256_maddubs_epi16(c128, s8), ones),
+            |nc, x, yt| {
+                let b = |j: usize| _mm256_set1_epi32(yt[j]);
+                let mut p = _mm256_maddubs_epi16(b(0), x[0]);
+                for j in 1..8 {
+                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(b(j), x[j]));
+                }
+                _mm256_add_epi32(nc, _mm256_madd_epi16(p, ones))
+            })
+    }
+}
+
+/// Q4_0 · Q8_0 tile, AVX-512 VNNI on 256-bit vectors ([`Q4_0_TILE_TOKENS_VNNI`]
+/// tokens): each output as `qdot::q4_0_q8_0`; the row sums by `vpdpbusd` (four u8·i8
+/// products added into each i32 lane, exactly).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn q4_0_q8_0_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: see above; AVX-512 F/BW/VL/VNNI available (the wrapper is only handed out
+    // after cpu_has_avx512_vnni()).
+    unsafe {
+        let c128 = _mm256_set1_epi8(-128);
+        q4_0_tile!(nb, w, wrow, a, arow, out, ostride, Q4_0_TILE_TOKENS_VNNI,
+            |s8| _mm256_dpbusd_epi32(_mm256_setzero_si256(), c128, s8),
+            |nc, x, yt| {
+                let mut s = nc;
+                for j in 0..8 {
+                    s = _mm256_dpbusd_epi32(s, _mm256_set1_epi32(yt[j]), x[j]);
+                }
+                s
+            })
     }
 }
