@@ -597,7 +597,9 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32,
         // SAFETY: task t owns scratch slot t (tasks <= the n_threads slots planned).
         let s = unsafe { scratch.slice(t * per_task, per_task) };
         let (qh, acc) = s.split_at_mut(hd);
-        for pair in split_range(n * hp.n_head, tasks, t) {
+        // (token, head) pairs dealt round-robin: a later token attends to more keys, so
+        // contiguous ranges would leave the last task most of a prompt's work.
+        for pair in (t..n * hp.n_head).step_by(tasks) {
             let (i, h) = (pair / hp.n_head, pair % hp.n_head);
             let pos = n_past + i;
             let first = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
@@ -665,7 +667,8 @@ fn attention_tiled(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale
     par.run(tasks, &|t| {
         // SAFETY: task t owns scratch slot t.
         let s = unsafe { scratch.slice(t * per_task, per_task) };
-        for pair in split_range(n * hp.n_head, tasks, t) {
+        // Round-robin, as in `attention`.
+        for pair in (t..n * hp.n_head).step_by(tasks) {
             let (i, h) = (pair / hp.n_head, pair % hp.n_head);
             let pos = c.n_past + i;
             let first = if c.window > 0 { (pos + 1).saturating_sub(c.window) } else { 0 };
