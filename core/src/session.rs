@@ -617,9 +617,14 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32,
                 let len = (pos + 1 - j0).min(ATTN_CHUNK);
                 let mut e = [0.0f32; ATTN_CHUNK];
                 let mut new_max = [false; ATTN_CHUNK];
-                for (c, (ec, nm)) in e[..len].iter_mut().zip(&mut new_max[..len]).enumerate() {
+                let (mut koff, mut voff) = ([0usize; ATTN_CHUNK], [0usize; ATTN_CHUNK]);
+                for c in 0..len {
                     let slot = (j0 + c) % rows;
-                    let s = kern.f16_dot(&kv_k[slot * kd + kvh * hd..][..hd], qh) * scale;
+                    (koff[c], voff[c]) = (slot * kd + kvh * hd, slot * vd + kvh * hdv);
+                }
+                kern.f16_dot_keys(kv_k, &koff[..len], qh, &mut e[..len]);
+                for (ec, nm) in e[..len].iter_mut().zip(&mut new_max[..len]) {
+                    let s = *ec * scale;
                     if s > max {
                         (*ec, *nm) = (max - s, true);
                         max = s;
@@ -628,15 +633,9 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32,
                     }
                 }
                 kern.expf_batch(&mut e[..len]);
-                for c in 0..len {
-                    let slot = (j0 + c) % rows;
-                    let (ms, vs) = if new_max[c] {
-                        kern.f16_scale(acc, e[c]);
-                        (e[c], 1.0)
-                    } else {
-                        (1.0, e[c])
-                    };
-                    kern.f16_mad(acc, &kv_v[slot * vd + kvh * hdv..][..hdv], vs);
+                kern.f16_mad_keys(acc, kv_v, &voff[..len], &new_max[..len], &e[..len]);
+                for (&ec, &nm) in e[..len].iter().zip(&new_max[..len]) {
+                    let (ms, vs) = if nm { (ec, 1.0) } else { (1.0, ec) };
                     sum = libm::fmaf(sum, ms, vs);
                 }
                 j0 += len;

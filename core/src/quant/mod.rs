@@ -515,6 +515,38 @@ impl Kernels {
         f16ops::mad(y, x, v)
     }
 
+    /// `out[c] = f16_dot(k[offs[c]..][..q.len()], q)` for each key c of a chunk (the
+    /// same bits; panics if a key lies outside `k`).
+    pub fn f16_dot_keys(&self, k: &[f16], offs: &[usize], q: &[f16], out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            return x86::f16ops::dot_keys(k, offs, q, out);
+        }
+        for (o, &off) in out.iter_mut().zip(offs) {
+            *o = self.f16_dot(&k[off..][..q.len()], q);
+        }
+    }
+
+    /// The value accumulator's updates for a chunk of keys, in key order: for key c with
+    /// `x_c = x[offs[c]..][..y.len()]`, if `new_max[c]` then `f16_scale(y, e[c])` and
+    /// `f16_mad(y, x_c, 1.0)`, else `f16_mad(y, x_c, e[c])` — the same bits (panics if a
+    /// row lies outside `x`).
+    pub fn f16_mad_keys(&self, y: &mut [f16], x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            return x86::f16ops::mad_keys(y, x, offs, new_max, e, self.fp16);
+        }
+        let n = y.len();
+        for (c, &off) in offs.iter().enumerate() {
+            if new_max[c] {
+                self.f16_scale(y, e[c]);
+                self.f16_mad(y, &x[off..][..n], 1.0);
+            } else {
+                self.f16_mad(y, &x[off..][..n], e[c]);
+            }
+        }
+    }
+
     /// `x[i] = ops::expf(x[i])` for every element, bit for bit (AVX2: four lanes in f64,
     /// with `ops::expf` itself for the rare lane whose rounding the fast path cannot
     /// decide; see `x86::act::expf_batch`).

@@ -190,3 +190,56 @@ fn f16_mad_matches_reference_for_every_x() {
         }
     }
 }
+
+/// The chunked attention ops (`f16_dot_keys`, `f16_mad_keys`: rows kept in registers
+/// between keys for lengths up to 64) give the bits of the one-key ops, with the
+/// reference's one-key ops as the measure: random chunks of up to 32 keys over a ring of
+/// value rows, every pattern of new maxima, lengths that take each path (whole vectors up
+/// to 64, odd lengths, 128 and beyond for the f16 path), values across the f16 range.
+#[test]
+fn chunked_attention_ops_match_one_key_at_a_time() {
+    let reference = Kernels::reference();
+    let sets = kernel_sets();
+    let mut rng = Rng::new(0xc4a7);
+    for &n in &[8usize, 16, 24, 32, 40, 64, 72, 128, 136, 256] {
+        for round in 0..60 {
+            let rows = 40;
+            let stride = n + (round % 3) * 8;
+            // Moderate values (attention-like), or any finite f16 every fourth round.
+            let val = |rng: &mut Rng| if round % 4 == 3 { any_finite(rng) } else { f16::from_f32((rng.below(2001) as f32 - 1000.0) / 256.0) };
+            let kv: Vec<f16> = (0..rows * stride).map(|_| val(&mut rng)).collect();
+            let q: Vec<f16> = (0..n).map(|_| val(&mut rng)).collect();
+            let y0: Vec<f16> = (0..n).map(|_| val(&mut rng)).collect();
+            let len = 1 + rng.below(32) as usize;
+            let offs: Vec<usize> = (0..len).map(|_| rng.below(rows as u64) as usize * stride).collect();
+            let new_max: Vec<bool> = (0..len).map(|c| c == 0 || rng.below(4) == 0).collect();
+            let e: Vec<f32> = (0..len).map(|_| (rng.below(1 << 20) as f32) / (1 << 20) as f32).collect();
+            // One key at a time, reference kernels.
+            let mut want_s = vec![0.0f32; len];
+            for (c, &o) in offs.iter().enumerate() {
+                want_s[c] = reference.f16_dot(&kv[o..o + n], &q);
+            }
+            let mut want_y = y0.clone();
+            for (c, &o) in offs.iter().enumerate() {
+                if new_max[c] {
+                    reference.f16_scale(&mut want_y, e[c]);
+                    reference.f16_mad(&mut want_y, &kv[o..o + n], 1.0);
+                } else {
+                    reference.f16_mad(&mut want_y, &kv[o..o + n], e[c]);
+                }
+            }
+            for k in sets.iter().chain([&reference]) {
+                let mut s = vec![f32::NAN; len];
+                k.f16_dot_keys(&kv, &offs, &q, &mut s);
+                let mut y = y0.clone();
+                k.f16_mad_keys(&mut y, &kv, &offs, &new_max, &e);
+                for c in 0..len {
+                    assert_eq!(s[c].to_bits(), want_s[c].to_bits(), "{} dot n={n} round={round} key {c}", k.name());
+                }
+                for i in 0..n {
+                    assert_eq!(y[i].to_bits(), want_y[i].to_bits(), "{} mad n={n} round={round} element {i}", k.name());
+                }
+            }
+        }
+    }
+}

@@ -245,3 +245,91 @@ unsafe fn to_f32_avx2(n: usize, src: *const u16, dst: *mut f32) {
         }
     }
 }
+
+/// `out[c] = dot(k[offs[c]..][..q.len()], q)` for every c (see `f16ops::dot`): one call
+/// for a chunk of keys.
+pub(crate) fn dot_keys(k: &[f16], offs: &[usize], q: &[f16], out: &mut [f32]) {
+    let n = q.len();
+    assert!(out.len() >= offs.len() && offs.iter().all(|&o| o <= k.len() && n <= k.len() - o), "dot_keys: key out of bounds");
+    // SAFETY: AVX2/FMA/F16C present (module contract); every key's n elements lie in k
+    // (checked above), q holds n, out one per key.
+    unsafe { dot_keys_avx2(n, k.as_ptr().cast(), offs, q.as_ptr().cast(), out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_keys_avx2(n: usize, k: *const u16, offs: &[usize], q: *const u16, out: &mut [f32]) {
+    // SAFETY: n elements at k + offs[c] and at q (caller).
+    unsafe {
+        for (o, &off) in out.iter_mut().zip(offs) {
+            *o = dot_avx2(n, k.add(off), q);
+        }
+    }
+}
+
+/// The value accumulator's updates for a run of keys, in key order (see
+/// `Kernels::f16_mad_keys`): key c scales `y` by `e[c]` and adds `x_c·1` if `new_max[c]`,
+/// else adds `x_c·e[c]`, with `x_c = x[offs[c]..][..y.len()]`; the bits of `scale` and
+/// `mad` key by key. Rows of at most 64 elements in whole vectors stay in registers
+/// between keys (as f32 holding f16 values exactly: each step rounds to f16 and back).
+pub(crate) fn mad_keys(y: &mut [f16], x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], fp16: bool) {
+    let n = y.len();
+    assert!(new_max.len() >= offs.len() && e.len() >= offs.len(), "mad_keys: short arrays");
+    assert!(offs.iter().all(|&o| o <= x.len() && n <= x.len() - o), "mad_keys: value row out of bounds");
+    let (yp, xp) = (y.as_mut_ptr().cast::<u16>(), x.as_ptr().cast::<u16>());
+    // SAFETY (each arm): AVX2/FMA/F16C present (module contract); y holds n elements,
+    // and every value row's n elements lie in x (checked above).
+    match n {
+        8 => unsafe { mad_keys_regs::<1>(yp, xp, offs, new_max, e) },
+        16 => unsafe { mad_keys_regs::<2>(yp, xp, offs, new_max, e) },
+        32 => unsafe { mad_keys_regs::<4>(yp, xp, offs, new_max, e) },
+        64 => unsafe { mad_keys_regs::<8>(yp, xp, offs, new_max, e) },
+        _ => {
+            for (c, &off) in offs.iter().enumerate() {
+                if new_max[c] {
+                    scale(y, e[c]);
+                    mad(y, &x[off..off + n], 1.0, fp16);
+                } else {
+                    mad(y, &x[off..off + n], e[c], fp16);
+                }
+            }
+        }
+    }
+}
+
+// (Rows shorter than F16_STEP: `scale` and `mad` take their f32 paths, `scale_avx2` and
+// `mad_avx2`, for every element.)
+const _: () = assert!(64 < F16_STEP);
+
+/// [`mad_keys`] for a row of `8·V` elements kept in `V` registers.
+///
+/// # Safety
+/// AVX2/FMA/F16C present; `8·V` elements at `y` and at `x + offs[c]` for every c;
+/// `new_max` and `e` as long as `offs`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mad_keys_regs<const V: usize>(y: *mut u16, x: *const u16, offs: &[usize], new_max: &[bool], e: &[f32]) {
+    // SAFETY: as above; unaligned loads and stores only.
+    unsafe {
+        let f16_round = |v: __m256| _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
+        let mut acc: [__m256; V] = core::array::from_fn(|k| _mm256_cvtph_ps(_mm_loadu_si128(y.add(8 * k).cast())));
+        for (c, &off) in offs.iter().enumerate() {
+            let vs = if new_max[c] {
+                // scale_avx2: f16(y·v).
+                let s = _mm256_set1_ps(e[c]);
+                for a in acc.iter_mut() {
+                    *a = f16_round(_mm256_mul_ps(*a, s));
+                }
+                _mm256_set1_ps(1.0)
+            } else {
+                _mm256_set1_ps(e[c])
+            };
+            // mad_avx2: f16(fma(x, v, y)).
+            let row = x.add(off);
+            for (k, a) in acc.iter_mut().enumerate() {
+                *a = f16_round(_mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(row.add(8 * k).cast())), vs, *a));
+            }
+        }
+        for (k, a) in acc.iter().enumerate() {
+            _mm_storeu_si128(y.add(8 * k).cast(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(*a));
+        }
+    }
+}

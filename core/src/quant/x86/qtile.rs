@@ -160,8 +160,8 @@ pub(crate) const Q4_0_TILE_TOKENS_VNNI: usize = 16;
 /// `maddubs` pair is at most 4080 in magnitude and eight of them 32640 (no i16
 /// saturation); each byte of `$s8` is within -64..=56.
 macro_rules! q4_0_tile {
-    ($nb:expr, $w:expr, $wrow:expr, $a:expr, $arow:expr, $out:expr, $ostride:expr, $tokens:expr,
-     |$s8:ident| $corr:expr, |$nc:ident, $xs:ident, $yt:ident| $sumi:expr) => {{
+    ($nb:expr, $w:expr, $wrow:expr, $a:expr, $arow:expr, $out:expr, $ostride:expr, $tokens:expr, $group:expr,
+     |$s8:ident| $corr:expr, |$nc:ident, $xs:ident, $yg:ident| $sums:expr) => {{
         let (nb, w, wrow, a, arow, out, ostride) = ($nb, $w, $wrow, $a, $arow, $out, $ostride);
         const T: usize = $tokens;
         let (m4, eight, flip) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(8), _mm256_set1_epi8(-128));
@@ -198,10 +198,13 @@ macro_rules! q4_0_tile {
             );
             // -128·Σ x per row.
             let nc = { let $s8 = s8; _mm256_sub_epi32(_mm256_setzero_si256(), $corr) };
-            for t in 0..T {
-                let sumi = { let ($nc, $xs, $yt) = (nc, &x, &yu[t]); $sumi };
-                let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&da[t]));
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc[t]);
+            // `$group` tokens at a time, their sums interleaved (independent chains).
+            for g in (0..T).step_by($group) {
+                let sums: [__m256i; $group] = { let ($nc, $xs, $yg) = (nc, &x, &yu[g..g + $group]); $sums };
+                for (u, &sumi) in sums.iter().enumerate() {
+                    let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&da[g + u]));
+                    acc[g + u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc[g + u]);
+                }
             }
         }
         for t in 0..T {
@@ -235,15 +238,17 @@ pub(super) unsafe fn q4_0_q8_0(nb: usize, w: *const u8, wrow: usize, a: *const u
     // SAFETY: see above; AVX2, FMA and F16C available (module contract).
     unsafe {
         let (ones, c128) = (_mm256_set1_epi16(1), _mm256_set1_epi8(-128));
-        q4_0_tile!(nb, w, wrow, a, arow, out, ostride, Q4_0_TILE_TOKENS,
+        q4_0_tile!(nb, w, wrow, a, arow, out, ostride, Q4_0_TILE_TOKENS, 2,
             |s8| _mm256_madd_epi16(_mm256_maddubs_epi16(c128, s8), ones),
-            |nc, x, yt| {
-                let b = |j: usize| _mm256_set1_epi32(yt[j]);
-                let mut p = _mm256_maddubs_epi16(b(0), x[0]);
+            |nc, x, yg| {
+                let b = |u: usize, j: usize| _mm256_set1_epi32(yg[u][j]);
+                let mut p = [_mm256_maddubs_epi16(b(0, 0), x[0]), _mm256_maddubs_epi16(b(1, 0), x[0])];
                 for j in 1..8 {
-                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(b(j), x[j]));
+                    for (u, p) in p.iter_mut().enumerate() {
+                        *p = _mm256_add_epi16(*p, _mm256_maddubs_epi16(b(u, j), x[j]));
+                    }
                 }
-                _mm256_add_epi32(nc, _mm256_madd_epi16(p, ones))
+                p.map(|p| _mm256_add_epi32(nc, _mm256_madd_epi16(p, ones)))
             })
     }
 }
@@ -257,12 +262,14 @@ pub(super) unsafe fn q4_0_q8_0_vnni(nb: usize, w: *const u8, wrow: usize, a: *co
     // after cpu_has_avx512_vnni()).
     unsafe {
         let c128 = _mm256_set1_epi8(-128);
-        q4_0_tile!(nb, w, wrow, a, arow, out, ostride, Q4_0_TILE_TOKENS_VNNI,
+        q4_0_tile!(nb, w, wrow, a, arow, out, ostride, Q4_0_TILE_TOKENS_VNNI, 8,
             |s8| _mm256_dpbusd_epi32(_mm256_setzero_si256(), c128, s8),
-            |nc, x, yt| {
-                let mut s = nc;
+            |nc, x, yg| {
+                let mut s = [nc; 8];
                 for j in 0..8 {
-                    s = _mm256_dpbusd_epi32(s, _mm256_set1_epi32(yt[j]), x[j]);
+                    for (u, s) in s.iter_mut().enumerate() {
+                        *s = _mm256_dpbusd_epi32(*s, _mm256_set1_epi32(yg[u][j]), x[j]);
+                    }
                 }
                 s
             })
