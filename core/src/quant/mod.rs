@@ -101,8 +101,8 @@ pub struct Isa {
     pub avx2_fma: bool,
     /// x86_64 AVX-512 F/BW/VL (not used yet).
     pub avx512: bool,
-    /// x86_64 AVX-512 VNNI (with AVX-512 F/BW/VL): `vpdpbusd` in the Q4_0 prompt
-    /// tile; confirmed by CPUID in [`Kernels::new`].
+    /// x86_64 AVX-512 VNNI (with AVX-512 F/BW/VL): `vpdpbusd` in the prompt tiles;
+    /// confirmed by CPUID in [`Kernels::new`].
     pub avx512_vnni: bool,
     /// x86_64 AVX512-FP16 (with AVX-512 F/VL): the native f16 fma of attention's value
     /// accumulator; confirmed by CPUID in [`Kernels::new`].
@@ -416,13 +416,16 @@ impl Kernels {
     /// A tile version of [`Kernels::dot_fn`]`(wtype)`: every output of the tile has the
     /// bits that dot gives for its (row, token) pair, so a matmul may use it for whole
     /// tiles and the dot for the rest. `None` where there is none (the caller uses the
-    /// dot): for now x86's Q8_0, Q5_0, Q4_1 and Q4_0 (with AVX-512 VNNI, a larger Q4_0
-    /// tile).
+    /// dot): for now x86's Q8_0, Q5_0, Q4_1 and Q4_0 (with AVX-512 VNNI, `vpdpbusd`
+    /// versions and a larger Q4_0 tile).
     pub fn dot_tile_fn(&self, wtype: GgmlType) -> Option<DotTile> {
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
             use GgmlType::*;
             let (f, rows, tokens): (DotTileFn, usize, usize) = match wtype {
+                Q8_0 if self.vnni => (x86::tile_q8_0_q8_0_vnni, x86::TILE_ROWS, x86::TILE_TOKENS),
+                Q5_0 if self.vnni => (x86::tile_q5_0_q8_0_vnni, x86::TILE_ROWS, x86::TILE_TOKENS),
+                Q4_1 if self.vnni => (x86::tile_q4_1_q8_1_vnni, x86::TILE_ROWS, x86::TILE_TOKENS),
                 Q8_0 => (x86::tile_q8_0_q8_0, x86::TILE_ROWS, x86::TILE_TOKENS),
                 Q5_0 => (x86::tile_q5_0_q8_0, x86::TILE_ROWS, x86::TILE_TOKENS),
                 Q4_1 => (x86::tile_q4_1_q8_1, x86::TILE_ROWS, x86::TILE_TOKENS),

@@ -26,7 +26,7 @@
 //! Activation quantizers compute exactly what `quantize.rs` does (`id = 127/amax`,
 //! round half to even), so their bytes equal the reference's (tested).
 //!
-//! With AVX-512 VNNI (and F/BW/VL; [`cpu_has_avx512_vnni`]) the Q4_0 prompt tile uses
+//! With AVX-512 VNNI (and F/BW/VL; [`cpu_has_avx512_vnni`]) the prompt tiles use
 //! `vpdpbusd` on 256-bit vectors, with 32 vector registers (`qtile.rs`).
 //!
 //! The value-only intrinsics are safe inside `#[target_feature]` functions on current
@@ -141,6 +141,15 @@ tile_wrapper!(/// AVX2 Q5_0 · Q8_0 tile (each output as [`vec_dot_q5_0_q8_0`]).
     tile_q5_0_q8_0, qtile::q5_0_q8_0, 32, 22, 34);
 tile_wrapper!(/// AVX2 Q4_1 · Q8_1 tile (each output as [`vec_dot_q4_1_q8_1`]).
     tile_q4_1_q8_1, qtile::q4_1_q8_1, 32, 20, 36);
+tile_wrapper!(/// AVX-512 VNNI Q8_0 · Q8_0 tile (each output as [`vec_dot_q8_0_q8_0`]); only handed
+    /// out after [`cpu_has_avx512_vnni`].
+    tile_q8_0_q8_0_vnni, qtile::q8_0_q8_0_vnni, 32, 34, 34, qtile::TILE_ROWS, qtile::TILE_TOKENS, cpu_has_avx512_vnni);
+tile_wrapper!(/// AVX-512 VNNI Q5_0 · Q8_0 tile (each output as [`vec_dot_q5_0_q8_0`]); only handed
+    /// out after [`cpu_has_avx512_vnni`].
+    tile_q5_0_q8_0_vnni, qtile::q5_0_q8_0_vnni, 32, 22, 34, qtile::TILE_ROWS, qtile::TILE_TOKENS, cpu_has_avx512_vnni);
+tile_wrapper!(/// AVX-512 VNNI Q4_1 · Q8_1 tile (each output as [`vec_dot_q4_1_q8_1`]); only handed
+    /// out after [`cpu_has_avx512_vnni`].
+    tile_q4_1_q8_1_vnni, qtile::q4_1_q8_1_vnni, 32, 20, 36, qtile::TILE_ROWS, qtile::TILE_TOKENS, cpu_has_avx512_vnni);
 tile_wrapper!(/// AVX2 Q4_0 · Q8_0 tile (each output as [`vec_dot_q4_0_q8_0`]).
     tile_q4_0_q8_0, qtile::q4_0_q8_0, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_TILE_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0 tile (each output as [`vec_dot_q4_0_q8_0`]); only handed

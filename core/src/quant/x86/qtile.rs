@@ -275,3 +275,82 @@ pub(super) unsafe fn q4_0_q8_0_vnni(nb: usize, w: *const u8, wrow: usize, a: *co
             })
     }
 }
+
+// With AVX-512 VNNI: the one-accumulator tiles above with each pair's 8 lane sums by a
+// single `vpdpbusd` (four u8·i8 products added into each i32 lane, exactly), the same
+// exact integers as the AVX2 `maddubs`/`madd` pairs (no i16 saturation in either: see
+// the single dots), then the same float operations. Bodies as above.
+
+/// Q8_0 · Q8_0 tile, AVX-512 VNNI: lanes `Σ x·y` as `Σ x·(y + 128) - 128·Σ x` (the
+/// activation with its sign bits flipped is unsigned; `-128·Σ x` per lane once per row
+/// and block).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn q8_0_q8_0_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: see above; layout d@0 qs@2 for both; AVX-512 F/BW/VL/VNNI available (the
+    // wrapper is only handed out after cpu_has_avx512_vnni()).
+    unsafe {
+        let (flip, zero) = (_mm256_set1_epi8(-128), _mm256_setzero_si256());
+        let mut acc = [[_mm256_setzero_ps(); TILE_TOKENS]; TILE_ROWS];
+        let mut summs = [_mm256_setzero_ps(); TILE_ROWS];
+        lane_tile!(nb, w, 34, wrow, a, 34, arow, acc, summs, false,
+            |ab| [_mm256_xor_si256(_mm256_loadu_si256(ab.add(2).cast()), flip), zero],
+            |wb| {
+                let x = _mm256_loadu_si256(wb.add(2).cast());
+                (x, _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, flip, x)))
+            },
+            |x, y, _c| _mm256_dpbusd_epi32(x.1, y, x.0));
+        let _ = summs;
+        for r in 0..TILE_ROWS {
+            for t in 0..TILE_TOKENS {
+                *out.add(t * ostride + r) = hsum_ps(acc[r][t]);
+            }
+        }
+    }
+}
+
+/// Q5_0 · Q8_0 tile, AVX-512 VNNI: lanes `Σ (x - 16)·y` as `Σ x·y - 16·Σ y` (`-16·Σ y`
+/// per lane once per token and block).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn q5_0_q8_0_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: see above; layouts d@0 qh@2 qs@6 and d@0 qs@2; AVX-512 VNNI as in q8_0_q8_0_vnni.
+    unsafe {
+        let (off, zero) = (_mm256_set1_epi8(16), _mm256_setzero_si256());
+        let mut acc = [[_mm256_setzero_ps(); TILE_TOKENS]; TILE_ROWS];
+        let mut summs = [_mm256_setzero_ps(); TILE_ROWS];
+        lane_tile!(nb, w, 22, wrow, a, 34, arow, acc, summs, false,
+            |ab| {
+                let y = _mm256_loadu_si256(ab.add(2).cast());
+                [y, _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, off, y))]
+            },
+            |wb| _mm256_or_si256(nibbles(wb.add(6)), fifth_bits(wb.add(2))),
+            |x, y, c| _mm256_dpbusd_epi32(c, x, y));
+        let _ = summs;
+        for r in 0..TILE_ROWS {
+            for t in 0..TILE_TOKENS {
+                *out.add(t * ostride + r) = hsum_ps(acc[r][t]);
+            }
+        }
+    }
+}
+
+/// Q4_1 · Q8_1 tile, AVX-512 VNNI: lanes `Σ x·y` (x unsigned nibbles) directly.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn q4_1_q8_1_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: see above; layouts d@0 m@2 qs@4 and d@0 s@2 qs@4; AVX-512 VNNI as in q8_0_q8_0_vnni.
+    unsafe {
+        let zero = _mm256_setzero_si256();
+        let mut acc = [[_mm256_setzero_ps(); TILE_TOKENS]; TILE_ROWS];
+        let mut summs = [_mm256_setzero_ps(); TILE_ROWS];
+        lane_tile!(nb, w, 20, wrow, a, 36, arow, acc, summs, true,
+            |ab| [_mm256_loadu_si256(ab.add(4).cast()), zero],
+            |wb| nibbles(wb.add(4)),
+            |x, y, _c| _mm256_dpbusd_epi32(zero, x, y));
+        for r in 0..TILE_ROWS {
+            let mut m = [0.0f32; 8];
+            _mm256_storeu_ps(m.as_mut_ptr(), summs[r]);
+            for t in 0..TILE_TOKENS {
+                *out.add(t * ostride + r) = hsum_ps(acc[r][t]) + m[2 * t + 1];
+            }
+        }
+    }
+}
