@@ -165,6 +165,7 @@ const _: () = assert!(
         && x86::Q4_0_TILE_ROWS <= DOT_TILE_MAX_ROWS
         && x86::Q4_0_TILE_TOKENS <= DOT_TILE_MAX_TOKENS
         && x86::Q4_0_TILE_TOKENS_VNNI <= DOT_TILE_MAX_TOKENS
+        && x86::ZMM_TILE_TOKENS <= DOT_TILE_MAX_TOKENS
 );
 
 /// A type/operation pair keel cannot do, or a row whose shape does not fit its type.
@@ -423,9 +424,9 @@ impl Kernels {
         if self.avx2 {
             use GgmlType::*;
             let (f, rows, tokens): (DotTileFn, usize, usize) = match wtype {
-                Q8_0 if self.vnni => (x86::tile_q8_0_q8_0_vnni, x86::TILE_ROWS, x86::TILE_TOKENS),
-                Q5_0 if self.vnni => (x86::tile_q5_0_q8_0_vnni, x86::TILE_ROWS, x86::TILE_TOKENS),
-                Q4_1 if self.vnni => (x86::tile_q4_1_q8_1_vnni, x86::TILE_ROWS, x86::TILE_TOKENS),
+                Q8_0 if self.vnni => (x86::tile_q8_0_q8_0_vnni, x86::TILE_ROWS, x86::ZMM_TILE_TOKENS),
+                Q5_0 if self.vnni => (x86::tile_q5_0_q8_0_vnni, x86::TILE_ROWS, x86::ZMM_TILE_TOKENS),
+                Q4_1 if self.vnni => (x86::tile_q4_1_q8_1_vnni, x86::TILE_ROWS, x86::ZMM_TILE_TOKENS),
                 Q8_0 => (x86::tile_q8_0_q8_0, x86::TILE_ROWS, x86::TILE_TOKENS),
                 Q5_0 => (x86::tile_q5_0_q8_0, x86::TILE_ROWS, x86::TILE_TOKENS),
                 Q4_1 => (x86::tile_q4_1_q8_1, x86::TILE_ROWS, x86::TILE_TOKENS),

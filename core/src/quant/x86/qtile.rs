@@ -8,7 +8,10 @@
 //! a tile gives each dot's bits (tested against the dots).
 //!
 //! Types: Q8_0 · Q8_0, Q5_0 · Q8_0, Q4_1 · Q8_1 (llama.cpp's one-accumulator `vec_dot`
-//! order, which its batches also follow for these types).
+//! order, which its batches also follow for these types): [`TILE_ROWS`] ×
+//! [`TILE_TOKENS`] on AVX2, [`TILE_ROWS`] × [`ZMM_TILE_TOKENS`] with AVX-512 VNNI (two
+//! tokens per 512-bit vector). Q4_0 · Q8_0 (llama.cpp's repacked order: one exact sum
+//! per block): 8 rows in the lanes of a vector × 4 (AVX2) or 16 (AVX-512 VNNI) tokens.
 
 // Pairs are indexed (row, token) on purpose; the per-pair hook is `()` for most types.
 #![allow(clippy::needless_range_loop, clippy::no_effect, clippy::unused_unit)]
@@ -276,81 +279,146 @@ pub(super) unsafe fn q4_0_q8_0_vnni(nb: usize, w: *const u8, wrow: usize, a: *co
     }
 }
 
-// With AVX-512 VNNI: the one-accumulator tiles above with each pair's 8 lane sums by a
-// single `vpdpbusd` (four u8·i8 products added into each i32 lane, exactly), the same
+// With AVX-512 VNNI: the one-accumulator tiles on 512-bit vectors, each pair's 8 lane
+// sums by `vpdpbusd` (four u8·i8 products added into each i32 lane, exactly): the same
 // exact integers as the AVX2 `maddubs`/`madd` pairs (no i16 saturation in either: see
-// the single dots), then the same float operations. Bodies as above.
+// the single dots), then the same float operations. Bodies as above, with
+// ZMM_TILE_TOKENS tokens; AVX-512 F/BW/VL/VNNI available (the wrappers are only handed
+// out after `cpu_has_avx512_vnni()`).
+
+/// Tokens of the 512-bit tiles (`lane_tile_zmm`).
+pub(crate) const ZMM_TILE_TOKENS: usize = 8;
+
+/// [`lane_tile`] on 512-bit vectors ([`TILE_ROWS`] rows × [`ZMM_TILE_TOKENS`] tokens): two tokens' pairs of a row share a vector (tokens
+/// `2p` and `2p + 1` in the low and high halves), so each block takes one `vpdpbusd`,
+/// one product, one conversion and one fma per two pairs. `$prep_a(ab0, ab1)` gives the
+/// token pair's `[y, c]`, `$prep_w(wb)` the row's decoded weights (any value), `$lanes`
+/// the 16 lanes of both pairs. Per half, every lane sum, product and fma is the single
+/// dot's (`d` = `dw_r·da_t`, the same f32 product), in block order; the halves are then
+/// summed by `hsum_ps` as in the dot. Q4_1's `summs` as in [`lane_tile`].
+macro_rules! lane_tile_zmm {
+    ($nb:expr, $w:expr, $ws:expr, $wrow:expr, $a:expr, $as:expr, $arow:expr, $acc:ident, $summs:ident, $min:expr,
+     |$ab0:ident, $ab1:ident| $prep_a:expr, |$wb:ident| $prep_w:expr, |$x:ident, $y:ident, $c:ident| $lanes:expr) => {{
+        let (nb, w, a) = ($nb, $w, $a);
+        for i in 0..nb {
+            // Token scale pairs four tokens to a vector: fa[q] lane 2u = da, 2u + 1 = sa
+            // of token 4q + u.
+            let fa: [__m256; ZMM_TILE_TOKENS / 4] = core::array::from_fn(|q| scale_pairs(a.add(4 * q * $arow + i * $as), $arow));
+            let (mut fw, mut fas) = ([0.0f32; 8], [0.0f32; 2 * ZMM_TILE_TOKENS]);
+            _mm256_storeu_ps(fw.as_mut_ptr(), scale_pairs(w.add(i * $ws), $wrow));
+            for (q, f) in fa.iter().enumerate() {
+                _mm256_storeu_ps(fas.as_mut_ptr().add(8 * q), *f);
+            }
+            let mut ya = [[_mm512_setzero_si512(); 2]; ZMM_TILE_TOKENS / 2];
+            let mut da = [_mm512_setzero_ps(); ZMM_TILE_TOKENS / 2];
+            for p in 0..ZMM_TILE_TOKENS / 2 {
+                let ($ab0, $ab1) = (a.add(2 * p * $arow + i * $as), a.add((2 * p + 1) * $arow + i * $as));
+                ya[p] = $prep_a;
+                // [da_2p ×8 | da_2p+1 ×8]
+                let lo = _mm512_castps256_ps512(_mm256_broadcast_ss(&fas[4 * p]));
+                da[p] = _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castps_pd(lo), _mm256_castps_pd(_mm256_broadcast_ss(&fas[4 * p + 2]))));
+            }
+            for r in 0..TILE_ROWS {
+                let $wb = w.add(r * $wrow + i * $ws);
+                let $x = $prep_w;
+                if $min {
+                    for (q, f) in fa.iter().enumerate() {
+                        $summs[r][q] = _mm256_fmadd_ps(_mm256_broadcast_ss(&fw[2 * r + 1]), *f, $summs[r][q]);
+                    }
+                }
+                let dw = _mm512_set1_ps(fw[2 * r]);
+                for p in 0..ZMM_TILE_TOKENS / 2 {
+                    let [$y, $c] = ya[p];
+                    $acc[r][p] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da[p]), _mm512_cvtepi32_ps($lanes), $acc[r][p]);
+                }
+            }
+        }
+    }};
+}
+
+/// The outputs of a [`lane_tile_zmm`]: pair (r, t) is half `t % 2` of `acc[r][t / 2]`,
+/// summed as the dot does, plus lane 2t' + 1 of `summs[r][q]` (t = 4q + t') for types
+/// with a min.
+macro_rules! lane_tile_zmm_out {
+    ($acc:ident, $summs:ident, $min:expr, $out:expr, $ostride:expr) => {{
+        for r in 0..TILE_ROWS {
+            let mut m = [0.0f32; 2 * ZMM_TILE_TOKENS];
+            for (q, v) in $summs[r].iter().enumerate() {
+                _mm256_storeu_ps(m.as_mut_ptr().add(8 * q), *v);
+            }
+            for p in 0..ZMM_TILE_TOKENS / 2 {
+                let v = $acc[r][p];
+                let halves = [_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))];
+                for (h, half) in halves.into_iter().enumerate() {
+                    let t = 2 * p + h;
+                    *$out.add(t * $ostride + r) = if $min { hsum_ps(half) + m[2 * t + 1] } else { hsum_ps(half) };
+                }
+            }
+        }
+    }};
+}
+
+/// Two 32-byte blocks as the halves of a 512-bit vector.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn pair512(p0: *const u8, p1: *const u8) -> __m512i {
+    // SAFETY: the caller guarantees 32 readable bytes at p0 and at p1.
+    unsafe { _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm256_loadu_si256(p0.cast())), _mm256_loadu_si256(p1.cast())) }
+}
 
 /// Q8_0 · Q8_0 tile, AVX-512 VNNI: lanes `Σ x·y` as `Σ x·(y + 128) - 128·Σ x` (the
 /// activation with its sign bits flipped is unsigned; `-128·Σ x` per lane once per row
 /// and block).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn q8_0_q8_0_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
-    // SAFETY: see above; layout d@0 qs@2 for both; AVX-512 F/BW/VL/VNNI available (the
-    // wrapper is only handed out after cpu_has_avx512_vnni()).
+pub(super) unsafe fn q8_0_q8_0_zmm(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: see above; layout d@0 qs@2 for both.
     unsafe {
-        let (flip, zero) = (_mm256_set1_epi8(-128), _mm256_setzero_si256());
-        let mut acc = [[_mm256_setzero_ps(); TILE_TOKENS]; TILE_ROWS];
-        let mut summs = [_mm256_setzero_ps(); TILE_ROWS];
-        lane_tile!(nb, w, 34, wrow, a, 34, arow, acc, summs, false,
-            |ab| [_mm256_xor_si256(_mm256_loadu_si256(ab.add(2).cast()), flip), zero],
+        let (flip, zero) = (_mm512_set1_epi8(-128), _mm512_setzero_si512());
+        let mut acc = [[_mm512_setzero_ps(); ZMM_TILE_TOKENS / 2]; TILE_ROWS];
+        let mut summs = [[_mm256_setzero_ps(); ZMM_TILE_TOKENS / 4]; TILE_ROWS];
+        lane_tile_zmm!(nb, w, 34, wrow, a, 34, arow, acc, summs, false,
+            |ab0, ab1| [_mm512_xor_si512(pair512(ab0.add(2), ab1.add(2)), flip), zero],
             |wb| {
-                let x = _mm256_loadu_si256(wb.add(2).cast());
-                (x, _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, flip, x)))
+                let x = _mm512_broadcast_i64x4(_mm256_loadu_si256(wb.add(2).cast()));
+                (x, _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, flip, x)))
             },
-            |x, y, _c| _mm256_dpbusd_epi32(x.1, y, x.0));
-        let _ = summs;
-        for r in 0..TILE_ROWS {
-            for t in 0..TILE_TOKENS {
-                *out.add(t * ostride + r) = hsum_ps(acc[r][t]);
-            }
-        }
+            |x, y, _c| _mm512_dpbusd_epi32(x.1, y, x.0));
+        lane_tile_zmm_out!(acc, summs, false, out, ostride);
     }
 }
 
 /// Q5_0 · Q8_0 tile, AVX-512 VNNI: lanes `Σ (x - 16)·y` as `Σ x·y - 16·Σ y` (`-16·Σ y`
 /// per lane once per token and block).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn q5_0_q8_0_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
-    // SAFETY: see above; layouts d@0 qh@2 qs@6 and d@0 qs@2; AVX-512 VNNI as in q8_0_q8_0_vnni.
+pub(super) unsafe fn q5_0_q8_0_zmm(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: see above; layouts d@0 qh@2 qs@6 and d@0 qs@2.
     unsafe {
-        let (off, zero) = (_mm256_set1_epi8(16), _mm256_setzero_si256());
-        let mut acc = [[_mm256_setzero_ps(); TILE_TOKENS]; TILE_ROWS];
-        let mut summs = [_mm256_setzero_ps(); TILE_ROWS];
-        lane_tile!(nb, w, 22, wrow, a, 34, arow, acc, summs, false,
-            |ab| {
-                let y = _mm256_loadu_si256(ab.add(2).cast());
-                [y, _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, off, y))]
+        let (off, zero) = (_mm512_set1_epi8(16), _mm512_setzero_si512());
+        let mut acc = [[_mm512_setzero_ps(); ZMM_TILE_TOKENS / 2]; TILE_ROWS];
+        let mut summs = [[_mm256_setzero_ps(); ZMM_TILE_TOKENS / 4]; TILE_ROWS];
+        lane_tile_zmm!(nb, w, 22, wrow, a, 34, arow, acc, summs, false,
+            |ab0, ab1| {
+                let y = pair512(ab0.add(2), ab1.add(2));
+                [y, _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, off, y))]
             },
-            |wb| _mm256_or_si256(nibbles(wb.add(6)), fifth_bits(wb.add(2))),
-            |x, y, c| _mm256_dpbusd_epi32(c, x, y));
-        let _ = summs;
-        for r in 0..TILE_ROWS {
-            for t in 0..TILE_TOKENS {
-                *out.add(t * ostride + r) = hsum_ps(acc[r][t]);
-            }
-        }
+            |wb| _mm512_broadcast_i64x4(_mm256_or_si256(nibbles(wb.add(6)), fifth_bits(wb.add(2)))),
+            |x, y, c| _mm512_dpbusd_epi32(c, x, y));
+        lane_tile_zmm_out!(acc, summs, false, out, ostride);
     }
 }
 
 /// Q4_1 · Q8_1 tile, AVX-512 VNNI: lanes `Σ x·y` (x unsigned nibbles) directly.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn q4_1_q8_1_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
-    // SAFETY: see above; layouts d@0 m@2 qs@4 and d@0 s@2 qs@4; AVX-512 VNNI as in q8_0_q8_0_vnni.
+pub(super) unsafe fn q4_1_q8_1_zmm(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: see above; layouts d@0 m@2 qs@4 and d@0 s@2 qs@4.
     unsafe {
-        let zero = _mm256_setzero_si256();
-        let mut acc = [[_mm256_setzero_ps(); TILE_TOKENS]; TILE_ROWS];
-        let mut summs = [_mm256_setzero_ps(); TILE_ROWS];
-        lane_tile!(nb, w, 20, wrow, a, 36, arow, acc, summs, true,
-            |ab| [_mm256_loadu_si256(ab.add(4).cast()), zero],
-            |wb| nibbles(wb.add(4)),
-            |x, y, _c| _mm256_dpbusd_epi32(zero, x, y));
-        for r in 0..TILE_ROWS {
-            let mut m = [0.0f32; 8];
-            _mm256_storeu_ps(m.as_mut_ptr(), summs[r]);
-            for t in 0..TILE_TOKENS {
-                *out.add(t * ostride + r) = hsum_ps(acc[r][t]) + m[2 * t + 1];
-            }
-        }
+        let zero = _mm512_setzero_si512();
+        let mut acc = [[_mm512_setzero_ps(); ZMM_TILE_TOKENS / 2]; TILE_ROWS];
+        let mut summs = [[_mm256_setzero_ps(); ZMM_TILE_TOKENS / 4]; TILE_ROWS];
+        lane_tile_zmm!(nb, w, 20, wrow, a, 36, arow, acc, summs, true,
+            |ab0, ab1| [pair512(ab0.add(4), ab1.add(4)), zero],
+            |wb| _mm512_broadcast_i64x4(nibbles(wb.add(4))),
+            |x, y, _c| _mm512_dpbusd_epi32(zero, x, y));
+        lane_tile_zmm_out!(acc, summs, true, out, ostride);
     }
 }
