@@ -618,9 +618,10 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32,
                 let mut e = [0.0f32; ATTN_CHUNK];
                 let mut new_max = [false; ATTN_CHUNK];
                 let (mut koff, mut voff) = ([0usize; ATTN_CHUNK], [0usize; ATTN_CHUNK]);
+                let mut slot = j0 % rows;
                 for c in 0..len {
-                    let slot = (j0 + c) % rows;
                     (koff[c], voff[c]) = (slot * kd + kvh * hd, slot * vd + kvh * hdv);
+                    slot = if slot + 1 == rows { 0 } else { slot + 1 };
                 }
                 kern.f16_dot_keys(kv_k, &koff[..len], qh, &mut e[..len]);
                 for (ec, nm) in e[..len].iter_mut().zip(&mut new_max[..len]) {
