@@ -292,6 +292,10 @@ pub(crate) fn mad_keys(y: &mut [f16], x: &[f16], offs: &[usize], new_max: &[bool
     // SAFETY (each arm): AVX2/FMA/F16C present (module contract); y holds n elements,
     // and every value row's n elements lie in x (checked above).
     match n {
+        // Whole 128-element steps: the native f16 path of `scale` and `mad` for every
+        // element, by AVX512-FP16 on 512-bit vectors kept in registers between keys.
+        128 if fp16 => unsafe { mad_keys_fp16::<4>(yp, xp, offs, new_max, e) },
+        256 if fp16 => unsafe { mad_keys_fp16::<8>(yp, xp, offs, new_max, e) },
         8 => unsafe { mad_keys_regs::<1>(yp, xp, offs, new_max, e) },
         16 => unsafe { mad_keys_regs::<2>(yp, xp, offs, new_max, e) },
         32 => unsafe { mad_keys_regs::<4>(yp, xp, offs, new_max, e) },
@@ -305,6 +309,53 @@ pub(crate) fn mad_keys(y: &mut [f16], x: &[f16], offs: &[usize], new_max: &[bool
                     mad(y, &x[off..off + n], e[c], fp16);
                 }
             }
+        }
+    }
+}
+
+/// [`mad_keys`] for a row of `32·V` elements (whole F16_STEP steps) with AVX512-FP16:
+/// `scale` as `vmulph` by `f16(e)` (the f32 product of two f16 is exact, so rounding it
+/// to f16 is the one rounding `vmulph` does), `mad` as in [`mad_fp16`] (`vfmadd231ph` by
+/// `f16(v)`); the row stays in `V` registers between keys.
+///
+/// # Safety
+/// AVX2, AVX512-FP16 and AVX-512 F/VL present (`cpu_has_avx512_fp16()`); `32·V` elements at `y` and at
+/// `x + offs[c]` for every c; `new_max` and `e` as long as `offs`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+unsafe fn mad_keys_fp16<const V: usize>(y: *mut u16, x: *const u16, offs: &[usize], new_max: &[bool], e: &[f32]) {
+    // SAFETY: as above; unaligned loads and stores only; the asm reads and writes
+    // registers only, and the CPU has the instructions (caller).
+    unsafe {
+        let mut acc: [__m512i; V] = core::array::from_fn(|k| _mm512_loadu_si512(y.add(32 * k).cast()));
+        let one = f16::ONE.to_bits();
+        for (c, &off) in offs.iter().enumerate() {
+            let eh = f16::from_f32(e[c]).to_bits();
+            let vh = if new_max[c] {
+                let s = _mm512_set1_epi16(eh as i16);
+                for a in acc.iter_mut() {
+                    // a = f16(a·s), rounded once (nearest even; FP16 ignores DAZ/FTZ).
+                    core::arch::asm!("vmulph {a}, {a}, {s}", a = inout(zmm_reg) *a, s = in(zmm_reg) s, options(pure, nomem, nostack, preserves_flags));
+                }
+                one
+            } else {
+                eh
+            };
+            let vv = _mm512_set1_epi16(vh as i16);
+            let row = x.add(off);
+            for (k, a) in acc.iter_mut().enumerate() {
+                let xv = _mm512_loadu_si512(row.add(32 * k).cast());
+                // a = f16(xv·vv + a), rounded once.
+                core::arch::asm!(
+                    "vfmadd231ph {a}, {x}, {v}",
+                    a = inout(zmm_reg) *a,
+                    x = in(zmm_reg) xv,
+                    v = in(zmm_reg) vv,
+                    options(pure, nomem, nostack, preserves_flags),
+                );
+            }
+        }
+        for (k, a) in acc.iter().enumerate() {
+            _mm512_storeu_si512(y.add(32 * k).cast(), *a);
         }
     }
 }
