@@ -166,6 +166,7 @@ const _: () = assert!(
         && x86::Q4_0_TILE_TOKENS <= DOT_TILE_MAX_TOKENS
         && x86::Q4_0_TILE_TOKENS_VNNI <= DOT_TILE_MAX_TOKENS
         && x86::ZMM_TILE_TOKENS <= DOT_TILE_MAX_TOKENS
+        && x86::KTILE_TOKENS <= DOT_TILE_MAX_TOKENS
 );
 
 /// A type/operation pair keel cannot do, or a row whose shape does not fit its type.
@@ -417,8 +418,8 @@ impl Kernels {
     /// A tile version of [`Kernels::dot_fn`]`(wtype)`: every output of the tile has the
     /// bits that dot gives for its (row, token) pair, so a matmul may use it for whole
     /// tiles and the dot for the rest. `None` where there is none (the caller uses the
-    /// dot): for now x86's Q8_0, Q5_0, Q4_1 and Q4_0 (with AVX-512 VNNI, `vpdpbusd`
-    /// versions and a larger Q4_0 tile).
+    /// dot): for now x86's Q8_0, Q5_0, Q4_1, Q4_0 (with AVX-512 VNNI, `vpdpbusd`
+    /// versions and a larger Q4_0 tile), Q4_K and Q6_K (one row × several tokens).
     pub fn dot_tile_fn(&self, wtype: GgmlType) -> Option<DotTile> {
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
@@ -432,6 +433,8 @@ impl Kernels {
                 Q4_1 => (x86::tile_q4_1_q8_1, x86::TILE_ROWS, x86::TILE_TOKENS),
                 Q4_0 if self.vnni => (x86::tile_q4_0_q8_0_vnni, x86::Q4_0_TILE_ROWS, x86::Q4_0_TILE_TOKENS_VNNI),
                 Q4_0 => (x86::tile_q4_0_q8_0, x86::Q4_0_TILE_ROWS, x86::Q4_0_TILE_TOKENS),
+                Q4_K => (x86::tile_q4_k_q8_k, 1, x86::KTILE_TOKENS),
+                Q6_K => (x86::tile_q6_k_q8_k, 1, x86::KTILE_TOKENS),
                 _ => return None,
             };
             return Some(DotTile { f, rows, tokens });

@@ -592,7 +592,7 @@ fn dot_tiles_give_each_dots_bits() {
     let (sets, mut checked) = (fast_kernel_sets(), 0);
     for &k in &sets {
         let mut rng = Rng::new(21);
-        for &ty in &[Q8_0, Q5_0, Q4_1, Q4_0, Q6_K] {
+        for &ty in &[Q8_0, Q5_0, Q4_1, Q4_0, Q4_K, Q6_K] {
             let Some(tile) = k.dot_tile_fn(ty) else { continue };
             let (tile, tr, tt) = (tile.f, tile.rows, tile.tokens);
             let dot = k.dot_fn(ty).unwrap();
@@ -623,9 +623,9 @@ fn dot_tiles_give_each_dots_bits() {
             }
         }
     }
-    // Every x86 kernel set has tiles for four types.
+    // Every x86 kernel set has tiles for six types.
     #[cfg(target_arch = "x86_64")]
-    assert_eq!(checked, 4 * 40 * sets.len(), "tiles checked");
+    assert_eq!(checked, 6 * 40 * sets.len(), "tiles checked");
     let _ = checked;
 }
 

@@ -452,3 +452,107 @@ pub(super) unsafe fn q6_k_q8_k<const MODE: u8>(nb: usize, w: *const u8, a: *cons
         hsum_ps(acc)
     }
 }
+
+/// Tokens of the K-quant tiles ([`q4_k_q8_k_tile`]).
+pub(crate) const KTILE_TOKENS: usize = 4;
+
+/// [`q4_k_q8_k`]`::<NATIVE>` for one weight row and [`KTILE_TOKENS`] activation rows
+/// (`arow` bytes apart): per super-block the row's decode (levels, scales, mins) is done
+/// once and shared by the tokens, and each token's integer sums (exact, summed in any
+/// order), products and fmas are the single dot's, so each output has its bits. The
+/// output of token t goes to `out[t·ostride]`; `wrow` is unused (one row).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_k_q8_k_tile(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: nb super-blocks of the row at w and of each token's row at a + t·arow,
+    // and out[t·ostride] for t < KTILE_TOKENS, are in bounds (the wrapper checks);
+    // layout d@0 dmin@2 scales@4 qs@16.
+    unsafe {
+        let _ = wrow;
+        let m4 = _mm256_set1_epi8(0xF);
+        let mut acc = [_mm_setzero_ps(); KTILE_TOKENS];
+        let mut accm = [_mm_setzero_ps(); KTILE_TOKENS];
+        for i in 0..nb {
+            let wb = w.add(144 * i);
+            let pair = f16_pair(wb);
+            let sm = scales_mins(wb.add(4));
+            let sc = _mm256_permute2x128_si256::<0x00>(sm, sm);
+            let lv: [(__m256i, __m256i); 4] = core::array::from_fn(|j| {
+                let q = ld(wb.add(16 + 32 * j));
+                (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4))
+            });
+            // The scales of `lanes32_group`.
+            let ss: [(__m256i, __m256i); 4] = core::array::from_fn(|j| {
+                let k = 2 * j as i32;
+                (
+                    _mm256_shuffle_epi8(sc, _mm256_set1_epi16((((2 * k + 1) << 8) | (2 * k)) as i16)),
+                    _mm256_shuffle_epi8(sc, _mm256_set1_epi16((((2 * k + 3) << 8) | (2 * k + 2)) as i16)),
+                )
+            });
+            for t in 0..KTILE_TOKENS {
+                let ab = a.add(t * arow + 292 * i);
+                let dd = _mm_mul_ps(pair, _mm_set1_ps(rdf32(ab)));
+                let dm = _mm_movehdup_ps(dd);
+                let pm = mins_lanes(sm, ab);
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..4 {
+                    let plo = _mm256_madd_epi16(ss[j].0, _mm256_maddubs_epi16(lv[j].0, ld(ab.add(A_QS + 64 * j))));
+                    let phi = _mm256_madd_epi16(ss[j].1, _mm256_maddubs_epi16(lv[j].1, ld(ab.add(A_QS + 64 * j + 32))));
+                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
+                }
+                acc[t] = _mm_fmadd_ss(_mm_cvtsi32_ss(acc[t], hsum_epi32(sumi)), dd, acc[t]);
+                accm[t] = _mm_fmadd_ss(_mm_cvtsi32_ss(accm[t], hsum_epi32_128(pm)), dm, accm[t]);
+            }
+        }
+        for t in 0..KTILE_TOKENS {
+            *out.add(t * ostride) = _mm_cvtss_f32(_mm_sub_ss(acc[t], accm[t]));
+        }
+    }
+}
+
+/// [`q6_k_q8_k`]`::<NATIVE>` for one weight row and [`KTILE_TOKENS`] activation rows, as
+/// [`q4_k_q8_k_tile`]: the row's levels and scale vectors are formed once per
+/// super-block, each token's integers, product `da·dw`, fma and final sum are the single
+/// dot's.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q6_k_q8_k_tile(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: as q4_k_q8_k_tile; layout ql@0 qh@128 scales@192 d@208.
+    unsafe {
+        let _ = wrow;
+        let m4 = _mm256_set1_epi8(0xF);
+        let m3 = _mm256_set1_epi8(3);
+        let mut acc = [_mm256_setzero_ps(); KTILE_TOKENS];
+        for i in 0..nb {
+            let wb = w.add(210 * i);
+            let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(rd16u(wb.add(208)) as i32)));
+            let scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(192).cast()));
+            // Group 4h + t: its levels and its scale pair (as `lanes16`).
+            let lv: [__m256i; 8] = core::array::from_fn(|g| {
+                let (h, t) = (g / 4, g % 4);
+                let ql = ld(wb.add(64 * h + 32 * (t & 1)));
+                let qh = ld(wb.add(128 + 32 * h));
+                let (low, high) = match t {
+                    0 => (ql, qh),
+                    1 => (ql, _mm256_srli_epi16::<2>(qh)),
+                    2 => (_mm256_srli_epi16::<4>(ql), _mm256_srli_epi16::<4>(qh)),
+                    _ => (_mm256_srli_epi16::<4>(ql), _mm256_srli_epi16::<6>(qh)),
+                };
+                _mm256_or_si256(_mm256_and_si256(low, m4), _mm256_slli_epi16::<4>(_mm256_and_si256(high, m3)))
+            });
+            let sc: [__m256i; 8] = core::array::from_fn(|g| pair_scales(half_scales(scales, g / 4), 2 * (g % 4) as i32));
+            for (t, acc) in acc.iter_mut().enumerate() {
+                let ab = a.add(t * arow + 292 * i);
+                let d = rdf32(ab) * dw;
+                let sub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(ld(ab.add(A_BSUMS)), scales));
+                let mut sumi = _mm256_setzero_si256();
+                for g in 0..8 {
+                    let p = _mm256_maddubs_epi16(lv[g], ld(ab.add(A_QS + 32 * g)));
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(sc[g], p));
+                }
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi, sub)), *acc);
+            }
+        }
+        for (t, acc) in acc.iter().enumerate() {
+            *out.add(t * ostride) = hsum_ps(*acc);
+        }
+    }
+}
