@@ -635,10 +635,7 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32,
                 }
                 kern.expf_batch(&mut e[..len]);
                 kern.f16_mad_keys(acc, kv_v, &voff[..len], &new_max[..len], &e[..len]);
-                for (&ec, &nm) in e[..len].iter().zip(&new_max[..len]) {
-                    let (ms, vs) = if nm { (ec, 1.0) } else { (1.0, ec) };
-                    sum = libm::fmaf(sum, ms, vs);
-                }
+                sum = kern.softmax_sum(sum, &new_max[..len], &e[..len]);
                 j0 += len;
             }
             // SAFETY: output (i, h) is written by exactly one task.

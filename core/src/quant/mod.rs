@@ -554,6 +554,21 @@ impl Kernels {
         }
     }
 
+    /// The online softmax's running sum over a chunk of keys, in key order:
+    /// `sum = fma(sum, e[c], 1)` where `new_max[c]`, else `fma(sum, 1, e[c])` — bit for
+    /// bit `libm::fmaf` (x86: the FMA instruction, no call per key).
+    pub fn softmax_sum(&self, mut sum: f32, new_max: &[bool], e: &[f32]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            return x86::f16ops::softmax_sum(sum, new_max, e);
+        }
+        for (&nm, &ec) in new_max.iter().zip(e) {
+            let (ms, vs) = if nm { (ec, 1.0) } else { (1.0, ec) };
+            sum = libm::fmaf(sum, ms, vs);
+        }
+        sum
+    }
+
     /// `x[i] = ops::expf(x[i])` for every element, bit for bit (AVX2: four lanes in f64,
     /// with `ops::expf` itself for the rare lane whose rounding the fast path cannot
     /// decide; see `x86::act::expf_batch`).

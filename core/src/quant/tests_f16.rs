@@ -191,7 +191,7 @@ fn f16_mad_matches_reference_for_every_x() {
     }
 }
 
-/// The chunked attention ops (`f16_dot_keys`, `f16_mad_keys`: rows kept in registers
+/// The chunked attention ops (`f16_dot_keys`, `softmax_sum`, `f16_mad_keys`: rows kept in registers
 /// between keys for lengths up to 64) give the bits of the one-key ops, with the
 /// reference's one-key ops as the measure: random chunks of up to 32 keys over a ring of
 /// value rows, every pattern of new maxima, lengths that take each path (whole vectors up
@@ -228,7 +228,13 @@ fn chunked_attention_ops_match_one_key_at_a_time() {
                     reference.f16_mad(&mut want_y, &kv[o..o + n], e[c]);
                 }
             }
+            let mut want_sum = 0.5f32;
+            for c in 0..len {
+                let (ms, vs) = if new_max[c] { (e[c], 1.0) } else { (1.0, e[c]) };
+                want_sum = libm::fmaf(want_sum, ms, vs);
+            }
             for k in sets.iter().chain([&reference]) {
+                assert_eq!(k.softmax_sum(0.5, &new_max, &e).to_bits(), want_sum.to_bits(), "{} softmax_sum", k.name());
                 let mut s = vec![f32::NAN; len];
                 k.f16_dot_keys(&kv, &offs, &q, &mut s);
                 let mut y = y0.clone();
