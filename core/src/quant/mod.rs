@@ -167,6 +167,8 @@ const _: () = assert!(
         && x86::Q4_0_TILE_TOKENS_VNNI <= DOT_TILE_MAX_TOKENS
         && x86::ZMM_TILE_TOKENS <= DOT_TILE_MAX_TOKENS
         && x86::KTILE_TOKENS <= DOT_TILE_MAX_TOKENS
+        && x86::Q4_K_TILE_ROWS <= DOT_TILE_MAX_ROWS
+        && x86::Q4_K_TILE_TOKENS <= DOT_TILE_MAX_TOKENS
 );
 
 /// A type/operation pair keel cannot do, or a row whose shape does not fit its type.
@@ -419,7 +421,7 @@ impl Kernels {
     /// bits that dot gives for its (row, token) pair, so a matmul may use it for whole
     /// tiles and the dot for the rest. `None` where there is none (the caller uses the
     /// dot): for now x86's Q8_0, Q5_0, Q4_1, Q4_0 (with AVX-512 VNNI, `vpdpbusd`
-    /// versions and a larger Q4_0 tile), Q4_K and Q6_K (one row × several tokens).
+    /// versions and larger Q4_0 and Q4_K tiles), Q4_K and Q6_K (one row × several tokens).
     pub fn dot_tile_fn(&self, wtype: GgmlType) -> Option<DotTile> {
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
@@ -433,6 +435,7 @@ impl Kernels {
                 Q4_1 => (x86::tile_q4_1_q8_1, x86::TILE_ROWS, x86::TILE_TOKENS),
                 Q4_0 if self.vnni => (x86::tile_q4_0_q8_0_vnni, x86::Q4_0_TILE_ROWS, x86::Q4_0_TILE_TOKENS_VNNI),
                 Q4_0 => (x86::tile_q4_0_q8_0, x86::Q4_0_TILE_ROWS, x86::Q4_0_TILE_TOKENS),
+                Q4_K if self.vnni => (x86::tile_q4_k_q8_k_vnni, x86::Q4_K_TILE_ROWS, x86::Q4_K_TILE_TOKENS),
                 Q4_K => (x86::tile_q4_k_q8_k, 1, x86::KTILE_TOKENS),
                 Q6_K => (x86::tile_q6_k_q8_k, 1, x86::KTILE_TOKENS),
                 _ => return None,

@@ -556,3 +556,128 @@ pub(super) unsafe fn q6_k_q8_k_tile(nb: usize, w: *const u8, wrow: usize, a: *co
         }
     }
 }
+
+/// Weight rows of the AVX-512 VNNI Q4_K tile: one per lane of a vector.
+pub(crate) const Q4_K_TILE_ROWS: usize = 8;
+/// Tokens of the AVX-512 VNNI Q4_K tile.
+pub(crate) const Q4_K_TILE_TOKENS: usize = 8;
+
+/// [`q4_k_q8_k`]`::<NATIVE>` for [`Q4_K_TILE_ROWS`] rows in the lanes of a vector ×
+/// [`Q4_K_TILE_TOKENS`] tokens, AVX-512 VNNI on 256-bit vectors. Per super-block and
+/// 64-element group j, the 8 rows' 32 `qs` bytes are transposed so that vector m holds,
+/// in lane r, dword m of row r (low nibbles: elements 4m.. of sub-block 2j, high
+/// nibbles: of sub-block 2j + 1); per token, `vpdpbusd` with the activation's matching
+/// 4 bytes broadcast gives every row's exact sub-block sums, multiplied by the rows'
+/// scales (`vpmulld`) into `sumi`; the mins part is `Σ m·bsum` by `madd` of the rows'
+/// (m_2j, m_2j+1) pairs with the token's pair sums of `bsums`. Integers are exact (any
+/// order gives the single dot's `sumi` and mins sum); the float steps per lane are the
+/// single dot's: `dd = [dw, dminw]·da` (one product each), `acc = fma(f32(sumi), dw·da,
+/// acc)`, `accm = fma(f32(summ), dminw·da, accm)`, result `acc - accm`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn q4_k_q8_k_tile_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: nb super-blocks of each of the 8 rows at w + r·wrow and of each token's row
+    // at a + t·arow, and out[t·ostride + r] (ostride >= 8), are in bounds (the wrapper
+    // checks); layout d@0 dmin@2 scales@4 qs@16; AVX-512 F/BW/VL/VNNI available (only
+    // handed out after cpu_has_avx512_vnni()).
+    unsafe {
+        const R: usize = Q4_K_TILE_ROWS;
+        const T: usize = Q4_K_TILE_TOKENS;
+        let (m4, lo8, zero) = (_mm256_set1_epi8(0xF), _mm256_set1_epi32(0xFF), _mm256_setzero_si256());
+        let mut acc = [_mm256_setzero_ps(); T];
+        let mut accm = [_mm256_setzero_ps(); T];
+        for i in 0..nb {
+            let wb = |r: usize| w.add(r * wrow + 144 * i);
+            // Scales and mins of the 8 rows as in `scales_mins`: words [sc0..3, sc4..7,
+            // m0..3, m4..7] per row, gathered per word into vectors (lane r = row r).
+            let mut words = [[0u32; R]; 4];
+            for r in 0..R {
+                let p = wb(r).add(4);
+                let (u0, u1, u2) = (rd32(p) as u32, rd32(p.add(4)) as u32, rd32(p.add(8)) as u32);
+                const LOW6: u32 = 0x3f3f_3f3f;
+                const LOW4: u32 = 0x0f0f_0f0f;
+                const LOW2: u32 = 0x0303_0303;
+                words[0][r] = u0 & LOW6;
+                words[1][r] = (u2 & LOW4) | (((u0 >> 6) & LOW2) << 4);
+                words[2][r] = u1 & LOW6;
+                words[3][r] = ((u2 >> 4) & LOW4) | (((u1 >> 6) & LOW2) << 4);
+            }
+            let wv: [__m256i; 4] = core::array::from_fn(|k| _mm256_loadu_si256(words[k].as_ptr().cast()));
+            let byte = |v: __m256i, b: usize| match b {
+                0 => _mm256_and_si256(v, lo8),
+                1 => _mm256_and_si256(_mm256_srli_epi32::<8>(v), lo8),
+                2 => _mm256_and_si256(_mm256_srli_epi32::<16>(v), lo8),
+                _ => _mm256_srli_epi32::<24>(v),
+            };
+            // sc[s]: lane r = scale of sub-block s; mp[j]: lane r = m_2j | m_2j+1 << 16.
+            let sc: [__m256i; 8] = core::array::from_fn(|s| byte(wv[s / 4], s % 4));
+            let mp: [__m256i; 4] = core::array::from_fn(|j| {
+                let v = wv[2 + j / 2];
+                let (b0, b1) = (2 * (j % 2), 2 * (j % 2) + 1);
+                _mm256_or_si256(byte(v, b0), _mm256_slli_epi32::<16>(byte(v, b1)))
+            });
+            let dw = f16_rows(w, wrow, 144 * i);
+            let dmw = f16_rows(w, wrow, 144 * i + 2);
+            let mut sumi = [zero; T];
+            for j in 0..4 {
+                // Rows' qs bytes 32j.. transposed by dwords (8×8).
+                let rows: [__m256i; R] = core::array::from_fn(|r| ld(wb(r).add(16 + 32 * j)));
+                let t0: [__m256i; 4] = core::array::from_fn(|k| _mm256_unpacklo_epi32(rows[2 * k], rows[2 * k + 1]));
+                let t1: [__m256i; 4] = core::array::from_fn(|k| _mm256_unpackhi_epi32(rows[2 * k], rows[2 * k + 1]));
+                // u[q]: dwords (q / 2 * 2 .. ) of rows; then 64-bit unpacks and lane swaps.
+                let u = [
+                    _mm256_unpacklo_epi64(t0[0], t0[1]), _mm256_unpackhi_epi64(t0[0], t0[1]),
+                    _mm256_unpacklo_epi64(t1[0], t1[1]), _mm256_unpackhi_epi64(t1[0], t1[1]),
+                    _mm256_unpacklo_epi64(t0[2], t0[3]), _mm256_unpackhi_epi64(t0[2], t0[3]),
+                    _mm256_unpacklo_epi64(t1[2], t1[3]), _mm256_unpackhi_epi64(t1[2], t1[3]),
+                ];
+                // v[m]: lane r = dword m of row r (m < 4 from the low 128 bits of each row).
+                let v: [__m256i; 8] = core::array::from_fn(|m| {
+                    let (x, y) = (u[m % 4], u[4 + m % 4]);
+                    if m < 4 { _mm256_permute2x128_si256::<0x20>(x, y) } else { _mm256_permute2x128_si256::<0x31>(x, y) }
+                });
+                let xl: [__m256i; 8] = core::array::from_fn(|m| _mm256_and_si256(v[m], m4));
+                let xh: [__m256i; 8] = core::array::from_fn(|m| _mm256_and_si256(_mm256_srli_epi16::<4>(v[m]), m4));
+                for (t, s) in sumi.iter_mut().enumerate() {
+                    let y = a.add(t * arow + 292 * i + A_QS + 64 * j);
+                    let b = |k: usize| _mm256_set1_epi32(rd32(y.add(4 * k)));
+                    let (mut sl, mut sh) = (zero, zero);
+                    for m in 0..8 {
+                        sl = _mm256_dpbusd_epi32(sl, xl[m], b(m));
+                        sh = _mm256_dpbusd_epi32(sh, xh[m], b(8 + m));
+                    }
+                    *s = _mm256_add_epi32(*s, _mm256_add_epi32(_mm256_mullo_epi32(sc[2 * j], sl), _mm256_mullo_epi32(sc[2 * j + 1], sh)));
+                }
+            }
+            for t in 0..T {
+                let ab = a.add(t * arow + 292 * i);
+                // The token's sub-block sums of bsums as i16 pairs (as `mins_lanes`).
+                let bs = ld(ab.add(A_BSUMS));
+                let mut q8s = [0i32; 4];
+                _mm_storeu_si128(q8s.as_mut_ptr().cast(), _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256::<1>(bs)));
+                let mut summ = zero;
+                for (j, mpj) in mp.iter().enumerate() {
+                    summ = _mm256_add_epi32(summ, _mm256_madd_epi16(*mpj, _mm256_set1_epi32(q8s[j])));
+                }
+                let da = _mm256_set1_ps(rdf32(ab));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_mul_ps(dw, da), acc[t]);
+                accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(dmw, da), accm[t]);
+            }
+        }
+        for t in 0..T {
+            _mm256_storeu_ps(out.add(t * ostride), _mm256_sub_ps(acc[t], accm[t]));
+        }
+    }
+}
+
+/// The f16 at byte `off` of 8 rows `wrow` bytes apart, as f32 (F16C's conversion is exact).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_rows(w: *const u8, wrow: usize, off: usize) -> __m256 {
+    // SAFETY: the caller guarantees 2 readable bytes at off in each of the 8 rows.
+    unsafe {
+        let h = |r: usize| rd16u(w.add(r * wrow + off)) as u64;
+        let lo = h(0) | h(1) << 16 | h(2) << 32 | h(3) << 48;
+        let hi = h(4) | h(5) << 16 | h(6) << 32 | h(7) << 48;
+        _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64))
+    }
+}

@@ -153,6 +153,9 @@ tile_wrapper!(/// AVX-512 VNNI Q4_1 · Q8_1 tile (each output as [`vec_dot_q4_1_
 tile_wrapper!(/// AVX2 Q4_K · Q8_K tile, one row × [`kdot::KTILE_TOKENS`] tokens (each output as
     /// [`vec_dot_q4_k_q8_k`]).
     tile_q4_k_q8_k, kdot::q4_k_q8_k_tile, 256, 144, 292, 1, kdot::KTILE_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// AVX-512 VNNI Q4_K · Q8_K tile, 8 rows × [`kdot::Q4_K_TILE_TOKENS`] tokens (each
+    /// output as [`vec_dot_q4_k_q8_k`]); only handed out after [`cpu_has_avx512_vnni`].
+    tile_q4_k_q8_k_vnni, kdot::q4_k_q8_k_tile_vnni, 256, 144, 292, kdot::Q4_K_TILE_ROWS, kdot::Q4_K_TILE_TOKENS, cpu_has_avx512_vnni);
 tile_wrapper!(/// AVX2 Q6_K · Q8_K tile, one row × [`kdot::KTILE_TOKENS`] tokens (each output as
     /// [`vec_dot_q6_k_q8_k`]).
     tile_q6_k_q8_k, kdot::q6_k_q8_k_tile, 256, 210, 292, 1, kdot::KTILE_TOKENS, cpu_has_avx2_fma);
@@ -161,7 +164,7 @@ tile_wrapper!(/// AVX2 Q4_0 · Q8_0 tile (each output as [`vec_dot_q4_0_q8_0`]).
 tile_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0 tile (each output as [`vec_dot_q4_0_q8_0`]); only handed
     /// out after [`cpu_has_avx512_vnni`].
     tile_q4_0_q8_0_vnni, qtile::q4_0_q8_0_vnni, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_TILE_TOKENS_VNNI, cpu_has_avx512_vnni);
-pub(crate) use kdot::KTILE_TOKENS;
+pub(crate) use kdot::{KTILE_TOKENS, Q4_K_TILE_ROWS, Q4_K_TILE_TOKENS};
 pub(crate) use qtile::{Q4_0_TILE_ROWS, Q4_0_TILE_TOKENS, Q4_0_TILE_TOKENS_VNNI, TILE_ROWS, TILE_TOKENS, ZMM_TILE_TOKENS};
 
 /// Runs 8-row body `$body` (see `qdot::table_dot_rows`) on whole blocks, after checking
