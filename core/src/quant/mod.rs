@@ -99,7 +99,8 @@ use half::f16;
 pub struct Isa {
     /// x86_64 AVX2 + FMA (F16C is implied on every such CPU and confirmed by CPUID).
     pub avx2_fma: bool,
-    /// x86_64 AVX-512 F/BW/VL (not used yet).
+    /// x86_64 AVX-512 F/BW/VL: 8-lane f64 exponentials in attention's softmax;
+    /// confirmed by CPUID in [`Kernels::new`].
     pub avx512: bool,
     /// x86_64 AVX-512 VNNI (with AVX-512 F/BW/VL): `vpdpbusd` in the prompt tiles;
     /// confirmed by CPUID in [`Kernels::new`].
@@ -231,14 +232,16 @@ pub struct Kernels {
     sdot: bool,
     /// AVX512-FP16 for the f16 ops (x86_64 with `avx2`; confirmed by CPUID).
     fp16: bool,
-    /// AVX-512 VNNI (with F/BW/VL) for the tiles (x86_64 with `avx2`; confirmed by CPUID).
+    /// AVX-512 VNNI (with F/BW/VL) for the tiles (x86_64 with `avx512`; confirmed by CPUID).
     vnni: bool,
+    /// AVX-512 F/BW/VL (x86_64 with `avx2`; confirmed by CPUID).
+    avx512: bool,
 }
 
 impl Kernels {
     /// The scalar reference only: bit-identical on every target.
     pub fn reference() -> Self {
-        Kernels { avx2: false, neon: false, sdot: false, fp16: false, vnni: false }
+        Kernels { avx2: false, neon: false, sdot: false, fp16: false, vnni: false, avx512: false }
     }
 
     /// The fastest kernels `isa` allows (and, on x86_64, CPUID confirms).
@@ -246,14 +249,15 @@ impl Kernels {
         #[cfg(target_arch = "x86_64")]
         if isa.avx2_fma && x86::cpu_has_avx2_fma() {
             let fp16 = isa.avx512_fp16 && x86::cpu_has_avx512_fp16();
-            let vnni = isa.avx512_vnni && x86::cpu_has_avx512_vnni();
-            return Kernels { avx2: true, neon: false, sdot: false, fp16, vnni };
+            let avx512 = isa.avx512 && x86::cpu_has_avx512();
+            let vnni = avx512 && isa.avx512_vnni && x86::cpu_has_avx512_vnni();
+            return Kernels { avx2: true, neon: false, sdot: false, fp16, vnni, avx512 };
         }
         // NEON is part of the target (the module is compiled only with it); `sdot` is
         // trusted from the host's report (no_std cannot ask the OS).
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
         if isa.neon {
-            return Kernels { avx2: false, neon: true, sdot: isa.neon_dotprod, fp16: false, vnni: false };
+            return Kernels { avx2: false, neon: true, sdot: isa.neon_dotprod, fp16: false, vnni: false, avx512: false };
         }
         let _ = isa;
         Self::reference()
@@ -578,7 +582,7 @@ impl Kernels {
     pub fn expf_batch(&self, x: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
-            return x86::act::expf_batch(x);
+            return x86::act::expf_batch(x, self.avx512);
         }
         for v in x {
             *v = crate::ops::expf(*v);

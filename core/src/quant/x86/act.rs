@@ -125,12 +125,60 @@ unsafe fn expf8(x: __m256) -> __m256 {
 /// normal f32 result, or NaN), is recomputed by `ops::expf` itself. (Over every f32 in
 /// (-87, 88), 8264 of 2.2·10^9 take that path; the others all give ops::expf's bits:
 /// test `expf_batch_gives_the_reference_bits`.)
-pub(crate) fn expf_batch(x: &mut [f32]) {
-    let n4 = x.len() - x.len() % 4;
-    // SAFETY: AVX2/FMA present (module contract); n4 elements at x.
-    unsafe { expf_avx2(n4, x.as_mut_ptr()) };
+pub(crate) fn expf_batch(x: &mut [f32], avx512: bool) {
+    let mut done = 0;
+    if avx512 {
+        done = x.len() - x.len() % 8;
+        // SAFETY: AVX-512 F/BW/VL present (`avx512`: the caller checked
+        // cpu_has_avx512()); `done` elements at x.
+        unsafe { expf_avx512(done, x.as_mut_ptr()) };
+    }
+    let n4 = done + (x.len() - done) / 4 * 4;
+    // SAFETY: AVX2/FMA present (module contract); n4 - done elements at x + done.
+    unsafe { expf_avx2(n4 - done, x.as_mut_ptr().add(done)) };
     for v in &mut x[n4..] {
         *v = crate::ops::expf(*v);
+    }
+}
+
+/// [`expf_avx2`] on eight lanes (512-bit f64 vectors): the same operations per lane.
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl")]
+unsafe fn expf_avx512(n: usize, x: *mut f32) {
+    // SAFETY: n elements at x (caller, a multiple of 8); unaligned loads and stores only.
+    unsafe {
+        let c = _mm512_set1_pd;
+        let mut i = 0;
+        while i < n {
+            let xs = _mm256_loadu_ps(x.add(i));
+            let xd = _mm512_cvtps_pd(xs);
+            let in_range = _mm512_cmp_pd_mask::<_CMP_GT_OQ>(xd, c(-87.0)) & _mm512_cmp_pd_mask::<_CMP_LT_OQ>(xd, c(88.0));
+            // Out-of-range lanes compute on 0 (their result is replaced below).
+            let xd = _mm512_maskz_mov_pd(in_range, xd);
+            let k = _mm512_roundscale_pd::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_pd(xd, c(core::f64::consts::LOG2_E)));
+            let r = _mm512_fnmadd_pd(k, c(f64::from_bits(0x3FE6_2E42_FEFA_39EF)), xd);
+            let r = _mm512_fnmadd_pd(k, c(f64::from_bits(0x3C7A_BC9E_3B39_803F)), r);
+            let mut p = c(1.0 / 39_916_800.0);
+            for coef in [1.0 / 3_628_800.0, 1.0 / 362_880.0, 1.0 / 40_320.0, 1.0 / 5_040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+                p = _mm512_fmadd_pd(p, r, c(coef));
+            }
+            let biased = _mm512_castpd_si512(_mm512_add_pd(k, c(6_755_399_441_056_767.0)));
+            let y = _mm512_mul_pd(p, _mm512_castsi512_pd(_mm512_slli_epi64::<52>(biased)));
+            let low = _mm512_and_si512(_mm512_castpd_si512(y), _mm512_set1_epi64((1 << 29) - 1));
+            let near = _mm512_cmpgt_epi64_mask(low, _mm512_set1_epi64((1 << 28) - (1 << 12)))
+                & _mm512_cmpgt_epi64_mask(_mm512_set1_epi64((1 << 28) + (1 << 12)), low);
+            let redo = near | !in_range;
+            _mm256_storeu_ps(x.add(i), _mm512_cvtpd_ps(y));
+            if redo != 0 {
+                let mut src = [0.0f32; 8];
+                _mm256_storeu_ps(src.as_mut_ptr(), xs);
+                for (l, s) in src.iter().enumerate() {
+                    if redo >> l & 1 == 1 {
+                        *x.add(i + l) = crate::ops::expf(*s);
+                    }
+                }
+            }
+            i += 8;
+        }
     }
 }
 

@@ -81,10 +81,21 @@ pub(crate) fn cpu_has_avx512_fp16() -> bool {
     f & vl & fp16 == 1 && xcr0 & 0xE6 == 0xE6
 }
 
-/// True if, besides [`cpu_has_avx2_fma`], this CPU (and OS) has AVX-512 F, BW, VL and
-/// VNNI, and the OS saves the opmask and ZMM state (XCR0 bits 5, 6, 7).
-pub(crate) fn cpu_has_avx512_vnni() -> bool {
+/// True if, besides [`cpu_has_avx2_fma`], this CPU (and OS) has AVX-512 F, BW and VL,
+/// and the OS saves the opmask and ZMM state (XCR0 bits 5, 6, 7).
+pub(crate) fn cpu_has_avx512() -> bool {
     if !cpu_has_avx2_fma() {
+        return false;
+    }
+    // SAFETY: leaf 7 exists and OSXSAVE is set (cpu_has_avx2_fma checked both).
+    let (leaf7, xcr0) = unsafe { (__cpuid_count(7, 0), xcr0()) };
+    let (f, bw, vl) = (leaf7.ebx >> 16 & 1, leaf7.ebx >> 30 & 1, leaf7.ebx >> 31 & 1);
+    f & bw & vl == 1 && xcr0 & 0xE6 == 0xE6
+}
+
+/// True if, besides [`cpu_has_avx512`], this CPU has AVX-512 VNNI.
+pub(crate) fn cpu_has_avx512_vnni() -> bool {
+    if !cpu_has_avx512() {
         return false;
     }
     // SAFETY: leaf 7 exists and OSXSAVE is set (cpu_has_avx2_fma checked both).
