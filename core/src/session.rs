@@ -85,7 +85,7 @@ fn region_sizes(hp: &HParams, act_row: usize, cfg: &SessionConfig) -> Result<[(u
         (b * hp.n_ff.max(hp.n_embd), f4),
         (b * hp.n_ff.max(hp.n_embd), f4),
         (b.max(cfg.n_outputs), act_row),
-        (cfg.n_threads * (hp.head_dim + hp.head_dim_v), f2),
+        (cfg.n_threads * ATTN_HEADS * (hp.head_dim + hp.head_dim_v), f2),
         (hp.n_rot, f4),
         (2 * b * n_vh, f4),
         (b * ch, f4),
@@ -569,44 +569,56 @@ fn attention_block(hp: &HParams, l: usize, a: &Attention<'_>, act: &mut Act<'_>,
 
 /// Keys per chunk of [`attention`]'s online softmax (scores and exponentials on the stack).
 const ATTN_CHUNK: usize = 32;
+/// Query heads sharing a KV head that [`attention`] computes together.
+pub(crate) const ATTN_HEADS: usize = 4;
 
 /// Causal grouped-query attention of the `n` new tokens over one layer's cache, split
-/// by (token, head) across at most `max_tasks` tasks, each with its own f16 scratch.
+/// by (token, heads) items — up to [`ATTN_HEADS`] query heads that share a KV head —
+/// dealt round-robin to at most `max_tasks` tasks, each with its own f16 scratch.
 ///
 /// The arithmetic is llama.cpp's CPU flash attention (`one_chunk` path) operation for
-/// operation: q rounded to f16; per key in order `s = dot(k, q)·scale` (f16 dot order of
-/// `Kernels::f16_dot`); online softmax with the value accumulator in **f16** (on a new
-/// maximum `acc *= exp(old - max)`, else `vs = exp(s - max)`; `acc += v·vs` rounded to
-/// f16 each step; `sum = fma(sum, ms, vs)`); finally `out = f32(acc) · (1/sum)`.
-/// llama.cpp uses a different, tiled arithmetic for batches of 64 or more queries; keel
-/// always uses this one, so a position's output does not depend on the batch. With a
-/// sliding window a query at `pos` sees keys `pos - window + 1 ..= pos`.
+/// operation, per head: q rounded to f16; per key in order `s = dot(k, q)·scale` (f16
+/// dot order of `Kernels::f16_dot`); online softmax with the value accumulator in
+/// **f16** (on a new maximum `acc *= exp(old - max)`, else `vs = exp(s - max)`;
+/// `acc += v·vs` rounded to f16 each step; `sum = fma(sum, ms, vs)`); finally
+/// `out = f32(acc) · (1/sum)`. The heads of an item only share the key and value rows
+/// (loaded once for all of them); each head's operations are its own, so the grouping
+/// changes no bit. llama.cpp uses a different, tiled arithmetic for batches of 64 or
+/// more queries; keel always uses this one, so a position's output does not depend on
+/// the batch. With a sliding window a query at `pos` sees keys `pos - window + 1 ..= pos`.
 #[allow(clippy::too_many_arguments)]
 fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32, out: &mut [f32], scratch: &mut [f16], max_tasks: usize, n: usize, par: &dyn Parallel) {
     let (hd, hdv) = (hp.head_dim, hp.head_dim_v);
     let (qd, kd, vd) = (hp.q_dim(), hp.k_dim(), hp.v_dim());
     let group = hp.n_head / hp.n_head_kv;
+    // Items per KV head and token: its query heads in runs of at most ATTN_HEADS.
+    let runs = group.div_ceil(ATTN_HEADS);
     let (rows, n_past, window) = (c.rows, c.n_past, c.window);
     let (kv_k, kv_v) = (&*c.kv_k, &*c.kv_v);
-    let per_task = hd + hdv;
-    let tasks = par.n_threads().min(max_tasks).min(n * hp.n_head).max(1);
+    let per_task = ATTN_HEADS * (hd + hdv);
+    let items = n * hp.n_head_kv * runs;
+    let tasks = par.n_threads().min(max_tasks).min(items).max(1);
     let scratch = SharedMut::new(scratch);
     let out_w = hp.n_head * hdv;
     let out = SharedMut::new(&mut out[..n * out_w]);
     par.run(tasks, &|t| {
         // SAFETY: task t owns scratch slot t (tasks <= the n_threads slots planned).
         let s = unsafe { scratch.slice(t * per_task, per_task) };
-        let (qh, acc) = s.split_at_mut(hd);
-        // (token, head) pairs dealt round-robin: a later token attends to more keys, so
-        // contiguous ranges would leave the last task most of a prompt's work.
-        for pair in (t..n * hp.n_head).step_by(tasks) {
-            let (i, h) = (pair / hp.n_head, pair % hp.n_head);
+        let (qh, acc) = s.split_at_mut(ATTN_HEADS * hd);
+        // Items dealt round-robin: a later token attends to more keys, so contiguous
+        // ranges would leave the last task most of a prompt's work.
+        for item in (t..items).step_by(tasks) {
+            let (i, rest) = (item / (hp.n_head_kv * runs), item % (hp.n_head_kv * runs));
+            let (kvh, run) = (rest / runs, rest % runs);
+            let h0 = kvh * group + run * ATTN_HEADS;
+            let nh = (group - run * ATTN_HEADS).min(ATTN_HEADS);
             let pos = n_past + i;
             let first = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
-            let kvh = h / group;
-            kern.f32_to_f16(&q[i * qd + h * hd..][..hd], qh);
-            acc.fill(f16::ZERO);
-            let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
+            for g in 0..nh {
+                kern.f32_to_f16(&q[i * qd + (h0 + g) * hd..][..hd], &mut qh[g * hd..(g + 1) * hd]);
+            }
+            acc[..nh * hdv].fill(f16::ZERO);
+            let (mut max, mut sum) = ([f32::NEG_INFINITY; ATTN_HEADS], [0.0f32; ATTN_HEADS]);
             // Keys in chunks: the chunk's scores, then every exponent the online softmax
             // will take (the running maximum depends only on the scores), exponentiated
             // together (`expf_batch` gives `ops::expf`'s bits), then the accumulator
@@ -615,35 +627,42 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32,
             let mut j0 = first;
             while j0 <= pos {
                 let len = (pos + 1 - j0).min(ATTN_CHUNK);
-                let mut e = [0.0f32; ATTN_CHUNK];
-                let mut new_max = [false; ATTN_CHUNK];
+                let mut e = [0.0f32; ATTN_HEADS * ATTN_CHUNK];
+                let mut new_max = [false; ATTN_HEADS * ATTN_CHUNK];
                 let (mut koff, mut voff) = ([0usize; ATTN_CHUNK], [0usize; ATTN_CHUNK]);
                 let mut slot = j0 % rows;
                 for c in 0..len {
                     (koff[c], voff[c]) = (slot * kd + kvh * hd, slot * vd + kvh * hdv);
                     slot = if slot + 1 == rows { 0 } else { slot + 1 };
                 }
-                kern.f16_dot_keys(kv_k, &koff[..len], qh, &mut e[..len]);
-                for (ec, nm) in e[..len].iter_mut().zip(&mut new_max[..len]) {
-                    let s = *ec * scale;
-                    if s > max {
-                        (*ec, *nm) = (max - s, true);
-                        max = s;
-                    } else {
-                        *ec = s - max;
+                kern.f16_dot_keys_heads(kv_k, &koff[..len], &qh[..nh * hd], hd, nh, &mut e[..nh * len]);
+                for g in 0..nh {
+                    let (eg, ng) = (&mut e[g * len..(g + 1) * len], &mut new_max[g * len..(g + 1) * len]);
+                    for (ec, nm) in eg.iter_mut().zip(ng) {
+                        let s = *ec * scale;
+                        if s > max[g] {
+                            (*ec, *nm) = (max[g] - s, true);
+                            max[g] = s;
+                        } else {
+                            *ec = s - max[g];
+                        }
                     }
                 }
-                kern.expf_batch(&mut e[..len]);
-                kern.f16_mad_keys(acc, kv_v, &voff[..len], &new_max[..len], &e[..len]);
-                sum = kern.softmax_sum(sum, &new_max[..len], &e[..len]);
+                kern.expf_batch(&mut e[..nh * len]);
+                kern.f16_mad_keys_heads(&mut acc[..nh * hdv], hdv, nh, kv_v, &voff[..len], &new_max[..nh * len], &e[..nh * len]);
+                for g in 0..nh {
+                    sum[g] = kern.softmax_sum(sum[g], &new_max[g * len..(g + 1) * len], &e[g * len..(g + 1) * len]);
+                }
                 j0 += len;
             }
-            // SAFETY: output (i, h) is written by exactly one task.
-            let o = unsafe { out.slice(i * out_w + h * hdv, hdv) };
-            kern.f16_to_f32(acc, o);
-            let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-            for v in o.iter_mut() {
-                *v *= inv;
+            for g in 0..nh {
+                // SAFETY: output (i, h0 + g) is written by exactly one task.
+                let o = unsafe { out.slice(i * out_w + (h0 + g) * hdv, hdv) };
+                kern.f16_to_f32(&acc[g * hdv..(g + 1) * hdv], o);
+                let inv = if sum[g] == 0.0 { 0.0 } else { 1.0 / sum[g] };
+                for v in o.iter_mut() {
+                    *v *= inv;
+                }
             }
         }
     });

@@ -561,6 +561,36 @@ impl Kernels {
         }
     }
 
+    /// [`Kernels::f16_dot_keys`] for `heads` query rows of `n` (`qs`) against the same
+    /// keys: `out[h·offs.len() + c]` (each key row is read once for all heads on x86);
+    /// the same bits.
+    pub fn f16_dot_keys_heads(&self, k: &[f16], offs: &[usize], qs: &[f16], n: usize, heads: usize, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 && n == 64 && heads <= 4 {
+            return x86::f16ops::dot_keys_heads64(k, offs, qs, heads, out);
+        }
+        let len = offs.len();
+        for h in 0..heads {
+            self.f16_dot_keys(k, offs, &qs[h * n..(h + 1) * n], &mut out[h * len..(h + 1) * len]);
+        }
+    }
+
+    /// [`Kernels::f16_mad_keys`] for `heads` accumulator rows of `n` (`ys`) over the
+    /// same value rows, `new_max` and `e` holding `heads` rows of `offs.len()` (each value
+    /// row is read once for all heads on x86); the same bits.
+    #[allow(clippy::too_many_arguments)]
+    pub fn f16_mad_keys_heads(&self, ys: &mut [f16], n: usize, heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 && n == 64 && heads <= 4 {
+            return x86::f16ops::mad_keys_heads64(ys, heads, x, offs, new_max, e);
+        }
+        let len = offs.len();
+        for h in 0..heads {
+            let r = h * len..(h + 1) * len;
+            self.f16_mad_keys(&mut ys[h * n..(h + 1) * n], x, offs, &new_max[r.clone()], &e[r]);
+        }
+    }
+
     /// The online softmax's running sum over a chunk of keys, in key order:
     /// `sum = fma(sum, e[c], 1)` where `new_max[c]`, else `fma(sum, 1, e[c])` — bit for
     /// bit `libm::fmaf` (x86: the FMA instruction, no call per key).

@@ -249,3 +249,46 @@ fn chunked_attention_ops_match_one_key_at_a_time() {
         }
     }
 }
+
+/// The grouped chunk ops (`f16_dot_keys_heads`, `f16_mad_keys_heads`: up to four heads
+/// over the same keys, each key and value row read once) give each head the bits of the
+/// one-head ops, for every kernel set, 1 to 4 heads, lengths with and without the fast
+/// path (64) and every pattern of new maxima.
+#[test]
+fn grouped_attention_ops_match_one_head_at_a_time() {
+    let reference = Kernels::reference();
+    let sets = kernel_sets();
+    let mut rng = Rng::new(0x6a7d);
+    for &n in &[64usize, 32, 128] {
+        for round in 0..80 {
+            let heads = 1 + round % 4;
+            let (rows, stride) = (24, n + (round % 3) * 8);
+            let val = |rng: &mut Rng| if round % 5 == 4 { any_finite(rng) } else { f16::from_f32((rng.below(2001) as f32 - 1000.0) / 256.0) };
+            let kv: Vec<f16> = (0..rows * stride).map(|_| val(&mut rng)).collect();
+            let qs: Vec<f16> = (0..heads * n).map(|_| val(&mut rng)).collect();
+            let y0: Vec<f16> = (0..heads * n).map(|_| val(&mut rng)).collect();
+            let len = 1 + rng.below(32) as usize;
+            let offs: Vec<usize> = (0..len).map(|_| rng.below(rows as u64) as usize * stride).collect();
+            let new_max: Vec<bool> = (0..heads * len).map(|i| i % len == 0 || rng.below(4) == 0).collect();
+            let e: Vec<f32> = (0..heads * len).map(|_| (rng.below(1 << 20) as f32) / (1 << 20) as f32).collect();
+            for k in sets.iter().chain([&reference]) {
+                let mut s = vec![f32::NAN; heads * len];
+                k.f16_dot_keys_heads(&kv, &offs, &qs, n, heads, &mut s);
+                let mut y = y0.clone();
+                k.f16_mad_keys_heads(&mut y, n, heads, &kv, &offs, &new_max, &e);
+                for h in 0..heads {
+                    let mut want_s = vec![0.0f32; len];
+                    reference.f16_dot_keys(&kv, &offs, &qs[h * n..(h + 1) * n], &mut want_s);
+                    let mut want_y = y0[h * n..(h + 1) * n].to_vec();
+                    reference.f16_mad_keys(&mut want_y, &kv, &offs, &new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
+                    for c in 0..len {
+                        assert_eq!(s[h * len + c].to_bits(), want_s[c].to_bits(), "{} dot n={n} heads={heads} h={h} key {c}", k.name());
+                    }
+                    for i in 0..n {
+                        assert_eq!(y[h * n + i].to_bits(), want_y[i].to_bits(), "{} mad n={n} heads={heads} h={h} element {i}", k.name());
+                    }
+                }
+            }
+        }
+    }
+}

@@ -416,3 +416,94 @@ unsafe fn softmax_sum_fma(sum: f32, new_max: &[bool], e: &[f32]) -> f32 {
         _mm_cvtss_f32(s)
     }
 }
+
+/// [`dot_keys`] for the heads of a GQA group at once (`qs`: `heads` rows of 64, `out`:
+/// `heads` rows of `offs.len()`): each key row is loaded and converted once for all
+/// heads; every dot is `dot_avx2`'s one 64-element step (`fma(k, q, 0)` per vector, the
+/// same sum tree), so each output has the one-key dot's bits.
+pub(crate) fn dot_keys_heads64(k: &[f16], offs: &[usize], qs: &[f16], heads: usize, out: &mut [f32]) {
+    let len = offs.len();
+    assert!(heads <= 4 && qs.len() >= heads * DOT_STEP && out.len() >= heads * len, "dot_keys_heads64: short arrays");
+    assert!(offs.iter().all(|&o| o <= k.len() && DOT_STEP <= k.len() - o), "dot_keys_heads64: key out of bounds");
+    let mut qf = [0.0f32; 4 * DOT_STEP];
+    to_f32(&qs[..heads * DOT_STEP], &mut qf[..heads * DOT_STEP]);
+    // SAFETY: AVX2/FMA/F16C present (module contract); every key's 64 elements lie in
+    // k, qf holds heads rows of 64 and out heads rows of len (checked above).
+    unsafe { dot_keys_heads64_avx2(k.as_ptr().cast(), offs, &qf, heads, out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_keys_heads64_avx2(k: *const u16, offs: &[usize], qf: &[f32; 4 * DOT_STEP], heads: usize, out: &mut [f32]) {
+    // SAFETY: as dot_keys_heads64.
+    unsafe {
+        let len = offs.len();
+        for (c, &off) in offs.iter().enumerate() {
+            let kp = k.add(off);
+            let kv: [__m256; 8] = core::array::from_fn(|j| _mm256_cvtph_ps(_mm_loadu_si128(kp.add(8 * j).cast())));
+            for h in 0..heads {
+                let q = qf.as_ptr().add(h * DOT_STEP);
+                let p: [__m256; 8] = core::array::from_fn(|j| _mm256_fmadd_ps(kv[j], _mm256_loadu_ps(q.add(8 * j)), _mm256_setzero_ps()));
+                let lo = _mm256_add_ps(_mm256_add_ps(p[0], p[4]), _mm256_add_ps(p[2], p[6]));
+                let hi = _mm256_add_ps(_mm256_add_ps(p[1], p[5]), _mm256_add_ps(p[3], p[7]));
+                out[h * len + c] = hsum_ps(_mm256_add_ps(hi, lo));
+            }
+        }
+    }
+}
+
+/// [`mad_keys`] for the heads of a GQA group at once, rows of 64 (`ys`: `heads` rows,
+/// `new_max` and `e`: `heads` rows of `offs.len()`): each value row is converted once
+/// for all heads, and the heads' accumulators are independent chains in the inner loop;
+/// per head and element the operations of [`mad_keys_regs`] in key order (the same bits).
+pub(crate) fn mad_keys_heads64(ys: &mut [f16], heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32]) {
+    let len = offs.len();
+    assert!(heads <= 4 && ys.len() >= heads * 64 && new_max.len() >= heads * len && e.len() >= heads * len, "mad_keys_heads64: short arrays");
+    assert!(offs.iter().all(|&o| o <= x.len() && 64 <= x.len() - o), "mad_keys_heads64: value row out of bounds");
+    // SAFETY: AVX2/FMA/F16C present (module contract); ys holds heads rows of 64, every
+    // value row's 64 elements lie in x (checked above).
+    unsafe { mad_keys_heads64_avx2(ys.as_mut_ptr().cast(), heads, x.as_ptr().cast(), offs, new_max, e) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mad_keys_heads64_avx2(y: *mut u16, heads: usize, x: *const u16, offs: &[usize], new_max: &[bool], e: &[f32]) {
+    // SAFETY: as mad_keys_heads64; unaligned loads and stores only.
+    unsafe {
+        let len = offs.len();
+        let f16_round = |v: __m256| _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
+        let one = _mm256_set1_ps(1.0);
+        // Two halves of 32 elements, each through all keys with every head's four
+        // vectors in registers (the halves are independent, so every element gets the
+        // same sequence of steps; up to 16 independent chains per key).
+        for half in 0..2 {
+            let col = 32 * half;
+            let mut acc = [[_mm256_setzero_ps(); 4]; 4];
+            for (h, a) in acc.iter_mut().enumerate().take(heads) {
+                for (j, v) in a.iter_mut().enumerate() {
+                    *v = _mm256_cvtph_ps(_mm_loadu_si128(y.add(64 * h + col + 8 * j).cast()));
+                }
+            }
+            for (c, &off) in offs.iter().enumerate() {
+                let xv: [__m256; 4] = core::array::from_fn(|j| _mm256_cvtph_ps(_mm_loadu_si128(x.add(off + col + 8 * j).cast())));
+                for (h, a) in acc.iter_mut().enumerate().take(heads) {
+                    let ec = _mm256_set1_ps(e[h * len + c]);
+                    let vs = if new_max[h * len + c] {
+                        for v in a.iter_mut() {
+                            *v = f16_round(_mm256_mul_ps(*v, ec));
+                        }
+                        one
+                    } else {
+                        ec
+                    };
+                    for (j, v) in a.iter_mut().enumerate() {
+                        *v = f16_round(_mm256_fmadd_ps(xv[j], vs, *v));
+                    }
+                }
+            }
+            for (h, a) in acc.iter().enumerate().take(heads) {
+                for (j, v) in a.iter().enumerate() {
+                    _mm_storeu_si128(y.add(64 * h + col + 8 * j).cast(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(*v));
+                }
+            }
+        }
+    }
+}
