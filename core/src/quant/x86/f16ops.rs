@@ -289,8 +289,10 @@ pub(crate) fn mad_keys(y: &mut [f16], x: &[f16], offs: &[usize], new_max: &[bool
     assert!(new_max.len() >= offs.len() && e.len() >= offs.len(), "mad_keys: short arrays");
     assert!(offs.iter().all(|&o| o <= x.len() && n <= x.len() - o), "mad_keys: value row out of bounds");
     let (yp, xp) = (y.as_mut_ptr().cast::<u16>(), x.as_ptr().cast::<u16>());
-    // SAFETY (each arm): AVX2/FMA/F16C present (module contract); y holds n elements,
-    // and every value row's n elements lie in x (checked above).
+    // SAFETY (each arm): AVX2/FMA/F16C present (module contract), AVX512-FP16 with
+    // AVX-512 F/VL where `fp16` (the caller's `Kernels` flag, set only after
+    // cpu_has_avx512_fp16()); y holds n elements, and every value row's n elements lie
+    // in x (checked above).
     match n {
         // Whole 128-element steps: the native f16 path of `scale` and `mad` for every
         // element, by AVX512-FP16 on 512-bit vectors kept in registers between keys.

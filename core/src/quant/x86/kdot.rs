@@ -411,14 +411,32 @@ pub(super) unsafe fn q5_k_q8_k<const MODE: u8>(nb: usize, w: *const u8, a: *cons
     }
 }
 
+/// The 32 unsigned 6-bit levels of group 4h + t of the Q6_K block at `wb` (`ql` nibbles
+/// and two `qh` bits each).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_levels(wb: *const u8, h: usize, t: usize) -> __m256i {
+    // SAFETY: a whole Q6_K block at wb (caller); value-only intrinsics otherwise.
+    unsafe {
+        let (m4, m3) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(3));
+        let ql = ld(wb.add(64 * h + 32 * (t & 1)));
+        let qh = ld(wb.add(128 + 32 * h));
+        let (low, high) = match t {
+            0 => (ql, qh),
+            1 => (ql, _mm256_srli_epi16::<2>(qh)),
+            2 => (_mm256_srli_epi16::<4>(ql), _mm256_srli_epi16::<4>(qh)),
+            _ => (_mm256_srli_epi16::<4>(ql), _mm256_srli_epi16::<6>(qh)),
+        };
+        _mm256_or_si256(_mm256_and_si256(low, m4), _mm256_slli_epi16::<4>(_mm256_and_si256(high, m3)))
+    }
+}
+
 /// Q6_K · Q8_K, llama.cpp's x86 lane order (levels unsigned, the -32 through bsums;
 /// `NATIVE`) or the tiled order (`TILED`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q6_k_q8_k<const MODE: u8>(nb: usize, w: *const u8, a: *const u8) -> f32 {
     // SAFETY: see above; layout ql@0 qh@128 scales@192 d@208.
     unsafe {
-        let m4 = _mm256_set1_epi8(0xF);
-        let m3 = _mm256_set1_epi8(3);
         let mut acc = _mm256_setzero_ps();
         let mut tacc = _mm_setzero_ps();
         for i in 0..nb {
@@ -426,19 +444,7 @@ pub(super) unsafe fn q6_k_q8_k<const MODE: u8>(nb: usize, w: *const u8, a: *cons
             let d = rdf32(ab) * _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(rd16u(wb.add(208)) as i32)));
             let scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(192).cast()));
             let sub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(ld(ab.add(A_BSUMS)), scales));
-            let sumi = lanes16!(ab, scales,
-                |h, t| {
-                    let ql = ld(wb.add(64 * h + 32 * (t & 1)));
-                    let qh = ld(wb.add(128 + 32 * h));
-                    let (low, high) = match t {
-                        0 => (ql, qh),
-                        1 => (ql, _mm256_srli_epi16::<2>(qh)),
-                        2 => (_mm256_srli_epi16::<4>(ql), _mm256_srli_epi16::<4>(qh)),
-                        _ => (_mm256_srli_epi16::<4>(ql), _mm256_srli_epi16::<6>(qh)),
-                    };
-                    _mm256_or_si256(_mm256_and_si256(low, m4), _mm256_slli_epi16::<4>(_mm256_and_si256(high, m3)))
-                },
-                neg = |_h, _t| None::<__m256i>);
+            let sumi = lanes16!(ab, scales, |h, t| q6_k_levels(wb, h, t), neg = |_h, _t| None::<__m256i>);
             if MODE == TILED {
                 let dw = _mm_cvtph_ps(_mm_cvtsi32_si128(rd16u(wb.add(208)) as i32));
                 tacc = tiled_step(tacc, hsum_epi32(_mm256_sub_epi32(sumi, sub)), None, dw, rdf32(ab));
@@ -518,26 +524,13 @@ pub(super) unsafe fn q6_k_q8_k_tile(nb: usize, w: *const u8, wrow: usize, a: *co
     // SAFETY: as q4_k_q8_k_tile; layout ql@0 qh@128 scales@192 d@208.
     unsafe {
         let _ = wrow;
-        let m4 = _mm256_set1_epi8(0xF);
-        let m3 = _mm256_set1_epi8(3);
         let mut acc = [_mm256_setzero_ps(); KTILE_TOKENS];
         for i in 0..nb {
             let wb = w.add(210 * i);
             let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(rd16u(wb.add(208)) as i32)));
             let scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(192).cast()));
             // Group 4h + t: its levels and its scale pair (as `lanes16`).
-            let lv: [__m256i; 8] = core::array::from_fn(|g| {
-                let (h, t) = (g / 4, g % 4);
-                let ql = ld(wb.add(64 * h + 32 * (t & 1)));
-                let qh = ld(wb.add(128 + 32 * h));
-                let (low, high) = match t {
-                    0 => (ql, qh),
-                    1 => (ql, _mm256_srli_epi16::<2>(qh)),
-                    2 => (_mm256_srli_epi16::<4>(ql), _mm256_srli_epi16::<4>(qh)),
-                    _ => (_mm256_srli_epi16::<4>(ql), _mm256_srli_epi16::<6>(qh)),
-                };
-                _mm256_or_si256(_mm256_and_si256(low, m4), _mm256_slli_epi16::<4>(_mm256_and_si256(high, m3)))
-            });
+            let lv: [__m256i; 8] = core::array::from_fn(|g| q6_k_levels(wb, g / 4, g % 4));
             let sc: [__m256i; 8] = core::array::from_fn(|g| pair_scales(half_scales(scales, g / 4), 2 * (g % 4) as i32));
             for (t, acc) in acc.iter_mut().enumerate() {
                 let ab = a.add(t * arow + 292 * i);

@@ -69,18 +69,6 @@ pub(crate) fn cpu_has_avx2_fma() -> bool {
     ebx >> 5 & 1 == 1
 }
 
-/// True if, besides [`cpu_has_avx2_fma`], this CPU (and OS) has AVX512-FP16 with
-/// AVX-512 F and VL, and the OS saves the opmask and ZMM state (XCR0 bits 5, 6, 7).
-pub(crate) fn cpu_has_avx512_fp16() -> bool {
-    if !cpu_has_avx2_fma() {
-        return false;
-    }
-    // SAFETY: leaf 7 exists and OSXSAVE is set (cpu_has_avx2_fma checked both).
-    let (leaf7, xcr0) = unsafe { (__cpuid_count(7, 0), xcr0()) };
-    let (f, vl, fp16) = (leaf7.ebx >> 16 & 1, leaf7.ebx >> 31 & 1, leaf7.edx >> 23 & 1);
-    f & vl & fp16 == 1 && xcr0 & 0xE6 == 0xE6
-}
-
 /// True if, besides [`cpu_has_avx2_fma`], this CPU (and OS) has AVX-512 F, BW and VL,
 /// and the OS saves the opmask and ZMM state (XCR0 bits 5, 6, 7).
 pub(crate) fn cpu_has_avx512() -> bool {
@@ -93,15 +81,16 @@ pub(crate) fn cpu_has_avx512() -> bool {
     f & bw & vl == 1 && xcr0 & 0xE6 == 0xE6
 }
 
+/// True if, besides [`cpu_has_avx512`], this CPU has AVX512-FP16.
+pub(crate) fn cpu_has_avx512_fp16() -> bool {
+    // SAFETY: leaf 7 exists (cpu_has_avx512 checked it).
+    cpu_has_avx512() && unsafe { __cpuid_count(7, 0) }.edx >> 23 & 1 == 1
+}
+
 /// True if, besides [`cpu_has_avx512`], this CPU has AVX-512 VNNI.
 pub(crate) fn cpu_has_avx512_vnni() -> bool {
-    if !cpu_has_avx512() {
-        return false;
-    }
-    // SAFETY: leaf 7 exists and OSXSAVE is set (cpu_has_avx2_fma checked both).
-    let (leaf7, xcr0) = unsafe { (__cpuid_count(7, 0), xcr0()) };
-    let (f, bw, vl, vnni) = (leaf7.ebx >> 16 & 1, leaf7.ebx >> 30 & 1, leaf7.ebx >> 31 & 1, leaf7.ecx >> 11 & 1);
-    f & bw & vl & vnni == 1 && xcr0 & 0xE6 == 0xE6
+    // SAFETY: leaf 7 exists (cpu_has_avx512 checked it).
+    cpu_has_avx512() && unsafe { __cpuid_count(7, 0) }.ecx >> 11 & 1 == 1
 }
 
 #[target_feature(enable = "xsave")]
