@@ -235,6 +235,7 @@ pub struct Kernels {
     /// AVX-512 VNNI (with F/BW/VL) for the tiles (x86_64 with `avx512`; confirmed by CPUID).
     vnni: bool,
     /// AVX-512 F/BW/VL (x86_64 with `avx2`; confirmed by CPUID).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     avx512: bool,
 }
 
