@@ -591,8 +591,11 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32,
     let (hd, hdv) = (hp.head_dim, hp.head_dim_v);
     let (qd, kd, vd) = (hp.q_dim(), hp.k_dim(), hp.v_dim());
     let group = hp.n_head / hp.n_head_kv;
-    // Items per KV head and token: its query heads in runs of at most ATTN_HEADS.
-    let runs = group.div_ceil(ATTN_HEADS);
+    // Items per KV head and token: its query heads in runs of at most ATTN_HEADS, or one
+    // head per item when there are too few (token, KV head) pairs to keep the threads
+    // busy (decode): the same bits either way.
+    let per_item = if n * hp.n_head_kv >= 4 * par.n_threads() { ATTN_HEADS.min(group) } else { 1 };
+    let runs = group.div_ceil(per_item);
     let (rows, n_past, window) = (c.rows, c.n_past, c.window);
     let (kv_k, kv_v) = (&*c.kv_k, &*c.kv_v);
     let per_task = ATTN_HEADS * (hd + hdv);
@@ -610,8 +613,8 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32,
         for item in (t..items).step_by(tasks) {
             let (i, rest) = (item / (hp.n_head_kv * runs), item % (hp.n_head_kv * runs));
             let (kvh, run) = (rest / runs, rest % runs);
-            let h0 = kvh * group + run * ATTN_HEADS;
-            let nh = (group - run * ATTN_HEADS).min(ATTN_HEADS);
+            let h0 = kvh * group + run * per_item;
+            let nh = (group - run * per_item).min(per_item);
             let pos = n_past + i;
             let first = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
             for g in 0..nh {
