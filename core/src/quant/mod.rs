@@ -608,8 +608,8 @@ impl Kernels {
     }
 
     /// `x[i] = ops::expf(x[i])` for every element, bit for bit (AVX2: four lanes in f64,
-    /// with `ops::expf` itself for the rare lane whose rounding the fast path cannot
-    /// decide; see `x86::act::expf_batch`).
+    /// AVX-512: eight, with `ops::expf` itself for the rare lane whose rounding the fast
+    /// path cannot decide; see `x86::act::expf_batch`).
     pub fn expf_batch(&self, x: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
