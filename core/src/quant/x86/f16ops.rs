@@ -251,6 +251,10 @@ unsafe fn to_f32_avx2(n: usize, src: *const u16, dst: *mut f32) {
 /// for a chunk of keys.
 pub(crate) fn dot_keys(k: &[f16], offs: &[usize], q: &[f16], out: &mut [f32]) {
     let n = q.len();
+    if n == DOT_STEP {
+        // One 64-element step per key, q converted once: the one-head case of the grouped dots.
+        return dot_keys_heads64(k, offs, q, 1, out);
+    }
     assert!(out.len() >= offs.len() && offs.iter().all(|&o| o <= k.len() && n <= k.len() - o), "dot_keys: key out of bounds");
     // SAFETY: AVX2/FMA/F16C present (module contract); every key's n elements lie in k
     // (checked above), q holds n, out one per key.
@@ -261,18 +265,6 @@ pub(crate) fn dot_keys(k: &[f16], offs: &[usize], q: &[f16], out: &mut [f32]) {
 unsafe fn dot_keys_avx2(n: usize, k: *const u16, offs: &[usize], q: *const u16, out: &mut [f32]) {
     // SAFETY: n elements at k + offs[c] and at q (caller).
     unsafe {
-        if n == DOT_STEP {
-            // One step of `dot_avx2` per key, q converted once.
-            let qv: [__m256; 8] = core::array::from_fn(|j| _mm256_cvtph_ps(_mm_loadu_si128(q.add(8 * j).cast())));
-            for (o, &off) in out.iter_mut().zip(offs) {
-                let kp = k.add(off);
-                let p: [__m256; 8] = core::array::from_fn(|j| _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(kp.add(8 * j).cast())), qv[j], _mm256_setzero_ps()));
-                let lo = _mm256_add_ps(_mm256_add_ps(p[0], p[4]), _mm256_add_ps(p[2], p[6]));
-                let hi = _mm256_add_ps(_mm256_add_ps(p[1], p[5]), _mm256_add_ps(p[3], p[7]));
-                *o = hsum_ps(_mm256_add_ps(hi, lo));
-            }
-            return;
-        }
         for (o, &off) in out.iter_mut().zip(offs) {
             *o = dot_avx2(n, k.add(off), q);
         }
