@@ -535,7 +535,7 @@ impl Kernels {
     pub fn f16_dot_keys(&self, k: &[f16], offs: &[usize], q: &[f16], out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
-            return x86::f16ops::dot_keys(k, offs, q, out);
+            return x86::f16ops::dot_keys(k, offs, q, out, self.avx512);
         }
         for (o, &off) in out.iter_mut().zip(offs) {
             *o = self.f16_dot(&k[off..][..q.len()], q);
@@ -568,7 +568,7 @@ impl Kernels {
     pub fn f16_dot_keys_heads(&self, k: &[f16], offs: &[usize], qs: &[f16], n: usize, heads: usize, out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if self.avx2 && n == 64 && heads <= 4 {
-            return x86::f16ops::dot_keys_heads64(k, offs, qs, heads, out);
+            return x86::f16ops::dot_keys_heads64(k, offs, qs, heads, out, self.avx512);
         }
         let len = offs.len();
         for h in 0..heads {
@@ -583,7 +583,7 @@ impl Kernels {
     pub fn f16_mad_keys_heads(&self, ys: &mut [f16], n: usize, heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32]) {
         #[cfg(target_arch = "x86_64")]
         if self.avx2 && n == 64 && heads <= 4 {
-            return x86::f16ops::mad_keys_heads64(ys, heads, x, offs, new_max, e);
+            return x86::f16ops::mad_keys_heads64(ys, heads, x, offs, new_max, e, self.avx512);
         }
         let len = offs.len();
         for h in 0..heads {

@@ -249,11 +249,11 @@ unsafe fn to_f32_avx2(n: usize, src: *const u16, dst: *mut f32) {
 
 /// `out[c] = dot(k[offs[c]..][..q.len()], q)` for every c (see `f16ops::dot`): one call
 /// for a chunk of keys.
-pub(crate) fn dot_keys(k: &[f16], offs: &[usize], q: &[f16], out: &mut [f32]) {
+pub(crate) fn dot_keys(k: &[f16], offs: &[usize], q: &[f16], out: &mut [f32], avx512: bool) {
     let n = q.len();
     if n == DOT_STEP {
         // One 64-element step per key, q converted once: the one-head case of the grouped dots.
-        return dot_keys_heads64(k, offs, q, 1, out);
+        return dot_keys_heads64(k, offs, q, 1, out, avx512);
     }
     assert!(out.len() >= offs.len() && offs.iter().all(|&o| o <= k.len() && n <= k.len() - o), "dot_keys: key out of bounds");
     // SAFETY: AVX2/FMA/F16C present (module contract); every key's n elements lie in k
@@ -415,15 +415,25 @@ unsafe fn softmax_sum_fma(sum: f32, new_max: &[bool], e: &[f32]) -> f32 {
 /// `heads` rows of `offs.len()`): each key row is loaded and converted once for all
 /// heads; every dot is `dot_avx2`'s one 64-element step (`fma(k, q, 0)` per vector, the
 /// same sum tree), so each output has the one-key dot's bits.
-pub(crate) fn dot_keys_heads64(k: &[f16], offs: &[usize], qs: &[f16], heads: usize, out: &mut [f32]) {
+pub(crate) fn dot_keys_heads64(k: &[f16], offs: &[usize], qs: &[f16], heads: usize, out: &mut [f32], avx512: bool) {
     let len = offs.len();
     assert!(heads <= 4 && qs.len() >= heads * DOT_STEP && out.len() >= heads * len, "dot_keys_heads64: short arrays");
     assert!(offs.iter().all(|&o| o <= k.len() && DOT_STEP <= k.len() - o), "dot_keys_heads64: key out of bounds");
     let mut qf = [0.0f32; 4 * DOT_STEP];
     to_f32(&qs[..heads * DOT_STEP], &mut qf[..heads * DOT_STEP]);
-    // SAFETY: AVX2/FMA/F16C present (module contract); every key's 64 elements lie in
-    // k, qf holds heads rows of 64 and out heads rows of len (checked above).
-    unsafe { dot_keys_heads64_avx2(k.as_ptr().cast(), offs, &qf, heads, out) }
+    // SAFETY: AVX2/FMA/F16C present (module contract), AVX-512 F where `avx512` (the
+    // caller's `Kernels` flag, set only after cpu_has_avx512()); every key's 64 elements
+    // lie in k, qf holds heads rows of 64 and out heads rows of len (checked above).
+    unsafe {
+        let kp = k.as_ptr().cast();
+        match (avx512, heads) {
+            (true, 1) => dot_keys_heads64_avx512::<1>(kp, offs, &qf, out),
+            (true, 2) => dot_keys_heads64_avx512::<2>(kp, offs, &qf, out),
+            (true, 3) => dot_keys_heads64_avx512::<3>(kp, offs, &qf, out),
+            (true, 4) => dot_keys_heads64_avx512::<4>(kp, offs, &qf, out),
+            _ => dot_keys_heads64_avx2(kp, offs, &qf, heads, out),
+        }
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -445,17 +455,123 @@ unsafe fn dot_keys_heads64_avx2(k: *const u16, offs: &[usize], qf: &[f32; 4 * DO
     }
 }
 
+/// [`dot_keys_heads64_avx2`] on 512-bit vectors for `H` heads, 16 keys at a time: per
+/// key its row is converted once, then per head the four 16-lane products
+/// `fma(k, q, 0)` and `t = (p0 + p2) + (p1 + p3)` as in `dot_avx2` (kept on the stack);
+/// then per head the 16 keys' sum trees run side by side, one level per step, each lane
+/// add being one key's add of `hsum_ps` order (8 + 8, 4 + 4, 2 + 2, 1 + 1), so lane `i`
+/// of the last vector is key `i`'s dot with the one-key bits. (Lanes past the chunk's
+/// end repeat its last key and are not stored.)
+///
+/// # Safety
+/// AVX2/FMA/F16C and AVX-512 F present; as [`dot_keys_heads64_avx2`] with `H` heads.
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+unsafe fn dot_keys_heads64_avx512<const H: usize>(k: *const u16, offs: &[usize], qf: &[f32; 4 * DOT_STEP], out: &mut [f32]) {
+    // SAFETY: as dot_keys_heads64; `ts` is written at h·16 + c for c < m before any
+    // read of it (reads clamp c to m - 1), and the masked store writes the m <= 16
+    // outputs out[h·len + g0..][..m], inside out.
+    unsafe {
+        let len = offs.len();
+        let zero = _mm512_setzero_ps();
+        let q: [[__m512; 4]; H] = core::array::from_fn(|h| core::array::from_fn(|j| _mm512_loadu_ps(qf.as_ptr().add(h * DOT_STEP + 16 * j))));
+        let mut ts = core::mem::MaybeUninit::<[[__m512; 16]; H]>::uninit();
+        let tp = ts.as_mut_ptr().cast::<__m512>();
+        for g0 in (0..len).step_by(16) {
+            let m = (len - g0).min(16);
+            for (c, &off) in offs[g0..g0 + m].iter().enumerate() {
+                let kv: [__m512; 4] = core::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(k.add(off + 16 * j).cast())));
+                for (h, q) in q.iter().enumerate() {
+                    let p: [__m512; 4] = core::array::from_fn(|j| _mm512_fmadd_ps(kv[j], q[j], zero));
+                    tp.add(h * 16 + c).write(_mm512_add_ps(_mm512_add_ps(p[0], p[2]), _mm512_add_ps(p[1], p[3])));
+                }
+            }
+            for h in 0..H {
+                let t = |c: usize| tp.add(h * 16 + c.min(m - 1)).read();
+                // Keys a and b: [lo 8 + hi 8 of a | of b].
+                let l1 = |a: usize, b: usize| {
+                    let (ta, tb) = (t(a), t(b));
+                    _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(ta, tb), _mm512_shuffle_f32x4::<0xEE>(ta, tb))
+                };
+                // Keys a, a+4, a+8, a+12: one 128-bit lane each, 4 + 4 added.
+                let l2 = |a: usize| {
+                    let (m0, m1) = (l1(a, a + 4), l1(a + 8, a + 12));
+                    _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(m0, m1), _mm512_shuffle_f32x4::<0xDD>(m0, m1))
+                };
+                // Lane pairs: 2 + 2 added; 128-bit lane j holds keys 4j + a, 4j + a + 1.
+                let l3 = |a: usize| {
+                    let (r0, r1) = (_mm512_castps_pd(l2(a)), _mm512_castps_pd(l2(a + 1)));
+                    _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(r0, r1)), _mm512_castpd_ps(_mm512_unpackhi_pd(r0, r1)))
+                };
+                let (a, b) = (l3(0), l3(2));
+                let s = _mm512_add_ps(_mm512_shuffle_ps::<0x88>(a, b), _mm512_shuffle_ps::<0xDD>(a, b));
+                _mm512_mask_storeu_ps(out.as_mut_ptr().add(h * len + g0), ((1u32 << m) - 1) as u16, s);
+            }
+        }
+    }
+}
+
 /// [`mad_keys`] for the heads of a GQA group at once, rows of 64 (`ys`: `heads` rows,
 /// `new_max` and `e`: `heads` rows of `offs.len()`): each value row is converted once
 /// for all heads, and the heads' accumulators are independent chains in the inner loop;
 /// per head and element the operations of [`mad_keys_regs`] in key order (the same bits).
-pub(crate) fn mad_keys_heads64(ys: &mut [f16], heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32]) {
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn mad_keys_heads64(ys: &mut [f16], heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], avx512: bool) {
     let len = offs.len();
     assert!(heads <= 4 && ys.len() >= heads * 64 && new_max.len() >= heads * len && e.len() >= heads * len, "mad_keys_heads64: short arrays");
     assert!(offs.iter().all(|&o| o <= x.len() && 64 <= x.len() - o), "mad_keys_heads64: value row out of bounds");
-    // SAFETY: AVX2/FMA/F16C present (module contract); ys holds heads rows of 64, every
-    // value row's 64 elements lie in x (checked above).
-    unsafe { mad_keys_heads64_avx2(ys.as_mut_ptr().cast(), heads, x.as_ptr().cast(), offs, new_max, e) }
+    let (yp, xp) = (ys.as_mut_ptr().cast::<u16>(), x.as_ptr().cast::<u16>());
+    // SAFETY: AVX2/FMA/F16C present (module contract), AVX-512 F where `avx512` (the
+    // caller's `Kernels` flag, set only after cpu_has_avx512()); ys holds heads rows of
+    // 64, every value row's 64 elements lie in x (checked above).
+    unsafe {
+        match (avx512, heads) {
+            (true, 1) => mad_keys_heads64_avx512::<1>(yp, xp, offs, new_max, e),
+            (true, 2) => mad_keys_heads64_avx512::<2>(yp, xp, offs, new_max, e),
+            (true, 3) => mad_keys_heads64_avx512::<3>(yp, xp, offs, new_max, e),
+            (true, 4) => mad_keys_heads64_avx512::<4>(yp, xp, offs, new_max, e),
+            _ => mad_keys_heads64_avx2(yp, heads, xp, offs, new_max, e),
+        }
+    }
+}
+
+/// [`mad_keys_heads64_avx2`] on 512-bit vectors for `H` heads: each head's row in four
+/// registers through the whole chunk (as f32 holding f16 values exactly), the same
+/// per-element steps `f16(f32(y)·e)` and `f16(fma(x, v, y))` in key order.
+///
+/// # Safety
+/// AVX2/FMA/F16C and AVX-512 F present; `H` rows of 64 at `y`, 64 elements at
+/// `x + offs[c]` for every c; `new_max` and `e` hold `H` rows of `offs.len()`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+unsafe fn mad_keys_heads64_avx512<const H: usize>(y: *mut u16, x: *const u16, offs: &[usize], new_max: &[bool], e: &[f32]) {
+    // SAFETY: as above; unaligned loads and stores only.
+    unsafe {
+        let len = offs.len();
+        let f16_round = |v: __m512| _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
+        let one = _mm512_set1_ps(1.0);
+        let mut acc: [[__m512; 4]; H] = core::array::from_fn(|h| core::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(y.add(64 * h + 16 * j).cast()))));
+        for (c, &off) in offs.iter().enumerate() {
+            let xv: [__m512; 4] = core::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(x.add(off + 16 * j).cast())));
+            for (h, a) in acc.iter_mut().enumerate() {
+                let ec = _mm512_set1_ps(e[h * len + c]);
+                let vs = if new_max[h * len + c] {
+                    for v in a.iter_mut() {
+                        *v = f16_round(_mm512_mul_ps(*v, ec));
+                    }
+                    one
+                } else {
+                    ec
+                };
+                for (j, v) in a.iter_mut().enumerate() {
+                    *v = f16_round(_mm512_fmadd_ps(xv[j], vs, *v));
+                }
+            }
+        }
+        for (h, a) in acc.iter().enumerate() {
+            for (j, v) in a.iter().enumerate() {
+                _mm256_storeu_si256(y.add(64 * h + 16 * j).cast(), _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(*v));
+            }
+        }
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
