@@ -652,10 +652,7 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32,
                     }
                 }
                 kern.expf_batch(&mut e[..nh * len]);
-                kern.f16_mad_keys_heads(&mut acc[..nh * hdv], hdv, nh, kv_v, &voff[..len], &new_max[..nh * len], &e[..nh * len]);
-                for g in 0..nh {
-                    sum[g] = kern.softmax_sum(sum[g], &new_max[g * len..(g + 1) * len], &e[g * len..(g + 1) * len]);
-                }
+                kern.f16_mad_keys_heads(&mut acc[..nh * hdv], hdv, nh, kv_v, &voff[..len], &new_max[..nh * len], &e[..nh * len], &mut sum[..nh]);
                 j0 += len;
             }
             for g in 0..nh {

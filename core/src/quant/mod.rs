@@ -578,17 +578,20 @@ impl Kernels {
 
     /// [`Kernels::f16_mad_keys`] for `heads` accumulator rows of `n` (`ys`) over the
     /// same value rows, `new_max` and `e` holding `heads` rows of `offs.len()` (each value
-    /// row is read once for all heads on x86); the same bits.
+    /// row is read once for all heads on x86), and each head's running sum
+    /// `sums[h] = softmax_sum(sums[h], ..)` over its row of `new_max` and `e`; the same
+    /// bits.
     #[allow(clippy::too_many_arguments)]
-    pub fn f16_mad_keys_heads(&self, ys: &mut [f16], n: usize, heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32]) {
+    pub fn f16_mad_keys_heads(&self, ys: &mut [f16], n: usize, heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], sums: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if self.avx2 && n == 64 && heads <= 4 {
-            return x86::f16ops::mad_keys_heads64(ys, heads, x, offs, new_max, e, self.avx512);
+            return x86::f16ops::mad_keys_heads64(ys, heads, x, offs, new_max, e, sums, self.avx512);
         }
         let len = offs.len();
         for h in 0..heads {
             let r = h * len..(h + 1) * len;
-            self.f16_mad_keys(&mut ys[h * n..(h + 1) * n], x, offs, &new_max[r.clone()], &e[r]);
+            self.f16_mad_keys(&mut ys[h * n..(h + 1) * n], x, offs, &new_max[r.clone()], &e[r.clone()]);
+            sums[h] = self.softmax_sum(sums[h], &new_max[r.clone()], &e[r]);
         }
     }
 

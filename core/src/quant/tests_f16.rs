@@ -252,8 +252,9 @@ fn chunked_attention_ops_match_one_key_at_a_time() {
 
 /// The grouped chunk ops (`f16_dot_keys_heads`, `f16_mad_keys_heads`: up to four heads
 /// over the same keys, each key and value row read once) give each head the bits of the
-/// one-head ops, for every kernel set, 1 to 4 heads, lengths with and without the fast
-/// path (64) and every pattern of new maxima.
+/// one-head ops (and each head's running sum that of `softmax_sum`), for every kernel
+/// set, 1 to 4 heads, lengths with and without the fast path (64) and every pattern of
+/// new maxima.
 #[test]
 fn grouped_attention_ops_match_one_head_at_a_time() {
     let reference = Kernels::reference();
@@ -275,7 +276,8 @@ fn grouped_attention_ops_match_one_head_at_a_time() {
                 let mut s = vec![f32::NAN; heads * len];
                 k.f16_dot_keys_heads(&kv, &offs, &qs, n, heads, &mut s);
                 let mut y = y0.clone();
-                k.f16_mad_keys_heads(&mut y, n, heads, &kv, &offs, &new_max, &e);
+                let mut sums: Vec<f32> = (0..heads).map(|h| 0.25 + h as f32).collect();
+                k.f16_mad_keys_heads(&mut y, n, heads, &kv, &offs, &new_max, &e, &mut sums);
                 for h in 0..heads {
                     let mut want_s = vec![0.0f32; len];
                     reference.f16_dot_keys(&kv, &offs, &qs[h * n..(h + 1) * n], &mut want_s);
@@ -287,6 +289,8 @@ fn grouped_attention_ops_match_one_head_at_a_time() {
                     for i in 0..n {
                         assert_eq!(y[h * n + i].to_bits(), want_y[i].to_bits(), "{} mad n={n} heads={heads} h={h} element {i}", k.name());
                     }
+                    let want_sum = reference.softmax_sum(0.25 + h as f32, &new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
+                    assert_eq!(sums[h].to_bits(), want_sum.to_bits(), "{} sum n={n} heads={heads} h={h}", k.name());
                 }
             }
         }

@@ -515,9 +515,9 @@ unsafe fn dot_keys_heads64_avx512<const H: usize>(k: *const u16, offs: &[usize],
 /// for all heads, and the heads' accumulators are independent chains in the inner loop;
 /// per head and element the operations of [`mad_keys_regs`] in key order (the same bits).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn mad_keys_heads64(ys: &mut [f16], heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], avx512: bool) {
+pub(crate) fn mad_keys_heads64(ys: &mut [f16], heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], sums: &mut [f32], avx512: bool) {
     let len = offs.len();
-    assert!(heads <= 4 && ys.len() >= heads * 64 && new_max.len() >= heads * len && e.len() >= heads * len, "mad_keys_heads64: short arrays");
+    assert!(heads <= 4 && ys.len() >= heads * 64 && new_max.len() >= heads * len && e.len() >= heads * len && sums.len() >= heads, "mad_keys_heads64: short arrays");
     assert!(offs.iter().all(|&o| o <= x.len() && 64 <= x.len() - o), "mad_keys_heads64: value row out of bounds");
     let (yp, xp) = (ys.as_mut_ptr().cast::<u16>(), x.as_ptr().cast::<u16>());
     // SAFETY: AVX2/FMA/F16C present (module contract), AVX-512 F where `avx512` (the
@@ -525,30 +525,38 @@ pub(crate) fn mad_keys_heads64(ys: &mut [f16], heads: usize, x: &[f16], offs: &[
     // 64, every value row's 64 elements lie in x (checked above).
     unsafe {
         match (avx512, heads) {
-            (true, 1) => mad_keys_heads64_avx512::<1>(yp, xp, offs, new_max, e),
-            (true, 2) => mad_keys_heads64_avx512::<2>(yp, xp, offs, new_max, e),
-            (true, 3) => mad_keys_heads64_avx512::<3>(yp, xp, offs, new_max, e),
-            (true, 4) => mad_keys_heads64_avx512::<4>(yp, xp, offs, new_max, e),
-            _ => mad_keys_heads64_avx2(yp, heads, xp, offs, new_max, e),
+            (true, 1) => mad_keys_heads64_avx512::<1>(yp, xp, offs, new_max, e, sums),
+            (true, 2) => mad_keys_heads64_avx512::<2>(yp, xp, offs, new_max, e, sums),
+            (true, 3) => mad_keys_heads64_avx512::<3>(yp, xp, offs, new_max, e, sums),
+            (true, 4) => mad_keys_heads64_avx512::<4>(yp, xp, offs, new_max, e, sums),
+            _ => {
+                mad_keys_heads64_avx2(yp, heads, xp, offs, new_max, e);
+                for (h, sum) in sums[..heads].iter_mut().enumerate() {
+                    *sum = softmax_sum_fma(*sum, &new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
+                }
+            }
         }
     }
 }
 
 /// [`mad_keys_heads64_avx2`] on 512-bit vectors for `H` heads: each head's row in four
 /// registers through the whole chunk (as f32 holding f16 values exactly), the same
-/// per-element steps `f16(f32(y)·e)` and `f16(fma(x, v, y))` in key order.
+/// per-element steps `f16(f32(y)·e)` and `f16(fma(x, v, y))` in key order; each head's
+/// running sum `sum = fma(sum, ms, vs)` (`softmax_sum`) beside them.
 ///
 /// # Safety
 /// AVX2/FMA/F16C and AVX-512 F present; `H` rows of 64 at `y`, 64 elements at
-/// `x + offs[c]` for every c; `new_max` and `e` hold `H` rows of `offs.len()`.
+/// `x + offs[c]` for every c; `new_max` and `e` hold `H` rows of `offs.len()`, `sums`
+/// at least `H` elements.
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
-unsafe fn mad_keys_heads64_avx512<const H: usize>(y: *mut u16, x: *const u16, offs: &[usize], new_max: &[bool], e: &[f32]) {
+unsafe fn mad_keys_heads64_avx512<const H: usize>(y: *mut u16, x: *const u16, offs: &[usize], new_max: &[bool], e: &[f32], sums: &mut [f32]) {
     // SAFETY: as above; unaligned loads and stores only.
     unsafe {
         let len = offs.len();
         let f16_round = |v: __m512| _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
         let one = _mm512_set1_ps(1.0);
         let mut acc: [[__m512; 4]; H] = core::array::from_fn(|h| core::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(y.add(64 * h + 16 * j).cast()))));
+        let mut sum: [__m128; H] = core::array::from_fn(|h| _mm_set_ss(sums[h]));
         for (c, &off) in offs.iter().enumerate() {
             let xv: [__m512; 4] = core::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(x.add(off + 16 * j).cast())));
             for (h, a) in acc.iter_mut().enumerate() {
@@ -557,8 +565,10 @@ unsafe fn mad_keys_heads64_avx512<const H: usize>(y: *mut u16, x: *const u16, of
                     for v in a.iter_mut() {
                         *v = f16_round(_mm512_mul_ps(*v, ec));
                     }
+                    sum[h] = _mm_fmadd_ss(sum[h], _mm_set_ss(e[h * len + c]), _mm_set_ss(1.0));
                     one
                 } else {
+                    sum[h] = _mm_fmadd_ss(sum[h], _mm_set_ss(1.0), _mm_set_ss(e[h * len + c]));
                     ec
                 };
                 for (j, v) in a.iter_mut().enumerate() {
@@ -570,6 +580,7 @@ unsafe fn mad_keys_heads64_avx512<const H: usize>(y: *mut u16, x: *const u16, of
             for (j, v) in a.iter().enumerate() {
                 _mm256_storeu_si256(y.add(64 * h + 16 * j).cast(), _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(*v));
             }
+            sums[h] = _mm_cvtss_f32(sum[h]);
         }
     }
 }
