@@ -130,7 +130,14 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
                             for (ti, orow) in o[..tr * tt].chunks_exact(tr).enumerate() {
                                 // SAFETY: elements (i + ti, r..r + tr) are written by the
                                 // one task owning those rows.
-                                unsafe { out.slice((i + ti) * rows + r, tr) }.copy_from_slice(orow);
+                                let dst = unsafe { out.slice((i + ti) * rows + r, tr) };
+                                // (Fixed lengths for the usual shapes: inline moves, not a
+                                // memcpy call per 16 or 32 bytes.)
+                                match tr {
+                                    4 => dst[..4].copy_from_slice(&orow[..4]),
+                                    8 => dst[..8].copy_from_slice(&orow[..8]),
+                                    _ => dst.copy_from_slice(orow),
+                                }
                             }
                         }
                     }

@@ -608,6 +608,11 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32,
         // SAFETY: task t owns scratch slot t (tasks <= the n_threads slots planned).
         let s = unsafe { scratch.slice(t * per_task, per_task) };
         let (qh, acc) = s.split_at_mut(ATTN_HEADS * hd);
+        // A chunk's scores/exponents, new-maximum flags and row offsets (each chunk
+        // writes the part it reads).
+        let mut e = [0.0f32; ATTN_HEADS * ATTN_CHUNK];
+        let mut new_max = [false; ATTN_HEADS * ATTN_CHUNK];
+        let (mut koff, mut voff) = ([0usize; ATTN_CHUNK], [0usize; ATTN_CHUNK]);
         // Items dealt round-robin: a later token attends to more keys, so contiguous
         // ranges would leave the last task most of a prompt's work.
         for item in (t..items).step_by(tasks) {
@@ -630,9 +635,6 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32,
             let mut j0 = first;
             while j0 <= pos {
                 let len = (pos + 1 - j0).min(ATTN_CHUNK);
-                let mut e = [0.0f32; ATTN_HEADS * ATTN_CHUNK];
-                let mut new_max = [false; ATTN_HEADS * ATTN_CHUNK];
-                let (mut koff, mut voff) = ([0usize; ATTN_CHUNK], [0usize; ATTN_CHUNK]);
                 let mut slot = j0 % rows;
                 for c in 0..len {
                     (koff[c], voff[c]) = (slot * kd + kvh * hd, slot * vd + kvh * hdv);
@@ -640,16 +642,7 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32,
                 }
                 kern.f16_dot_keys_heads(kv_k, &koff[..len], &qh[..nh * hd], hd, nh, &mut e[..nh * len]);
                 for g in 0..nh {
-                    let (eg, ng) = (&mut e[g * len..(g + 1) * len], &mut new_max[g * len..(g + 1) * len]);
-                    for (ec, nm) in eg.iter_mut().zip(ng) {
-                        let s = *ec * scale;
-                        if s > max[g] {
-                            (*ec, *nm) = (max[g] - s, true);
-                            max[g] = s;
-                        } else {
-                            *ec = s - max[g];
-                        }
-                    }
+                    kern.softmax_scores(&mut e[g * len..(g + 1) * len], &mut new_max[g * len..(g + 1) * len], scale, &mut max[g]);
                 }
                 kern.expf_batch(&mut e[..nh * len]);
                 kern.f16_mad_keys_heads(&mut acc[..nh * hdv], hdv, nh, kv_v, &voff[..len], &new_max[..nh * len], &e[..nh * len], &mut sum[..nh]);

@@ -595,6 +595,26 @@ impl Kernels {
         }
     }
 
+    /// The online softmax's exponents for a chunk of one head's scores, in key order:
+    /// `s = e[c]·scale`; if `s > max` then `e[c] = max - s`, `new_max[c] = true` and
+    /// `max = s`, else `e[c] = s - max`, `new_max[c] = false` (x86 with AVX-512: 16 keys
+    /// per step by a prefix maximum; the same bits).
+    pub fn softmax_scores(&self, e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut f32) {
+        #[cfg(target_arch = "x86_64")]
+        if self.avx512 {
+            return x86::f16ops::softmax_scores(e, new_max, scale, max);
+        }
+        for (ec, nm) in e.iter_mut().zip(new_max.iter_mut()) {
+            let s = *ec * scale;
+            if s > *max {
+                (*ec, *nm) = (*max - s, true);
+                *max = s;
+            } else {
+                (*ec, *nm) = (s - *max, false);
+            }
+        }
+    }
+
     /// The online softmax's running sum over a chunk of keys, in key order:
     /// `sum = fma(sum, e[c], 1)` where `new_max[c]`, else `fma(sum, 1, e[c])` — bit for
     /// bit `libm::fmaf` (x86: the FMA instruction, no call per key).

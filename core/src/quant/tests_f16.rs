@@ -296,3 +296,48 @@ fn grouped_attention_ops_match_one_head_at_a_time() {
         }
     }
 }
+
+/// `softmax_scores` (x86 with AVX-512: a prefix maximum over 16 keys) gives the one-key
+/// loop's new-maximum flags and the bits of `expf` of every exponent, and the same
+/// running maximum, over chunks of 1 to 40 keys carried from one to the next, with ties,
+/// signed zeros, infinities and NaN scores.
+#[test]
+fn softmax_scores_match_the_key_by_key_loop() {
+    let reference = Kernels::reference();
+    let mut sets = kernel_sets();
+    sets.push(Kernels::new(Isa { avx2_fma: true, avx512: true, ..Isa::default() }));
+    let mut rng = Rng::new(0x5c07e);
+    for round in 0..3000 {
+        let scale = if round % 7 == 0 { 1.0 } else { 0.125 + rng.unit().abs() };
+        let chunks: Vec<Vec<f32>> = (0..1 + rng.below(4))
+            .map(|_| {
+                (0..1 + rng.below(40))
+                    .map(|_| match rng.below(12) {
+                        0 => 0.0,
+                        1 => -0.0,
+                        2 => f32::NAN,
+                        3 => f32::NEG_INFINITY,
+                        4 => f32::INFINITY,
+                        5 => 2.0,
+                        _ => rng.unit() * (1 + round % 9) as f32 * 4.0,
+                    })
+                    .collect()
+            })
+            .collect();
+        for k in &sets {
+            let (mut max, mut want_max) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+            for (ci, chunk) in chunks.iter().enumerate() {
+                let (mut e, mut want_e) = (chunk.clone(), chunk.clone());
+                let (mut nm, mut want_nm) = (vec![true; chunk.len()], vec![true; chunk.len()]);
+                k.softmax_scores(&mut e, &mut nm, scale, &mut max);
+                reference.softmax_scores(&mut want_e, &mut want_nm, scale, &mut want_max);
+                assert_eq!(nm, want_nm, "{} round {round} chunk {ci}: new-maximum flags", k.name());
+                for c in 0..chunk.len() {
+                    let (got, want) = (crate::ops::expf(e[c]), crate::ops::expf(want_e[c]));
+                    assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{} round {round} chunk {ci} key {c}: {got} vs {want}", k.name());
+                }
+                assert!(max == want_max || (max.is_nan() && want_max.is_nan()), "{} round {round} chunk {ci}: max {max} vs {want_max}", k.name());
+            }
+        }
+    }
+}

@@ -392,6 +392,61 @@ unsafe fn mad_keys_regs<const V: usize>(y: *mut u16, x: *const u16, offs: &[usiz
     }
 }
 
+/// See `Kernels::softmax_scores`; only after `cpu_has_avx512()` (with BW and VL).
+pub(crate) fn softmax_scores(e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut f32) {
+    assert!(new_max.len() >= e.len(), "softmax_scores: short new_max");
+    // SAFETY: AVX2/FMA/F16C present (module contract) and AVX-512 F/BW/VL (the caller's
+    // `avx512` flag); e and new_max hold e.len() elements (checked above).
+    unsafe { softmax_scores_avx512(e, new_max, scale, max) }
+}
+
+/// 16 scores per step: `s = e·scale` (the same product); the maximum before each key,
+/// `m[c] = max(max, s[0..c])`, by a prefix maximum (a NaN score never becomes the
+/// maximum, as `s > max` is false for it, and is dropped by the first maximum; every other
+/// order of taking maxima gives the same value, and which zero a tie keeps does not
+/// matter: it only feeds `s - m` and `m - s`, whose zero results go to `expf`, and later
+/// comparisons); `new = s > m[c]`, `e = new ? m[c] - s : s - m[c]`: each key's scalar
+/// operations on the same values.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn softmax_scores_avx512(e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut f32) {
+    // SAFETY: masked loads and stores touch only the first e.len() elements of e and
+    // new_max (checked by the caller).
+    unsafe {
+        let (sc, ninf) = (_mm512_set1_ps(scale), _mm512_set1_ps(f32::NEG_INFINITY));
+        let ones = _mm_set1_epi8(1);
+        let mut m = *max;
+        for c0 in (0..e.len()).step_by(16) {
+            let n = (e.len() - c0).min(16);
+            let k = ((1u32 << n) - 1) as u16;
+            let p = e.as_mut_ptr().add(c0);
+            let s = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, p), sc);
+            // Inclusive prefix maximum (lanes shifted up by 1, 2, 4, 8 with -inf fill).
+            let shift = |v: __m512, by: usize| match by {
+                1 => _mm512_castsi512_ps(_mm512_alignr_epi32::<15>(_mm512_castps_si512(v), _mm512_castps_si512(ninf))),
+                2 => _mm512_castsi512_ps(_mm512_alignr_epi32::<14>(_mm512_castps_si512(v), _mm512_castps_si512(ninf))),
+                4 => _mm512_castsi512_ps(_mm512_alignr_epi32::<12>(_mm512_castps_si512(v), _mm512_castps_si512(ninf))),
+                _ => _mm512_castsi512_ps(_mm512_alignr_epi32::<8>(_mm512_castps_si512(v), _mm512_castps_si512(ninf))),
+            };
+            // (`max(s, m)` is `m` for a NaN `s`: vmaxps returns its second operand then;
+            // lanes past the end hold 0 and are never read back.)
+            let mut pm = _mm512_max_ps(s, _mm512_set1_ps(m));
+            for by in [1, 2, 4, 8] {
+                pm = _mm512_max_ps(pm, shift(pm, by));
+            }
+            // The maximum before each key: the prefix shifted by one, `m` in lane 0.
+            let before = _mm512_castsi512_ps(_mm512_alignr_epi32::<15>(_mm512_castps_si512(pm), _mm512_castps_si512(_mm512_set1_ps(m))));
+            let new = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(s, before) & k;
+            let r = _mm512_mask_blend_ps(new, _mm512_sub_ps(s, before), _mm512_sub_ps(before, s));
+            _mm512_mask_storeu_ps(p, k, r);
+            _mm_mask_storeu_epi8(new_max.as_mut_ptr().add(c0).cast(), k, _mm_maskz_mov_epi8(new, ones));
+            let mut lanes = [0.0f32; 16];
+            _mm512_storeu_ps(lanes.as_mut_ptr(), pm);
+            m = lanes[n - 1];
+        }
+        *max = m;
+    }
+}
+
 /// See `Kernels::softmax_sum`.
 pub(crate) fn softmax_sum(sum: f32, new_max: &[bool], e: &[f32]) -> f32 {
     // SAFETY: AVX2/FMA/F16C present (module contract).
