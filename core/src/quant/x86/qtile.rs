@@ -176,8 +176,14 @@ macro_rules! q4_0_tile {
                 let y = _mm256_loadu_si256(a.add(t * arow + i * 34 + 2).cast());
                 _mm256_storeu_si256(yu[t].as_mut_ptr().cast(), _mm256_xor_si256(y, flip));
             }
-            for q in 0..T / 4 {
-                _mm_storeu_ps(da.as_mut_ptr().add(4 * q), f16x4(a.add(4 * q * arow + i * 34), arow));
+            if T % 8 == 0 {
+                for q in 0..T / 8 {
+                    _mm256_storeu_ps(da.as_mut_ptr().add(8 * q), f16x8(a.add(8 * q * arow + i * 34), arow));
+                }
+            } else {
+                for q in 0..T / 4 {
+                    _mm_storeu_ps(da.as_mut_ptr().add(4 * q), f16x4(a.add(4 * q * arow + i * 34), arow));
+                }
             }
             let dw = f16_scales(w, wrow, i * 18);
             // Rows k and k + 4 in the halves of a vector, then a 4×4 transpose of dwords
@@ -214,6 +220,26 @@ macro_rules! q4_0_tile {
             _mm256_storeu_ps(out.add(t * ostride), acc[t]);
         }
     }};
+}
+
+/// The f16 at `p + k·stride`, k < 8, as f32 (inserted into one vector, then F16C's
+/// exact conversion).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16x8(p: *const u8, stride: usize) -> __m256 {
+    // SAFETY: the caller guarantees 2 readable bytes at p + k·stride, k < 8.
+    unsafe {
+        let h = |k: usize| core::ptr::read_unaligned(p.add(k * stride).cast::<u16>()) as i32;
+        let mut v = _mm_cvtsi32_si128(h(0));
+        v = _mm_insert_epi16::<1>(v, h(1));
+        v = _mm_insert_epi16::<2>(v, h(2));
+        v = _mm_insert_epi16::<3>(v, h(3));
+        v = _mm_insert_epi16::<4>(v, h(4));
+        v = _mm_insert_epi16::<5>(v, h(5));
+        v = _mm_insert_epi16::<6>(v, h(6));
+        v = _mm_insert_epi16::<7>(v, h(7));
+        _mm256_cvtph_ps(v)
+    }
 }
 
 /// The f16 at `p + k·stride`, k < 4, as f32 (F16C's conversion is exact).
