@@ -84,6 +84,9 @@ pub fn quantize_rows(k: &Kernels, par: &dyn Parallel, vdt: GgmlType, x: &[f32], 
 
 /// Tokens processed together against each weight row (keeps their activations in L1).
 const TOKEN_TILE: usize = 16;
+/// The most weight rows one tile call covers when a chunk holds a single tile of tokens.
+const PANEL_ROWS: usize = 128;
+const _: () = assert!(DOT_TILE_MAX_ROWS <= PANEL_ROWS);
 
 const _: () = assert!(DOT_TILE_MAX_TOKENS <= TOKEN_TILE);
 
@@ -113,6 +116,8 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
     let rows_fn = k.dot_rows_fn(w.ty);
     par.run(tasks, &|t| {
         let range = split_range(rows, tasks, t);
+        // Tile outputs (each call writes every element it hands back).
+        let mut o = [0.0f32; DOT_TILE_MAX_TOKENS * PANEL_ROWS];
         let mut i0 = 0;
         while i0 < n {
             let i1 = (i0 + TOKEN_TILE).min(n);
@@ -122,18 +127,22 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
             if let Some(tile) = tile {
                 let (tr, tt) = (tile.rows, tile.tokens);
                 let (nr, ni) = (range.len() - range.len() % tr, (i1 - i0) - (i1 - i0) % tt);
+                // One tile of tokens: up to PANEL_ROWS rows per call (a tile may prepare
+                // the tokens once for all of them); several: one group of rows per call,
+                // each weight block reused by every token tile while in cache.
+                let pr = if ni == tt { PANEL_ROWS - PANEL_ROWS % tr } else { tr };
                 if ni > 0 {
-                    for r in (range.start..range.start + nr).step_by(tr) {
+                    for r in (range.start..range.start + nr).step_by(pr) {
+                        let k = pr.min(range.start + nr - r);
                         for i in (i0..i0 + ni).step_by(tt) {
-                            let mut o = [0.0f32; DOT_TILE_MAX_ROWS * DOT_TILE_MAX_TOKENS];
-                            (tile.f)(cols, &w.data[r * wrb..(r + tr) * wrb], wrb, &xq[i * rb..(i + tt) * rb], rb, &mut o[..tr * tt], tr);
-                            for (ti, orow) in o[..tr * tt].chunks_exact(tr).enumerate() {
-                                // SAFETY: elements (i + ti, r..r + tr) are written by the
+                            (tile.f)(cols, &w.data[r * wrb..(r + k) * wrb], wrb, k, &xq[i * rb..(i + tt) * rb], rb, &mut o[..tt * k], k);
+                            for (ti, orow) in o[..tt * k].chunks_exact(k).enumerate() {
+                                // SAFETY: elements (i + ti, r..r + k) are written by the
                                 // one task owning those rows.
-                                let dst = unsafe { out.slice((i + ti) * rows + r, tr) };
+                                let dst = unsafe { out.slice((i + ti) * rows + r, k) };
                                 // (Fixed lengths for the usual shapes: inline moves, not a
                                 // memcpy call per 16 or 32 bytes.)
-                                match tr {
+                                match k {
                                     4 => dst[..4].copy_from_slice(&orow[..4]),
                                     8 => dst[..8].copy_from_slice(&orow[..8]),
                                     _ => dst.copy_from_slice(orow),

@@ -125,13 +125,14 @@ pub struct Isa {
 /// only; see the module doc.
 pub type DotFn = fn(n: usize, w: &[u8], a: &[u8]) -> f32;
 
-/// A tile of dots: `out[t * ostride + r] = dot(n, w[r * wrow..], a[t * arow..])` for
-/// `r < rows` weight rows and `t < tokens` activation rows (the [`DotTile`]'s shape),
-/// each output the bits of the [`DotFn`] it stands for (see [`Kernels::dot_tile_fn`]).
+/// Tiles of dots: `out[t * ostride + r] = dot(n, w[r * wrow..], a[t * arow..])` for
+/// `r < rows` weight rows (any multiple of the [`DotTile`]'s `rows`, all sharing the
+/// same tokens) and `t < tokens` activation rows (the tile's `tokens`), each output the
+/// bits of the [`DotFn`] it stands for (see [`Kernels::dot_tile_fn`]).
 ///
-/// Contract: as [`DotFn`] for every pair; `w`, `a` and `out` hold the whole tile and
-/// `ostride >= rows` (checked: a short slice panics).
-pub type DotTileFn = fn(n: usize, w: &[u8], wrow: usize, a: &[u8], arow: usize, out: &mut [f32], ostride: usize);
+/// Contract: as [`DotFn`] for every pair; `w`, `a` and `out` hold every row, token and
+/// output and `ostride >= rows` (checked: a short slice or a bad `rows` panics).
+pub type DotTileFn = fn(n: usize, w: &[u8], wrow: usize, rows: usize, a: &[u8], arow: usize, out: &mut [f32], ostride: usize);
 
 /// A tile kernel and its shape.
 #[derive(Clone, Copy, Debug)]

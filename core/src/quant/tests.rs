@@ -594,11 +594,13 @@ fn dot_tiles_give_each_dots_bits() {
         let mut rng = Rng::new(21);
         for &ty in &[Q8_0, Q5_0, Q4_1, Q4_0, Q4_K, Q6_K] {
             let Some(tile) = k.dot_tile_fn(ty) else { continue };
-            let (tile, tr, tt) = (tile.f, tile.rows, tile.tokens);
+            let (tile, tile_rows, tt) = (tile.f, tile.rows, tile.tokens);
             let dot = k.dot_fn(ty).unwrap();
             let vdt = Kernels::vec_dot_type(ty).unwrap();
             for i in 0..40 {
                 let n = random_n(&mut rng, ty, i);
+                // One to three groups of rows per call.
+                let tr = tile_rows * (1 + i % 3);
                 let (wrow, arow) = (bytes_of(ty, n) + 2 * (i % 3), bytes_of(vdt, n) + i % 5);
                 let mut w = vec![0u8; tr * wrow];
                 for r in 0..tr {
@@ -612,7 +614,7 @@ fn dot_tiles_give_each_dots_bits() {
                 }
                 let ostride = tr + i % 3;
                 let mut out = vec![f32::NAN; tt * ostride];
-                tile(n, &w, wrow, &a, arow, &mut out, ostride);
+                tile(n, &w, wrow, tr, &a, arow, &mut out, ostride);
                 for r in 0..tr {
                     for t in 0..tt {
                         let want = dot(n, &w[r * wrow..], &a[t * arow..]);

@@ -109,28 +109,48 @@ fn fit(n: usize, bs: usize, w: &[u8], wsize: usize, a: &[u8], asize: usize) -> u
 }
 
 /// Runs tile body `$body` (see `qtile.rs`) on whole blocks, after checking that the
-/// slices hold the tile (a broken contract panics; it cannot read out of bounds).
+/// slices hold the tile (a broken contract panics; it cannot read out of bounds): once
+/// per group of `$rows` rows, or (`panel`) once for all of them.
 macro_rules! tile_wrapper {
     ($(#[$doc:meta])* $name:ident, $body:path, $bs:expr, $wsize:expr, $asize:expr) => {
         tile_wrapper!($(#[$doc])* $name, $body, $bs, $wsize, $asize, qtile::TILE_ROWS, qtile::TILE_TOKENS, cpu_has_avx2_fma);
     };
     ($(#[$doc:meta])* $name:ident, $body:path, $bs:expr, $wsize:expr, $asize:expr, $rows:expr, $tokens:expr, $cpu:ident) => {
+        tile_wrapper!(@fn $(#[$doc])* $name, $bs, $wsize, $asize, $rows, $tokens, $cpu, |nb, w, wrow, rows, a, arow, out, ostride| {
+            for g in (0..rows).step_by($rows) {
+                $body(nb, w.add(g * wrow), wrow, a, arow, out.add(g), ostride);
+            }
+        });
+    };
+    ($(#[$doc:meta])* $name:ident, panel $body:path, $bs:expr, $wsize:expr, $asize:expr, $rows:expr, $tokens:expr, $cpu:ident) => {
+        tile_wrapper!(@fn $(#[$doc])* $name, $bs, $wsize, $asize, $rows, $tokens, $cpu, |nb, w, wrow, rows, a, arow, out, ostride| {
+            $body(nb, w, wrow, rows, a, arow, out, ostride);
+        });
+    };
+    (@fn $(#[$doc:meta])* $name:ident, $bs:expr, $wsize:expr, $asize:expr, $rows:expr, $tokens:expr, $cpu:ident,
+     |$nb:ident, $w:ident, $wrow:ident, $nr:ident, $a:ident, $arow:ident, $out:ident, $ostride:ident| $run:block) => {
         $(#[$doc])*
-        pub(crate) fn $name(n: usize, w: &[u8], wrow: usize, a: &[u8], arow: usize, out: &mut [f32], ostride: usize) {
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) fn $name(n: usize, w: &[u8], wrow: usize, rows: usize, a: &[u8], arow: usize, out: &mut [f32], ostride: usize) {
             const TILE_ROWS: usize = $rows;
             const TILE_TOKENS: usize = $tokens;
             let nb = n / $bs;
             debug_assert!(n % $bs == 0, "dot tile: n = {n} is not a multiple of the block size {}", $bs);
             assert!(
-                w.len() >= (TILE_ROWS - 1) * wrow + nb * $wsize
+                rows >= TILE_ROWS
+                    && rows.is_multiple_of(TILE_ROWS)
+                    && w.len() >= (rows - 1) * wrow + nb * $wsize
                     && a.len() >= (TILE_TOKENS - 1) * arow + nb * $asize
-                    && out.len() >= (TILE_TOKENS - 1) * ostride + TILE_ROWS
-                    && ostride >= TILE_ROWS,
+                    && out.len() >= (TILE_TOKENS - 1) * ostride + rows
+                    && ostride >= rows,
                 "dot tile: slices too short"
             );
-            // SAFETY: only handed out after $cpu() (module contract); the tile's blocks
-            // and outputs lie inside w, a and out (checked above).
-            unsafe { $body(nb, w.as_ptr(), wrow, a.as_ptr(), arow, out.as_mut_ptr(), ostride) }
+            // SAFETY: only handed out after $cpu() (module contract); every group's
+            // blocks and outputs lie inside w, a and out (checked above).
+            unsafe {
+                let ($nb, $w, $wrow, $nr, $a, $arow, $out, $ostride) = (nb, w.as_ptr(), wrow, rows, a.as_ptr(), arow, out.as_mut_ptr(), ostride);
+                $run
+            }
         }
     };
 }
@@ -160,10 +180,10 @@ tile_wrapper!(/// AVX2 Q6_K · Q8_K tile, one row × [`kdot::KTILE_TOKENS`] toke
     /// [`vec_dot_q6_k_q8_k`]).
     tile_q6_k_q8_k, kdot::q6_k_q8_k_tile, 256, 210, 292, 1, kdot::KTILE_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// AVX2 Q4_0 · Q8_0 tile (each output as [`vec_dot_q4_0_q8_0`]).
-    tile_q4_0_q8_0, qtile::q4_0_q8_0, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_TILE_TOKENS, cpu_has_avx2_fma);
+    tile_q4_0_q8_0, panel qtile::q4_0_q8_0, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_TILE_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0 tile (each output as [`vec_dot_q4_0_q8_0`]); only handed
     /// out after [`cpu_has_avx512_vnni`].
-    tile_q4_0_q8_0_vnni, qtile::q4_0_q8_0_vnni, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_TILE_TOKENS_VNNI, cpu_has_avx512_vnni);
+    tile_q4_0_q8_0_vnni, panel qtile::q4_0_q8_0_vnni, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_TILE_TOKENS_VNNI, cpu_has_avx512_vnni);
 pub(crate) use kdot::{KTILE_TOKENS, Q4_K_TILE_ROWS, Q4_K_TILE_TOKENS};
 pub(crate) use qtile::{Q4_0_TILE_ROWS, Q4_0_TILE_TOKENS, Q4_0_TILE_TOKENS_VNNI, TILE_ROWS, TILE_TOKENS, ZMM_TILE_TOKENS};
 

@@ -163,64 +163,88 @@ pub(crate) const Q4_0_TILE_TOKENS_VNNI: usize = 16;
 /// `maddubs` pair is at most 4080 in magnitude and eight of them 32640 (no i16
 /// saturation); each byte of `$s8` is within -64..=56.
 macro_rules! q4_0_tile {
-    ($nb:expr, $w:expr, $wrow:expr, $a:expr, $arow:expr, $out:expr, $ostride:expr, $tokens:expr, $group:expr,
+    ($nb:expr, $w:expr, $wrow:expr, $rows:expr, $a:expr, $arow:expr, $out:expr, $ostride:expr, $tokens:expr, $group:expr,
      |$s8:ident| $corr:expr, |$nc:ident, $xs:ident, $yg:ident| $sums:expr) => {{
-        let (nb, w, wrow, a, arow, out, ostride) = ($nb, $w, $wrow, $a, $arow, $out, $ostride);
+        let (nb, w, wrow, rows, a, arow, out, ostride) = ($nb, $w, $wrow, $rows, $a, $arow, $out, $ostride);
         const T: usize = $tokens;
         let (m4, eight, flip) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(8), _mm256_set1_epi8(-128));
-        let mut acc = [_mm256_setzero_ps(); T];
-        let mut yu = [[0i32; 8]; T];
-        let mut da = [0.0f32; T];
-        for i in 0..nb {
-            for t in 0..T {
-                let y = _mm256_loadu_si256(a.add(t * arow + i * 34 + 2).cast());
-                _mm256_storeu_si256(yu[t].as_mut_ptr().cast(), _mm256_xor_si256(y, flip));
-            }
-            if T % 8 == 0 {
-                for q in 0..T / 8 {
-                    _mm256_storeu_ps(da.as_mut_ptr().add(8 * q), f16x8(a.add(8 * q * arow + i * 34), arow));
+        // The tokens' blocks prepared once per range of Q4_0_STAGE_BLOCKS blocks for
+        // every group of rows (flipped activations, scales as f32); each group's
+        // accumulators go through `out` between ranges (f32 stores and loads are exact,
+        // so every output still sees its fmas in block order).
+        let mut yu = core::mem::MaybeUninit::<[[[i32; 8]; T]; Q4_0_STAGE_BLOCKS]>::uninit();
+        let mut da = core::mem::MaybeUninit::<[[f32; T]; Q4_0_STAGE_BLOCKS]>::uninit();
+        let (yup, dap) = (yu.as_mut_ptr().cast::<[[i32; 8]; T]>(), da.as_mut_ptr().cast::<[f32; T]>());
+        let mut b0 = 0;
+        while b0 < nb {
+            let kb = (nb - b0).min(Q4_0_STAGE_BLOCKS);
+            // (Entries 0..kb are written here before any read below.)
+            for ib in 0..kb {
+                let i = b0 + ib;
+                let (yb, db) = (&mut *yup.add(ib), &mut *dap.add(ib));
+                for t in 0..T {
+                    let y = _mm256_loadu_si256(a.add(t * arow + i * 34 + 2).cast());
+                    _mm256_storeu_si256(yb[t].as_mut_ptr().cast(), _mm256_xor_si256(y, flip));
                 }
-            } else {
-                for q in 0..T / 4 {
-                    _mm_storeu_ps(da.as_mut_ptr().add(4 * q), f16x4(a.add(4 * q * arow + i * 34), arow));
+                let mut q = 0;
+                while q + 8 <= T {
+                    _mm256_storeu_ps(db.as_mut_ptr().add(q), f16x8(a.add(q * arow + i * 34), arow));
+                    q += 8;
                 }
-            }
-            let dw = f16_scales(w, wrow, i * 18);
-            // Rows k and k + 4 in the halves of a vector, then a 4×4 transpose of dwords
-            // per half: v[j] holds dword j of `qs` (elements 4j.. and 16 + 4j..) of rows
-            // 0..8 in lane order.
-            let ld = |k: usize| {
-                let lo = _mm_loadu_si128(w.add(k * wrow + i * 18 + 2).cast());
-                let hi = _mm_loadu_si128(w.add((k + 4) * wrow + i * 18 + 2).cast());
-                _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi)
-            };
-            let (r0, r1, r2, r3) = (ld(0), ld(1), ld(2), ld(3));
-            let (t0, t1) = (_mm256_unpacklo_epi32(r0, r1), _mm256_unpackhi_epi32(r0, r1));
-            let (t2, t3) = (_mm256_unpacklo_epi32(r2, r3), _mm256_unpackhi_epi32(r2, r3));
-            let v = [_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)];
-            let lo = |j: usize| _mm256_sub_epi8(_mm256_and_si256(v[j], m4), eight);
-            let hi = |j: usize| _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16::<4>(v[j]), m4), eight);
-            let x = [lo(0), lo(1), lo(2), lo(3), hi(0), hi(1), hi(2), hi(3)];
-            let s8 = _mm256_add_epi8(
-                _mm256_add_epi8(_mm256_add_epi8(x[0], x[1]), _mm256_add_epi8(x[2], x[3])),
-                _mm256_add_epi8(_mm256_add_epi8(x[4], x[5]), _mm256_add_epi8(x[6], x[7])),
-            );
-            // -128·Σ x per row.
-            let nc = { let $s8 = s8; _mm256_sub_epi32(_mm256_setzero_si256(), $corr) };
-            // `$group` tokens at a time, their sums interleaved (independent chains).
-            for g in (0..T).step_by($group) {
-                let sums: [__m256i; $group] = { let ($nc, $xs, $yg) = (nc, &x, &yu[g..g + $group]); $sums };
-                for (u, &sumi) in sums.iter().enumerate() {
-                    let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&da[g + u]));
-                    acc[g + u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc[g + u]);
+                while q + 4 <= T {
+                    _mm_storeu_ps(db.as_mut_ptr().add(q), f16x4(a.add(q * arow + i * 34), arow));
+                    q += 4;
                 }
             }
-        }
-        for t in 0..T {
-            _mm256_storeu_ps(out.add(t * ostride), acc[t]);
+            for g in (0..rows).step_by(Q4_0_TILE_ROWS) {
+                let (w, out) = (w.add(g * wrow), out.add(g));
+                let mut acc: [__m256; T] = if b0 == 0 { [_mm256_setzero_ps(); T] } else { core::array::from_fn(|t| _mm256_loadu_ps(out.add(t * ostride))) };
+                for ib in 0..kb {
+                    let i = b0 + ib;
+                    let (yu, da) = (&*yup.add(ib), &*dap.add(ib));
+                    let dw = f16_scales(w, wrow, i * 18);
+                    // Rows k and k + 4 in the halves of a vector, then a 4×4 transpose of
+                    // dwords per half: v[j] holds dword j of `qs` (elements 4j.. and
+                    // 16 + 4j..) of rows 0..8 in lane order.
+                    let ld = |k: usize| {
+                        let lo = _mm_loadu_si128(w.add(k * wrow + i * 18 + 2).cast());
+                        let hi = _mm_loadu_si128(w.add((k + 4) * wrow + i * 18 + 2).cast());
+                        _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi)
+                    };
+                    let (r0, r1, r2, r3) = (ld(0), ld(1), ld(2), ld(3));
+                    let (t0, t1) = (_mm256_unpacklo_epi32(r0, r1), _mm256_unpackhi_epi32(r0, r1));
+                    let (t2, t3) = (_mm256_unpacklo_epi32(r2, r3), _mm256_unpackhi_epi32(r2, r3));
+                    let v = [_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)];
+                    let lo = |j: usize| _mm256_sub_epi8(_mm256_and_si256(v[j], m4), eight);
+                    let hi = |j: usize| _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16::<4>(v[j]), m4), eight);
+                    let x = [lo(0), lo(1), lo(2), lo(3), hi(0), hi(1), hi(2), hi(3)];
+                    let s8 = _mm256_add_epi8(
+                        _mm256_add_epi8(_mm256_add_epi8(x[0], x[1]), _mm256_add_epi8(x[2], x[3])),
+                        _mm256_add_epi8(_mm256_add_epi8(x[4], x[5]), _mm256_add_epi8(x[6], x[7])),
+                    );
+                    // -128·Σ x per row.
+                    let nc = { let $s8 = s8; _mm256_sub_epi32(_mm256_setzero_si256(), $corr) };
+                    // `$group` tokens at a time, their sums interleaved (independent chains).
+                    for gt in (0..T).step_by($group) {
+                        let sums: [__m256i; $group] = { let ($nc, $xs, $yg) = (nc, &x, &yu[gt..gt + $group]); $sums };
+                        for (u, &sumi) in sums.iter().enumerate() {
+                            let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&da[gt + u]));
+                            acc[gt + u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc[gt + u]);
+                        }
+                    }
+                }
+                for t in 0..T {
+                    _mm256_storeu_ps(out.add(t * ostride), acc[t]);
+                }
+            }
+            b0 += kb;
         }
     }};
 }
+
+/// Blocks per range of the Q4_0 tiles' prepared activations (16 KB on the stack for 16
+/// tokens).
+const Q4_0_STAGE_BLOCKS: usize = 32;
 
 /// The f16 at `p + k·stride`, k < 8, as f32 (inserted into one vector, then F16C's
 /// exact conversion).
@@ -254,20 +278,21 @@ unsafe fn f16x4(p: *const u8, stride: usize) -> __m128 {
     }
 }
 
-// The Q4_0 bodies: `nb` blocks in each of Q4_0_TILE_ROWS weight rows and in each of
-// their tokens' activation rows, in bounds, and `out[t * ostride + r]` writable for
-// every r < Q4_0_TILE_ROWS (ostride >= Q4_0_TILE_ROWS) and token t (the wrapper's
-// SAFETY argument); layouts d@0 qs@2 for both.
+// The Q4_0 bodies: `nb` blocks in each of `rows` weight rows (a multiple of
+// Q4_0_TILE_ROWS) and in each of their tokens' activation rows, in bounds, and
+// `out[t * ostride + r]` writable for every r < rows (ostride >= rows) and token t (the
+// wrapper's SAFETY argument); layouts d@0 qs@2 for both.
 
 /// Q4_0 · Q8_0 tile, AVX2 ([`Q4_0_TILE_TOKENS`] tokens): each output as
 /// `qdot::q4_0_q8_0`; the row sums by `maddubs`, eight added as i16, then `madd` with
 /// ones.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4_0_q8_0(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+pub(super) unsafe fn q4_0_q8_0(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
     // SAFETY: see above; AVX2, FMA and F16C available (module contract).
     unsafe {
         let (ones, c128) = (_mm256_set1_epi16(1), _mm256_set1_epi8(-128));
-        q4_0_tile!(nb, w, wrow, a, arow, out, ostride, Q4_0_TILE_TOKENS, 2,
+        q4_0_tile!(nb, w, wrow, rows, a, arow, out, ostride, Q4_0_TILE_TOKENS, 2,
             |s8| _mm256_madd_epi16(_mm256_maddubs_epi16(c128, s8), ones),
             |nc, x, yg| {
                 let b = |u: usize, j: usize| _mm256_set1_epi32(yg[u][j]);
@@ -285,13 +310,14 @@ pub(super) unsafe fn q4_0_q8_0(nb: usize, w: *const u8, wrow: usize, a: *const u
 /// Q4_0 · Q8_0 tile, AVX-512 VNNI on 256-bit vectors ([`Q4_0_TILE_TOKENS_VNNI`]
 /// tokens): each output as `qdot::q4_0_q8_0`; the row sums by `vpdpbusd` (four u8·i8
 /// products added into each i32 lane, exactly).
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn q4_0_q8_0_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+pub(super) unsafe fn q4_0_q8_0_vnni(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
     // SAFETY: see above; AVX-512 F/BW/VL/VNNI available (the wrapper is only handed out
     // after cpu_has_avx512_vnni()).
     unsafe {
         let c128 = _mm256_set1_epi8(-128);
-        q4_0_tile!(nb, w, wrow, a, arow, out, ostride, Q4_0_TILE_TOKENS_VNNI, 8,
+        q4_0_tile!(nb, w, wrow, rows, a, arow, out, ostride, Q4_0_TILE_TOKENS_VNNI, 8,
             |s8| _mm256_dpbusd_epi32(_mm256_setzero_si256(), c128, s8),
             |nc, x, yg| {
                 let mut s = [nc; 8];
