@@ -568,7 +568,7 @@ fn attention_block(hp: &HParams, l: usize, a: &Attention<'_>, act: &mut Act<'_>,
 }
 
 /// Keys per chunk of [`attention`]'s online softmax (scores and exponentials on the stack).
-const ATTN_CHUNK: usize = 32;
+const ATTN_CHUNK: usize = 64;
 /// Query heads sharing a KV head that [`attention`] computes together.
 pub(crate) const ATTN_HEADS: usize = 4;
 

@@ -210,7 +210,7 @@ fn chunked_attention_ops_match_one_key_at_a_time() {
             let kv: Vec<f16> = (0..rows * stride).map(|_| val(&mut rng)).collect();
             let q: Vec<f16> = (0..n).map(|_| val(&mut rng)).collect();
             let y0: Vec<f16> = (0..n).map(|_| val(&mut rng)).collect();
-            let len = 1 + rng.below(32) as usize;
+            let len = 1 + rng.below(64) as usize;
             let offs: Vec<usize> = (0..len).map(|_| rng.below(rows as u64) as usize * stride).collect();
             let new_max: Vec<bool> = (0..len).map(|c| c == 0 || rng.below(4) == 0).collect();
             let e: Vec<f32> = (0..len).map(|_| (rng.below(1 << 20) as f32) / (1 << 20) as f32).collect();
@@ -268,7 +268,7 @@ fn grouped_attention_ops_match_one_head_at_a_time() {
             let kv: Vec<f16> = (0..rows * stride).map(|_| val(&mut rng)).collect();
             let qs: Vec<f16> = (0..heads * n).map(|_| val(&mut rng)).collect();
             let y0: Vec<f16> = (0..heads * n).map(|_| val(&mut rng)).collect();
-            let len = 1 + rng.below(32) as usize;
+            let len = 1 + rng.below(64) as usize;
             let offs: Vec<usize> = (0..len).map(|_| rng.below(rows as u64) as usize * stride).collect();
             let new_max: Vec<bool> = (0..heads * len).map(|i| i % len == 0 || rng.below(4) == 0).collect();
             let e: Vec<f32> = (0..heads * len).map(|_| (rng.below(1 << 20) as f32) / (1 << 20) as f32).collect();
