@@ -571,6 +571,10 @@ impl Kernels {
         if self.avx2 && n == 64 && heads <= 4 {
             return x86::f16ops::dot_keys_heads64(k, offs, qs, heads, out, self.avx512);
         }
+        #[cfg(target_arch = "x86_64")]
+        if self.avx512 && (n == 128 || n == 256) && (1..=4).contains(&heads) {
+            return x86::f16ops::dot_keys_heads_wide(k, offs, qs, n, heads, out);
+        }
         let len = offs.len();
         for h in 0..heads {
             self.f16_dot_keys(k, offs, &qs[h * n..(h + 1) * n], &mut out[h * len..(h + 1) * len]);

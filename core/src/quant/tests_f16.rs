@@ -253,14 +253,14 @@ fn chunked_attention_ops_match_one_key_at_a_time() {
 /// The grouped chunk ops (`f16_dot_keys_heads`, `f16_mad_keys_heads`: up to four heads
 /// over the same keys, each key and value row read once) give each head the bits of the
 /// one-head ops (and each head's running sum that of `softmax_sum`), for every kernel
-/// set, 1 to 4 heads, lengths with and without the fast path (64) and every pattern of
-/// new maxima.
+/// set, 1 to 4 heads, row lengths with and without the fast paths (64; 128 and 256 with
+/// AVX-512) and every pattern of new maxima.
 #[test]
 fn grouped_attention_ops_match_one_head_at_a_time() {
     let reference = Kernels::reference();
     let sets = kernel_sets();
     let mut rng = Rng::new(0x6a7d);
-    for &n in &[64usize, 32, 128] {
+    for &n in &[64usize, 32, 128, 256] {
         for round in 0..80 {
             let heads = 1 + round % 4;
             let (rows, stride) = (24, n + (round % 3) * 8);

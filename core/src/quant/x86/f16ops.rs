@@ -480,13 +480,41 @@ pub(crate) fn dot_keys_heads64(k: &[f16], offs: &[usize], qs: &[f16], heads: usi
     // caller's `Kernels` flag, set only after cpu_has_avx512()); every key's 64 elements
     // lie in k, qf holds heads rows of 64 and out heads rows of len (checked above).
     unsafe {
-        let kp = k.as_ptr().cast();
+        let (kp, qp) = (k.as_ptr().cast(), qf.as_ptr());
         match (avx512, heads) {
-            (true, 1) => dot_keys_heads64_avx512::<1>(kp, offs, &qf, out),
-            (true, 2) => dot_keys_heads64_avx512::<2>(kp, offs, &qf, out),
-            (true, 3) => dot_keys_heads64_avx512::<3>(kp, offs, &qf, out),
-            (true, 4) => dot_keys_heads64_avx512::<4>(kp, offs, &qf, out),
+            (true, 1) => dot_keys_heads_avx512::<1, 1>(kp, offs, qp, out),
+            (true, 2) => dot_keys_heads_avx512::<2, 1>(kp, offs, qp, out),
+            (true, 3) => dot_keys_heads_avx512::<3, 1>(kp, offs, qp, out),
+            (true, 4) => dot_keys_heads_avx512::<4, 1>(kp, offs, qp, out),
             _ => dot_keys_heads64_avx2(kp, offs, &qf, heads, out),
+        }
+    }
+}
+
+/// [`dot_keys`] for the heads of a GQA group at once with AVX-512 (only after
+/// `cpu_has_avx512()`), rows of 128 or 256 (`qs`: `heads` rows of `n`, `out`: `heads`
+/// rows of `offs.len()`): each key row is converted once for all heads; each output has
+/// the one-key dot's bits (`dot_avx2`'s 64-element steps, the same sum tree).
+pub(crate) fn dot_keys_heads_wide(k: &[f16], offs: &[usize], qs: &[f16], n: usize, heads: usize, out: &mut [f32]) {
+    let len = offs.len();
+    assert!((n == 128 || n == 256) && (1..=4).contains(&heads), "dot_keys_heads_wide: {heads} heads of {n}");
+    assert!(qs.len() >= heads * n && out.len() >= heads * len, "dot_keys_heads_wide: short arrays");
+    assert!(offs.iter().all(|&o| o <= k.len() && n <= k.len() - o), "dot_keys_heads_wide: key out of bounds");
+    let mut qf = [0.0f32; 4 * 256];
+    to_f32(&qs[..heads * n], &mut qf[..heads * n]);
+    let (kp, qp) = (k.as_ptr().cast(), qf.as_ptr());
+    // SAFETY: AVX2/FMA/F16C present (module contract), AVX-512 F (caller); every key's n
+    // elements lie in k, qf holds heads rows of n and out heads rows of len (checked above).
+    unsafe {
+        match (n, heads) {
+            (128, 1) => dot_keys_heads_avx512::<1, 2>(kp, offs, qp, out),
+            (128, 2) => dot_keys_heads_avx512::<2, 2>(kp, offs, qp, out),
+            (128, 3) => dot_keys_heads_avx512::<3, 2>(kp, offs, qp, out),
+            (128, _) => dot_keys_heads_avx512::<4, 2>(kp, offs, qp, out),
+            (_, 1) => dot_keys_heads_avx512::<1, 4>(kp, offs, qp, out),
+            (_, 2) => dot_keys_heads_avx512::<2, 4>(kp, offs, qp, out),
+            (_, 3) => dot_keys_heads_avx512::<3, 4>(kp, offs, qp, out),
+            _ => dot_keys_heads_avx512::<4, 4>(kp, offs, qp, out),
         }
     }
 }
@@ -510,33 +538,41 @@ unsafe fn dot_keys_heads64_avx2(k: *const u16, offs: &[usize], qf: &[f32; 4 * DO
     }
 }
 
-/// [`dot_keys_heads64_avx2`] on 512-bit vectors for `H` heads, 16 keys at a time: per
-/// key its row is converted once, then per head the four 16-lane products
-/// `fma(k, q, 0)` and `t = (p0 + p2) + (p1 + p3)` as in `dot_avx2` (kept on the stack);
-/// then per head the 16 keys' sum trees run side by side, one level per step, each lane
-/// add being one key's add of `hsum_ps` order (8 + 8, 4 + 4, 2 + 2, 1 + 1), so lane `i`
-/// of the last vector is key `i`'s dot with the one-key bits. (Lanes past the chunk's
-/// end repeat its last key and are not stored.)
+/// [`dot_keys_heads64_avx2`] on 512-bit vectors for `H` heads and rows of `64·S`, 16
+/// keys at a time: per key its row is converted once, then per head the four 16-lane
+/// accumulators `p_j = fma(k, q, p_j)` through the `S` steps and
+/// `t = (p0 + p2) + (p1 + p3)` as in `dot_avx2` (kept on the stack); then per head the
+/// 16 keys' sum trees run side by side, one level per step, each lane add being one
+/// key's add of `hsum_ps` order (8 + 8, 4 + 4, 2 + 2, 1 + 1), so lane `i` of the last
+/// vector is key `i`'s dot with the one-key bits. (Lanes past the chunk's end repeat its
+/// last key and are not stored.)
 ///
 /// # Safety
-/// AVX2/FMA/F16C and AVX-512 F present; as [`dot_keys_heads64_avx2`] with `H` heads.
+/// AVX2/FMA/F16C and AVX-512 F present; `64·S` elements at `k + offs[c]` for every c,
+/// `H` rows of `64·S` at `qf`, `out` holds `H` rows of `offs.len()`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
-unsafe fn dot_keys_heads64_avx512<const H: usize>(k: *const u16, offs: &[usize], qf: &[f32; 4 * DOT_STEP], out: &mut [f32]) {
+unsafe fn dot_keys_heads_avx512<const H: usize, const S: usize>(k: *const u16, offs: &[usize], qf: *const f32, out: &mut [f32]) {
     // SAFETY: as dot_keys_heads64; `ts` is written at h·16 + c for c < m before any
     // read of it (reads clamp c to m - 1), and the masked store writes the m <= 16
     // outputs out[h·len + g0..][..m], inside out.
     unsafe {
-        let len = offs.len();
+        let (len, n) = (offs.len(), S * DOT_STEP);
         let zero = _mm512_setzero_ps();
-        let q: [[__m512; 4]; H] = core::array::from_fn(|h| core::array::from_fn(|j| _mm512_loadu_ps(qf.as_ptr().add(h * DOT_STEP + 16 * j))));
         let mut ts = core::mem::MaybeUninit::<[[__m512; 16]; H]>::uninit();
         let tp = ts.as_mut_ptr().cast::<__m512>();
         for g0 in (0..len).step_by(16) {
             let m = (len - g0).min(16);
             for (c, &off) in offs[g0..g0 + m].iter().enumerate() {
-                let kv: [__m512; 4] = core::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(k.add(off + 16 * j).cast())));
-                for (h, q) in q.iter().enumerate() {
-                    let p: [__m512; 4] = core::array::from_fn(|j| _mm512_fmadd_ps(kv[j], q[j], zero));
+                let kv: [[__m512; 4]; S] = core::array::from_fn(|s| core::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(k.add(off + DOT_STEP * s + 16 * j).cast()))));
+                for h in 0..H {
+                    let qp = qf.add(h * n);
+                    // The four 16-lane accumulators through the S steps, as `dot_avx2`.
+                    let mut p = [zero; 4];
+                    for (st, kv) in kv.iter().enumerate() {
+                        for (j, p) in p.iter_mut().enumerate() {
+                            *p = _mm512_fmadd_ps(kv[j], _mm512_loadu_ps(qp.add(DOT_STEP * st + 16 * j)), *p);
+                        }
+                    }
                     tp.add(h * 16 + c).write(_mm512_add_ps(_mm512_add_ps(p[0], p[2]), _mm512_add_ps(p[1], p[3])));
                 }
             }
