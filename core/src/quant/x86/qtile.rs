@@ -19,7 +19,7 @@
 use core::arch::x86_64::*;
 
 use super::hsum_ps;
-use super::qdot::{dot_u8_i8, f16_scales, fifth_bits, nibbles, scale_pairs};
+use super::qdot::{dot_u8_i8, fifth_bits, nibbles, scale_pairs};
 
 /// Weight rows per tile.
 pub(crate) const TILE_ROWS: usize = 4;
@@ -202,7 +202,7 @@ macro_rules! q4_0_tile {
                 for ib in 0..kb {
                     let i = b0 + ib;
                     let (yu, da) = (&*yup.add(ib), &*dap.add(ib));
-                    let dw = f16_scales(w, wrow, i * 18);
+                    let dw = f16x8(w.add(i * 18), wrow);
                     // Rows k and k + 4 in the halves of a vector, then a 4×4 transpose of
                     // dwords per half: v[j] holds dword j of `qs` (elements 4j.. and
                     // 16 + 4j..) of rows 0..8 in lane order.
