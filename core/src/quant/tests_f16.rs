@@ -17,7 +17,7 @@ use half::f16;
 
 /// The kernel sets to compare with the reference on this CPU (with and without
 /// AVX512-FP16 on x86_64, so both exact paths run where the instruction exists).
-fn kernel_sets() -> Vec<Kernels> {
+pub(super) fn kernel_sets() -> Vec<Kernels> {
     let mut v = Vec::new();
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c") {
