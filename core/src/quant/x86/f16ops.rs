@@ -1,7 +1,9 @@
 //! AVX2 + FMA + F16C versions of the attention f16 operations in `../f16ops.rs`, with
 //! the same bits: the 16-lane vectors of the reference are pairs of 256-bit vectors, and
 //! every fma, add and rounding happens on the same values in the same order. Only handed
-//! out after `cpu_has_avx2_fma()` (module contract of `x86`).
+//! out after `cpu_has_avx2_fma()` (module contract of `x86`). The AVX-512 versions (the
+//! grouped K·Q dots and value updates, the score pass) run only where the caller's
+//! `avx512` flag, set after `cpu_has_avx512()`, says so.
 //!
 //! The native f16 part of `mad` (the first `n & !127` elements: one rounding of the exact
 //! `x·v16 + y` to f16) has two exact versions:
