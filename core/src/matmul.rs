@@ -84,8 +84,10 @@ pub fn quantize_rows(k: &Kernels, par: &dyn Parallel, vdt: GgmlType, x: &[f32], 
 
 /// Tokens processed together against each weight row (keeps their activations in L1).
 const TOKEN_TILE: usize = 16;
-/// The most weight rows one tile call covers when a chunk holds a single tile of tokens.
-const PANEL_ROWS: usize = 128;
+/// The most weight rows one tile call covers when a chunk holds a single tile of tokens
+/// (x86_64, where the tiles are: 128; elsewhere the tile's own rows, so that no target
+/// without tiles carries the larger output buffer on its stack).
+const PANEL_ROWS: usize = if cfg!(target_arch = "x86_64") { 128 } else { DOT_TILE_MAX_ROWS };
 const _: () = assert!(DOT_TILE_MAX_ROWS <= PANEL_ROWS);
 
 const _: () = assert!(DOT_TILE_MAX_TOKENS <= TOKEN_TILE);
@@ -116,8 +118,6 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
     let rows_fn = k.dot_rows_fn(w.ty);
     par.run(tasks, &|t| {
         let range = split_range(rows, tasks, t);
-        // Tile outputs (each call writes every element it hands back).
-        let mut o = [0.0f32; DOT_TILE_MAX_TOKENS * PANEL_ROWS];
         let mut i0 = 0;
         while i0 < n {
             let i1 = (i0 + TOKEN_TILE).min(n);
@@ -132,6 +132,8 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
                 // each weight block reused by every token tile while in cache.
                 let pr = if ni == tt { PANEL_ROWS - PANEL_ROWS % tr } else { tr };
                 if ni > 0 {
+                    // Tile outputs (each call writes every element it hands back).
+                    let mut o = [0.0f32; DOT_TILE_MAX_TOKENS * PANEL_ROWS];
                     for r in (range.start..range.start + nr).step_by(pr) {
                         let k = pr.min(range.start + nr - r);
                         for i in (i0..i0 + ni).step_by(tt) {
