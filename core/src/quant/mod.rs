@@ -568,12 +568,8 @@ impl Kernels {
     /// the same bits.
     pub fn f16_dot_keys_heads(&self, k: &[f16], offs: &[usize], qs: &[f16], n: usize, heads: usize, out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
-        if self.avx2 && n == 64 && heads <= 4 {
-            return x86::f16ops::dot_keys_heads64(k, offs, qs, heads, out, self.avx512);
-        }
-        #[cfg(target_arch = "x86_64")]
-        if self.avx512 && (n == 128 || n == 256) && (1..=4).contains(&heads) {
-            return x86::f16ops::dot_keys_heads_wide(k, offs, qs, n, heads, out);
+        if self.avx2 && x86::f16ops::dot_keys_heads_fits(n, self.avx512) && (1..=4).contains(&heads) {
+            return x86::f16ops::dot_keys_heads(k, offs, qs, n, heads, out, self.avx512);
         }
         let len = offs.len();
         for h in 0..heads {

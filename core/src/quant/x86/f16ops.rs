@@ -253,9 +253,9 @@ unsafe fn to_f32_avx2(n: usize, src: *const u16, dst: *mut f32) {
 /// for a chunk of keys.
 pub(crate) fn dot_keys(k: &[f16], offs: &[usize], q: &[f16], out: &mut [f32], avx512: bool) {
     let n = q.len();
-    if n == DOT_STEP {
-        // One 64-element step per key, q converted once: the one-head case of the grouped dots.
-        return dot_keys_heads64(k, offs, q, 1, out, avx512);
+    if dot_keys_heads_fits(n, avx512) {
+        // q converted once: the one-head case of the grouped dots.
+        return dot_keys_heads(k, offs, q, n, 1, out, avx512);
     }
     assert!(out.len() >= offs.len() && offs.iter().all(|&o| o <= k.len() && n <= k.len() - o), "dot_keys: key out of bounds");
     // SAFETY: AVX2/FMA/F16C present (module contract); every key's n elements lie in k
@@ -468,62 +468,51 @@ unsafe fn softmax_sum_fma(sum: f32, new_max: &[bool], e: &[f32]) -> f32 {
     }
 }
 
-/// [`dot_keys`] for the heads of a GQA group at once (`qs`: `heads` rows of 64, `out`:
-/// `heads` rows of `offs.len()`): each key row is loaded and converted once for all
-/// heads; every dot is `dot_avx2`'s one 64-element step (`fma(k, q, 0)` per vector, the
-/// same sum tree), so each output has the one-key dot's bits.
-pub(crate) fn dot_keys_heads64(k: &[f16], offs: &[usize], qs: &[f16], heads: usize, out: &mut [f32], avx512: bool) {
-    let len = offs.len();
-    assert!(heads <= 4 && qs.len() >= heads * DOT_STEP && out.len() >= heads * len, "dot_keys_heads64: short arrays");
-    assert!(offs.iter().all(|&o| o <= k.len() && DOT_STEP <= k.len() - o), "dot_keys_heads64: key out of bounds");
-    let mut qf = [0.0f32; 4 * DOT_STEP];
-    to_f32(&qs[..heads * DOT_STEP], &mut qf[..heads * DOT_STEP]);
-    // SAFETY: AVX2/FMA/F16C present (module contract), AVX-512 F where `avx512` (the
-    // caller's `Kernels` flag, set only after cpu_has_avx512()); every key's 64 elements
-    // lie in k, qf holds heads rows of 64 and out heads rows of len (checked above).
-    unsafe {
-        let (kp, qp) = (k.as_ptr().cast(), qf.as_ptr());
-        match (avx512, heads) {
-            (true, 1) => dot_keys_heads_avx512::<1, 1>(kp, offs, qp, out),
-            (true, 2) => dot_keys_heads_avx512::<2, 1>(kp, offs, qp, out),
-            (true, 3) => dot_keys_heads_avx512::<3, 1>(kp, offs, qp, out),
-            (true, 4) => dot_keys_heads_avx512::<4, 1>(kp, offs, qp, out),
-            _ => dot_keys_heads64_avx2(kp, offs, &qf, heads, out),
-        }
-    }
+/// Whether [`dot_keys_heads`] takes rows of `n` with or without AVX-512.
+pub(crate) fn dot_keys_heads_fits(n: usize, avx512: bool) -> bool {
+    n == DOT_STEP || (avx512 && (n == 2 * DOT_STEP || n == 4 * DOT_STEP))
 }
 
-/// [`dot_keys`] for the heads of a GQA group at once with AVX-512 (only after
-/// `cpu_has_avx512()`), rows of 128 or 256 (`qs`: `heads` rows of `n`, `out`: `heads`
-/// rows of `offs.len()`): each key row is converted once for all heads; each output has
-/// the one-key dot's bits (`dot_avx2`'s 64-element steps, the same sum tree).
-pub(crate) fn dot_keys_heads_wide(k: &[f16], offs: &[usize], qs: &[f16], n: usize, heads: usize, out: &mut [f32]) {
+/// [`dot_keys`] for the heads of a GQA group at once (`qs`: `heads` rows of `n`, `out`:
+/// `heads` rows of `offs.len()`), rows of 64 (AVX2 or AVX-512) or of 128 and 256 (only
+/// with AVX-512: `avx512`, the caller's `Kernels` flag, set only after
+/// `cpu_has_avx512()`; see [`dot_keys_heads_fits`]): each key row is loaded and
+/// converted once for all heads; every dot is `dot_avx2`'s 64-element steps
+/// (`fma(k, q, acc)` per vector, the same sum tree), so each output has the one-key
+/// dot's bits.
+pub(crate) fn dot_keys_heads(k: &[f16], offs: &[usize], qs: &[f16], n: usize, heads: usize, out: &mut [f32], avx512: bool) {
     let len = offs.len();
-    assert!((n == 128 || n == 256) && (1..=4).contains(&heads), "dot_keys_heads_wide: {heads} heads of {n}");
-    assert!(qs.len() >= heads * n && out.len() >= heads * len, "dot_keys_heads_wide: short arrays");
-    assert!(offs.iter().all(|&o| o <= k.len() && n <= k.len() - o), "dot_keys_heads_wide: key out of bounds");
-    let mut qf = [0.0f32; 4 * 256];
+    assert!(dot_keys_heads_fits(n, avx512) && (1..=4).contains(&heads), "dot_keys_heads: {heads} heads of {n}");
+    assert!(qs.len() >= heads * n && out.len() >= heads * len, "dot_keys_heads: short arrays");
+    assert!(offs.iter().all(|&o| o <= k.len() && n <= k.len() - o), "dot_keys_heads: key out of bounds");
+    let mut qf = [0.0f32; 4 * 4 * DOT_STEP];
     to_f32(&qs[..heads * n], &mut qf[..heads * n]);
     let (kp, qp) = (k.as_ptr().cast(), qf.as_ptr());
-    // SAFETY: AVX2/FMA/F16C present (module contract), AVX-512 F (caller); every key's n
-    // elements lie in k, qf holds heads rows of n and out heads rows of len (checked above).
+    // SAFETY: AVX2/FMA/F16C present (module contract), AVX-512 F where `avx512` (the
+    // caller's flag); every key's n elements lie in k, qf holds heads rows of n and out
+    // heads rows of len (checked above).
     unsafe {
-        match (n, heads) {
-            (128, 1) => dot_keys_heads_avx512::<1, 2>(kp, offs, qp, out),
-            (128, 2) => dot_keys_heads_avx512::<2, 2>(kp, offs, qp, out),
-            (128, 3) => dot_keys_heads_avx512::<3, 2>(kp, offs, qp, out),
-            (128, _) => dot_keys_heads_avx512::<4, 2>(kp, offs, qp, out),
-            (_, 1) => dot_keys_heads_avx512::<1, 4>(kp, offs, qp, out),
-            (_, 2) => dot_keys_heads_avx512::<2, 4>(kp, offs, qp, out),
-            (_, 3) => dot_keys_heads_avx512::<3, 4>(kp, offs, qp, out),
-            _ => dot_keys_heads_avx512::<4, 4>(kp, offs, qp, out),
+        match (avx512, n / DOT_STEP, heads) {
+            (false, _, _) => dot_keys_heads64_avx2(kp, offs, &qf, heads, out),
+            (true, 1, 1) => dot_keys_heads_avx512::<1, 1>(kp, offs, qp, out),
+            (true, 1, 2) => dot_keys_heads_avx512::<2, 1>(kp, offs, qp, out),
+            (true, 1, 3) => dot_keys_heads_avx512::<3, 1>(kp, offs, qp, out),
+            (true, 1, _) => dot_keys_heads_avx512::<4, 1>(kp, offs, qp, out),
+            (true, 2, 1) => dot_keys_heads_avx512::<1, 2>(kp, offs, qp, out),
+            (true, 2, 2) => dot_keys_heads_avx512::<2, 2>(kp, offs, qp, out),
+            (true, 2, 3) => dot_keys_heads_avx512::<3, 2>(kp, offs, qp, out),
+            (true, 2, _) => dot_keys_heads_avx512::<4, 2>(kp, offs, qp, out),
+            (true, _, 1) => dot_keys_heads_avx512::<1, 4>(kp, offs, qp, out),
+            (true, _, 2) => dot_keys_heads_avx512::<2, 4>(kp, offs, qp, out),
+            (true, _, 3) => dot_keys_heads_avx512::<3, 4>(kp, offs, qp, out),
+            (true, _, _) => dot_keys_heads_avx512::<4, 4>(kp, offs, qp, out),
         }
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_keys_heads64_avx2(k: *const u16, offs: &[usize], qf: &[f32; 4 * DOT_STEP], heads: usize, out: &mut [f32]) {
-    // SAFETY: as dot_keys_heads64.
+unsafe fn dot_keys_heads64_avx2(k: *const u16, offs: &[usize], qf: &[f32], heads: usize, out: &mut [f32]) {
+    // SAFETY: as dot_keys_heads (rows of 64).
     unsafe {
         let len = offs.len();
         for (c, &off) in offs.iter().enumerate() {
@@ -554,7 +543,7 @@ unsafe fn dot_keys_heads64_avx2(k: *const u16, offs: &[usize], qf: &[f32; 4 * DO
 /// `H` rows of `64·S` at `qf`, `out` holds `H` rows of `offs.len()`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
 unsafe fn dot_keys_heads_avx512<const H: usize, const S: usize>(k: *const u16, offs: &[usize], qf: *const f32, out: &mut [f32]) {
-    // SAFETY: as dot_keys_heads64; `ts` is written at h·16 + c for c < m before any
+    // SAFETY: as dot_keys_heads; `ts` is written at h·16 + c for c < m before any
     // read of it (reads clamp c to m - 1), and the masked store writes the m <= 16
     // outputs out[h·len + g0..][..m], inside out.
     unsafe {
