@@ -599,7 +599,8 @@ impl Kernels {
     /// The online softmax's exponents for a chunk of one head's scores, in key order:
     /// `s = e[c]·scale`; if `s > max` then `e[c] = max - s`, `new_max[c] = true` and
     /// `max = s`, else `e[c] = s - max`, `new_max[c] = false` (x86 with AVX-512: 16 keys
-    /// per step by a prefix maximum; the same bits).
+    /// per step by a prefix maximum; the same flags and values, up to the sign of a zero
+    /// exponent or maximum, which `expf` and the comparisons do not see).
     pub fn softmax_scores(&self, e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut f32) {
         #[cfg(target_arch = "x86_64")]
         if self.avx512 {
