@@ -403,12 +403,17 @@ impl Kernels {
     /// (llama.cpp's repacked order): one row at a time each block waits on the previous
     /// fma; eight rows' chains side by side in one vector overlap. And Q8_0, Q5_0, Q4_1,
     /// Q5_1 (one 8-lane accumulator per row): four rows per pass share each activation
-    /// block and convert their scales together, and their fma chains overlap.
+    /// block and convert their scales together, and their fma chains overlap (with AVX-512
+    /// VNNI, each block's lanes by one `vpdpbusd`).
     pub fn dot_rows_fn(&self, wtype: GgmlType) -> Option<DotRowsFn> {
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
             use GgmlType::*;
             return match wtype {
+                Q8_0 if self.vnni => Some(x86::rows_q8_0_q8_0_vnni),
+                Q5_0 if self.vnni => Some(x86::rows_q5_0_q8_0_vnni),
+                Q4_1 if self.vnni => Some(x86::rows_q4_1_q8_1_vnni),
+                Q5_1 if self.vnni => Some(x86::rows_q5_1_q8_1_vnni),
                 Q4_0 => Some(x86::rows_q4_0_q8_0),
                 IQ4_NL => Some(x86::rows_iq4_nl_q8_0),
                 MXFP4 => Some(x86::rows_mxfp4_q8_0),

@@ -635,33 +635,35 @@ fn dot_tiles_give_each_dots_bits() {
 /// lengths, every type that has one).
 #[test]
 fn dot_rows_give_each_dots_bits() {
-    let Some(k) = fast_kernels() else { return };
+    let sets = fast_kernel_sets();
     let mut rng = Rng::new(22);
     let mut checked = 0;
-    for &ty in &[Q4_0, IQ4_NL, MXFP4, Q8_0, Q4_1, Q5_0, Q5_1] {
-        let Some(rows) = k.dot_rows_fn(ty) else { continue };
-        let dot = k.dot_fn(ty).unwrap();
-        let vdt = Kernels::vec_dot_type(ty).unwrap();
-        for i in 0..60 {
-            let n = random_n(&mut rng, ty, i);
-            let wrow = bytes_of(ty, n) + 3 * (i % 4);
-            let mut w = vec![0u8; DOT_ROWS * wrow];
-            for r in 0..DOT_ROWS {
-                let q = quantized(ty, &random_row(&mut rng, n));
-                w[r * wrow..r * wrow + q.len()].copy_from_slice(&q);
+    for k in &sets {
+        for &ty in &[Q4_0, IQ4_NL, MXFP4, Q8_0, Q4_1, Q5_0, Q5_1] {
+            let Some(rows) = k.dot_rows_fn(ty) else { continue };
+            let dot = k.dot_fn(ty).unwrap();
+            let vdt = Kernels::vec_dot_type(ty).unwrap();
+            for i in 0..60 {
+                let n = random_n(&mut rng, ty, i);
+                let wrow = bytes_of(ty, n) + 3 * (i % 4);
+                let mut w = vec![0u8; DOT_ROWS * wrow];
+                for r in 0..DOT_ROWS {
+                    let q = quantized(ty, &random_row(&mut rng, n));
+                    w[r * wrow..r * wrow + q.len()].copy_from_slice(&q);
+                }
+                let a = activations(k, vdt, &random_row(&mut rng, n));
+                let mut out = [f32::NAN; DOT_ROWS];
+                rows(n, &w, wrow, &a, &mut out);
+                for (r, o) in out.iter().enumerate() {
+                    let want = dot(n, &w[r * wrow..], &a);
+                    assert_eq!(o.to_bits(), want.to_bits(), "{ty} n={n} row {r}");
+                }
+                checked += 1;
             }
-            let a = activations(&k, vdt, &random_row(&mut rng, n));
-            let mut out = [f32::NAN; DOT_ROWS];
-            rows(n, &w, wrow, &a, &mut out);
-            for (r, o) in out.iter().enumerate() {
-                let want = dot(n, &w[r * wrow..], &a);
-                assert_eq!(o.to_bits(), want.to_bits(), "{ty} n={n} row {r}");
-            }
-            checked += 1;
         }
     }
     #[cfg(target_arch = "x86_64")]
-    assert_eq!(checked, 420, "Q4_0, IQ4_NL, MXFP4, Q8_0, Q4_1, Q5_0 and Q5_1 have 8-row kernels on AVX2");
+    assert_eq!(checked, 420 * sets.len(), "Q4_0, IQ4_NL, MXFP4, Q8_0, Q4_1, Q5_0 and Q5_1 have 8-row kernels on AVX2 (VNNI)");
     let _ = checked;
 }
 

@@ -191,13 +191,16 @@ pub(crate) use qtile::{Q4_0_TILE_ROWS, Q4_0_TILE_TOKENS, Q4_0_TILE_TOKENS_VNNI, 
 /// that the slices hold the rows (a broken contract panics; it cannot read out of bounds).
 macro_rules! rows_wrapper {
     ($(#[$doc:meta])* $name:ident, $body:path, $bs:expr, $wsize:expr, $asize:expr) => {
+        rows_wrapper!($(#[$doc])* $name, $body, $bs, $wsize, $asize, cpu_has_avx2_fma);
+    };
+    ($(#[$doc:meta])* $name:ident, $body:path, $bs:expr, $wsize:expr, $asize:expr, $cpu:ident) => {
         $(#[$doc])*
         pub(crate) fn $name(n: usize, w: &[u8], wrow: usize, a: &[u8], out: &mut [f32; qdot::ROWS]) {
             let nb = n / $bs;
             debug_assert!(n % $bs == 0, "dot rows: n = {n} is not a multiple of the block size {}", $bs);
             assert!(w.len() >= (qdot::ROWS - 1) * wrow + nb * $wsize && a.len() >= nb * $asize, "dot rows: slices too short");
-            // SAFETY: only handed out after cpu_has_avx2_fma() (module contract); the
-            // rows' blocks, the activation blocks and the 8 outputs are in bounds (checked above).
+            // SAFETY: only handed out after $cpu() (module contract); the rows' blocks,
+            // the activation blocks and the 8 outputs are in bounds (checked above).
             unsafe { $body(nb, w.as_ptr(), wrow, a.as_ptr(), out.as_mut_ptr()) }
         }
     };
@@ -217,6 +220,18 @@ rows_wrapper!(/// AVX2 Q4_1 · Q8_1, 8 rows (each output as [`vec_dot_q4_1_q8_1`
     rows_q4_1_q8_1, qdot::q4_1_q8_1_rows, 32, 20, 36);
 rows_wrapper!(/// AVX2 Q5_1 · Q8_1, 8 rows (each output as [`vec_dot_q5_1_q8_1`]).
     rows_q5_1_q8_1, qdot::q5_1_q8_1_rows, 32, 24, 36);
+rows_wrapper!(/// AVX-512 VNNI Q8_0 · Q8_0, 8 rows (each output as [`vec_dot_q8_0_q8_0`]); only
+    /// handed out after [`cpu_has_avx512_vnni`].
+    rows_q8_0_q8_0_vnni, qdot::q8_0_q8_0_rows_vnni, 32, 34, 34, cpu_has_avx512_vnni);
+rows_wrapper!(/// AVX-512 VNNI Q5_0 · Q8_0, 8 rows (each output as [`vec_dot_q5_0_q8_0`]); only
+    /// handed out after [`cpu_has_avx512_vnni`].
+    rows_q5_0_q8_0_vnni, qdot::q5_0_q8_0_rows_vnni, 32, 22, 34, cpu_has_avx512_vnni);
+rows_wrapper!(/// AVX-512 VNNI Q4_1 · Q8_1, 8 rows (each output as [`vec_dot_q4_1_q8_1`]); only
+    /// handed out after [`cpu_has_avx512_vnni`].
+    rows_q4_1_q8_1_vnni, qdot::q4_1_q8_1_rows_vnni, 32, 20, 36, cpu_has_avx512_vnni);
+rows_wrapper!(/// AVX-512 VNNI Q5_1 · Q8_1, 8 rows (each output as [`vec_dot_q5_1_q8_1`]); only
+    /// handed out after [`cpu_has_avx512_vnni`].
+    rows_q5_1_q8_1_vnni, qdot::q5_1_q8_1_rows_vnni, 32, 24, 36, cpu_has_avx512_vnni);
 pub(crate) use qdot::ROWS;
 
 macro_rules! dot_wrapper {

@@ -299,15 +299,17 @@ macro_rules! table_dot_rows {
 
 /// [`lane_dot`] (and `q4_1_q8_1`'s `summs`) for [`ROWS`] weight rows (at `w`, `wrow`
 /// bytes apart) against one activation row, four rows per pass: each block's activation
-/// is loaded once per pass, the four rows' scales are converted together (`dw·da` per
+/// is prepared once per pass (`$prep_a`, with `$ab` the activation block, gives `[$y, $c]`),
+/// the four rows' scales are converted together (`dw·da` per
 /// row, and `summs = fma(mw, sa, summs)` in lane 2r + 1 for the types with a min), and each row
 /// keeps its own accumulator: per block, in order, `acc_r = fma(dw_r·da, f32(lanes_r),
 /// acc_r)`, then `hsum(acc_r)` (`+ summs_r`). The same integer lanes, products, fmas and
 /// sum as the single dot, so output r has its bits for row r; the four fma chains
 /// overlap instead of waiting on each other. `$min`: the block's f16 `m` follows `d`
-/// (Q4_1, Q5_1; the activation's `s` follows its `d`). `$a_off`: the activation's `qs`.
+/// (Q4_1, Q5_1; the activation's `s` follows its `d`).
 macro_rules! lane_dot_rows {
-    ($nb:expr, $w:expr, $wrow:expr, $a:expr, $out:expr, $ws:expr, $as:expr, $a_off:expr, $min:expr, |$wb:ident, $y:ident| $lanes:expr) => {{
+    ($nb:expr, $w:expr, $wrow:expr, $a:expr, $out:expr, $ws:expr, $as:expr, $min:expr,
+     |$ab:ident| $prep_a:expr, |$wb:ident, $y:ident, $c:ident| $lanes:expr) => {{
         let (nb, w0, wrow, a, out) = ($nb, $w, $wrow, $a, $out);
         for h in 0..ROWS / 4 {
             let w = w0.add(4 * h * wrow);
@@ -317,8 +319,8 @@ macro_rules! lane_dot_rows {
                 if h == 0 {
                     prefetch_next_rows(w0, wrow, k * $ws);
                 }
-                let ab = a.add(k * $as);
-                let fa = _mm256_cvtph_ps(_mm_set1_epi32(rd32(ab))); // [da, sa, da, sa, ..]
+                let $ab = a.add(k * $as);
+                let fa = _mm256_cvtph_ps(_mm_set1_epi32(rd32($ab))); // [da, sa, da, sa, ..]
                 let f = scale_pairs(w.add(k * $ws), wrow); // [dw0, mw0, dw1, mw1, ..]
                 // Lane 2r: dw_r·da; lane 2r + 1: fma(mw_r, sa, summs_r) (the other lanes unused).
                 let mut d = [0.0f32; 8];
@@ -326,7 +328,7 @@ macro_rules! lane_dot_rows {
                 if $min {
                     summs = _mm256_fmadd_ps(f, fa, summs);
                 }
-                let $y = _mm256_loadu_si256(ab.add($a_off).cast());
+                let [$y, $c]: [__m256i; 2] = $prep_a;
                 for r in 0..4 {
                     let $wb = w.add(r * wrow + k * $ws);
                     // (A broadcast from memory: no shuffle uop.)
@@ -347,7 +349,10 @@ macro_rules! lane_dot_rows {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q8_0_q8_0_rows(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
     // SAFETY: as q4_0_q8_0_rows; layouts d@0 qs@2 (each block has 4 bytes at d).
-    unsafe { lane_dot_rows!(nb, w, wrow, a, out, 34, 34, 2, false, |wb, y| dot_i8_i8(_mm256_loadu_si256(wb.add(2).cast()), y)) }
+    unsafe {
+        lane_dot_rows!(nb, w, wrow, a, out, 34, 34, false, |ab| [_mm256_loadu_si256(ab.add(2).cast()), _mm256_setzero_si256()],
+            |wb, y, _c| dot_i8_i8(_mm256_loadu_si256(wb.add(2).cast()), y))
+    }
 }
 
 /// [`q5_0_q8_0`] for [`ROWS`] rows.
@@ -356,9 +361,8 @@ pub(super) unsafe fn q5_0_q8_0_rows(nb: usize, w: *const u8, wrow: usize, a: *co
     // SAFETY: as q4_0_q8_0_rows; layouts d@0 qh@2 qs@6 and d@0 qs@2.
     unsafe {
         let off = _mm256_set1_epi8(16);
-        lane_dot_rows!(nb, w, wrow, a, out, 22, 34, 2, false, |wb, y| {
-            dot_u8_off_i8(_mm256_or_si256(nibbles(wb.add(6)), fifth_bits(wb.add(2))), off, y)
-        })
+        lane_dot_rows!(nb, w, wrow, a, out, 22, 34, false, |ab| [_mm256_loadu_si256(ab.add(2).cast()), _mm256_setzero_si256()],
+            |wb, y, _c| dot_u8_off_i8(_mm256_or_si256(nibbles(wb.add(6)), fifth_bits(wb.add(2))), off, y))
     }
 }
 
@@ -366,7 +370,10 @@ pub(super) unsafe fn q5_0_q8_0_rows(nb: usize, w: *const u8, wrow: usize, a: *co
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_1_q8_1_rows(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
     // SAFETY: as q4_0_q8_0_rows; layouts d@0 m@2 qs@4 and d@0 s@2 qs@4.
-    unsafe { lane_dot_rows!(nb, w, wrow, a, out, 20, 36, 4, true, |wb, y| dot_u8_i8(nibbles(wb.add(4)), y)) }
+    unsafe {
+        lane_dot_rows!(nb, w, wrow, a, out, 20, 36, true, |ab| [_mm256_loadu_si256(ab.add(4).cast()), _mm256_setzero_si256()],
+            |wb, y, _c| dot_u8_i8(nibbles(wb.add(4)), y))
+    }
 }
 
 /// [`q5_1_q8_1`] for [`ROWS`] rows.
@@ -374,9 +381,77 @@ pub(super) unsafe fn q4_1_q8_1_rows(nb: usize, w: *const u8, wrow: usize, a: *co
 pub(super) unsafe fn q5_1_q8_1_rows(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
     // SAFETY: as q4_0_q8_0_rows; layouts d@0 m@2 qh@4 qs@8 and d@0 s@2 qs@4.
     unsafe {
-        lane_dot_rows!(nb, w, wrow, a, out, 24, 36, 4, true, |wb, y| {
-            dot_u8_i8(_mm256_or_si256(nibbles(wb.add(8)), fifth_bits(wb.add(4))), y)
-        })
+        lane_dot_rows!(nb, w, wrow, a, out, 24, 36, true, |ab| [_mm256_loadu_si256(ab.add(4).cast()), _mm256_setzero_si256()],
+            |wb, y, _c| dot_u8_i8(_mm256_or_si256(nibbles(wb.add(8)), fifth_bits(wb.add(4))), y))
+    }
+}
+
+// The 8-row kernels again with AVX-512 VNNI (`vpdpbusd` on 256-bit vectors, AVX512-VL):
+// each lane is still the exact integer `Σ` of its four products, formed as `c + Σ u·s`
+// with `u` unsigned and `c` a per-lane correction computed once per activation block
+// (shared by every row), so every output keeps the bits of the single dot.
+
+/// The Q5 weights `q` (0..=31) of a block: `x` (its nibbles) + 16 in byte i where bit i
+/// of the u32 at `p` (the block's `qh`) is set (as `x | fifth_bits(p)`, by one masked add).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn add_fifth_bits(x: __m256i, p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 4 readable bytes at p; AVX-512 BW/VL available (target features).
+    unsafe { _mm256_mask_add_epi8(x, core::ptr::read_unaligned(p.cast::<u32>()), x, _mm256_set1_epi8(16)) }
+}
+
+/// `-k·Σ y` per lane of four bytes (`k·Σ y` by `vpdpbusd` with k in every byte).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn neg_k_sums(k: i8, y: __m256i) -> __m256i {
+    // SAFETY: value-only intrinsics; AVX-512 VNNI/VL available (target features).
+    unsafe {
+        let zero = _mm256_setzero_si256();
+        _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(k), y))
+    }
+}
+
+/// [`q8_0_q8_0`] for [`ROWS`] rows, AVX-512 VNNI: lanes `Σ w·y` as `Σ (w + 128)·y - 128·Σ y`
+/// (the weight with its sign bits flipped is unsigned).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn q8_0_q8_0_rows_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+    // SAFETY: as q4_0_q8_0_rows; layouts d@0 qs@2 (each block has 4 bytes at d).
+    unsafe {
+        let flip = _mm256_set1_epi8(-128);
+        lane_dot_rows!(nb, w, wrow, a, out, 34, 34, false,
+            |ab| { let y = _mm256_loadu_si256(ab.add(2).cast()); [y, neg_k_sums(-128, y)] },
+            |wb, y, c| _mm256_dpbusd_epi32(c, _mm256_xor_si256(_mm256_loadu_si256(wb.add(2).cast()), flip), y))
+    }
+}
+
+/// [`q5_0_q8_0`] for [`ROWS`] rows, AVX-512 VNNI: lanes `Σ (q - 16)·y` as `Σ q·y - 16·Σ y`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn q5_0_q8_0_rows_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+    // SAFETY: as q4_0_q8_0_rows; layouts d@0 qh@2 qs@6 and d@0 qs@2.
+    unsafe {
+        lane_dot_rows!(nb, w, wrow, a, out, 22, 34, false,
+            |ab| { let y = _mm256_loadu_si256(ab.add(2).cast()); [y, neg_k_sums(16, y)] },
+            |wb, y, c| _mm256_dpbusd_epi32(c, add_fifth_bits(nibbles(wb.add(6)), wb.add(2)), y))
+    }
+}
+
+/// [`q4_1_q8_1`] for [`ROWS`] rows, AVX-512 VNNI: lanes `Σ q·y` directly.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn q4_1_q8_1_rows_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+    // SAFETY: as q4_0_q8_0_rows; layouts d@0 m@2 qs@4 and d@0 s@2 qs@4.
+    unsafe {
+        lane_dot_rows!(nb, w, wrow, a, out, 20, 36, true, |ab| [_mm256_loadu_si256(ab.add(4).cast()), _mm256_setzero_si256()],
+            |wb, y, c| _mm256_dpbusd_epi32(c, nibbles(wb.add(4)), y))
+    }
+}
+
+/// [`q5_1_q8_1`] for [`ROWS`] rows, AVX-512 VNNI: lanes `Σ q·y` directly.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn q5_1_q8_1_rows_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+    // SAFETY: as q4_0_q8_0_rows; layouts d@0 m@2 qh@4 qs@8 and d@0 s@2 qs@4.
+    unsafe {
+        lane_dot_rows!(nb, w, wrow, a, out, 24, 36, true, |ab| [_mm256_loadu_si256(ab.add(4).cast()), _mm256_setzero_si256()],
+            |wb, y, c| _mm256_dpbusd_epi32(c, add_fifth_bits(nibbles(wb.add(8)), wb.add(4)), y))
     }
 }
 
