@@ -183,7 +183,7 @@ tile_wrapper!(/// AVX2 Q4_0 · Q8_0 tile (each output as [`vec_dot_q4_0_q8_0`]).
     tile_q4_0_q8_0, panel qtile::q4_0_q8_0, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_TILE_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0 tile (each output as [`vec_dot_q4_0_q8_0`]); only handed
     /// out after [`cpu_has_avx512_vnni`].
-    tile_q4_0_q8_0_vnni, panel qtile::q4_0_q8_0_vnni, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_TILE_TOKENS_VNNI, cpu_has_avx512_vnni);
+    tile_q4_0_q8_0_vnni, panel qtile::q4_0_q8_0_zmm, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_TILE_TOKENS_VNNI, cpu_has_avx512_vnni);
 pub(crate) use kdot::{KTILE_TOKENS, Q4_K_TILE_ROWS, Q4_K_TILE_TOKENS};
 pub(crate) use qtile::{Q4_0_TILE_ROWS, Q4_0_TILE_TOKENS, Q4_0_TILE_TOKENS_VNNI, TILE_ROWS, TILE_TOKENS, ZMM_TILE_TOKENS};
 

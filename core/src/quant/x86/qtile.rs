@@ -11,7 +11,8 @@
 //! order, which its batches also follow for these types): [`TILE_ROWS`] ×
 //! [`TILE_TOKENS`] on AVX2, [`TILE_ROWS`] × [`ZMM_TILE_TOKENS`] with AVX-512 VNNI (two
 //! tokens per 512-bit vector). Q4_0 · Q8_0 (llama.cpp's repacked order: one exact sum
-//! per block): 8 rows in the lanes of a vector × 4 (AVX2) or 16 (AVX-512 VNNI) tokens.
+//! per block): 8 rows in the lanes of a vector × 4 tokens (AVX2), or × 16 tokens two to a
+//! 512-bit vector (AVX-512 VNNI).
 
 // Pairs are indexed (row, token) on purpose; the per-pair hook is `()` for most types.
 #![allow(clippy::needless_range_loop, clippy::no_effect, clippy::unused_unit)]
@@ -145,8 +146,42 @@ pub(crate) const Q4_0_TILE_ROWS: usize = 8;
 /// Tokens of the AVX2 Q4_0 tile (its 16 vector registers hold the 8 decoded weight
 /// vectors and 4 accumulators).
 pub(crate) const Q4_0_TILE_TOKENS: usize = 4;
-/// Tokens of the AVX-512 VNNI Q4_0 tile (32 registers: 8 weight vectors, 16 accumulators).
+/// Tokens of the AVX-512 VNNI Q4_0 tile (two per 512-bit vector: 8 weight vectors, 8
+/// accumulators).
 pub(crate) const Q4_0_TILE_TOKENS_VNNI: usize = 16;
+
+/// The `qs` at `p` of [`Q4_0_TILE_ROWS`] Q4_0 blocks `wrow` bytes apart, transposed:
+/// `x[j]` holds, in lane r, row r's elements `4j..4j + 4` (j < 4) or `16 + 4(j - 4)..`
+/// (j ≥ 4) as signed bytes `q - 8`; and the byte sum of the eight (each byte within
+/// -64..=56).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_0_transposed(p: *const u8, wrow: usize) -> ([__m256i; 8], __m256i) {
+    // SAFETY: the caller guarantees 16 readable bytes at p + k·wrow, k < 8.
+    unsafe {
+        let (m4, eight) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(8));
+        // Rows k and k + 4 in the halves of a vector, then a 4×4 transpose of dwords per
+        // half: v[j] holds dword j of `qs` (elements 4j.. and 16 + 4j..) of rows 0..8 in
+        // lane order.
+        let ld = |k: usize| {
+            let lo = _mm_loadu_si128(p.add(k * wrow).cast());
+            let hi = _mm_loadu_si128(p.add((k + 4) * wrow).cast());
+            _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi)
+        };
+        let (r0, r1, r2, r3) = (ld(0), ld(1), ld(2), ld(3));
+        let (t0, t1) = (_mm256_unpacklo_epi32(r0, r1), _mm256_unpackhi_epi32(r0, r1));
+        let (t2, t3) = (_mm256_unpacklo_epi32(r2, r3), _mm256_unpackhi_epi32(r2, r3));
+        let v = [_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)];
+        let lo = |j: usize| _mm256_sub_epi8(_mm256_and_si256(v[j], m4), eight);
+        let hi = |j: usize| _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16::<4>(v[j]), m4), eight);
+        let x = [lo(0), lo(1), lo(2), lo(3), hi(0), hi(1), hi(2), hi(3)];
+        let s8 = _mm256_add_epi8(
+            _mm256_add_epi8(_mm256_add_epi8(x[0], x[1]), _mm256_add_epi8(x[2], x[3])),
+            _mm256_add_epi8(_mm256_add_epi8(x[4], x[5]), _mm256_add_epi8(x[6], x[7])),
+        );
+        (x, s8)
+    }
+}
 
 /// The Q4_0 tile loop: [`Q4_0_TILE_ROWS`] rows in the lanes of a vector, `$tokens`
 /// tokens. Per block, in block order: the 8 rows' nibbles are transposed so that
@@ -167,7 +202,7 @@ macro_rules! q4_0_tile {
      |$s8:ident| $corr:expr, |$nc:ident, $xs:ident, $yg:ident| $sums:expr) => {{
         let (nb, w, wrow, rows, a, arow, out, ostride) = ($nb, $w, $wrow, $rows, $a, $arow, $out, $ostride);
         const T: usize = $tokens;
-        let (m4, eight, flip) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(8), _mm256_set1_epi8(-128));
+        let flip = _mm256_set1_epi8(-128);
         // The tokens' blocks prepared once per range of Q4_0_STAGE_BLOCKS blocks for
         // every group of rows (flipped activations, scales as f32); each group's
         // accumulators go through `out` between ranges (f32 stores and loads are exact,
@@ -203,25 +238,7 @@ macro_rules! q4_0_tile {
                     let i = b0 + ib;
                     let (yu, da) = (&*yup.add(ib), &*dap.add(ib));
                     let dw = f16x8(w.add(i * 18), wrow);
-                    // Rows k and k + 4 in the halves of a vector, then a 4×4 transpose of
-                    // dwords per half: v[j] holds dword j of `qs` (elements 4j.. and
-                    // 16 + 4j..) of rows 0..8 in lane order.
-                    let ld = |k: usize| {
-                        let lo = _mm_loadu_si128(w.add(k * wrow + i * 18 + 2).cast());
-                        let hi = _mm_loadu_si128(w.add((k + 4) * wrow + i * 18 + 2).cast());
-                        _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi)
-                    };
-                    let (r0, r1, r2, r3) = (ld(0), ld(1), ld(2), ld(3));
-                    let (t0, t1) = (_mm256_unpacklo_epi32(r0, r1), _mm256_unpackhi_epi32(r0, r1));
-                    let (t2, t3) = (_mm256_unpacklo_epi32(r2, r3), _mm256_unpackhi_epi32(r2, r3));
-                    let v = [_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)];
-                    let lo = |j: usize| _mm256_sub_epi8(_mm256_and_si256(v[j], m4), eight);
-                    let hi = |j: usize| _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16::<4>(v[j]), m4), eight);
-                    let x = [lo(0), lo(1), lo(2), lo(3), hi(0), hi(1), hi(2), hi(3)];
-                    let s8 = _mm256_add_epi8(
-                        _mm256_add_epi8(_mm256_add_epi8(x[0], x[1]), _mm256_add_epi8(x[2], x[3])),
-                        _mm256_add_epi8(_mm256_add_epi8(x[4], x[5]), _mm256_add_epi8(x[6], x[7])),
-                    );
+                    let (x, s8) = q4_0_transposed(w.add(i * 18 + 2), wrow);
                     // -128·Σ x per row.
                     let nc = { let $s8 = s8; _mm256_sub_epi32(_mm256_setzero_si256(), $corr) };
                     // `$group` tokens at a time, their sums interleaved (independent chains).
@@ -307,27 +324,90 @@ pub(super) unsafe fn q4_0_q8_0(nb: usize, w: *const u8, wrow: usize, rows: usize
     }
 }
 
-/// Q4_0 · Q8_0 tile, AVX-512 VNNI on 256-bit vectors ([`Q4_0_TILE_TOKENS_VNNI`]
-/// tokens): each output as `qdot::q4_0_q8_0`; the row sums by `vpdpbusd` (four u8·i8
-/// products added into each i32 lane, exactly).
+/// Q4_0 · Q8_0 tile, AVX-512 VNNI on 512-bit vectors ([`Q4_0_TILE_TOKENS_VNNI`] tokens):
+/// [`q4_0_tile`]'s operations, two tokens per vector. Lane `2r + h` of pair `p`'s vector
+/// is (row r, token 2p + h): the weights `x[j]` have each row's dword twice, the flipped
+/// activations of the pair are staged with their dwords interleaved (`A0 B0 A1 B1 ..`) so
+/// that dword j of both is one 8-byte broadcast, `dw` has each row's scale twice and the
+/// pair's `da` are one 8-byte broadcast. Per lane: the same exact `sumi` (the correction
+/// `-128·Σ x` of its row, then `vpdpbusd` over the 8 dwords), the same `dw·da` product
+/// and the same fma, block by block, as the 256-bit tile, so each output has the single
+/// dot's bits; 8 accumulators for 16 tokens stay in registers.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn q4_0_q8_0_vnni(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+pub(super) unsafe fn q4_0_q8_0_zmm(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
     // SAFETY: see above; AVX-512 F/BW/VL/VNNI available (the wrapper is only handed out
     // after cpu_has_avx512_vnni()).
     unsafe {
-        let c128 = _mm256_set1_epi8(-128);
-        q4_0_tile!(nb, w, wrow, rows, a, arow, out, ostride, Q4_0_TILE_TOKENS_VNNI, 8,
-            |s8| _mm256_dpbusd_epi32(_mm256_setzero_si256(), c128, s8),
-            |nc, x, yg| {
-                let mut s = [nc; 8];
-                for j in 0..8 {
-                    for (u, s) in s.iter_mut().enumerate() {
-                        *s = _mm256_dpbusd_epi32(*s, _mm256_set1_epi32(yg[u][j]), x[j]);
+        const T: usize = Q4_0_TILE_TOKENS_VNNI;
+        const P: usize = T / 2;
+        let flip = _mm256_set1_epi8(-128);
+        // Lane 2r + h ← lane r (each row twice); pair (even lanes | odd lanes) and back.
+        let dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        let split = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+        let join = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+        // As in q4_0_tile: the tokens' blocks staged once per range for every group of
+        // rows, the accumulators carried through `out` between ranges.
+        let mut yu = core::mem::MaybeUninit::<[[[i32; 16]; P]; Q4_0_STAGE_BLOCKS]>::uninit();
+        let mut da = core::mem::MaybeUninit::<[[f32; T]; Q4_0_STAGE_BLOCKS]>::uninit();
+        let (yup, dap) = (yu.as_mut_ptr().cast::<[[i32; 16]; P]>(), da.as_mut_ptr().cast::<[f32; T]>());
+        let mut b0 = 0;
+        while b0 < nb {
+            let kb = (nb - b0).min(Q4_0_STAGE_BLOCKS);
+            // (Entries 0..kb are written here before any read below.)
+            for ib in 0..kb {
+                let i = b0 + ib;
+                let (yb, db) = (&mut *yup.add(ib), &mut *dap.add(ib));
+                for p in 0..P {
+                    let ya = _mm256_xor_si256(_mm256_loadu_si256(a.add(2 * p * arow + i * 34 + 2).cast()), flip);
+                    let yb2 = _mm256_xor_si256(_mm256_loadu_si256(a.add((2 * p + 1) * arow + i * 34 + 2).cast()), flip);
+                    // [A0 B0 A1 B1 | A4 B4 A5 B5], [A2 B2 A3 B3 | A6 B6 A7 B7]
+                    let (lo, hi) = (_mm256_unpacklo_epi32(ya, yb2), _mm256_unpackhi_epi32(ya, yb2));
+                    _mm256_storeu_si256(yb[p].as_mut_ptr().cast(), _mm256_permute2x128_si256::<0x20>(lo, hi));
+                    _mm256_storeu_si256(yb[p].as_mut_ptr().add(8).cast(), _mm256_permute2x128_si256::<0x31>(lo, hi));
+                }
+                _mm256_storeu_ps(db.as_mut_ptr(), f16x8(a.add(i * 34), arow));
+                _mm256_storeu_ps(db.as_mut_ptr().add(8), f16x8(a.add(8 * arow + i * 34), arow));
+            }
+            for g in (0..rows).step_by(Q4_0_TILE_ROWS) {
+                let (w, out) = (w.add(g * wrow), out.add(g));
+                let mut acc: [__m512; P] = if b0 == 0 {
+                    [_mm512_setzero_ps(); P]
+                } else {
+                    core::array::from_fn(|p| {
+                        let lo = _mm512_castps256_ps512(_mm256_loadu_ps(out.add(2 * p * ostride)));
+                        let both = _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castps_pd(lo), _mm256_castps_pd(_mm256_loadu_ps(out.add((2 * p + 1) * ostride)))));
+                        _mm512_permutexvar_ps(join, both)
+                    })
+                };
+                for ib in 0..kb {
+                    let i = b0 + ib;
+                    let (yu, da) = (&*yup.add(ib), &*dap.add(ib));
+                    let dw = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(f16x8(w.add(i * 18), wrow)));
+                    let (x, s8) = q4_0_transposed(w.add(i * 18 + 2), wrow);
+                    // -128·Σ x per row.
+                    let zero = _mm256_setzero_si256();
+                    let nc = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, flip, s8));
+                    let nc = _mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(nc));
+                    let xz: [__m512i; 8] = core::array::from_fn(|j| _mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(x[j])));
+                    for p in 0..P {
+                        let yp = yu[p].as_ptr().cast::<i64>();
+                        let mut s = nc;
+                        for (j, xj) in xz.iter().enumerate() {
+                            s = _mm512_dpbusd_epi32(s, _mm512_set1_epi64(core::ptr::read_unaligned(yp.add(j))), *xj);
+                        }
+                        let dap = _mm512_castpd_ps(_mm512_set1_pd(core::ptr::read_unaligned(da.as_ptr().add(2 * p).cast::<f64>())));
+                        acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dap), acc[p]);
                     }
                 }
-                s
-            })
+                for (p, v) in acc.iter().enumerate() {
+                    let v = _mm512_permutexvar_ps(split, *v);
+                    _mm256_storeu_ps(out.add(2 * p * ostride), _mm512_castps512_ps256(v));
+                    _mm256_storeu_ps(out.add((2 * p + 1) * ostride), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))));
+                }
+            }
+            b0 += kb;
+        }
     }
 }
 
