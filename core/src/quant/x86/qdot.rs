@@ -395,7 +395,7 @@ pub(super) unsafe fn q5_1_q8_1_rows(nb: usize, w: *const u8, wrow: usize, a: *co
 /// of the u32 at `p` (the block's `qh`) is set (as `x | fifth_bits(p)`, by one masked add).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-unsafe fn add_fifth_bits(x: __m256i, p: *const u8) -> __m256i {
+pub(super) unsafe fn add_fifth_bits(x: __m256i, p: *const u8) -> __m256i {
     // SAFETY: the caller guarantees 4 readable bytes at p; AVX-512 BW/VL available (target features).
     unsafe { _mm256_mask_add_epi8(x, core::ptr::read_unaligned(p.cast::<u32>()), x, _mm256_set1_epi8(16)) }
 }

@@ -20,7 +20,7 @@
 use core::arch::x86_64::*;
 
 use super::hsum_ps;
-use super::qdot::{dot_u8_i8, fifth_bits, nibbles, scale_pairs};
+use super::qdot::{add_fifth_bits, dot_u8_i8, fifth_bits, nibbles, scale_pairs};
 
 /// Weight rows per tile.
 pub(crate) const TILE_ROWS: usize = 4;
@@ -533,7 +533,7 @@ pub(super) unsafe fn q5_0_q8_0_zmm(nb: usize, w: *const u8, wrow: usize, a: *con
                 let y = pair512(ab0.add(2), ab1.add(2));
                 [y, _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, off, y))]
             },
-            |wb| _mm512_broadcast_i64x4(_mm256_or_si256(nibbles(wb.add(6)), fifth_bits(wb.add(2)))),
+            |wb| _mm512_broadcast_i64x4(add_fifth_bits(nibbles(wb.add(6)), wb.add(2))),
             |x, y, c| _mm512_dpbusd_epi32(c, x, y));
         lane_tile_zmm_out!(acc, summs, false, out, ostride);
     }
