@@ -410,6 +410,7 @@ impl Kernels {
         if self.avx2 {
             use GgmlType::*;
             return match wtype {
+                Q4_0 if self.vnni => Some(x86::rows_q4_0_q8_0_vnni),
                 Q8_0 if self.vnni => Some(x86::rows_q8_0_q8_0_vnni),
                 Q5_0 if self.vnni => Some(x86::rows_q5_0_q8_0_vnni),
                 Q4_1 if self.vnni => Some(x86::rows_q4_1_q8_1_vnni),

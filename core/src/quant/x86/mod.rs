@@ -220,6 +220,9 @@ rows_wrapper!(/// AVX2 Q4_1 · Q8_1, 8 rows (each output as [`vec_dot_q4_1_q8_1`
     rows_q4_1_q8_1, qdot::q4_1_q8_1_rows, 32, 20, 36);
 rows_wrapper!(/// AVX2 Q5_1 · Q8_1, 8 rows (each output as [`vec_dot_q5_1_q8_1`]).
     rows_q5_1_q8_1, qdot::q5_1_q8_1_rows, 32, 24, 36);
+rows_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0, 8 rows (each output as [`vec_dot_q4_0_q8_0`]); only
+    /// handed out after [`cpu_has_avx512_vnni`].
+    rows_q4_0_q8_0_vnni, qdot::q4_0_q8_0_rows_vnni, 32, 18, 34, cpu_has_avx512_vnni);
 rows_wrapper!(/// AVX-512 VNNI Q8_0 · Q8_0, 8 rows (each output as [`vec_dot_q8_0_q8_0`]); only
     /// handed out after [`cpu_has_avx512_vnni`].
     rows_q8_0_q8_0_vnni, qdot::q8_0_q8_0_rows_vnni, 32, 34, 34, cpu_has_avx512_vnni);

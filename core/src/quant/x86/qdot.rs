@@ -266,27 +266,27 @@ pub(crate) const ROWS: usize = 8;
 /// per row, `acc = fma(f32(sum), dw·da, acc)`; lane `r` is [`table_dot`] of row `r`, bit
 /// for bit (the same integer sums, products and fma, blocks in the same order), but the
 /// eight fma chains run in parallel instead of one after another. Stores the 8 results
-/// at `out`.
+/// at `out`. Per block, `$prep_a` (with `$ab` the activation block) gives `[$y, $c]`
+/// once for the eight rows, and `$lanes` a row's 8 lanes (summing to its exact integer
+/// sum) from its nibbles `$idx`.
 macro_rules! table_dot_rows {
-    ($nb:expr, $w:expr, $wrow:expr, $a:expr, $out:expr, $ws:expr, $q_off:expr, $table:expr, |$k:ident| $scales:expr) => {{
+    ($nb:expr, $w:expr, $wrow:expr, $a:expr, $out:expr, $ws:expr, $q_off:expr, |$k:ident| $scales:expr,
+     |$ab:ident| $prep_a:expr, |$idx:ident, $y:ident, $c:ident| $lanes:expr) => {{
         let (nb, w, wrow, a, out) = ($nb, $w, $wrow, $a, $out);
-        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128($table.as_ptr().cast()));
-        let block = |r: usize, k: usize| {
-            // The nibbles as indices (as `nibbles`: no shuffle-port uop).
-            let idx = nibbles(w.add(r * wrow + k * $ws + $q_off));
-            // Q4_0's levels are `q - 8`: a subtraction instead of the table's shuffle
-            // (the same bytes).
-            let x = if $table == Q4_0_LEVELS { _mm256_sub_epi8(idx, _mm256_set1_epi8(8)) } else { _mm256_shuffle_epi8(table, idx) };
-            dot_i8_i8(x, _mm256_loadu_si256(a.add(k * 34 + 2).cast()))
-        };
         let mut acc = _mm256_setzero_ps();
         for k in 0..nb {
+            let [$y, $c]: [__m256i; 2] = { let $ab = a.add(k * 34); $prep_a };
+            let block = |r: usize| {
+                // The nibbles as indices (as `nibbles`: no shuffle-port uop).
+                let $idx = nibbles(w.add(r * wrow + k * $ws + $q_off));
+                $lanes
+            };
             prefetch_next_rows(w, wrow, k * $ws);
             // Row r's sum of its 8 lanes in lane r (integer: any order is exact).
-            let h01 = _mm256_hadd_epi32(block(0, k), block(1, k));
-            let h23 = _mm256_hadd_epi32(block(2, k), block(3, k));
-            let h45 = _mm256_hadd_epi32(block(4, k), block(5, k));
-            let h67 = _mm256_hadd_epi32(block(6, k), block(7, k));
+            let h01 = _mm256_hadd_epi32(block(0), block(1));
+            let h23 = _mm256_hadd_epi32(block(2), block(3));
+            let h45 = _mm256_hadd_epi32(block(4), block(5));
+            let h67 = _mm256_hadd_epi32(block(6), block(7));
             let (h0123, h4567) = (_mm256_hadd_epi32(h01, h23), _mm256_hadd_epi32(h45, h67));
             let s = _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(h0123, h4567), _mm256_permute2x128_si256::<0x31>(h0123, h4567));
             let da = _mm256_set1_ps(f16_to_f32(rd16(a.add(k * 34)) as u16));
@@ -455,6 +455,18 @@ pub(super) unsafe fn q5_1_q8_1_rows_vnni(nb: usize, w: *const u8, wrow: usize, a
     }
 }
 
+/// [`q4_0_q8_0`] for [`ROWS`] rows, AVX-512 VNNI: each row's sum `Σ (q - 8)·y` as
+/// `Σ q·y - 8·Σ y` (the nibbles are unsigned).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn q4_0_q8_0_rows_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+    // SAFETY: as q4_0_q8_0_rows.
+    unsafe {
+        table_dot_rows!(nb, w, wrow, a, out, 18, 2, |k| f16_scales(w, wrow, k * 18),
+            |ab| { let y = _mm256_loadu_si256(ab.add(2).cast()); [y, neg_k_sums(8, y)] },
+            |idx, y, c| _mm256_dpbusd_epi32(c, idx, y))
+    }
+}
+
 /// Prefetches byte `off` of each of the [`ROWS`] rows after the group at `w` (rows `wrow`
 /// bytes apart): called once per block, it keeps the next group's weights streaming in
 /// while this group computes, a line or so per row at a time. (A hint only: it cannot
@@ -492,14 +504,24 @@ pub(super) unsafe fn f16_scales(w: *const u8, wrow: usize, off: usize) -> __m256
 pub(super) unsafe fn q4_0_q8_0_rows(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
     // SAFETY: the wrapper checked that ROWS rows of nb blocks, nb activation blocks and
     // ROWS outputs are in bounds; layouts d@0 qs@2.
-    unsafe { table_dot_rows!(nb, w, wrow, a, out, 18, 2, Q4_0_LEVELS, |k| f16_scales(w, wrow, k * 18)) }
+    // Q4_0's levels are `q - 8`: a subtraction instead of a table's shuffle (the same bytes).
+    unsafe {
+        table_dot_rows!(nb, w, wrow, a, out, 18, 2, |k| f16_scales(w, wrow, k * 18),
+            |ab| [_mm256_loadu_si256(ab.add(2).cast()), _mm256_setzero_si256()],
+            |idx, y, _c| dot_i8_i8(_mm256_sub_epi8(idx, _mm256_set1_epi8(8)), y))
+    }
 }
 
 /// [`iq4_nl_q8_0`] for [`ROWS`] rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn iq4_nl_q8_0_rows(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
     // SAFETY: as q4_0_q8_0_rows.
-    unsafe { table_dot_rows!(nb, w, wrow, a, out, 18, 2, KVALUES_IQ4NL, |k| f16_scales(w, wrow, k * 18)) }
+    unsafe {
+        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()));
+        table_dot_rows!(nb, w, wrow, a, out, 18, 2, |k| f16_scales(w, wrow, k * 18),
+            |ab| [_mm256_loadu_si256(ab.add(2).cast()), _mm256_setzero_si256()],
+            |idx, y, _c| dot_i8_i8(_mm256_shuffle_epi8(table, idx), y))
+    }
 }
 
 /// [`mxfp4_q8_0`] for [`ROWS`] rows.
@@ -507,10 +529,13 @@ pub(super) unsafe fn iq4_nl_q8_0_rows(nb: usize, w: *const u8, wrow: usize, a: *
 pub(super) unsafe fn mxfp4_q8_0_rows(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
     // SAFETY: as q4_0_q8_0_rows; layout e@0 qs@1.
     unsafe {
-        table_dot_rows!(nb, w, wrow, a, out, 17, 1, KVALUES_MXFP4, |k| {
+        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_MXFP4.as_ptr().cast()));
+        table_dot_rows!(nb, w, wrow, a, out, 17, 1, |k| {
             let e = |r: usize| e8m0_to_f32_half(*w.add(r * wrow + k * 17));
             _mm256_setr_ps(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7))
-        })
+        },
+            |ab| [_mm256_loadu_si256(ab.add(2).cast()), _mm256_setzero_si256()],
+            |idx, y, _c| dot_i8_i8(_mm256_shuffle_epi8(table, idx), y))
     }
 }
 
