@@ -281,7 +281,7 @@ macro_rules! table_dot_rows {
                 let $idx = nibbles(w.add(r * wrow + k * $ws + $q_off));
                 $lanes
             };
-            prefetch_next_rows(w, wrow, k * $ws);
+            prefetch_next_rows(w, wrow, k, nb);
             // Row r's sum of its 8 lanes in lane r (integer: any order is exact).
             let h01 = _mm256_hadd_epi32(block(0), block(1));
             let h23 = _mm256_hadd_epi32(block(2), block(3));
@@ -289,7 +289,7 @@ macro_rules! table_dot_rows {
             let h67 = _mm256_hadd_epi32(block(6), block(7));
             let (h0123, h4567) = (_mm256_hadd_epi32(h01, h23), _mm256_hadd_epi32(h45, h67));
             let s = _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(h0123, h4567), _mm256_permute2x128_si256::<0x31>(h0123, h4567));
-            let da = _mm256_set1_ps(f16_to_f32(rd16(a.add(k * 34)) as u16));
+            let da = _mm256_cvtph_ps(_mm_set1_epi16(rd16(a.add(k * 34)))); // (F16C: exact)
             let dw = { let $k = k; $scales };
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, da), acc);
         }
@@ -317,7 +317,7 @@ macro_rules! lane_dot_rows {
             let mut summs = _mm256_setzero_ps();
             for k in 0..nb {
                 if h == 0 {
-                    prefetch_next_rows(w0, wrow, k * $ws);
+                    prefetch_next_rows(w0, wrow, k, nb);
                 }
                 let $ab = a.add(k * $as);
                 let fa = _mm256_cvtph_ps(_mm_set1_epi32(rd32($ab))); // [da, sa, da, sa, ..]
@@ -467,18 +467,22 @@ pub(super) unsafe fn q4_0_q8_0_rows_vnni(nb: usize, w: *const u8, wrow: usize, a
     }
 }
 
-/// Prefetches byte `off` of each of the [`ROWS`] rows after the group at `w` (rows `wrow`
-/// bytes apart): called once per block, it keeps the next group's weights streaming in
-/// while this group computes, a line or so per row at a time. (A hint only: it cannot
+/// Prefetches part `k` of `nb` of the [`ROWS`] rows after the group at `w` (rows `wrow`
+/// bytes apart, so the next group is the `ROWS·wrow` bytes from `w + ROWS·wrow`): called
+/// once per block, it keeps the next group's weights streaming in while this group
+/// computes, a few lines per block and each line about once. (A hint only: it cannot
 /// fault, so the rows may lie past the weights.)
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn prefetch_next_rows(w: *const u8, wrow: usize, off: usize) {
+unsafe fn prefetch_next_rows(w: *const u8, wrow: usize, k: usize, nb: usize) {
     // SAFETY: prefetch never faults and reads nothing the program sees.
     unsafe {
-        let next = w.wrapping_add(ROWS * wrow + off);
-        for r in 0..ROWS {
-            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(r * wrow).cast());
+        let next = w.wrapping_add(ROWS * wrow);
+        let step = (ROWS * wrow).div_ceil(nb.max(1));
+        let mut off = k * step;
+        while off < (k + 1) * step {
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(off).cast());
+            off += 64;
         }
     }
 }
