@@ -479,7 +479,8 @@ fn simd_attention_f16_ops_and_swiglu_match_reference_bits() {
     // GeGLU at every f16 input, at values beside them, and at the ±10 cut-offs.
     let mut gate: Vec<f32> = (0..=0xFFFFu16).map(|b| f16::from_bits(b).to_f32()).collect();
     gate.extend((0..20000).map(|_| rng.unit() * 12.0));
-    gate.extend([-10.0, 10.0, -9.999, 9.999, f32::from_bits(0x4120_0001), f32::NEG_INFINITY]);
+    gate.extend([-10.0, 10.0, -9.999, 9.999, f32::from_bits(0x4120_0001), f32::NEG_INFINITY, f32::INFINITY]);
+    gate.extend([f32::NAN, -f32::NAN, f32::from_bits(0xFFFF_FFFF), f32::from_bits(0x7F80_0001), f32::from_bits(0xFF80_2001), 1e-8, -3e-7]);
     let up: Vec<f32> = (0..gate.len()).map(|_| rng.unit() * 3.0).collect();
     for _ in 0..2 {
         // Twice: the table is built by the first call.
