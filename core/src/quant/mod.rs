@@ -706,7 +706,7 @@ impl Kernels {
                 Q8_0 => x86::quantize_q8(x, out, false),
                 Q8_1 => x86::quantize_q8(x, out, true),
                 F16 => x86::convert_f16(x, out),
-                Q8_K => quantize::quantize_act_q8_k(x, out),
+                Q8_K => x86::quantize_q8_k(x, out),
                 _ => quantize::convert_row(ty, x, out),
             }
             return Ok(());

@@ -416,6 +416,28 @@ fn simd_activations_are_byte_identical() {
             assert_eq!(activations(&fast, ty, &x), activations(&reference, ty, &x), "{ty} n={n}");
         }
     }
+    // Q8_K's edge cases: magnitude ties of either sign (the first wins), zero, NaN and
+    // infinite elements, an all-zero and an all-NaN super-block.
+    let mut x = random_row(&mut rng, 256 * 6);
+    x[7] = -3.0;
+    x[200] = 3.0;
+    x[300] = 4.0;
+    x[301] = -4.0;
+    x[600] = f32::NAN;
+    x[700] = f32::INFINITY;
+    x[800] = -f32::NAN;
+    x[801] = -9.0;
+    x[900] = f32::from_bits(0x7FC0_1234);
+    x[901] = f32::from_bits(0xFFC0_0077);
+    x[1024..1280].iter_mut().for_each(|v| *v = 0.0);
+    x[1280..1536].iter_mut().for_each(|v| *v = f32::NAN);
+    for v in x[..256].iter_mut().filter(|v| v.abs() > 3.0) {
+        *v = 0.5;
+    }
+    for v in x[256..512].iter_mut().filter(|v| v.abs() > 4.0) {
+        *v = 0.5;
+    }
+    assert_eq!(activations(&fast, Q8_K, &x), activations(&reference, Q8_K, &x), "Q8_K edge cases");
 }
 
 #[test]

@@ -448,6 +448,79 @@ unsafe fn round_i32(v: __m256, id: __m256) -> __m256i {
     unsafe { _mm256_cvtps_epi32(_mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(v, id))) }
 }
 
+/// Activations → Q8_K, the bytes of `quantize::quantize_act_q8_k` (ggml's
+/// `quantize_row_q8_K`): per super-block of 256, the first element of largest magnitude
+/// `max` (NaNs skipped), `iscale = -127 / max`, `q = min(nearest_int(iscale·x), 127)` by
+/// the same magic-number rounding (so NaN and infinite inputs give the same bytes too),
+/// the 16 sums of 16, `d = 1 / iscale`; an all-zero (or all-NaN) block stays zero.
+pub(crate) fn quantize_q8_k(x: &[f32], out: &mut [u8]) {
+    let nb = (x.len() / 256).min(out.len() / 292);
+    // SAFETY: only called after cpu_has_avx2_fma() (module contract); nb super-blocks of
+    // input (256 f32) and output (292 bytes) are inside `x` and `out`.
+    unsafe { quantize_q8_k_avx2(nb, x.as_ptr(), out.as_mut_ptr()) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_q8_k_avx2(nb: usize, x: *const f32, out: *mut u8) {
+    // SAFETY: nb super-blocks in bounds (caller); unaligned loads and stores only.
+    unsafe {
+        let sign = _mm256_set1_ps(-0.0);
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for b in 0..nb {
+            let (xp, op) = (x.add(256 * b), out.add(292 * b));
+            // (A NaN as the first operand of max_ps yields the second: NaNs never win.)
+            let mut m = _mm256_setzero_ps();
+            for k in 0..32 {
+                m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(xp.add(8 * k))), m);
+            }
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+            core::ptr::write_bytes(op, 0, 292);
+            if amax == 0.0 {
+                continue;
+            }
+            let am = _mm256_set1_ps(amax);
+            let mut first = 0;
+            for k in 0..32 {
+                let eq = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(_mm256_andnot_ps(sign, _mm256_loadu_ps(xp.add(8 * k))), am));
+                if eq != 0 {
+                    first = 8 * k + eq.trailing_zeros() as usize;
+                    break;
+                }
+            }
+            let iscale = -127.0 / *xp.add(first);
+            let is = _mm256_set1_ps(iscale);
+            // nearest_int: (f + 1.5·2^23) bits & 0x7fffff, minus 0x400000.
+            let (magic, mask, bias, top) = (_mm256_set1_ps(12_582_912.0), _mm256_set1_epi32(0x007f_ffff), _mm256_set1_epi32(0x0040_0000), _mm256_set1_epi32(127));
+            let q = |k: usize| {
+                let f = _mm256_add_ps(_mm256_mul_ps(is, _mm256_loadu_ps(xp.add(8 * k))), magic);
+                _mm256_min_epi32(_mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(f), mask), bias), top)
+            };
+            let mut sums = [0i16; 16];
+            for j in 0..8 {
+                let (i0, i1, i2, i3) = (q(4 * j), q(4 * j + 1), q(4 * j + 2), q(4 * j + 3));
+                // (Every q is within -128..=127 here — as i8 in the scalar code: the packs
+                // below saturate nothing else.)
+                let p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+                _mm256_storeu_si256(op.add(4 + 32 * j).cast(), _mm256_permutevar8x32_epi32(p, order));
+                // The sums of elements 32j..32j+16 and 32j+16..32j+32, as the i8 values.
+                let i8s = |v: __m256i| _mm256_srai_epi32::<24>(_mm256_slli_epi32::<24>(v));
+                let (a, c) = (_mm256_add_epi32(i8s(i0), i8s(i1)), _mm256_add_epi32(i8s(i2), i8s(i3)));
+                let h = _mm256_hadd_epi32(a, c);
+                let h = _mm256_hadd_epi32(h, h);
+                let t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+                sums[2 * j] = _mm_cvtsi128_si32(t) as i16;
+                sums[2 * j + 1] = _mm_extract_epi32::<1>(t) as i16;
+            }
+            core::ptr::copy_nonoverlapping((1.0 / iscale).to_le_bytes().as_ptr(), op, 4);
+            for (j, s) in sums.iter().enumerate() {
+                core::ptr::copy_nonoverlapping(s.to_le_bytes().as_ptr(), op.add(260 + 2 * j), 2);
+            }
+        }
+    }
+}
+
 /// f32 → f16 activations (round to nearest even), same bytes as the scalar conversion.
 pub(crate) fn convert_f16(x: &[f32], out: &mut [u8]) {
     let n = x.len().min(out.len() / 2);
