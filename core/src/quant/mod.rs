@@ -403,8 +403,9 @@ impl Kernels {
     /// (llama.cpp's repacked order): one row at a time each block waits on the previous
     /// fma; eight rows' chains side by side in one vector overlap. And Q8_0, Q5_0, Q4_1,
     /// Q5_1 (one 8-lane accumulator per row): four rows per pass share each activation
-    /// block and convert their scales together, and their fma chains overlap (with AVX-512
-    /// VNNI, each block's lanes by one `vpdpbusd`).
+    /// block and convert their scales together, and their fma chains overlap. With AVX-512
+    /// VNNI (Q4_0, Q8_0, Q5_0, Q4_1, Q5_1) each row's block sum by one `vpdpbusd` and a
+    /// correction formed once per activation block.
     pub fn dot_rows_fn(&self, wtype: GgmlType) -> Option<DotRowsFn> {
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {

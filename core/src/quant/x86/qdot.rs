@@ -6,7 +6,8 @@
 //! bits exactly: Q4_1, Q5_1, Q8_0, Q5_0 and the unrepacked Q4_0 (`lane_dot`) one block
 //! per vector and one accumulator as `ggml_vec_dot_*`; IQ4_NL, MXFP4 and Q4_0
 //! (`table_dot`) an exact integer sum per block as the repacked `gemv`/`gemm`.
-//! Every function requires AVX2, FMA and F16C, and pointers to whole in-bounds blocks.
+//! Every function requires AVX2, FMA and F16C (the `_vnni` 8-row kernels also AVX-512
+//! F/BW/VL/VNNI), and pointers to whole in-bounds blocks.
 
 use core::arch::x86_64::*;
 
