@@ -476,8 +476,8 @@ unsafe fn quantize_q8_k_avx2(nb: usize, x: *const f32, out: *mut u8) {
             let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
             let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
             let amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-            core::ptr::write_bytes(op, 0, 292);
             if amax == 0.0 {
+                core::ptr::write_bytes(op, 0, 292);
                 continue;
             }
             let am = _mm256_set1_ps(amax);
@@ -513,6 +513,7 @@ unsafe fn quantize_q8_k_avx2(nb: usize, x: *const f32, out: *mut u8) {
                 sums[2 * j] = _mm_cvtsi128_si32(t) as i16;
                 sums[2 * j + 1] = _mm_extract_epi32::<1>(t) as i16;
             }
+            // (d, the 256 values and the 16 sums: all 292 bytes of the block written.)
             core::ptr::copy_nonoverlapping((1.0 / iscale).to_le_bytes().as_ptr(), op, 4);
             for (j, s) in sums.iter().enumerate() {
                 core::ptr::copy_nonoverlapping(s.to_le_bytes().as_ptr(), op.add(260 + 2 * j), 2);
