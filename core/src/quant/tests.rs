@@ -438,6 +438,10 @@ fn simd_activations_are_byte_identical() {
         *v = 0.5;
     }
     assert_eq!(activations(&fast, Q8_K, &x), activations(&reference, Q8_K, &x), "Q8_K edge cases");
+    // Every byte is written, whatever the buffer held.
+    let mut dirty = vec![0xA5u8; bytes_of(Q8_K, x.len())];
+    fast.quantize_activations(Q8_K, &x, &mut dirty).unwrap();
+    assert_eq!(dirty, activations(&reference, Q8_K, &x), "Q8_K into a used buffer");
 }
 
 #[test]
