@@ -2,6 +2,9 @@
 #![no_std]
 #![warn(missing_docs)]
 #![forbid(unsafe_op_in_unsafe_fn)]
+// The Hexagon kernel set (HVX inline asm and intrinsics, the hardware fma) needs nightly;
+// every other target builds on stable.
+#![cfg_attr(target_arch = "hexagon", feature(stdarch_hexagon, asm_experimental_arch, core_intrinsics), allow(internal_features))]
 
 #[cfg(not(target_endian = "little"))]
 compile_error!("keel-core reads GGUF and quant blocks as little-endian; big-endian targets are not supported");
@@ -11,6 +14,7 @@ pub mod gguf;
 pub mod parallel;
 pub mod quant;
 pub mod arena;
+pub mod attention;
 pub mod attn_tiled;
 pub mod chat;
 pub mod delta_net;

@@ -10,16 +10,21 @@ pub fn f32_at(bytes: &[u8], i: usize) -> f32 {
     f32::from_le_bytes([b[0], b[1], b[2], b[3]])
 }
 
-/// `out = x / sqrt(mean(x^2) + eps) * w` (w as raw little-endian f32 bytes).
-///
-/// The sum of squares is accumulated in f64 in index order, as ggml does.
-pub fn rms_norm(x: &[f32], w: &[u8], eps: f32, out: &mut [f32]) {
+/// `1 / sqrt(mean(x^2) + eps)`: the squares (rounded to f32) summed in f64 in index
+/// order, as ggml does, the mean rounded to f32, the root and reciprocal in f32.
+pub fn rms_scale(x: &[f32], eps: f32) -> f32 {
     let mut sum = 0.0f64;
     for &v in x {
         sum += (v * v) as f64;
     }
     let mean = (sum / x.len() as f64) as f32;
-    let scale = 1.0 / libm::sqrtf(mean + eps);
+    1.0 / libm::sqrtf(mean + eps)
+}
+
+/// `out = x / sqrt(mean(x^2) + eps) * w` (w as raw little-endian f32 bytes): `(x·scale)·w`
+/// with the scale of [`rms_scale`].
+pub fn rms_norm(x: &[f32], w: &[u8], eps: f32, out: &mut [f32]) {
+    let scale = rms_scale(x, eps);
     for (i, (o, &v)) in out.iter_mut().zip(x).enumerate() {
         *o = (v * scale) * f32_at(w, i);
     }
@@ -27,15 +32,43 @@ pub fn rms_norm(x: &[f32], w: &[u8], eps: f32, out: &mut [f32]) {
 
 /// [`rms_norm`] in place.
 pub fn rms_norm_in_place(x: &mut [f32], w: &[u8], eps: f32) {
-    let mut sum = 0.0f64;
-    for &v in x.iter() {
-        sum += (v * v) as f64;
-    }
-    let mean = (sum / x.len() as f64) as f32;
-    let scale = 1.0 / libm::sqrtf(mean + eps);
+    let scale = rms_scale(x, eps);
     for (i, v) in x.iter_mut().enumerate() {
         *v = (*v * scale) * f32_at(w, i);
     }
+}
+
+/// [`rms_norm_in_place`] with the weight as f32 values.
+pub fn rms_norm_weighted(x: &mut [f32], w: &[f32], eps: f32) {
+    let scale = rms_scale(x, eps);
+    for (v, &w) in x.iter_mut().zip(w) {
+        *v = (*v * scale) * w;
+    }
+}
+
+/// [`rms_norm`] without a weight, in place: `x · scale` (ggml's `rms_norm` op alone).
+pub fn rms_norm_unweighted(x: &mut [f32], eps: f32) {
+    let scale = rms_scale(x, eps);
+    for v in x.iter_mut() {
+        *v *= scale;
+    }
+}
+
+/// `x = softmax(x · scale)` of one row, in place: `m = max(x·scale)`, `e = expf(x·scale - m)`,
+/// the sum in f64 in index order, then `e · (1/sum)` (the reciprocal rounded to f32).
+pub fn softmax(x: &mut [f32], scale: f32) {
+    let mut m = f32::NEG_INFINITY;
+    for v in x.iter_mut() {
+        *v *= scale;
+        m = m.max(*v);
+    }
+    let mut sum = 0.0f64;
+    for v in x.iter_mut() {
+        *v = expf(*v - m);
+        sum += *v as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    x.iter_mut().for_each(|v| *v *= inv);
 }
 
 /// Fills `cs` with interleaved `(cos, sin)` of the RoPE angles for position `pos`:
@@ -237,6 +270,13 @@ pub fn geglu(gate: &mut [f32], up: &[f32]) {
 pub fn add_assign(x: &mut [f32], y: &[f32]) {
     for (a, &b) in x.iter_mut().zip(y) {
         *a += b;
+    }
+}
+
+/// `x *= y`.
+pub fn mul_assign(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a *= b;
     }
 }
 

@@ -9,6 +9,7 @@ use crate::error::Error;
 use crate::ggml_type::GgmlType;
 use crate::gguf::Gguf;
 use crate::matmul::{act_row_bytes, matmul_as, quantize_rows, SharedMut};
+use crate::attention::{attend_heads, KeySpan};
 use crate::attn_tiled;
 use crate::delta_net;
 use crate::model::{Attention, DeltaNet, FfnAct, HParams, Mixer, Model, RopeMode, Ssm, Tensor};
@@ -567,25 +568,17 @@ fn attention_block(hp: &HParams, l: usize, a: &Attention<'_>, act: &mut Act<'_>,
     act.project(par, WeightKind::O, &a.wo, &b.attn[..n * aw], n, out);
 }
 
-/// Keys per chunk of [`attention`]'s online softmax (scores and exponentials on the stack).
-const ATTN_CHUNK: usize = 64;
 /// Query heads sharing a KV head that [`attention`] computes together.
-pub(crate) const ATTN_HEADS: usize = 4;
+pub(crate) const ATTN_HEADS: usize = crate::attention::MAX_HEADS;
 
 /// Causal grouped-query attention of the `n` new tokens over one layer's cache, split
 /// by (token, heads) items — up to [`ATTN_HEADS`] query heads that share a KV head —
-/// dealt round-robin to at most `max_tasks` tasks, each with its own f16 scratch.
-///
-/// The arithmetic is llama.cpp's CPU flash attention (`one_chunk` path) operation for
-/// operation, per head: q rounded to f16; per key in order `s = dot(k, q)·scale` (f16
-/// dot order of `Kernels::f16_dot`); online softmax with the value accumulator in
-/// **f16** (on a new maximum `acc *= exp(old - max)`, else `vs = exp(s - max)`;
-/// `acc += v·vs` rounded to f16 each step; `sum = fma(sum, ms, vs)`); finally
-/// `out = f32(acc) · (1/sum)`. The heads of an item only share the key and value rows
-/// (loaded once for all of them); each head's operations are its own, so the grouping
-/// changes no bit. llama.cpp uses a different, tiled arithmetic for batches of 64 or
-/// more queries; keel always uses this one, so a position's output does not depend on
-/// the batch. With a sliding window a query at `pos` sees keys `pos - window + 1 ..= pos`.
+/// dealt round-robin to at most `max_tasks` tasks, each with its own f16 scratch; each
+/// item is one [`crate::attention::attend_heads`] call (its doc gives the arithmetic:
+/// llama.cpp's CPU flash attention, `one_chunk` path). llama.cpp uses a different,
+/// tiled arithmetic for batches of 64 or more queries; keel always uses this one, so a
+/// position's output does not depend on the batch. With a sliding window a query at
+/// `pos` sees keys `pos - window + 1 ..= pos`.
 #[allow(clippy::too_many_arguments)]
 fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32, out: &mut [f32], scratch: &mut [f16], max_tasks: usize, n: usize, par: &dyn Parallel) {
     let (hd, hdv) = (hp.head_dim, hp.head_dim_v);
@@ -608,11 +601,6 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32,
         // SAFETY: task t owns scratch slot t (tasks <= the n_threads slots planned).
         let s = unsafe { scratch.slice(t * per_task, per_task) };
         let (qh, acc) = s.split_at_mut(ATTN_HEADS * hd);
-        // A chunk's scores/exponents, new-maximum flags and row offsets (each chunk
-        // writes the part it reads).
-        let mut e = [0.0f32; ATTN_HEADS * ATTN_CHUNK];
-        let mut new_max = [false; ATTN_HEADS * ATTN_CHUNK];
-        let (mut koff, mut voff) = ([0usize; ATTN_CHUNK], [0usize; ATTN_CHUNK]);
         // Items dealt round-robin: a later token attends to more keys, so contiguous
         // ranges would leave the last task most of a prompt's work.
         for item in (t..items).step_by(tasks) {
@@ -622,41 +610,10 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32,
             let nh = (group - run * per_item).min(per_item);
             let pos = n_past + i;
             let first = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
-            for g in 0..nh {
-                kern.f32_to_f16(&q[i * qd + (h0 + g) * hd..][..hd], &mut qh[g * hd..(g + 1) * hd]);
-            }
-            acc[..nh * hdv].fill(f16::ZERO);
-            let (mut max, mut sum) = ([f32::NEG_INFINITY; ATTN_HEADS], [0.0f32; ATTN_HEADS]);
-            // Keys in chunks: the chunk's scores, then every exponent the online softmax
-            // will take (the running maximum depends only on the scores), exponentiated
-            // together (`expf_batch` gives `ops::expf`'s bits), then the accumulator
-            // updates in key order: the same operations on the same values as one key
-            // at a time.
-            let mut j0 = first;
-            while j0 <= pos {
-                let len = (pos + 1 - j0).min(ATTN_CHUNK);
-                let mut slot = j0 % rows;
-                for c in 0..len {
-                    (koff[c], voff[c]) = (slot * kd + kvh * hd, slot * vd + kvh * hdv);
-                    slot = if slot + 1 == rows { 0 } else { slot + 1 };
-                }
-                kern.f16_dot_keys_heads(kv_k, &koff[..len], &qh[..nh * hd], hd, nh, &mut e[..nh * len]);
-                for g in 0..nh {
-                    kern.softmax_scores(&mut e[g * len..(g + 1) * len], &mut new_max[g * len..(g + 1) * len], scale, &mut max[g]);
-                }
-                kern.expf_batch(&mut e[..nh * len]);
-                kern.f16_mad_keys_heads(&mut acc[..nh * hdv], hdv, nh, kv_v, &voff[..len], &new_max[..nh * len], &e[..nh * len], &mut sum[..nh]);
-                j0 += len;
-            }
-            for g in 0..nh {
-                // SAFETY: output (i, h0 + g) is written by exactly one task.
-                let o = unsafe { out.slice(i * out_w + (h0 + g) * hdv, hdv) };
-                kern.f16_to_f32(&acc[g * hdv..(g + 1) * hdv], o);
-                let inv = if sum[g] == 0.0 { 0.0 } else { 1.0 / sum[g] };
-                for v in o.iter_mut() {
-                    *v *= inv;
-                }
-            }
+            let span = KeySpan { len: pos + 1 - first, first_slot: first, ring: rows, k_base: kvh * hd, k_stride: kd, v_base: kvh * hdv, v_stride: vd };
+            // SAFETY: outputs (i, h0 .. h0 + nh) are written by exactly one task.
+            let o = unsafe { out.slice(i * out_w + h0 * hdv, nh * hdv) };
+            attend_heads(kern, &q[i * qd + h0 * hd..][..nh * hd], hd, hdv, kv_k, kv_v, span, scale, qh, acc, o);
         }
     });
 }
