@@ -21,16 +21,15 @@
 //!   error code (`error_code`, 0 when done), then every buffer's bytes after
 //!   the batch, in request order (each padded to 4).
 
+use keel_core::quant::tiles32::{self, quantize_act, ActBlock, TiledWeights};
 use keel_npu_hal::op::DType;
 use keel_npu_hal::wire::{self, BatchMsg, MAX_BUFFERS};
 use keel_npu_hal::{tile, BatchStatus, BufferId, ErrorKind, UnitState};
 
 use crate::exec::{run_batch, Buffers};
 use crate::msgloop::{caps, Measured};
-
-use crate::matvec::{matvec, TiledWeights};
-use crate::quantize::{quantize_block, ActBlock};
 use crate::scratch::Scratch;
+use crate::{kernels, tile_error};
 
 /// `b"KDSP"` read little-endian.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"KDSP");
@@ -203,15 +202,16 @@ fn matmul(rd: &mut Reader<'_>, work: &mut [u8], scratch: &mut [u8], w: &mut Writ
         4 => DType::IQ4NL,
         _ => return Err(ErrorKind::Unsupported),
     };
-    let (rows, k, n_cols, scratch_bytes) = (rd.u32()?, rd.u32()?, rd.u32()? as usize, rd.u32()? as usize);
-    let size = tile::packed_size(dtype, rows, k).ok_or(ErrorKind::InvalidArgument)?;
-    let nb = k as usize / 32;
-    let src_len = rows as usize * nb * dtype.block_bytes() as usize;
+    let (rows, k, n_cols, scratch_bytes) = (rd.u32()? as usize, rd.u32()? as usize, rd.u32()? as usize, rd.u32()? as usize);
+    let size = tile::packed_size(dtype, rows as u32, k as u32).ok_or(ErrorKind::InvalidArgument)?;
+    let nb = k / 32;
+    let src_len = rows * nb * dtype.block_bytes() as usize;
     let src = rd.bytes(src_len.next_multiple_of(4))?;
     let packed = work.get_mut(..size).ok_or(ErrorKind::OutOfMemory)?;
-    tile::repack(dtype, rows, k, &src[..src_len], packed)?;
+    tile::repack(dtype, rows as u32, k as u32, &src[..src_len], packed)?;
     let weights = TiledWeights { dtype, rows, k, packed };
 
+    let kern = kernels();
     let mut s = Scratch::new(scratch.get_mut(..scratch_bytes).ok_or(ErrorKind::OutOfMemory)?);
     let act_bytes = s.take(n_cols * nb * core::mem::size_of::<ActBlock>())?;
     // SAFETY: ActBlock is repr(C) of u32/i32/f32/u16 fields, valid for any bit
@@ -220,16 +220,17 @@ fn matmul(rd: &mut Reader<'_>, work: &mut [u8], scratch: &mut [u8], w: &mut Writ
     let acts = acts.get_mut(..n_cols * nb).ok_or(ErrorKind::OutOfMemory)?;
     for a in acts.iter_mut() {
         let x = rd.bytes(128)?;
-        *a = quantize_block(&core::array::from_fn(|j| f32::from_le_bytes([x[4 * j], x[4 * j + 1], x[4 * j + 2], x[4 * j + 3]])));
-        w.put(&a.ggml_bytes())?;
+        let x: [f32; 32] = core::array::from_fn(|j| f32::from_le_bytes([x[4 * j], x[4 * j + 1], x[4 * j + 2], x[4 * j + 3]]));
+        quantize_act(&kern, &x, core::slice::from_mut(a)).map_err(tile_error)?;
+        w.put(&a.to_q8_0())?;
     }
     w.pad4()?;
-    let rows = rows as usize;
     let (sums, outs) = w.take(n_cols * (nb + 1) * rows * 4)?.split_at_mut(n_cols * nb * rows * 4);
     let (sums, outs) = (as_words::<i32>(sums)?, as_words::<f32>(outs)?);
+    let free = s.take(s.remaining())?;
     for c in 0..n_cols {
         let (a, sums) = (&acts[c * nb..][..nb], &mut sums[c * nb * rows..][..nb * rows]);
-        matvec(&weights, a, &mut s.scope(), &mut outs[c * rows..][..rows], Some(sums))?;
+        tiles32::matvec(&kern, &weights, a, free, &mut outs[c * rows..][..rows], Some(sums)).map_err(tile_error)?;
     }
     Ok(())
 }

@@ -9,7 +9,6 @@ pub mod buffer;
 pub mod caps;
 pub mod device;
 pub mod error;
-pub mod f16;
 pub mod op;
 pub mod selftest;
 pub mod support;

@@ -40,6 +40,18 @@ impl DType {
             DType::I32 => 5,
         }
     }
+    /// ggml's number for this type (`ggml_type`: F32 0, F16 1, Q4_0 2, Q8_0 8, IQ4_NL 20,
+    /// I32 26), as GGUF files store it: how a host or firmware names the type to keel-core.
+    pub const fn ggml_type_id(self) -> u32 {
+        match self {
+            DType::F32 => 0,
+            DType::F16 => 1,
+            DType::Q4_0 => 2,
+            DType::Q8_0 => 8,
+            DType::IQ4NL => 20,
+            DType::I32 => 26,
+        }
+    }
     /// Elements per block (1 for plain types).
     pub const fn block_len(self) -> u32 {
         match self {

@@ -25,7 +25,6 @@
 //!    per tile: 11 % more than f16 for Q4_0).
 
 use crate::error::ErrorKind;
-use crate::f16::f16_to_f32;
 use crate::op::DType;
 
 /// Rows per tile (one int32 lane per row in a 128-byte HVX vector).
@@ -91,7 +90,7 @@ pub fn repack(dtype: DType, rows: u32, k: u32, src: &[u8], dst: &mut [u8]) -> Re
                     continue;
                 }
                 let blk = &src[(row * nb + b) * bb..][..bb];
-                let d = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
+                let d = half::f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
                 scales[si..si + 4].copy_from_slice(&d.to_le_bytes());
                 let q = &blk[2..];
                 for v in 0..t / 128 {

@@ -68,6 +68,9 @@ mod quantize;
 mod quantize_k;
 mod scalar;
 mod scalar_k;
+pub mod tiles32;
+#[cfg(target_arch = "hexagon")]
+mod hexagon;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod wasm32;
 #[cfg(target_arch = "x86_64")]
@@ -82,6 +85,8 @@ mod tests;
 mod tests_f16;
 #[cfg(test)]
 mod tests_k;
+#[cfg(test)]
+mod tests_tiles32;
 
 pub use blocks::{
     as_blocks, Block, BlockIq4Nl, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K,
@@ -114,6 +119,8 @@ pub struct Isa {
     pub neon_dotprod: bool,
     /// aarch64 int8 matrix multiply (not used yet).
     pub i8mm: bool,
+    /// Hexagon HVX with 128-byte vectors: the HVX Tiles32 kernels (`hexagon/`).
+    pub hvx: bool,
 }
 
 /// A row dot product: `n` elements of a weight row `w` (in the weight type) times an
@@ -238,12 +245,15 @@ pub struct Kernels {
     /// AVX-512 F/BW/VL (x86_64 with `avx2`; confirmed by CPUID).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     avx512: bool,
+    /// HVX Tiles32 kernels (Hexagon only).
+    #[cfg_attr(not(target_arch = "hexagon"), allow(dead_code))]
+    hvx: bool,
 }
 
 impl Kernels {
     /// The scalar reference only: bit-identical on every target.
     pub fn reference() -> Self {
-        Kernels { avx2: false, neon: false, sdot: false, fp16: false, vnni: false, avx512: false }
+        Kernels { avx2: false, neon: false, sdot: false, fp16: false, vnni: false, avx512: false, hvx: false }
     }
 
     /// The fastest kernels `isa` allows (and, on x86_64, CPUID confirms).
@@ -253,13 +263,18 @@ impl Kernels {
             let fp16 = isa.avx512_fp16 && x86::cpu_has_avx512_fp16();
             let avx512 = isa.avx512 && x86::cpu_has_avx512();
             let vnni = avx512 && isa.avx512_vnni && x86::cpu_has_avx512_vnni();
-            return Kernels { avx2: true, neon: false, sdot: false, fp16, vnni, avx512 };
+            return Kernels { avx2: true, neon: false, sdot: false, fp16, vnni, avx512, hvx: false };
         }
         // NEON is part of the target (the module is compiled only with it); `sdot` is
         // trusted from the host's report (no_std cannot ask the OS).
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
         if isa.neon {
-            return Kernels { avx2: false, neon: true, sdot: isa.neon_dotprod, fp16: false, vnni: false, avx512: false };
+            return Kernels { avx2: false, neon: true, sdot: isa.neon_dotprod, fp16: false, vnni: false, avx512: false, hvx: false };
+        }
+        // HVX is part of a Hexagon build's target features; the host says the unit is there.
+        #[cfg(target_arch = "hexagon")]
+        if isa.hvx {
+            return Kernels { hvx: true, ..Self::reference() };
         }
         let _ = isa;
         Self::reference()
@@ -267,7 +282,17 @@ impl Kernels {
 
     /// True if this is the scalar reference.
     pub fn is_reference(&self) -> bool {
-        !self.avx2 && !self.neon
+        !self.avx2 && !self.neon && !self.hvx
+    }
+
+    /// The Tiles32 block-sum kernels of this set ([`tiles32`]): HVX on Hexagon, else the
+    /// scalar reference (the same integers).
+    pub fn tile_sums(&self) -> tiles32::TileKernels {
+        #[cfg(target_arch = "hexagon")]
+        if self.hvx {
+            return hexagon::TILES;
+        }
+        tiles32::REFERENCE
     }
 
     /// A short name for logs: `"reference"`, `"avx2"`, `"avx2+fp16"` (AVX512-FP16 for the
@@ -286,6 +311,8 @@ impl Kernels {
             "neon-dotprod"
         } else if self.neon {
             "neon"
+        } else if self.hvx {
+            "hvx"
         } else {
             "reference"
         }

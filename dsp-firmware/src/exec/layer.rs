@@ -1,14 +1,17 @@
-//! The float ops of a layer: descriptors → [`crate::ops`] over slices. Every
-//! op here writes a contiguous F32 destination that is either its first source
-//! (in place) or disjoint from it: the first source is copied over first when
-//! they differ, then the op runs in place. Other sources must be disjoint.
+//! The float ops of a layer: descriptors → keel-core's ops (`keel_core::ops`,
+//! `keel_core::attention`) over slices, so the DSP computes the CPU's bits. Every op
+//! here writes a contiguous F32 destination that is either its first source (in place)
+//! or disjoint from it: the first source is copied over first when they differ, then
+//! the op runs in place. Other sources must be disjoint.
 
+use half::f16;
+use keel_core::attention::{attend_heads, KeySpan};
+use keel_core::ops;
 use keel_npu_hal::op::{DType, OpDesc, OpKind, TensorDesc};
 use keel_npu_hal::ErrorKind;
 
 use super::view::{contiguous, scratch_f32, words, words_mut, Tensors};
-use crate::ops::attention::{attend, attend_f16, Cache};
-use crate::ops::{act, norm, rope as rot};
+use crate::kernels;
 use crate::scratch::Scratch;
 
 /// The destination as F32, holding a copy of source `a` (or being it).
@@ -57,9 +60,18 @@ pub fn rms_norm(op: &OpDesc, ts: &Tensors<'_>, eps: f32) -> Result<(), ErrorKind
         Some(_) => Some(other(ts, d, ts.src(op, 1)?)?),
         None => None,
     };
+    let n = a.ne[0] as usize;
+    if w.is_some_and(|w| w.len() < n) {
+        return Err(ErrorKind::InvalidArgument);
+    }
     // SAFETY: the weight row was checked disjoint from d; the op's only view of d.
     let x = unsafe { dst_from(ts, d, a)? };
-    x.chunks_exact_mut(a.ne[0] as usize).for_each(|row| norm::rms_norm(row, w, eps));
+    for row in x.chunks_exact_mut(n) {
+        match w {
+            Some(w) => ops::rms_norm_weighted(row, &w[..n], eps),
+            None => ops::rms_norm_unweighted(row, eps),
+        }
+    }
     Ok(())
 }
 
@@ -73,11 +85,13 @@ pub fn binary(op: &OpDesc, ts: &Tensors<'_>) -> Result<(), ErrorKind> {
     let y = other(ts, d, b)?;
     // SAFETY: y was checked disjoint from d; the op's only view of d.
     let x = unsafe { dst_from(ts, d, a)? };
+    let kern = kernels();
     match op.kind {
-        OpKind::Add => act::add(x, y),
-        OpKind::Mul => act::mul(x, y),
-        OpKind::SwiGlu => act::swiglu(x, y),
-        OpKind::GeGlu => act::geglu(x, y),
+        OpKind::Add => x.chunks_mut(y.len()).for_each(|row| ops::add_assign(row, y)),
+        OpKind::Mul => x.chunks_mut(y.len()).for_each(|row| ops::mul_assign(row, y)),
+        OpKind::SwiGlu if y.len() == x.len() => kern.swiglu(x, y),
+        OpKind::GeGlu if y.len() == x.len() => kern.geglu(x, y),
+        OpKind::SwiGlu | OpKind::GeGlu => return Err(ErrorKind::InvalidArgument),
         _ => return Err(ErrorKind::Unsupported),
     }
     Ok(())
@@ -105,19 +119,23 @@ pub fn rope(op: &OpDesc, ts: &Tensors<'_>, n_dims: u16, mode: u8, base: f32, s: 
     // SAFETY: positions and table were checked disjoint from d; the op's only view of d.
     let x = unsafe { dst_from(ts, d, a)? };
     let (head_dim, n_head) = (a.ne[0] as usize, a.ne[1] as usize);
+    if n > head_dim || n % 2 != 0 || table.is_some_and(|tab| tab.len() < n * (x.len() / (head_dim * n_head).max(1))) {
+        return Err(ErrorKind::InvalidArgument);
+    }
     for (t, tok) in x.chunks_exact_mut(head_dim * n_head).enumerate() {
         let cs: &[f32] = match table {
             Some(tab) => &tab[t * n..][..n],
             None => {
-                rot::angles(pos[t], base, own);
+                let p = pos.get(t).and_then(|&p| usize::try_from(p).ok()).ok_or(ErrorKind::InvalidArgument)?;
+                ops::rope_angles(p, base, n, own);
                 own
             }
         };
         for head in tok.chunks_exact_mut(head_dim) {
             if mode == 2 {
-                rot::neox(head, cs);
+                ops::rope_neox(head, cs, n);
             } else {
-                rot::normal(head, cs);
+                ops::rope_normal(head, cs, n);
             }
         }
     }
@@ -125,35 +143,40 @@ pub fn rope(op: &OpDesc, ts: &Tensors<'_>, n_dims: u16, mode: u8, base: f32, s: 
 }
 
 /// Causal attention of Q `[head_dim, n_head, n_tokens]` over K, V
-/// `[head_dim, n_kv, n_head_kv]` (F32 or F16, strided) into dst (Q's shape,
-/// contiguous; may be Q itself). Query head `h` reads cache head
-/// `h / (n_head / n_head_kv)`; token `t` sees positions `0 ..= n_kv − n_tokens + t`.
+/// `[head_dim, n_kv, n_head_kv]` (F16 caches, any row strides, e.g. keel's
+/// position-major cache) into dst (Q's shape, contiguous; may be Q itself), one
+/// `keel_core::attention::attend_heads` call per query head (keel's CPU arithmetic).
+/// Query head `h` reads cache head `h / (n_head / n_head_kv)`; token `t` sees positions
+/// `0 ..= n_kv − n_tokens + t`.
 pub fn attention(op: &OpDesc, ts: &Tensors<'_>, n_head: u16, n_head_kv: u16, scale: f32, s: &mut Scratch<'_>) -> Result<(), ErrorKind> {
     let (q, k, v, d) = (ts.src(op, 0)?, ts.src(op, 1)?, ts.src(op, 2)?, ts.dst(op)?);
     let (head_dim, n_tokens, n_kv) = (q.ne[0] as usize, q.ne[2] as usize, k.ne[1] as usize);
-    let cache = |c: &TensorDesc| -> Result<Cache<'_>, ErrorKind> {
-        let f16 = c.dtype == DType::F16;
-        if c.nb[0] != c.dtype.block_bytes() {
+    // A cache as f16 elements with its position and head strides (in elements).
+    let cache = |c: &TensorDesc| -> Result<(&[f16], usize, usize), ErrorKind> {
+        if c.dtype != DType::F16 {
             return Err(ErrorKind::Unsupported);
+        }
+        if c.nb[0] != 2 || c.nb[1] % 2 != 0 || c.nb[2] % 2 != 0 || c.ne[0] as usize != head_dim || c.ne[1] as usize != n_kv {
+            return Err(ErrorKind::InvalidArgument);
         }
         ts.disjoint(d, c)?;
         // SAFETY: disjoint from the destination (checked).
-        Ok(Cache { bytes: unsafe { ts.bytes(c)? }, f16, pos_stride: c.nb[1] as usize, head_stride: c.nb[2] as usize })
+        let bytes = unsafe { ts.bytes(c)? };
+        Ok((words::<f16>(&bytes[..bytes.len() - bytes.len() % 2])?, c.nb[1] as usize / 2, c.nb[2] as usize / 2))
     };
-    let (kc, vc) = (cache(k)?, cache(v)?);
-    if q.nb[0] != 4 || !contiguous(d) {
+    let ((kc, kps, khs), (vc, vps, vhs)) = (cache(k)?, cache(v)?);
+    if q.nb[0] != 4 || !contiguous(d) || n_head_kv == 0 || n_head % n_head_kv != 0 || n_tokens > n_kv {
         return Err(ErrorKind::Unsupported);
     }
     let same = ts.same_or_disjoint(d, q)?;
     let (qbuf, obuf) = (scratch_f32(s, head_dim)?, scratch_f32(s, head_dim)?);
-    let f16 = kc.f16 && vc.f16;
-    let (qh, acc) = if f16 { (scratch_f32(s, head_dim)?, scratch_f32(s, head_dim)?) } else { (&mut [][..], &mut [][..]) };
+    let (qh, acc) = (scratch_f16(s, head_dim)?, scratch_f16(s, head_dim)?);
     // Q, when it is not the destination: copied head by head into qbuf below.
     // SAFETY: disjoint from the destination (checked by same_or_disjoint).
     let qbytes = if same { None } else { Some(unsafe { ts.bytes(q)? }) };
     // SAFETY: the destination overlaps neither cache (checked) and Q only if it is Q.
     let out = words_mut::<f32>(unsafe { ts.bytes_mut(d)? })?;
-    let group = usize::from(n_head / n_head_kv);
+    let (group, kern) = (usize::from(n_head / n_head_kv), kernels());
     for t in 0..n_tokens {
         let n_pos = n_kv - n_tokens + t + 1;
         for h in 0..usize::from(n_head) {
@@ -161,17 +184,24 @@ pub fn attention(op: &OpDesc, ts: &Tensors<'_>, n_head: u16, n_head_kv: u16, sca
             match qbytes {
                 Some(qb) => {
                     let at = t * q.nb[2] as usize + h * q.nb[1] as usize;
-                    qbuf.copy_from_slice(words::<f32>(&qb[at..at + 4 * head_dim])?);
+                    qbuf.copy_from_slice(words::<f32>(qb.get(at..at + 4 * head_dim).ok_or(ErrorKind::InvalidArgument)?)?);
                 }
-                None => qbuf.copy_from_slice(&out[o..o + head_dim]),
+                None => qbuf.copy_from_slice(out.get(o..o + head_dim).ok_or(ErrorKind::InvalidArgument)?),
             }
-            if f16 {
-                attend_f16(qbuf, &kc, &vc, h / group, n_pos, scale, qh, acc, obuf);
-            } else {
-                attend(qbuf, &kc, &vc, h / group, n_pos, scale, obuf);
+            let kvh = h / group;
+            let span = KeySpan { len: n_pos, first_slot: 0, ring: n_kv, k_base: kvh * khs, k_stride: kps, v_base: kvh * vhs, v_stride: vps };
+            let last = |base: usize, stride: usize| base + (n_pos - 1) * stride + head_dim;
+            if last(span.k_base, kps) > kc.len() || last(span.v_base, vps) > vc.len() {
+                return Err(ErrorKind::InvalidArgument);
             }
+            attend_heads(&kern, qbuf, head_dim, head_dim, kc, vc, span, scale, qh, acc, obuf);
             out[o..o + head_dim].copy_from_slice(obuf);
         }
     }
     Ok(())
+}
+
+/// `n` f16 of scratch.
+fn scratch_f16<'s>(s: &mut Scratch<'s>, n: usize) -> Result<&'s mut [f16], ErrorKind> {
+    words_mut::<f16>(s.take(2 * n)?)
 }

@@ -7,7 +7,10 @@
 //! - [`products`]: `MatMul` (Tiles32 Q8_0/Q4_0/IQ4_NL weights by F32 columns,
 //!   quantized to Q8_0 here, or by Q8_0 columns), `Quantize`, `GetRows`, `Copy`.
 //! - [`layer`]: the float ops (`RmsNorm`, `Rope`, `Attention`, `Softmax`,
-//!   `Silu`, `Gelu`, `SwiGlu`, `GeGlu`, `Add`, `Mul`) over [`crate::ops`].
+//!   `Silu`, `Gelu`, `SwiGlu`, `GeGlu`, `Add`, `Mul`).
+//!
+//! Every value is computed by keel-core (`keel_core::ops`, `keel_core::attention`,
+//! `keel_core::quant`), so the DSP gives the CPU's bits.
 //! - [`view`]: tensors as byte ranges and slices, and the aliasing rules: a
 //!   destination is either disjoint from a source or the very same tensor
 //!   (in place); anything else is `InvalidArgument`.
@@ -16,6 +19,7 @@ mod layer;
 mod products;
 mod view;
 
+use keel_core::ops;
 use keel_npu_hal::op::{OpKind, Support};
 use keel_npu_hal::support::check_op;
 use keel_npu_hal::wire::{BatchMsg, MAX_BUFFERS};
@@ -64,9 +68,9 @@ pub fn run_batch(msg: &BatchMsg, buffers: &impl Buffers, caps: &Caps, scratch: &
             OpKind::GetRows => products::get_rows(op, &ts),
             OpKind::Copy => products::copy(op, &ts),
             OpKind::RmsNorm { eps } => layer::rms_norm(op, &ts, eps),
-            OpKind::Softmax { scale } => layer::unary(op, &ts, |row| crate::ops::norm::softmax(row, scale)),
-            OpKind::Silu => layer::unary(op, &ts, crate::ops::act::silu_in_place),
-            OpKind::Gelu => layer::unary(op, &ts, crate::ops::act::gelu_in_place),
+            OpKind::Softmax { scale } => layer::unary(op, &ts, |row| ops::softmax(row, scale)),
+            OpKind::Silu => layer::unary(op, &ts, |row| row.iter_mut().for_each(|v| *v = ops::silu(*v))),
+            OpKind::Gelu => layer::unary(op, &ts, |row| row.iter_mut().for_each(|v| *v = ops::gelu_tanh(*v))),
             OpKind::SwiGlu | OpKind::GeGlu | OpKind::Add | OpKind::Mul => layer::binary(op, &ts),
             OpKind::Rope { n_dims, mode, freq_base } => layer::rope(op, &ts, n_dims, mode, freq_base, s),
             OpKind::Attention { n_head, n_head_kv, scale } => layer::attention(op, &ts, n_head, n_head_kv, scale, s),

@@ -1,17 +1,18 @@
-//! Matrix products and data movement: `MatMul`, `Quantize`, `GetRows`, `Copy`.
+//! Matrix products and data movement: `MatMul`, `Quantize`, `GetRows`, `Copy`, each a
+//! call into keel-core (`quant::tiles32`, `Kernels`): the firmware only resolves the
+//! tensors and hands out scratch.
 
-use keel_npu_hal::f16::f16_to_f32;
+use half::f16;
+use keel_core::quant::tiles32::{self, quantize_act, ActBlock, TiledWeights};
 use keel_npu_hal::op::{DType, OpDesc};
 use keel_npu_hal::ErrorKind;
 
 use super::view::{contiguous, words, words_mut, Tensors};
-use crate::matvec::{matvec, TiledWeights};
-use crate::ops::rows::{dequantize_row, store_f16};
-use crate::quantize::{quantize_row, ActBlock};
 use crate::scratch::{Scratch, ALIGN};
+use crate::{ggml_type, kernels, tile_error};
 
-/// `dst[col] = W · x[col]`: W in Tiles32 (Q8_0, Q4_0, IQ4_NL); x F32 (each
-/// column quantized to Q8_0 here, into scratch) or Q8_0 ggml blocks already.
+/// `dst[col] = W · x[col]`: W in Tiles32 (Q8_0, Q4_0, IQ4_NL); x F32 (each column
+/// quantized to Q8_0 here, into scratch, by keel-core's rule) or Q8_0 ggml blocks.
 pub fn matmul(op: &OpDesc, ts: &Tensors<'_>, scratch: &mut Scratch<'_>) -> Result<(), ErrorKind> {
     let (w, x, d) = (ts.src(op, 0)?, ts.src(op, 1)?, ts.dst(op)?);
     if !contiguous(x) || !contiguous(d) {
@@ -24,6 +25,7 @@ pub fn matmul(op: &OpDesc, ts: &Tensors<'_>, scratch: &mut Scratch<'_>) -> Resul
     }
     let (k, rows, cols) = (x.ne[0] as usize, w.ne[1] as usize, x.ne[1] as usize);
     let nb = k / 32;
+    let kern = kernels();
 
     // The columns as Q8_0 blocks in the kernels' form, in scratch (VTCM).
     let act_bytes = scratch.take(cols * nb * core::mem::size_of::<ActBlock>())?;
@@ -36,29 +38,27 @@ pub fn matmul(op: &OpDesc, ts: &Tensors<'_>, scratch: &mut Scratch<'_>) -> Resul
     match x.dtype {
         DType::F32 => {
             for (col, a) in words::<f32>(xb)?.chunks_exact(k).zip(acts.chunks_exact_mut(nb.max(1))) {
-                quantize_row(col, a);
+                quantize_act(&kern, col, a).map_err(tile_error)?;
             }
         }
         DType::Q8_0 => {
             for (a, blk) in acts.iter_mut().zip(xb.chunks_exact(34)) {
-                let d16 = u16::from_le_bytes([blk[0], blk[1]]);
-                let words = core::array::from_fn(|i| u32::from_le_bytes([blk[2 + 4 * i], blk[3 + 4 * i], blk[4 + 4 * i], blk[5 + 4 * i]]));
-                let sum = blk[2..].iter().map(|&q| i32::from(q as i8)).sum();
-                *a = ActBlock { words, sum, d: f16_to_f32(d16), d16 };
+                *a = ActBlock::from_q8_0(blk.try_into().map_err(|_| ErrorKind::InvalidArgument)?);
             }
         }
         _ => return Err(ErrorKind::Unsupported),
     }
     // SAFETY: d overlaps neither source (checked): the only view of its bytes.
     let out = words_mut::<f32>(unsafe { ts.bytes_mut(d)? })?;
-    let weights = TiledWeights { dtype: w.dtype, rows: rows as u32, k: k as u32, packed };
+    let weights = TiledWeights { dtype: w.dtype, rows, k, packed };
+    let free = scratch.take(scratch.remaining())?;
     for (c, o) in out.chunks_exact_mut(rows).enumerate() {
-        matvec(&weights, &acts[c * nb..][..nb], &mut scratch.scope(), o, None)?;
+        tiles32::matvec(&kern, &weights, &acts[c * nb..][..nb], free, o, None).map_err(tile_error)?;
     }
     Ok(())
 }
 
-/// F32 rows → Q8_0 ggml blocks (f16 d, 32 × i8), keel's CPU rule.
+/// F32 rows → Q8_0 ggml blocks (f16 d, 32 × i8), keel-core's activation rule.
 pub fn quantize(op: &OpDesc, ts: &Tensors<'_>) -> Result<(), ErrorKind> {
     let (x, d) = (ts.src(op, 0)?, ts.dst(op)?);
     if !contiguous(x) || !contiguous(d) {
@@ -67,15 +67,12 @@ pub fn quantize(op: &OpDesc, ts: &Tensors<'_>) -> Result<(), ErrorKind> {
     ts.disjoint(d, x)?;
     // SAFETY: x and d are disjoint (checked); d's view is the only mutable one.
     let (xv, out) = unsafe { (words::<f32>(ts.bytes(x)?)?, ts.bytes_mut(d)?) };
-    let mut blk = [ActBlock::default()];
-    for (v, o) in xv.chunks_exact(32).zip(out.chunks_exact_mut(34)) {
-        quantize_row(v, &mut blk);
-        o.copy_from_slice(&blk[0].ggml_bytes());
-    }
-    Ok(())
+    let n = xv.len() - xv.len() % 32;
+    let out = out.get_mut(..n / 32 * 34).ok_or(ErrorKind::InvalidArgument)?;
+    kernels().quantize_activations(keel_core::ggml_type::GgmlType::Q8_0, &xv[..n], out).map_err(|_| ErrorKind::InvalidArgument)
 }
 
-/// `dst[i] = row idx[i] of src0`, dequantized to F32 (embedding lookup).
+/// `dst[i] = row idx[i] of src0`, dequantized to F32 (embedding lookup) by keel-core.
 pub fn get_rows(op: &OpDesc, ts: &Tensors<'_>) -> Result<(), ErrorKind> {
     let (a, idx, d) = (ts.src(op, 0)?, ts.src(op, 1)?, ts.dst(op)?);
     if !contiguous(idx) || !contiguous(d) || a.ne[2] != 1 || a.ne[3] != 1 {
@@ -83,18 +80,21 @@ pub fn get_rows(op: &OpDesc, ts: &Tensors<'_>) -> Result<(), ErrorKind> {
     }
     ts.disjoint(d, a)?;
     ts.disjoint(d, idx)?;
+    let ty = ggml_type(a.dtype)?;
     let row_bytes = a.dtype.row_bytes(a.ne[0]).ok_or(ErrorKind::InvalidArgument)? as usize;
     // SAFETY: d overlaps neither source (checked): its view is the only mutable one.
     let (src, ids, out) = unsafe { (ts.bytes(a)?, words::<i32>(ts.bytes(idx)?)?, words_mut::<f32>(ts.bytes_mut(d)?)?) };
+    let kern = kernels();
     for (&i, o) in ids.iter().zip(out.chunks_exact_mut(a.ne[0] as usize)) {
         let r = usize::try_from(i).ok().filter(|&r| r < a.ne[1] as usize).ok_or(ErrorKind::InvalidArgument)?;
         let at = r * a.nb[1] as usize;
-        dequantize_row(a.dtype, &src[at..at + row_bytes], o)?;
+        kern.dequantize_row(ty, &src[at..at + row_bytes], o).map_err(|_| ErrorKind::Unsupported)?;
     }
     Ok(())
 }
 
-/// F32 → F32 or F16, same shape, either side strided (rows contiguous).
+/// F32 → F32 or F16 (keel-core's conversion, round to nearest even), same shape,
+/// either side strided (rows contiguous).
 pub fn copy(op: &OpDesc, ts: &Tensors<'_>) -> Result<(), ErrorKind> {
     let (x, d) = (ts.src(op, 0)?, ts.dst(op)?);
     let es = d.dtype.block_bytes() as usize;
@@ -106,7 +106,7 @@ pub fn copy(op: &OpDesc, ts: &Tensors<'_>) -> Result<(), ErrorKind> {
     }
     // SAFETY: disjoint (checked); d's view is the only mutable one.
     let (src, out) = unsafe { (ts.bytes(x)?, ts.bytes_mut(d)?) };
-    let n0 = x.ne[0] as usize;
+    let (n0, kern) = (x.ne[0] as usize, kernels());
     for i3 in 0..x.ne[3] as usize {
         for i2 in 0..x.ne[2] as usize {
             for i1 in 0..x.ne[1] as usize {
@@ -114,7 +114,7 @@ pub fn copy(op: &OpDesc, ts: &Tensors<'_>) -> Result<(), ErrorKind> {
                 let row = words::<f32>(&src[off(x)..off(x) + 4 * n0])?;
                 let o = &mut out[off(d)..off(d) + es * n0];
                 if es == 2 {
-                    store_f16(row, o);
+                    kern.f32_to_f16(row, words_mut::<f16>(o)?);
                 } else {
                     o.iter_mut().zip(row.iter().flat_map(|v| v.to_le_bytes())).for_each(|(o, b)| *o = b);
                 }

@@ -103,6 +103,7 @@ pub fn contiguous(t: &TensorDesc) -> bool {
 pub trait Word: Copy {}
 impl Word for f32 {}
 impl Word for i32 {}
+impl Word for half::f16 {}
 
 /// Bytes as 4-byte words; `InvalidArgument` if misaligned or ragged.
 pub fn words<T: Word>(b: &[u8]) -> Result<&[T], ErrorKind> {

@@ -13,7 +13,6 @@ use keel_core::ggml_type::GgmlType;
 use keel_core::quant::Kernels;
 use keel_host_linux::device::{HexagonSim, SimConfig};
 use keel_npu_hal::device::{BatchStatus, Queue, SharedBuffers};
-use keel_npu_hal::f16::f32_to_f16;
 use keel_npu_hal::op::{Batch, BufferRef, DType, Layout, OpDesc, OpKind, TensorDesc};
 use keel_npu_hal::{tile, BufferId};
 
@@ -65,7 +64,7 @@ pub fn weights(t: DType, rows: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
     let mut v = Vec::new();
     for _ in 0..rows * k / 32 {
         let d = rng.f32() * [1e-3, 0.02, 0.5, 4.0][(rng.u32() % 4) as usize];
-        v.extend_from_slice(&f32_to_f16(d).to_le_bytes());
+        v.extend_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
         (0..t.block_bytes() - 2).for_each(|_| v.push(rng.u32() as u8));
     }
     v
@@ -93,7 +92,7 @@ fn wq(t: DType, blk: &[u8], j: usize) -> i32 {
 }
 
 fn f16(b: &[u8]) -> f32 {
-    keel_npu_hal::f16::f16_to_f32(u16::from_le_bytes([b[0], b[1]]))
+    half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
 }
 
 /// keel-core's scalar reference (quantize each column to Q8_0, dot each row),

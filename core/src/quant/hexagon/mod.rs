@@ -1,0 +1,170 @@
+//! keel-core's Hexagon kernel set: HVX integer kernels over Tiles32 weights (layout and
+//! contract: [`super::tiles32`]), registered as [`TILES`] and chosen by
+//! [`super::Kernels::new`] when the host reports HVX (`Isa::hvx`) on a Hexagon build
+//! with 128-byte HVX vectors. Everything else (scales, quantization, float ops) is
+//! keel-core's common code, so a product on the DSP equals the CPU's bit for bit.
+//!
+//! One call handles one K-block for a run of 32-row groups: it holds the block's 8
+//! activation words in scalar registers and streams the groups' tiles through
+//! `vrmpy(Vu.ub, Rt.b)` (uint8×int8 → int32, one lane per row). The sums are raw (see
+//! `tiles32`): the caller subtracts `bias·Σa` in its scalar scale pass.
+//!
+//! The Q8_0 loop is hand-scheduled (inline asm): 8 packets per 1024-byte tile, each
+//! `{ vector load .cur; vrmpy }`, the store riding in the last one, which is the bound of
+//! one vector load per packet. Q4_0 (`q4_0.rs`) is hand-pipelined too: 6 packets per
+//! 512-byte tile, its floor. IQ4_NL (`iq4_nl.rs`) turns code bytes into table values
+//! with `vlut32` (one per packet, its bound): 8 packets per tile, hand-pipelined the
+//! same way.
+//!
+//! Feature `broken-hvx-zeros` (tests only) makes every result zero, as a fused-off unit
+//! would, so that the DSP's open-time self-test can be seen to refuse such a build.
+
+use core::arch::hexagon::v128::{HvxVector, Q6_V_vsplat_R};
+
+use super::tiles32::{TileKernels, ALIGN};
+
+mod iq4_nl;
+mod q4_0;
+
+/// The HVX kernels as a Tiles32 kernel set.
+pub(crate) const TILES: TileKernels = TileKernels { q8_0: q8_0_sums, q8_0_lanes: q8_0_lanes, q4_0: q4_0_sums, iq4_nl: iq4_nl_sums };
+
+/// Checks a safe call's slices (the kernels' contract) and runs `kernel` on them.
+#[inline(always)]
+fn call(kernel: unsafe fn(*const HvxVector, usize, &[u32; 8], *mut HvxVector), tile_bytes: usize, out_words: usize, tiles: &[u8], n_groups: usize, a: &[u32; 8], out: &mut [i32]) {
+    assert!(
+        tiles.len() >= n_groups * tile_bytes
+            && out.len() >= n_groups * out_words
+            && tiles.as_ptr().align_offset(ALIGN) == 0
+            && out.as_ptr().align_offset(ALIGN) == 0,
+        "HVX tile kernel: slices too short or not 128-byte aligned"
+    );
+    // SAFETY: `tiles` holds `n_groups` tiles and `out` `n_groups·out_words` int32s,
+    // both 128-byte aligned (checked above); this module is compiled only with 128-byte
+    // HVX enabled.
+    unsafe { kernel(tiles.as_ptr() as *const HvxVector, n_groups, a, out.as_mut_ptr() as *mut HvxVector) }
+}
+
+fn q8_0_sums(tiles: &[u8], n_groups: usize, a: &[u32; 8], out: &mut [i32]) {
+    call(q8_0_block_sums, 1024, 32, tiles, n_groups, a, out)
+}
+
+fn q8_0_lanes(tiles: &[u8], n_groups: usize, a: &[u32; 8], out: &mut [i32]) {
+    call(q8_0_lane_sums, 1024, 256, tiles, n_groups, a, out)
+}
+
+fn q4_0_sums(tiles: &[u8], n_groups: usize, a: &[u32; 8], out: &mut [i32]) {
+    call(q4_0::q4_0_block_sums, 512, 32, tiles, n_groups, a, out)
+}
+
+fn iq4_nl_sums(tiles: &[u8], n_groups: usize, a: &[u32; 8], out: &mut [i32]) {
+    call(iq4_nl::iq4_nl_block_sums, 512, 32, tiles, n_groups, a, out)
+}
+
+use core::arch::asm;
+
+/// With feature `broken-hvx-zeros`: zeroes the `n` result vectors at `out`, as a
+/// fused-off vector unit would leave them.
+///
+/// # Safety
+/// `out` points to `n` writable, 128-byte aligned vectors.
+#[inline(always)]
+unsafe fn broken_zeros(out: *mut HvxVector, n: usize) {
+    if cfg!(feature = "broken-hvx-zeros") {
+        for g in 0..n {
+            // SAFETY: inside the `n` vectors the caller guarantees.
+            unsafe { *out.add(g) = Q6_V_vsplat_R(0) };
+        }
+    }
+}
+
+/// Raw block sums of `n_groups` Q8_0 tiles for one activation block.
+///
+/// # Safety
+/// `tiles` points to `n_groups · 1024` readable bytes and `out` to `n_groups · 128`
+/// writable bytes, both 128-byte aligned; HVX (128-byte mode) is enabled.
+#[inline(never)]
+pub(super) unsafe fn q8_0_block_sums(tiles: *const HvxVector, n_groups: usize, a: &[u32; 8], out: *mut HvxVector) {
+    if n_groups == 0 {
+        return;
+    }
+    let [a0, a1, a2, a3, a4, a5, a6, a7] = *a;
+    // SAFETY: reads n_groups·8 vectors from `tiles` and writes n_groups vectors
+    // to `out` (the caller guarantees both, aligned); clobbers only v0/v1 and
+    // hardware loop 0 (LC0/SA0), which no caller keeps live across this
+    // non-inlined call. One packet per 128 weight bytes: a .cur load feeding
+    // its vrmpy; the result is stored (.new) in the last packet of the tile.
+    unsafe {
+        asm!(
+            "loop0(2f, {n})",
+            ".falign",
+            "2:",
+            "{{ v0.cur = vmem({t}++#1); v1.w = vrmpy(v0.ub, {a0}.b) }}",
+            "{{ v0.cur = vmem({t}++#1); v1.w += vrmpy(v0.ub, {a1}.b) }}",
+            "{{ v0.cur = vmem({t}++#1); v1.w += vrmpy(v0.ub, {a2}.b) }}",
+            "{{ v0.cur = vmem({t}++#1); v1.w += vrmpy(v0.ub, {a3}.b) }}",
+            "{{ v0.cur = vmem({t}++#1); v1.w += vrmpy(v0.ub, {a4}.b) }}",
+            "{{ v0.cur = vmem({t}++#1); v1.w += vrmpy(v0.ub, {a5}.b) }}",
+            "{{ v0.cur = vmem({t}++#1); v1.w += vrmpy(v0.ub, {a6}.b) }}",
+            "{{ v0.cur = vmem({t}++#1); v1.w += vrmpy(v0.ub, {a7}.b); vmem({o}++#1) = v1.new }}:endloop0",
+            n = in(reg) n_groups,
+            t = inout(reg) tiles => _,
+            o = inout(reg) out => _,
+            a0 = in(reg) a0, a1 = in(reg) a1, a2 = in(reg) a2, a3 = in(reg) a3,
+            a4 = in(reg) a4, a5 = in(reg) a5, a6 = in(reg) a6, a7 = in(reg) a7,
+            out("v0") _, out("v1") _,
+            options(nostack),
+        );
+    }
+    // SAFETY: the `n_groups` result vectors the caller guarantees.
+    unsafe { broken_zeros(out, n_groups) };
+}
+
+/// Raw *lane* sums of `n_groups` Q8_0 tiles for one activation block: for group `g`
+/// and lane `l` (inputs `4l..4l+4` of the block), vector `8g + l` of `out` holds one
+/// int32 per row, `Σ u·a` over those 4 inputs (`u = q + 128`). These are the 8 lanes
+/// llama.cpp's x86 Q8_0 dot (and keel's CPU) accumulate separately before their
+/// horizontal sum; `tiles32::matvec` applies the scales in that order.
+///
+/// Same packets as [`q8_0_block_sums`] (one vector load and one `vrmpy` per packet,
+/// 1.0 packet per 128 weight bytes), each packet also storing its result.
+///
+/// # Safety
+/// `tiles` points to `n_groups · 1024` readable bytes and `out` to `n_groups · 1024`
+/// writable bytes, both 128-byte aligned; HVX (128-byte mode) is enabled.
+#[inline(never)]
+pub(super) unsafe fn q8_0_lane_sums(tiles: *const HvxVector, n_groups: usize, a: &[u32; 8], out: *mut HvxVector) {
+    if n_groups == 0 {
+        return;
+    }
+    let [a0, a1, a2, a3, a4, a5, a6, a7] = *a;
+    // SAFETY: reads n_groups·8 vectors from `tiles` and writes n_groups·8 vectors
+    // to `out` (the caller guarantees both, aligned); clobbers only v0/v1 and
+    // hardware loop 0 (LC0/SA0), which no caller keeps live across this
+    // non-inlined call. Each packet: a .cur load feeding its vrmpy, whose result
+    // is stored (.new) in the same packet.
+    unsafe {
+        asm!(
+            "loop0(2f, {n})",
+            ".falign",
+            "2:",
+            "{{ v0.cur = vmem({t}++#1); v1.w = vrmpy(v0.ub, {a0}.b); vmem({o}++#1) = v1.new }}",
+            "{{ v0.cur = vmem({t}++#1); v1.w = vrmpy(v0.ub, {a1}.b); vmem({o}++#1) = v1.new }}",
+            "{{ v0.cur = vmem({t}++#1); v1.w = vrmpy(v0.ub, {a2}.b); vmem({o}++#1) = v1.new }}",
+            "{{ v0.cur = vmem({t}++#1); v1.w = vrmpy(v0.ub, {a3}.b); vmem({o}++#1) = v1.new }}",
+            "{{ v0.cur = vmem({t}++#1); v1.w = vrmpy(v0.ub, {a4}.b); vmem({o}++#1) = v1.new }}",
+            "{{ v0.cur = vmem({t}++#1); v1.w = vrmpy(v0.ub, {a5}.b); vmem({o}++#1) = v1.new }}",
+            "{{ v0.cur = vmem({t}++#1); v1.w = vrmpy(v0.ub, {a6}.b); vmem({o}++#1) = v1.new }}",
+            "{{ v0.cur = vmem({t}++#1); v1.w = vrmpy(v0.ub, {a7}.b); vmem({o}++#1) = v1.new }}:endloop0",
+            n = in(reg) n_groups,
+            t = inout(reg) tiles => _,
+            o = inout(reg) out => _,
+            a0 = in(reg) a0, a1 = in(reg) a1, a2 = in(reg) a2, a3 = in(reg) a3,
+            a4 = in(reg) a4, a5 = in(reg) a5, a6 = in(reg) a6, a7 = in(reg) a7,
+            out("v0") _, out("v1") _,
+            options(nostack),
+        );
+    }
+    // SAFETY: the `8·n_groups` result vectors the caller guarantees.
+    unsafe { broken_zeros(out, n_groups * 8) };
+}

@@ -1,0 +1,342 @@
+//! The "Tiles32" weight layout of the HVX matrix products, and those products.
+//!
+//! Owns: the layout and the repack of ggml rows into it (done once, at load, by the
+//! host), the Q8_0 activation block in the form the kernels take ([`ActBlock`]), the
+//! block-sum kernels' contract and their scalar reference, and the matrix-vector
+//! product ([`matvec`]) that turns block sums into outputs with exactly the operations
+//! of keel's row dots ([`Kernels::dot_fn`]): a product over Tiles32 equals the CPU's
+//! dot bit for bit, whichever kernel set computes the integer sums. The Hexagon kernel
+//! set (`quant/hexagon/`) supplies HVX block sums through [`Kernels::tile_sums`].
+//!
+//! The layout itself (tiles of 32 rows × one 32-element block, block-major, then f32
+//! scales) and the repack belong to the HAL, which devices and hosts share:
+//! [`keel_npu_hal::tile`].
+//!
+//! Block sums are *raw*: the kernels multiply unsigned weight codes (`u = w + bias`:
+//! Q8_0 `q + 128`, Q4_0 the code `0..15`, IQ4_NL `kvalues[code] + 128`) by the signed
+//! activation quants, and [`matvec`] subtracts `bias·Σa` (exact int32) before scaling.
+
+use half::f16;
+use keel_npu_hal::op::DType;
+use keel_npu_hal::tile;
+
+use super::blocks::KVALUES_IQ4NL;
+use super::Kernels;
+use crate::ggml_type::GgmlType;
+
+/// Alignment of packed weights and of the kernels' scratch (one HVX vector).
+pub const ALIGN: usize = 128;
+/// Offset of the Q8_0 tile codes (`u = q + 128`).
+pub const Q8_0_BIAS: i32 = 128;
+/// Offset of the Q4_0 codes (`x = d·(u − 8)`).
+pub const Q4_0_BIAS: i32 = 8;
+/// Offset of the IQ4_NL table values the kernels multiply (`u = kvalues[code] + 128`).
+pub const IQ4_NL_BIAS: i32 = 128;
+
+/// Why a Tiles32 operation was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TileError {
+    /// The type has no tile layout (only Q8_0, Q4_0 and IQ4_NL have).
+    Unsupported,
+    /// A shape or a length does not fit (k not a multiple of 32, a slice of the wrong
+    /// size, packed weights not [`ALIGN`]-aligned).
+    Shape,
+    /// The scratch is too small for one row group.
+    Scratch,
+}
+
+/// Raw block sums of `n_groups` 32-row groups' tiles of one block (`tiles`: the
+/// groups' tiles, adjacent) by one activation block (`a`: its 32 quants as 8
+/// little-endian words): `out[32g + r] = Σ u·a` over the block's 32 inputs of row
+/// `32g + r`. `tiles` and `out` are [`ALIGN`]-aligned (the HVX kernels' vector loads and
+/// stores), `tiles` holds `n_groups` tiles and `out` at least `32·n_groups` sums.
+pub type TileSumsFn = fn(tiles: &[u8], n_groups: usize, a: &[u32; 8], out: &mut [i32]);
+
+/// Raw *lane* sums of `n_groups` Q8_0 tiles by one activation block: for group `g` and
+/// lane `l` (inputs `4l..4l+4` of the block), `out[(8g + l)·32 + r] = Σ u·a` over
+/// those 4 inputs of row `32g + r`: the 8 lanes llama.cpp's x86 Q8_0 dot (and keel's)
+/// accumulate separately. Alignment as [`TileSumsFn`]; `out` holds `256·n_groups`.
+pub type LaneSumsFn = fn(tiles: &[u8], n_groups: usize, a: &[u32; 8], out: &mut [i32]);
+
+/// The kernels of one kernel set for Tiles32 weights.
+#[derive(Clone, Copy, Debug)]
+pub struct TileKernels {
+    /// Block sums of Q8_0 tiles.
+    pub q8_0: TileSumsFn,
+    /// Lane sums of Q8_0 tiles.
+    pub q8_0_lanes: LaneSumsFn,
+    /// Block sums of Q4_0 tiles.
+    pub q4_0: TileSumsFn,
+    /// Block sums of IQ4_NL tiles.
+    pub iq4_nl: TileSumsFn,
+}
+
+/// The scalar reference kernels (the same integers as every other set).
+pub const REFERENCE: TileKernels = TileKernels { q8_0: ref_q8_0_sums, q8_0_lanes: ref_q8_0_lane_sums, q4_0: ref_q4_0_sums, iq4_nl: ref_iq4_nl_sums };
+
+/// One Q8_0 activation block in the form the kernels take.
+#[derive(Copy, Clone, Debug, Default, PartialEq)]
+#[repr(C)]
+pub struct ActBlock {
+    /// Quants `4w..4w+4` packed little-endian in word `w` (the `Rt` operands of `vrmpy`).
+    pub words: [u32; 8],
+    /// Sum of the 32 quants (for the weight-bias correction).
+    pub sum: i32,
+    /// The scale, f16-rounded, as f32.
+    pub d: f32,
+    /// The scale as stored (f16 bits).
+    pub d16: u16,
+}
+
+impl ActBlock {
+    /// A ggml Q8_0 block (f16 scale, then 32 int8) in the kernels' form.
+    pub fn from_q8_0(b: &[u8; 34]) -> ActBlock {
+        let d16 = u16::from_le_bytes([b[0], b[1]]);
+        let words = core::array::from_fn(|w| u32::from_le_bytes([b[2 + 4 * w], b[3 + 4 * w], b[4 + 4 * w], b[5 + 4 * w]]));
+        let sum = b[2..].iter().map(|&q| i32::from(q as i8)).sum();
+        ActBlock { words, sum, d: f16::from_bits(d16).to_f32(), d16 }
+    }
+
+    /// Quant `j` (0..32).
+    pub fn q(&self, j: usize) -> i8 {
+        (self.words[j / 4] >> (8 * (j % 4))) as u8 as i8
+    }
+
+    /// The block in ggml's byte form (f16 d, then 32 int8).
+    pub fn to_q8_0(&self) -> [u8; 34] {
+        let mut b = [0u8; 34];
+        b[..2].copy_from_slice(&self.d16.to_le_bytes());
+        (0..32).for_each(|j| b[2 + j] = self.q(j) as u8);
+        b
+    }
+}
+
+/// Quantizes `x` (`32·out.len()` values) into Q8_0 activation blocks with
+/// [`Kernels::quantize_activations`]' rule (the bytes every kernel set gives).
+pub fn quantize_act(kern: &Kernels, x: &[f32], out: &mut [ActBlock]) -> Result<(), TileError> {
+    if x.len() != 32 * out.len() {
+        return Err(TileError::Shape);
+    }
+    let mut b = [0u8; 34];
+    for (blk, chunk) in out.iter_mut().zip(x.chunks_exact(32)) {
+        kern.quantize_activations(GgmlType::Q8_0, chunk, &mut b).map_err(|_| TileError::Shape)?;
+        *blk = ActBlock::from_q8_0(&b);
+    }
+    Ok(())
+}
+
+/// A weight matrix in Tiles32 layout.
+#[derive(Clone, Copy, Debug)]
+pub struct TiledWeights<'a> {
+    /// Q8_0, Q4_0 or IQ4_NL.
+    pub dtype: DType,
+    /// Output rows (ggml `ne[1]`).
+    pub rows: usize,
+    /// Inputs per row (ggml `ne[0]`, a multiple of 32).
+    pub k: usize,
+    /// The packed bytes, [`ALIGN`]-aligned, exactly `tile::packed_size` long.
+    pub packed: &'a [u8],
+}
+
+impl TiledWeights<'_> {
+    fn check(&self, act: &[ActBlock], out: &[f32], sums: &Option<&mut [i32]>) -> Result<(), TileError> {
+        let (rows, k) = (u32::try_from(self.rows).map_err(|_| TileError::Shape)?, u32::try_from(self.k).map_err(|_| TileError::Shape)?);
+        let size = tile::packed_size(self.dtype, rows, k).ok_or(TileError::Unsupported)?;
+        let nb = self.k / 32;
+        let bad_sums = sums.as_ref().is_some_and(|s| s.len() != nb * self.rows);
+        if self.packed.len() != size || act.len() != nb || out.len() != self.rows || bad_sums || self.packed.as_ptr().align_offset(ALIGN) != 0 {
+            return Err(TileError::Shape);
+        }
+        Ok(())
+    }
+
+    fn scale(&self, b: usize, row: usize) -> f32 {
+        let g_count = tile::groups(self.rows as u32);
+        let at = self.packed.len() - (self.k / 32) * g_count * 128 + ((b * g_count + row / 32) * 32 + row % 32) * 4;
+        let s = &self.packed[at..at + 4];
+        f32::from_le_bytes([s[0], s[1], s[2], s[3]])
+    }
+}
+
+/// The scratch as aligned int32 words (its unaligned head skipped).
+fn scratch_words(scratch: &mut [u8]) -> &mut [i32] {
+    let pad = scratch.as_ptr().align_offset(ALIGN).min(scratch.len());
+    // SAFETY: i32 is valid for any bit pattern; `align_to_mut` yields only aligned,
+    // in-bounds elements.
+    let (_, words, _) = unsafe { scratch[pad..].align_to_mut::<i32>() };
+    words
+}
+
+/// `fma(a, b, c)` with one rounding: the hardware's on Hexagon (`sffma`), `libm`'s
+/// elsewhere (the same bits).
+#[inline(always)]
+fn fma(a: f32, b: f32, c: f32) -> f32 {
+    #[cfg(target_arch = "hexagon")]
+    {
+        core::intrinsics::fmaf32(a, b, c)
+    }
+    #[cfg(not(target_arch = "hexagon"))]
+    {
+        libm::fmaf(a, b, c)
+    }
+}
+
+/// `out[r] = Σ_k w[r][k]·x[k]` with `x` given as Q8_0 activation blocks (`k/32` of
+/// them), with the integer sums from `kern`'s tile kernels and, in scalar code, the
+/// weight-bias correction and the scales in the order of keel's row dot for the type
+/// (so `out[r]` is [`Kernels::dot_fn`]'s result for row `r` bit for bit):
+/// - Q4_0 and IQ4_NL: `y = fma(f32(sumi_b), dw_b·da_b, y)` over the blocks ascending
+///   from 0 (llama.cpp's repacked q4_0_8x8 / iq4_nl_8x8 gemv order);
+/// - Q8_0: 8 lane accumulators `acc[l] = fma(dw_b·da_b, f32(lane sum), acc[l])`, then
+///   AVX's horizontal sum `((a4+a0) + (a6+a2)) + ((a5+a1) + (a7+a3))`.
+///
+/// Work is split into chunks of 32-row groups whose sums fit `scratch` (any bytes;
+/// the aligned part is used): at least 128 bytes (one group's block sums; Q8_0 is
+/// faster with 1024 per group, its lane sums). If `sums` is given (`k/32 · rows`), the
+/// exact int32 block sums are written there, `[block][row]`, for tests.
+pub fn matvec(kern: &Kernels, w: &TiledWeights<'_>, act: &[ActBlock], scratch: &mut [u8], out: &mut [f32], mut sums: Option<&mut [i32]>) -> Result<(), TileError> {
+    w.check(act, out, &sums)?;
+    let tk = kern.tile_sums();
+    let (f, bias, tile_bytes) = match w.dtype {
+        DType::Q8_0 => return matvec_q8_0_lanes(&tk, w, act, scratch, out, sums),
+        DType::Q4_0 => (tk.q4_0, Q4_0_BIAS, 512),
+        DType::IQ4NL => (tk.iq4_nl, IQ4_NL_BIAS, 512),
+        _ => return Err(TileError::Unsupported),
+    };
+    let (rows, g_count) = (w.rows, tile::groups(w.rows as u32));
+    let buf = scratch_words(scratch);
+    let chunk = g_count.min(buf.len() / 32);
+    if chunk == 0 {
+        return Err(TileError::Scratch);
+    }
+    out.fill(0.0);
+    for (b, a) in act.iter().enumerate() {
+        let corr = -bias * a.sum;
+        let mut g0 = 0;
+        while g0 < g_count {
+            let n = chunk.min(g_count - g0);
+            f(&w.packed[(b * g_count + g0) * tile_bytes..][..n * tile_bytes], n, &a.words, &mut buf[..32 * n]);
+            let n_rows = (rows - g0 * 32).min(n * 32);
+            for (i, &raw) in buf[..n_rows].iter().enumerate() {
+                let row = g0 * 32 + i;
+                let s = raw + corr;
+                out[row] = fma(s as f32, w.scale(b, row) * a.d, out[row]);
+                if let Some(sums) = sums.as_deref_mut() {
+                    sums[b * rows + row] = s;
+                }
+            }
+            g0 += n;
+        }
+    }
+    Ok(())
+}
+
+/// Row groups whose Q8_0 lane accumulators one pass keeps (on the stack: 4 KiB).
+const LANE_GROUPS: usize = 4;
+
+/// [`matvec`] for Q8_0: row groups are the outer loop so the 8 lane accumulators of
+/// one chunk of rows stay on the stack. With 1024 scratch bytes per group the lane sums
+/// come from one [`LaneSumsFn`] call per block; below that, one lane at a time
+/// through the block sums with the other 7 activation words zeroed (8 passes, the same
+/// integers).
+fn matvec_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, act: &[ActBlock], scratch: &mut [u8], out: &mut [f32], mut sums: Option<&mut [i32]>) -> Result<(), TileError> {
+    let (rows, g_count) = (w.rows, tile::groups(w.rows as u32));
+    let buf = scratch_words(scratch);
+    let whole = buf.len() >= 256;
+    let per_group = if whole { 256 } else { 32 };
+    let chunk = g_count.min(buf.len() / per_group).min(LANE_GROUPS);
+    if chunk == 0 {
+        return Err(TileError::Scratch);
+    }
+    let mut acc = [0f32; LANE_GROUPS * 32 * 8];
+    let mut g0 = 0;
+    while g0 < g_count {
+        let n = chunk.min(g_count - g0);
+        let n_rows = (rows - g0 * 32).min(n * 32);
+        acc[..n_rows * 8].fill(0.0);
+        for (b, a) in act.iter().enumerate() {
+            let tiles = &w.packed[(b * g_count + g0) * 1024..][..n * 1024];
+            if whole {
+                (tk.q8_0_lanes)(tiles, n, &a.words, &mut buf[..256 * n]);
+            }
+            for l in 0..8 {
+                if !whole {
+                    let mut words = [0u32; 8];
+                    words[l] = a.words[l];
+                    (tk.q8_0)(tiles, n, &words, &mut buf[..32 * n]);
+                }
+                // The weight-bias correction of this lane: −128 · Σ of its 4 activation quants.
+                let wd = a.words[l];
+                let corr = -Q8_0_BIAS * (0..4).map(|j| i32::from((wd >> (8 * j)) as u8 as i8)).sum::<i32>();
+                for i in 0..n_rows {
+                    let (g, r) = (i / 32, i % 32);
+                    let at = if whole { (g * 8 + l) * 32 + r } else { i };
+                    let s = buf[at] + corr;
+                    acc[i * 8 + l] = fma(w.scale(b, g0 * 32 + i) * a.d, s as f32, acc[i * 8 + l]);
+                    if let Some(sums) = sums.as_deref_mut() {
+                        let o = &mut sums[b * rows + g0 * 32 + i];
+                        *o = if l == 0 { s } else { *o + s };
+                    }
+                }
+            }
+        }
+        for i in 0..n_rows {
+            let a = &acc[i * 8..i * 8 + 8];
+            let r = [a[4] + a[0], a[5] + a[1], a[6] + a[2], a[7] + a[3]];
+            out[g0 * 32 + i] = (r[0] + r[2]) + (r[1] + r[3]);
+        }
+        g0 += n;
+    }
+    Ok(())
+}
+
+/// Activation quant `j` of a block's words.
+#[inline(always)]
+fn aq(a: &[u32; 8], j: usize) -> i32 {
+    i32::from((a[j / 4] >> (8 * (j % 4))) as u8 as i8)
+}
+
+fn ref_q8_0_sums(tiles: &[u8], n_groups: usize, a: &[u32; 8], out: &mut [i32]) {
+    for g in 0..n_groups {
+        let tile = &tiles[g * 1024..][..1024];
+        for r in 0..32 {
+            out[g * 32 + r] = (0..32).map(|j| i32::from(tile[(j / 4) * 128 + 4 * r + j % 4]) * aq(a, j)).sum();
+        }
+    }
+}
+
+fn ref_q8_0_lane_sums(tiles: &[u8], n_groups: usize, a: &[u32; 8], out: &mut [i32]) {
+    for g in 0..n_groups {
+        let tile = &tiles[g * 1024..][..1024];
+        for l in 0..8 {
+            for r in 0..32 {
+                out[(g * 8 + l) * 32 + r] = (0..4).map(|j| i32::from(tile[l * 128 + 4 * r + j]) * aq(a, 4 * l + j)).sum();
+            }
+        }
+    }
+}
+
+/// Raw sums of 4-bit tiles whose code `c` stands for `value(c)`.
+fn ref_nibble_sums(tiles: &[u8], n_groups: usize, a: &[u32; 8], out: &mut [i32], value: impl Fn(u8) -> i32) {
+    for g in 0..n_groups {
+        let tile = &tiles[g * 512..][..512];
+        for r in 0..32 {
+            let mut s = 0;
+            for m in 0..4 {
+                for j in 0..4 {
+                    let byte = tile[m * 128 + 4 * r + j];
+                    s += value(byte & 15) * aq(a, 4 * m + j) + value(byte >> 4) * aq(a, 16 + 4 * m + j);
+                }
+            }
+            out[g * 32 + r] = s;
+        }
+    }
+}
+
+fn ref_q4_0_sums(tiles: &[u8], n_groups: usize, a: &[u32; 8], out: &mut [i32]) {
+    ref_nibble_sums(tiles, n_groups, a, out, i32::from);
+}
+
+fn ref_iq4_nl_sums(tiles: &[u8], n_groups: usize, a: &[u32; 8], out: &mut [i32]) {
+    ref_nibble_sums(tiles, n_groups, a, out, |c| i32::from(KVALUES_IQ4NL[usize::from(c)]) + IQ4_NL_BIAS);
+}
