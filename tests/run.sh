@@ -26,6 +26,8 @@ echo "== no_std: keel-core and keel-npu-hal build for targets without std"
 rustup target add wasm32-unknown-unknown thumbv7em-none-eabihf >/dev/null
 cargo build --release -p keel-core --target wasm32-unknown-unknown
 cargo build --release -p keel-core -p keel-npu-hal --target thumbv7em-none-eabihf
+# keel-npu-hal's `defmt` feature (defmt::Format on every public type), for defmt firmware.
+cargo build --release -p keel-npu-hal --features defmt --target thumbv7em-none-eabihf
 
 echo "== cargo test"
 cargo test --release --workspace
