@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Install (idempotently), build and test keel's Hexagon firmware under qemu-hexagon.
 #   bash dsp-firmware/ci.sh
-# Steps: nightly rust-src + llvm-tools; qemu-user (bookworm-backports 10.x for
-# v68/v73, else bookworm's 7.2 for v67); build the harness and device ELFs per CPU
-# (`target/<cpu>/…/keel-dsp-harness`, `…/keel-dsp-device`), plus `broken-hvx-zeros`
-# builds (`target/<cpu>-broken/…`); run the qemu-tests crate against each; print the
-# packets-per-128-weight-bytes of the HVX inner loops from llvm-objdump.
+# Steps: the dated nightly of rust-toolchain.toml with rust-src + llvm-tools;
+# qemu-user (bookworm-backports 10.x for v68/v73, else bookworm's 7.2 for v67);
+# build the harness and device ELFs per CPU (`target/<cpu>/…/keel-dsp-harness`,
+# `…/keel-dsp-device`), plus `broken-hvx-zeros` builds (`target/<cpu>-broken/…`);
+# run the qemu-tests crate against each; print the packets-per-128-weight-bytes of
+# the HVX inner loops from llvm-objdump.
 # The host's hexagon-sim device tests (cargo test -p keel-host-linux) use the v68
 # device ELFs built here; tests/run.sh runs them with KEEL_REQUIRE_DSP=1.
 # Env: KEEL_DSP_TARGET_DIR (default dsp-firmware/target).
@@ -18,8 +19,16 @@ sudo=""
 [ "$(id -u)" = 0 ] || sudo=sudo
 
 echo "== toolchain"
-rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
-rustup component add rust-src llvm-tools --toolchain nightly
+# The dated nightly named in rust-toolchain.toml, with rust-src (-Zbuild-std) and
+# llvm-tools (llvm-objdump), downloaded once from rustup's server; later runs find it
+# installed and download nothing. Every cargo/rustc call below names it.
+toolchain=$(sed -n 's/^channel *= *"\(.*\)"/\1/p' rust-toolchain.toml)
+[ -n "$toolchain" ] || { echo "no channel in $here/rust-toolchain.toml" >&2; exit 1; }
+have=$(rustup component list --installed --toolchain "$toolchain" 2>/dev/null || true)
+if ! grep -q '^rust-src$' <<<"$have" || ! grep -q '^llvm-tools' <<<"$have"; then
+  rustup toolchain install "$toolchain" --profile minimal --component rust-src,llvm-tools
+fi
+rustc +"$toolchain" --version
 
 echo "== qemu-hexagon"
 if ! (qemu-hexagon -cpu help 2>/dev/null || true) | grep -qw v73; then
@@ -48,11 +57,12 @@ else configs+=("v67:hexagonv67:hvxv66"); fi
 
 build() { # name cpu hvx [features]
   local flags="-C target-cpu=$2 -C target-feature=+$3,+hvx-length128b"
-  RUSTFLAGS="$flags" cargo +nightly build -q --release --target $target -Zbuild-std=core \
+  RUSTFLAGS="$flags" cargo +"$toolchain" build -q --release --target $target -Zbuild-std=core \
     --target-dir "$td/$1" ${4:+--features $4}
 }
 
 packets_out=""
+objdump=${LLVM_OBJDUMP:-$(rustc +"$toolchain" --print sysroot)/lib/rustlib/x86_64-unknown-linux-gnu/bin/llvm-objdump}
 for c in "${configs[@]}"; do
   IFS=: read -r name cpu hvx <<<"$c"
   echo "== build $name ($cpu, $hvx)"
@@ -61,8 +71,8 @@ for c in "${configs[@]}"; do
   elf="$td/$name/$target/release/keel-dsp-harness"
   echo "== test under qemu-hexagon -cpu $name"
   (cd qemu-tests && KEEL_DSP_ELF="$elf" KEEL_DSP_ELF_BROKEN="$td/$name-broken/$target/release/keel-dsp-harness" \
-    KEEL_QEMU_CPU="$name" cargo +nightly test --release --target-dir "$td/host")
-  packets_out+="$(scripts/packets.sh "$elf" | sed "s/^/$name /")"$'\n'
+    KEEL_QEMU_CPU="$name" cargo +"$toolchain" test --release --target-dir "$td/host")
+  packets_out+="$(LLVM_OBJDUMP="$objdump" scripts/packets.sh "$elf" | sed "s/^/$name /")"$'\n'
 done
 echo "== packets per 128 weight bytes (bound: one vector load per packet = 1.0)"
 printf '%s' "$packets_out"

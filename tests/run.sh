@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 export KEEL_REQUIRE_MODELS=1   # a missing model fails the tests instead of skipping them
 
 echo "== hexagon firmware"
-# Hexagon firmware: installs nightly rust-src/llvm-tools and qemu-user (bookworm-backports,
-# apt-get update first; idempotent), builds the device and harness ELFs for v68 and v73
+# Hexagon firmware: installs the pinned nightly (dsp-firmware/rust-toolchain.toml) with
+# rust-src/llvm-tools and qemu-user (bookworm-backports, apt-get update first;
+# idempotent), builds the device and harness ELFs for v68 and v73
 # (plus the broken-hvx-zeros builds), runs the HVX kernel tests under qemu-hexagon, and
 # prints the packets-per-128-weight-bytes counts.
 bash dsp-firmware/ci.sh
@@ -26,6 +27,8 @@ echo "== no_std: keel-core and keel-npu-hal build for targets without std"
 rustup target add wasm32-unknown-unknown thumbv7em-none-eabihf >/dev/null
 cargo build --release -p keel-core --target wasm32-unknown-unknown
 cargo build --release -p keel-core -p keel-npu-hal --target thumbv7em-none-eabihf
+# keel-npu-hal's `defmt` feature (defmt::Format on every public type), for defmt firmware.
+cargo build --release -p keel-npu-hal --features defmt --target thumbv7em-none-eabihf
 
 echo "== cargo test"
 cargo test --release --workspace
@@ -65,12 +68,12 @@ echo "aarch64 (qemu) reference check: ${SECONDS} s"
 bash tests/aarch64.sh
 
 echo "== fuzz: GGUF parser, tokenizer index, plan and model loader (bounded run)"
-if ! rustup toolchain list | grep -q '^nightly'; then
-    echo "the nightly toolchain is missing (cargo-fuzz needs it): rustup toolchain install nightly" >&2
-    exit 1
-fi
+# cargo-fuzz needs a nightly: the firmware's pinned one (dsp-firmware/rust-toolchain.toml,
+# installed by dsp-firmware/ci.sh above), so the project builds with one nightly.
+nightly=$(sed -n 's/^channel *= *"\(.*\)"/\1/p' dsp-firmware/rust-toolchain.toml)
+rustc +"$nightly" --version >/dev/null 2>&1 || rustup toolchain install "$nightly" --profile minimal
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 corpus=$(mktemp -d)
-(cd core/fuzz && cargo +nightly fuzz run gguf "$corpus" seeds -- -runs=200000 -max_len=65536 -seed=1 2>&1 | tail -n 3)
+(cd core/fuzz && cargo +"$nightly" fuzz run gguf "$corpus" seeds -- -runs=200000 -max_len=65536 -seed=1 2>&1 | tail -n 3)
 rm -rf "$corpus"
 echo "fuzz: 200000 executions, no crash"

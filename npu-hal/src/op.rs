@@ -259,6 +259,7 @@ pub struct BufferRef {
 
 /// An op batch as the host builds it: three descriptor tables.
 #[derive(Copy, Clone, Debug)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct Batch<'a> {
     /// Buffers the tensors live in.
     pub buffers: &'a [BufferRef],

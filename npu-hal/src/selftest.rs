@@ -37,6 +37,7 @@ pub fn act_block(seed: u32, blk: usize) -> [i8; 32] {
 
 /// Folds block sums, ordered `[block][row]`, into one word.
 #[derive(Clone, Debug)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct Digest(u32);
 
 impl Default for Digest {

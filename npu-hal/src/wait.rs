@@ -12,6 +12,7 @@ use crate::op::Batch;
 
 /// Why a tracked submit or wait failed.
 #[derive(Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum WaitError<E> {
     /// The device reported an error.
     Device(E),
@@ -39,6 +40,7 @@ impl<E: Error> Error for WaitError<E> {
 
 /// How long to wait and how often to poll.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct WaitPolicy {
     /// Give up after this many microseconds of delays.
     pub timeout_us: u32,
@@ -48,6 +50,7 @@ pub struct WaitPolicy {
 
 /// The batches in flight (at most `N`) and their completions not yet collected.
 #[derive(Debug, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct Tracker<const N: usize> {
     slots: heapless::Vec<(Seq, Option<BatchStatus>), N>,
 }

@@ -39,6 +39,7 @@ pub const MAX_MESSAGE: usize = 40 << 10;
 
 /// An op batch on the wire: the three descriptor tables, by value.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct BatchMsg {
     /// Sequence number the completion will carry.
     pub seq: Seq,
@@ -72,6 +73,7 @@ impl BatchMsg {
 // The batch variant is large on purpose: bounded tables by value, no allocator.
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum HostMsg {
     /// Opens the conversation.
     Hello {
@@ -115,6 +117,7 @@ pub enum HostMsg {
 
 /// Device → host messages. Append-only.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum DeviceMsg {
     /// Answer to `Hello`.
     HelloAck {
