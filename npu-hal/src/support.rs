@@ -111,12 +111,13 @@ fn check(caps: &Caps, op: &OpDesc, t: &[TensorDesc]) -> Result<(), Reason> {
             need(pos.ne[0] == a.ne[2] && dst.ne == a.ne, Reason::Shape)
         }
         OpKind::Attention { n_head, n_head_kv, .. } => {
-            // q: [head_dim, n_head, n_tokens]; k, v: [head_dim, n_kv, n_head_kv].
+            // q: [head_dim, n_head, n_tokens]; k, v: [head_dim, n_kv, n_head_kv], F16
+            // (keel's cache type: the attention arithmetic keeps f16 rows and accumulator).
             let k = get(t, op.src[1])?;
             let v = get(t, op.src[2])?;
             is_f32_rows(a)?;
             for c in [k, v] {
-                need(matches!(c.dtype, DType::F32 | DType::F16), Reason::DType)?;
+                need(c.dtype == DType::F16, Reason::DType)?;
                 need(c.layout == Layout::RowMajor, Reason::Layout)?;
             }
             let (nh, nkv) = (u32::from(n_head), u32::from(n_head_kv));
