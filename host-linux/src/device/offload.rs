@@ -31,9 +31,10 @@ use keel_core::ggml_type::GgmlType;
 use keel_core::model::Model;
 use keel_core::placement::{for_each_weight, Decision, DeviceFailed, DeviceInfo, LayerShape, Offload, Placement, Policy, WeightId, WeightKind, Where, OUTPUT_LAYER};
 use keel_core::quant::{quantize_row_ref, Kernels};
-use keel_npu_hal::device::{BatchStatus, Device, Queue, SharedBuffers};
+use keel_npu_hal::device::{BatchStatus, Device, SharedBuffers};
 use keel_npu_hal::op::{Batch, BufferRef, DType, Layout, OpDesc, OpKind, Support, TensorDesc};
-use keel_npu_hal::{tile, BufferId, ErrorKind};
+use keel_npu_hal::wait::{Tracker, WaitError, WaitPolicy};
+use keel_npu_hal::{tile, BufferId, Error as _, ErrorKind};
 
 use super::whole_layer::{self, Placed, Resident, Table, Weight, Work};
 use super::{DeviceError, HexagonSim, SimConfig};
@@ -156,6 +157,45 @@ pub struct Slot {
     pub batches: u64,
     /// Time spent waiting for the device.
     pub busy: Duration,
+    /// Batches in flight: submitted and waited for through the HAL's bounded wait.
+    inflight: Tracker<IN_FLIGHT>,
+    /// The wait's limit (the device's own timeout: its `poll` reports a hang first).
+    policy: WaitPolicy,
+}
+
+/// Batches a slot keeps in flight at most (one today: each is waited for at once).
+const IN_FLIGHT: usize = 4;
+/// Microseconds between polls of a batch's completion.
+const POLL_US: u32 = 50;
+
+/// The host's `DelayNs` for the HAL's bounded wait: the thread sleeps.
+struct Sleep;
+
+impl embedded_hal::delay::DelayNs for Sleep {
+    fn delay_ns(&mut self, ns: u32) {
+        std::thread::sleep(Duration::from_nanos(u64::from(ns)));
+    }
+}
+
+impl Slot {
+    /// Submits `batch` and waits for it with the HAL's bounded wait
+    /// (`keel_npu_hal::wait::Tracker`, polling between sleeps); the time is added to `busy`.
+    fn run_batch(&mut self, batch: &Batch<'_>) -> Result<BatchStatus, DeviceError> {
+        let start = Instant::now();
+        let seq = self.inflight.submit(&mut self.dev, batch).map_err(|e| wait_error(&self.label, e))?;
+        self.batches += 1;
+        let status = self.inflight.wait(&mut self.dev, seq, &mut Sleep, self.policy).map_err(|e| wait_error(&self.label, e));
+        self.busy += start.elapsed();
+        status
+    }
+}
+
+/// A failed tracked submit or wait as a device error.
+fn wait_error(label: &str, e: WaitError<DeviceError>) -> DeviceError {
+    match e {
+        WaitError::Device(e) => e,
+        other => DeviceError::new(label, other.kind(), format!("{other:?}")),
+    }
 }
 
 /// The devices of a run.
@@ -218,6 +258,9 @@ impl Devices {
         let mut slots = Vec::new();
         for (i, name) in names.iter().enumerate() {
             let dev = HexagonSim::open(cfg)?;
+            // The device's own limit decides (its poll kills a hung device with a clear
+            // error); the wait's count of delays is a lower bound of the time, a backstop.
+            let timeout_us = u32::try_from(cfg.timeout.as_micros()).unwrap_or(u32::MAX);
             slots.push(Slot {
                 dev,
                 label: format!("{name}{i}"),
@@ -232,6 +275,8 @@ impl Devices {
                 weights_held: (0, 0),
                 batches: 0,
                 busy: Duration::ZERO,
+                inflight: Tracker::new(),
+                policy: WaitPolicy { timeout_us: timeout_us.saturating_add(timeout_us / 2), poll_us: POLL_US },
             });
         }
         Ok(Devices { slots, error: None, load_time: Duration::ZERO, batch_work: BATCH_WORK })
@@ -564,11 +609,7 @@ impl Devices {
                     }
                 }
                 let batch = Batch { buffers: &b.buffers, tensors: &b.tensors, ops: &b.ops };
-                let start = Instant::now();
-                let seq = slot.dev.submit(&batch)?;
-                slot.batches += 1;
-                let status = slot.dev.wait(seq)?;
-                slot.busy += start.elapsed();
+                let status = slot.run_batch(&batch)?;
                 if status != BatchStatus::Done {
                     let last = l.saturating_sub(1);
                     return Err(DeviceError::new(
@@ -625,11 +666,7 @@ impl Devices {
                 .ok_or_else(|| DeviceError::new(&slot.label, ErrorKind::InvalidArgument, "product too large for a descriptor"))?;
             let buffers = [BufferRef { id: wbuf, size: wsize }, BufferRef { id: xb, size: xs }, BufferRef { id: yb, size: ys }];
             let batch = Batch { buffers: &buffers, tensors: &tensors, ops: &[op] };
-            let start = Instant::now();
-            let seq = slot.dev.submit(&batch)?;
-            slot.batches += 1;
-            let status = slot.dev.wait(seq)?;
-            slot.busy += start.elapsed();
+            let status = slot.run_batch(&batch)?;
             if status != BatchStatus::Done {
                 return Err(DeviceError::new(slot.dev.name(), ErrorKind::BadResponse, format!("MatMul of {}.{} failed: {status:?}", id.layer, id.kind.name())));
             }
