@@ -254,6 +254,10 @@ fn smollm2(ty: &str) -> Option<PathBuf> {
     let out_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("keel-placement");
     std::fs::create_dir_all(&out_dir).unwrap();
     let out = out_dir.join(format!("smollm2.{ty}.gguf"));
+    // Tests run on threads of one process: one quantizes, the others wait for its file
+    // (the temporary name below is per process, not per thread).
+    static QUANTIZING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = QUANTIZING.lock().unwrap_or_else(|e| e.into_inner());
     if !out.is_file() {
         let tmp = out_dir.join(format!("smollm2.{ty}.{}.tmp.gguf", std::process::id()));
         let st = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
