@@ -21,7 +21,7 @@ use crate::shm::SharedRegion;
 use crate::sys;
 
 /// `major << 16 | minor << 8 | patch` of this crate.
-pub const FIRMWARE_VERSION: u32 = 0x0001_0200;
+pub const FIRMWARE_VERSION: u32 = 0x0001_0300;
 /// Batches the host may have in flight (the pipe holds them; they run in order).
 pub const MAX_IN_FLIGHT: u8 = 8;
 

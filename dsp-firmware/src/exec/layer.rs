@@ -54,7 +54,7 @@ pub fn unary(op: &OpDesc, ts: &Tensors<'_>, f: impl Fn(&mut [f32])) -> Result<()
 }
 
 /// RMSNorm of each row, times the weight row src1 if given.
-pub fn rms_norm(op: &OpDesc, ts: &Tensors<'_>, eps: f32) -> Result<(), ErrorKind> {
+pub fn norm(op: &OpDesc, ts: &Tensors<'_>, eps: f32) -> Result<(), ErrorKind> {
     let (a, d) = (ts.src(op, 0)?, ts.dst(op)?);
     let w = match op.src[1] {
         Some(_) => Some(other(ts, d, ts.src(op, 1)?)?),

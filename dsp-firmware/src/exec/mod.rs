@@ -67,7 +67,7 @@ pub fn run_batch(msg: &BatchMsg, buffers: &impl Buffers, caps: &Caps, scratch: &
             OpKind::Quantize => products::quantize(op, &ts),
             OpKind::GetRows => products::get_rows(op, &ts),
             OpKind::Copy => products::copy(op, &ts),
-            OpKind::RmsNorm { eps } => layer::rms_norm(op, &ts, eps),
+            OpKind::RmsNorm { eps } => layer::norm(op, &ts, eps),
             OpKind::Softmax { scale } => layer::unary(op, &ts, |row| ops::softmax(row, scale)),
             OpKind::Silu => layer::unary(op, &ts, |row| row.iter_mut().for_each(|v| *v = ops::silu(*v))),
             OpKind::Gelu => layer::unary(op, &ts, |row| row.iter_mut().for_each(|v| *v = ops::gelu_tanh(*v))),
