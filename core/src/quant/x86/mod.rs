@@ -338,31 +338,25 @@ const fn build(flags: usize) -> KernelTable {
     t.dot_tiled.q5_k = Some(vec_dot_q5_k_q8_k_tiled);
     t.dot_tiled.q6_k = Some(vec_dot_q6_k_q8_k_tiled);
 
-    t.dot_rows.q4_0 = Some(rows_q4_0_q8_0);
+    // 8-row dots and tiles: the AVX-512 VNNI ones where `vnni` and they exist.
+    t.dot_rows.q4_0 = Some(if vnni { rows_q4_0_q8_0_vnni } else { rows_q4_0_q8_0 });
+    t.dot_rows.q8_0 = Some(if vnni { rows_q8_0_q8_0_vnni } else { rows_q8_0_q8_0 });
+    t.dot_rows.q5_0 = Some(if vnni { rows_q5_0_q8_0_vnni } else { rows_q5_0_q8_0 });
+    t.dot_rows.q4_1 = Some(if vnni { rows_q4_1_q8_1_vnni } else { rows_q4_1_q8_1 });
+    t.dot_rows.q5_1 = Some(if vnni { rows_q5_1_q8_1_vnni } else { rows_q5_1_q8_1 });
     t.dot_rows.iq4_nl = Some(rows_iq4_nl_q8_0);
     t.dot_rows.mxfp4 = Some(rows_mxfp4_q8_0);
-    t.dot_rows.q8_0 = Some(rows_q8_0_q8_0);
-    t.dot_rows.q5_0 = Some(rows_q5_0_q8_0);
-    t.dot_rows.q4_1 = Some(rows_q4_1_q8_1);
-    t.dot_rows.q5_1 = Some(rows_q5_1_q8_1);
-    t.dot_tile.q8_0 = DotTile::entry(tile_q8_0_q8_0, TILE_ROWS, TILE_TOKENS);
-    t.dot_tile.q5_0 = DotTile::entry(tile_q5_0_q8_0, TILE_ROWS, TILE_TOKENS);
-    t.dot_tile.q4_1 = DotTile::entry(tile_q4_1_q8_1, TILE_ROWS, TILE_TOKENS);
-    t.dot_tile.q4_0 = DotTile::entry(tile_q4_0_q8_0, Q4_0_TILE_ROWS, Q4_0_TILE_TOKENS);
-    t.dot_tile.q4_k = DotTile::entry(tile_q4_k_q8_k, 1, KTILE_TOKENS);
+    let (tile_tokens, tile_tokens_q4_0) = if vnni { (ZMM_TILE_TOKENS, Q4_0_TILE_TOKENS_VNNI) } else { (TILE_TOKENS, Q4_0_TILE_TOKENS) };
+    t.dot_tile.q8_0 = DotTile::entry(if vnni { tile_q8_0_q8_0_vnni } else { tile_q8_0_q8_0 }, TILE_ROWS, tile_tokens);
+    t.dot_tile.q5_0 = DotTile::entry(if vnni { tile_q5_0_q8_0_vnni } else { tile_q5_0_q8_0 }, TILE_ROWS, tile_tokens);
+    t.dot_tile.q4_1 = DotTile::entry(if vnni { tile_q4_1_q8_1_vnni } else { tile_q4_1_q8_1 }, TILE_ROWS, tile_tokens);
+    t.dot_tile.q4_0 = DotTile::entry(if vnni { tile_q4_0_q8_0_vnni } else { tile_q4_0_q8_0 }, Q4_0_TILE_ROWS, tile_tokens_q4_0);
+    t.dot_tile.q4_k = if vnni {
+        DotTile::entry(tile_q4_k_q8_k_vnni, Q4_K_TILE_ROWS, Q4_K_TILE_TOKENS)
+    } else {
+        DotTile::entry(tile_q4_k_q8_k, 1, KTILE_TOKENS)
+    };
     t.dot_tile.q6_k = DotTile::entry(tile_q6_k_q8_k, 1, KTILE_TOKENS);
-    if vnni {
-        t.dot_rows.q4_0 = Some(rows_q4_0_q8_0_vnni);
-        t.dot_rows.q8_0 = Some(rows_q8_0_q8_0_vnni);
-        t.dot_rows.q5_0 = Some(rows_q5_0_q8_0_vnni);
-        t.dot_rows.q4_1 = Some(rows_q4_1_q8_1_vnni);
-        t.dot_rows.q5_1 = Some(rows_q5_1_q8_1_vnni);
-        t.dot_tile.q8_0 = DotTile::entry(tile_q8_0_q8_0_vnni, TILE_ROWS, ZMM_TILE_TOKENS);
-        t.dot_tile.q5_0 = DotTile::entry(tile_q5_0_q8_0_vnni, TILE_ROWS, ZMM_TILE_TOKENS);
-        t.dot_tile.q4_1 = DotTile::entry(tile_q4_1_q8_1_vnni, TILE_ROWS, ZMM_TILE_TOKENS);
-        t.dot_tile.q4_0 = DotTile::entry(tile_q4_0_q8_0_vnni, Q4_0_TILE_ROWS, Q4_0_TILE_TOKENS_VNNI);
-        t.dot_tile.q4_k = DotTile::entry(tile_q4_k_q8_k_vnni, Q4_K_TILE_ROWS, Q4_K_TILE_TOKENS);
-    }
 
     // (F32 and BF16 activations: the reference's conversion.)
     t.quantize.f16 = Some(convert_f16);
