@@ -6,6 +6,18 @@
 //! point works on one row, so a caller may split rows across threads freely and get the
 //! same bits (each row's arithmetic depends only on that row and `n`).
 //!
+//! Dispatch: one kernel table per ISA and set of flags (`KernelTable`: the dot of every
+//! weight type, its 8-row and tile versions and batch orders, the activation quantizers,
+//! the FFN activations and attention's f16 and softmax operations), built at compile
+//! time. The scalar reference's (`REFERENCE`) has every entry; an ISA module (`x86/`,
+//! `aarch64/`) has a `table(isa)` that returns its table for what `isa` reports (and, on
+//! x86_64, CPUID confirms), made by starting from the reference's and replacing what the
+//! ISA has. [`Kernels::new`] asks each compiled-in ISA module once and keeps the table
+//! it gets (else the reference's); each [`Kernels`] method looks its entry up and calls
+//! it. Where an ISA kernel takes only some shapes (x86's grouped attention dots), its
+//! entry is a wrapper in the ISA module that falls back to the reference's loop. A new
+//! ISA is one module with a `table` and one line in [`Kernels::new`].
+//!
 //! A matmul `y[r] = W[r] · x` runs as: pick `dot = kernels.dot_fn(W.type)` once;
 //! quantize `x` once into the weight type's [`Kernels::vec_dot_type`] with
 //! [`Kernels::quantize_activations`]; then `y[r] = dot(n, row r of W, x_q)` per row.
@@ -164,22 +176,6 @@ pub type DotRowsFn = fn(n: usize, w: &[u8], wrow: usize, a: &[u8], out: &mut [f3
 /// Weight rows of a [`DotRowsFn`].
 pub const DOT_ROWS: usize = 8;
 
-#[cfg(target_arch = "x86_64")]
-const _: () = assert!(x86::ROWS == DOT_ROWS);
-
-#[cfg(target_arch = "x86_64")]
-const _: () = assert!(
-    x86::TILE_ROWS <= DOT_TILE_MAX_ROWS
-        && x86::TILE_TOKENS <= DOT_TILE_MAX_TOKENS
-        && x86::Q4_0_TILE_ROWS <= DOT_TILE_MAX_ROWS
-        && x86::Q4_0_TILE_TOKENS <= DOT_TILE_MAX_TOKENS
-        && x86::Q4_0_TILE_TOKENS_VNNI <= DOT_TILE_MAX_TOKENS
-        && x86::ZMM_TILE_TOKENS <= DOT_TILE_MAX_TOKENS
-        && x86::KTILE_TOKENS <= DOT_TILE_MAX_TOKENS
-        && x86::Q4_K_TILE_ROWS <= DOT_TILE_MAX_ROWS
-        && x86::Q4_K_TILE_TOKENS <= DOT_TILE_MAX_TOKENS
-);
-
 /// A type/operation pair keel cannot do, or a row whose shape does not fit its type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Unsupported {
@@ -229,52 +225,328 @@ impl core::fmt::Display for Unsupported {
     }
 }
 
-/// The kernel set chosen for this CPU: the scalar reference, or SIMD where available.
-#[derive(Clone, Copy, Debug)]
+/// One entry per type this module knows (see the module doc): the weight types, then
+/// the activation-only Q8_1 and Q8_K. [`PerType::get`] is the one place the types are
+/// matched to their entries.
+#[derive(Clone, Copy)]
+pub(crate) struct PerType<T> {
+    pub(crate) f32: T,
+    pub(crate) f16: T,
+    pub(crate) bf16: T,
+    pub(crate) q4_0: T,
+    pub(crate) q4_1: T,
+    pub(crate) q5_0: T,
+    pub(crate) q5_1: T,
+    pub(crate) q8_0: T,
+    pub(crate) iq4_nl: T,
+    pub(crate) mxfp4: T,
+    pub(crate) q2_k: T,
+    pub(crate) q3_k: T,
+    pub(crate) q4_k: T,
+    pub(crate) q5_k: T,
+    pub(crate) q6_k: T,
+    pub(crate) q8_1: T,
+    pub(crate) q8_k: T,
+}
+
+impl<T: Copy> PerType<T> {
+    /// `v` for every type.
+    pub(crate) const fn splat(v: T) -> Self {
+        PerType { f32: v, f16: v, bf16: v, q4_0: v, q4_1: v, q5_0: v, q5_1: v, q8_0: v, iq4_nl: v, mxfp4: v, q2_k: v, q3_k: v, q4_k: v, q5_k: v, q6_k: v, q8_1: v, q8_k: v }
+    }
+}
+
+impl<T: Copy> PerType<Option<T>> {
+    /// The entry of type `ty` (`None` for a type without one, or one this module does
+    /// not know).
+    #[inline]
+    pub(crate) fn get(&self, ty: GgmlType) -> Option<T> {
+        use GgmlType::*;
+        match ty {
+            F32 => self.f32,
+            F16 => self.f16,
+            BF16 => self.bf16,
+            Q4_0 => self.q4_0,
+            Q4_1 => self.q4_1,
+            Q5_0 => self.q5_0,
+            Q5_1 => self.q5_1,
+            Q8_0 => self.q8_0,
+            IQ4_NL => self.iq4_nl,
+            MXFP4 => self.mxfp4,
+            Q2_K => self.q2_k,
+            Q3_K => self.q3_k,
+            Q4_K => self.q4_k,
+            Q5_K => self.q5_k,
+            Q6_K => self.q6_k,
+            Q8_1 => self.q8_1,
+            Q8_K => self.q8_k,
+            _ => None,
+        }
+    }
+}
+
+/// The [`PerType`] dots of the functions `vec_dot_f32`, `vec_dot_f16`, `vec_dot_bf16`
+/// and `vec_dot_<weight>_<activation>` in scope: the names the reference's and every
+/// ISA module's dots have.
+macro_rules! vec_dots {
+    () => {
+        $crate::quant::PerType::<Option<$crate::quant::DotFn>> {
+            f32: Some(vec_dot_f32),
+            f16: Some(vec_dot_f16),
+            bf16: Some(vec_dot_bf16),
+            q4_0: Some(vec_dot_q4_0_q8_0),
+            q4_1: Some(vec_dot_q4_1_q8_1),
+            q5_0: Some(vec_dot_q5_0_q8_0),
+            q5_1: Some(vec_dot_q5_1_q8_1),
+            q8_0: Some(vec_dot_q8_0_q8_0),
+            iq4_nl: Some(vec_dot_iq4_nl_q8_0),
+            mxfp4: Some(vec_dot_mxfp4_q8_0),
+            q2_k: Some(vec_dot_q2_k_q8_k),
+            q3_k: Some(vec_dot_q3_k_q8_k),
+            q4_k: Some(vec_dot_q4_k_q8_k),
+            q5_k: Some(vec_dot_q5_k_q8_k),
+            q6_k: Some(vec_dot_q6_k_q8_k),
+            q8_1: None,
+            q8_k: None,
+        }
+    };
+}
+pub(crate) use vec_dots;
+
+/// An activation row (f32) into an activation type, whole rows of the right size (see
+/// [`Kernels::quantize_activations`]).
+pub(crate) type QuantizeFn = fn(x: &[f32], out: &mut [u8]);
+
+/// [`Kernels::f16_dot_keys`] with the table it is an entry of.
+pub(crate) type DotKeysFn = fn(t: &KernelTable, k: &[f16], offs: &[usize], q: &[f16], out: &mut [f32]);
+/// [`Kernels::f16_mad_keys`] with the table it is an entry of.
+pub(crate) type MadKeysFn = fn(t: &KernelTable, y: &mut [f16], x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32]);
+/// [`Kernels::f16_dot_keys_heads`] with the table it is an entry of.
+pub(crate) type DotKeysHeadsFn = fn(t: &KernelTable, k: &[f16], offs: &[usize], qs: &[f16], n: usize, heads: usize, out: &mut [f32]);
+/// [`Kernels::f16_mad_keys_heads`] with the table it is an entry of.
+pub(crate) type MadKeysHeadsFn =
+    fn(t: &KernelTable, ys: &mut [f16], n: usize, heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], sums: &mut [f32]);
+
+/// Every kernel [`Kernels`] hands out or calls, for one ISA and set of flags: the
+/// reference's ([`REFERENCE`]), or an ISA module's (`x86::table`, `aarch64::table`, `hexagon::table`),
+/// which starts from the reference's and replaces what that ISA has. Built at compile
+/// time (`const`), chosen once by [`Kernels::new`]. The chunk operations of attention
+/// take the table they belong to, so a generic loop (`*_by_key`, `*_by_head`) calls
+/// that table's per-row kernels.
+#[derive(Clone, Copy)]
+pub(crate) struct KernelTable {
+    /// [`Kernels::name`].
+    pub(crate) name: &'static str,
+    /// [`Kernels::dot_fn`].
+    pub(crate) dot: PerType<Option<DotFn>>,
+    /// [`Kernels::dot_rows_fn`].
+    pub(crate) dot_rows: PerType<Option<DotRowsFn>>,
+    /// [`Kernels::dot_tile_fn`].
+    pub(crate) dot_tile: PerType<Option<DotTile>>,
+    /// [`Kernels::dot_fn_in_batch`]: llama.cpp's `vec_dot` order where keel's dot follows
+    /// its repacked one (Q4_0).
+    pub(crate) dot_lanes: PerType<Option<DotFn>>,
+    /// [`Kernels::dot_fn_in_batch`]: the repacked `gemm` order (Q2_K, Q4_K).
+    pub(crate) dot_gemm: PerType<Option<DotFn>>,
+    /// [`Kernels::dot_fn_in_batch`]: the tiled matmul's order (Q2_K .. Q6_K).
+    pub(crate) dot_tiled: PerType<Option<DotFn>>,
+    /// [`Kernels::quantize_activations`] (the activation types).
+    pub(crate) quantize: PerType<Option<QuantizeFn>>,
+    /// [`Kernels::swiglu`].
+    pub(crate) swiglu: fn(gate: &mut [f32], up: &[f32]),
+    /// [`Kernels::geglu`].
+    pub(crate) geglu: fn(gate: &mut [f32], up: &[f32]),
+    /// [`Kernels::expf_batch`].
+    pub(crate) expf_batch: fn(x: &mut [f32]),
+    /// [`Kernels::f16_dot`].
+    pub(crate) f16_dot: fn(x: &[f16], y: &[f16]) -> f32,
+    /// [`Kernels::f16_mad`].
+    pub(crate) f16_mad: fn(y: &mut [f16], x: &[f16], v: f32),
+    /// [`Kernels::f16_scale`].
+    pub(crate) f16_scale: fn(y: &mut [f16], v: f32),
+    /// [`Kernels::f32_to_f16`].
+    pub(crate) f32_to_f16: fn(src: &[f32], dst: &mut [f16]),
+    /// [`Kernels::f16_to_f32`].
+    pub(crate) f16_to_f32: fn(src: &[f16], dst: &mut [f32]),
+    /// [`Kernels::f16_dot_keys`].
+    pub(crate) f16_dot_keys: DotKeysFn,
+    /// [`Kernels::f16_mad_keys`].
+    pub(crate) f16_mad_keys: MadKeysFn,
+    /// [`Kernels::f16_dot_keys_heads`].
+    pub(crate) f16_dot_keys_heads: DotKeysHeadsFn,
+    /// [`Kernels::f16_mad_keys_heads`].
+    pub(crate) f16_mad_keys_heads: MadKeysHeadsFn,
+    /// [`Kernels::softmax_scores`].
+    pub(crate) softmax_scores: fn(e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut f32),
+    /// [`Kernels::softmax_sum`].
+    pub(crate) softmax_sum: fn(sum: f32, new_max: &[bool], e: &[f32]) -> f32,
+    /// [`Kernels::tile_sums`]: the block-sum kernels over Tiles32 weights.
+    pub(crate) tiles: tiles32::TileKernels,
+}
+
+impl DotTile {
+    /// A tile entry for a [`KernelTable`], its shape checked against
+    /// [`DOT_TILE_MAX_ROWS`] and [`DOT_TILE_MAX_TOKENS`] (tables are built at compile
+    /// time, so a bad shape does not compile). Only tables with tiles use it.
+    #[allow(dead_code)]
+    pub(crate) const fn entry(f: DotTileFn, rows: usize, tokens: usize) -> Option<DotTile> {
+        assert!(rows >= 1 && rows <= DOT_TILE_MAX_ROWS && tokens >= 1 && tokens <= DOT_TILE_MAX_TOKENS, "dot tile shape");
+        Some(DotTile { f, rows, tokens })
+    }
+}
+
+/// The scalar reference's table: bit-identical on every target, and what every ISA's
+/// table starts from.
+pub(crate) const REFERENCE: KernelTable = KernelTable {
+    name: "reference",
+    dot: {
+        use scalar::*;
+        use scalar_k::*;
+        self::vec_dots!()
+    },
+    dot_rows: PerType::splat(None),
+    dot_tile: PerType::splat(None),
+    dot_lanes: PerType { q4_0: Some(scalar::vec_dot_q4_0_q8_0_lanes), ..PerType::splat(None) },
+    dot_gemm: PerType { q2_k: Some(scalar_k::vec_dot_q2_k_q8_k_gemm), q4_k: Some(scalar_k::vec_dot_q4_k_q8_k_gemm), ..PerType::splat(None) },
+    dot_tiled: PerType {
+        q2_k: Some(scalar_k::vec_dot_q2_k_q8_k_tiled),
+        q3_k: Some(scalar_k::vec_dot_q3_k_q8_k_tiled),
+        q4_k: Some(scalar_k::vec_dot_q4_k_q8_k_tiled),
+        q5_k: Some(scalar_k::vec_dot_q5_k_q8_k_tiled),
+        q6_k: Some(scalar_k::vec_dot_q6_k_q8_k_tiled),
+        ..PerType::splat(None)
+    },
+    quantize: PerType::<Option<QuantizeFn>> {
+        f32: Some(|x, out| quantize::convert_row(GgmlType::F32, x, out)),
+        f16: Some(|x, out| quantize::convert_row(GgmlType::F16, x, out)),
+        bf16: Some(|x, out| quantize::convert_row(GgmlType::BF16, x, out)),
+        q8_0: Some(quantize::quantize_act_q8_0),
+        q8_1: Some(quantize::quantize_act_q8_1),
+        q8_k: Some(quantize::quantize_act_q8_k),
+        ..PerType::splat(None)
+    },
+    swiglu: crate::ops::swiglu,
+    geglu: crate::ops::geglu,
+    expf_batch: expf_by_element,
+    f16_dot: f16ops::dot,
+    f16_mad: f16ops::mad,
+    f16_scale: f16ops::scale,
+    f32_to_f16: f16ops::to_f16,
+    f16_to_f32: f16ops::to_f32,
+    f16_dot_keys: dot_keys_by_key,
+    f16_mad_keys: mad_keys_by_key,
+    f16_dot_keys_heads: dot_keys_by_head,
+    f16_mad_keys_heads: mad_keys_by_head,
+    softmax_scores: softmax_scores_by_key,
+    softmax_sum: softmax_sum_by_key,
+    tiles: tiles32::REFERENCE,
+};
+
+/// [`REFERENCE`] where [`Kernels`] points to it.
+static REFERENCE_TABLE: KernelTable = REFERENCE;
+
+/// `x[i] = ops::expf(x[i])`, one element at a time.
+fn expf_by_element(x: &mut [f32]) {
+    for v in x {
+        *v = crate::ops::expf(*v);
+    }
+}
+
+/// [`Kernels::f16_dot_keys`] key by key with `t`'s `f16_dot`.
+fn dot_keys_by_key(t: &KernelTable, k: &[f16], offs: &[usize], q: &[f16], out: &mut [f32]) {
+    for (o, &off) in out.iter_mut().zip(offs) {
+        *o = (t.f16_dot)(&k[off..][..q.len()], q);
+    }
+}
+
+/// [`Kernels::f16_mad_keys`] key by key with `t`'s `f16_scale` and `f16_mad`.
+fn mad_keys_by_key(t: &KernelTable, y: &mut [f16], x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32]) {
+    let n = y.len();
+    for (c, &off) in offs.iter().enumerate() {
+        if new_max[c] {
+            (t.f16_scale)(y, e[c]);
+            (t.f16_mad)(y, &x[off..][..n], 1.0);
+        } else {
+            (t.f16_mad)(y, &x[off..][..n], e[c]);
+        }
+    }
+}
+
+/// [`Kernels::f16_dot_keys_heads`] head by head with `t`'s `f16_dot_keys`.
+pub(crate) fn dot_keys_by_head(t: &KernelTable, k: &[f16], offs: &[usize], qs: &[f16], n: usize, heads: usize, out: &mut [f32]) {
+    let len = offs.len();
+    for h in 0..heads {
+        (t.f16_dot_keys)(t, k, offs, &qs[h * n..(h + 1) * n], &mut out[h * len..(h + 1) * len]);
+    }
+}
+
+/// [`Kernels::f16_mad_keys_heads`] head by head with `t`'s `f16_mad_keys` and
+/// `softmax_sum`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn mad_keys_by_head(t: &KernelTable, ys: &mut [f16], n: usize, heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], sums: &mut [f32]) {
+    let len = offs.len();
+    for h in 0..heads {
+        let r = h * len..(h + 1) * len;
+        (t.f16_mad_keys)(t, &mut ys[h * n..(h + 1) * n], x, offs, &new_max[r.clone()], &e[r.clone()]);
+        sums[h] = (t.softmax_sum)(sums[h], &new_max[r.clone()], &e[r]);
+    }
+}
+
+/// [`Kernels::softmax_scores`] key by key.
+fn softmax_scores_by_key(e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut f32) {
+    for (ec, nm) in e.iter_mut().zip(new_max.iter_mut()) {
+        let s = *ec * scale;
+        if s > *max {
+            (*ec, *nm) = (*max - s, true);
+            *max = s;
+        } else {
+            (*ec, *nm) = (s - *max, false);
+        }
+    }
+}
+
+/// [`Kernels::softmax_sum`] key by key (`libm::fmaf`).
+fn softmax_sum_by_key(mut sum: f32, new_max: &[bool], e: &[f32]) -> f32 {
+    for (&nm, &ec) in new_max.iter().zip(e) {
+        let (ms, vs) = if nm { (ec, 1.0) } else { (1.0, ec) };
+        sum = libm::fmaf(sum, ms, vs);
+    }
+    sum
+}
+
+/// The kernel set chosen for this CPU: the scalar reference, or SIMD where available
+/// (a reference to its [`KernelTable`]; copying it is free).
+#[derive(Clone, Copy)]
 pub struct Kernels {
-    /// AVX2 + FMA + F16C kernels (x86_64 only; confirmed by CPUID).
-    avx2: bool,
-    /// NEON kernels (aarch64 only).
-    neon: bool,
-    /// The NEON kernels' `sdot` variants (aarch64 with the dot-product extension).
-    sdot: bool,
-    /// AVX512-FP16 for the f16 ops (x86_64 with `avx2`; confirmed by CPUID).
-    fp16: bool,
-    /// AVX-512 VNNI (with F/BW/VL) for the tiles (x86_64 with `avx512`; confirmed by CPUID).
-    vnni: bool,
-    /// AVX-512 F/BW/VL (x86_64 with `avx2`; confirmed by CPUID).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    avx512: bool,
-    /// HVX Tiles32 kernels (Hexagon only).
-    #[cfg_attr(not(target_arch = "hexagon"), allow(dead_code))]
-    hvx: bool,
+    t: &'static KernelTable,
+}
+
+impl core::fmt::Debug for Kernels {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Kernels").field("name", &self.t.name).finish()
+    }
 }
 
 impl Kernels {
     /// The scalar reference only: bit-identical on every target.
     pub fn reference() -> Self {
-        Kernels { avx2: false, neon: false, sdot: false, fp16: false, vnni: false, avx512: false, hvx: false }
+        Kernels { t: &REFERENCE_TABLE }
     }
 
     /// The fastest kernels `isa` allows (and, on x86_64, CPUID confirms).
     pub fn new(isa: Isa) -> Self {
+        // One line per ISA: its module's table for `isa`, if it has one.
         #[cfg(target_arch = "x86_64")]
-        if isa.avx2_fma && x86::cpu_has_avx2_fma() {
-            let fp16 = isa.avx512_fp16 && x86::cpu_has_avx512_fp16();
-            let avx512 = isa.avx512 && x86::cpu_has_avx512();
-            let vnni = avx512 && isa.avx512_vnni && x86::cpu_has_avx512_vnni();
-            return Kernels { avx2: true, neon: false, sdot: false, fp16, vnni, avx512, hvx: false };
+        if let Some(t) = x86::table(isa) {
+            return Kernels { t };
         }
-        // NEON is part of the target (the module is compiled only with it); `sdot` is
-        // trusted from the host's report (no_std cannot ask the OS).
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        if isa.neon {
-            return Kernels { avx2: false, neon: true, sdot: isa.neon_dotprod, fp16: false, vnni: false, avx512: false, hvx: false };
+        if let Some(t) = aarch64::table(isa) {
+            return Kernels { t };
         }
-        // HVX is part of a Hexagon build's target features; the host says the unit is there.
         #[cfg(target_arch = "hexagon")]
-        if isa.hvx {
-            return Kernels { hvx: true, ..Self::reference() };
+        if let Some(t) = hexagon::table(isa) {
+            return Kernels { t };
         }
         let _ = isa;
         Self::reference()
@@ -282,40 +554,20 @@ impl Kernels {
 
     /// True if this is the scalar reference.
     pub fn is_reference(&self) -> bool {
-        !self.avx2 && !self.neon && !self.hvx
+        core::ptr::eq(self.t, &REFERENCE_TABLE)
     }
 
     /// The Tiles32 block-sum kernels of this set ([`tiles32`]): HVX on Hexagon, else the
     /// scalar reference (the same integers).
     pub fn tile_sums(&self) -> tiles32::TileKernels {
-        #[cfg(target_arch = "hexagon")]
-        if self.hvx {
-            return hexagon::TILES;
-        }
-        tiles32::REFERENCE
+        self.t.tiles
     }
 
     /// A short name for logs: `"reference"`, `"avx2"`, `"avx2+fp16"` (AVX512-FP16 for the
     /// f16 ops), `"avx2+vnni"` (AVX-512 VNNI for the tiles), `"avx2+vnni+fp16"`, `"neon"`
-    /// or `"neon-dotprod"`.
+    /// `"neon-dotprod"` or `"hvx"`.
     pub fn name(&self) -> &'static str {
-        if self.fp16 && self.vnni {
-            "avx2+vnni+fp16"
-        } else if self.vnni {
-            "avx2+vnni"
-        } else if self.fp16 {
-            "avx2+fp16"
-        } else if self.avx2 {
-            "avx2"
-        } else if self.sdot {
-            "neon-dotprod"
-        } else if self.neon {
-            "neon"
-        } else if self.hvx {
-            "hvx"
-        } else {
-            "reference"
-        }
+        self.t.name
     }
 
     /// The activation type a weight type's dot expects, as llama.cpp pairs them
@@ -335,29 +587,7 @@ impl Kernels {
 
     /// The dot kernel for weight type `wtype`; choose once per matmul, call per row.
     pub fn dot_fn(&self, wtype: GgmlType) -> Result<DotFn, Unsupported> {
-        if let Some(f) = self.fast_dot(wtype) {
-            return Ok(f);
-        }
-        use GgmlType::*;
-        let f: DotFn = match wtype {
-            F32 => scalar::vec_dot_f32,
-            F16 => scalar::vec_dot_f16,
-            BF16 => scalar::vec_dot_bf16,
-            Q4_0 => scalar::vec_dot_q4_0_q8_0,
-            Q4_1 => scalar::vec_dot_q4_1_q8_1,
-            Q5_0 => scalar::vec_dot_q5_0_q8_0,
-            Q5_1 => scalar::vec_dot_q5_1_q8_1,
-            Q8_0 => scalar::vec_dot_q8_0_q8_0,
-            IQ4_NL => scalar::vec_dot_iq4_nl_q8_0,
-            MXFP4 => scalar::vec_dot_mxfp4_q8_0,
-            Q2_K => scalar_k::vec_dot_q2_k_q8_k,
-            Q3_K => scalar_k::vec_dot_q3_k_q8_k,
-            Q4_K => scalar_k::vec_dot_q4_k_q8_k,
-            Q5_K => scalar_k::vec_dot_q5_k_q8_k,
-            Q6_K => scalar_k::vec_dot_q6_k_q8_k,
-            _ => return Err(Unsupported { ty: wtype, reason: Reason::NoDot }),
-        };
-        Ok(f)
+        self.t.dot.get(wtype).ok_or(Unsupported { ty: wtype, reason: Reason::NoDot })
     }
 
     /// The dot that reproduces, bit for bit, output `(row, token)` of llama.cpp 11434's
@@ -385,42 +615,23 @@ impl Kernels {
     /// on the batch the row is in.
     pub fn dot_fn_in_batch(&self, wtype: GgmlType, rows: usize, n_tokens: usize, token: usize) -> Result<DotFn, Unsupported> {
         use GgmlType::*;
-        if wtype == Q4_0 && rows % 8 != 0 {
-            #[cfg(target_arch = "x86_64")]
-            if self.avx2 {
-                return Ok(x86::vec_dot_q4_0_q8_0_lanes);
+        let order = if wtype == Q4_0 && !rows.is_multiple_of(8) {
+            &self.t.dot_lanes
+        } else {
+            let repacked = matches!(wtype, Q4_K | Q2_K) && rows.is_multiple_of(8);
+            if repacked && token < n_tokens - n_tokens % 4 {
+                &self.t.dot_gemm
+            } else if !repacked && n_tokens >= 8 && matches!(wtype, Q2_K | Q3_K | Q4_K | Q5_K | Q6_K) {
+                &self.t.dot_tiled
+            } else {
+                return self.dot_fn(wtype);
             }
-            return Ok(scalar::vec_dot_q4_0_q8_0_lanes);
-        }
-        let repacked = matches!(wtype, Q4_K | Q2_K) && rows % 8 == 0;
-        let gemm = repacked && token < n_tokens - n_tokens % 4;
-        let tiled = !repacked && n_tokens >= 8 && matches!(wtype, Q2_K | Q3_K | Q4_K | Q5_K | Q6_K);
-        if !gemm && !tiled {
-            return self.dot_fn(wtype);
-        }
-        #[cfg(target_arch = "x86_64")]
-        if self.avx2 {
-            let f: DotFn = match (wtype, gemm) {
-                (Q4_K, true) => x86::vec_dot_q4_k_q8_k_gemm,
-                (Q2_K, true) => x86::vec_dot_q2_k_q8_k_gemm,
-                (Q2_K, false) => x86::vec_dot_q2_k_q8_k_tiled,
-                (Q3_K, false) => x86::vec_dot_q3_k_q8_k_tiled,
-                (Q4_K, false) => x86::vec_dot_q4_k_q8_k_tiled,
-                (Q5_K, false) => x86::vec_dot_q5_k_q8_k_tiled,
-                _ => x86::vec_dot_q6_k_q8_k_tiled,
-            };
-            return Ok(f);
-        }
-        let f: DotFn = match (wtype, gemm) {
-            (Q4_K, true) => scalar_k::vec_dot_q4_k_q8_k_gemm,
-            (Q2_K, true) => scalar_k::vec_dot_q2_k_q8_k_gemm,
-            (Q2_K, false) => scalar_k::vec_dot_q2_k_q8_k_tiled,
-            (Q3_K, false) => scalar_k::vec_dot_q3_k_q8_k_tiled,
-            (Q4_K, false) => scalar_k::vec_dot_q4_k_q8_k_tiled,
-            (Q5_K, false) => scalar_k::vec_dot_q5_k_q8_k_tiled,
-            _ => scalar_k::vec_dot_q6_k_q8_k_tiled,
         };
-        Ok(f)
+        // (Every table has these orders for these types: the reference's.)
+        match order.get(wtype) {
+            Some(f) => Ok(f),
+            None => self.dot_fn(wtype),
+        }
     }
 
     /// An 8-row version of [`Kernels::dot_fn`]`(wtype)` for one activation row: output
@@ -434,27 +645,7 @@ impl Kernels {
     /// VNNI (Q4_0, Q8_0, Q5_0, Q4_1, Q5_1) each row's block sum by one `vpdpbusd` and a
     /// correction formed once per activation block.
     pub fn dot_rows_fn(&self, wtype: GgmlType) -> Option<DotRowsFn> {
-        #[cfg(target_arch = "x86_64")]
-        if self.avx2 {
-            use GgmlType::*;
-            return match wtype {
-                Q4_0 if self.vnni => Some(x86::rows_q4_0_q8_0_vnni),
-                Q8_0 if self.vnni => Some(x86::rows_q8_0_q8_0_vnni),
-                Q5_0 if self.vnni => Some(x86::rows_q5_0_q8_0_vnni),
-                Q4_1 if self.vnni => Some(x86::rows_q4_1_q8_1_vnni),
-                Q5_1 if self.vnni => Some(x86::rows_q5_1_q8_1_vnni),
-                Q4_0 => Some(x86::rows_q4_0_q8_0),
-                IQ4_NL => Some(x86::rows_iq4_nl_q8_0),
-                MXFP4 => Some(x86::rows_mxfp4_q8_0),
-                Q8_0 => Some(x86::rows_q8_0_q8_0),
-                Q5_0 => Some(x86::rows_q5_0_q8_0),
-                Q4_1 => Some(x86::rows_q4_1_q8_1),
-                Q5_1 => Some(x86::rows_q5_1_q8_1),
-                _ => None,
-            };
-        }
-        let _ = wtype;
-        None
+        self.t.dot_rows.get(wtype)
     }
 
     /// A tile version of [`Kernels::dot_fn`]`(wtype)`: every output of the tile has the
@@ -463,118 +654,38 @@ impl Kernels {
     /// dot): for now x86's Q8_0, Q5_0, Q4_1, Q4_0 (with AVX-512 VNNI, `vpdpbusd`
     /// versions and larger Q4_0 and Q4_K tiles), Q4_K and Q6_K (one row × several tokens).
     pub fn dot_tile_fn(&self, wtype: GgmlType) -> Option<DotTile> {
-        #[cfg(target_arch = "x86_64")]
-        if self.avx2 {
-            use GgmlType::*;
-            let (f, rows, tokens): (DotTileFn, usize, usize) = match wtype {
-                Q8_0 if self.vnni => (x86::tile_q8_0_q8_0_vnni, x86::TILE_ROWS, x86::ZMM_TILE_TOKENS),
-                Q5_0 if self.vnni => (x86::tile_q5_0_q8_0_vnni, x86::TILE_ROWS, x86::ZMM_TILE_TOKENS),
-                Q4_1 if self.vnni => (x86::tile_q4_1_q8_1_vnni, x86::TILE_ROWS, x86::ZMM_TILE_TOKENS),
-                Q8_0 => (x86::tile_q8_0_q8_0, x86::TILE_ROWS, x86::TILE_TOKENS),
-                Q5_0 => (x86::tile_q5_0_q8_0, x86::TILE_ROWS, x86::TILE_TOKENS),
-                Q4_1 => (x86::tile_q4_1_q8_1, x86::TILE_ROWS, x86::TILE_TOKENS),
-                Q4_0 if self.vnni => (x86::tile_q4_0_q8_0_vnni, x86::Q4_0_TILE_ROWS, x86::Q4_0_TILE_TOKENS_VNNI),
-                Q4_0 => (x86::tile_q4_0_q8_0, x86::Q4_0_TILE_ROWS, x86::Q4_0_TILE_TOKENS),
-                Q4_K if self.vnni => (x86::tile_q4_k_q8_k_vnni, x86::Q4_K_TILE_ROWS, x86::Q4_K_TILE_TOKENS),
-                Q4_K => (x86::tile_q4_k_q8_k, 1, x86::KTILE_TOKENS),
-                Q6_K => (x86::tile_q6_k_q8_k, 1, x86::KTILE_TOKENS),
-                _ => return None,
-            };
-            return Some(DotTile { f, rows, tokens });
-        }
-        let _ = wtype;
-        None
-    }
-
-    fn fast_dot(&self, wtype: GgmlType) -> Option<DotFn> {
-        #[cfg(target_arch = "x86_64")]
-        if self.avx2 {
-            use GgmlType::*;
-            let f: DotFn = match wtype {
-                F32 => x86::vec_dot_f32,
-                F16 => x86::vec_dot_f16,
-                BF16 => x86::vec_dot_bf16,
-                Q4_0 => x86::vec_dot_q4_0_q8_0,
-                Q4_1 => x86::vec_dot_q4_1_q8_1,
-                Q5_0 => x86::vec_dot_q5_0_q8_0,
-                Q5_1 => x86::vec_dot_q5_1_q8_1,
-                Q8_0 => x86::vec_dot_q8_0_q8_0,
-                IQ4_NL => x86::vec_dot_iq4_nl_q8_0,
-                MXFP4 => x86::vec_dot_mxfp4_q8_0,
-                Q2_K => x86::vec_dot_q2_k_q8_k,
-                Q3_K => x86::vec_dot_q3_k_q8_k,
-                Q4_K => x86::vec_dot_q4_k_q8_k,
-                Q5_K => x86::vec_dot_q5_k_q8_k,
-                Q6_K => x86::vec_dot_q6_k_q8_k,
-                _ => return None,
-            };
-            return Some(f);
-        }
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        if self.neon {
-            return aarch64_dot(wtype, self.sdot);
-        }
-        let _ = wtype;
-        None
+        self.t.dot_tile.get(wtype)
     }
 
     /// `gate[i] = silu(gate[i]) * up[i]` with llama.cpp's vectorized exponential
     /// ([`crate::ops::swiglu`]); the same bits with every kernel set.
     pub fn swiglu(&self, gate: &mut [f32], up: &[f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if self.avx2 {
-            return x86::act::swiglu(gate, up);
-        }
-        crate::ops::swiglu(gate, up)
+        (self.t.swiglu)(gate, up)
     }
 
     /// `gate[i] = gelu(gate[i]) * up[i]` as [`crate::ops::geglu`] (ggml's f16 GELU table);
     /// the same bits with every kernel set.
     pub fn geglu(&self, gate: &mut [f32], up: &[f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if self.avx2 {
-            return x86::act::geglu(gate, up);
-        }
-        crate::ops::geglu(gate, up)
+        (self.t.geglu)(gate, up)
     }
 
     /// Dot product of two f16 rows in llama.cpp's flash-attention order (K·Q); the same
     /// bits with every kernel set. See `f16ops.rs` for the order.
+    #[inline]
     pub fn f16_dot(&self, x: &[f16], y: &[f16]) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if self.avx2 {
-            return x86::f16ops::dot(x, y);
-        }
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        if self.neon {
-            return aarch64::f16ops::dot(x, y);
-        }
-        f16ops::dot(x, y)
+        (self.t.f16_dot)(x, y)
     }
 
     /// `y += x·v` on an f16 accumulator, rounding to f16 as llama.cpp's attention does.
+    #[inline]
     pub fn f16_mad(&self, y: &mut [f16], x: &[f16], v: f32) {
-        #[cfg(target_arch = "x86_64")]
-        if self.avx2 {
-            return x86::f16ops::mad(y, x, v, self.fp16);
-        }
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        if self.neon {
-            return aarch64::f16ops::mad(y, x, v);
-        }
-        f16ops::mad(y, x, v)
+        (self.t.f16_mad)(y, x, v)
     }
 
     /// `out[c] = f16_dot(k[offs[c]..][..q.len()], q)` for each key c of a chunk (the
     /// same bits; panics if a key lies outside `k`).
     pub fn f16_dot_keys(&self, k: &[f16], offs: &[usize], q: &[f16], out: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if self.avx2 {
-            return x86::f16ops::dot_keys(k, offs, q, out, self.avx512);
-        }
-        for (o, &off) in out.iter_mut().zip(offs) {
-            *o = self.f16_dot(&k[off..][..q.len()], q);
-        }
+        (self.t.f16_dot_keys)(self.t, k, offs, q, out)
     }
 
     /// The value accumulator's updates for a chunk of keys, in key order: for key c with
@@ -582,33 +693,14 @@ impl Kernels {
     /// `f16_mad(y, x_c, 1.0)`, else `f16_mad(y, x_c, e[c])` — the same bits (panics if a
     /// row lies outside `x`).
     pub fn f16_mad_keys(&self, y: &mut [f16], x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if self.avx2 {
-            return x86::f16ops::mad_keys(y, x, offs, new_max, e, self.fp16);
-        }
-        let n = y.len();
-        for (c, &off) in offs.iter().enumerate() {
-            if new_max[c] {
-                self.f16_scale(y, e[c]);
-                self.f16_mad(y, &x[off..][..n], 1.0);
-            } else {
-                self.f16_mad(y, &x[off..][..n], e[c]);
-            }
-        }
+        (self.t.f16_mad_keys)(self.t, y, x, offs, new_max, e)
     }
 
     /// [`Kernels::f16_dot_keys`] for `heads` query rows of `n` (`qs`) against the same
     /// keys: `out[h·offs.len() + c]` (each key row is read once for all heads on x86);
     /// the same bits.
     pub fn f16_dot_keys_heads(&self, k: &[f16], offs: &[usize], qs: &[f16], n: usize, heads: usize, out: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if self.avx2 && x86::f16ops::dot_keys_heads_fits(n, self.avx512) && (1..=4).contains(&heads) {
-            return x86::f16ops::dot_keys_heads(k, offs, qs, n, heads, out, self.avx512);
-        }
-        let len = offs.len();
-        for h in 0..heads {
-            self.f16_dot_keys(k, offs, &qs[h * n..(h + 1) * n], &mut out[h * len..(h + 1) * len]);
-        }
+        (self.t.f16_dot_keys_heads)(self.t, k, offs, qs, n, heads, out)
     }
 
     /// [`Kernels::f16_mad_keys`] for `heads` accumulator rows of `n` (`ys`) over the
@@ -618,16 +710,7 @@ impl Kernels {
     /// bits.
     #[allow(clippy::too_many_arguments)]
     pub fn f16_mad_keys_heads(&self, ys: &mut [f16], n: usize, heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], sums: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if self.avx2 && n == 64 && heads <= 4 {
-            return x86::f16ops::mad_keys_heads64(ys, heads, x, offs, new_max, e, sums, self.avx512);
-        }
-        let len = offs.len();
-        for h in 0..heads {
-            let r = h * len..(h + 1) * len;
-            self.f16_mad_keys(&mut ys[h * n..(h + 1) * n], x, offs, &new_max[r.clone()], &e[r.clone()]);
-            sums[h] = self.softmax_sum(sums[h], &new_max[r.clone()], &e[r]);
-        }
+        (self.t.f16_mad_keys_heads)(self.t, ys, n, heads, x, offs, new_max, e, sums)
     }
 
     /// The online softmax's exponents for a chunk of one head's scores, in key order:
@@ -636,86 +719,37 @@ impl Kernels {
     /// per step by a prefix maximum; the same flags and values, up to the sign of a zero
     /// exponent or maximum, which `expf` and the comparisons do not see).
     pub fn softmax_scores(&self, e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut f32) {
-        #[cfg(target_arch = "x86_64")]
-        if self.avx512 {
-            return x86::f16ops::softmax_scores(e, new_max, scale, max);
-        }
-        for (ec, nm) in e.iter_mut().zip(new_max.iter_mut()) {
-            let s = *ec * scale;
-            if s > *max {
-                (*ec, *nm) = (*max - s, true);
-                *max = s;
-            } else {
-                (*ec, *nm) = (s - *max, false);
-            }
-        }
+        (self.t.softmax_scores)(e, new_max, scale, max)
     }
 
     /// The online softmax's running sum over a chunk of keys, in key order:
     /// `sum = fma(sum, e[c], 1)` where `new_max[c]`, else `fma(sum, 1, e[c])` — bit for
     /// bit `libm::fmaf` (x86: the FMA instruction, no call per key).
-    pub fn softmax_sum(&self, mut sum: f32, new_max: &[bool], e: &[f32]) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if self.avx2 {
-            return x86::f16ops::softmax_sum(sum, new_max, e);
-        }
-        for (&nm, &ec) in new_max.iter().zip(e) {
-            let (ms, vs) = if nm { (ec, 1.0) } else { (1.0, ec) };
-            sum = libm::fmaf(sum, ms, vs);
-        }
-        sum
+    pub fn softmax_sum(&self, sum: f32, new_max: &[bool], e: &[f32]) -> f32 {
+        (self.t.softmax_sum)(sum, new_max, e)
     }
 
     /// `x[i] = ops::expf(x[i])` for every element, bit for bit (AVX2: four lanes in f64,
     /// AVX-512: eight, with `ops::expf` itself for the rare lane whose rounding the fast
     /// path cannot decide; see `x86::act::expf_batch`).
     pub fn expf_batch(&self, x: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if self.avx2 {
-            return x86::act::expf_batch(x, self.avx512);
-        }
-        for v in x {
-            *v = crate::ops::expf(*v);
-        }
+        (self.t.expf_batch)(x)
     }
 
     /// `y *= v` on an f16 accumulator, rounding to f16 as llama.cpp's attention does.
+    #[inline]
     pub fn f16_scale(&self, y: &mut [f16], v: f32) {
-        #[cfg(target_arch = "x86_64")]
-        if self.avx2 {
-            return x86::f16ops::scale(y, v);
-        }
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        if self.neon {
-            return aarch64::f16ops::scale(y, v);
-        }
-        f16ops::scale(y, v)
+        (self.t.f16_scale)(y, v)
     }
 
     /// `dst[i] = f16(src[i])` (round to nearest even; F16C where available).
     pub fn f32_to_f16(&self, src: &[f32], dst: &mut [f16]) {
-        #[cfg(target_arch = "x86_64")]
-        if self.avx2 {
-            return x86::f16ops::to_f16(src, dst);
-        }
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        if self.neon {
-            return aarch64::f16ops::to_f16(src, dst);
-        }
-        f16ops::to_f16(src, dst)
+        (self.t.f32_to_f16)(src, dst)
     }
 
     /// `dst[i] = f32(src[i])` (exact; F16C where available).
     pub fn f16_to_f32(&self, src: &[f16], dst: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if self.avx2 {
-            return x86::f16ops::to_f32(src, dst);
-        }
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        if self.neon {
-            return aarch64::f16ops::to_f32(src, dst);
-        }
-        f16ops::to_f32(src, dst)
+        (self.t.f16_to_f32)(src, dst)
     }
 
     /// Converts an activation row `x` (n floats) into `ty` (a vec dot type) in `out`,
@@ -723,33 +757,11 @@ impl Kernels {
     /// nearest even, BF16 as ggml, Q8_0/Q8_1/Q8_K as described in the module doc; the
     /// bytes are the same whichever kernel set runs.
     pub fn quantize_activations(&self, ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), Unsupported> {
-        use GgmlType::*;
-        if !matches!(ty, F32 | F16 | BF16 | Q8_0 | Q8_1 | Q8_K) {
+        let Some(f) = self.t.quantize.get(ty) else {
             return Err(Unsupported { ty, reason: Reason::NotActivationType });
-        }
+        };
         check_row(ty, x.len(), out.len())?;
-        #[cfg(target_arch = "x86_64")]
-        if self.avx2 {
-            match ty {
-                Q8_0 => x86::quantize_q8(x, out, false),
-                Q8_1 => x86::quantize_q8(x, out, true),
-                F16 => x86::convert_f16(x, out),
-                Q8_K => x86::quantize_q8_k(x, out),
-                _ => quantize::convert_row(ty, x, out),
-            }
-            return Ok(());
-        }
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        if self.neon && matches!(ty, Q8_0 | Q8_1) {
-            aarch64::quantize_q8(x, out, ty == Q8_1);
-            return Ok(());
-        }
-        match ty {
-            Q8_0 => quantize::quantize_act_q8_0(x, out),
-            Q8_1 => quantize::quantize_act_q8_1(x, out),
-            Q8_K => quantize::quantize_act_q8_k(x, out),
-            _ => quantize::convert_row(ty, x, out),
-        }
+        f(x, out);
         Ok(())
     }
 
@@ -766,32 +778,6 @@ impl Kernels {
         debug_assert!(done, "dequantize_row: {ty} passed the type check but has no kernel");
         Ok(())
     }
-}
-
-/// The NEON dot for `wtype` (`sdot` variants if `sdot`); see `aarch64/mod.rs`.
-#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-fn aarch64_dot(wtype: GgmlType, sdot: bool) -> Option<DotFn> {
-    use aarch64::*;
-    use GgmlType::*;
-    let (plain, with_sdot): (DotFn, DotFn) = match wtype {
-        F32 => (vec_dot_f32, vec_dot_f32),
-        F16 => (vec_dot_f16, vec_dot_f16),
-        BF16 => (vec_dot_bf16, vec_dot_bf16),
-        Q4_0 => (vec_dot_q4_0_q8_0, vec_dot_q4_0_q8_0_sdot),
-        Q4_1 => (vec_dot_q4_1_q8_1, vec_dot_q4_1_q8_1_sdot),
-        Q5_0 => (vec_dot_q5_0_q8_0, vec_dot_q5_0_q8_0_sdot),
-        Q5_1 => (vec_dot_q5_1_q8_1, vec_dot_q5_1_q8_1_sdot),
-        Q8_0 => (vec_dot_q8_0_q8_0, vec_dot_q8_0_q8_0_sdot),
-        IQ4_NL => (vec_dot_iq4_nl_q8_0, vec_dot_iq4_nl_q8_0_sdot),
-        MXFP4 => (vec_dot_mxfp4_q8_0, vec_dot_mxfp4_q8_0_sdot),
-        Q2_K => (vec_dot_q2_k_q8_k, vec_dot_q2_k_q8_k_sdot),
-        Q3_K => (vec_dot_q3_k_q8_k, vec_dot_q3_k_q8_k_sdot),
-        Q4_K => (vec_dot_q4_k_q8_k, vec_dot_q4_k_q8_k_sdot),
-        Q5_K => (vec_dot_q5_k_q8_k, vec_dot_q5_k_q8_k_sdot),
-        Q6_K => (vec_dot_q6_k_q8_k, vec_dot_q6_k_q8_k_sdot),
-        _ => return None,
-    };
-    Some(if sdot { with_sdot } else { plain })
 }
 
 /// Quantizes a row as `llama-quantize` does when no importance matrix is given

@@ -5,8 +5,9 @@
 //! NEON Q8_0/Q8_1 activation quantizer and the attention f16 operations (`f16ops.rs`,
 //! the reference's bits). Every public-in-crate `vec_dot_*` here is a
 //! safe wrapper with the [`super::DotFn`] shape; the `*_sdot` variants run `sdot` and may
-//! only be handed out when the host reported `Isa::neon_dotprod` (`Kernels::new` does
-//! that). NEON itself is part of every aarch64 target this module is compiled for
+//! only be handed out when the host reported `Isa::neon_dotprod` ([`table`], the only
+//! way out of this module, does that: the reference's kernel table with what this module
+//! has in its place, with or without the `sdot` variants). NEON itself is part of every aarch64 target this module is compiled for
 //! (`target_feature = "neon"`).
 //!
 //! Arithmetic: every kernel gives the scalar reference's bits (tested, `tests*.rs`). The
@@ -35,6 +36,7 @@ mod kdot;
 mod qdot;
 
 use super::blocks::bf16_to_f32;
+use super::{vec_dots, Isa, KernelTable, REFERENCE};
 
 /// How a kernel forms the 4 lane sums of 16 i8·i8 products (lane `l` = Σ over
 /// `4l..4l+4`, exact in i32), added to `acc`.
@@ -157,6 +159,52 @@ dot_one!(/// NEON F16 · F16 (AVX2 order).
     vec_dot_f16, f16_f16, 2);
 dot_one!(/// NEON BF16 · BF16 (AVX2 order).
     vec_dot_bf16, bf16_bf16, 2);
+
+// ---------------------------------------------------------------- kernel table
+
+/// The NEON kernel table if `isa` reports NEON (with the `sdot` variants if it reports
+/// the dot-product extension): NEON is part of the target (this module is compiled only
+/// with it); `sdot` is trusted from the host's report (no_std cannot ask the OS).
+pub(crate) fn table(isa: Isa) -> Option<&'static KernelTable> {
+    match (isa.neon, isa.neon_dotprod) {
+        (false, _) => None,
+        (true, false) => Some(&NEON),
+        (true, true) => Some(&NEON_DOTPROD),
+    }
+}
+
+static NEON: KernelTable = build(false);
+static NEON_DOTPROD: KernelTable = build(true);
+
+/// The reference's table with this module's kernels in its place (`sdot`: the dots'
+/// `sdot` variants).
+const fn build(sdot: bool) -> KernelTable {
+    let mut t = REFERENCE;
+    t.name = if sdot { "neon-dotprod" } else { "neon" };
+    t.dot = vec_dots!();
+    if sdot {
+        t.dot.q4_0 = Some(vec_dot_q4_0_q8_0_sdot);
+        t.dot.q4_1 = Some(vec_dot_q4_1_q8_1_sdot);
+        t.dot.q5_0 = Some(vec_dot_q5_0_q8_0_sdot);
+        t.dot.q5_1 = Some(vec_dot_q5_1_q8_1_sdot);
+        t.dot.q8_0 = Some(vec_dot_q8_0_q8_0_sdot);
+        t.dot.iq4_nl = Some(vec_dot_iq4_nl_q8_0_sdot);
+        t.dot.mxfp4 = Some(vec_dot_mxfp4_q8_0_sdot);
+        t.dot.q2_k = Some(vec_dot_q2_k_q8_k_sdot);
+        t.dot.q3_k = Some(vec_dot_q3_k_q8_k_sdot);
+        t.dot.q4_k = Some(vec_dot_q4_k_q8_k_sdot);
+        t.dot.q5_k = Some(vec_dot_q5_k_q8_k_sdot);
+        t.dot.q6_k = Some(vec_dot_q6_k_q8_k_sdot);
+    }
+    t.quantize.q8_0 = Some(quantize_q8::<false>);
+    t.quantize.q8_1 = Some(quantize_q8::<true>);
+    t.f16_dot = f16ops::dot;
+    t.f16_mad = f16ops::mad;
+    t.f16_scale = f16ops::scale;
+    t.f32_to_f16 = f16ops::to_f16;
+    t.f16_to_f32 = f16ops::to_f32;
+    t
+}
 
 // ---------------------------------------------------------------- helpers
 
@@ -300,10 +348,11 @@ unsafe fn bf16_bf16(n: usize, w: *const u8, a: *const u8) -> f32 {
 
 // ---------------------------------------------------------------- activations
 
-/// f32 activations → Q8_0 (`with_sum = false`, 34-byte blocks) or Q8_1 (36-byte
+/// f32 activations → Q8_0 (`WITH_SUM = false`, 34-byte blocks) or Q8_1 (36-byte
 /// blocks); whole blocks only. Same bytes as `quantize::quantize_act_q8_*`:
 /// `id = 127/amax`, `q = round_half_even(x·id)`, `d = f16(amax/127)`, `s = f16(d·Σq)`.
-pub(crate) fn quantize_q8(x: &[f32], out: &mut [u8], with_sum: bool) {
+pub(crate) fn quantize_q8<const WITH_SUM: bool>(x: &[f32], out: &mut [u8]) {
+    let with_sum = WITH_SUM;
     let size = if with_sum { 36 } else { 34 };
     for (xb, ob) in x.chunks_exact(32).zip(out.chunks_exact_mut(size)) {
         // SAFETY: xb holds 32 f32, ob `size` bytes; unaligned loads and stores only.

@@ -1,7 +1,7 @@
 //! keel-core's Hexagon kernel set: HVX integer kernels over Tiles32 weights (layout and
-//! contract: [`super::tiles32`]), registered as [`TILES`] and chosen by
-//! [`super::Kernels::new`] when the host reports HVX (`Isa::hvx`) on a Hexagon build
-//! with 128-byte HVX vectors. Everything else (scales, quantization, float ops) is
+//! contract: [`super::tiles32`]), its [`table`] chosen by [`super::Kernels::new`] when
+//! the host reports HVX (`Isa::hvx`) on a Hexagon build with 128-byte HVX vectors (every
+//! other entry is the reference's). Everything else (scales, quantization, float ops) is
 //! keel-core's common code, so a product on the DSP equals the CPU's bit for bit.
 //!
 //! One call handles one K-block for a run of 32-row groups: it holds the block's 8
@@ -22,12 +22,21 @@
 use core::arch::hexagon::v128::{HvxVector, Q6_V_vsplat_R};
 
 use super::tiles32::{TileKernels, ALIGN};
+use super::{Isa, KernelTable, REFERENCE};
 
 mod iq4_nl;
 mod q4_0;
 
 /// The HVX kernels as a Tiles32 kernel set.
-pub(crate) const TILES: TileKernels = TileKernels { q8_0: q8_0_sums, q8_0_lanes: q8_0_lanes, q4_0: q4_0_sums, iq4_nl: iq4_nl_sums };
+const TILES: TileKernels = TileKernels { q8_0: q8_0_sums, q8_0_lanes: q8_0_lanes, q4_0: q4_0_sums, iq4_nl: iq4_nl_sums };
+
+/// The Hexagon table: the reference with the HVX Tiles32 kernels.
+static HVX: KernelTable = KernelTable { name: "hvx", tiles: TILES, ..REFERENCE };
+
+/// The Hexagon table if the host reports HVX.
+pub(crate) fn table(isa: Isa) -> Option<&'static KernelTable> {
+    isa.hvx.then_some(&HVX)
+}
 
 /// Checks a safe call's slices (the kernels' contract) and runs `kernel` on them.
 #[inline(always)]

@@ -5,7 +5,9 @@
 //! kernel set). Every public-in-crate
 //! function here is a safe wrapper with the [`super::DotFn`] shape around an
 //! `unsafe #[target_feature]` body; the wrappers may only be handed out after
-//! [`cpu_has_avx2_fma`] returned true (`Kernels::new` does that; tests check it too).
+//! [`cpu_has_avx2_fma`] returned true. They are handed out through this module's
+//! kernel tables only ([`table`], which checks that; tests check it too): the
+//! reference's table with what this module has in its place, one per set of flags.
 //!
 //! Arithmetic of the 32-element types (the K-quants: see `kdot.rs`), per weight/activation
 //! block pair:
@@ -42,6 +44,7 @@ mod qdot;
 mod qtile;
 
 use super::blocks::{bf16_to_f32, f16_to_f32};
+use super::{vec_dots, DotTile, Isa, KernelTable, REFERENCE};
 use kdot::{q2_k_q8_k, q3_k_q8_k, q4_k_q8_k, q5_k_q8_k, q6_k_q8_k, GEMM, NATIVE, TILED};
 use qdot::{iq4_nl_q8_0, mxfp4_q8_0, q4_0_q8_0, q4_0_q8_0_lanes, q4_1_q8_1, q5_0_q8_0, q5_1_q8_1, q8_0_q8_0};
 
@@ -235,7 +238,6 @@ rows_wrapper!(/// AVX-512 VNNI Q4_1 · Q8_1, 8 rows (each output as [`vec_dot_q4
 rows_wrapper!(/// AVX-512 VNNI Q5_1 · Q8_1, 8 rows (each output as [`vec_dot_q5_1_q8_1`]); only
     /// handed out after [`cpu_has_avx512_vnni`].
     rows_q5_1_q8_1_vnni, qdot::q5_1_q8_1_rows_vnni, 32, 24, 36, cpu_has_avx512_vnni);
-pub(crate) use qdot::ROWS;
 
 macro_rules! dot_wrapper {
     ($(#[$doc:meta])* $name:ident, $body:path, $bs:expr, $wsize:expr, $asize:expr) => {
@@ -295,6 +297,137 @@ dot_wrapper!(/// AVX2 F16 · F16.
     vec_dot_f16, f16_f16, 1, 2, 2);
 dot_wrapper!(/// AVX2 BF16 · BF16.
     vec_dot_bf16, bf16_bf16, 1, 2, 2);
+
+// ---------------------------------------------------------------- kernel table
+
+/// The x86 kernel table `isa` allows and CPUID confirms: `None` without AVX2 + FMA +
+/// F16C ([`cpu_has_avx2_fma`]; nothing here is handed out otherwise), else the AVX2
+/// kernels with AVX-512 F/BW/VL, AVX-512 VNNI (only with AVX-512) and AVX512-FP16 where
+/// both `isa` and CPUID report them.
+pub(crate) fn table(isa: Isa) -> Option<&'static KernelTable> {
+    if !(isa.avx2_fma && cpu_has_avx2_fma()) {
+        return None;
+    }
+    let fp16 = isa.avx512_fp16 && cpu_has_avx512_fp16();
+    let avx512 = isa.avx512 && cpu_has_avx512();
+    let vnni = avx512 && isa.avx512_vnni && cpu_has_avx512_vnni();
+    Some(&TABLES[avx512 as usize | (vnni as usize) << 1 | (fp16 as usize) << 2])
+}
+
+/// The table of every set of flags, at index `avx512 | vnni << 1 | fp16 << 2`.
+static TABLES: [KernelTable; 8] = [build(0), build(1), build(2), build(3), build(4), build(5), build(6), build(7)];
+
+/// The reference's table with every kernel this module has for `flags` (see
+/// [`TABLES`]) in its place.
+const fn build(flags: usize) -> KernelTable {
+    let (avx512, vnni, fp16) = (flags & 1 != 0, flags & 2 != 0, flags & 4 != 0);
+    let mut t = REFERENCE;
+    t.name = match (vnni, fp16) {
+        (true, true) => "avx2+vnni+fp16",
+        (true, false) => "avx2+vnni",
+        (false, true) => "avx2+fp16",
+        (false, false) => "avx2",
+    };
+    t.dot = vec_dots!();
+    t.dot_lanes.q4_0 = Some(vec_dot_q4_0_q8_0_lanes);
+    t.dot_gemm.q2_k = Some(vec_dot_q2_k_q8_k_gemm);
+    t.dot_gemm.q4_k = Some(vec_dot_q4_k_q8_k_gemm);
+    t.dot_tiled.q2_k = Some(vec_dot_q2_k_q8_k_tiled);
+    t.dot_tiled.q3_k = Some(vec_dot_q3_k_q8_k_tiled);
+    t.dot_tiled.q4_k = Some(vec_dot_q4_k_q8_k_tiled);
+    t.dot_tiled.q5_k = Some(vec_dot_q5_k_q8_k_tiled);
+    t.dot_tiled.q6_k = Some(vec_dot_q6_k_q8_k_tiled);
+
+    // 8-row dots and tiles: the AVX-512 VNNI ones where `vnni` and they exist.
+    t.dot_rows.q4_0 = Some(if vnni { rows_q4_0_q8_0_vnni } else { rows_q4_0_q8_0 });
+    t.dot_rows.q8_0 = Some(if vnni { rows_q8_0_q8_0_vnni } else { rows_q8_0_q8_0 });
+    t.dot_rows.q5_0 = Some(if vnni { rows_q5_0_q8_0_vnni } else { rows_q5_0_q8_0 });
+    t.dot_rows.q4_1 = Some(if vnni { rows_q4_1_q8_1_vnni } else { rows_q4_1_q8_1 });
+    t.dot_rows.q5_1 = Some(if vnni { rows_q5_1_q8_1_vnni } else { rows_q5_1_q8_1 });
+    t.dot_rows.iq4_nl = Some(rows_iq4_nl_q8_0);
+    t.dot_rows.mxfp4 = Some(rows_mxfp4_q8_0);
+    let (tile_tokens, tile_tokens_q4_0) = if vnni { (ZMM_TILE_TOKENS, Q4_0_TILE_TOKENS_VNNI) } else { (TILE_TOKENS, Q4_0_TILE_TOKENS) };
+    t.dot_tile.q8_0 = DotTile::entry(if vnni { tile_q8_0_q8_0_vnni } else { tile_q8_0_q8_0 }, TILE_ROWS, tile_tokens);
+    t.dot_tile.q5_0 = DotTile::entry(if vnni { tile_q5_0_q8_0_vnni } else { tile_q5_0_q8_0 }, TILE_ROWS, tile_tokens);
+    t.dot_tile.q4_1 = DotTile::entry(if vnni { tile_q4_1_q8_1_vnni } else { tile_q4_1_q8_1 }, TILE_ROWS, tile_tokens);
+    t.dot_tile.q4_0 = DotTile::entry(if vnni { tile_q4_0_q8_0_vnni } else { tile_q4_0_q8_0 }, Q4_0_TILE_ROWS, tile_tokens_q4_0);
+    t.dot_tile.q4_k = if vnni {
+        DotTile::entry(tile_q4_k_q8_k_vnni, Q4_K_TILE_ROWS, Q4_K_TILE_TOKENS)
+    } else {
+        DotTile::entry(tile_q4_k_q8_k, 1, KTILE_TOKENS)
+    };
+    t.dot_tile.q6_k = DotTile::entry(tile_q6_k_q8_k, 1, KTILE_TOKENS);
+
+    // (F32 and BF16 activations: the reference's conversion.)
+    t.quantize.f16 = Some(convert_f16);
+    t.quantize.q8_0 = Some(quantize_q8::<false>);
+    t.quantize.q8_1 = Some(quantize_q8::<true>);
+    t.quantize.q8_k = Some(quantize_q8_k);
+
+    t.swiglu = act::swiglu;
+    t.geglu = act::geglu;
+    t.expf_batch = if avx512 { entry::expf_batch::<true> } else { entry::expf_batch::<false> };
+
+    t.f16_dot = f16ops::dot;
+    t.f16_mad = if fp16 { entry::mad::<true> } else { entry::mad::<false> };
+    t.f16_scale = f16ops::scale;
+    t.f32_to_f16 = f16ops::to_f16;
+    t.f16_to_f32 = f16ops::to_f32;
+    t.f16_dot_keys = if avx512 { entry::dot_keys::<true> } else { entry::dot_keys::<false> };
+    t.f16_mad_keys = if fp16 { entry::mad_keys::<true> } else { entry::mad_keys::<false> };
+    t.f16_dot_keys_heads = if avx512 { entry::dot_keys_heads::<true> } else { entry::dot_keys_heads::<false> };
+    t.f16_mad_keys_heads = if avx512 { entry::mad_keys_heads::<true> } else { entry::mad_keys_heads::<false> };
+    if avx512 {
+        t.softmax_scores = f16ops::softmax_scores;
+    }
+    t.softmax_sum = f16ops::softmax_sum;
+    t
+}
+
+/// Table entries for the functions above that take a flag (fixed here: `FP16` only in a
+/// table built after `cpu_has_avx512_fp16()`, `AVX512` after `cpu_has_avx512()`) or
+/// take only some shapes (the others go to the reference's loop, which calls this
+/// table's per-key kernels).
+mod entry {
+    use super::{act, f16ops};
+    use crate::quant::{mad_keys_by_head, dot_keys_by_head, KernelTable};
+    use half::f16;
+
+    pub(super) fn expf_batch<const AVX512: bool>(x: &mut [f32]) {
+        act::expf_batch(x, AVX512)
+    }
+
+    pub(super) fn mad<const FP16: bool>(y: &mut [f16], x: &[f16], v: f32) {
+        f16ops::mad(y, x, v, FP16)
+    }
+
+    pub(super) fn dot_keys<const AVX512: bool>(_: &KernelTable, k: &[f16], offs: &[usize], q: &[f16], out: &mut [f32]) {
+        f16ops::dot_keys(k, offs, q, out, AVX512)
+    }
+
+    pub(super) fn mad_keys<const FP16: bool>(_: &KernelTable, y: &mut [f16], x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32]) {
+        f16ops::mad_keys(y, x, offs, new_max, e, FP16)
+    }
+
+    /// The grouped K·Q dots for rows and head counts they take.
+    pub(super) fn dot_keys_heads<const AVX512: bool>(t: &KernelTable, k: &[f16], offs: &[usize], qs: &[f16], n: usize, heads: usize, out: &mut [f32]) {
+        if f16ops::dot_keys_heads_fits(n, AVX512) && (1..=4).contains(&heads) {
+            f16ops::dot_keys_heads(k, offs, qs, n, heads, out, AVX512)
+        } else {
+            dot_keys_by_head(t, k, offs, qs, n, heads, out)
+        }
+    }
+
+    /// The grouped value updates for rows of 64 and up to 4 heads.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn mad_keys_heads<const AVX512: bool>(t: &KernelTable, ys: &mut [f16], n: usize, heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], sums: &mut [f32]) {
+        if n == 64 && heads <= 4 {
+            f16ops::mad_keys_heads64(ys, heads, x, offs, new_max, e, sums, AVX512)
+        } else {
+            mad_keys_by_head(t, ys, n, heads, x, offs, new_max, e, sums)
+        }
+    }
+}
 
 // ---------------------------------------------------------------- helpers
 
@@ -396,9 +529,10 @@ unsafe fn bf16_bf16(n: usize, w: *const u8, a: *const u8) -> f32 {
 
 // ---------------------------------------------------------------- activations
 
-/// f32 activations → Q8_0 (`with_sum = false`, 34-byte blocks) or Q8_1 (36-byte
+/// f32 activations → Q8_0 (`WITH_SUM = false`, 34-byte blocks) or Q8_1 (36-byte
 /// blocks); whole blocks only. Same bytes as `quantize::quantize_act_q8_*`.
-pub(crate) fn quantize_q8(x: &[f32], out: &mut [u8], with_sum: bool) {
+pub(crate) fn quantize_q8<const WITH_SUM: bool>(x: &[f32], out: &mut [u8]) {
+    let with_sum = WITH_SUM;
     let size = if with_sum { 36 } else { 34 };
     let nb = (x.len() / 32).min(out.len() / size);
     // SAFETY: only called after cpu_has_avx2_fma() (module contract); nb blocks of
