@@ -1,6 +1,6 @@
 //! The qemu-hexagon test harness protocol: one request on stdin, one response
 //! on stdout, little-endian. The host test (`qemu-tests/`) writes random inputs,
-//! runs the ELF, and checks the response against its own scalar reference.
+//! runs the ELF, and checks the response against keel-core's host build.
 //!
 //! Request: `b"KDSP"`, command word, then
 //! - `CMD_MATMUL`: dtype code (`DType::code`: Q4_0 2, Q8_0 3, IQ4_NL 4), rows, k, n_cols,

@@ -7,7 +7,7 @@ use keel_npu_hal::op::{Batch, BufferRef, DType, Layout, OpDesc, OpKind, TensorDe
 use keel_npu_hal::wire::{self, BatchMsg, MAX_MESSAGE};
 use keel_npu_hal::BufferId;
 
-use crate::{elf, put, run_elf, words, MAGIC};
+use crate::{bytes_f32, elf, f32_bytes, put, run_elf, words, MAGIC};
 
 /// Harness command number of an op batch.
 pub const CMD_BATCH: u32 = 3;
@@ -35,19 +35,11 @@ pub struct Failed {
 }
 
 /// Error codes of `harness::error_code`.
+pub const OUT_OF_MEMORY: u32 = 2;
+/// See [`OUT_OF_MEMORY`].
 pub const UNSUPPORTED: u32 = 3;
 /// See [`UNSUPPORTED`].
 pub const INVALID_ARGUMENT: u32 = 6;
-
-/// f32 values as little-endian bytes.
-pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-/// Bytes as f32 values.
-pub fn bytes_f32(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
-}
 
 impl Builder {
     /// An empty batch with 1 MiB of scratch.
@@ -110,6 +102,11 @@ impl Builder {
     pub fn tensor_bytes<'a>(&self, bufs: &'a [Vec<u8>], t: u16) -> &'a [u8] {
         let d = &self.tensors[usize::from(t)];
         &bufs[usize::from(d.buffer)][d.offset as usize..d.end().unwrap() as usize]
+    }
+
+    /// Tensor `t` after the batch, as f32 values.
+    pub fn f32_of(&self, bufs: &[Vec<u8>], t: u16) -> Vec<f32> {
+        bytes_f32(self.tensor_bytes(bufs, t))
     }
 
     /// Runs the batch; `Ok` holds every buffer afterwards.

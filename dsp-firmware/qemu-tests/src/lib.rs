@@ -1,19 +1,24 @@
-//! Host side of the firmware tests: random ggml inputs, scalar references
-//! written from the ggml block definitions ([`reference`]) and the op
-//! definitions ([`layer_ref`]), independent of the firmware code, op batches
-//! built with keel-npu-hal's types ([`batch`]), and a runner that feeds a
-//! request to the harness ELF under `qemu-hexagon`.
+//! Host side of the firmware tests: random ggml inputs, op batches built with
+//! keel-npu-hal's types ([`batch`]), a runner that feeds a request to the harness
+//! ELF under `qemu-hexagon`, and the expected values — every one of them a
+//! keel-core call on the host with its scalar reference kernels
+//! (`Kernels::reference()`, [`expect`]), chained into a whole llama layer by
+//! [`llama`]. The firmware computes by calling the same keel-core code built for
+//! Hexagon, so every comparison here is of bits ([`assert_same_f32`],
+//! [`assert_same_bytes`]): no tolerances. This crate computes no value itself.
 //!
 //! Environment (set by `dsp-firmware/ci.sh`): `KEEL_DSP_ELF` (the harness),
 //! `KEEL_DSP_ELF_BROKEN` (built with `broken-hvx-zeros`), `KEEL_QEMU_CPU`
 //! (`v68`, `v73`, or `v67`), optionally `KEEL_QEMU` (the qemu-hexagon binary).
 
 pub mod batch;
-pub mod layer_ref;
-pub mod reference;
+pub mod expect;
+pub mod llama;
 
 use std::io::Write;
 use std::process::{Command, Stdio};
+
+use keel_npu_hal::op::DType;
 
 /// Harness request magic and commands (see the firmware's `harness` module).
 pub const MAGIC: &[u8; 4] = b"KDSP";
@@ -36,6 +41,10 @@ impl Rng {
     /// Uniform in [-1, 1).
     pub fn f32(&mut self) -> f32 {
         (self.u32() >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+    }
+    /// `n` values uniform in [-scale, scale).
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f32() * scale).collect()
     }
 }
 
@@ -84,8 +93,24 @@ pub fn put(req: &mut Vec<u8>, ws: &[u32]) {
     ws.iter().for_each(|w| req.extend_from_slice(&w.to_le_bytes()));
 }
 
-/// Random ggml weight rows of `t`: scales of both signs and many magnitudes.
-pub fn ggml_weights(t: reference::WType, rows: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
+/// f32 values as little-endian bytes.
+pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Bytes as f32 values.
+pub fn bytes_f32(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+/// f16 values as little-endian bytes.
+pub fn f16_bytes(v: &[half::f16]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect()
+}
+
+/// Random ggml weight rows of `t` (Q8_0, Q4_0, IQ4_NL): scales of both signs and
+/// many magnitudes, random quants.
+pub fn ggml_weights(t: DType, rows: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
     let mut v = Vec::new();
     for _ in 0..rows * k / 32 {
         let d = rng.f32() * [1e-3, 0.02, 0.5, 4.0][(rng.u32() % 4) as usize];
@@ -93,4 +118,53 @@ pub fn ggml_weights(t: reference::WType, rows: usize, k: usize, rng: &mut Rng) -
         (0..t.block_bytes() - 2).for_each(|_| v.push(rng.u32() as u8));
     }
     v
+}
+
+/// Weights with modest scales (so activations stay O(1) through a layer).
+pub fn small_weights(t: DType, rows: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut w = ggml_weights(t, rows, k, rng);
+    for blk in w.chunks_mut(t.block_bytes() as usize) {
+        let d = (0.01 + 0.02 * (rng.f32() + 1.0) / 2.0) / if t == DType::Q8_0 { 16.0 } else { 2.0 };
+        blk[..2].copy_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
+    }
+    w
+}
+
+/// Asserts that `got` and `want` hold the same f32 values bit for bit (a NaN must
+/// meet a NaN; its payload is not compared: Rust leaves NaN payloads unspecified, and
+/// Hexagon's default NaN is not x86's). On failure, names the first differing index
+/// with both values and their bits, and how many differ.
+pub fn assert_same_f32(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let same = |g: f32, w: f32| g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan());
+    if let Some(i) = (0..got.len()).find(|&i| !same(got[i], want[i])) {
+        let n = got.iter().zip(want).filter(|(&g, &w)| !same(g, w)).count();
+        let max = got.iter().zip(want).filter(|(&g, &w)| !same(g, w)).map(|(&g, &w)| (g - w).abs()).fold(0f32, f32::max);
+        panic!(
+            "{what}: {n} of {} values differ (max |Δ| {max:e}); first at [{i}]: DSP {:e} ({:#010x}) vs keel-core {:e} ({:#010x})",
+            got.len(),
+            got[i],
+            got[i].to_bits(),
+            want[i],
+            want[i].to_bits()
+        );
+    }
+}
+
+/// Asserts equal bytes; on failure names the first differing byte and how many differ.
+pub fn assert_same_bytes(got: &[u8], want: &[u8], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
+        let n = got.iter().zip(want).filter(|(g, w)| g != w).count();
+        panic!("{what}: {n} of {} bytes differ; first at [{i}]: DSP {:#04x} vs keel-core {:#04x}", got.len(), got[i], want[i]);
+    }
+}
+
+/// Asserts equal int32 values; on failure names the first differing index.
+pub fn assert_same_i32(got: &[i32], want: &[i32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
+        let n = got.iter().zip(want).filter(|(g, w)| g != w).count();
+        panic!("{what}: {n} of {} values differ; first at [{i}]: DSP {} vs keel-core {}", got.len(), got[i], want[i]);
+    }
 }
