@@ -16,6 +16,8 @@ pub mod quant;
 pub mod arena;
 pub mod attention;
 pub mod attn_tiled;
+pub mod block;
+mod block_cpu;
 pub mod chat;
 pub mod delta_net;
 pub mod engine;

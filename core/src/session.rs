@@ -6,16 +6,16 @@
 
 use crate::arena::{Carver, Plan};
 use crate::error::Error;
-use crate::ggml_type::GgmlType;
 use crate::gguf::Gguf;
-use crate::matmul::{act_row_bytes, matmul_as, quantize_rows, SharedMut};
-use crate::attention::{attend_heads, KeySpan};
+use crate::matmul::act_row_bytes;
 use crate::attn_tiled;
+use crate::block::{self, Op};
+use crate::block_cpu::{self, Act, Bufs, Cache, DeltaState, LayerState, Step, ATTN_HEADS, DELTA_CHUNK};
 use crate::delta_net;
-use crate::model::{Attention, DeltaNet, FfnAct, HParams, Mixer, Model, RopeMode, Ssm, Tensor};
+use crate::model::{HParams, Mixer, Model};
 use crate::ops;
-use crate::placement::{Exec, Offload, Placement, WeightId, WeightKind, OUTPUT_LAYER};
-use crate::parallel::{split_range, Parallel};
+use crate::placement::{Exec, Offload, Placement, WeightKind, OUTPUT_LAYER};
+use crate::parallel::Parallel;
 use crate::quant::Kernels;
 use half::f16;
 
@@ -45,9 +45,6 @@ pub enum Outputs {
 const REGIONS: [&str; 21] = [
     "kv_k", "kv_v", "conv_state", "ssm_state", "x", "xn", "q", "k", "v", "gate", "attn", "ffn_a", "ffn_b", "act_q", "attn_scratch", "rope", "gdn_ab", "conv_out", "gdn_scratch", "attn_tile", "logits",
 ];
-
-/// Tokens per chunk of the chunked delta-net prompt path.
-const DELTA_CHUNK: usize = 64;
 
 /// The largest activation row (bytes) any matrix product of this file needs.
 pub fn max_act_row_bytes(g: &Gguf<'_>) -> usize {
@@ -299,7 +296,7 @@ impl<'a> Session<'a> {
     fn forward(&mut self, model: &Model<'_>, tokens: &[u32], out_rows: usize, par: &dyn Parallel, exec: Option<&mut Exec<'_, '_>>) -> Result<(), Error> {
         let hp = &model.hp;
         let n = tokens.len();
-        let (e, f) = (hp.n_embd, hp.n_ff);
+        let e = hp.n_embd;
         let kern = self.kernels;
         let (n_ctx, n_batch) = (self.cfg.n_ctx, self.cfg.n_batch);
         let n_tasks = self.cfg.n_threads;
@@ -341,6 +338,26 @@ impl<'a> Session<'a> {
             }
         }
 
+        let nvh = hp.ssm.map_or(0, |s| s.n_v_heads);
+        let (beta, alpha) = gdn_ab.split_at_mut((n * nvh).min(gdn_ab.len()));
+        let mut bufs = Bufs {
+            x: &mut x[..],
+            xn: &mut xn[..],
+            q: &mut q[..],
+            k: &mut k[..],
+            v: &mut v[..],
+            gate: &mut gate[..],
+            attn: &mut attn[..],
+            ffn_a: &mut ffn_a[..],
+            ffn_b: &mut ffn_b[..],
+            beta,
+            alpha,
+            conv: &mut conv_out[..],
+            rope: &mut rope[..],
+            attn_scratch: &mut attn_scratch[..],
+            gdn_scratch: &mut gdn_scratch[..],
+            tile: if tiled { Some(&mut attn_tile[..]) } else { None },
+        };
         let (mut kv_row0, mut recr) = (0usize, 0usize);
         let mut on_device_until = 0;
         for (l, layer) in model.layers.iter().enumerate() {
@@ -358,7 +375,7 @@ impl<'a> Session<'a> {
                 }
                 if act.failed.is_none() {
                     let ok = match act.offload.as_deref_mut() {
-                        Some(off) => off.layers(dev, l as u16..l1 as u16, &mut x[..n * e], n, n_past).is_ok(),
+                        Some(off) => off.layers(dev, l as u16..l1 as u16, &mut bufs.x[..n * e], n, n_past).is_ok(),
                         None => false,
                     };
                     if !ok {
@@ -369,41 +386,36 @@ impl<'a> Session<'a> {
                 kv_row0 += hp.kv_rows(l, n_ctx, n_batch);
                 continue;
             }
-            for i in 0..n {
-                ops::rms_norm(&x[i * e..(i + 1) * e], layer.attn_norm.data, hp.rms_eps, &mut xn[i * e..(i + 1) * e]);
-            }
-            act.invalidate();
-            match &layer.mixer {
-                Mixer::Attention(a) => {
+            // The layer's state: its rows of the KV cache, or its recurrent state.
+            let mut state = match &layer.mixer {
+                Mixer::Attention(_) => {
                     let rows = hp.kv_rows(l, n_ctx, n_batch);
-                    let bufs = AttnBufs { q, k, v, gate, attn, rope, scratch: attn_scratch, tile: if tiled { Some(&mut **attn_tile) } else { None } };
-                    let cache = Cache { kv_k: &mut kv_k[kv_row0 * hp.k_dim()..(kv_row0 + rows) * hp.k_dim()], kv_v: &mut kv_v[kv_row0 * hp.v_dim()..(kv_row0 + rows) * hp.v_dim()], rows, n_past, window: if hp.is_swa(l) { hp.n_swa } else { 0 } };
-                    attention_block(hp, l, a, &mut act, cache, bufs, &xn[..n * e], &mut ffn_a[..n * e], n_tasks, n, par);
+                    let c = Cache { kv_k: &mut kv_k[kv_row0 * hp.k_dim()..(kv_row0 + rows) * hp.k_dim()], kv_v: &mut kv_v[kv_row0 * hp.v_dim()..(kv_row0 + rows) * hp.v_dim()], rows, n_past, window: if hp.is_swa(l) { hp.n_swa } else { 0 } };
                     kv_row0 += rows;
+                    LayerState::Attention(c)
                 }
-                Mixer::DeltaNet(d) => {
+                Mixer::DeltaNet(_) => {
                     let Some(s) = hp.ssm else { return Err(Error::BadConfig("a delta-net layer without ssm parameters")) };
                     let st = DeltaState { conv: &mut conv_state[recr * s.conv_state_len()..(recr + 1) * s.conv_state_len()], ssm: &mut ssm_state[recr * s.state_len()..(recr + 1) * s.state_len()] };
-                    let bufs = DeltaBufs { qkv: q, z: k, ab: gdn_ab, conv: conv_out, out: attn, scratch: gdn_scratch };
-                    delta_net_block(hp, &s, d, &mut act, st, bufs, &xn[..n * e], &mut ffn_a[..n * e], n_tasks, n, chunked, par);
                     recr += 1;
+                    LayerState::DeltaNet(st)
                 }
+            };
+            // The block's ops, in order (`block::layer_ops`: the one description of it).
+            let step = Step { hp, layer, l, n, n_tasks, chunked, par };
+            let mut prev: Option<Op> = None;
+            for &op in block::layer_ops(hp, layer).iter() {
+                // Products of one input in a row (q, k, v; gate, up) quantize it once.
+                if let Op::MatMul { src, .. } = op {
+                    if !matches!(prev, Some(Op::MatMul { src: s0, .. }) if s0 == src) {
+                        act.invalidate();
+                    }
+                }
+                block_cpu::run(op, &step, &mut bufs, &mut state, &mut act);
+                prev = Some(op);
             }
-            // The mixer output is in ffn_a; optional post-norm, then the residual add.
-            add_residual(hp, layer.attn_post_norm, &ffn_a[..n * e], &mut xn[..n * e], &mut x[..n * e], n);
-
-            // Feed-forward: x += act(xn Wg) * (xn Wu)) Wd
-            for i in 0..n {
-                ops::rms_norm(&x[i * e..(i + 1) * e], layer.ffn_norm.data, hp.rms_eps, &mut xn[i * e..(i + 1) * e]);
-            }
-            act.invalidate();
-            act.project(par, WeightKind::Gate, &layer.ffn_gate, &xn[..n * e], n, ffn_a);
-            act.project(par, WeightKind::Up, &layer.ffn_up, &xn[..n * e], n, ffn_b);
-            ffn_activation(&kern, par, hp.ffn_act, &mut ffn_a[..n * f], &ffn_b[..n * f]);
-            act.invalidate();
-            act.project(par, WeightKind::Down, &layer.ffn_down, &ffn_a[..n * f], n, ffn_b);
-            add_residual(hp, layer.ffn_post_norm, &ffn_b[..n * e], &mut xn[..n * e], &mut x[..n * e], n);
         }
+        let Bufs { x, xn, .. } = bufs;
         self.n_past += n;
 
         if out_rows > 0 {
@@ -424,389 +436,5 @@ impl<'a> Session<'a> {
             Some(device) => Err(Error::Device { device }),
             None => Ok(()),
         }
-    }
-}
-
-/// `x += post_norm(y)` (or `x += y` without a post-norm) for `n` rows; `tmp` is scratch.
-/// `a = act(a) * b` elementwise (SwiGLU or GeGLU), split in ranges across the threads:
-/// each element's arithmetic does not depend on the split.
-fn ffn_activation(kern: &Kernels, par: &dyn Parallel, act: FfnAct, a: &mut [f32], b: &[f32]) {
-    let len = a.len().min(b.len());
-    let tasks = par.n_threads().min(len / 2048).max(1);
-    let shared = SharedMut::new(&mut a[..len]);
-    par.run(tasks, &|t| {
-        let r = split_range(len, tasks, t);
-        // SAFETY: the tasks' ranges are disjoint.
-        let g = unsafe { shared.slice(r.start, r.len()) };
-        match act {
-            FfnAct::Silu => kern.swiglu(g, &b[r]),
-            FfnAct::GeluTanh => kern.geglu(g, &b[r]),
-        }
-    });
-}
-
-fn add_residual(hp: &HParams, post_norm: Option<Tensor<'_>>, y: &[f32], tmp: &mut [f32], x: &mut [f32], n: usize) {
-    let e = hp.n_embd;
-    match post_norm {
-        Some(w) => {
-            for i in 0..n {
-                ops::rms_norm(&y[i * e..(i + 1) * e], w.data, hp.rms_eps, &mut tmp[i * e..(i + 1) * e]);
-            }
-            ops::add_assign(x, tmp);
-        }
-        None => ops::add_assign(x, y),
-    }
-}
-
-/// One attention layer's view of the KV cache: `rows` rows (a ring of the last `rows`
-/// positions when `window > 0`).
-struct Cache<'c> {
-    kv_k: &'c mut [f16],
-    kv_v: &'c mut [f16],
-    rows: usize,
-    n_past: usize,
-    /// Sliding-window width (0: none).
-    window: usize,
-}
-
-/// Activation buffers an attention layer uses.
-struct AttnBufs<'b> {
-    q: &'b mut [f32],
-    k: &'b mut [f32],
-    v: &'b mut [f32],
-    gate: &'b mut [f32],
-    attn: &'b mut [f32],
-    rope: &'b mut [f32],
-    scratch: &'b mut [f16],
-    /// Scratch for the tiled arithmetic, when this batch uses it.
-    tile: Option<&'b mut [f32]>,
-}
-
-/// Adds an f32 bias (raw bytes) to each of `n` rows of width `w`.
-fn add_bias(x: &mut [f32], bias: Option<Tensor<'_>>, n: usize, w: usize) {
-    if let Some(b) = bias {
-        for i in 0..n {
-            for (j, v) in x[i * w..(i + 1) * w].iter_mut().enumerate() {
-                *v += ops::f32_at(b.data, j);
-            }
-        }
-    }
-}
-
-/// RMSNorm of each `hd`-wide head of `n` rows of width `w`, in place.
-fn head_norm(x: &mut [f32], norm: Option<Tensor<'_>>, n: usize, w: usize, hd: usize, eps: f32) {
-    if let Some(t) = norm {
-        for i in 0..n {
-            for h in 0..w / hd {
-                ops::rms_norm_in_place(&mut x[i * w + h * hd..i * w + (h + 1) * hd], t.data, eps);
-            }
-        }
-    }
-}
-
-/// Attention mixer of layer `l`: projections, norms, RoPE, cache, attention, output
-/// projection into `out` (`n` rows of `n_embd`).
-#[allow(clippy::too_many_arguments)]
-fn attention_block(hp: &HParams, l: usize, a: &Attention<'_>, act: &mut Act<'_>, c: Cache<'_>, b: AttnBufs<'_>, xn: &[f32], out: &mut [f32], n_tasks: usize, n: usize, par: &dyn Parallel) {
-    let (qd, kd, vd, hd) = (hp.q_dim(), hp.k_dim(), hp.v_dim(), hp.head_dim);
-    let kern = act.kern;
-    act.project(par, WeightKind::Q, &a.wq, xn, n, b.q);
-    act.project(par, WeightKind::K, &a.wk, xn, n, b.k);
-    act.project(par, WeightKind::V, &a.wv, xn, n, b.v);
-    if hp.attn_gated {
-        // Rows are [q | gate] per head: move the gates out, then pack q (destination
-        // offsets never pass the source, so a forward copy is safe).
-        for i in 0..n {
-            for h in 0..hp.n_head {
-                let src = i * 2 * qd + h * 2 * hd;
-                b.gate[i * qd + h * hd..i * qd + (h + 1) * hd].copy_from_slice(&b.q[src + hd..src + 2 * hd]);
-                b.q.copy_within(src..src + hd, i * qd + h * hd);
-            }
-        }
-    }
-    add_bias(b.q, a.bq, n, qd);
-    add_bias(b.k, a.bk, n, kd);
-    add_bias(b.v, a.bv, n, vd);
-    head_norm(b.q, a.q_norm, n, qd, hd, hp.rms_eps);
-    head_norm(b.k, a.k_norm, n, kd, hd, hp.rms_eps);
-    let rotate: fn(&mut [f32], &[f32], usize) = match hp.rope_mode {
-        RopeMode::Normal => ops::rope_normal,
-        RopeMode::Neox => ops::rope_neox,
-    };
-    let base = hp.rope_base_of(l);
-    for i in 0..n {
-        let pos = c.n_past + i;
-        ops::rope_angles(pos, base, hp.n_rot, b.rope);
-        for h in 0..hp.n_head {
-            rotate(&mut b.q[i * qd + h * hd..i * qd + (h + 1) * hd], b.rope, hp.n_rot);
-        }
-        for h in 0..hp.n_head_kv {
-            rotate(&mut b.k[i * kd + h * hd..i * kd + (h + 1) * hd], b.rope, hp.n_rot);
-        }
-        let slot = pos % c.rows;
-        kern.f32_to_f16(&b.k[i * kd..(i + 1) * kd], &mut c.kv_k[slot * kd..(slot + 1) * kd]);
-        kern.f32_to_f16(&b.v[i * vd..(i + 1) * vd], &mut c.kv_v[slot * vd..(slot + 1) * vd]);
-    }
-    let mut scale = hp.attn_scale;
-    if hp.q_prescale {
-        for v in b.q[..n * qd].iter_mut() {
-            *v *= scale;
-        }
-        scale = 1.0;
-    }
-    match b.tile {
-        Some(tile) => attention_tiled(hp, &kern, &c, b.q, scale, b.attn, tile, n_tasks, n, par),
-        None => attention(hp, &kern, &c, b.q, scale, b.attn, b.scratch, n_tasks, n, par),
-    }
-    let aw = hp.n_head * hp.head_dim_v;
-    if hp.attn_gated {
-        for (o, &g) in b.attn[..n * aw].iter_mut().zip(b.gate.iter()) {
-            *o *= ops::sigmoid(g);
-        }
-    }
-    act.invalidate();
-    act.project(par, WeightKind::O, &a.wo, &b.attn[..n * aw], n, out);
-}
-
-/// Query heads sharing a KV head that [`attention`] computes together.
-pub(crate) const ATTN_HEADS: usize = crate::attention::MAX_HEADS;
-
-/// Causal grouped-query attention of the `n` new tokens over one layer's cache, split
-/// by (token, heads) items — up to [`ATTN_HEADS`] query heads that share a KV head —
-/// dealt round-robin to at most `max_tasks` tasks, each with its own f16 scratch; each
-/// item is one [`crate::attention::attend_heads`] call (its doc gives the arithmetic:
-/// llama.cpp's CPU flash attention, `one_chunk` path). llama.cpp uses a different,
-/// tiled arithmetic for batches of 64 or more queries; keel always uses this one, so a
-/// position's output does not depend on the batch. With a sliding window a query at
-/// `pos` sees keys `pos - window + 1 ..= pos`.
-#[allow(clippy::too_many_arguments)]
-fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32, out: &mut [f32], scratch: &mut [f16], max_tasks: usize, n: usize, par: &dyn Parallel) {
-    let (hd, hdv) = (hp.head_dim, hp.head_dim_v);
-    let (qd, kd, vd) = (hp.q_dim(), hp.k_dim(), hp.v_dim());
-    let group = hp.n_head / hp.n_head_kv;
-    // Items per KV head and token: its query heads in runs of at most ATTN_HEADS, or one
-    // head per item when there are too few (token, KV head) pairs to keep the threads
-    // busy (decode): the same bits either way.
-    let per_item = if n * hp.n_head_kv >= 4 * par.n_threads() { ATTN_HEADS.min(group) } else { 1 };
-    let runs = group.div_ceil(per_item);
-    let (rows, n_past, window) = (c.rows, c.n_past, c.window);
-    let (kv_k, kv_v) = (&*c.kv_k, &*c.kv_v);
-    let per_task = ATTN_HEADS * (hd + hdv);
-    let items = n * hp.n_head_kv * runs;
-    let tasks = par.n_threads().min(max_tasks).min(items).max(1);
-    let scratch = SharedMut::new(scratch);
-    let out_w = hp.n_head * hdv;
-    let out = SharedMut::new(&mut out[..n * out_w]);
-    par.run(tasks, &|t| {
-        // SAFETY: task t owns scratch slot t (tasks <= the n_threads slots planned).
-        let s = unsafe { scratch.slice(t * per_task, per_task) };
-        let (qh, acc) = s.split_at_mut(ATTN_HEADS * hd);
-        // Items dealt round-robin: a later token attends to more keys, so contiguous
-        // ranges would leave the last task most of a prompt's work.
-        for item in (t..items).step_by(tasks) {
-            let (i, rest) = (item / (hp.n_head_kv * runs), item % (hp.n_head_kv * runs));
-            let (kvh, run) = (rest / runs, rest % runs);
-            let h0 = kvh * group + run * per_item;
-            let nh = (group - run * per_item).min(per_item);
-            let pos = n_past + i;
-            let first = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
-            let span = KeySpan { len: pos + 1 - first, first_slot: first, ring: rows, k_base: kvh * hd, k_stride: kd, v_base: kvh * hdv, v_stride: vd };
-            // SAFETY: outputs (i, h0 .. h0 + nh) are written by exactly one task.
-            let o = unsafe { out.slice(i * out_w + h0 * hdv, nh * hdv) };
-            attend_heads(kern, &q[i * qd + h0 * hd..][..nh * hd], hd, hdv, kv_k, kv_v, span, scale, qh, acc, o);
-        }
-    });
-}
-
-/// [`attention`] with llama.cpp's tiled arithmetic ([`attn_tiled::row`]) per query row.
-#[allow(clippy::too_many_arguments)]
-fn attention_tiled(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32, out: &mut [f32], scratch: &mut [f32], max_tasks: usize, n: usize, par: &dyn Parallel) {
-    let (hd, hdv) = (hp.head_dim, hp.head_dim_v);
-    let (qd, kd, vd) = (hp.q_dim(), hp.k_dim(), hp.v_dim());
-    let group = hp.n_head / hp.n_head_kv;
-    let (kv_k, kv_v) = (&*c.kv_k, &*c.kv_v);
-    let per_task = attn_tiled::scratch_len(hd, hdv);
-    let tasks = par.n_threads().min(max_tasks).min(n * hp.n_head).max(1);
-    let scratch = SharedMut::new(scratch);
-    let out_w = hp.n_head * hdv;
-    let out = SharedMut::new(&mut out[..n * out_w]);
-    par.run(tasks, &|t| {
-        // SAFETY: task t owns scratch slot t.
-        let s = unsafe { scratch.slice(t * per_task, per_task) };
-        // Round-robin, as in `attention`.
-        for pair in (t..n * hp.n_head).step_by(tasks) {
-            let (i, h) = (pair / hp.n_head, pair % hp.n_head);
-            let pos = c.n_past + i;
-            let first = if c.window > 0 { (pos + 1).saturating_sub(c.window) } else { 0 };
-            let kvh = h / group;
-            // SAFETY: output (i, h) is written by exactly one task.
-            let o = unsafe { out.slice(i * out_w + h * hdv, hdv) };
-            attn_tiled::row(kern, &q[i * qd + h * hd..][..hd], kv_k, kv_v, (c.rows, kd, vd, kvh * hd, kvh * hdv), first, pos, scale, s, o);
-        }
-    });
-}
-
-/// One recurrent layer's conv and delta-rule state.
-struct DeltaState<'s> {
-    conv: &'s mut [f32],
-    ssm: &'s mut [f32],
-}
-
-/// Activation buffers a delta-net layer uses.
-struct DeltaBufs<'b> {
-    qkv: &'b mut [f32],
-    z: &'b mut [f32],
-    ab: &'b mut [f32],
-    conv: &'b mut [f32],
-    out: &'b mut [f32],
-    scratch: &'b mut [f32],
-}
-
-/// Gated delta-net mixer: mixed QKV projection, causal conv1d + SiLU, L2-normalized q/k,
-/// the delta rule per value head (token by token, as llama.cpp's fused op), the gated
-/// output RMSNorm and the output projection into `out`.
-#[allow(clippy::too_many_arguments)]
-fn delta_net_block(hp: &HParams, s: &Ssm, d: &DeltaNet<'_>, act: &mut Act<'_>, st: DeltaState<'_>, b: DeltaBufs<'_>, xn: &[f32], out: &mut [f32], n_tasks: usize, n: usize, chunked: bool, par: &dyn Parallel) {
-    let ch = s.conv_channels();
-    let (ds, nvh, nkh) = (s.d_state, s.n_v_heads, s.n_k_heads);
-    let kc = s.d_conv;
-    act.project(par, WeightKind::Qkv, &d.wqkv, xn, n, b.qkv);
-    act.project(par, WeightKind::Z, &d.wgate, xn, n, b.z);
-    let (beta, alpha) = b.ab.split_at_mut(n * nvh);
-    act.project(par, WeightKind::Beta, &d.wbeta, xn, n, beta);
-    act.project(par, WeightKind::Alpha, &d.walpha, xn, n, &mut alpha[..n * nvh]);
-    // beta = sigmoid(.); g = softplus(alpha + dt_bias) * a (stored in alpha).
-    for i in 0..n {
-        for h in 0..nvh {
-            beta[i * nvh + h] = ops::sigmoid(beta[i * nvh + h]);
-            let ab = alpha[i * nvh + h] + ops::f32_at(d.dt_bias.data, h);
-            alpha[i * nvh + h] = ops::softplus(ab) * ops::f32_at(d.a.data, h);
-        }
-    }
-    // Causal depthwise conv over [state (kc-1 previous inputs) | the n new inputs].
-    let w = |c: usize, t: usize| ops::f32_at(d.conv1d.data, c * kc + t);
-    for c in 0..ch {
-        let state = &st.conv[c * (kc - 1)..(c + 1) * (kc - 1)];
-        let input = |j: usize| if j < kc - 1 { state[j] } else { b.qkv[(j - (kc - 1)) * ch + c] };
-        for i in 0..n {
-            let mut sum = 0.0f32;
-            for t in 0..kc {
-                sum = libm::fmaf(input(i + t), w(c, t), sum);
-            }
-            b.conv[i * ch + c] = ops::silu(sum);
-        }
-        // The new state: the last kc-1 of [state | inputs].
-        let mut last = [0.0f32; 64];
-        for (t, v) in last[..kc - 1].iter_mut().enumerate() {
-            *v = input(n + t);
-        }
-        st.conv[c * (kc - 1)..(c + 1) * (kc - 1)].copy_from_slice(&last[..kc - 1]);
-    }
-    // L2-normalize each q and k head.
-    let kdim = nkh * ds;
-    for i in 0..n {
-        for h in 0..2 * nkh {
-            delta_net::l2_norm(&mut b.conv[i * ch + h * ds..i * ch + (h + 1) * ds], hp.rms_eps);
-        }
-    }
-    // The delta rule, one task per group of value heads.
-    let scale = 1.0 / libm::sqrtf(ds as f32);
-    let tasks = par.n_threads().min(n_tasks).min(nvh).max(1);
-    let ssm = SharedMut::new(st.ssm);
-    let scratch = SharedMut::new(b.scratch);
-    let o = SharedMut::new(&mut b.out[..n * nvh * ds]);
-    let (conv, beta, g) = (&*b.conv, &*beta, &alpha[..n * nvh]);
-    let per_task = delta_net::chunk_scratch_len(DELTA_CHUNK, ds) + DELTA_CHUNK * ds;
-    par.run(tasks, &|t| {
-        // SAFETY: task t owns scratch slot t, the state of its heads, and their outputs.
-        let work = unsafe { scratch.slice(t * per_task, per_task) };
-        for h in split_range(nvh, tasks, t) {
-            let m = unsafe { ssm.slice(h * ds * ds, ds * ds) };
-            let kh = h % nkh;
-            if chunked {
-                let mut i0 = 0;
-                while i0 < n {
-                    let c = DELTA_CHUNK.min(n - i0);
-                    let base = &conv[i0 * ch..];
-                    let (cw, tmp) = work.split_at_mut(delta_net::chunk_scratch_len(DELTA_CHUNK, ds));
-                    delta_net::chunk(m, &base[kh * ds..], &base[kdim + kh * ds..], ch, &base[2 * kdim + h * ds..], ch, tmp, ds, &g[i0 * nvh + h..], &beta[i0 * nvh + h..], nvh, c, ds, scale, cw);
-                    for j in 0..c {
-                        // SAFETY: output (i0 + j, h) belongs to this task.
-                        unsafe { o.slice((i0 + j) * nvh * ds + h * ds, ds) }.copy_from_slice(&tmp[j * ds..(j + 1) * ds]);
-                    }
-                    i0 += c;
-                }
-                continue;
-            }
-            let delta = &mut work[..ds];
-            for i in 0..n {
-                let row = &conv[i * ch..(i + 1) * ch];
-                let q = &row[kh * ds..(kh + 1) * ds];
-                let k = &row[kdim + kh * ds..kdim + (kh + 1) * ds];
-                let v = &row[2 * kdim + h * ds..2 * kdim + (h + 1) * ds];
-                // SAFETY: output (i, h) belongs to this task.
-                let out = unsafe { o.slice(i * nvh * ds + h * ds, ds) };
-                delta_net::step(m, q, k, v, g[i * nvh + h], beta[i * nvh + h], scale, delta, out);
-            }
-        }
-    });
-    // Gated RMSNorm per head: norm(o) * w * silu(z).
-    for i in 0..n {
-        for h in 0..nvh {
-            let r = i * nvh * ds + h * ds;
-            ops::rms_norm_in_place(&mut b.out[r..r + ds], d.norm.data, hp.rms_eps);
-            for (v, &z) in b.out[r..r + ds].iter_mut().zip(&b.z[r..r + ds]) {
-                *v *= ops::silu(z);
-            }
-        }
-    }
-    act.invalidate();
-    act.project(par, WeightKind::Out, &d.wout, &b.out[..n * s.d_inner], n, out);
-}
-
-/// The quantized-activation buffer and which type it currently holds, so q, k and v
-/// (or gate and up) quantize their shared input once.
-struct Act<'b> {
-    kern: Kernels,
-    buf: &'b mut [u8],
-    cur: Option<GgmlType>,
-    /// Use llama.cpp's batch-dependent kernel choice ([`matmul_as`]).
-    llama_cpp_batches: bool,
-    /// Products placed on devices, when a placement is in use.
-    placement: Option<&'b Placement<'b>>,
-    offload: Option<&'b mut dyn Offload>,
-    /// The layer whose products run now ([`OUTPUT_LAYER`] for the output projection).
-    layer: u16,
-    /// The first device that failed in this forward pass (later products are skipped).
-    failed: Option<u8>,
-}
-
-impl Act<'_> {
-    /// The input changed: the next projection must quantize again.
-    fn invalidate(&mut self) {
-        self.cur = None;
-    }
-
-    /// `out = x W` for `n` rows of `x` (each `w.cols` wide).
-    fn project(&mut self, par: &dyn Parallel, kind: WeightKind, w: &Tensor<'_>, x: &[f32], n: usize, out: &mut [f32]) {
-        if self.failed.is_some() {
-            return;
-        }
-        if let (Some(p), Some(off)) = (self.placement, self.offload.as_deref_mut()) {
-            let id = WeightId { layer: self.layer, kind };
-            if let Some(dev) = p.device_for(id, n) {
-                if off.matmul(dev, id, &x[..n * w.cols], n, &mut out[..n * w.rows]).is_err() {
-                    self.failed = Some(dev);
-                }
-                return;
-            }
-        }
-        let Some(vdt) = Kernels::vec_dot_type(w.ty) else { return };
-        if self.cur != Some(vdt) {
-            let rb = vdt.row_bytes(w.cols as u64).unwrap_or(0) as usize;
-            quantize_rows(&self.kern, par, vdt, x, n, w.cols, &mut self.buf[..n * rb]);
-            self.cur = Some(vdt);
-        }
-        matmul_as(&self.kern, par, w, self.buf, n, out, self.llama_cpp_batches);
     }
 }

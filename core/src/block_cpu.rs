@@ -1,0 +1,548 @@
+//! The CPU's execution of block ops ([`crate::block`]): each op over the session's arena
+//! buffers, with the arithmetic of `ops`, `attention`, `attn_tiled`, `delta_net` and
+//! `matmul`. The session walks a layer's op list and calls [`run`] for each op; what a
+//! block is lives in `block.rs`, not here.
+//!
+//! Owns: how each op maps onto buffers and threads on the CPU (work split by rows, heads
+//! or channels, never inside a reduction, so results do not depend on the thread count).
+
+use half::f16;
+
+use crate::attention::{attend_heads, KeySpan};
+use crate::attn_tiled;
+use crate::block::{Buf, Op, Param};
+use crate::delta_net;
+use crate::ggml_type::GgmlType;
+use crate::matmul::{matmul_as, quantize_rows, SharedMut};
+use crate::model::{FfnAct, HParams, Layer, RopeMode, Tensor};
+use crate::ops;
+use crate::parallel::{split_range, Parallel};
+use crate::placement::{Offload, Placement, WeightId, WeightKind};
+use crate::quant::Kernels;
+
+/// Tokens per chunk of the chunked delta-net prompt path.
+pub(crate) const DELTA_CHUNK: usize = 64;
+
+/// The activation buffers of one forward pass (arena regions), by [`Buf`].
+pub(crate) struct Bufs<'s> {
+    pub x: &'s mut [f32],
+    pub xn: &'s mut [f32],
+    /// Queries, or a delta-net layer's `Qkv`.
+    pub q: &'s mut [f32],
+    /// Keys, or a delta-net layer's `Z`.
+    pub k: &'s mut [f32],
+    pub v: &'s mut [f32],
+    pub gate: &'s mut [f32],
+    pub attn: &'s mut [f32],
+    pub ffn_a: &'s mut [f32],
+    pub ffn_b: &'s mut [f32],
+    pub beta: &'s mut [f32],
+    pub alpha: &'s mut [f32],
+    pub conv: &'s mut [f32],
+    /// One token's RoPE `(cos, sin)` table.
+    pub rope: &'s mut [f32],
+    /// Attention's per-task f16 scratch.
+    pub attn_scratch: &'s mut [f16],
+    /// The delta rule's per-task scratch.
+    pub gdn_scratch: &'s mut [f32],
+    /// Scratch for llama.cpp's tiled attention, when this batch uses it.
+    pub tile: Option<&'s mut [f32]>,
+}
+
+impl<'s> Bufs<'s> {
+    /// The slot holding `b` (the delta-net buffers share the attention ones' regions).
+    fn slot(&mut self, b: Buf) -> &mut &'s mut [f32] {
+        match b {
+            Buf::X => &mut self.x,
+            Buf::Xn => &mut self.xn,
+            Buf::Q | Buf::Qkv => &mut self.q,
+            Buf::K | Buf::Z => &mut self.k,
+            Buf::V => &mut self.v,
+            Buf::Gate => &mut self.gate,
+            Buf::Attn => &mut self.attn,
+            Buf::FfnA => &mut self.ffn_a,
+            Buf::FfnB => &mut self.ffn_b,
+            Buf::Beta => &mut self.beta,
+            Buf::Alpha => &mut self.alpha,
+            Buf::Conv => &mut self.conv,
+        }
+    }
+}
+
+/// One attention layer's view of the KV cache: `rows` rows (a ring of the last `rows`
+/// positions when `window > 0`).
+pub(crate) struct Cache<'c> {
+    pub kv_k: &'c mut [f16],
+    pub kv_v: &'c mut [f16],
+    pub rows: usize,
+    pub n_past: usize,
+    /// Sliding-window width (0: none).
+    pub window: usize,
+}
+
+/// One recurrent layer's conv and delta-rule state.
+pub(crate) struct DeltaState<'s> {
+    pub conv: &'s mut [f32],
+    pub ssm: &'s mut [f32],
+}
+
+/// A layer's state: its KV cache rows or its recurrent state.
+pub(crate) enum LayerState<'s> {
+    /// An attention layer's cache.
+    Attention(Cache<'s>),
+    /// A delta-net layer's conv and recurrent state.
+    DeltaNet(DeltaState<'s>),
+}
+
+/// What every op of one layer's pass shares.
+pub(crate) struct Step<'a, 'm> {
+    pub hp: &'a HParams,
+    pub layer: &'a Layer<'m>,
+    /// Layer index.
+    pub l: usize,
+    /// Tokens in the pass.
+    pub n: usize,
+    /// Most tasks an op splits into.
+    pub n_tasks: usize,
+    /// Delta-net batches in the chunked form.
+    pub chunked: bool,
+    pub par: &'a dyn Parallel,
+}
+
+/// Runs one op of a layer on the CPU.
+pub(crate) fn run(op: Op, s: &Step<'_, '_>, b: &mut Bufs<'_>, st: &mut LayerState<'_>, act: &mut Act<'_>) {
+    let (hp, n, par, kern) = (s.hp, s.n, s.par, act.kern);
+    let e = hp.n_embd;
+    let param = |p: Param| p.of(s.layer);
+    match op {
+        Op::Norm { w, src, dst } => {
+            let Some(w) = param(w) else { return };
+            let x = core::mem::take(b.slot(src));
+            let out = b.slot(dst);
+            for i in 0..n {
+                ops::rms_norm(&x[i * e..(i + 1) * e], w.data, hp.rms_eps, &mut out[i * e..(i + 1) * e]);
+            }
+            *b.slot(src) = x;
+        }
+        Op::MatMul { w, src, dst } => {
+            let Some(t) = crate::block::weight(s.layer, w) else { return };
+            let x = core::mem::take(b.slot(src));
+            act.project(par, w, &t, x, n, b.slot(dst));
+            *b.slot(src) = x;
+        }
+        Op::SplitQueryGate => split_query_gate(hp, b, n),
+        Op::Bias { w, dst } => {
+            let width = match dst {
+                Buf::Q => hp.q_dim(),
+                Buf::K => hp.k_dim(),
+                _ => hp.v_dim(),
+            };
+            add_bias(b.slot(dst), param(w), n, width);
+        }
+        Op::HeadNorm { w, dst } => {
+            let width = if dst == Buf::Q { hp.q_dim() } else { hp.k_dim() };
+            head_norm(b.slot(dst), param(w), n, width, hp.head_dim, hp.rms_eps);
+        }
+        Op::Rope => {
+            let LayerState::Attention(c) = st else { return };
+            rope(hp, s.l, c.n_past, b, n);
+        }
+        Op::KvStore => {
+            let LayerState::Attention(c) = st else { return };
+            let (kd, vd) = (hp.k_dim(), hp.v_dim());
+            for i in 0..n {
+                let slot = (c.n_past + i) % c.rows;
+                kern.f32_to_f16(&b.k[i * kd..(i + 1) * kd], &mut c.kv_k[slot * kd..(slot + 1) * kd]);
+                kern.f32_to_f16(&b.v[i * vd..(i + 1) * vd], &mut c.kv_v[slot * vd..(slot + 1) * vd]);
+            }
+        }
+        Op::QueryScale => {
+            for v in b.q[..n * hp.q_dim()].iter_mut() {
+                *v *= hp.attn_scale;
+            }
+        }
+        Op::Attention => {
+            let LayerState::Attention(c) = st else { return };
+            // Queries scaled beforehand (QueryScale) attend with scale 1.
+            let scale = if hp.q_prescale { 1.0 } else { hp.attn_scale };
+            match b.tile.as_deref_mut() {
+                Some(tile) => attention_tiled(hp, &kern, c, b.q, scale, b.attn, tile, s.n_tasks, n, par),
+                None => attention(hp, &kern, c, b.q, scale, b.attn, b.attn_scratch, s.n_tasks, n, par),
+            }
+        }
+        Op::AttnGate => {
+            let aw = hp.n_head * hp.head_dim_v;
+            for (o, &g) in b.attn[..n * aw].iter_mut().zip(b.gate.iter()) {
+                *o *= ops::sigmoid(g);
+            }
+        }
+        Op::DeltaGates => delta_gates(s, b),
+        Op::SsmConv => {
+            let LayerState::DeltaNet(d) = st else { return };
+            ssm_conv(s, b, d);
+        }
+        Op::QkL2Norm => qk_l2_norm(s, b),
+        Op::DeltaRule => {
+            let LayerState::DeltaNet(d) = st else { return };
+            delta_rule(s, b, d);
+        }
+        Op::GatedNorm => gated_norm(s, b),
+        Op::Residual { src, post_norm } => {
+            let y = core::mem::take(b.slot(src));
+            add_residual(hp, post_norm.and_then(param), y, b.xn, b.x, n);
+            *b.slot(src) = y;
+        }
+        Op::FfnAct(a) => {
+            let f = hp.n_ff;
+            ffn_activation(&kern, par, a, &mut b.ffn_a[..n * f], &b.ffn_b[..n * f]);
+        }
+    }
+}
+
+/// Rows are `[q | gate]` per head: moves the gates out, then packs q (destination offsets
+/// never pass the source, so a forward copy is safe).
+fn split_query_gate(hp: &HParams, b: &mut Bufs<'_>, n: usize) {
+    let (qd, hd) = (hp.q_dim(), hp.head_dim);
+    for i in 0..n {
+        for h in 0..hp.n_head {
+            let src = i * 2 * qd + h * 2 * hd;
+            b.gate[i * qd + h * hd..i * qd + (h + 1) * hd].copy_from_slice(&b.q[src + hd..src + 2 * hd]);
+            b.q.copy_within(src..src + hd, i * qd + h * hd);
+        }
+    }
+}
+
+/// RoPE of the query and key heads of `n` tokens at positions `n_past..`.
+fn rope(hp: &HParams, l: usize, n_past: usize, b: &mut Bufs<'_>, n: usize) {
+    let (qd, kd, hd) = (hp.q_dim(), hp.k_dim(), hp.head_dim);
+    let rotate: fn(&mut [f32], &[f32], usize) = match hp.rope_mode {
+        RopeMode::Normal => ops::rope_normal,
+        RopeMode::Neox => ops::rope_neox,
+    };
+    let base = hp.rope_base_of(l);
+    for i in 0..n {
+        ops::rope_angles(n_past + i, base, hp.n_rot, b.rope);
+        for h in 0..hp.n_head {
+            rotate(&mut b.q[i * qd + h * hd..i * qd + (h + 1) * hd], b.rope, hp.n_rot);
+        }
+        for h in 0..hp.n_head_kv {
+            rotate(&mut b.k[i * kd + h * hd..i * kd + (h + 1) * hd], b.rope, hp.n_rot);
+        }
+    }
+}
+
+/// `x += post_norm(y)` (or `x += y` without a post-norm) for `n` rows; `tmp` is scratch.
+/// `a = act(a) * b` elementwise (SwiGLU or GeGLU), split in ranges across the threads:
+/// each element's arithmetic does not depend on the split.
+fn ffn_activation(kern: &Kernels, par: &dyn Parallel, act: FfnAct, a: &mut [f32], b: &[f32]) {
+    let len = a.len().min(b.len());
+    let tasks = par.n_threads().min(len / 2048).max(1);
+    let shared = SharedMut::new(&mut a[..len]);
+    par.run(tasks, &|t| {
+        let r = split_range(len, tasks, t);
+        // SAFETY: the tasks' ranges are disjoint.
+        let g = unsafe { shared.slice(r.start, r.len()) };
+        match act {
+            FfnAct::Silu => kern.swiglu(g, &b[r]),
+            FfnAct::GeluTanh => kern.geglu(g, &b[r]),
+        }
+    });
+}
+
+fn add_residual(hp: &HParams, post_norm: Option<Tensor<'_>>, y: &[f32], tmp: &mut [f32], x: &mut [f32], n: usize) {
+    let e = hp.n_embd;
+    match post_norm {
+        Some(w) => {
+            for i in 0..n {
+                ops::rms_norm(&y[i * e..(i + 1) * e], w.data, hp.rms_eps, &mut tmp[i * e..(i + 1) * e]);
+            }
+            ops::add_assign(x, tmp);
+        }
+        None => ops::add_assign(x, y),
+    }
+}
+
+/// Adds an f32 bias (raw bytes) to each of `n` rows of width `w`.
+fn add_bias(x: &mut [f32], bias: Option<Tensor<'_>>, n: usize, w: usize) {
+    if let Some(b) = bias {
+        for i in 0..n {
+            for (j, v) in x[i * w..(i + 1) * w].iter_mut().enumerate() {
+                *v += ops::f32_at(b.data, j);
+            }
+        }
+    }
+}
+
+/// RMSNorm of each `hd`-wide head of `n` rows of width `w`, in place.
+fn head_norm(x: &mut [f32], norm: Option<Tensor<'_>>, n: usize, w: usize, hd: usize, eps: f32) {
+    if let Some(t) = norm {
+        for i in 0..n {
+            for h in 0..w / hd {
+                ops::rms_norm_in_place(&mut x[i * w + h * hd..i * w + (h + 1) * hd], t.data, eps);
+            }
+        }
+    }
+}
+
+/// Query heads sharing a KV head that [`attention`] computes together.
+pub(crate) const ATTN_HEADS: usize = crate::attention::MAX_HEADS;
+
+/// Causal grouped-query attention of the `n` new tokens over one layer's cache, split
+/// by (token, heads) items — up to [`ATTN_HEADS`] query heads that share a KV head —
+/// dealt round-robin to at most `max_tasks` tasks, each with its own f16 scratch; each
+/// item is one [`crate::attention::attend_heads`] call (its doc gives the arithmetic:
+/// llama.cpp's CPU flash attention, `one_chunk` path). llama.cpp uses a different,
+/// tiled arithmetic for batches of 64 or more queries; keel always uses this one, so a
+/// position's output does not depend on the batch. With a sliding window a query at
+/// `pos` sees keys `pos - window + 1 ..= pos`.
+#[allow(clippy::too_many_arguments)]
+fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32, out: &mut [f32], scratch: &mut [f16], max_tasks: usize, n: usize, par: &dyn Parallel) {
+    let (hd, hdv) = (hp.head_dim, hp.head_dim_v);
+    let (qd, kd, vd) = (hp.q_dim(), hp.k_dim(), hp.v_dim());
+    let group = hp.n_head / hp.n_head_kv;
+    // Items per KV head and token: its query heads in runs of at most ATTN_HEADS, or one
+    // head per item when there are too few (token, KV head) pairs to keep the threads
+    // busy (decode): the same bits either way.
+    let per_item = if n * hp.n_head_kv >= 4 * par.n_threads() { ATTN_HEADS.min(group) } else { 1 };
+    let runs = group.div_ceil(per_item);
+    let (rows, n_past, window) = (c.rows, c.n_past, c.window);
+    let (kv_k, kv_v) = (&*c.kv_k, &*c.kv_v);
+    let per_task = ATTN_HEADS * (hd + hdv);
+    let items = n * hp.n_head_kv * runs;
+    let tasks = par.n_threads().min(max_tasks).min(items).max(1);
+    let scratch = SharedMut::new(scratch);
+    let out_w = hp.n_head * hdv;
+    let out = SharedMut::new(&mut out[..n * out_w]);
+    par.run(tasks, &|t| {
+        // SAFETY: task t owns scratch slot t (tasks <= the n_threads slots planned).
+        let s = unsafe { scratch.slice(t * per_task, per_task) };
+        let (qh, acc) = s.split_at_mut(ATTN_HEADS * hd);
+        // Items dealt round-robin: a later token attends to more keys, so contiguous
+        // ranges would leave the last task most of a prompt's work.
+        for item in (t..items).step_by(tasks) {
+            let (i, rest) = (item / (hp.n_head_kv * runs), item % (hp.n_head_kv * runs));
+            let (kvh, run) = (rest / runs, rest % runs);
+            let h0 = kvh * group + run * per_item;
+            let nh = (group - run * per_item).min(per_item);
+            let pos = n_past + i;
+            let first = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
+            let span = KeySpan { len: pos + 1 - first, first_slot: first, ring: rows, k_base: kvh * hd, k_stride: kd, v_base: kvh * hdv, v_stride: vd };
+            // SAFETY: outputs (i, h0 .. h0 + nh) are written by exactly one task.
+            let o = unsafe { out.slice(i * out_w + h0 * hdv, nh * hdv) };
+            attend_heads(kern, &q[i * qd + h0 * hd..][..nh * hd], hd, hdv, kv_k, kv_v, span, scale, qh, acc, o);
+        }
+    });
+}
+
+/// [`attention`] with llama.cpp's tiled arithmetic ([`attn_tiled::row`]) per query row.
+#[allow(clippy::too_many_arguments)]
+fn attention_tiled(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32, out: &mut [f32], scratch: &mut [f32], max_tasks: usize, n: usize, par: &dyn Parallel) {
+    let (hd, hdv) = (hp.head_dim, hp.head_dim_v);
+    let (qd, kd, vd) = (hp.q_dim(), hp.k_dim(), hp.v_dim());
+    let group = hp.n_head / hp.n_head_kv;
+    let (kv_k, kv_v) = (&*c.kv_k, &*c.kv_v);
+    let per_task = attn_tiled::scratch_len(hd, hdv);
+    let tasks = par.n_threads().min(max_tasks).min(n * hp.n_head).max(1);
+    let scratch = SharedMut::new(scratch);
+    let out_w = hp.n_head * hdv;
+    let out = SharedMut::new(&mut out[..n * out_w]);
+    par.run(tasks, &|t| {
+        // SAFETY: task t owns scratch slot t.
+        let s = unsafe { scratch.slice(t * per_task, per_task) };
+        // Round-robin, as in `attention`.
+        for pair in (t..n * hp.n_head).step_by(tasks) {
+            let (i, h) = (pair / hp.n_head, pair % hp.n_head);
+            let pos = c.n_past + i;
+            let first = if c.window > 0 { (pos + 1).saturating_sub(c.window) } else { 0 };
+            let kvh = h / group;
+            // SAFETY: output (i, h) is written by exactly one task.
+            let o = unsafe { out.slice(i * out_w + h * hdv, hdv) };
+            attn_tiled::row(kern, &q[i * qd + h * hd..][..hd], kv_k, kv_v, (c.rows, kd, vd, kvh * hd, kvh * hdv), first, pos, scale, s, o);
+        }
+    });
+}
+
+/// The delta-net gate parameters of a layer.
+struct DtA<'m> {
+    dt_bias: Tensor<'m>,
+    a: Tensor<'m>,
+}
+
+/// `Beta = sigmoid(Beta)`, `Alpha = softplus(Alpha + dt_bias)·a` per value head.
+fn delta_gates(s: &Step<'_, '_>, b: &mut Bufs<'_>) {
+    let hp = s.hp;
+    let Some(ssm) = hp.ssm else { return };
+    let n = s.n;
+    let nvh = ssm.n_v_heads;
+    let (Some(dt_bias), Some(a)) = (Param::DtBias.of(s.layer), Param::A.of(s.layer)) else { return };
+    let d = DtA { dt_bias, a };
+    let (beta, alpha) = (&mut *b.beta, &mut *b.alpha);
+    // beta = sigmoid(.); g = softplus(alpha + dt_bias) * a (stored in alpha).
+    for i in 0..n {
+        for h in 0..nvh {
+            beta[i * nvh + h] = ops::sigmoid(beta[i * nvh + h]);
+            let ab = alpha[i * nvh + h] + ops::f32_at(d.dt_bias.data, h);
+            alpha[i * nvh + h] = ops::softplus(ab) * ops::f32_at(d.a.data, h);
+        }
+    }
+}
+
+/// Causal depthwise conv1d + SiLU of the `Qkv` rows into `Conv`, updating the conv state.
+fn ssm_conv(s: &Step<'_, '_>, b: &mut Bufs<'_>, st: &mut DeltaState<'_>) {
+    let hp = s.hp;
+    let Some(ssm) = hp.ssm else { return };
+    let n = s.n;
+    let (ch, kc) = (ssm.conv_channels(), ssm.d_conv);
+    let Some(conv1d) = Param::Conv1d.of(s.layer) else { return };
+    // Causal depthwise conv over [state (kc-1 previous inputs) | the n new inputs].
+    let w = |c: usize, t: usize| ops::f32_at(conv1d.data, c * kc + t);
+    for c in 0..ch {
+        let state = &st.conv[c * (kc - 1)..(c + 1) * (kc - 1)];
+        let input = |j: usize| if j < kc - 1 { state[j] } else { b.q[(j - (kc - 1)) * ch + c] };
+        for i in 0..n {
+            let mut sum = 0.0f32;
+            for t in 0..kc {
+                sum = libm::fmaf(input(i + t), w(c, t), sum);
+            }
+            b.conv[i * ch + c] = ops::silu(sum);
+        }
+        // The new state: the last kc-1 of [state | inputs].
+        let mut last = [0.0f32; 64];
+        for (t, v) in last[..kc - 1].iter_mut().enumerate() {
+            *v = input(n + t);
+        }
+        st.conv[c * (kc - 1)..(c + 1) * (kc - 1)].copy_from_slice(&last[..kc - 1]);
+    }
+}
+
+/// L2 normalization of every query and key head of `Conv`.
+fn qk_l2_norm(s: &Step<'_, '_>, b: &mut Bufs<'_>) {
+    let hp = s.hp;
+    let Some(ssm) = hp.ssm else { return };
+    let n = s.n;
+    let (ch, ds, nkh) = (ssm.conv_channels(), ssm.d_state, ssm.n_k_heads);
+    // L2-normalize each q and k head.
+    for i in 0..n {
+        for h in 0..2 * nkh {
+            delta_net::l2_norm(&mut b.conv[i * ch + h * ds..i * ch + (h + 1) * ds], hp.rms_eps);
+        }
+    }
+}
+
+/// The gated delta rule per value head (token by token, as llama.cpp's fused op, or
+/// chunked), one task per group of value heads, into `Attn`.
+fn delta_rule(s: &Step<'_, '_>, b: &mut Bufs<'_>, st: &mut DeltaState<'_>) {
+    let hp = s.hp;
+    let Some(ssm) = hp.ssm else { return };
+    let n = s.n;
+    let (ch, ds, nvh, nkh) = (ssm.conv_channels(), ssm.d_state, ssm.n_v_heads, ssm.n_k_heads);
+    let (par, n_tasks, chunked) = (s.par, s.n_tasks, s.chunked);
+    let kdim = nkh * ds;
+    // The delta rule, one task per group of value heads.
+    let scale = 1.0 / libm::sqrtf(ds as f32);
+    let tasks = par.n_threads().min(n_tasks).min(nvh).max(1);
+    let ssm = SharedMut::new(&mut *st.ssm);
+    let scratch = SharedMut::new(&mut *b.gdn_scratch);
+    let o = SharedMut::new(&mut b.attn[..n * nvh * ds]);
+    let (conv, beta, g) = (&*b.conv, &*b.beta, &b.alpha[..n * nvh]);
+    let per_task = delta_net::chunk_scratch_len(DELTA_CHUNK, ds) + DELTA_CHUNK * ds;
+    par.run(tasks, &|t| {
+        // SAFETY: task t owns scratch slot t, the state of its heads, and their outputs.
+        let work = unsafe { scratch.slice(t * per_task, per_task) };
+        for h in split_range(nvh, tasks, t) {
+            let m = unsafe { ssm.slice(h * ds * ds, ds * ds) };
+            let kh = h % nkh;
+            if chunked {
+                let mut i0 = 0;
+                while i0 < n {
+                    let c = DELTA_CHUNK.min(n - i0);
+                    let base = &conv[i0 * ch..];
+                    let (cw, tmp) = work.split_at_mut(delta_net::chunk_scratch_len(DELTA_CHUNK, ds));
+                    delta_net::chunk(m, &base[kh * ds..], &base[kdim + kh * ds..], ch, &base[2 * kdim + h * ds..], ch, tmp, ds, &g[i0 * nvh + h..], &beta[i0 * nvh + h..], nvh, c, ds, scale, cw);
+                    for j in 0..c {
+                        // SAFETY: output (i0 + j, h) belongs to this task.
+                        unsafe { o.slice((i0 + j) * nvh * ds + h * ds, ds) }.copy_from_slice(&tmp[j * ds..(j + 1) * ds]);
+                    }
+                    i0 += c;
+                }
+                continue;
+            }
+            let delta = &mut work[..ds];
+            for i in 0..n {
+                let row = &conv[i * ch..(i + 1) * ch];
+                let q = &row[kh * ds..(kh + 1) * ds];
+                let k = &row[kdim + kh * ds..kdim + (kh + 1) * ds];
+                let v = &row[2 * kdim + h * ds..2 * kdim + (h + 1) * ds];
+                // SAFETY: output (i, h) belongs to this task.
+                let out = unsafe { o.slice(i * nvh * ds + h * ds, ds) };
+                delta_net::step(m, q, k, v, g[i * nvh + h], beta[i * nvh + h], scale, delta, out);
+            }
+        }
+    });
+}
+
+/// `Attn = rms_norm(Attn)·w·silu(Z)` per value head.
+fn gated_norm(s: &Step<'_, '_>, b: &mut Bufs<'_>) {
+    let hp = s.hp;
+    let Some(ssm) = hp.ssm else { return };
+    let n = s.n;
+    let (ds, nvh) = (ssm.d_state, ssm.n_v_heads);
+    let Some(norm) = Param::SsmNorm.of(s.layer) else { return };
+    // Gated RMSNorm per head: norm(o) * w * silu(z).
+    for i in 0..n {
+        for h in 0..nvh {
+            let r = i * nvh * ds + h * ds;
+            ops::rms_norm_in_place(&mut b.attn[r..r + ds], norm.data, hp.rms_eps);
+            for (v, &z) in b.attn[r..r + ds].iter_mut().zip(&b.k[r..r + ds]) {
+                *v *= ops::silu(z);
+            }
+        }
+    }
+}
+
+/// The quantized-activation buffer and which type it currently holds, so q, k and v
+/// (or gate and up) quantize their shared input once.
+pub(crate) struct Act<'b> {
+    pub kern: Kernels,
+    pub buf: &'b mut [u8],
+    pub cur: Option<GgmlType>,
+    /// Use llama.cpp's batch-dependent kernel choice ([`matmul_as`]).
+    pub llama_cpp_batches: bool,
+    /// Products placed on devices, when a placement is in use.
+    pub placement: Option<&'b Placement<'b>>,
+    pub offload: Option<&'b mut dyn Offload>,
+    /// The layer whose products run now ([`crate::placement::OUTPUT_LAYER`] for the output projection).
+    pub layer: u16,
+    /// The first device that failed in this forward pass (later products are skipped).
+    pub failed: Option<u8>,
+}
+
+impl Act<'_> {
+    /// The input changed: the next projection must quantize again.
+    pub(crate) fn invalidate(&mut self) {
+        self.cur = None;
+    }
+
+    /// `out = x W` for `n` rows of `x` (each `w.cols` wide).
+    pub(crate) fn project(&mut self, par: &dyn Parallel, kind: WeightKind, w: &Tensor<'_>, x: &[f32], n: usize, out: &mut [f32]) {
+        if self.failed.is_some() {
+            return;
+        }
+        if let (Some(p), Some(off)) = (self.placement, self.offload.as_deref_mut()) {
+            let id = WeightId { layer: self.layer, kind };
+            if let Some(dev) = p.device_for(id, n) {
+                if off.matmul(dev, id, &x[..n * w.cols], n, &mut out[..n * w.rows]).is_err() {
+                    self.failed = Some(dev);
+                }
+                return;
+            }
+        }
+        let Some(vdt) = Kernels::vec_dot_type(w.ty) else { return };
+        if self.cur != Some(vdt) {
+            let rb = vdt.row_bytes(w.cols as u64).unwrap_or(0) as usize;
+            quantize_rows(&self.kern, par, vdt, x, n, w.cols, &mut self.buf[..n * rb]);
+            self.cur = Some(vdt);
+        }
+        matmul_as(&self.kern, par, w, self.buf, n, out, self.llama_cpp_batches);
+    }
+}
