@@ -171,9 +171,12 @@ pub enum Op {
     /// `Q *= attn_scale` (models that scale queries before attention; attention then
     /// scales by 1).
     QueryScale,
-    /// Causal attention of `Q` over the layer's cache into `Attn` (a sliding window on
-    /// the layers that have one).
-    Attention,
+    /// Causal attention of `Q` over the layer's cache into `Attn`.
+    Attention {
+        /// Sliding-window width: a query at `pos` sees keys `pos - window + 1 ..= pos`
+        /// (0: every earlier position).
+        window: usize,
+    },
     /// `Attn *= sigmoid(Gate)`.
     AttnGate,
     /// Delta-net gates: `Beta = sigmoid(Beta)`, `Alpha = softplus(Alpha + dt_bias)·a`.
@@ -211,7 +214,7 @@ impl Op {
             Op::Rope => "rope",
             Op::KvStore => "kv_store",
             Op::QueryScale => "q_scale",
-            Op::Attention => "attention",
+            Op::Attention { .. } => "attention",
             Op::AttnGate => "attn_gate",
             Op::DeltaGates => "delta_gates",
             Op::SsmConv => "ssm_conv",
@@ -234,8 +237,8 @@ pub const MAX_BLOCK_OPS: usize = 23;
 /// The ops of one block, in order (fixed capacity, no allocation).
 pub type BlockOps = heapless::Vec<Op, MAX_BLOCK_OPS>;
 
-/// The ops of layer `layer` of a model with hyper-parameters `hp`, in order.
-pub fn layer_ops(hp: &HParams, layer: &Layer<'_>) -> BlockOps {
+/// The ops of layer `l` (`layer`) of a model with hyper-parameters `hp`, in order.
+pub fn layer_ops(hp: &HParams, l: usize, layer: &Layer<'_>) -> BlockOps {
     let mut ops = BlockOps::new();
     let mut push = |op: Op| {
         // Cannot fail: MAX_BLOCK_OPS is the longest block's length.
@@ -267,7 +270,7 @@ pub fn layer_ops(hp: &HParams, layer: &Layer<'_>) -> BlockOps {
             if hp.q_prescale {
                 push(Op::QueryScale);
             }
-            push(Op::Attention);
+            push(Op::Attention { window: if hp.is_swa(l) { hp.n_swa } else { 0 } });
             if hp.attn_gated {
                 push(Op::AttnGate);
             }
@@ -318,6 +321,6 @@ pub fn weight<'m>(layer: &Layer<'m>, kind: WeightKind) -> Option<Tensor<'m>> {
 /// The ops of every layer of `model`, layer by layer (`f(layer index, its ops)`).
 pub fn for_each_block(model: &Model<'_>, mut f: impl FnMut(usize, &BlockOps)) {
     for (l, layer) in model.layers.iter().enumerate() {
-        f(l, &layer_ops(&model.hp, layer));
+        f(l, &layer_ops(&model.hp, l, layer));
     }
 }

@@ -161,8 +161,10 @@ pub(crate) fn run(op: Op, s: &Step<'_, '_>, b: &mut Bufs<'_>, st: &mut LayerStat
                 *v *= hp.attn_scale;
             }
         }
-        Op::Attention => {
+        Op::Attention { window } => {
             let LayerState::Attention(c) = st else { return };
+            // The block's window (the cache's ring rows were planned from the same rule).
+            c.window = window;
             // Queries scaled beforehand (QueryScale) attend with scale 1.
             let scale = if hp.q_prescale { 1.0 } else { hp.attn_scale };
             match b.tile.as_deref_mut() {

@@ -289,6 +289,27 @@ pub enum CpuReason {
     Budget,
 }
 
+impl CpuReason {
+    /// A sentence for listings.
+    pub const fn describe(self) -> &'static str {
+        match self {
+            CpuReason::NoDevice => "no device was given",
+            CpuReason::Policy => "the placement policy keeps it on the CPU",
+            CpuReason::Unsupported => "no device supports it",
+            CpuReason::Budget => "every device that supports it is out of memory budget",
+        }
+    }
+}
+
+/// Where one op of a block runs ([`Placement::op_place`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpPlace {
+    /// On device `n`.
+    Device(u8),
+    /// On the CPU, and why.
+    Cpu(&'static str),
+}
+
 /// Where one weight's products run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Where {
@@ -546,6 +567,30 @@ impl<'a> Placement<'a> {
             return None;
         }
         Some(dev)
+    }
+
+    /// Where op `op` of layer `l` runs, and why on the CPU: the one lookup for "where does
+    /// op X of layer L run" (`keel plan --placement` prints it for every op of
+    /// [`crate::block::layer_ops`]). A layer that runs whole on a device runs every op
+    /// there; otherwise its products go where their weights' decisions say and every
+    /// other op runs on the CPU.
+    pub fn op_place(&self, model: &Model<'_>, l: usize, op: &crate::block::Op) -> OpPlace {
+        if let Some(dev) = self.layer_device(l) {
+            return OpPlace::Device(dev);
+        }
+        if let crate::block::Op::MatMul { w, .. } = op {
+            return match self.decision(WeightId { layer: l as u16, kind: *w }).map(|d| d.place) {
+                Some(Where::Device(d)) if self.device_enabled(d) => OpPlace::Device(d),
+                Some(Where::Device(_)) => OpPlace::Cpu("its device is switched off"),
+                Some(Where::Cpu(r)) => OpPlace::Cpu(r.describe()),
+                None => OpPlace::Cpu("no decision for this weight"),
+            };
+        }
+        OpPlace::Cpu(match layer_shape(model, l) {
+            _ if self.n_devices == 0 => CpuReason::NoDevice.describe(),
+            Err(why) => why,
+            Ok(_) => self.layer_note.unwrap_or("the layer's products are not all on one device, so it does not run whole there"),
+        })
     }
 
     /// The device holding a copy of the token embedding for whole forward passes, and

@@ -390,7 +390,7 @@ impl<'a> Session<'a> {
             let mut state = match &layer.mixer {
                 Mixer::Attention(_) => {
                     let rows = hp.kv_rows(l, n_ctx, n_batch);
-                    let c = Cache { kv_k: &mut kv_k[kv_row0 * hp.k_dim()..(kv_row0 + rows) * hp.k_dim()], kv_v: &mut kv_v[kv_row0 * hp.v_dim()..(kv_row0 + rows) * hp.v_dim()], rows, n_past, window: if hp.is_swa(l) { hp.n_swa } else { 0 } };
+                    let c = Cache { kv_k: &mut kv_k[kv_row0 * hp.k_dim()..(kv_row0 + rows) * hp.k_dim()], kv_v: &mut kv_v[kv_row0 * hp.v_dim()..(kv_row0 + rows) * hp.v_dim()], rows, n_past, window: 0 };
                     kv_row0 += rows;
                     LayerState::Attention(c)
                 }
@@ -404,7 +404,7 @@ impl<'a> Session<'a> {
             // The block's ops, in order (`block::layer_ops`: the one description of it).
             let step = Step { hp, layer, l, n, n_tasks, chunked, par };
             let mut prev: Option<Op> = None;
-            for &op in block::layer_ops(hp, layer).iter() {
+            for &op in block::layer_ops(hp, l, layer).iter() {
                 // Products of one input in a row (q, k, v; gate, up) quantize it once.
                 if let Op::MatMul { src, .. } = op {
                     if !matches!(prev, Some(Op::MatMul { src: s0, .. }) if s0 == src) {

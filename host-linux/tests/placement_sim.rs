@@ -643,3 +643,37 @@ fn the_dsp_embedding_rows_equal_the_cpus_bit_for_bit() {
         }
     }
 }
+
+/// `keel plan --placement --device hexagon-sim`: "where does op X of layer L run" for
+/// every op of every block. The synthetic llama runs whole on the DSP (every op there);
+/// Qwen 3.5's products go to the DSP one by one and every other op stays on the CPU,
+/// with the reason the layer does not run whole.
+#[test]
+fn plan_placement_lists_each_op_and_where_it_runs_on_hexagon_sim() {
+    let Some(_) = sim::config("plan_placement_lists_each_op_and_where_it_runs_on_hexagon_sim") else { return };
+    let plan = |model: &str| -> serde_json::Value {
+        let m = root().join(format!("tests/golden/synth/{model}.gguf"));
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_keel")).args(["plan", "-m"]).arg(&m).args(["--placement", "--device", "hexagon-sim", "--json"]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let j = plan("synth-llama-q8_0");
+    assert_eq!(j["devices"][0], "hexagon-sim0");
+    for l in j["layers"].as_array().unwrap() {
+        assert_eq!(l["whole_on"], "hexagon-sim0", "{l}");
+        assert!(l["ops"].as_array().unwrap().iter().all(|o| o["where"] == "hexagon-sim0" && o["why"].is_null()), "{l}");
+    }
+    assert_eq!(j["output"]["whole_forward_on"], "hexagon-sim0");
+    let j = plan("synth-qwen35-q8_0");
+    for l in j["layers"].as_array().unwrap() {
+        assert!(l["whole_on"].is_null());
+        for o in l["ops"].as_array().unwrap() {
+            if o["op"] == "matmul" {
+                assert_eq!(o["where"], "hexagon-sim0", "{o}");
+            } else {
+                assert_eq!(o["where"], "cpu", "{o}");
+                assert!(o["why"].as_str().is_some_and(|w| !w.is_empty()), "{o}");
+            }
+        }
+    }
+}

@@ -90,15 +90,20 @@ pub fn info(mut a: Args) -> Result<()> {
     hp.map(|_| ())
 }
 
-/// `keel plan -m MODEL [-c N] [-b N]`.
+/// `keel plan -m MODEL [-c N] [-b N] [--placement [--device LIST] [--offload-* …]]`.
 pub fn plan(mut a: Args) -> Result<()> {
     let as_json = a.flag(&["--json"]);
+    let placement = a.flag(&["--placement"]);
     let model = model_arg(&mut a)?;
     let opts = run_options(&mut a, 1)?;
+    let offload = if placement { Some(super::offload::OffloadOptions::parse(&mut a)?) } else { None };
     a.finish()?;
     let opened = open(&model)?;
     let g = opened.gguf()?;
     let cfg = SessionConfig { n_ctx: opts.n_ctx, n_batch: opts.n_batch.min(opts.n_ctx), n_outputs: opts.n_outputs, n_threads: opts.threads };
+    if let Some(off) = offload {
+        return print_op_placement(&g, &opened.path, &off, cfg.n_ctx, as_json);
+    }
     let p = keel_core::engine::plan(&g, &cfg).map_err(|e| anyhow::anyhow!("{}: {e}", opened.path.display()))?;
     if as_json {
         let mut o = json::Object::new();
@@ -120,6 +125,128 @@ pub fn plan(mut a: Args) -> Result<()> {
             println!("  {:<14} {:>12} bytes  ({})", r.name, r.bytes, mib(r.bytes as u64));
         }
         println!("  {:<14} {:>12} bytes  ({})", "total", p.total_bytes(), mib(p.total_bytes() as u64));
+    }
+    Ok(())
+}
+
+/// `keel plan --placement`: for every layer, each op of its block (`keel_core::block`) and
+/// where it runs (`Placement::op_place`), and why when it is the CPU.
+fn print_op_placement(g: &keel_core::gguf::Gguf<'_>, path: &std::path::Path, off: &super::offload::OffloadOptions, n_ctx: usize, as_json: bool) -> Result<()> {
+    use keel_core::block::{self, Op};
+    use keel_core::placement::{weight_count, Decision, OpPlace, WeightId, WeightKind, Where, OUTPUT_LAYER};
+    let ctx = |e: keel_core::Error| anyhow::anyhow!("{}: {e}", path.display());
+    let hp = HParams::from_gguf(g).map_err(|e| ctx(e.into()))?;
+    let mut table: Vec<std::mem::MaybeUninit<keel_core::model::Layer<'_>>> = (0..hp.n_layer).map(|_| std::mem::MaybeUninit::uninit()).collect();
+    let model = keel_core::model::Model::load(g, hp, &mut table).map_err(ctx)?;
+    let devices = off.open()?;
+    let mut slots = vec![Decision::EMPTY; weight_count(&model)];
+    let placement = devices.plan(&model, &off.policy, n_ctx, &mut slots).map_err(ctx)?;
+    let label = |d: u8| devices.slots.get(usize::from(d)).map_or_else(|| format!("device{d}"), |s| s.label.clone());
+    let place = |p: OpPlace| match p {
+        OpPlace::Device(d) => (label(d), None),
+        OpPlace::Cpu(why) => ("cpu".to_string(), Some(why)),
+    };
+    let tensor = |op: &Op| -> Option<&'static str> {
+        match op {
+            Op::MatMul { w, .. } => Some(w.name()),
+            Op::Norm { w, .. } | Op::Bias { w, .. } | Op::HeadNorm { w, .. } => Some(w.name()),
+            Op::Residual { post_norm, .. } => post_norm.map(|p| p.name()),
+            _ => None,
+        }
+    };
+    let window = |op: &Op| match op {
+        Op::Attention { window } if *window > 0 => Some(*window),
+        _ => None,
+    };
+    let output = WeightId { layer: OUTPUT_LAYER, kind: WeightKind::Output };
+    let out_place = match placement.decision(output).map(|d| d.place) {
+        Some(Where::Device(d)) => (label(d), None),
+        Some(Where::Cpu(r)) => ("cpu".to_string(), Some(r.describe())),
+        None => ("cpu".to_string(), Some("no decision")),
+    };
+    let mixer = |l: usize| match model.layers[l].mixer {
+        keel_core::model::Mixer::Attention(_) => "attention",
+        keel_core::model::Mixer::DeltaNet(_) => "delta-net",
+    };
+    if as_json {
+        let mut o = json::Object::new();
+        o.str("model", &path.display().to_string());
+        o.arr("devices", |arr| {
+            for s in &devices.slots {
+                arr.str(&s.label);
+            }
+        });
+        o.arr("layers", |arr| {
+            block::for_each_block(&model, |l, ops| {
+                arr.obj(|x| {
+                    x.u64("layer", l as u64).str("mixer", mixer(l));
+                    match placement.layer_device(l) {
+                        Some(d) => x.str("whole_on", &label(d)),
+                        None => x.null("whole_on"),
+                    };
+                    x.arr("ops", |oa| {
+                        for op in ops.iter() {
+                            let (at, why) = place(placement.op_place(&model, l, op));
+                            oa.obj(|y| {
+                                y.str("op", op.name());
+                                match tensor(op) {
+                                    Some(t) => y.str("tensor", t),
+                                    None => y.null("tensor"),
+                                };
+                                if let Some(w) = window(op) {
+                                    y.u64("window", w as u64);
+                                }
+                                y.str("where", &at);
+                                match why {
+                                    Some(w) => y.str("why", w),
+                                    None => y.null("why"),
+                                };
+                            });
+                        }
+                    });
+                });
+            });
+        });
+        o.obj("output", |x| {
+            x.str("where", &out_place.0);
+            match out_place.1 {
+                Some(w) => x.str("why", w),
+                None => x.null("why"),
+            };
+            match placement.forward_placed() {
+                Some((d, _)) => x.str("whole_forward_on", &label(d)),
+                None => x.null("whole_forward_on"),
+            };
+        });
+        o.print();
+        return Ok(());
+    }
+    let names: Vec<String> = devices.slots.iter().map(|s| s.label.clone()).collect();
+    println!("op placement for {} (devices: {}; n_ctx {n_ctx}):", path.display(), if names.is_empty() { "none, cpu only".to_string() } else { names.join(", ") });
+    block::for_each_block(&model, |l, ops| {
+        match placement.layer_device(l) {
+            Some(d) => println!("layer {l} ({}): whole on {}", mixer(l), label(d)),
+            None => println!("layer {l} ({}):", mixer(l)),
+        }
+        for op in ops.iter() {
+            let (at, why) = place(placement.op_place(&model, l, op));
+            let name = match (tensor(op), window(op)) {
+                (Some(t), _) => format!("{} {t}", op.name()),
+                (None, Some(w)) => format!("{} (window {w})", op.name()),
+                (None, None) => op.name().to_string(),
+            };
+            match why {
+                Some(w) => println!("  {name:<28} {at:<14} ({w})"),
+                None => println!("  {name:<28} {at}"),
+            }
+        }
+    });
+    match out_place.1 {
+        Some(w) => println!("output projection: {} ({w})", out_place.0),
+        None => println!("output projection: {}", out_place.0),
+    }
+    if let Some((d, _)) = placement.forward_placed() {
+        println!("whole forward pass (embedding lookup to logits): {}", label(d));
     }
     Ok(())
 }

@@ -38,6 +38,8 @@ commands:
   perplexity  keel perplexity -m MODEL -f TEXT [-c 512] [-t T] [--batch-invariant] [--json]
   info        keel info MODEL [--json]
   plan        keel plan -m MODEL [-c N_CTX] [-b N_BATCH] [-t T] [--json]
+              --placement [--device LIST] [--offload-* flags]: for every layer, each op of its
+              block and where it runs (why, when on the CPU)
   bench       keel bench -m MODEL [-p 512] [-n 128] [-r 3] [-t T] [--roofline] [--json]
               (pp and tg speed; checks its own output and refuses to report broken runs)
   pull        keel pull NAME        (known: smollm2-135m, gemma3-270m)
