@@ -27,6 +27,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use keel_core::block::BlockOps;
 use keel_core::ggml_type::GgmlType;
 use keel_core::model::Model;
 use keel_core::placement::{for_each_weight, Decision, DeviceFailed, DeviceInfo, LayerShape, Offload, Placement, Policy, WeightId, WeightKind, Where, OUTPUT_LAYER};
@@ -140,6 +141,8 @@ pub struct Slot {
     io: Option<(BufferId, u64, BufferId, u64)>,
     /// Norm weights and KV cache of each layer that runs whole here.
     resident: HashMap<u16, Resident>,
+    /// The block ops of each layer that runs whole here (`keel_core::block::layer_ops`).
+    blocks: HashMap<u16, BlockOps>,
     /// The shape of those layers.
     shape: Option<LayerShape>,
     /// The token embedding's copy and the output norm weight, when the whole forward
@@ -267,6 +270,7 @@ impl Devices {
                 weights: HashMap::new(),
                 io: None,
                 resident: HashMap::new(),
+                blocks: HashMap::new(),
                 shape: None,
                 forward: None,
                 model_bytes: 0,
@@ -453,6 +457,7 @@ impl Devices {
                 let (kb, ksize) = kv_bufs[i / per_buf];
                 let k_off = ((i % per_buf) as u64 * 2 * cache) as u32;
                 let p = |offset: u64, buf, size| Placed { buf, size, offset: offset as u32 };
+                slot.blocks.insert(l as u16, keel_core::block::layer_ops(&model.hp, l, ly));
                 slot.resident.insert(
                     l as u16,
                     Resident { attn_norm: p(a, nbuf, nsize), ffn_norm: p(f, nbuf, nsize), kv: Placed { buf: kb, size: ksize, offset: k_off }, v_offset: k_off + cache as u32 },
@@ -577,14 +582,11 @@ impl Devices {
                         break;
                     }
                     let r = *slot.resident.get(&l).ok_or_else(|| bad(format!("layer {l} is not resident on this device")))?;
-                    let mut ws7 = [None; 7];
-                    for (k, kind) in kinds.iter().enumerate() {
-                        let h = slot.weights.get(&(l, *kind as u8)).ok_or_else(|| bad(format!("weight blk.{l}.{} is not on this device", kind.name())))?;
-                        ws7[k] = Some(Weight { at: Placed { buf: h.buf, size: h.size, offset: h.offset }, dtype: h.dtype, rows: h.rows, cols: h.cols });
-                    }
-                    let ws7 = ws7.map(|o| o.unwrap_or_else(|| unreachable!()));
+                    let ops = slot.blocks.get(&l).ok_or_else(|| bad(format!("layer {l} has no block on this device")))?;
+                    let weights = &slot.weights;
+                    let weight = |kind: WeightKind| weights.get(&(l, kind as u8)).map(|h| Weight { at: Placed { buf: h.buf, size: h.size, offset: h.offset }, dtype: h.dtype, rows: h.rows, cols: h.cols });
                     let (no, nt, nb) = (b.ops.len(), b.tensors.len(), b.buffers.len());
-                    b.add_layer(&sh, &ws7, &r, m, pos + t0).ok_or_else(|| bad(format!("layer {l}: descriptors overflow at position {}", pos + t0)))?;
+                    b.add_layer(&sh, ops, &weight, &r, m, pos + t0).map_err(|why| bad(format!("layer {l} at position {}: {why}", pos + t0)))?;
                     if !b.fits(max_ops) {
                         if b.layers == 1 {
                             return Err(bad(format!("one layer needs {} ops, {} tensors, {} buffers (with the embedding lookup, if any): more than a batch carries", b.ops.len(), b.tensors.len(), b.buffers.len())));

@@ -1,23 +1,31 @@
 //! Whole llama layers as device batches: the descriptors of one layer's ops over the
 //! repacked weights, the norm weights, the device-resident KV cache and one work buffer.
 //!
-//! Owns the op order of a layer on the device and the layout of the work buffer; not
-//! the buffers themselves (allocated and counted by [`super::offload`]). Per layer, for
-//! `m` tokens at positions `pos .. pos + m` (shapes ggml-style, innermost first):
+//! Owns the lowering of a block's ops (`keel_core::block::layer_ops`, the one description
+//! of each block, which the CPU session executes too) to HAL ops and the layout of the
+//! work buffer; not the buffers themselves (allocated and counted by [`super::offload`]).
+//! Per layer, for `m` tokens at positions `pos .. pos + m` (shapes ggml-style, innermost
+//! first), a llama block lowers to:
 //!
 //! ```text
-//! xn   = RmsNorm(x, w_attn)                    [n_embd, m]
-//! q, k, v = MatMul(W_q|W_k|W_v, xn)            [q_dim, m], [kv_dim, m], [kv_dim, m]
-//! q, k = Rope(q, k; pos, host cos/sin table)   viewed [head_dim, heads, m]
-//! K[l][pos..], V[l][pos..] = Copy(k), Copy(v)  F32 -> F16 rows of the cache
-//! q    = Attention(q; K[l][..pos+m], V[l][..pos+m])  in place
-//! tmp  = MatMul(W_o, q);  x = Add(x, tmp)
-//! xn   = RmsNorm(x, w_ffn)
-//! gate, up = MatMul(W_g|W_u, xn);  gate = SwiGlu(gate, up)
-//! tmp  = MatMul(W_d, gate);  x = Add(x, tmp)
+//! norm          xn   = RmsNorm(x, w_attn)                    [n_embd, m]
+//! matmul ×3     q, k, v = MatMul(W_q|W_k|W_v, xn)            [q_dim, m], [kv_dim, m], [kv_dim, m]
+//! rope          q, k = Rope(q, k; pos, host cos/sin table)   viewed [head_dim, heads, m]
+//! kv_store      K[l][pos..], V[l][pos..] = Copy(k), Copy(v)  F32 -> F16 rows of the cache
+//! attention     q    = Attention(q; K[l][..pos+m], V[l][..pos+m])  in place (Attn is Q)
+//! matmul        ffn_a = MatMul(W_o, q)
+//! residual      x    = Add(x, ffn_a)
+//! norm          xn   = RmsNorm(x, w_ffn)
+//! matmul ×2     ffn_a, ffn_b = MatMul(W_g|W_u, xn)
+//! swiglu        ffn_a = SwiGlu(ffn_a, ffn_b)
+//! matmul        ffn_b = MatMul(W_d, ffn_a)
+//! residual      x    = Add(x, ffn_b)
 //! ```
 //!
-//! 17 ops and 13 tensors per layer, plus 12 tensors shared by the layers of a batch.
+//! An op the lowering has no HAL op for yet makes [`Builder::add_layer`] fail with the
+//! op's name (placement only puts llama layers whole on a device today).
+//!
+//! 17 ops and 13 tensors per llama layer, plus 13 tensors shared by the layers of a batch.
 //! When the whole forward pass runs on the device, the first batch of a chunk of tokens
 //! starts with the embedding lookup and the last one ends with the logits of the `k`
 //! rows that need them (the last `k` of the chunk):
@@ -32,7 +40,9 @@
 //! for V (the CPU cache's layout and type), so attention reads a strided
 //! `[head_dim, n_kv, n_head_kv]` view.
 
-use keel_core::placement::LayerShape;
+use keel_core::block::{BlockOps, Buf, Op, Param};
+use keel_core::model::FfnAct;
+use keel_core::placement::{LayerShape, WeightKind};
 use keel_npu_hal::op::{BufferRef, DType, Layout, OpDesc, OpKind, TensorDesc};
 use keel_npu_hal::wire::{MAX_BUFFERS, MAX_TENSORS};
 use keel_npu_hal::BufferId;
@@ -40,10 +50,10 @@ use keel_npu_hal::BufferId;
 /// Ops one layer adds to a batch.
 pub const OPS_PER_LAYER: usize = 17;
 
-/// Most layers one batch carries under a limit of `max_ops` ops and the wire's tensor
-/// table (each layer adds 13 tensors to the 12 shared ones).
+/// Most llama layers one batch carries under a limit of `max_ops` ops and the wire's
+/// tensor table (each layer adds 13 tensors to the 13 shared ones).
 pub fn layers_per_batch(max_ops: usize) -> usize {
-    (max_ops / OPS_PER_LAYER).min((MAX_TENSORS - 12) / 13)
+    (max_ops / OPS_PER_LAYER).min((MAX_TENSORS - 13) / 13)
 }
 
 /// A tensor a device holds: `bytes` at `offset` in buffer `buf` (whose size is `size`).
@@ -96,9 +106,10 @@ pub struct Work {
     q: u32,
     k: u32,
     v: u32,
-    tmp: u32,
-    gate: u32,
-    up: u32,
+    /// `Buf::FfnA`: the mixer's projected output, then the feed-forward's first half.
+    ffa: u32,
+    /// `Buf::FfnB`: the feed-forward's second half, then its projected output.
+    ffb: u32,
     pos: u32,
     cs: u32,
     tok: u32,
@@ -116,10 +127,11 @@ impl Work {
             u32::try_from(o).ok()
         };
         let q_dim = sh.n_head * sh.head_dim;
-        let (x, xn, q, k, v, tmp) = (take(sh.n_embd)?, take(sh.n_embd)?, take(q_dim)?, take(sh.kv_dim())?, take(sh.kv_dim())?, take(sh.n_embd)?);
-        let (gate, up, pos, cs, tok) = (take(sh.n_ff)?, take(sh.n_ff)?, take(1)?, take(sh.n_rot)?, take(1)?);
+        let ff = sh.n_ff.max(sh.n_embd);
+        let (x, xn, q, k, v) = (take(sh.n_embd)?, take(sh.n_embd)?, take(q_dim)?, take(sh.kv_dim())?, take(sh.kv_dim())?);
+        let (ffa, ffb, pos, cs, tok) = (take(ff)?, take(ff)?, take(1)?, take(sh.n_rot)?, take(1)?);
         u32::try_from(at).ok()?;
-        Some(Work { x, xn, q, k, v, tmp, gate, up, pos, cs, tok, end: at })
+        Some(Work { x, xn, q, k, v, ffa, ffb, pos, cs, tok, end: at })
     }
 
     /// Offset of the residual rows.
@@ -182,9 +194,12 @@ struct Shared {
     k2: u16,
     k3: u16,
     v2: u16,
-    tmp: u16,
-    gate: u16,
-    up: u16,
+    /// `Buf::FfnA` as `[n_embd, m]` and as `[n_ff, m]`.
+    ffa_e: u16,
+    ffa_f: u16,
+    /// `Buf::FfnB` likewise.
+    ffb_e: u16,
+    ffb_f: u16,
     pos: u16,
     cs: u16,
 }
@@ -200,25 +215,26 @@ impl Builder {
         let (e, f, hd, m) = (sh.n_embd as u32, sh.n_ff as u32, sh.head_dim as u32, m as u32);
         let (nh, nkv) = (sh.n_head as u32, sh.n_head_kv as u32);
         b.shared = Shared {
-            x: b.push(f32s([e, m, 1, 1], 0, w.x)?),
-            xn: b.push(f32s([e, m, 1, 1], 0, w.xn)?),
-            q2: b.push(f32s([nh * hd, m, 1, 1], 0, w.q)?),
-            q3: b.push(f32s([hd, nh, m, 1], 0, w.q)?),
-            k2: b.push(f32s([nkv * hd, m, 1, 1], 0, w.k)?),
-            k3: b.push(f32s([hd, nkv, m, 1], 0, w.k)?),
-            v2: b.push(f32s([nkv * hd, m, 1, 1], 0, w.v)?),
-            tmp: b.push(f32s([e, m, 1, 1], 0, w.tmp)?),
-            gate: b.push(f32s([f, m, 1, 1], 0, w.gate)?),
-            up: b.push(f32s([f, m, 1, 1], 0, w.up)?),
-            pos: b.push(TensorDesc::contiguous(DType::I32, [m, 1, 1, 1], 0, w.pos)?),
-            cs: b.push(f32s([sh.n_rot as u32, m, 1, 1], 0, w.cs)?),
+            x: b.push(f32s([e, m, 1, 1], 0, w.x)?)?,
+            xn: b.push(f32s([e, m, 1, 1], 0, w.xn)?)?,
+            q2: b.push(f32s([nh * hd, m, 1, 1], 0, w.q)?)?,
+            q3: b.push(f32s([hd, nh, m, 1], 0, w.q)?)?,
+            k2: b.push(f32s([nkv * hd, m, 1, 1], 0, w.k)?)?,
+            k3: b.push(f32s([hd, nkv, m, 1], 0, w.k)?)?,
+            v2: b.push(f32s([nkv * hd, m, 1, 1], 0, w.v)?)?,
+            ffa_e: b.push(f32s([e, m, 1, 1], 0, w.ffa)?)?,
+            ffa_f: b.push(f32s([f, m, 1, 1], 0, w.ffa)?)?,
+            ffb_e: b.push(f32s([e, m, 1, 1], 0, w.ffb)?)?,
+            ffb_f: b.push(f32s([f, m, 1, 1], 0, w.ffb)?)?,
+            pos: b.push(TensorDesc::contiguous(DType::I32, [m, 1, 1, 1], 0, w.pos)?)?,
+            cs: b.push(f32s([sh.n_rot as u32, m, 1, 1], 0, w.cs)?)?,
         };
         Some(b)
     }
 
-    fn push(&mut self, t: TensorDesc) -> u16 {
+    fn push(&mut self, t: TensorDesc) -> Option<u16> {
         self.tensors.push(t);
-        (self.tensors.len() - 1) as u16
+        u16::try_from(self.tensors.len() - 1).ok()
     }
 
     fn buffer(&mut self, id: BufferId, size: u64) -> u16 {
@@ -239,8 +255,8 @@ impl Builder {
     /// residual rows. `None`: a descriptor overflowed.
     pub fn add_embedding(&mut self, t: &Table, w: &Work, m: usize) -> Option<()> {
         let buf = self.buffer(t.at.buf, t.at.size);
-        let table = self.push(table_desc(t, buf)?);
-        let ids = self.push(TensorDesc::contiguous(DType::I32, [u32::try_from(m).ok()?, 1, 1, 1], 0, w.tok)?);
+        let table = self.push(table_desc(t, buf)?)?;
+        let ids = self.push(TensorDesc::contiguous(DType::I32, [u32::try_from(m).ok()?, 1, 1, 1], 0, w.tok)?)?;
         self.op(OpKind::GetRows, [Some(table), Some(ids), None], self.shared.x);
         Some(())
     }
@@ -251,14 +267,14 @@ impl Builder {
     pub fn add_output(&mut self, sh: &LayerShape, w: &Work, norm: Placed, out: &Weight, logits: BufferRef, m: usize, k: usize) -> Option<()> {
         let (e, k32) = (u32::try_from(sh.n_embd).ok()?, u32::try_from(k).ok()?);
         let skip = u32::try_from(m.checked_sub(k)?).ok()?.checked_mul(4 * e)?;
-        let x = self.push(f32s([e, k32, 1, 1], 0, w.x.checked_add(skip)?)?);
-        let xn = self.push(f32s([e, k32, 1, 1], 0, w.xn)?);
+        let x = self.push(f32s([e, k32, 1, 1], 0, w.x.checked_add(skip)?)?)?;
+        let xn = self.push(f32s([e, k32, 1, 1], 0, w.xn)?)?;
         let nb = self.buffer(norm.buf, norm.size);
-        let nw = self.push(f32s([e, 1, 1, 1], nb, norm.offset)?);
+        let nw = self.push(f32s([e, 1, 1, 1], nb, norm.offset)?)?;
         let wb = self.buffer(out.at.buf, out.at.size);
-        let wt = self.push(TensorDesc { dtype: out.dtype, layout: Layout::Tiles32, ne: [out.cols as u32, out.rows as u32, 1, 1], nb: [0; 4], buffer: wb, offset: out.at.offset });
+        let wt = self.push(TensorDesc { dtype: out.dtype, layout: Layout::Tiles32, ne: [out.cols as u32, out.rows as u32, 1, 1], nb: [0; 4], buffer: wb, offset: out.at.offset })?;
         let lb = self.buffer(logits.id, logits.size);
-        let dst = self.push(f32s([u32::try_from(out.rows).ok()?, k32, 1, 1], lb, 0)?);
+        let dst = self.push(f32s([u32::try_from(out.rows).ok()?, k32, 1, 1], lb, 0)?)?;
         self.op(OpKind::RmsNorm { eps: sh.rms_eps }, [Some(x), Some(nw), None], xn);
         self.op(OpKind::MatMul, [Some(wt), Some(xn), None], dst);
         Some(())
@@ -276,62 +292,88 @@ impl Builder {
         self.ops.len() <= max_ops && self.tensors.len() <= MAX_TENSORS && self.buffers.len() <= MAX_BUFFERS
     }
 
-    /// Appends layer ops for `m` tokens at positions `pos..pos + m` (the builder's `m`).
-    /// `w`: the layer's q, k, v, o, gate, up, down weights. `None`: a descriptor overflowed.
-    pub fn add_layer(&mut self, sh: &LayerShape, w: &[Weight; 7], r: &Resident, m: usize, pos: usize) -> Option<()> {
+    /// Appends the lowering of a layer's block ops `ops` for `m` tokens at positions
+    /// `pos..pos + m` (the builder's `m`). `weight(kind)`: the layer's weights on the
+    /// device. `Err`: a descriptor overflowed, or an op (named) has no lowering yet.
+    pub fn add_layer(&mut self, sh: &LayerShape, ops: &BlockOps, weight: &dyn Fn(WeightKind) -> Option<Weight>, r: &Resident, m: usize, pos: usize) -> Result<(), String> {
+        let overflow = || "descriptors overflow".to_string();
         let s = self.shared;
-        let (e, hd, kvd) = (sh.n_embd as u32, sh.head_dim as u32, sh.kv_dim() as u32);
-        let (m, pos) = (m as u32, u32::try_from(pos).ok()?);
-        let weight = |b: &mut Builder, i: usize| -> Option<u16> {
-            let wt = &w[i];
-            let buf = b.buffer(wt.at.buf, wt.at.size);
-            let t = TensorDesc { dtype: wt.dtype, layout: Layout::Tiles32, ne: [wt.cols as u32, wt.rows as u32, 1, 1], nb: [0; 4], buffer: buf, offset: wt.at.offset };
-            Some(b.push(t))
+        let (e, f, hd, kvd) = (sh.n_embd as u32, sh.n_ff as u32, sh.head_dim as u32, sh.kv_dim() as u32);
+        let (m, pos) = (m as u32, u32::try_from(pos).map_err(|_| overflow())?);
+        // A row buffer of a given width (`Attn` is `Q`: attention runs in place).
+        let rows = |b: Buf, width: u32| -> Option<u16> {
+            Some(match b {
+                Buf::X => s.x,
+                Buf::Xn => s.xn,
+                Buf::Q | Buf::Attn => s.q2,
+                Buf::K => s.k2,
+                Buf::V => s.v2,
+                Buf::FfnA if width == e => s.ffa_e,
+                Buf::FfnA if width == f => s.ffa_f,
+                Buf::FfnB if width == e => s.ffb_e,
+                Buf::FfnB if width == f => s.ffb_f,
+                _ => return None,
+            })
         };
-        let wq = weight(self, 0)?;
-        let wk = weight(self, 1)?;
-        let wv = weight(self, 2)?;
-        let wo = weight(self, 3)?;
-        let wg = weight(self, 4)?;
-        let wu = weight(self, 5)?;
-        let wd = weight(self, 6)?;
-        let nb = self.buffer(r.attn_norm.buf, r.attn_norm.size);
-        let an = self.push(f32s([e, 1, 1, 1], nb, r.attn_norm.offset)?);
-        let nb = self.buffer(r.ffn_norm.buf, r.ffn_norm.size);
-        let fnm = self.push(f32s([e, 1, 1, 1], nb, r.ffn_norm.offset)?);
+        let param = |b: &mut Builder, p: Param| -> Option<u16> {
+            let at = match p {
+                Param::AttnNorm => r.attn_norm,
+                Param::FfnNorm => r.ffn_norm,
+                _ => return None,
+            };
+            let nb = b.buffer(at.buf, at.size);
+            b.push(f32s([e, 1, 1, 1], nb, at.offset)?)
+        };
         let kb = self.buffer(r.kv.buf, r.kv.size);
         let row = 2 * kvd;
-        let k_at = r.kv.offset.checked_add(pos.checked_mul(row)?)?;
-        let v_at = r.v_offset.checked_add(pos.checked_mul(row)?)?;
-        let k_dst = self.push(TensorDesc::contiguous(DType::F16, [kvd, m, 1, 1], kb, k_at)?);
-        let v_dst = self.push(TensorDesc::contiguous(DType::F16, [kvd, m, 1, 1], kb, v_at)?);
-        let n_kv = pos.checked_add(m)?;
+        let n_kv = pos.checked_add(m).ok_or_else(overflow)?;
         let view = |offset| TensorDesc { dtype: DType::F16, layout: Layout::RowMajor, ne: [hd, n_kv, sh.n_head_kv as u32, 1], nb: [2, row, 2 * hd, row * n_kv], buffer: kb, offset };
-        let k_all = self.push(view(r.kv.offset));
-        let v_all = self.push(view(r.v_offset));
-
-        let rope = OpKind::Rope { n_dims: u16::try_from(sh.n_rot).ok()?, mode: if sh.rope_neox { 2 } else { 0 }, freq_base: sh.rope_base };
-        let attn = OpKind::Attention { n_head: u16::try_from(sh.n_head).ok()?, n_head_kv: u16::try_from(sh.n_head_kv).ok()?, scale: sh.attn_scale };
-        let norm = OpKind::RmsNorm { eps: sh.rms_eps };
-        self.op(norm, [Some(s.x), Some(an), None], s.xn);
-        self.op(OpKind::MatMul, [Some(wq), Some(s.xn), None], s.q2);
-        self.op(OpKind::MatMul, [Some(wk), Some(s.xn), None], s.k2);
-        self.op(OpKind::MatMul, [Some(wv), Some(s.xn), None], s.v2);
-        self.op(rope, [Some(s.q3), Some(s.pos), Some(s.cs)], s.q3);
-        self.op(rope, [Some(s.k3), Some(s.pos), Some(s.cs)], s.k3);
-        self.op(OpKind::Copy, [Some(s.k2), None, None], k_dst);
-        self.op(OpKind::Copy, [Some(s.v2), None, None], v_dst);
-        self.op(attn, [Some(s.q3), Some(k_all), Some(v_all)], s.q3);
-        self.op(OpKind::MatMul, [Some(wo), Some(s.q2), None], s.tmp);
-        self.op(OpKind::Add, [Some(s.x), Some(s.tmp), None], s.x);
-        self.op(norm, [Some(s.x), Some(fnm), None], s.xn);
-        self.op(OpKind::MatMul, [Some(wg), Some(s.xn), None], s.gate);
-        self.op(OpKind::MatMul, [Some(wu), Some(s.xn), None], s.up);
-        self.op(OpKind::SwiGlu, [Some(s.gate), Some(s.up), None], s.gate);
-        self.op(OpKind::MatMul, [Some(wd), Some(s.gate), None], s.tmp);
-        self.op(OpKind::Add, [Some(s.x), Some(s.tmp), None], s.x);
+        let no_lowering = |op: &Op| format!("{} has no device lowering yet", op.name());
+        for op in ops.iter() {
+            match *op {
+                Op::Norm { w, src, dst } => {
+                    let wn = param(self, w).ok_or_else(|| no_lowering(op))?;
+                    let (x, y) = (rows(src, e).ok_or_else(|| no_lowering(op))?, rows(dst, e).ok_or_else(|| no_lowering(op))?);
+                    self.op(OpKind::RmsNorm { eps: sh.rms_eps }, [Some(x), Some(wn), None], y);
+                }
+                Op::MatMul { w, src, dst } => {
+                    let wt = weight(w).ok_or_else(|| format!("weight {} is not on this device", w.name()))?;
+                    let buf = self.buffer(wt.at.buf, wt.at.size);
+                    let t = TensorDesc { dtype: wt.dtype, layout: Layout::Tiles32, ne: [wt.cols as u32, wt.rows as u32, 1, 1], nb: [0; 4], buffer: buf, offset: wt.at.offset };
+                    let wi = self.push(t).ok_or_else(overflow)?;
+                    let x = rows(src, wt.cols as u32).ok_or_else(|| no_lowering(op))?;
+                    let y = rows(dst, wt.rows as u32).ok_or_else(|| no_lowering(op))?;
+                    self.op(OpKind::MatMul, [Some(wi), Some(x), None], y);
+                }
+                Op::Rope => {
+                    let rope = OpKind::Rope { n_dims: u16::try_from(sh.n_rot).map_err(|_| overflow())?, mode: if sh.rope_neox { 2 } else { 0 }, freq_base: sh.rope_base };
+                    self.op(rope, [Some(s.q3), Some(s.pos), Some(s.cs)], s.q3);
+                    self.op(rope, [Some(s.k3), Some(s.pos), Some(s.cs)], s.k3);
+                }
+                Op::KvStore => {
+                    let k_at = r.kv.offset.checked_add(pos.checked_mul(row).ok_or_else(overflow)?).ok_or_else(overflow)?;
+                    let v_at = r.v_offset.checked_add(pos.checked_mul(row).ok_or_else(overflow)?).ok_or_else(overflow)?;
+                    let k_dst = self.push(TensorDesc::contiguous(DType::F16, [kvd, m, 1, 1], kb, k_at).ok_or_else(overflow)?).ok_or_else(overflow)?;
+                    let v_dst = self.push(TensorDesc::contiguous(DType::F16, [kvd, m, 1, 1], kb, v_at).ok_or_else(overflow)?).ok_or_else(overflow)?;
+                    self.op(OpKind::Copy, [Some(s.k2), None, None], k_dst);
+                    self.op(OpKind::Copy, [Some(s.v2), None, None], v_dst);
+                }
+                Op::Attention { window: 0 } => {
+                    let attn = OpKind::Attention { n_head: u16::try_from(sh.n_head).map_err(|_| overflow())?, n_head_kv: u16::try_from(sh.n_head_kv).map_err(|_| overflow())?, scale: sh.attn_scale };
+                    let k_all = self.push(view(r.kv.offset)).ok_or_else(overflow)?;
+                    let v_all = self.push(view(r.v_offset)).ok_or_else(overflow)?;
+                    self.op(attn, [Some(s.q3), Some(k_all), Some(v_all)], s.q3);
+                }
+                Op::Residual { src, post_norm: None } => {
+                    let y = rows(src, e).ok_or_else(|| no_lowering(op))?;
+                    self.op(OpKind::Add, [Some(s.x), Some(y), None], s.x);
+                }
+                Op::FfnAct(FfnAct::Silu) => self.op(OpKind::SwiGlu, [Some(s.ffa_f), Some(s.ffb_f), None], s.ffa_f),
+                _ => return Err(no_lowering(op)),
+            }
+        }
         self.layers += 1;
-        Some(())
+        Ok(())
     }
 
     /// Drops everything after the first `ops`/`tensors`/`buffers` entries (undoes an
