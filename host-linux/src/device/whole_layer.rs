@@ -311,7 +311,7 @@ impl Builder {
         let v_all = self.push(view(r.v_offset));
 
         let rope = OpKind::Rope { n_dims: u16::try_from(sh.n_rot).ok()?, mode: if sh.rope_neox { 2 } else { 0 }, freq_base: sh.rope_base };
-        let attn = OpKind::Attention { n_head: u16::try_from(sh.n_head).ok()?, n_head_kv: u16::try_from(sh.n_head_kv).ok()?, scale: sh.attn_scale };
+        let attn = OpKind::Attention { n_head: u16::try_from(sh.n_head).ok()?, n_head_kv: u16::try_from(sh.n_head_kv).ok()?, scale: sh.attn_scale, window: 0 };
         let norm = OpKind::RmsNorm { eps: sh.rms_eps };
         self.op(norm, [Some(s.x), Some(an), None], s.xn);
         self.op(OpKind::MatMul, [Some(wq), Some(s.xn), None], s.q2);
@@ -358,7 +358,7 @@ pub fn probe_ops(sh: &LayerShape) -> Option<Vec<(OpDesc, Vec<TensorDesc>)>> {
             vec![q3, TensorDesc::contiguous(DType::I32, [1, 1, 1, 1], 0, 0)?, row(sh.n_rot as u32)?],
         ),
         (op(OpKind::Copy, [Some(0), None, None], 1), vec![row(nkv * hd)?, TensorDesc::contiguous(DType::F16, [nkv * hd, 1, 1, 1], 0, 0)?]),
-        (op(OpKind::Attention { n_head: u16::try_from(nh).ok()?, n_head_kv: u16::try_from(nkv).ok()?, scale: sh.attn_scale }, [Some(0), Some(1), Some(2)], 0), vec![q3, kv, kv]),
+        (op(OpKind::Attention { n_head: u16::try_from(nh).ok()?, n_head_kv: u16::try_from(nkv).ok()?, scale: sh.attn_scale, window: 0 }, [Some(0), Some(1), Some(2)], 0), vec![q3, kv, kv]),
         (op(OpKind::SwiGlu, [Some(0), Some(1), None], 0), vec![row(f)?, row(f)?]),
         (op(OpKind::Add, [Some(0), Some(1), None], 0), vec![row(e)?, row(e)?]),
     ])
