@@ -241,29 +241,8 @@ pub struct Attn {
 /// from the cache strides (token `t` at position `p = n_kv − n_tokens + t` sees
 /// positions `0 ..= p`, or `p + 1 − window ..= p`).
 pub fn attention(q: &[f32], a: Attn, k: Cache<'_>, v: Cache<'_>) -> Vec<f32> {
-    let hd = a.head_dim;
-    let group = a.n_head / a.n_head_kv;
-    let (mut qh, mut acc) = (vec![f16::ZERO; hd], vec![f16::ZERO; hd]);
-    let mut out = vec![0f32; q.len()];
-    for t in 0..a.n_tokens {
-        let n_pos = a.n_kv - a.n_tokens + t + 1;
-        let first = if a.window > 0 { n_pos.saturating_sub(a.window) } else { 0 };
-        for h in 0..a.n_head {
-            let o = (t * a.n_head + h) * hd;
-            let kvh = h / group;
-            let span = KeySpan {
-                len: n_pos - first,
-                first_slot: first,
-                ring: a.n_kv,
-                k_base: kvh * k.head_stride,
-                k_stride: k.pos_stride,
-                v_base: kvh * v.head_stride,
-                v_stride: v.pos_stride,
-            };
-            attend_heads(&kern(), &q[o..o + hd], hd, hd, k.data, v.data, span, a.scale, &mut qh, &mut acc, &mut out[o..o + hd]);
-        }
-    }
-    out
+    // A ring as long as the cache: key `c` of a span starting at `first` is in slot `first + c`.
+    attention_ring(q, a, k, v, a.n_kv)
 }
 
 /// A position-major F16 cache (`pos_stride` elements per position) as keel's CPU
@@ -279,7 +258,7 @@ pub fn ring_cache(full: &[f16], pos_stride: usize, n_kv: usize, rows: usize) -> 
     ring
 }
 
-/// The CPU session's sliding-window attention (`core/src/session.rs` `attention`) over
+/// The CPU session's sliding-window attention (`core/src/block_cpu.rs` `attention`) over
 /// ring caches of `rows` slots ([`ring_cache`]): per query token at position `p` and
 /// head, `attend_heads` with `KeySpan { len: p + 1 − first, first_slot: first, ring:
 /// rows, .. }`, `first = max(0, p + 1 − window)`.
@@ -333,7 +312,7 @@ pub fn l2_norm_rows(x: &[f32], n: usize, eps: f32) -> Vec<f32> {
     y
 }
 
-/// The CPU's per-head q/k norm (`session.rs` `head_norm`): `ops::rms_norm_in_place`
+/// The CPU's per-head q/k norm (`block_cpu.rs` `head_norm`): `ops::rms_norm_in_place`
 /// of each `hd`-value head with the weight as raw f32 bytes.
 pub fn head_norm(x: &[f32], hd: usize, w: &[f32], eps: f32) -> Vec<f32> {
     let wb = crate::f32_bytes(w);
@@ -368,7 +347,7 @@ pub fn gated_norm(o: &[f32], z: &[f32], d: usize, w: &[f32], eps: f32) -> Vec<f3
     y
 }
 
-/// The CPU's conv (`session.rs` `delta_net_block`): `delta_net::conv_channel` per
+/// The CPU's conv (`block_cpu.rs` `ssm_conv`): `delta_net::conv_channel` per
 /// channel of `x` (`[ch, n]`) with taps `w` (`[d_conv, ch]`) over `state`
 /// (`[d_conv − 1, ch]`, updated); returns the output `[ch, n]`.
 pub fn ssm_conv(x: &[f32], ch: usize, w: &[f32], state: &mut [f32]) -> Vec<f32> {
@@ -381,7 +360,7 @@ pub fn ssm_conv(x: &[f32], ch: usize, w: &[f32], state: &mut [f32]) -> Vec<f32> 
     out
 }
 
-/// The shape of a delta rule as the CPU's `delta_net_block` runs it.
+/// The shape of a delta rule as the CPU's `block_cpu.rs` `delta_rule` runs it.
 #[derive(Clone, Copy, Debug)]
 pub struct Delta {
     /// Head width (`d_state`).
@@ -398,7 +377,7 @@ pub struct Delta {
     pub scale: f32,
 }
 
-/// The CPU's delta rule (`session.rs` `delta_net_block`) over `n` tokens of the conv
+/// The CPU's delta rule (`block_cpu.rs` `delta_rule`) over `n` tokens of the conv
 /// output `conv` (`row` floats per token: q heads, k heads, v heads), gates `beta` and
 /// `g` (`[n][n_v_heads]`) and the transposed states `m` (`[n_v_heads][d·d]`, updated):
 /// per value head, `delta_net::step` per token, or `delta_net::chunk` per `chunk`

@@ -208,7 +208,7 @@ fn gated_attention_split_and_output_gate_are_copy_sigmoid_mul() {
     b.op(OpKind::Sigmoid, [Some(gflat), None, None], gflat);
     b.op(OpKind::Mul, [Some(ot), Some(gflat), None], ot);
     let bufs = b.run().unwrap();
-    // The CPU's split (session.rs attention_block): per token and head, q then gate.
+    // The CPU's split (block_cpu.rs split_query_gate): per token and head, q then gate.
     let (mut q, mut gate) = (Vec::new(), Vec::new());
     for r in proj.chunks_exact(2 * hd) {
         q.extend_from_slice(&r[..hd]);
