@@ -156,11 +156,7 @@ pub(crate) fn run(op: Op, s: &Step<'_, '_>, b: &mut Bufs<'_>, st: &mut LayerStat
                 kern.f32_to_f16(&b.v[i * vd..(i + 1) * vd], &mut c.kv_v[slot * vd..(slot + 1) * vd]);
             }
         }
-        Op::QueryScale => {
-            for v in b.q[..n * hp.q_dim()].iter_mut() {
-                *v *= hp.attn_scale;
-            }
-        }
+        Op::QueryScale => ops::scale(&mut b.q[..n * hp.q_dim()], hp.attn_scale),
         Op::Attention { window } => {
             let LayerState::Attention(c) = st else { return };
             // The block's window (the cache's ring rows were planned from the same rule).
@@ -174,9 +170,7 @@ pub(crate) fn run(op: Op, s: &Step<'_, '_>, b: &mut Bufs<'_>, st: &mut LayerStat
         }
         Op::AttnGate => {
             let aw = hp.n_head * hp.head_dim_v;
-            for (o, &g) in b.attn[..n * aw].iter_mut().zip(b.gate.iter()) {
-                *o *= ops::sigmoid(g);
-            }
+            ops::mul_sigmoid(&mut b.attn[..n * aw], b.gate);
         }
         Op::DeltaGates => delta_gates(s, b),
         Op::SsmConv => {
@@ -380,13 +374,7 @@ fn delta_gates(s: &Step<'_, '_>, b: &mut Bufs<'_>) {
     let d = DtA { dt_bias, a };
     let (beta, alpha) = (&mut *b.beta, &mut *b.alpha);
     // beta = sigmoid(.); g = softplus(alpha + dt_bias) * a (stored in alpha).
-    for i in 0..n {
-        for h in 0..nvh {
-            beta[i * nvh + h] = ops::sigmoid(beta[i * nvh + h]);
-            let ab = alpha[i * nvh + h] + ops::f32_at(d.dt_bias.data, h);
-            alpha[i * nvh + h] = ops::softplus(ab) * ops::f32_at(d.a.data, h);
-        }
-    }
+    delta_net::gates(&mut beta[..n * nvh], &mut alpha[..n * nvh], d.dt_bias.data, d.a.data, nvh);
 }
 
 /// Causal depthwise conv1d + SiLU of the `Qkv` rows into `Conv`, updating the conv state.
@@ -397,23 +385,8 @@ fn ssm_conv(s: &Step<'_, '_>, b: &mut Bufs<'_>, st: &mut DeltaState<'_>) {
     let (ch, kc) = (ssm.conv_channels(), ssm.d_conv);
     let Some(conv1d) = Param::Conv1d.of(s.layer) else { return };
     // Causal depthwise conv over [state (kc-1 previous inputs) | the n new inputs].
-    let w = |c: usize, t: usize| ops::f32_at(conv1d.data, c * kc + t);
     for c in 0..ch {
-        let state = &st.conv[c * (kc - 1)..(c + 1) * (kc - 1)];
-        let input = |j: usize| if j < kc - 1 { state[j] } else { b.q[(j - (kc - 1)) * ch + c] };
-        for i in 0..n {
-            let mut sum = 0.0f32;
-            for t in 0..kc {
-                sum = libm::fmaf(input(i + t), w(c, t), sum);
-            }
-            b.conv[i * ch + c] = ops::silu(sum);
-        }
-        // The new state: the last kc-1 of [state | inputs].
-        let mut last = [0.0f32; 64];
-        for (t, v) in last[..kc - 1].iter_mut().enumerate() {
-            *v = input(n + t);
-        }
-        st.conv[c * (kc - 1)..(c + 1) * (kc - 1)].copy_from_slice(&last[..kc - 1]);
+        delta_net::conv_channel(&mut st.conv[c * (kc - 1)..(c + 1) * (kc - 1)], &b.q[c..], ch, &conv1d.data[c * kc * 4..(c + 1) * kc * 4], &mut b.conv[c..], ch, n);
     }
 }
 
@@ -494,10 +467,7 @@ fn gated_norm(s: &Step<'_, '_>, b: &mut Bufs<'_>) {
     for i in 0..n {
         for h in 0..nvh {
             let r = i * nvh * ds + h * ds;
-            ops::rms_norm_in_place(&mut b.attn[r..r + ds], norm.data, hp.rms_eps);
-            for (v, &z) in b.attn[r..r + ds].iter_mut().zip(&b.k[r..r + ds]) {
-                *v *= ops::silu(z);
-            }
+            delta_net::gated_norm(&mut b.attn[r..r + ds], &b.k[r..r + ds], norm.data, hp.rms_eps);
         }
     }
 }

@@ -23,6 +23,8 @@
 
 use libm::fmaf;
 
+use crate::ops;
+
 /// `sum x[i]*y[i]` in index order with fma (ggml's scalar tail, as GCC contracts it).
 #[inline]
 pub fn dot(x: &[f32], y: &[f32]) -> f32 {
@@ -45,6 +47,56 @@ pub fn l2_norm(x: &mut [f32], eps: f32) {
     let post = 1.0 / libm::sqrtf(n as f32);
     for v in x.iter_mut() {
         *v = (*v * scale) * post;
+    }
+}
+
+/// The gates of `beta.len() / n_heads` tokens, `n_heads` value heads each, in place:
+/// `beta = sigmoid(beta)` and `alpha = softplus(alpha + dt_bias[h]) · a[h]` (the log-decay
+/// `g` of [`step`]); `dt_bias` and `a` are raw little-endian f32 rows of `n_heads`.
+pub fn gates(beta: &mut [f32], alpha: &mut [f32], dt_bias: &[u8], a: &[u8], n_heads: usize) {
+    for (b, al) in beta.chunks_exact_mut(n_heads).zip(alpha.chunks_exact_mut(n_heads)) {
+        for h in 0..n_heads {
+            b[h] = ops::sigmoid(b[h]);
+            let ab = al[h] + ops::f32_at(dt_bias, h);
+            al[h] = ops::softplus(ab) * ops::f32_at(a, h);
+        }
+    }
+}
+
+/// One channel of the causal depthwise conv1d + SiLU over `[state | x]`, for `n` new
+/// inputs: with `k = state.len() + 1` taps `w` (raw little-endian f32), output `i` is
+/// `silu(Σ_t input(i + t)·w[t])` (fma in tap order) where `input(j)` is `state[j]` for
+/// `j < k - 1`, else new input `j - (k - 1)`; then `state` becomes the last `k - 1` of
+/// `[state | x]`. Input `i` is `x[i·x_stride]`, output `i` goes to `out[i·out_stride]`.
+pub fn conv_channel(state: &mut [f32], x: &[f32], x_stride: usize, w: &[u8], out: &mut [f32], out_stride: usize, n: usize) {
+    let k1 = state.len();
+    let input = |state: &[f32], j: usize| if j < k1 { state[j] } else { x[(j - k1) * x_stride] };
+    for i in 0..n {
+        let mut sum = 0.0f32;
+        for t in 0..=k1 {
+            sum = fmaf(input(state, i + t), ops::f32_at(w, t), sum);
+        }
+        out[i * out_stride] = ops::silu(sum);
+    }
+    // The new state: the last k-1 of [state | inputs].
+    if n >= k1 {
+        for (j, s) in state.iter_mut().enumerate() {
+            *s = x[(n - k1 + j) * x_stride];
+        }
+    } else {
+        state.copy_within(n.., 0);
+        for j in 0..n {
+            state[k1 - n + j] = x[j * x_stride];
+        }
+    }
+}
+
+/// The gated output norm of one head, in place: `rms_norm(o)·w·silu(z)` (`w` raw
+/// little-endian f32).
+pub fn gated_norm(o: &mut [f32], z: &[f32], w: &[u8], eps: f32) {
+    ops::rms_norm_in_place(o, w, eps);
+    for (v, &z) in o.iter_mut().zip(z) {
+        *v *= ops::silu(z);
     }
 }
 

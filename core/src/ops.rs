@@ -229,6 +229,14 @@ pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + expf(-x))
 }
 
+/// `x[i] *= sigmoid(g[i])`: an output gated by [`sigmoid`] of its gate (one rounding:
+/// the product).
+pub fn mul_sigmoid(x: &mut [f32], g: &[f32]) {
+    for (v, &g) in x.iter_mut().zip(g) {
+        *v *= sigmoid(g);
+    }
+}
+
 /// `ln(1 + e^x)` (x itself above 20), as ggml's softplus.
 pub fn softplus(x: f32) -> f32 {
     if x > 20.0 {
@@ -270,6 +278,13 @@ pub fn geglu(gate: &mut [f32], up: &[f32]) {
 pub fn add_assign(x: &mut [f32], y: &[f32]) {
     for (a, &b) in x.iter_mut().zip(y) {
         *a += b;
+    }
+}
+
+/// `x *= s` (ggml's `scale`).
+pub fn scale(x: &mut [f32], s: f32) {
+    for v in x.iter_mut() {
+        *v *= s;
     }
 }
 

@@ -332,9 +332,7 @@ impl<'a> Session<'a> {
             let row = &mut x[i * e..(i + 1) * e];
             let _ = kern.dequantize_row(model.tok_embd.ty, model.tok_embd.row(t as usize), row);
             if hp.embd_scale != 1.0 {
-                for v in row.iter_mut() {
-                    *v *= hp.embd_scale;
-                }
+                ops::scale(row, hp.embd_scale);
             }
         }
 

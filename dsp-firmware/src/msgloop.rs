@@ -21,7 +21,7 @@ use crate::shm::SharedRegion;
 use crate::sys;
 
 /// `major << 16 | minor << 8 | patch` of this crate.
-pub const FIRMWARE_VERSION: u32 = 0x0001_0300;
+pub const FIRMWARE_VERSION: u32 = 0x0001_0400;
 /// Batches the host may have in flight (the pipe holds them; they run in order).
 pub const MAX_IN_FLIGHT: u8 = 8;
 
@@ -41,12 +41,12 @@ pub const fn arch_version() -> u8 {
 }
 
 /// The op kinds this firmware executes (see [`crate::exec`]).
-pub const OPS: [OpKind; 14] = [
+pub const OPS: [OpKind; 20] = [
     OpKind::MatMul,
     OpKind::GetRows,
     OpKind::RmsNorm { eps: 0.0 },
     OpKind::Rope { n_dims: 0, mode: 0, freq_base: 0.0 },
-    OpKind::Attention { n_head: 0, n_head_kv: 0, scale: 0.0 },
+    OpKind::Attention { n_head: 0, n_head_kv: 0, scale: 0.0, window: 0 },
     OpKind::Softmax { scale: 0.0 },
     OpKind::Silu,
     OpKind::Gelu,
@@ -56,6 +56,12 @@ pub const OPS: [OpKind; 14] = [
     OpKind::GeGlu,
     OpKind::Quantize,
     OpKind::Copy,
+    OpKind::Scale { s: 0.0 },
+    OpKind::Sigmoid,
+    OpKind::Softplus,
+    OpKind::L2Norm { eps: 0.0 },
+    OpKind::SsmConv,
+    OpKind::GatedDeltaRule { n_k_heads: 0, chunk: 0, scale: 0.0 },
 ];
 
 /// What the firmware measured at start.

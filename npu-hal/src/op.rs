@@ -177,8 +177,12 @@ pub enum OpKind {
         freq_base: f32,
     },
     /// Causal attention of Q (src0) over the device-resident K (src1) and V (src2)
-    /// caches: of `n_kv = k.ne[1]` positions, query token `t` of `n_tokens` sees
-    /// `0 ..= n_kv − n_tokens + t` (the queries are the last `n_tokens` positions).
+    /// caches: of `n_kv = k.ne[1]` positions, query token `t` of `n_tokens` (at position
+    /// `p = n_kv − n_tokens + t`: the queries are the last `n_tokens` positions) sees
+    /// `0 ..= p`, or with a sliding window `max(0, p + 1 − window) ..= p` (keys before
+    /// the window may be in the cache; they are ignored). Keys are visited in position
+    /// order, so a full-length cache gives the bits of keel's CPU ring cache.
+    /// (Protocol 2 added `window`.)
     Attention {
         /// Query heads.
         n_head: u16,
@@ -186,6 +190,8 @@ pub enum OpKind {
         n_head_kv: u16,
         /// Usually `1/sqrt(head_dim)`.
         scale: f32,
+        /// Sliding-window width in positions (0: none, every earlier position).
+        window: u32,
     },
     /// Softmax of each row after multiplying by `scale`.
     Softmax {
@@ -211,6 +217,49 @@ pub enum OpKind {
     /// Copies the F32 src0 into dst (F32 or F16, round to nearest even) of the
     /// same shape; either may be a strided view (for writing K/V cache rows).
     Copy,
+    /// `x · s` per element (ggml SCALE): Gemma's embedding scale and query prescale.
+    Scale {
+        /// The factor.
+        s: f32,
+    },
+    /// `1 / (1 + e^−x)` per element (keel-core `ops::sigmoid`).
+    Sigmoid,
+    /// `ln(1 + e^x)`, `x` itself above 20, per element (keel-core `ops::softplus`).
+    Softplus,
+    /// Each row (`ne[0]` values) divided by its L2 norm, as keel-core
+    /// `delta_net::l2_norm`: `(x · 1/sqrt(mean(x²) + eps/n)) · 1/sqrt(n)`. src0 may be
+    /// a view with strided rows (e.g. the q and k heads of a delta-net conv output)
+    /// when dst is that same view (in place) or disjoint from it.
+    L2Norm {
+        /// Added to the squared norm (as `eps/n` to the mean square).
+        eps: f32,
+    },
+    /// Causal depthwise conv1d + SiLU with a device-resident state (ggml SSM_CONV with
+    /// the SiLU fused): src0 the new inputs `[ch, n_tokens]`, src1 the taps
+    /// `[d_conv, ch]`, src2 the state `[d_conv − 1, ch]` (the last `d_conv − 1` inputs
+    /// of each channel, read and **updated in place**), dst `[ch, n_tokens]`:
+    /// `dst[c, i] = silu(Σ_t input_c(i + t) · w[c, t])` over `[state_c | x_c]`
+    /// (keel-core `delta_net::conv_channel` per channel). dst is disjoint from every
+    /// source; the state from src0 and src1.
+    SsmConv,
+    /// The gated delta rule per value head with a device-resident state (keel-core
+    /// `delta_net::step` per token and head, or `delta_net::chunk` per chunk and head).
+    /// src0: q, k, v heads `[d, 2·n_k_heads + n_v_heads, n_tokens]` (q heads, then k
+    /// heads, then v heads of each token, L2-normalized q and k; rows contiguous, any
+    /// head and token strides, e.g. a view of the conv output); src1: the gates
+    /// `[n_v_heads, n_tokens, 2]` (plane 0: `beta`, plane 1: the log-decay `g`); src2:
+    /// the transposed states `[d, d, n_v_heads]` (`m[j·d + i] = S[i][j]`, **updated in
+    /// place**); dst: `[d, n_v_heads, n_tokens]`. Value head `h` reads q/k head
+    /// `h % n_k_heads`. dst and the state are disjoint from each other and every source.
+    GatedDeltaRule {
+        /// Query/key heads (divides `n_v_heads`).
+        n_k_heads: u16,
+        /// 0: token by token (`step`); `c > 0`: chunks of `c` tokens (`chunk`; keel's
+        /// CPU uses 64, and token by token for a single token).
+        chunk: u16,
+        /// Output scale, usually `1/sqrt(d)`.
+        scale: f32,
+    },
 }
 
 impl OpKind {
@@ -231,6 +280,12 @@ impl OpKind {
             OpKind::GeGlu => 11,
             OpKind::Quantize => 12,
             OpKind::Copy => 13,
+            OpKind::Scale { .. } => 14,
+            OpKind::Sigmoid => 15,
+            OpKind::Softplus => 16,
+            OpKind::L2Norm { .. } => 17,
+            OpKind::SsmConv => 18,
+            OpKind::GatedDeltaRule { .. } => 19,
         }
     }
 }

@@ -79,7 +79,14 @@ fn check(caps: &Caps, op: &OpDesc, t: &[TensorDesc]) -> Result<(), Reason> {
             }
             need(dst.ne == a.ne, Reason::Shape)
         }
-        OpKind::Silu | OpKind::Gelu | OpKind::Softmax { .. } | OpKind::Copy => {
+        OpKind::Silu
+        | OpKind::Gelu
+        | OpKind::Softmax { .. }
+        | OpKind::Copy
+        | OpKind::Scale { .. }
+        | OpKind::Sigmoid
+        | OpKind::Softplus
+        | OpKind::L2Norm { .. } => {
             is_f32_rows(a)?;
             need(dst.ne == a.ne, Reason::Shape)
         }
@@ -125,6 +132,29 @@ fn check(caps: &Caps, op: &OpDesc, t: &[TensorDesc]) -> Result<(), Reason> {
             need(k.ne[0] == a.ne[0] && k.ne[2] == nkv && v.ne == k.ne, Reason::Shape)?;
             need(k.ne[1] >= a.ne[2] && a.ne[3] == 1 && k.ne[3] == 1, Reason::Shape)?;
             need(dst.ne == a.ne, Reason::Shape)
+        }
+        OpKind::SsmConv => {
+            // x: [ch, n_tokens]; taps: [d_conv, ch]; state: [d_conv - 1, ch]; dst: x's shape.
+            let (w, state) = (get(t, op.src[1])?, get(t, op.src[2])?);
+            for s in [a, w, state] {
+                is_f32_rows(s)?;
+            }
+            let ch = a.ne[0];
+            need(a.ne[2] == 1 && a.ne[3] == 1 && dst.ne == a.ne, Reason::Shape)?;
+            need(w.ne[0] >= 2 && w.ne[1] == ch && w.ne[2] == 1 && w.ne[3] == 1, Reason::Shape)?;
+            need(state.ne == [w.ne[0] - 1, ch, 1, 1], Reason::Shape)
+        }
+        OpKind::GatedDeltaRule { n_k_heads, .. } => {
+            // qkv: [d, 2·n_k_heads + n_v_heads, n_tokens]; gates: [n_v_heads, n_tokens, 2];
+            // states: [d, d, n_v_heads]; dst: [d, n_v_heads, n_tokens].
+            let (g, state) = (get(t, op.src[1])?, get(t, op.src[2])?);
+            for s in [a, g, state] {
+                is_f32_rows(s)?;
+            }
+            let (d, nk, nv, n) = (a.ne[0], u32::from(n_k_heads), state.ne[2], a.ne[2]);
+            need(nk > 0 && nv % nk == 0 && state.ne == [d, d, nv, 1], Reason::Shape)?;
+            need(a.ne[1] == 2 * nk + nv && a.ne[3] == 1, Reason::Shape)?;
+            need(g.ne == [nv, n, 2, 1] && dst.ne == [d, nv, n, 1], Reason::Shape)
         }
     }
 }

@@ -24,7 +24,8 @@ use crate::op::{Batch, BufferRef, OpDesc, TensorDesc};
 /// `b"KEEL"` read little-endian.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"KEEL");
 /// Version of this protocol.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// 2: `OpKind::Attention` gained `window` (and ops 14–19 were appended).
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Most buffers one batch may name.
 pub const MAX_BUFFERS: usize = 16;
 /// Most tensors one batch may describe (not fewer than [`MAX_OPS`]: a host that keeps
@@ -34,8 +35,9 @@ pub const MAX_TENSORS: usize = 512;
 /// Most ops one batch may carry: enough for the 30 layers of a SmolLM2-sized model
 /// (17 ops each) as one batch.
 pub const MAX_OPS: usize = 512;
-/// Longest encoded message, bytes (a full batch with worst-case varints is about 38 KiB).
-pub const MAX_MESSAGE: usize = 40 << 10;
+/// Longest encoded message, bytes (a full batch with worst-case varints, every op an
+/// `Attention` with its `window`, is 41,723 bytes; 40 KiB until protocol 2).
+pub const MAX_MESSAGE: usize = 44 << 10;
 
 /// An op batch on the wire: the three descriptor tables, by value.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -39,7 +39,7 @@ fn batch() -> BatchMsg {
 
 fn host_cases() -> Vec<(HostMsg, &'static str)> {
     vec![
-        (HostMsg::Hello { magic: MAGIC, protocol_version: PROTOCOL_VERSION }, "00 cb 8a 95 e2 04 01"),
+        (HostMsg::Hello { magic: MAGIC, protocol_version: PROTOCOL_VERSION }, "00 cb 8a 95 e2 04 02"),
         (HostMsg::QueryCaps, "01"),
         (HostMsg::AllocBuffer { size: 1 << 20 }, "02 80 80 40"),
         (HostMsg::MapBuffer { id: BufferId(3), fd: -2, offset: 4096, len: 300 }, "03 03 03 80 20 ac 02"),
@@ -105,8 +105,10 @@ fn device_messages_match_golden_bytes() {
 }
 
 /// Op descriptors of the kinds appended after protocol version 1 shipped
-/// (GeGlu 11, Quantize 12, Copy 13), and the optional sources RmsNorm (weight)
-/// and Rope (cos/sin table) gained: an appended variant only adds an index.
+/// (GeGlu 11, Quantize 12, Copy 13; Scale 14 … GatedDeltaRule 19), and the optional
+/// sources RmsNorm (weight) and Rope (cos/sin table) gained: an appended variant only
+/// adds an index. `Attention` gained `window` (a varint after `scale`), which changes
+/// an existing variant's encoding: protocol version 2.
 fn op_cases() -> Vec<(OpDesc, &'static str)> {
     vec![
         (OpDesc { kind: OpKind::GeGlu, src: [Some(0), Some(1), None], dst: 2 }, "0b 01 00 01 01 00 02"),
@@ -116,6 +118,19 @@ fn op_cases() -> Vec<(OpDesc, &'static str)> {
         (
             OpDesc { kind: OpKind::Rope { n_dims: 64, mode: 2, freq_base: 1e6 }, src: [Some(0), Some(1), Some(2)], dst: 0 },
             "03 40 02 00 24 74 49 01 00 01 01 01 02 00",
+        ),
+        (
+            OpDesc { kind: OpKind::Attention { n_head: 8, n_head_kv: 2, scale: 0.125, window: 512 }, src: [Some(0), Some(1), Some(2)], dst: 0 },
+            "04 08 02 00 00 00 3e 80 04 01 00 01 01 01 02 00",
+        ),
+        (OpDesc { kind: OpKind::Scale { s: 2.0 }, src: [Some(0), None, None], dst: 0 }, "0e 00 00 00 40 01 00 00 00 00"),
+        (OpDesc { kind: OpKind::Sigmoid, src: [Some(0), None, None], dst: 1 }, "0f 01 00 00 00 01"),
+        (OpDesc { kind: OpKind::Softplus, src: [Some(0), None, None], dst: 1 }, "10 01 00 00 00 01"),
+        (OpDesc { kind: OpKind::L2Norm { eps: 1e-6 }, src: [Some(0), None, None], dst: 0 }, "11 bd 37 86 35 01 00 00 00 00"),
+        (OpDesc { kind: OpKind::SsmConv, src: [Some(0), Some(1), Some(2)], dst: 3 }, "12 01 00 01 01 01 02 03"),
+        (
+            OpDesc { kind: OpKind::GatedDeltaRule { n_k_heads: 16, chunk: 64, scale: 0.0625 }, src: [Some(0), Some(1), Some(2)], dst: 3 },
+            "13 10 40 00 00 80 3d 01 00 01 01 01 02 03",
         ),
     ]
 }
@@ -145,14 +160,17 @@ fn decode_rejects_truncated_trailing_and_unknown() {
 #[test]
 fn full_batch_fits_max_message() {
     let t = TensorDesc { dtype: DType::F32, layout: Layout::RowMajor, ne: [u32::MAX; 4], nb: [u32::MAX; 4], buffer: u16::MAX, offset: u32::MAX };
-    let o = OpDesc { kind: OpKind::Rope { n_dims: u16::MAX, mode: 2, freq_base: 1e4 }, src: [Some(u16::MAX); 3], dst: u16::MAX };
+    // The longest op descriptor: Attention (two u16, an f32 and a u32 window).
+    let o = OpDesc { kind: OpKind::Attention { n_head: u16::MAX, n_head_kv: u16::MAX, scale: 1e4, window: u32::MAX }, src: [Some(u16::MAX); 3], dst: u16::MAX };
     let b = BufferRef { id: BufferId(u32::MAX), size: u64::MAX };
     let msg = HostMsg::SubmitBatch(
         BatchMsg::new(u32::MAX, &Batch { buffers: &[b; wire::MAX_BUFFERS], tensors: &[t; wire::MAX_TENSORS], ops: &[o; wire::MAX_OPS] })
             .unwrap(),
     );
     let mut buf = [0u8; wire::MAX_MESSAGE];
-    assert!(wire::encode(&msg, &mut buf).is_ok());
+    let n = wire::encode(&msg, &mut buf).map(|b| b.len());
+    eprintln!("worst-case full batch: {n:?} bytes");
+    assert!(n.is_ok());
     let too_many = [o; wire::MAX_OPS + 1];
     assert_eq!(BatchMsg::new(0, &Batch { buffers: &[], tensors: &[], ops: &too_many }).unwrap_err(), ErrorKind::Unsupported);
 }

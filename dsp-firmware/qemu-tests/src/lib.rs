@@ -168,3 +168,63 @@ pub fn assert_same_i32(got: &[i32], want: &[i32], what: &str) {
         panic!("{what}: {n} of {} values differ; first at [{i}]: DSP {} vs keel-core {}", got.len(), got[i], want[i]);
     }
 }
+
+/// All 65,536 f16 bit patterns as f32 (±0, subnormals, ±∞ and NaNs included).
+pub fn every_f16() -> Vec<f32> {
+    (0..=u16::MAX).map(|b| half::f16::from_bits(b).to_f32()).collect()
+}
+
+/// `n` f32 values of every kind: random bit patterns (any exponent; NaNs and ±∞
+/// among them), subnormals, ±0, ±∞, NaN, extremes, values around the exponentials'
+/// limits (|x| ≈ 87–104 for expf, ≈ 133 where ggml's expf saturates), ranges where
+/// SiLU/GELU/GeGLU change regime (|x| < 20, ±10), and tiny ones.
+pub fn wide_values(rng: &mut Rng, n: usize) -> Vec<f32> {
+    let specials = [
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        f32::MAX,
+        f32::MIN,
+        f32::MIN_POSITIVE,
+        -f32::MIN_POSITIVE,
+        f32::from_bits(1),
+        f32::from_bits(0x8000_0001),
+        f32::from_bits(0x007f_ffff),
+        f32::EPSILON,
+        1.0,
+        -1.0,
+        10.0,
+        -10.0,
+        9.999_999,
+        -9.999_999,
+        88.72284,
+        -88.72284,
+        -87.33655,
+        -103.97208,
+        133.0,
+        -133.0,
+        133.1,
+        -133.1,
+        192.0,
+        -192.0,
+    ];
+    let mut v: Vec<f32> = specials.to_vec();
+    while v.len() < n {
+        let r = rng.u32();
+        v.push(match rng.u32() % 8 {
+            0 => f32::from_bits(r),                                                             // any bits
+            1 => f32::from_bits(r & 0x807f_ffff),                                               // subnormal (or ±0)
+            2 => rng.f32() * 20.0,                                                              // the curved part
+            3 => rng.f32() * 150.0,                                                             // exp's whole range
+            4 => (87.0 + 50.0 * (rng.f32() + 1.0) / 2.0) * if r & 1 == 0 { 1.0 } else { -1.0 }, // the range limits
+            5 => rng.f32() * 1e-3,                                                              // near 0
+            6 => f32::from_bits((r & 0x8000_0000) | (0x3f80_0000 + (r % (40 << 23)))),          // |x| in [1, 2^40)
+            _ if r.is_multiple_of(4) => specials[(r / 4) as usize % specials.len()],            // the specials again, anywhere
+            _ => rng.f32() * 10.5,                                                              // around ±10
+        });
+    }
+    v
+}

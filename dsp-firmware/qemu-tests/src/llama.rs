@@ -149,7 +149,7 @@ pub fn run(l: &Layer, tokens: &[i32], pos0: usize, kcache: &mut [f16], vcache: &
     r.k_rope = e::rope(&r.k, hd, l.n_head_kv, &pos, hd, 0, l.base, None);
     kcache[pos0 * kd..(pos0 + nt) * kd].copy_from_slice(&e::to_f16(&r.k_rope));
     vcache[pos0 * kd..(pos0 + nt) * kd].copy_from_slice(&e::to_f16(&r.v));
-    let shape = Attn { head_dim: hd, n_head: l.n_head, n_head_kv: l.n_head_kv, n_tokens: nt, n_kv: pos0 + nt, scale: l.scale() };
+    let shape = Attn { head_dim: hd, n_head: l.n_head, n_head_kv: l.n_head_kv, n_tokens: nt, n_kv: pos0 + nt, scale: l.scale(), window: 0 };
     let cache = |data| Cache { data, pos_stride: kd, head_stride: hd };
     r.att = e::attention(&r.q_rope, shape, cache(kcache), cache(vcache));
     r.attq = e::quantize_q8_0(&r.att);

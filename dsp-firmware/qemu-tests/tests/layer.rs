@@ -10,7 +10,7 @@
 use half::f16;
 use keel_dsp_qemu_tests::batch::{Builder, Failed, INVALID_ARGUMENT, UNSUPPORTED};
 use keel_dsp_qemu_tests::expect::{self as e, Attn, Cache};
-use keel_dsp_qemu_tests::{assert_same_bytes, assert_same_f32, f16_bytes, Rng};
+use keel_dsp_qemu_tests::{assert_same_bytes, assert_same_f32, every_f16, f16_bytes, wide_values, Rng};
 use keel_npu_hal::op::{DType, Layout, OpKind, TensorDesc};
 
 #[test]
@@ -60,66 +60,6 @@ fn add_and_mul_equal_keel_core_with_broadcast_and_in_place() {
     // In place on src1 the firmware adds src0 into src1's bytes (add_assign(y, x)).
     assert_same_f32(&b.f32_of(&bufs, y2), &e::add(&y, &x), "add in place on src1");
     assert_same_f32(&b.f32_of(&bufs, x2), &e::mul(&x, &row), "mul in place, broadcast");
-}
-
-/// All 65,536 f16 bit patterns as f32 (±0, subnormals, ±∞ and NaNs included).
-fn every_f16() -> Vec<f32> {
-    (0..=u16::MAX).map(|b| f16::from_bits(b).to_f32()).collect()
-}
-
-/// `n` f32 values of every kind: random bit patterns (any exponent; NaNs and ±∞
-/// among them), subnormals, ±0, ±∞, NaN, extremes, values around the exponentials'
-/// limits (|x| ≈ 87–104 for expf, ≈ 133 where ggml's expf saturates), ranges where
-/// SiLU/GELU/GeGLU change regime (|x| < 20, ±10), and tiny ones.
-fn wide_values(rng: &mut Rng, n: usize) -> Vec<f32> {
-    let specials = [
-        0.0,
-        -0.0,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        f32::NAN,
-        -f32::NAN,
-        f32::MAX,
-        f32::MIN,
-        f32::MIN_POSITIVE,
-        -f32::MIN_POSITIVE,
-        f32::from_bits(1),
-        f32::from_bits(0x8000_0001),
-        f32::from_bits(0x007f_ffff),
-        f32::EPSILON,
-        1.0,
-        -1.0,
-        10.0,
-        -10.0,
-        9.999_999,
-        -9.999_999,
-        88.72284,
-        -88.72284,
-        -87.33655,
-        -103.97208,
-        133.0,
-        -133.0,
-        133.1,
-        -133.1,
-        192.0,
-        -192.0,
-    ];
-    let mut v: Vec<f32> = specials.to_vec();
-    while v.len() < n {
-        let r = rng.u32();
-        v.push(match rng.u32() % 8 {
-            0 => f32::from_bits(r),                                                             // any bits
-            1 => f32::from_bits(r & 0x807f_ffff),                                               // subnormal (or ±0)
-            2 => rng.f32() * 20.0,                                                              // the curved part
-            3 => rng.f32() * 150.0,                                                             // exp's whole range
-            4 => (87.0 + 50.0 * (rng.f32() + 1.0) / 2.0) * if r & 1 == 0 { 1.0 } else { -1.0 }, // the range limits
-            5 => rng.f32() * 1e-3,                                                              // near 0
-            6 => f32::from_bits((r & 0x8000_0000) | (0x3f80_0000 + (r % (40 << 23)))),          // |x| in [1, 2^40)
-            _ if r.is_multiple_of(4) => specials[(r / 4) as usize % specials.len()],            // the specials again, anywhere
-            _ => rng.f32() * 10.5,                                                              // around ±10
-        });
-    }
-    v
 }
 
 #[test]
@@ -283,11 +223,11 @@ fn attention_over_strided_f16_caches_equals_keel_core() {
             b.tensor(cache_view(DType::F16, head_dim, n_kv, n_head_kv, n_ctx, vb)),
         );
         let d = b.zeros(DType::F32, qne);
-        let kind = OpKind::Attention { n_head: n_head as u16, n_head_kv: n_head_kv as u16, scale };
+        let kind = OpKind::Attention { n_head: n_head as u16, n_head_kv: n_head_kv as u16, scale, window: 0 };
         b.op(kind, [Some(qt), Some(kt), Some(vt)], d);
         b.op(kind, [Some(q2), Some(kt), Some(vt)], q2); // in place over Q
         let bufs = b.run().unwrap();
-        let shape = Attn { head_dim: hd, n_head: nh, n_head_kv: nkv, n_tokens: n_tokens as usize, n_kv: n_kv as usize, scale };
+        let shape = Attn { head_dim: hd, n_head: nh, n_head_kv: nkv, n_tokens: n_tokens as usize, n_kv: n_kv as usize, scale, window: 0 };
         let cache = |data| Cache { data, pos_stride: nkv * hd, head_stride: hd };
         let want = e::attention(&q, shape, cache(&kv), cache(&vv));
         let what = format!("attention hd={head_dim} heads={n_head}/{n_head_kv} n_kv={n_kv} tokens={n_tokens}");
@@ -307,7 +247,7 @@ fn attention_over_f32_caches_is_unsupported() {
     let (kt, vt) = (b.tensor(cache_view(DType::F32, head_dim, n_kv, 1, n_kv, kb)), b.tensor(cache_view(DType::F32, head_dim, n_kv, 1, n_kv, vb)));
     let d = b.zeros(DType::F32, [head_dim, n_head, 1, 1]);
     b.op(OpKind::Silu, [Some(q), None, None], q);
-    b.op(OpKind::Attention { n_head: n_head as u16, n_head_kv: 1, scale: 0.25 }, [Some(q), Some(kt), Some(vt)], d);
+    b.op(OpKind::Attention { n_head: n_head as u16, n_head_kv: 1, scale: 0.25, window: 0 }, [Some(q), Some(kt), Some(vt)], d);
     assert_eq!(b.run().unwrap_err(), Failed { op: 1, code: UNSUPPORTED });
 }
 

@@ -201,7 +201,7 @@ fn a_whole_decoder_layer_equals_keel_core() {
     };
     let (kview, vview) = (cache_view(&mut b, kb), cache_view(&mut b, vb));
     let rope = OpKind::Rope { n_dims: hd as u16, mode: 0, freq_base: l.base };
-    let attn = OpKind::Attention { n_head: l.n_head as u16, n_head_kv: l.n_head_kv as u16, scale: l.scale() };
+    let attn = OpKind::Attention { n_head: l.n_head as u16, n_head_kv: l.n_head_kv as u16, scale: l.scale(), window: 0 };
     for (kind, src, dst) in [
         (OpKind::GetRows, [Some(et), Some(ids), None], x),
         (OpKind::RmsNorm { eps: l.eps }, [Some(x), Some(nt1), None], h),

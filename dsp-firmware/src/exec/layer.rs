@@ -146,9 +146,11 @@ pub fn rope(op: &OpDesc, ts: &Tensors<'_>, n_dims: u16, mode: u8, base: f32, s: 
 /// `[head_dim, n_kv, n_head_kv]` (F16 caches, any row strides, e.g. keel's
 /// position-major cache) into dst (Q's shape, contiguous; may be Q itself), one
 /// `keel_core::attention::attend_heads` call per query head (keel's CPU arithmetic).
-/// Query head `h` reads cache head `h / (n_head / n_head_kv)`; token `t` sees positions
-/// `0 ..= n_kv − n_tokens + t`.
-pub fn attention(op: &OpDesc, ts: &Tensors<'_>, n_head: u16, n_head_kv: u16, scale: f32, s: &mut Scratch<'_>) -> Result<(), ErrorKind> {
+/// Query head `h` reads cache head `h / (n_head / n_head_kv)`; token `t` (position
+/// `p = n_kv − n_tokens + t`) sees positions `0 ..= p`, or `p + 1 − window ..= p` with a
+/// sliding window (the keys in position order: keel's CPU ring cache gives the same).
+#[allow(clippy::too_many_arguments)]
+pub fn attention(op: &OpDesc, ts: &Tensors<'_>, n_head: u16, n_head_kv: u16, scale: f32, window: u32, s: &mut Scratch<'_>) -> Result<(), ErrorKind> {
     let (q, k, v, d) = (ts.src(op, 0)?, ts.src(op, 1)?, ts.src(op, 2)?, ts.dst(op)?);
     let (head_dim, n_tokens, n_kv) = (q.ne[0] as usize, q.ne[2] as usize, k.ne[1] as usize);
     // A cache as f16 elements with its position and head strides (in elements).
@@ -189,7 +191,8 @@ pub fn attention(op: &OpDesc, ts: &Tensors<'_>, n_head: u16, n_head_kv: u16, sca
                 None => qbuf.copy_from_slice(out.get(o..o + head_dim).ok_or(ErrorKind::InvalidArgument)?),
             }
             let kvh = h / group;
-            let span = KeySpan { len: n_pos, first_slot: 0, ring: n_kv, k_base: kvh * khs, k_stride: kps, v_base: kvh * vhs, v_stride: vps };
+            let first = if window > 0 { n_pos.saturating_sub(window as usize) } else { 0 };
+            let span = KeySpan { len: n_pos - first, first_slot: first, ring: n_kv, k_base: kvh * khs, k_stride: kps, v_base: kvh * vhs, v_stride: vps };
             let last = |base: usize, stride: usize| base + (n_pos - 1) * stride + head_dim;
             if last(span.k_base, kps) > kc.len() || last(span.v_base, vps) > vc.len() {
                 return Err(ErrorKind::InvalidArgument);

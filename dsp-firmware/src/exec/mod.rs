@@ -6,17 +6,21 @@
 //!
 //! - [`products`]: `MatMul` (Tiles32 Q8_0/Q4_0/IQ4_NL weights by F32 columns,
 //!   quantized to Q8_0 here, or by Q8_0 columns), `Quantize`, `GetRows`, `Copy`.
-//! - [`layer`]: the float ops (`RmsNorm`, `Rope`, `Attention`, `Softmax`,
-//!   `Silu`, `Gelu`, `SwiGlu`, `GeGlu`, `Add`, `Mul`).
+//! - [`layer`]: the float ops (`RmsNorm`, `Rope`, `Attention` with an optional
+//!   sliding window, `Softmax`, `Silu`, `Gelu`, `Sigmoid`, `Softplus`, `Scale`,
+//!   `SwiGlu`, `GeGlu`, `Add`, `Mul`).
+//! - [`recurrent`]: the delta-net ops (`L2Norm`, `SsmConv` and `GatedDeltaRule`
+//!   with their device-resident states).
 //!
 //! Every value is computed by keel-core (`keel_core::ops`, `keel_core::attention`,
-//! `keel_core::quant`), so the DSP gives the CPU's bits.
+//! `keel_core::delta_net`, `keel_core::quant`), so the DSP gives the CPU's bits.
 //! - [`view`]: tensors as byte ranges and slices, and the aliasing rules: a
 //!   destination is either disjoint from a source or the very same tensor
 //!   (in place); anything else is `InvalidArgument`.
 
 mod layer;
 mod products;
+mod recurrent;
 mod view;
 
 use keel_core::ops;
@@ -71,9 +75,15 @@ pub fn run_batch(msg: &BatchMsg, buffers: &impl Buffers, caps: &Caps, scratch: &
             OpKind::Softmax { scale } => layer::unary(op, &ts, |row| ops::softmax(row, scale)),
             OpKind::Silu => layer::unary(op, &ts, |row| row.iter_mut().for_each(|v| *v = ops::silu(*v))),
             OpKind::Gelu => layer::unary(op, &ts, |row| row.iter_mut().for_each(|v| *v = ops::gelu_tanh(*v))),
+            OpKind::Scale { s } => layer::unary(op, &ts, |row| ops::scale(row, s)),
+            OpKind::Sigmoid => layer::unary(op, &ts, |row| row.iter_mut().for_each(|v| *v = ops::sigmoid(*v))),
+            OpKind::Softplus => layer::unary(op, &ts, |row| row.iter_mut().for_each(|v| *v = ops::softplus(*v))),
+            OpKind::L2Norm { eps } => recurrent::l2_norm_rows(op, &ts, eps),
+            OpKind::SsmConv => recurrent::ssm_conv(op, &ts),
+            OpKind::GatedDeltaRule { n_k_heads, chunk, scale } => recurrent::gated_delta_rule(op, &ts, n_k_heads, chunk, scale, s),
             OpKind::SwiGlu | OpKind::GeGlu | OpKind::Add | OpKind::Mul => layer::binary(op, &ts),
             OpKind::Rope { n_dims, mode, freq_base } => layer::rope(op, &ts, n_dims, mode, freq_base, s),
-            OpKind::Attention { n_head, n_head_kv, scale } => layer::attention(op, &ts, n_head, n_head_kv, scale, s),
+            OpKind::Attention { n_head, n_head_kv, scale, window } => layer::attention(op, &ts, n_head, n_head_kv, scale, window, s),
             _ => Err(ErrorKind::Unsupported),
         };
         if let Err(kind) = r {

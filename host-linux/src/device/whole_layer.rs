@@ -359,7 +359,7 @@ impl Builder {
                     self.op(OpKind::Copy, [Some(s.v2), None, None], v_dst);
                 }
                 Op::Attention { window: 0 } => {
-                    let attn = OpKind::Attention { n_head: u16::try_from(sh.n_head).map_err(|_| overflow())?, n_head_kv: u16::try_from(sh.n_head_kv).map_err(|_| overflow())?, scale: sh.attn_scale };
+                    let attn = OpKind::Attention { n_head: u16::try_from(sh.n_head).map_err(|_| overflow())?, n_head_kv: u16::try_from(sh.n_head_kv).map_err(|_| overflow())?, scale: sh.attn_scale, window: 0 };
                     let k_all = self.push(view(r.kv.offset)).ok_or_else(overflow)?;
                     let v_all = self.push(view(r.v_offset)).ok_or_else(overflow)?;
                     self.op(attn, [Some(s.q3), Some(k_all), Some(v_all)], s.q3);
@@ -400,7 +400,7 @@ pub fn probe_ops(sh: &LayerShape) -> Option<Vec<(OpDesc, Vec<TensorDesc>)>> {
             vec![q3, TensorDesc::contiguous(DType::I32, [1, 1, 1, 1], 0, 0)?, row(sh.n_rot as u32)?],
         ),
         (op(OpKind::Copy, [Some(0), None, None], 1), vec![row(nkv * hd)?, TensorDesc::contiguous(DType::F16, [nkv * hd, 1, 1, 1], 0, 0)?]),
-        (op(OpKind::Attention { n_head: u16::try_from(nh).ok()?, n_head_kv: u16::try_from(nkv).ok()?, scale: sh.attn_scale }, [Some(0), Some(1), Some(2)], 0), vec![q3, kv, kv]),
+        (op(OpKind::Attention { n_head: u16::try_from(nh).ok()?, n_head_kv: u16::try_from(nkv).ok()?, scale: sh.attn_scale, window: 0 }, [Some(0), Some(1), Some(2)], 0), vec![q3, kv, kv]),
         (op(OpKind::SwiGlu, [Some(0), Some(1), None], 0), vec![row(f)?, row(f)?]),
         (op(OpKind::Add, [Some(0), Some(1), None], 0), vec![row(e)?, row(e)?]),
     ])
