@@ -17,8 +17,8 @@
 //! device is switched off).
 //!
 //! Whole layers ([`OffloadMode::Layers`], the default): after the weights, each layer
-//! whose matrix weights all went to one device, whose structure is the plain llama
-//! block ([`layer_shape`]), and whose device answers that it runs every other op of it
+//! whose matrix weights all went to one device, whose structure is a llama-family block
+//! (llama, Qwen 2's biases, Qwen 3's per-head norms: [`layer_shape`]), and whose device answers that it runs every other op of it
 //! ([`DeviceInfo::layer_kv_bytes`]) with room left for its KV cache, runs **whole** on
 //! that device: the session hands the residual stream to [`Offload::layers`] and does
 //! none of that layer's CPU work; the layer's K/V cache lives on the device (the
@@ -139,10 +139,11 @@ pub trait DeviceInfo {
     }
 }
 
-/// One llama block as a device runs it whole: `x += W_o·attn(rope(W_q·n), rope(W_k·n),
-/// W_v·n)` with `n = rms_norm(x)·w_attn`, then `x += W_d·(silu(W_g·m) ⊙ W_u·m)` with
-/// `m = rms_norm(x)·w_ffn`. No biases, no per-head norms, no post-norms, no sliding
-/// window.
+/// One llama-family block as a device runs it whole: `x += W_o·attn(rope(W_q·n + b_q),
+/// rope(W_k·n + b_k), W_v·n + b_v)` with `n = rms_norm(x)·w_attn` (the biases of Qwen 2
+/// and the per-head q/k norms of Qwen 3 when the layer has them), then
+/// `x += W_d·(silu(W_g·m) ⊙ W_u·m)` with `m = rms_norm(x)·w_ffn`. No gate, no post-norms,
+/// no sliding window (the block's ops: `crate::block::layer_ops`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LayerShape {
     /// Width of the residual stream.
@@ -165,6 +166,10 @@ pub struct LayerShape {
     pub rms_eps: f32,
     /// Attention score scale.
     pub attn_scale: f32,
+    /// Q, K and V biases (Qwen 2).
+    pub biases: bool,
+    /// Per-head q and k RMSNorm (Qwen 3).
+    pub head_norms: bool,
 }
 
 impl LayerShape {
@@ -179,12 +184,21 @@ pub fn layer_shape(model: &Model<'_>, l: usize) -> Result<LayerShape, &'static s
     use crate::model::{Arch, FfnAct};
     let hp = &model.hp;
     let layer = model.layers.get(l).ok_or("no such layer")?;
-    if hp.arch != Arch::Llama {
-        return Err("only llama-architecture layers run whole on a device (this architecture: one batch per product)");
+    if !matches!(hp.arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3) {
+        return Err("only llama, qwen2 and qwen3 layers run whole on a device so far (this architecture: one batch per product)");
     }
     let Mixer::Attention(a) = &layer.mixer else { return Err("a recurrent layer") };
-    if a.bq.is_some() || a.bk.is_some() || a.bv.is_some() || a.q_norm.is_some() || a.k_norm.is_some() {
-        return Err("the layer has Q/K/V biases or per-head norms");
+    let biases = a.bq.is_some() && a.bk.is_some() && a.bv.is_some();
+    if !biases && (a.bq.is_some() || a.bk.is_some() || a.bv.is_some()) {
+        return Err("the layer has some of the Q/K/V biases but not all");
+    }
+    let head_norms = a.q_norm.is_some() && a.k_norm.is_some();
+    if !head_norms && (a.q_norm.is_some() || a.k_norm.is_some()) {
+        return Err("the layer has a per-head norm of q or of k, not both");
+    }
+    let f32_params = [a.bq, a.bk, a.bv, a.q_norm, a.k_norm];
+    if f32_params.iter().flatten().any(|t| t.ty != GgmlType::F32) {
+        return Err("biases or per-head norm weights are not F32");
     }
     if hp.attn_gated || hp.q_prescale || layer.attn_post_norm.is_some() || layer.ffn_post_norm.is_some() || hp.ffn_act != FfnAct::Silu {
         return Err("the layer has a gate, pre-scaled queries, post-norms or a non-SiLU feed-forward");
@@ -206,6 +220,8 @@ pub fn layer_shape(model: &Model<'_>, l: usize) -> Result<LayerShape, &'static s
         rope_base: hp.rope_base_of(l),
         rms_eps: hp.rms_eps,
         attn_scale: hp.attn_scale,
+        biases,
+        head_norms,
     })
 }
 

@@ -192,7 +192,7 @@ fn synth_matmul(name: &str) {
 }
 
 /// Layer mode: the synthetic models' whole forward pass runs on the DSP: the embedding
-/// lookup, the 4 llama layers with their F16 KV cache there (256 positions × 2 (K, V) ×
+/// lookup, the 4 layers with their F16 KV cache there (256 positions × 2 (K, V) ×
 /// kv_dim × 2 bytes per layer), the final norm and the output projection, as one batch
 /// per token (1 + 4 × 17 + 2 ops); the logits come back from the DSP.
 fn synth_layers(name: &str) {
@@ -202,6 +202,7 @@ fn synth_layers(name: &str) {
     assert!(st.embd_bytes > 0 && st.model_bytes > st.embd_bytes, "the token embedding's copy counts as model memory: {} of {}", st.embd_bytes, st.model_bytes);
     assert!(st.context_bytes >= 4 * 2 * 256 * 2 * 32, "the KV cache is on the DSP: {} bytes", st.context_bytes);
     assert_eq!(st.batches_per_token, (1, 1), "embedding, the 4 layers, final norm and output projection as one batch");
+    assert_eq!(st.max_dlogit, 0.0, "{name}: the DSP's logits equal the CPU's bit for bit");
 }
 /// The bar on the Q8_0 model. Measured: 128 positions, top-1 1.000, max
 /// |Δlogit| 0, no divergence (the DSP's products follow the CPU's orders;
@@ -232,6 +233,19 @@ fn synth_llama_q4_0_runs_every_matrix_product_on_the_dsp() {
 #[test]
 fn synth_llama_q4_0_runs_whole_layers_on_the_dsp() {
     synth_layers("synth-llama-q4_0");
+}
+
+/// Qwen 2 layers (Q/K/V biases: `Add` of a bias row) whole on the DSP, the whole forward
+/// pass as one batch per token, logits equal to the CPU's.
+#[test]
+fn synth_qwen2_q8_0_runs_whole_layers_on_the_dsp() {
+    synth_layers("synth-qwen2-q8_0");
+}
+
+/// Qwen 3 layers (per-head q/k RMSNorm: `RmsNorm` over rows of one head) whole on the DSP.
+#[test]
+fn synth_qwen3_q8_0_runs_whole_layers_on_the_dsp() {
+    synth_layers("synth-qwen3-q8_0");
 }
 
 // ---- SmolLM2-135M (from the cached Q4_1 download, re-quantized by `keel quantize`) ----

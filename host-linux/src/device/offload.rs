@@ -433,7 +433,11 @@ impl Devices {
             let norm_bytes = (4 * shape.n_embd as u64).next_multiple_of(WEIGHT_ALIGN);
             let forward = placement.forward_placed().is_some_and(|(d, _)| usize::from(d) == di);
             let n_norms = 2 * layers.len() as u64 + u64::from(forward);
-            let nbuf = slot.dev.alloc(norm_bytes * n_norms)?;
+            // Biases and per-head norm weights of each layer follow the norms.
+            let vec_bytes = |floats: usize| (4 * floats as u64).next_multiple_of(WEIGHT_ALIGN);
+            let (qd, kvd, hd) = (shape.n_head * shape.head_dim, shape.kv_dim(), shape.head_dim);
+            let extra_bytes = if shape.biases { vec_bytes(qd) + 2 * vec_bytes(kvd) } else { 0 } + if shape.head_norms { 2 * vec_bytes(hd) } else { 0 };
+            let nbuf = slot.dev.alloc(norm_bytes * n_norms + extra_bytes * layers.len() as u64)?;
             let nsize = slot.dev.host_view(nbuf)?.len() as u64;
             slot.model_bytes += nsize;
             let cache = whole_layer::cache_bytes(&shape, n_ctx);
@@ -457,10 +461,26 @@ impl Devices {
                 let (kb, ksize) = kv_bufs[i / per_buf];
                 let k_off = ((i % per_buf) as u64 * 2 * cache) as u32;
                 let p = |offset: u64, buf, size| Placed { buf, size, offset: offset as u32 };
+                // This layer's biases and head norms, after every norm of the buffer.
+                let mut at = norm_bytes * n_norms + extra_bytes * i as u64;
+                let mut put = |t: Option<keel_core::model::Tensor<'_>>, floats: usize| -> Result<Placed, DeviceError> {
+                    let t = t.ok_or_else(|| DeviceError::new(&label, ErrorKind::InvalidArgument, format!("layer {l}: a bias or head norm is missing")))?;
+                    let view = slot.dev.host_view(nbuf)?;
+                    view[at as usize..at as usize + 4 * floats].copy_from_slice(&t.data[..4 * floats]);
+                    let placed = p(at, nbuf, nsize);
+                    at += vec_bytes(floats);
+                    Ok(placed)
+                };
+                let att = match &ly.mixer {
+                    keel_core::model::Mixer::Attention(a) => Some(*a),
+                    keel_core::model::Mixer::DeltaNet(_) => None,
+                };
+                let biases = if shape.biases { Some([put(att.and_then(|a| a.bq), qd)?, put(att.and_then(|a| a.bk), kvd)?, put(att.and_then(|a| a.bv), kvd)?]) } else { None };
+                let head_norms = if shape.head_norms { Some([put(att.and_then(|a| a.q_norm), hd)?, put(att.and_then(|a| a.k_norm), hd)?]) } else { None };
                 slot.blocks.insert(l as u16, keel_core::block::layer_ops(&model.hp, l, ly));
                 slot.resident.insert(
                     l as u16,
-                    Resident { attn_norm: p(a, nbuf, nsize), ffn_norm: p(f, nbuf, nsize), kv: Placed { buf: kb, size: ksize, offset: k_off }, v_offset: k_off + cache as u32 },
+                    Resident { attn_norm: p(a, nbuf, nsize), ffn_norm: p(f, nbuf, nsize), biases, head_norms, kv: Placed { buf: kb, size: ksize, offset: k_off }, v_offset: k_off + cache as u32 },
                 );
             }
             if forward {

@@ -47,7 +47,7 @@ use keel_npu_hal::op::{BufferRef, DType, Layout, OpDesc, OpKind, TensorDesc};
 use keel_npu_hal::wire::{MAX_BUFFERS, MAX_TENSORS};
 use keel_npu_hal::BufferId;
 
-/// Ops one layer adds to a batch.
+/// Ops one llama layer adds to a batch (Qwen 2's biases add 3, Qwen 3's head norms 2).
 pub const OPS_PER_LAYER: usize = 17;
 
 /// Most llama layers one batch carries under a limit of `max_ops` ops and the wire's
@@ -87,6 +87,10 @@ pub struct Resident {
     pub attn_norm: Placed,
     /// F32 feed-forward norm weight (`n_embd`).
     pub ffn_norm: Placed,
+    /// F32 q, k, v biases (`q_dim`, `kv_dim`, `kv_dim`), when the layer has them.
+    pub biases: Option<[Placed; 3]>,
+    /// F32 per-head q and k norm weights (`head_dim` each), when the layer has them.
+    pub head_norms: Option<[Placed; 2]>,
     /// F16 K cache (`n_ctx × kv_dim`); V follows at `v_offset` in the same buffer.
     pub kv: Placed,
     /// Offset of the V cache in `kv.buf`.
@@ -200,6 +204,9 @@ struct Shared {
     /// `Buf::FfnB` likewise.
     ffb_e: u16,
     ffb_f: u16,
+    /// Q and K as rows of one head: `[head_dim, heads·m]` (per-head norms).
+    qh: u16,
+    kh: u16,
     pos: u16,
     cs: u16,
 }
@@ -226,6 +233,8 @@ impl Builder {
             ffa_f: b.push(f32s([f, m, 1, 1], 0, w.ffa)?)?,
             ffb_e: b.push(f32s([e, m, 1, 1], 0, w.ffb)?)?,
             ffb_f: b.push(f32s([f, m, 1, 1], 0, w.ffb)?)?,
+            qh: b.push(f32s([hd, nh * m, 1, 1], 0, w.q)?)?,
+            kh: b.push(f32s([hd, nkv * m, 1, 1], 0, w.k)?)?,
             pos: b.push(TensorDesc::contiguous(DType::I32, [m, 1, 1, 1], 0, w.pos)?)?,
             cs: b.push(f32s([sh.n_rot as u32, m, 1, 1], 0, w.cs)?)?,
         };
@@ -315,14 +324,20 @@ impl Builder {
                 _ => return None,
             })
         };
+        // A layer vector on the device as one row of its width.
         let param = |b: &mut Builder, p: Param| -> Option<u16> {
-            let at = match p {
-                Param::AttnNorm => r.attn_norm,
-                Param::FfnNorm => r.ffn_norm,
+            let (at, width) = match p {
+                Param::AttnNorm => (r.attn_norm, e),
+                Param::FfnNorm => (r.ffn_norm, e),
+                Param::QBias => (r.biases?[0], sh.n_head as u32 * hd),
+                Param::KBias => (r.biases?[1], kvd),
+                Param::VBias => (r.biases?[2], kvd),
+                Param::QNorm => (r.head_norms?[0], hd),
+                Param::KNorm => (r.head_norms?[1], hd),
                 _ => return None,
             };
             let nb = b.buffer(at.buf, at.size);
-            b.push(f32s([e, 1, 1, 1], nb, at.offset)?)
+            b.push(f32s([width, 1, 1, 1], nb, at.offset)?)
         };
         let kb = self.buffer(r.kv.buf, r.kv.size);
         let row = 2 * kvd;
@@ -364,6 +379,17 @@ impl Builder {
                     let v_all = self.push(view(r.v_offset)).ok_or_else(overflow)?;
                     self.op(attn, [Some(s.q3), Some(k_all), Some(v_all)], s.q3);
                 }
+                Op::Bias { w, dst } => {
+                    let bias = param(self, w).ok_or_else(|| no_lowering(op))?;
+                    let width = if dst == Buf::Q { sh.n_head as u32 * hd } else { kvd };
+                    let y = rows(dst, width).ok_or_else(|| no_lowering(op))?;
+                    self.op(OpKind::Add, [Some(y), Some(bias), None], y);
+                }
+                Op::HeadNorm { w, dst } => {
+                    let wn = param(self, w).ok_or_else(|| no_lowering(op))?;
+                    let heads = if dst == Buf::Q { s.qh } else { s.kh };
+                    self.op(OpKind::RmsNorm { eps: sh.rms_eps }, [Some(heads), Some(wn), None], heads);
+                }
                 Op::Residual { src, post_norm: None } => {
                     let y = rows(src, e).ok_or_else(|| no_lowering(op))?;
                     self.op(OpKind::Add, [Some(s.x), Some(y), None], s.x);
@@ -393,7 +419,7 @@ pub fn probe_ops(sh: &LayerShape) -> Option<Vec<(OpDesc, Vec<TensorDesc>)>> {
     let row = |n| f32s([n, 1, 1, 1], 0, 0);
     let q3 = f32s([hd, nh, 1, 1], 0, 0)?;
     let kv = TensorDesc::contiguous(DType::F16, [hd, 1, nkv, 1], 0, 0)?;
-    Some(vec![
+    let mut probes = vec![
         (op(OpKind::RmsNorm { eps: sh.rms_eps }, [Some(0), Some(1), None], 2), vec![row(e)?, row(e)?, row(e)?]),
         (
             op(OpKind::Rope { n_dims: u16::try_from(sh.n_rot).ok()?, mode: if sh.rope_neox { 2 } else { 0 }, freq_base: sh.rope_base }, [Some(0), Some(1), Some(2)], 0),
@@ -403,7 +429,16 @@ pub fn probe_ops(sh: &LayerShape) -> Option<Vec<(OpDesc, Vec<TensorDesc>)>> {
         (op(OpKind::Attention { n_head: u16::try_from(nh).ok()?, n_head_kv: u16::try_from(nkv).ok()?, scale: sh.attn_scale, window: 0 }, [Some(0), Some(1), Some(2)], 0), vec![q3, kv, kv]),
         (op(OpKind::SwiGlu, [Some(0), Some(1), None], 0), vec![row(f)?, row(f)?]),
         (op(OpKind::Add, [Some(0), Some(1), None], 0), vec![row(e)?, row(e)?]),
-    ])
+    ];
+    if sh.biases {
+        // A bias row added to the rows of q (and likewise k, v).
+        probes.push((op(OpKind::Add, [Some(0), Some(1), None], 0), vec![f32s([nh * hd, 2, 1, 1], 0, 0)?, row(nh * hd)?]));
+    }
+    if sh.head_norms {
+        // RMSNorm of each head of q (rows of head_dim) times a head_dim weight.
+        probes.push((op(OpKind::RmsNorm { eps: sh.rms_eps }, [Some(0), Some(1), None], 0), vec![f32s([hd, nh, 1, 1], 0, 0)?, row(hd)?]));
+    }
+    Some(probes)
 }
 
 /// The descriptors a device is asked about before it gets the embedding lookup: one
