@@ -234,8 +234,9 @@ fn whole_layers_are_placed_per_layer_and_a_switch_mid_sequence_is_refused() {
     let p = Placement::plan(&dev.model, &pol, &[&tight], &mut slots).unwrap();
     assert_eq!((0..n_layer).map(|l| p.layer_device(l).is_some()).collect::<Vec<_>>(), (0..n_layer).map(|l| l == 0).collect::<Vec<_>>());
     assert_eq!(p.layer_note(), Some("the layer's KV cache does not fit the device budget"));
-    // Another architecture stays one product per batch, and says so.
-    let qb = model_bytes("synth-qwen2-q8_0");
+    // An architecture whose block has no device lowering yet (Qwen 3.5's delta-net and
+    // gated attention layers) stays one product per batch, and says so.
+    let qb = model_bytes("synth-qwen35-q8_0");
     let qg = Gguf::parse(&qb).unwrap();
     let mut qa = arena_for(&qb, &c);
     let qe = engine(&qg, &mut qa, c, fast_kernels());
@@ -243,7 +244,7 @@ fn whole_layers_are_placed_per_layer_and_a_switch_mid_sequence_is_refused() {
     let p = Placement::plan(&qe.model, &pol, &[&big], &mut qslots).unwrap();
     assert_eq!(p.n_on_devices(), weight_count(&qe.model));
     assert!((0..qe.model.layers.len()).all(|l| p.layer_device(l).is_none()));
-    assert!(p.layer_note().unwrap().contains("llama"), "{:?}", p.layer_note());
+    assert!(p.layer_note().unwrap().contains("qwen3 and gemma3 layers run whole"), "{:?}", p.layer_note());
 
     // The session: one call for all (consecutive) layers per forward pass, at the right
     // positions; no per-product call besides the output projection.
@@ -292,7 +293,7 @@ impl DeviceInfo for FakeForwardInfo {
     fn layer_kv_bytes(&self, shape: &LayerShape, n_ctx: usize) -> Option<u64> {
         FakeLayerInfo { budget: self.budget }.layer_kv_bytes(shape, n_ctx)
     }
-    fn embedding_bytes(&self, ty: GgmlType, n_vocab: usize, n_embd: usize) -> Option<u64> {
+    fn embedding_bytes(&self, ty: GgmlType, n_vocab: usize, n_embd: usize, _scaled: bool) -> Option<u64> {
         Some(ty.row_bytes(n_embd as u64)? * n_vocab as u64)
     }
 }

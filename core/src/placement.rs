@@ -28,7 +28,7 @@
 //! the switch takes effect when a sequence starts over.
 //!
 //! The whole forward pass: when every layer runs whole on one device, the output
-//! projection went to that device too, the model does not scale its embeddings, and the
+//! projection went to that device too, and the
 //! device answers that it looks up rows of the token embedding in the file's type
 //! ([`DeviceInfo::embedding_bytes`]) with budget left for a copy of it, the session hands
 //! the tokens to [`Offload::forward`] and gets the logits back
@@ -132,9 +132,10 @@ pub trait DeviceInfo {
     }
     /// Bytes a copy of the token embedding (`n_vocab` rows of `n_embd`, type `ty`, the
     /// file's layout) takes on the device, if the device looks up its rows (dequantized
-    /// to F32) and runs the final RMSNorm; `None` if not. Optional: by default `None`.
-    fn embedding_bytes(&self, ty: GgmlType, n_vocab: usize, n_embd: usize) -> Option<u64> {
-        let _ = (ty, n_vocab, n_embd);
+    /// to F32), scales them when `scaled` (Gemma), and runs the final RMSNorm; `None` if
+    /// not. Optional: by default `None`.
+    fn embedding_bytes(&self, ty: GgmlType, n_vocab: usize, n_embd: usize, scaled: bool) -> Option<u64> {
+        let _ = (ty, n_vocab, n_embd, scaled);
         None
     }
 }
@@ -168,8 +169,25 @@ pub struct LayerShape {
     pub attn_scale: f32,
     /// Q, K and V biases (Qwen 2).
     pub biases: bool,
-    /// Per-head q and k RMSNorm (Qwen 3).
+    /// Per-head q and k RMSNorm (Qwen 3, Gemma 3).
     pub head_norms: bool,
+    /// Queries scaled by `attn_scale` before attention, which then scales by 1 (Gemma 3).
+    pub q_prescale: bool,
+    /// RMSNorms of the mixer's and the feed-forward's outputs before the residual adds (Gemma 3).
+    pub post_norms: bool,
+    /// GELU (GeGLU) feed-forward instead of SiLU (SwiGLU).
+    pub geglu: bool,
+    /// Sliding-window width of this layer's attention (0: none).
+    pub window: usize,
+}
+
+impl LayerShape {
+    /// Whether layers `self` and `o` can share one device's buffers and batches: the
+    /// same widths and ops; the RoPE base and the window may differ (Gemma 3's local and
+    /// global layers).
+    pub fn same_layout(&self, o: &LayerShape) -> bool {
+        LayerShape { rope_base: o.rope_base, window: o.window, ..*self } == *o
+    }
 }
 
 impl LayerShape {
@@ -184,8 +202,8 @@ pub fn layer_shape(model: &Model<'_>, l: usize) -> Result<LayerShape, &'static s
     use crate::model::{Arch, FfnAct};
     let hp = &model.hp;
     let layer = model.layers.get(l).ok_or("no such layer")?;
-    if !matches!(hp.arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3) {
-        return Err("only llama, qwen2 and qwen3 layers run whole on a device so far (this architecture: one batch per product)");
+    if !matches!(hp.arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3) {
+        return Err("only llama, qwen2, qwen3 and gemma3 layers run whole on a device so far (this architecture: one batch per product)");
     }
     let Mixer::Attention(a) = &layer.mixer else { return Err("a recurrent layer") };
     let biases = a.bq.is_some() && a.bk.is_some() && a.bv.is_some();
@@ -200,11 +218,18 @@ pub fn layer_shape(model: &Model<'_>, l: usize) -> Result<LayerShape, &'static s
     if f32_params.iter().flatten().any(|t| t.ty != GgmlType::F32) {
         return Err("biases or per-head norm weights are not F32");
     }
-    if hp.attn_gated || hp.q_prescale || layer.attn_post_norm.is_some() || layer.ffn_post_norm.is_some() || hp.ffn_act != FfnAct::Silu {
-        return Err("the layer has a gate, pre-scaled queries, post-norms or a non-SiLU feed-forward");
+    if hp.attn_gated {
+        return Err("the layer's attention output is gated");
     }
-    if hp.is_swa(l) || hp.head_dim != hp.head_dim_v || hp.n_head_kv == 0 || hp.n_head % hp.n_head_kv != 0 {
-        return Err("sliding-window attention or unequal key/value head widths");
+    let post_norms = layer.attn_post_norm.is_some() && layer.ffn_post_norm.is_some();
+    if !post_norms && (layer.attn_post_norm.is_some() || layer.ffn_post_norm.is_some()) {
+        return Err("the layer has one post-norm but not the other");
+    }
+    if [layer.attn_post_norm, layer.ffn_post_norm].iter().flatten().any(|t| t.ty != GgmlType::F32) {
+        return Err("post-norm weights are not F32");
+    }
+    if hp.head_dim != hp.head_dim_v || hp.n_head_kv == 0 || hp.n_head % hp.n_head_kv != 0 {
+        return Err("unequal key/value head widths");
     }
     if layer.attn_norm.ty != GgmlType::F32 || layer.ffn_norm.ty != GgmlType::F32 {
         return Err("norm weights are not F32");
@@ -222,6 +247,10 @@ pub fn layer_shape(model: &Model<'_>, l: usize) -> Result<LayerShape, &'static s
         attn_scale: hp.attn_scale,
         biases,
         head_norms,
+        q_prescale: hp.q_prescale,
+        post_norms,
+        geglu: hp.ffn_act == FfnAct::GeluTanh,
+        window: if hp.is_swa(l) { hp.n_swa } else { 0 },
     })
 }
 
@@ -729,16 +758,14 @@ fn place_forward(model: &Model<'_>, policy: &Policy, devices: &[&dyn DeviceInfo]
     if out != Some(Where::Device(dev)) {
         return Err("the output projection is not on the layers' device");
     }
-    if model.hp.embd_scale != 1.0 {
-        return Err("the model scales its token embeddings");
-    }
+
     if model.output_norm.ty != GgmlType::F32 {
         return Err("the output norm weight is not F32");
     }
     let di = usize::from(dev);
     let info = devices.get(di).ok_or("no such device")?;
     let t = &model.tok_embd;
-    let bytes = info.embedding_bytes(t.ty, t.rows, t.cols).ok_or("the device does not look up rows of the token embedding's type")?;
+    let bytes = info.embedding_bytes(t.ty, t.rows, t.cols, model.hp.embd_scale != 1.0).ok_or("the device does not look up rows of the token embedding's type")?;
     let budget = policy.devices[di].budget.map_or(info.memory_budget(), |b| b.min(info.memory_budget()));
     if used[di].saturating_add(bytes) > budget {
         return Err("the token embedding does not fit the device budget");

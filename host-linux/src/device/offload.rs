@@ -107,11 +107,12 @@ impl DeviceInfo for Info<'_> {
         let w = Work::new(shape, 1)?;
         (w.end <= IO_BYTES && 2 * one <= self.dev.buffer_rules().max_size).then_some(2 * one)
     }
-    fn embedding_bytes(&self, ty: GgmlType, n_vocab: usize, n_embd: usize) -> Option<u64> {
+    fn embedding_bytes(&self, ty: GgmlType, n_vocab: usize, n_embd: usize, scaled: bool) -> Option<u64> {
         let dtype = hal_row_dtype(ty)?;
-        let (op, t) = whole_layer::probe_embedding(dtype, n_vocab, n_embd)?;
-        if self.dev.supports(&op, &t) != Support::Yes {
-            return None;
+        for (op, t) in whole_layer::probe_embedding(dtype, n_vocab, n_embd, scaled)? {
+            if self.dev.supports(&op, &t) != Support::Yes {
+                return None;
+            }
         }
         let bytes = dtype.row_bytes(u32::try_from(n_embd).ok()?)?.checked_mul(n_vocab as u64)?;
         (bytes <= self.dev.buffer_rules().max_size.min(u64::from(u32::MAX))).then_some(bytes.next_multiple_of(WEIGHT_ALIGN))
@@ -143,6 +144,10 @@ pub struct Slot {
     resident: HashMap<u16, Resident>,
     /// The block ops of each layer that runs whole here (`keel_core::block::layer_ops`).
     blocks: HashMap<u16, BlockOps>,
+    /// The shape of each such layer (RoPE base and window may differ between layers).
+    shapes: HashMap<u16, LayerShape>,
+    /// The model's token embedding scale (1: none).
+    embd_scale: f32,
     /// The shape of those layers.
     shape: Option<LayerShape>,
     /// The token embedding's copy and the output norm weight, when the whole forward
@@ -271,6 +276,8 @@ impl Devices {
                 io: None,
                 resident: HashMap::new(),
                 blocks: HashMap::new(),
+                shapes: HashMap::new(),
+                embd_scale: 1.0,
                 shape: None,
                 forward: None,
                 model_bytes: 0,
@@ -427,7 +434,7 @@ impl Devices {
             let Some(&first) = layers.first() else { continue };
             let label = slot.label.clone();
             let shape = keel_core::placement::layer_shape(model, first).map_err(|w| DeviceError::new(&label, ErrorKind::Unsupported, format!("layer {first}: {w}")))?;
-            if let Some(&l) = layers.iter().find(|&&l| keel_core::placement::layer_shape(model, l) != Ok(shape)) {
+            if let Some(&l) = layers.iter().find(|&&l| !keel_core::placement::layer_shape(model, l).is_ok_and(|s| s.same_layout(&shape))) {
                 return Err(DeviceError::new(&label, ErrorKind::Unsupported, format!("layer {l} differs in shape from layer {first}; whole layers on one device share one shape")));
             }
             let norm_bytes = (4 * shape.n_embd as u64).next_multiple_of(WEIGHT_ALIGN);
@@ -436,7 +443,7 @@ impl Devices {
             // Biases and per-head norm weights of each layer follow the norms.
             let vec_bytes = |floats: usize| (4 * floats as u64).next_multiple_of(WEIGHT_ALIGN);
             let (qd, kvd, hd) = (shape.n_head * shape.head_dim, shape.kv_dim(), shape.head_dim);
-            let extra_bytes = if shape.biases { vec_bytes(qd) + 2 * vec_bytes(kvd) } else { 0 } + if shape.head_norms { 2 * vec_bytes(hd) } else { 0 };
+            let extra_bytes = if shape.biases { vec_bytes(qd) + 2 * vec_bytes(kvd) } else { 0 } + if shape.head_norms { 2 * vec_bytes(hd) } else { 0 } + if shape.post_norms { 2 * vec_bytes(shape.n_embd) } else { 0 };
             let nbuf = slot.dev.alloc(norm_bytes * n_norms + extra_bytes * layers.len() as u64)?;
             let nsize = slot.dev.host_view(nbuf)?.len() as u64;
             slot.model_bytes += nsize;
@@ -477,10 +484,13 @@ impl Devices {
                 };
                 let biases = if shape.biases { Some([put(att.and_then(|a| a.bq), qd)?, put(att.and_then(|a| a.bk), kvd)?, put(att.and_then(|a| a.bv), kvd)?]) } else { None };
                 let head_norms = if shape.head_norms { Some([put(att.and_then(|a| a.q_norm), hd)?, put(att.and_then(|a| a.k_norm), hd)?]) } else { None };
+                let post_norms = if shape.post_norms { Some([put(ly.attn_post_norm, shape.n_embd)?, put(ly.ffn_post_norm, shape.n_embd)?]) } else { None };
+                let own = keel_core::placement::layer_shape(model, l).map_err(|w| DeviceError::new(&label, ErrorKind::Unsupported, format!("layer {l}: {w}")))?;
+                slot.shapes.insert(l as u16, own);
                 slot.blocks.insert(l as u16, keel_core::block::layer_ops(&model.hp, l, ly));
                 slot.resident.insert(
                     l as u16,
-                    Resident { attn_norm: p(a, nbuf, nsize), ffn_norm: p(f, nbuf, nsize), biases, head_norms, kv: Placed { buf: kb, size: ksize, offset: k_off }, v_offset: k_off + cache as u32 },
+                    Resident { attn_norm: p(a, nbuf, nsize), ffn_norm: p(f, nbuf, nsize), biases, head_norms, post_norms, kv: Placed { buf: kb, size: ksize, offset: k_off }, v_offset: k_off + cache as u32 },
                 );
             }
             if forward {
@@ -503,6 +513,7 @@ impl Devices {
                 slot.dev.map(b)?;
             }
             slot.shape = Some(shape);
+            slot.embd_scale = model.hp.embd_scale;
         }
         Ok(())
     }
@@ -594,7 +605,7 @@ impl Devices {
             while l < layers.end || !tail_done {
                 let mut b = whole_layer::Builder::new(&sh, &w, work, m).ok_or_else(|| bad("layer descriptors overflow".into()))?;
                 if let (true, Some((table, ..))) = (first && l == layers.start, &tail) {
-                    b.add_embedding(table, &w, m).ok_or_else(|| bad("embedding descriptors overflow".into()))?;
+                    b.add_embedding(table, &w, m, slot.embd_scale).ok_or_else(|| bad("embedding descriptors overflow".into()))?;
                 }
                 first = false;
                 while l < layers.end {
@@ -606,7 +617,8 @@ impl Devices {
                     let weights = &slot.weights;
                     let weight = |kind: WeightKind| weights.get(&(l, kind as u8)).map(|h| Weight { at: Placed { buf: h.buf, size: h.size, offset: h.offset }, dtype: h.dtype, rows: h.rows, cols: h.cols });
                     let (no, nt, nb) = (b.ops.len(), b.tensors.len(), b.buffers.len());
-                    b.add_layer(&sh, ops, &weight, &r, m, pos + t0).map_err(|why| bad(format!("layer {l} at position {}: {why}", pos + t0)))?;
+                    let lsh = slot.shapes.get(&l).copied().unwrap_or(sh);
+                    b.add_layer(&lsh, sh.rope_base, ops, &weight, &r, m, pos + t0).map_err(|why| bad(format!("layer {l} at position {}: {why}", pos + t0)))?;
                     if !b.fits(max_ops) {
                         if b.layers == 1 {
                             return Err(bad(format!("one layer needs {} ops, {} tensors, {} buffers (with the embedding lookup, if any): more than a batch carries", b.ops.len(), b.tensors.len(), b.buffers.len())));

@@ -91,6 +91,8 @@ pub struct Resident {
     pub biases: Option<[Placed; 3]>,
     /// F32 per-head q and k norm weights (`head_dim` each), when the layer has them.
     pub head_norms: Option<[Placed; 2]>,
+    /// F32 post-attention and post-feed-forward norm weights (`n_embd`), when the layer has them.
+    pub post_norms: Option<[Placed; 2]>,
     /// F16 K cache (`n_ctx × kv_dim`); V follows at `v_offset` in the same buffer.
     pub kv: Placed,
     /// Offset of the V cache in `kv.buf`.
@@ -262,11 +264,15 @@ impl Builder {
 
     /// Appends the embedding lookup of the `m` token ids in the work buffer into the
     /// residual rows. `None`: a descriptor overflowed.
-    pub fn add_embedding(&mut self, t: &Table, w: &Work, m: usize) -> Option<()> {
+    pub fn add_embedding(&mut self, t: &Table, w: &Work, m: usize, scale: f32) -> Option<()> {
         let buf = self.buffer(t.at.buf, t.at.size);
         let table = self.push(table_desc(t, buf)?)?;
         let ids = self.push(TensorDesc::contiguous(DType::I32, [u32::try_from(m).ok()?, 1, 1, 1], 0, w.tok)?)?;
         self.op(OpKind::GetRows, [Some(table), Some(ids), None], self.shared.x);
+        if scale != 1.0 {
+            // Gemma's scaled embeddings: `x *= scale`, as the CPU's `ops::scale`.
+            self.op(OpKind::Scale { s: scale }, [Some(self.shared.x), None, None], self.shared.x);
+        }
         Some(())
     }
 
@@ -304,7 +310,9 @@ impl Builder {
     /// Appends the lowering of a layer's block ops `ops` for `m` tokens at positions
     /// `pos..pos + m` (the builder's `m`). `weight(kind)`: the layer's weights on the
     /// device. `Err`: a descriptor overflowed, or an op (named) has no lowering yet.
-    pub fn add_layer(&mut self, sh: &LayerShape, ops: &BlockOps, weight: &dyn Fn(WeightKind) -> Option<Weight>, r: &Resident, m: usize, pos: usize) -> Result<(), String> {
+    /// `sh` is this layer's shape; `table_base` the RoPE base of the batch's (cos, sin) table.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_layer(&mut self, sh: &LayerShape, table_base: f32, ops: &BlockOps, weight: &dyn Fn(WeightKind) -> Option<Weight>, r: &Resident, m: usize, pos: usize) -> Result<(), String> {
         let overflow = || "descriptors overflow".to_string();
         let s = self.shared;
         let (e, f, hd, kvd) = (sh.n_embd as u32, sh.n_ff as u32, sh.head_dim as u32, sh.kv_dim() as u32);
@@ -334,6 +342,8 @@ impl Builder {
                 Param::VBias => (r.biases?[2], kvd),
                 Param::QNorm => (r.head_norms?[0], hd),
                 Param::KNorm => (r.head_norms?[1], hd),
+                Param::AttnPostNorm => (r.post_norms?[0], e),
+                Param::FfnPostNorm => (r.post_norms?[1], e),
                 _ => return None,
             };
             let nb = b.buffer(at.buf, at.size);
@@ -362,9 +372,14 @@ impl Builder {
                 }
                 Op::Rope => {
                     let rope = OpKind::Rope { n_dims: u16::try_from(sh.n_rot).map_err(|_| overflow())?, mode: if sh.rope_neox { 2 } else { 0 }, freq_base: sh.rope_base };
-                    self.op(rope, [Some(s.q3), Some(s.pos), Some(s.cs)], s.q3);
-                    self.op(rope, [Some(s.k3), Some(s.pos), Some(s.cs)], s.k3);
+                    // The host's (cos, sin) table is for `table_base`; a layer with another
+                    // base (Gemma 3's local layers) has the device compute its angles with
+                    // keel-core's `rope_angles`, the CPU's function.
+                    let cs = (sh.rope_base == table_base).then_some(s.cs);
+                    self.op(rope, [Some(s.q3), Some(s.pos), cs], s.q3);
+                    self.op(rope, [Some(s.k3), Some(s.pos), cs], s.k3);
                 }
+                Op::QueryScale => self.op(OpKind::Scale { s: sh.attn_scale }, [Some(s.q2), None, None], s.q2),
                 Op::KvStore => {
                     let k_at = r.kv.offset.checked_add(pos.checked_mul(row).ok_or_else(overflow)?).ok_or_else(overflow)?;
                     let v_at = r.v_offset.checked_add(pos.checked_mul(row).ok_or_else(overflow)?).ok_or_else(overflow)?;
@@ -373,8 +388,11 @@ impl Builder {
                     self.op(OpKind::Copy, [Some(s.k2), None, None], k_dst);
                     self.op(OpKind::Copy, [Some(s.v2), None, None], v_dst);
                 }
-                Op::Attention { window: 0 } => {
-                    let attn = OpKind::Attention { n_head: u16::try_from(sh.n_head).map_err(|_| overflow())?, n_head_kv: u16::try_from(sh.n_head_kv).map_err(|_| overflow())?, scale: sh.attn_scale, window: 0 };
+                Op::Attention { window } => {
+                    // Queries scaled beforehand (QueryScale) attend with scale 1, as on the CPU.
+                    let scale = if sh.q_prescale { 1.0 } else { sh.attn_scale };
+                    let window = u32::try_from(window).map_err(|_| overflow())?;
+                    let attn = OpKind::Attention { n_head: u16::try_from(sh.n_head).map_err(|_| overflow())?, n_head_kv: u16::try_from(sh.n_head_kv).map_err(|_| overflow())?, scale, window };
                     let k_all = self.push(view(r.kv.offset)).ok_or_else(overflow)?;
                     let v_all = self.push(view(r.v_offset)).ok_or_else(overflow)?;
                     self.op(attn, [Some(s.q3), Some(k_all), Some(v_all)], s.q3);
@@ -394,7 +412,14 @@ impl Builder {
                     let y = rows(src, e).ok_or_else(|| no_lowering(op))?;
                     self.op(OpKind::Add, [Some(s.x), Some(y), None], s.x);
                 }
+                Op::Residual { src, post_norm: Some(p) } => {
+                    // x += rms_norm(src)·w, the normed rows in xn (as the CPU does).
+                    let (y, wn) = (rows(src, e).ok_or_else(|| no_lowering(op))?, param(self, p).ok_or_else(|| no_lowering(op))?);
+                    self.op(OpKind::RmsNorm { eps: sh.rms_eps }, [Some(y), Some(wn), None], s.xn);
+                    self.op(OpKind::Add, [Some(s.x), Some(s.xn), None], s.x);
+                }
                 Op::FfnAct(FfnAct::Silu) => self.op(OpKind::SwiGlu, [Some(s.ffa_f), Some(s.ffb_f), None], s.ffa_f),
+                Op::FfnAct(FfnAct::GeluTanh) => self.op(OpKind::GeGlu, [Some(s.ffa_f), Some(s.ffb_f), None], s.ffa_f),
                 _ => return Err(no_lowering(op)),
             }
         }
@@ -434,6 +459,16 @@ pub fn probe_ops(sh: &LayerShape) -> Option<Vec<(OpDesc, Vec<TensorDesc>)>> {
         // A bias row added to the rows of q (and likewise k, v).
         probes.push((op(OpKind::Add, [Some(0), Some(1), None], 0), vec![f32s([nh * hd, 2, 1, 1], 0, 0)?, row(nh * hd)?]));
     }
+    if sh.q_prescale {
+        probes.push((op(OpKind::Scale { s: sh.attn_scale }, [Some(0), None, None], 0), vec![row(nh * hd)?]));
+    }
+    if sh.geglu {
+        probes.push((op(OpKind::GeGlu, [Some(0), Some(1), None], 0), vec![row(f)?, row(f)?]));
+    }
+    if sh.window > 0 {
+        let w = u32::try_from(sh.window).ok()?;
+        probes.push((op(OpKind::Attention { n_head: u16::try_from(nh).ok()?, n_head_kv: u16::try_from(nkv).ok()?, scale: sh.attn_scale, window: w }, [Some(0), Some(1), Some(2)], 0), vec![q3, kv, kv]));
+    }
     if sh.head_norms {
         // RMSNorm of each head of q (rows of head_dim) times a head_dim weight.
         probes.push((op(OpKind::RmsNorm { eps: sh.rms_eps }, [Some(0), Some(1), None], 0), vec![f32s([hd, nh, 1, 1], 0, 0)?, row(hd)?]));
@@ -443,10 +478,16 @@ pub fn probe_ops(sh: &LayerShape) -> Option<Vec<(OpDesc, Vec<TensorDesc>)>> {
 
 /// The descriptors a device is asked about before it gets the embedding lookup: one
 /// `GetRows` of one token from a `rows × cols` table of `dtype`.
-pub fn probe_embedding(dtype: DType, rows: usize, cols: usize) -> Option<(OpDesc, Vec<TensorDesc>)> {
+/// `GetRows` of one token from a `rows × cols` table of `dtype` and, when `scaled`, the
+/// `Scale` of the row (Gemma's scaled embeddings).
+pub fn probe_embedding(dtype: DType, rows: usize, cols: usize, scaled: bool) -> Option<Vec<(OpDesc, Vec<TensorDesc>)>> {
     let c = u32::try_from(cols).ok()?;
     let table = TensorDesc::contiguous(dtype, [c, u32::try_from(rows).ok()?, 1, 1], 0, 0)?;
     let ids = TensorDesc::contiguous(DType::I32, [1, 1, 1, 1], 0, 0)?;
     let out = f32s([c, 1, 1, 1], 0, 0)?;
-    Some((OpDesc { kind: OpKind::GetRows, src: [Some(0), Some(1), None], dst: 2 }, vec![table, ids, out]))
+    let mut probes = vec![(OpDesc { kind: OpKind::GetRows, src: [Some(0), Some(1), None], dst: 2 }, vec![table, ids, out])];
+    if scaled {
+        probes.push((OpDesc { kind: OpKind::Scale { s: 1.0 }, src: [Some(0), None, None], dst: 0 }, vec![out]));
+    }
+    Some(probes)
 }
