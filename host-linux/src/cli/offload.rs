@@ -77,7 +77,7 @@ impl OffloadOptions {
         match a.value::<String>(&["--offload-mode"], "layers or matmul")?.as_deref() {
             None | Some("layers") => {}
             Some("matmul") => policy.mode = OffloadMode::MatMul,
-            Some(o) => bail!("--offload-mode {o:?}: expected layers (whole llama layers on the device when possible) or matmul (one batch per product)"),
+            Some(o) => bail!("--offload-mode {o:?}: expected layers (whole layers on the device when their block allows) or matmul (one batch per product)"),
         }
         if let Some(m) = a.value::<String>(&["--device-mem"], "MiB per device")? {
             for (i, v) in m.split(',').enumerate().take(policy.devices.len()) {
