@@ -185,7 +185,7 @@ pub(crate) fn run(op: Op, s: &Step<'_, '_>, b: &mut Bufs<'_>, st: &mut LayerStat
         Op::GatedNorm => gated_norm(s, b),
         Op::Residual { src, post_norm } => {
             let y = core::mem::take(b.slot(src));
-            add_residual(hp, post_norm.and_then(param), y, b.xn, b.x, n);
+            add_residual(hp, post_norm.and_then(param), &y[..n * e], &mut b.xn[..n * e], &mut b.x[..n * e], n);
             *b.slot(src) = y;
         }
         Op::FfnAct(a) => {
