@@ -1,8 +1,10 @@
 //! A session: the KV cache and activation buffers of one sequence, and the forward pass.
 //!
-//! Owns: the arena regions of one running sequence and the order of operations of the
-//! llama-family block. Batched prompt evaluation and single-token decode run the same
-//! per-row arithmetic. Never allocates.
+//! Owns: the arena regions of one running sequence and the forward pass around the
+//! blocks (embedding lookup, layer by layer: on a device or op by op on the CPU through
+//! `block_cpu` from `block::layer_ops`, then the final norm and output projection).
+//! Batched prompt evaluation and single-token decode run the same per-row arithmetic.
+//! Never allocates.
 
 use crate::arena::{Carver, Plan};
 use crate::error::Error;
