@@ -21,6 +21,9 @@ pub fn main(mut a: Args) -> Result<()> {
     a.finish()?;
 
     let opened = open(&model)?;
+    if let Some(d) = &dump {
+        crate::fsutil::refuse_own_input(&opened.path, std::path::Path::new(d), "--dump-last")?;
+    }
     let g = opened.gguf()?;
     let ids_from_file = match &tokens_file {
         Some(f) => {

@@ -1,25 +1,26 @@
 //! Verified, atomic storing of a fetched model file.
 //!
-//! Bytes stream into a temporary file beside the destination (`.NAME.partial-PID`)
-//! while being hashed; the file is kept only if its size and sha256 match, and then it
+//! Bytes stream into a temporary file beside the destination (a [`TempFile`]: a fresh,
+//! randomly named file opened without following symlinks) while being hashed; the file is kept only if its size and sha256 match, and then it
 //! is fsynced and renamed into place (and the directory fsynced), so a reader sees
-//! either no file or the whole verified one. On any failure, or a panic, the temporary
-//! file is deleted.
+//! either no file or the whole verified one. On any failure, a panic or a fatal signal,
+//! the temporary file is deleted.
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
 use super::PullError;
+use crate::fsutil::TempFile;
 use crate::progress::Progress;
 
 const CHUNK: usize = 1 << 20;
 
 /// The file being written: a temp file, the running hash, and the progress bar.
 pub(crate) struct Sink {
-    file: File,
+    file: TempFile,
     hasher: Sha256,
     written: u64,
     progress: Progress,
@@ -55,17 +56,6 @@ impl Sink {
     }
 }
 
-/// Deletes the temp file unless disarmed.
-struct RemoveOnDrop(Option<PathBuf>);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        if let Some(p) = self.0.take() {
-            let _ = fs::remove_file(p);
-        }
-    }
-}
-
 /// What the stored file must be.
 pub(crate) struct Expected<'a> {
     pub(crate) file_name: &'a str,
@@ -73,7 +63,7 @@ pub(crate) struct Expected<'a> {
     pub(crate) sha256: &'a str,
 }
 
-/// Creates `dir/.FILE.partial-PID`, lets `fill` write the content into it, checks size
+/// Creates a [`TempFile`] for `dir/FILE`, lets `fill` write the content into it, checks size
 /// and sha256, and renames it to `dir/FILE`. Returns the final path.
 pub(crate) fn store_verified(
     dir: &Path,
@@ -81,13 +71,9 @@ pub(crate) fn store_verified(
     fill: impl FnOnce(&mut Sink) -> Result<(), PullError>,
 ) -> Result<PathBuf, PullError> {
     let dest = dir.join(want.file_name);
-    let tmp = dir.join(format!(
-        ".{}.partial-{}",
-        want.file_name,
-        std::process::id()
-    ));
-    let file = File::create(&tmp).map_err(|e| PullError::io("create", &tmp, e))?;
-    let mut guard = RemoveOnDrop(Some(tmp.clone()));
+    let file = TempFile::create(&dest)
+        .map_err(|e| PullError::io("create a temporary file for", &dest, e))?;
+    let tmp = file.tmp_path().to_path_buf();
     let mut sink = Sink {
         file,
         hasher: Sha256::new(),
@@ -114,15 +100,8 @@ pub(crate) fn store_verified(
         });
     }
     sink.file
-        .sync_all()
-        .map_err(|e| PullError::io("fsync", &tmp, e))?;
-    drop(sink.file);
-    fs::rename(&tmp, &dest).map_err(|e| PullError::io("rename the download to", &dest, e))?;
-    guard.0 = None;
-    // Make the rename itself durable. Some filesystems refuse fsync on a directory.
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
+        .commit()
+        .map_err(|e| PullError::io("fsync and rename into place", &tmp, e))?;
     Ok(dest)
 }
 
@@ -166,6 +145,7 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     pub(crate) fn scratch(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("keel-store-{tag}-{}", std::process::id()));
