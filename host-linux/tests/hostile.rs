@@ -156,3 +156,73 @@ fn a_killed_quantize_leaves_no_partial_file() {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+// ---- item 4: no panic or abort from any input ----
+
+#[test]
+fn a_non_utf8_argument_is_an_error_not_a_panic() {
+    use std::os::unix::ffi::OsStrExt;
+    let bad = std::ffi::OsStr::from_bytes(b"caf\xe9.gguf");
+    let o = keel().args(["run", "-p", "hi", "-m"]).arg(bad).output().unwrap();
+    fails_with(&o, &["argument 5", "caf\u{fffd}.gguf", "not valid UTF-8"]);
+    let o = keel().args(["info"]).arg(bad).output().unwrap();
+    fails_with(&o, &["not valid UTF-8"]);
+}
+
+/// `-n` beyond the context: generation stops at the context's end (no allocation sized
+/// by `-n`, which used to overflow or ask for terabytes).
+#[test]
+fn a_huge_n_is_bounded_by_the_context() {
+    for n in ["18446744073709551615", "4000000000000"] {
+        let o = keel().args(["run", "-c", "32", "--temp", "0", "--json", "-p", "hi", "-n", n, "-m"]).arg(synth()).output().unwrap();
+        succeeds(&o);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert!(v["generated"].as_array().unwrap().len() <= 32, "{v}");
+    }
+}
+
+/// A stdout whose reader is already gone (a deterministic `| head`).
+fn closed_pipe() -> Stdio {
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) fills both descriptors; we own them from here on.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: closing our copy of the read end.
+    unsafe { libc::close(fds[0]) };
+    // SAFETY: the write end is a fresh descriptor owned by nobody else.
+    Stdio::from(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fds[1]) })
+}
+
+/// `keel plan | head -1`, `keel run | head -c1`: keel ends as `cat` would, killed by
+/// SIGPIPE (status 141 in a shell), with nothing on stderr and no panic; `run` stops
+/// generating at once.
+#[test]
+fn a_closed_stdout_ends_quietly() {
+    let m = synth();
+    let cases: [&[&str]; 4] = [&["plan", "-m"], &["info"], &["tokenize", "--json", "hi", "-m"], &["run", "-c", "4096", "-n", "4000", "-s", "1", "-p", "hi", "-m"]];
+    for args in cases {
+        let t0 = Instant::now();
+        let o = keel().args(args).arg(&m).stdout(closed_pipe()).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.signal(), Some(libc::SIGPIPE), "{args:?}: {:?}; stderr: {err}", o.status);
+        assert!(!err.contains("panicked") && !err.contains("error"), "{args:?}: {err}");
+        assert!(t0.elapsed() < Duration::from_secs(2), "{args:?} went on after its reader left");
+    }
+}
+
+/// The model file truncated while keel generates from it: an error naming the file,
+/// exit 1, not a SIGBUS crash.
+#[test]
+fn a_model_truncated_under_keel_is_an_error() {
+    use std::io::Read;
+    let dir = scratch("sigbus");
+    let m = dir.join("m.gguf");
+    std::fs::copy(synth(), &m).unwrap();
+    // Seed 1 samples ~2800 tokens before an end of generation: seconds of work.
+    let mut child = keel().args(["run", "-c", "4096", "-n", "4000", "-s", "1", "-t", "1", "-p", "hi", "-m"]).arg(&m).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut first = [0u8; 1];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    std::fs::OpenOptions::new().write(true).open(&m).unwrap().set_len(4096).unwrap();
+    let o = child.wait_with_output().unwrap();
+    fails_with(&o, &["the model file", "m.gguf", "changed while keel was reading it"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -16,6 +16,19 @@ impl fmt::Display for ArgError {
 
 impl std::error::Error for ArgError {}
 
+/// The process arguments as UTF-8 strings; a byte sequence that is not UTF-8 (e.g. a
+/// file name in another encoding) is an error naming the argument, not a panic.
+pub fn from_os(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Vec<String>, ArgError> {
+    args.into_iter()
+        .enumerate()
+        .map(|(i, a)| {
+            a.into_string().map_err(|a| {
+                ArgError(format!("argument {} ({:?}) is not valid UTF-8; keel takes UTF-8 arguments: rename the file or pass the text in a file with -f", i + 1, a.to_string_lossy()))
+            })
+        })
+        .collect()
+}
+
 /// The arguments after the subcommand, consumed flag by flag.
 pub struct Args {
     items: Vec<Option<String>>,

@@ -9,6 +9,7 @@
 use super::args::Args;
 use super::common::{chat_format, run_options, sampling};
 use super::load::{engine, open, prepare};
+use crate::fault::stdout_ok;
 use anyhow::Result;
 use keel_core::session::Outputs;
 use keel_core::tokenizer::{Tokenizer, Utf8Stream};
@@ -81,8 +82,7 @@ pub fn main(mut a: Args) -> Result<()> {
             }
             let n = e.tokenizer.piece(tok, false, &mut piece).unwrap_or(0);
             stream.push(&piece[..n], |s: &str| {
-                let _ = out.write_all(s.as_bytes());
-                let _ = out.flush();
+                let _ = stdout_ok(out.write_all(s.as_bytes()).and_then(|_| out.flush()));
             });
             if e.session.n_past() + 1 >= n_ctx {
                 break;
@@ -90,9 +90,9 @@ pub fn main(mut a: Args) -> Result<()> {
             e.eval(&[tok], Outputs::Last, pool)?;
         }
         stream.finish(|s: &str| {
-            let _ = out.write_all(s.as_bytes());
+            let _ = stdout_ok(out.write_all(s.as_bytes()));
         });
-        let _ = writeln!(out);
+        let _ = stdout_ok(writeln!(out).and_then(|_| out.flush()));
         drop(out);
         if !ended {
             eprintln!("(reply cut at {} tokens)", if e.session.n_past() + 1 >= n_ctx { "the context's end".to_string() } else { format!("-n {n_predict}") });

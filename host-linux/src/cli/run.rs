@@ -3,6 +3,7 @@
 use super::args::Args;
 use super::common::{chat_prompt, mib, prompt, run_options, sampling, tokenize};
 use super::load::{engine, open, prepare};
+use crate::fault::stdout_ok;
 use crate::json;
 use anyhow::Result;
 use crate::device::offload::Devices;
@@ -35,6 +36,8 @@ pub fn main(mut a: Args) -> Result<()> {
     let text = prompt(&mut a)?;
     let n_predict = a.value_or(&["-n", "--n-predict"], "a token count", 128usize)?;
     let opts = run_options(&mut a, 1)?;
+    // Generation stops at the context's end anyway: a larger -n means "until then".
+    let n_predict = n_predict.min(opts.n_ctx);
     let sampling = sampling(&mut a)?;
     let chat = a.flag(&["--chat"]);
     let system: Option<String> = a.value(&["--system"], "a system message")?;
@@ -96,8 +99,8 @@ pub fn main(mut a: Args) -> Result<()> {
         stream.push(&piece[..n], |s: &str| {
             text_out.push_str(s);
             if !as_json {
-                let _ = out.write_all(s.as_bytes());
-                let _ = out.flush();
+                // Nobody reads a closed pipe: stop quietly (fault::stdout_ok).
+                let _ = stdout_ok(out.write_all(s.as_bytes()).and_then(|_| out.flush()));
             }
         });
         if e.session.n_past() >= e.session.n_ctx() {
@@ -110,7 +113,7 @@ pub fn main(mut a: Args) -> Result<()> {
     stream.finish(|s: &str| {
         text_out.push_str(s);
         if !as_json {
-            let _ = out.write_all(s.as_bytes());
+            let _ = stdout_ok(out.write_all(s.as_bytes()));
         }
     });
     let gen_secs = t1.elapsed().as_secs_f64();
@@ -164,7 +167,7 @@ pub fn main(mut a: Args) -> Result<()> {
         });
         o.print();
     } else {
-        let _ = writeln!(out);
+        let _ = stdout_ok(writeln!(out).and_then(|_| out.flush()));
         drop(out);
         eprintln!(
             "\nkeel: prompt {} tokens, {:.1} t/s | generated {} tokens, {:.1} t/s ({}) | arena {} | peak RSS {} | {} threads, {} kernels",
