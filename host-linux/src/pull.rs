@@ -163,6 +163,12 @@ fn resolve_with(
             why: "is a directory",
         });
     }
+    if path.exists() {
+        return Err(PullError::NotAModel {
+            path: path.to_path_buf(),
+            why: "is not a GGUF file (not a regular file: a device, pipe or socket)",
+        });
+    }
     if arg.contains('/') || arg.ends_with(".gguf") {
         return Err(PullError::NotAModel {
             path: path.to_path_buf(),

@@ -226,3 +226,44 @@ fn a_model_truncated_under_keel_is_an_error() {
     fails_with(&o, &["the model file", "m.gguf", "changed while keel was reading it"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+// ---- item 7: flags validated, messages that say what is wrong ----
+
+#[test]
+fn bad_numbers_and_repeated_flags_are_named() {
+    let m = synth();
+    let cases: &[(&[&str], &[&str])] = &[
+        (&["--temp", "NaN"], &["--temp NaN", ">= 0"]),
+        (&["--temp", "-1"], &["--temp -1", ">= 0"]),
+        (&["--top-p", "-0.5"], &["--top-p -0.5", "in (0, 1]"]),
+        (&["--top-p", "0"], &["--top-p 0", "in (0, 1]"]),
+        (&["--min-p", "inf"], &["--min-p inf", "in [0, 1]"]),
+        (&["--repeat-penalty", "0"], &["--repeat-penalty 0", "> 0"]),
+        (&["--repeat-penalty", "NaN"], &["--repeat-penalty NaN", "> 0"]),
+        (&["-t", "100000"], &["-t 100000", "use -t 1..="]),
+        (&["-t", "0"], &["-t 0", "use -t 1..="]),
+        (&["-c", "200000000"], &["-c 200000000", "between 1 and 1048576"]),
+        (&["-c", "0"], &["-c 0", "between 1 and"]),
+        (&["-n", "1", "-n", "2"], &["-n given twice; give it once"]),
+        (&["--json", "--json"], &["--json given twice"]),
+    ];
+    for (extra, needles) in cases {
+        let o = keel().args(["run", "-p", "hi", "-m"]).arg(&m).args(*extra).output().unwrap();
+        let err = fails_with(&o, needles);
+        assert!(!err.contains("unknown argument"), "{extra:?}: {err}");
+        assert!(o.stdout.is_empty(), "{extra:?} ran anyway");
+    }
+    let o = keel().args(["bench", "-p", "18446744073709551615", "-m"]).arg(&m).output().unwrap();
+    fails_with(&o, &["-p 18446744073709551615", "use a smaller -p"]);
+    let o = keel().args(["quantize"]).arg(&m).arg(scratch("quantize-t").join("o.gguf")).args(["Q4_0", "-t", "100000"]).output().unwrap();
+    fails_with(&o, &["-t 100000"]);
+}
+
+#[test]
+fn a_device_file_is_not_a_gguf_file() {
+    for cmd in [&["run", "-p", "hi", "-m"][..], &["info"][..]] {
+        let o = keel().args(cmd).arg("/dev/null").output().unwrap();
+        let err = fails_with(&o, &["/dev/null", "is not a GGUF file"]);
+        assert!(!err.contains("does not exist"), "{err}");
+    }
+}

@@ -32,12 +32,14 @@ pub fn from_os(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Vec
 /// The arguments after the subcommand, consumed flag by flag.
 pub struct Args {
     items: Vec<Option<String>>,
+    /// The flags consumed so far (a second occurrence left over is "given twice").
+    taken: Vec<String>,
 }
 
 impl Args {
     /// Wraps the raw arguments.
     pub fn new(items: impl IntoIterator<Item = String>) -> Self {
-        Args { items: items.into_iter().map(Some).collect() }
+        Args { items: items.into_iter().map(Some).collect(), taken: Vec::new() }
     }
 
     fn position(&self, names: &[&str]) -> Option<usize> {
@@ -48,7 +50,7 @@ impl Args {
     pub fn flag(&mut self, names: &[&str]) -> bool {
         match self.position(names) {
             Some(i) => {
-                self.items[i] = None;
+                self.taken.extend(self.items[i].take());
                 true
             }
             None => false,
@@ -59,6 +61,7 @@ impl Args {
     pub fn value<T: FromStr>(&mut self, names: &[&str], what: &str) -> Result<Option<T>, ArgError> {
         let Some(i) = self.position(names) else { return Ok(None) };
         let flag = self.items[i].take().unwrap_or_default();
+        self.taken.push(flag.clone());
         let raw = self.items.get_mut(i + 1).and_then(|v| v.take()).ok_or_else(|| ArgError(format!("{flag} needs a value ({what})")))?;
         raw.parse::<T>().map(Some).map_err(|_| ArgError(format!("{flag} {raw:?}: expected {what}")))
     }
@@ -79,9 +82,12 @@ impl Args {
         out
     }
 
-    /// Fails on anything left unconsumed.
+    /// Fails on anything left unconsumed: a flag already taken is "given twice".
     pub fn finish(self) -> Result<(), ArgError> {
         let left: Vec<String> = self.items.into_iter().flatten().collect();
+        if let Some(again) = left.iter().find(|a| self.taken.contains(a)) {
+            return Err(ArgError(format!("{again} given twice; give it once")));
+        }
         if left.is_empty() {
             Ok(())
         } else {
@@ -118,5 +124,9 @@ mod tests {
         assert!(a.value::<usize>(&["-n"], "a count").unwrap_err().0.contains("needs a value"));
         let a = args("--bogus");
         assert!(a.finish().unwrap_err().0.contains("--bogus"));
+        let mut a = args("-n 1 --json -n 2 --json");
+        assert_eq!(a.value::<usize>(&["-n"], "a count").unwrap(), Some(1));
+        assert!(a.flag(&["--json"]));
+        assert_eq!(a.finish().unwrap_err().0, "-n given twice; give it once");
     }
 }

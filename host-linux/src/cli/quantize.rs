@@ -193,7 +193,7 @@ fn write_tensor(w: &mut GgufWriter, j: &Job<'_>, threads: usize, bar: &mut Progr
 pub fn main(mut a: Args) -> Result<()> {
     let allow_requantize = a.flag(&["--allow-requantize"]);
     let as_json = a.flag(&["--json"]);
-    let threads = a.value_or(&["-t", "--threads"], "a thread count", crate::pool::ThreadPool::default_threads())?.max(1);
+    let threads = super::common::threads(&mut a)?;
     let pos = a.positionals();
     a.finish()?;
     let [input, output, ty] = &pos[..] else {
