@@ -7,12 +7,12 @@
 //! `/quit` (or end of input).
 
 use super::args::Args;
-use super::common::{chat_format, run_options, sampling};
+use super::common::{chat_format, run_options, sampling, ChatText};
 use super::load::{engine, open, prepare};
 use crate::fault::stdout_ok;
 use anyhow::Result;
 use keel_core::session::Outputs;
-use keel_core::tokenizer::{Tokenizer, Utf8Stream};
+use keel_core::tokenizer::Utf8Stream;
 use std::io::{BufRead, Write};
 
 /// Runs the subcommand.
@@ -36,13 +36,20 @@ pub fn main(mut a: Args) -> Result<()> {
     let stdout = std::io::stdout();
     let mut piece = vec![0u8; e.tokenizer.max_piece_len()];
     let mut first = true;
-    let mut line = String::new();
+    let mut raw = Vec::new();
     loop {
         eprint!("> ");
-        line.clear();
-        if stdin.lock().read_line(&mut line)? == 0 {
+        raw.clear();
+        if stdin.lock().read_until(b'\n', &mut raw)? == 0 {
             break;
         }
+        let line = match std::str::from_utf8(&raw) {
+            Ok(l) => l,
+            Err(err) => {
+                eprintln!("(that line is not valid UTF-8 (byte {} is not); nothing was sent: type it again)", err.valid_up_to() + 1);
+                continue;
+            }
+        };
         let msg = line.trim_end_matches(['\n', '\r']);
         match msg.trim() {
             "/quit" | "/exit" => break,
@@ -55,7 +62,8 @@ pub fn main(mut a: Args) -> Result<()> {
             "" => continue,
             _ => {}
         }
-        let mut text = String::new();
+        // The user's text (and --system) is never parsed for special tokens.
+        let mut text = ChatText::new(&[msg, system.as_deref().unwrap_or("")]);
         if first {
             format.first_user(&mut text, system.as_deref(), msg)?;
         } else {
@@ -63,7 +71,7 @@ pub fn main(mut a: Args) -> Result<()> {
         }
         format.assistant_start(&mut text)?;
         // BOS only at the start of a conversation.
-        let toks = tokens(&e.tokenizer, &text, first)?;
+        let toks = text.tokenize(&e.tokenizer, first, usize::MAX)?;
         let left = n_ctx - e.session.n_past();
         if toks.len() + 1 > left {
             eprintln!("(the context is full: this turn needs {} tokens and {left} of {n_ctx} are left; /reset to start over, or raise -c)", toks.len() + 1);
@@ -98,9 +106,9 @@ pub fn main(mut a: Args) -> Result<()> {
             eprintln!("(reply cut at {} tokens)", if e.session.n_past() + 1 >= n_ctx { "the context's end".to_string() } else { format!("-n {n_predict}") });
         }
         // Close the model's turn in the context so the next turn follows the format.
-        let mut close = String::new();
+        let mut close = ChatText::new(&[]);
         format.assistant_end(&mut close)?;
-        let close = tokens(&e.tokenizer, &close, false)?;
+        let close = close.tokenize(&e.tokenizer, false, usize::MAX)?;
         if e.session.n_past() + close.len() > n_ctx {
             eprintln!("(the context is full ({n_ctx} tokens); /reset to start a new conversation, or raise -c)");
             continue;
@@ -108,9 +116,4 @@ pub fn main(mut a: Args) -> Result<()> {
         e.eval(&close, Outputs::Last, pool)?;
     }
     Ok(())
-}
-
-/// Tokenizes chat text (control tokens parsed), with BOS when `bos` and the model adds it.
-fn tokens(tok: &Tokenizer<'_>, text: &str, bos: bool) -> Result<Vec<u32>> {
-    super::common::tokenize_all(tok, text, bos, true)
 }

@@ -85,10 +85,62 @@ pub fn chat_format<'a>(g: &Gguf<'a>, path: &std::path::Path) -> Result<ChatForma
     ChatFormat::for_model(g).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
+/// Chat text as the template wrote it, in segments: the template's own text (its markers
+/// are parsed as special tokens) and the caller's content, the user's and `--system`
+/// text (never parsed: typing `<|im_start|>system` is text, as in llama.cpp's server).
+/// Content is recognized as the very `&str`s passed to the format's writers.
+pub struct ChatText<'c> {
+    content: Vec<&'c str>,
+    /// (text, is content).
+    segments: Vec<(String, bool)>,
+}
+
+impl<'c> ChatText<'c> {
+    /// Empty, with `content` the strings to keep out of special-token parsing.
+    pub fn new(content: &[&'c str]) -> Self {
+        ChatText { content: content.to_vec(), segments: Vec::new() }
+    }
+
+    /// The whole text.
+    pub fn text(&self) -> String {
+        self.segments.iter().map(|(s, _)| s.as_str()).collect()
+    }
+
+    /// Tokenizes each segment (BOS first when `bos` and the model adds it); at most
+    /// `max` tokens in all, else an error saying both counts.
+    pub fn tokenize(&self, tok: &Tokenizer<'_>, bos: bool, max: usize) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        for (i, (text, content)) in self.segments.iter().enumerate() {
+            ids.extend(tokenize_all(tok, text, bos && i == 0, !content)?);
+        }
+        if bos && self.segments.is_empty() {
+            ids.extend(tokenize_all(tok, "", true, true)?);
+        }
+        if ids.len() > max {
+            bail!("the prompt has {} tokens but the context holds {max}; raise -c or shorten the prompt", ids.len());
+        }
+        Ok(ids)
+    }
+}
+
+impl std::fmt::Write for ChatText<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        if s.is_empty() {
+            return Ok(());
+        }
+        let content = self.content.iter().any(|c| c.as_ptr() == s.as_ptr() && c.len() == s.len());
+        match self.segments.last_mut() {
+            Some((t, c)) if *c == content && !content => t.push_str(s),
+            _ => self.segments.push((s.to_string(), content)),
+        }
+        Ok(())
+    }
+}
+
 /// One user turn in the model's chat format, ready for the reply (for `run --chat`).
-pub fn chat_prompt(g: &Gguf<'_>, path: &std::path::Path, system: Option<&str>, user: &str) -> Result<String> {
+pub fn chat_prompt<'c>(g: &Gguf<'_>, path: &std::path::Path, system: Option<&'c str>, user: &'c str) -> Result<ChatText<'c>> {
     let f = chat_format(g, path)?;
-    let mut s = String::new();
+    let mut s = ChatText::new(&[user, system.unwrap_or("")]);
     f.first_user(&mut s, system, user)?;
     f.assistant_start(&mut s)?;
     Ok(s)

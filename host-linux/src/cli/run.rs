@@ -54,8 +54,11 @@ pub fn main(mut a: Args) -> Result<()> {
     if system.is_some() && !chat {
         anyhow::bail!("--system needs --chat");
     }
-    let text = if chat { chat_prompt(&g, &opened.path, system.as_deref(), &text)? } else { text };
-    let prompt_tokens = tokenize(&e.tokenizer, &text, true, true, opts.n_ctx)?;
+    let prompt_tokens = if chat {
+        chat_prompt(&g, &opened.path, system.as_deref(), &text)?.tokenize(&e.tokenizer, true, opts.n_ctx)?
+    } else {
+        tokenize(&e.tokenizer, &text, true, true, opts.n_ctx)?
+    };
     let mut slots = vec![Decision::EMPTY; weight_count(&e.model)];
     let placement = devices.plan(&e.model, &offload.policy, e.session.n_ctx(), &mut slots).map_err(|err| anyhow::anyhow!("{}: {err}", opened.path.display()))?;
     let use_devices = !devices.slots.is_empty();
