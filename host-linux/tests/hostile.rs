@@ -300,3 +300,40 @@ fn an_invalid_utf8_chat_line_is_reported_and_the_chat_goes_on() {
     assert!(err.contains("not valid UTF-8") && err.contains("byte 4"), "{err}");
     assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 1, "one reply, to the valid line: {err}");
 }
+
+// ---- item 3: non-finite logits ----
+
+/// The synthetic model with `tensor` (F32) filled with NaN.
+fn nan_model(dir: &Path, tensor: &str) -> PathBuf {
+    let mut bytes = std::fs::read(synth()).unwrap();
+    let (at, len) = {
+        let g = keel_core::gguf::Gguf::parse(&bytes).unwrap();
+        let t = g.tensors().find(|t| t.name_str() == tensor).unwrap();
+        assert_eq!(t.ty, keel_core::ggml_type::GgmlType::F32);
+        (t.data.as_ptr() as usize - bytes.as_ptr() as usize, t.data.len())
+    };
+    for c in bytes[at..at + len].chunks_exact_mut(4) {
+        c.copy_from_slice(&f32::NAN.to_le_bytes());
+    }
+    let p = dir.join("nan.gguf");
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+/// NaN logits end the request with an error naming the step (they used to "generate 0
+/// tokens (end of generation)" and print a null perplexity, exit 0).
+#[test]
+fn nan_logits_are_an_error_naming_the_step() {
+    let dir = scratch("nan");
+    let m = nan_model(&dir, "output_norm.weight");
+    let o = keel().args(["run", "-n", "4", "-c", "64", "-p", "hi", "-m"]).arg(&m).output().unwrap();
+    fails_with(&o, &["logits are not finite", "generation step 1"]);
+    let o = keel().args(["eval", "--json", "-c", "64", "-p", "hi there", "-m"]).arg(&m).output().unwrap();
+    fails_with(&o, &["logits are not finite", "prompt position 0"]);
+    let text = dir.join("text.txt");
+    std::fs::write(&text, "word ".repeat(200)).unwrap();
+    let o = keel().args(["perplexity", "--json", "-c", "64", "-m"]).arg(&m).arg("-f").arg(&text).output().unwrap();
+    fails_with(&o, &["logits are not finite", "chunk 1 position 32"]);
+    assert!(o.stdout.is_empty(), "no perplexity is printed");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -7,7 +7,7 @@
 //! `/quit` (or end of input).
 
 use super::args::Args;
-use super::common::{chat_format, run_options, sampling, ChatText};
+use super::common::{chat_format, check_finite, run_options, sampling, ChatText};
 use super::load::{engine, open, prepare};
 use crate::fault::stdout_ok;
 use anyhow::Result;
@@ -82,7 +82,8 @@ pub fn main(mut a: Args) -> Result<()> {
         let mut out = stdout.lock();
         let mut stream = Utf8Stream::new();
         let mut ended = false;
-        for _ in 0..n_predict {
+        for i in 0..n_predict {
+            check_finite(e.session.last_logits(e.n_vocab()), || format!("reply token {}", i + 1))?;
             let tok = e.sample();
             if e.tokenizer.is_eog(tok) {
                 ended = true;

@@ -166,6 +166,21 @@ pub fn tokenize_all(tok: &Tokenizer<'_>, text: &str, add_special: bool, parse_sp
     tokenize(tok, text, add_special, parse_special, text.len() + 8)
 }
 
+/// Fails if a logits row has a NaN or an infinity: the model's weights or its arithmetic
+/// broke, and any token sampled or score computed from the row would be a silent wrong
+/// answer. `step` says where (e.g. "generated token 3"; made only on failure).
+pub fn check_finite(row: &[f32], step: impl FnOnce() -> String) -> Result<()> {
+    if let Some(i) = row.iter().position(|v| !v.is_finite()) {
+        bail!(
+            "the logits are not finite at {} (logit {i} of {} is {}): the model's weights or its arithmetic produced NaN/infinity; stopped rather than give a wrong answer (run with --reference to rule out a kernel)",
+            step(),
+            row.len(),
+            row[i]
+        );
+    }
+    Ok(())
+}
+
 /// Formats a byte count as MiB with one decimal.
 pub fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))

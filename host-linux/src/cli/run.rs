@@ -1,7 +1,7 @@
 //! `keel run`: generate text from a prompt, streaming it, then report speed and memory.
 
 use super::args::Args;
-use super::common::{chat_prompt, mib, prompt, run_options, sampling, tokenize};
+use super::common::{chat_prompt, check_finite, mib, prompt, run_options, sampling, tokenize};
 use super::load::{engine, open, prepare};
 use crate::fault::stdout_ok;
 use crate::json;
@@ -88,7 +88,8 @@ pub fn main(mut a: Args) -> Result<()> {
     let prompt_secs = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut stop = "length";
-    for _ in 0..n_predict {
+    for i in 0..n_predict {
+        check_finite(e.session.last_logits(e.n_vocab()), || if i == 0 { "generation step 1 (the prompt's last position)".into() } else { format!("generation step {}", i + 1) })?;
         if let Some(d) = digest.as_mut() {
             d.row(e.session.last_logits(e.n_vocab()));
         }
