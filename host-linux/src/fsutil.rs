@@ -34,7 +34,7 @@ pub struct TempFile {
 
 /// 64 random bits as 16 hex digits (`getrandom(2)`; the clock and pid if it fails, which
 /// costs only unpredictability: `O_EXCL` and `O_NOFOLLOW` keep the open safe anyway).
-fn random_suffix() -> String {
+pub fn random_suffix() -> String {
     let mut b = [0u8; 8];
     // SAFETY: writes at most `b.len()` bytes into `b`.
     let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };

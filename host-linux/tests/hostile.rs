@@ -337,3 +337,34 @@ fn nan_logits_are_an_error_naming_the_step() {
     assert!(o.stdout.is_empty(), "no perplexity is printed");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A cached model is hashed on first use and whenever its size or mtime changes: a
+/// same-size corrupted file is refused (it used to run, checked by size only).
+#[test]
+fn a_corrupted_cached_model_is_refused() {
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+    let src = std::env::var_os("KEEL_MODELS").map(PathBuf::from).unwrap_or_else(|| home.join(".cache/keel/models")).join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !src.is_file() {
+        assert!(std::env::var("KEEL_REQUIRE_MODELS").as_deref() != Ok("1"), "{} missing and KEEL_REQUIRE_MODELS=1", src.display());
+        eprintln!("SKIPPED: {} not found; run `keel pull smollm2-135m`", src.display());
+        return;
+    }
+    let dir = scratch("cache");
+    let cached = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    std::fs::copy(&src, &cached).unwrap();
+    let run = || keel().env("KEEL_MODELS", &dir).args(["run", "-m", "smollm2-135m", "-n", "1", "-c", "64", "-p", "hi", "--temp", "0"]).output().unwrap();
+    let o = run();
+    succeeds(&o);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("keel: checking"), "first use hashes the file");
+    assert!(dir.join(".SmolLM2-135M-Instruct.Q4_1.gguf.keel-sha256").is_file(), "{:?}", entries(&dir));
+    let o = run();
+    succeeds(&o);
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("keel: checking"), "an unchanged file is not hashed again");
+    // One byte of the last tensor flipped in place: same size, new mtime.
+    let mut bytes = std::fs::read(&cached).unwrap();
+    let n = bytes.len();
+    bytes[n - 100] ^= 0x55;
+    std::fs::write(&cached, &bytes).unwrap();
+    fails_with(&run(), &["cached model", "SmolLM2-135M-Instruct.Q4_1.gguf", "is corrupted", "keel pull smollm2-135m"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -6,7 +6,7 @@
 //! either no file or the whole verified one. On any failure, a panic or a fatal signal,
 //! the temporary file is deleted.
 
-use std::fs::File;
+use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
@@ -102,7 +102,38 @@ pub(crate) fn store_verified(
     sink.file
         .commit()
         .map_err(|e| PullError::io("fsync and rename into place", &tmp, e))?;
+    write_stamp(&dest, want.sha256);
     Ok(dest)
+}
+
+/// The stamp beside a cached model saying its sha256 was checked: `dir/.FILE.keel-sha256`,
+/// holding the hash, the size and the modification time it was checked at.
+fn stamp_path(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    path.with_file_name(format!(".{name}.keel-sha256"))
+}
+
+/// What the stamp of `path` says when its hash is `sha256` (`None` if it cannot be stat'ed).
+fn stamp_line(path: &Path, sha256: &str) -> Option<String> {
+    let m = fs::metadata(path).ok()?;
+    let mtime = m.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos();
+    Some(format!("{sha256} {} {mtime}\n", m.len()))
+}
+
+/// True if `path` was checked to have `sha256` and has not changed size or mtime since.
+pub(crate) fn stamp_matches(path: &Path, sha256: &str) -> bool {
+    match (stamp_line(path, sha256), fs::read_to_string(stamp_path(path))) {
+        (Some(want), Ok(got)) => want == got,
+        _ => false,
+    }
+}
+
+/// Records that `path` was just checked to have `sha256`. Best effort: without a stamp
+/// the next use hashes the file again.
+pub(crate) fn write_stamp(path: &Path, sha256: &str) {
+    if let Some(line) = stamp_line(path, sha256) {
+        let _ = crate::fsutil::write_atomic(&stamp_path(path), line.as_bytes());
+    }
 }
 
 /// The sha256 of a file as lowercase hex, with a progress bar labelled `label`.
@@ -145,7 +176,6 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::fs;
 
     pub(crate) fn scratch(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("keel-store-{tag}-{}", std::process::id()));
@@ -180,7 +210,8 @@ mod tests {
         .unwrap();
         assert_eq!(p, dir.join("m.gguf"));
         assert_eq!(fs::read(&p).unwrap(), b"abc");
-        assert_eq!(entries(&dir), ["m.gguf"]);
+        assert_eq!(entries(&dir), [".m.gguf.keel-sha256", "m.gguf"], "the file and its checked-hash stamp");
+        assert!(stamp_matches(&p, ABC_SHA));
         assert_eq!(sha256_file(&p, "hash").unwrap(), ABC_SHA);
         fs::remove_dir_all(&dir).unwrap();
     }
