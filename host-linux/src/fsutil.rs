@@ -219,15 +219,22 @@ fn install_handlers() {
     }
 }
 
+/// A fresh, empty directory `keel-TAG-PID` under the system's temporary directory, for
+/// the crate's unit tests.
+#[cfg(test)]
+pub(crate) fn test_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("keel-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn scratch(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("keel-fsutil-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+        test_dir(&format!("fsutil-{tag}"))
     }
 
     #[test]

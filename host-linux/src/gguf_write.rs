@@ -218,10 +218,7 @@ mod tests {
     }
 
     fn tmpdir(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("keel-gguf-write-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+        crate::fsutil::test_dir(&format!("gguf-write-{tag}"))
     }
 
     #[test]

@@ -101,11 +101,6 @@ impl<'c> ChatText<'c> {
         ChatText { content: content.to_vec(), segments: Vec::new() }
     }
 
-    /// The whole text.
-    pub fn text(&self) -> String {
-        self.segments.iter().map(|(s, _)| s.as_str()).collect()
-    }
-
     /// Tokenizes each segment (BOS first when `bos` and the model adds it); at most
     /// `max` tokens in all, else an error saying both counts.
     pub fn tokenize(&self, tok: &Tokenizer<'_>, bos: bool, max: usize) -> Result<Vec<u32>> {

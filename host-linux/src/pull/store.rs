@@ -178,10 +178,7 @@ mod tests {
     use super::*;
 
     pub(crate) fn scratch(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("keel-store-{tag}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(&d).unwrap();
-        d
+        crate::fsutil::test_dir(&format!("store-{tag}"))
     }
 
     fn entries(dir: &Path) -> Vec<String> {

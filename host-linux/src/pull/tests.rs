@@ -5,10 +5,7 @@ use super::*;
 use std::fs;
 
 fn scratch(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("keel-pull-{tag}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&d);
-    fs::create_dir_all(&d).unwrap();
-    d
+    crate::fsutil::test_dir(&format!("pull-{tag}"))
 }
 
 #[test]
