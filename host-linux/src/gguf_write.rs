@@ -5,15 +5,16 @@
 //! floats keep their bits, strings and arrays their bytes and element types), so
 //! copying a file's keys through [`encode_kv`] reproduces its metadata bytes exactly.
 //!
-//! Failure model: the file is written to `.NAME.keel-tmp-PID` in the output directory,
-//! synced and renamed over `NAME` only by [`GgufWriter::finish`], after every declared
-//! tensor got exactly its declared bytes. Any error, or dropping the writer unfinished,
-//! removes the temporary file, so a failed run never leaves a half-written model.
+//! Failure model: the file is written to a [`TempFile`] (a fresh, randomly named file in
+//! the output directory), synced and renamed over `NAME` only by [`GgufWriter::finish`],
+//! after every declared tensor got exactly its declared bytes. Any error, a fatal signal,
+//! or dropping the writer unfinished removes the temporary file, so a failed run never
+//! leaves a half-written model.
 
 use anyhow::{bail, Context, Result};
 use keel_core::ggml_type::GgmlType;
 use keel_core::gguf::{Value, ValueType};
-use std::fs::File;
+use crate::fsutil::TempFile;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
@@ -117,7 +118,7 @@ fn pad_to(x: u64, align: u64) -> u64 {
 
 /// A GGUF file being written: header done, tensor data streamed in declaration order.
 pub struct GgufWriter {
-    out: BufWriter<File>,
+    out: BufWriter<TempFile>,
     tmp: PathBuf,
     path: PathBuf,
     alignment: u64,
@@ -126,7 +127,6 @@ pub struct GgufWriter {
     /// Index of the tensor being written and bytes written to it so far.
     cur: usize,
     cur_bytes: u64,
-    finished: bool,
 }
 
 impl GgufWriter {
@@ -163,10 +163,9 @@ impl GgufWriter {
         header.resize(data_start as usize, 0);
 
         let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let name = path.file_name().with_context(|| format!("output path {} has no file name", path.display()))?;
-        let tmp = dir.join(format!(".{}.keel-tmp-{}", name.to_string_lossy(), std::process::id()));
-        let file = File::create(&tmp).with_context(|| format!("cannot create the output file in {}", dir.display()))?;
-        let mut w = GgufWriter { out: BufWriter::with_capacity(1 << 20, file), tmp, path: path.to_path_buf(), alignment, sizes, cur: 0, cur_bytes: 0, finished: false };
+        let file = TempFile::create(path).with_context(|| format!("cannot create the output file {} in {}", path.display(), dir.display()))?;
+        let tmp = file.tmp_path().to_path_buf();
+        let mut w = GgufWriter { out: BufWriter::with_capacity(1 << 20, file), tmp, path: path.to_path_buf(), alignment, sizes, cur: 0, cur_bytes: 0 };
         w.write_raw(&header)?;
         Ok(w)
     }
@@ -199,29 +198,13 @@ impl GgufWriter {
     }
 
     /// Checks that every tensor was written, syncs, and renames the file into place.
-    pub fn finish(mut self) -> Result<()> {
+    pub fn finish(self) -> Result<()> {
         if self.cur != self.sizes.len() {
             bail!("only {} of {} tensors were written", self.cur, self.sizes.len());
         }
-        self.out.flush().with_context(|| format!("writing {}", self.tmp.display()))?;
-        self.out.get_ref().sync_all().with_context(|| format!("syncing {}", self.tmp.display()))?;
-        std::fs::rename(&self.tmp, &self.path).with_context(|| format!("renaming into {}", self.path.display()))?;
-        self.finished = true;
-        // Make the rename itself durable; failing here loses nothing already written.
-        if let Some(dir) = self.path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            if let Ok(d) = File::open(dir) {
-                let _ = d.sync_all();
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Drop for GgufWriter {
-    fn drop(&mut self) {
-        if !self.finished {
-            let _ = std::fs::remove_file(&self.tmp);
-        }
+        let (tmp, path) = (self.tmp, self.path);
+        let file = self.out.into_inner().map_err(|e| e.into_error()).with_context(|| format!("writing {}", tmp.display()))?;
+        file.commit().with_context(|| format!("syncing {} and renaming it to {}", tmp.display(), path.display()))
     }
 }
 
@@ -235,10 +218,7 @@ mod tests {
     }
 
     fn tmpdir(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("keel-gguf-write-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+        crate::fsutil::test_dir(&format!("gguf-write-{tag}"))
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 pub mod cli;
 pub mod device;
+pub mod fault;
 pub mod fsutil;
 pub mod gguf_write;
 pub mod isa;

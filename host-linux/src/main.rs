@@ -1,9 +1,12 @@
 //! The `keel` binary.
 
+use std::io::Write;
+
 fn main() {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    if let Err(e) = keel_host_linux::cli::main(argv) {
-        eprintln!("error: {e:#}");
+    keel_host_linux::fault::install();
+    let result = keel_host_linux::cli::args::from_os(std::env::args_os().skip(1)).map_err(anyhow::Error::from).and_then(keel_host_linux::cli::main);
+    if let Err(e) = result {
+        let _ = writeln!(std::io::stderr(), "error: {e:#}");
         std::process::exit(1);
     }
 }

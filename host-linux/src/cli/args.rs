@@ -16,15 +16,30 @@ impl fmt::Display for ArgError {
 
 impl std::error::Error for ArgError {}
 
+/// The process arguments as UTF-8 strings; a byte sequence that is not UTF-8 (e.g. a
+/// file name in another encoding) is an error naming the argument, not a panic.
+pub fn from_os(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Vec<String>, ArgError> {
+    args.into_iter()
+        .enumerate()
+        .map(|(i, a)| {
+            a.into_string().map_err(|a| {
+                ArgError(format!("argument {} ({:?}) is not valid UTF-8; keel takes UTF-8 arguments: rename the file or pass the text in a file with -f", i + 1, a.to_string_lossy()))
+            })
+        })
+        .collect()
+}
+
 /// The arguments after the subcommand, consumed flag by flag.
 pub struct Args {
     items: Vec<Option<String>>,
+    /// The flags consumed so far (a second occurrence left over is "given twice").
+    taken: Vec<String>,
 }
 
 impl Args {
     /// Wraps the raw arguments.
     pub fn new(items: impl IntoIterator<Item = String>) -> Self {
-        Args { items: items.into_iter().map(Some).collect() }
+        Args { items: items.into_iter().map(Some).collect(), taken: Vec::new() }
     }
 
     fn position(&self, names: &[&str]) -> Option<usize> {
@@ -35,7 +50,7 @@ impl Args {
     pub fn flag(&mut self, names: &[&str]) -> bool {
         match self.position(names) {
             Some(i) => {
-                self.items[i] = None;
+                self.taken.extend(self.items[i].take());
                 true
             }
             None => false,
@@ -46,6 +61,7 @@ impl Args {
     pub fn value<T: FromStr>(&mut self, names: &[&str], what: &str) -> Result<Option<T>, ArgError> {
         let Some(i) = self.position(names) else { return Ok(None) };
         let flag = self.items[i].take().unwrap_or_default();
+        self.taken.push(flag.clone());
         let raw = self.items.get_mut(i + 1).and_then(|v| v.take()).ok_or_else(|| ArgError(format!("{flag} needs a value ({what})")))?;
         raw.parse::<T>().map(Some).map_err(|_| ArgError(format!("{flag} {raw:?}: expected {what}")))
     }
@@ -66,9 +82,12 @@ impl Args {
         out
     }
 
-    /// Fails on anything left unconsumed.
+    /// Fails on anything left unconsumed: a flag already taken is "given twice".
     pub fn finish(self) -> Result<(), ArgError> {
         let left: Vec<String> = self.items.into_iter().flatten().collect();
+        if let Some(again) = left.iter().find(|a| self.taken.contains(a)) {
+            return Err(ArgError(format!("{again} given twice; give it once")));
+        }
         if left.is_empty() {
             Ok(())
         } else {
@@ -105,5 +124,9 @@ mod tests {
         assert!(a.value::<usize>(&["-n"], "a count").unwrap_err().0.contains("needs a value"));
         let a = args("--bogus");
         assert!(a.finish().unwrap_err().0.contains("--bogus"));
+        let mut a = args("-n 1 --json -n 2 --json");
+        assert_eq!(a.value::<usize>(&["-n"], "a count").unwrap(), Some(1));
+        assert!(a.flag(&["--json"]));
+        assert_eq!(a.finish().unwrap_err().0, "-n given twice; give it once");
     }
 }

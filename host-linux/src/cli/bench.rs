@@ -6,7 +6,7 @@
 //! output can report any speed for zeros).
 
 use super::args::Args;
-use super::common::run_options;
+use super::common::{run_options, MAX_TOKENS};
 use super::load::{engine, open, prepare};
 use crate::json;
 use anyhow::{bail, Result};
@@ -89,6 +89,11 @@ pub fn main(mut a: Args) -> Result<()> {
     let model = a.value::<String>(&["-m", "--model"], "a model file or name")?.unwrap_or_else(|| "smollm2-135m".into());
     let n_prompt = a.value_or(&["-p", "--n-prompt"], "a token count", 512usize)?;
     let n_gen = a.value_or(&["-n", "--n-gen"], "a token count", 128usize)?;
+    for (flag, n) in [("-p", n_prompt), ("-n", n_gen)] {
+        if n >= MAX_TOKENS {
+            bail!("{flag} {n}: the context would need more than {MAX_TOKENS} tokens; use a smaller {flag}");
+        }
+    }
     let reps = a.value_or(&["-r", "--repetitions"], "a count", 3usize)?;
     let as_json = a.flag(&["--json"]);
     let roofline = a.flag(&["--roofline"]);

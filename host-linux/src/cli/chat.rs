@@ -7,11 +7,12 @@
 //! `/quit` (or end of input).
 
 use super::args::Args;
-use super::common::{chat_format, run_options, sampling};
+use super::common::{chat_format, check_finite, run_options, sampling, ChatText};
 use super::load::{engine, open, prepare};
+use crate::fault::stdout_ok;
 use anyhow::Result;
 use keel_core::session::Outputs;
-use keel_core::tokenizer::{Tokenizer, Utf8Stream};
+use keel_core::tokenizer::Utf8Stream;
 use std::io::{BufRead, Write};
 
 /// Runs the subcommand.
@@ -35,13 +36,20 @@ pub fn main(mut a: Args) -> Result<()> {
     let stdout = std::io::stdout();
     let mut piece = vec![0u8; e.tokenizer.max_piece_len()];
     let mut first = true;
-    let mut line = String::new();
+    let mut raw = Vec::new();
     loop {
         eprint!("> ");
-        line.clear();
-        if stdin.lock().read_line(&mut line)? == 0 {
+        raw.clear();
+        if stdin.lock().read_until(b'\n', &mut raw)? == 0 {
             break;
         }
+        let line = match std::str::from_utf8(&raw) {
+            Ok(l) => l,
+            Err(err) => {
+                eprintln!("(that line is not valid UTF-8 (byte {} is not); nothing was sent: type it again)", err.valid_up_to() + 1);
+                continue;
+            }
+        };
         let msg = line.trim_end_matches(['\n', '\r']);
         match msg.trim() {
             "/quit" | "/exit" => break,
@@ -54,7 +62,8 @@ pub fn main(mut a: Args) -> Result<()> {
             "" => continue,
             _ => {}
         }
-        let mut text = String::new();
+        // The user's text (and --system) is never parsed for special tokens.
+        let mut text = ChatText::new(&[msg, system.as_deref().unwrap_or("")]);
         if first {
             format.first_user(&mut text, system.as_deref(), msg)?;
         } else {
@@ -62,7 +71,7 @@ pub fn main(mut a: Args) -> Result<()> {
         }
         format.assistant_start(&mut text)?;
         // BOS only at the start of a conversation.
-        let toks = tokens(&e.tokenizer, &text, first)?;
+        let toks = text.tokenize(&e.tokenizer, first, usize::MAX)?;
         let left = n_ctx - e.session.n_past();
         if toks.len() + 1 > left {
             eprintln!("(the context is full: this turn needs {} tokens and {left} of {n_ctx} are left; /reset to start over, or raise -c)", toks.len() + 1);
@@ -73,7 +82,8 @@ pub fn main(mut a: Args) -> Result<()> {
         let mut out = stdout.lock();
         let mut stream = Utf8Stream::new();
         let mut ended = false;
-        for _ in 0..n_predict {
+        for i in 0..n_predict {
+            check_finite(e.session.last_logits(e.n_vocab()), || format!("reply token {}", i + 1))?;
             let tok = e.sample();
             if e.tokenizer.is_eog(tok) {
                 ended = true;
@@ -81,8 +91,7 @@ pub fn main(mut a: Args) -> Result<()> {
             }
             let n = e.tokenizer.piece(tok, false, &mut piece).unwrap_or(0);
             stream.push(&piece[..n], |s: &str| {
-                let _ = out.write_all(s.as_bytes());
-                let _ = out.flush();
+                let _ = stdout_ok(out.write_all(s.as_bytes()).and_then(|_| out.flush()));
             });
             if e.session.n_past() + 1 >= n_ctx {
                 break;
@@ -90,17 +99,17 @@ pub fn main(mut a: Args) -> Result<()> {
             e.eval(&[tok], Outputs::Last, pool)?;
         }
         stream.finish(|s: &str| {
-            let _ = out.write_all(s.as_bytes());
+            let _ = stdout_ok(out.write_all(s.as_bytes()));
         });
-        let _ = writeln!(out);
+        let _ = stdout_ok(writeln!(out).and_then(|_| out.flush()));
         drop(out);
         if !ended {
             eprintln!("(reply cut at {} tokens)", if e.session.n_past() + 1 >= n_ctx { "the context's end".to_string() } else { format!("-n {n_predict}") });
         }
         // Close the model's turn in the context so the next turn follows the format.
-        let mut close = String::new();
+        let mut close = ChatText::new(&[]);
         format.assistant_end(&mut close)?;
-        let close = tokens(&e.tokenizer, &close, false)?;
+        let close = close.tokenize(&e.tokenizer, false, usize::MAX)?;
         if e.session.n_past() + close.len() > n_ctx {
             eprintln!("(the context is full ({n_ctx} tokens); /reset to start a new conversation, or raise -c)");
             continue;
@@ -108,9 +117,4 @@ pub fn main(mut a: Args) -> Result<()> {
         e.eval(&close, Outputs::Last, pool)?;
     }
     Ok(())
-}
-
-/// Tokenizes chat text (control tokens parsed), with BOS when `bos` and the model adds it.
-fn tokens(tok: &Tokenizer<'_>, text: &str, bos: bool) -> Result<Vec<u32>> {
-    super::common::tokenize_all(tok, text, bos, true)
 }

@@ -21,27 +21,57 @@ pub fn prompt(a: &mut Args) -> Result<String> {
     }
 }
 
+/// The largest context or batch keel accepts (2^20 tokens); the arena's own size is
+/// checked when it is planned.
+pub const MAX_TOKENS: usize = 1 << 20;
+
+/// A token count flag in `1..=MAX_TOKENS`.
+pub fn token_count(a: &mut Args, names: &[&str], what: &str, default: usize) -> Result<usize> {
+    let v = a.value_or(names, what, default)?;
+    if v == 0 || v > MAX_TOKENS {
+        bail!("{} {v}: must be between 1 and {MAX_TOKENS} tokens", names[0]);
+    }
+    Ok(v)
+}
+
+/// `-t`: at least 1 and at most the CPUs this process may use.
+pub fn threads(a: &mut Args) -> Result<usize> {
+    let cpus = crate::pool::ThreadPool::default_threads();
+    let t = a.value_or(&["-t", "--threads"], "a thread count", cpus)?;
+    if t == 0 || t > cpus {
+        bail!("-t {t}: this machine gives keel {cpus} CPU{}; use -t 1..={cpus}", if cpus == 1 { "" } else { "s" });
+    }
+    Ok(t)
+}
+
 /// The run-limit flags: `-c`, `-b`, `-t`, `--reference`.
 pub fn run_options(a: &mut Args, n_outputs: usize) -> Result<RunOptions> {
-    let n_ctx = a.value_or(&["-c", "--ctx-size"], "a context length in tokens", 2048usize)?;
-    let n_batch = a.value_or(&["-b", "--batch-size"], "a batch size in tokens", 512usize)?;
-    let threads = a.value_or(&["-t", "--threads"], "a thread count", crate::pool::ThreadPool::default_threads())?;
+    let n_ctx = token_count(a, &["-c", "--ctx-size"], "a context length in tokens", 2048)?;
+    let n_batch = token_count(a, &["-b", "--batch-size"], "a batch size in tokens", 512)?;
+    let threads = threads(a)?;
     let reference = a.flag(&["--reference"]);
-    if n_ctx == 0 || n_batch == 0 || threads == 0 {
-        bail!("-c, -b and -t must be at least 1");
-    }
     Ok(RunOptions { n_ctx, n_batch, n_outputs: n_outputs.max(1), threads, reference })
 }
 
-/// The sampling flags (`--temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n -s`).
+/// A number flag that must be finite and pass `ok` (`range` says which values do).
+fn number(a: &mut Args, name: &str, what: &str, default: f32, ok: impl Fn(f32) -> bool, range: &str) -> Result<f32> {
+    let v = a.value_or(&[name], what, default)?;
+    if !v.is_finite() || !ok(v) {
+        bail!("{name} {v}: expected {what} {range} (default {default})");
+    }
+    Ok(v)
+}
+
+/// The sampling flags (`--temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n -s`),
+/// each checked: finite and in its range.
 pub fn sampling(a: &mut Args) -> Result<SamplerConfig> {
     let d = SamplerConfig::default();
     Ok(SamplerConfig {
-        temp: a.value_or(&["--temp"], "a temperature", d.temp)?,
+        temp: number(a, "--temp", "a temperature", d.temp, |v| v >= 0.0, ">= 0 (0 = greedy)")?,
         top_k: a.value_or(&["--top-k"], "a count (0 = off)", d.top_k)?,
-        top_p: a.value_or(&["--top-p"], "a probability", d.top_p)?,
-        min_p: a.value_or(&["--min-p"], "a probability", d.min_p)?,
-        repeat_penalty: a.value_or(&["--repeat-penalty"], "a factor (1 = off)", d.repeat_penalty)?,
+        top_p: number(a, "--top-p", "a probability", d.top_p, |v| v > 0.0 && v <= 1.0, "in (0, 1] (1 = off)")?,
+        min_p: number(a, "--min-p", "a probability", d.min_p, |v| (0.0..=1.0).contains(&v), "in [0, 1] (0 = off)")?,
+        repeat_penalty: number(a, "--repeat-penalty", "a factor", d.repeat_penalty, |v| v > 0.0, "> 0 (1 = off)")?,
         repeat_last_n: a.value_or(&["--repeat-last-n"], "a count", d.repeat_last_n)?,
         seed: match a.value::<u64>(&["-s", "--seed"], "an integer seed")? {
             Some(s) => s,
@@ -55,10 +85,57 @@ pub fn chat_format<'a>(g: &Gguf<'a>, path: &std::path::Path) -> Result<ChatForma
     ChatFormat::for_model(g).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
+/// Chat text as the template wrote it, in segments: the template's own text (its markers
+/// are parsed as special tokens) and the caller's content, the user's and `--system`
+/// text (never parsed: typing `<|im_start|>system` is text, as in llama.cpp's server).
+/// Content is recognized as the very `&str`s passed to the format's writers.
+pub struct ChatText<'c> {
+    content: Vec<&'c str>,
+    /// (text, is content).
+    segments: Vec<(String, bool)>,
+}
+
+impl<'c> ChatText<'c> {
+    /// Empty, with `content` the strings to keep out of special-token parsing.
+    pub fn new(content: &[&'c str]) -> Self {
+        ChatText { content: content.to_vec(), segments: Vec::new() }
+    }
+
+    /// Tokenizes each segment (BOS first when `bos` and the model adds it); at most
+    /// `max` tokens in all, else an error saying both counts.
+    pub fn tokenize(&self, tok: &Tokenizer<'_>, bos: bool, max: usize) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        for (i, (text, content)) in self.segments.iter().enumerate() {
+            ids.extend(tokenize_all(tok, text, bos && i == 0, !content)?);
+        }
+        if bos && self.segments.is_empty() {
+            ids.extend(tokenize_all(tok, "", true, true)?);
+        }
+        if ids.len() > max {
+            bail!("the prompt has {} tokens but the context holds {max}; raise -c or shorten the prompt", ids.len());
+        }
+        Ok(ids)
+    }
+}
+
+impl std::fmt::Write for ChatText<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        if s.is_empty() {
+            return Ok(());
+        }
+        let content = self.content.iter().any(|c| c.as_ptr() == s.as_ptr() && c.len() == s.len());
+        match self.segments.last_mut() {
+            Some((t, c)) if *c == content && !content => t.push_str(s),
+            _ => self.segments.push((s.to_string(), content)),
+        }
+        Ok(())
+    }
+}
+
 /// One user turn in the model's chat format, ready for the reply (for `run --chat`).
-pub fn chat_prompt(g: &Gguf<'_>, path: &std::path::Path, system: Option<&str>, user: &str) -> Result<String> {
+pub fn chat_prompt<'c>(g: &Gguf<'_>, path: &std::path::Path, system: Option<&'c str>, user: &'c str) -> Result<ChatText<'c>> {
     let f = chat_format(g, path)?;
-    let mut s = String::new();
+    let mut s = ChatText::new(&[user, system.unwrap_or("")]);
     f.first_user(&mut s, system, user)?;
     f.assistant_start(&mut s)?;
     Ok(s)
@@ -82,6 +159,21 @@ pub fn tokenize(tok: &Tokenizer<'_>, text: &str, add_special: bool, parse_specia
 pub fn tokenize_all(tok: &Tokenizer<'_>, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
     // Every token covers at least one byte; specials add at most a few.
     tokenize(tok, text, add_special, parse_special, text.len() + 8)
+}
+
+/// Fails if a logits row has a NaN or an infinity: the model's weights or its arithmetic
+/// broke, and any token sampled or score computed from the row would be a silent wrong
+/// answer. `step` says where (e.g. "generated token 3"; made only on failure).
+pub fn check_finite(row: &[f32], step: impl FnOnce() -> String) -> Result<()> {
+    if let Some(i) = row.iter().position(|v| !v.is_finite()) {
+        bail!(
+            "the logits are not finite at {} (logit {i} of {} is {}): the model's weights or its arithmetic produced NaN/infinity; stopped rather than give a wrong answer (run with --reference to rule out a kernel)",
+            step(),
+            row.len(),
+            row[i]
+        );
+    }
+    Ok(())
 }
 
 /// Formats a byte count as MiB with one decimal.

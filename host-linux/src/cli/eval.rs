@@ -2,7 +2,7 @@
 //! and the top logits; optionally dump the last row.
 
 use super::args::Args;
-use super::common::{prompt, run_options, tokenize};
+use super::common::{check_finite, prompt, run_options, tokenize};
 use super::load::{engine, open, prepare};
 use crate::json;
 use anyhow::{bail, Context, Result};
@@ -21,6 +21,9 @@ pub fn main(mut a: Args) -> Result<()> {
     a.finish()?;
 
     let opened = open(&model)?;
+    if let Some(d) = &dump {
+        crate::fsutil::refuse_own_input(&opened.path, std::path::Path::new(d), "--dump-last")?;
+    }
     let g = opened.gguf()?;
     let ids_from_file = match &tokens_file {
         Some(f) => {
@@ -48,6 +51,9 @@ pub fn main(mut a: Args) -> Result<()> {
     }
     let v = e.n_vocab();
     let logits = e.eval(&ids, Outputs::All, pool)?.to_vec();
+    for (i, row) in logits.chunks_exact(v).take(ids.len()).enumerate() {
+        check_finite(row, || format!("prompt position {i}"))?;
+    }
     if let Some(path) = dump {
         let last = &logits[(ids.len() - 1) * v..ids.len() * v];
         let bytes: Vec<u8> = last.iter().flat_map(|x| x.to_le_bytes()).collect();

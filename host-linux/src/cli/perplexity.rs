@@ -8,7 +8,7 @@
 //! arithmetic instead.
 
 use super::args::Args;
-use super::common::{run_options, tokenize_all};
+use super::common::{check_finite, run_options, token_count, tokenize_all};
 use super::load::{engine, open, prepare};
 use crate::json;
 use anyhow::{bail, Context, Result};
@@ -20,7 +20,7 @@ pub fn main(mut a: Args) -> Result<()> {
     let model = a.value::<String>(&["-m", "--model"], "a model file or name")?.unwrap_or_else(|| "smollm2-135m".into());
     let file: String = a.value(&["-f", "--file"], "a text file")?.ok_or_else(|| anyhow::anyhow!("perplexity needs -f FILE"))?;
     let as_json = a.flag(&["--json"]);
-    let c = a.value_or(&["-c", "--ctx-size"], "a chunk length in tokens", 512usize)?;
+    let c = token_count(&mut a, &["-c", "--ctx-size"], "a chunk length in tokens", 512)?;
     // llama.cpp evaluates each chunk as one batch with its tiled attention arithmetic;
     // keel does the same unless asked for its batch-invariant one-query arithmetic.
     let invariant = a.flag(&["--batch-invariant"]);
@@ -56,6 +56,7 @@ pub fn main(mut a: Args) -> Result<()> {
         let logits = e.eval(&chunk, Outputs::All, pool)?;
         for j in c / 2..c - 1 {
             let row = &logits[j * v..(j + 1) * v];
+            check_finite(row, || format!("chunk {} position {j}", ch + 1))?;
             let target = tokens[ch * c + j + 1] as usize;
             nll += keel_core::ops::log_sum_exp(row) - row[target] as f64;
             count += 1;

@@ -193,7 +193,7 @@ fn write_tensor(w: &mut GgufWriter, j: &Job<'_>, threads: usize, bar: &mut Progr
 pub fn main(mut a: Args) -> Result<()> {
     let allow_requantize = a.flag(&["--allow-requantize"]);
     let as_json = a.flag(&["--json"]);
-    let threads = a.value_or(&["-t", "--threads"], "a thread count", crate::pool::ThreadPool::default_threads())?.max(1);
+    let threads = super::common::threads(&mut a)?;
     let pos = a.positionals();
     a.finish()?;
     let [input, output, ty] = &pos[..] else {
@@ -213,6 +213,7 @@ pub fn main(mut a: Args) -> Result<()> {
     let (kv, n_kv) = metadata(&g, mix);
     let decls: Vec<TensorDecl> = jobs.iter().map(|j| TensorDecl { name: j.src.name.to_vec(), ne: j.src.ne, n_dims: j.src.n_dims, ty: j.choice.target }).collect();
     let out_path = Path::new(output);
+    crate::fsutil::refuse_own_input(&opened.path, out_path, "OUT")?;
     let mut w = GgufWriter::create(out_path, &kv, n_kv, &decls, g.alignment()).with_context(|| format!("writing {}", out_path.display()))?;
     let total: u64 = jobs.iter().map(|j| j.src.data.len() as u64).sum();
     let mut bar = Progress::bytes(&format!("quantize {}", mix.name()), total);

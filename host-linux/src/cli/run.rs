@@ -1,8 +1,9 @@
 //! `keel run`: generate text from a prompt, streaming it, then report speed and memory.
 
 use super::args::Args;
-use super::common::{chat_prompt, mib, prompt, run_options, sampling, tokenize};
+use super::common::{chat_prompt, check_finite, mib, prompt, run_options, sampling, tokenize};
 use super::load::{engine, open, prepare};
+use crate::fault::stdout_ok;
 use crate::json;
 use anyhow::Result;
 use crate::device::offload::Devices;
@@ -35,6 +36,8 @@ pub fn main(mut a: Args) -> Result<()> {
     let text = prompt(&mut a)?;
     let n_predict = a.value_or(&["-n", "--n-predict"], "a token count", 128usize)?;
     let opts = run_options(&mut a, 1)?;
+    // Generation stops at the context's end anyway: a larger -n means "until then".
+    let n_predict = n_predict.min(opts.n_ctx);
     let sampling = sampling(&mut a)?;
     let chat = a.flag(&["--chat"]);
     let system: Option<String> = a.value(&["--system"], "a system message")?;
@@ -51,8 +54,11 @@ pub fn main(mut a: Args) -> Result<()> {
     if system.is_some() && !chat {
         anyhow::bail!("--system needs --chat");
     }
-    let text = if chat { chat_prompt(&g, &opened.path, system.as_deref(), &text)? } else { text };
-    let prompt_tokens = tokenize(&e.tokenizer, &text, true, true, opts.n_ctx)?;
+    let prompt_tokens = if chat {
+        chat_prompt(&g, &opened.path, system.as_deref(), &text)?.tokenize(&e.tokenizer, true, opts.n_ctx)?
+    } else {
+        tokenize(&e.tokenizer, &text, true, true, opts.n_ctx)?
+    };
     let mut slots = vec![Decision::EMPTY; weight_count(&e.model)];
     let placement = devices.plan(&e.model, &offload.policy, e.session.n_ctx(), &mut slots).map_err(|err| anyhow::anyhow!("{}: {err}", opened.path.display()))?;
     let use_devices = !devices.slots.is_empty();
@@ -82,7 +88,8 @@ pub fn main(mut a: Args) -> Result<()> {
     let prompt_secs = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut stop = "length";
-    for _ in 0..n_predict {
+    for i in 0..n_predict {
+        check_finite(e.session.last_logits(e.n_vocab()), || if i == 0 { "generation step 1 (the prompt's last position)".into() } else { format!("generation step {}", i + 1) })?;
         if let Some(d) = digest.as_mut() {
             d.row(e.session.last_logits(e.n_vocab()));
         }
@@ -96,8 +103,8 @@ pub fn main(mut a: Args) -> Result<()> {
         stream.push(&piece[..n], |s: &str| {
             text_out.push_str(s);
             if !as_json {
-                let _ = out.write_all(s.as_bytes());
-                let _ = out.flush();
+                // Nobody reads a closed pipe: stop quietly (fault::stdout_ok).
+                let _ = stdout_ok(out.write_all(s.as_bytes()).and_then(|_| out.flush()));
             }
         });
         if e.session.n_past() >= e.session.n_ctx() {
@@ -110,7 +117,7 @@ pub fn main(mut a: Args) -> Result<()> {
     stream.finish(|s: &str| {
         text_out.push_str(s);
         if !as_json {
-            let _ = out.write_all(s.as_bytes());
+            let _ = stdout_ok(out.write_all(s.as_bytes()));
         }
     });
     let gen_secs = t1.elapsed().as_secs_f64();
@@ -164,7 +171,7 @@ pub fn main(mut a: Args) -> Result<()> {
         });
         o.print();
     } else {
-        let _ = writeln!(out);
+        let _ = stdout_ok(writeln!(out).and_then(|_| out.flush()));
         drop(out);
         eprintln!(
             "\nkeel: prompt {} tokens, {:.1} t/s | generated {} tokens, {:.1} t/s ({}) | arena {} | peak RSS {} | {} threads, {} kernels",

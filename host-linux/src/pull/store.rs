@@ -1,10 +1,10 @@
 //! Verified, atomic storing of a fetched model file.
 //!
-//! Bytes stream into a temporary file beside the destination (`.NAME.partial-PID`)
-//! while being hashed; the file is kept only if its size and sha256 match, and then it
+//! Bytes stream into a temporary file beside the destination (a [`TempFile`]: a fresh,
+//! randomly named file opened without following symlinks) while being hashed; the file is kept only if its size and sha256 match, and then it
 //! is fsynced and renamed into place (and the directory fsynced), so a reader sees
-//! either no file or the whole verified one. On any failure, or a panic, the temporary
-//! file is deleted.
+//! either no file or the whole verified one. On any failure, a panic or a fatal signal,
+//! the temporary file is deleted.
 
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
@@ -13,13 +13,14 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use super::PullError;
+use crate::fsutil::TempFile;
 use crate::progress::Progress;
 
 const CHUNK: usize = 1 << 20;
 
 /// The file being written: a temp file, the running hash, and the progress bar.
 pub(crate) struct Sink {
-    file: File,
+    file: TempFile,
     hasher: Sha256,
     written: u64,
     progress: Progress,
@@ -55,17 +56,6 @@ impl Sink {
     }
 }
 
-/// Deletes the temp file unless disarmed.
-struct RemoveOnDrop(Option<PathBuf>);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        if let Some(p) = self.0.take() {
-            let _ = fs::remove_file(p);
-        }
-    }
-}
-
 /// What the stored file must be.
 pub(crate) struct Expected<'a> {
     pub(crate) file_name: &'a str,
@@ -73,7 +63,7 @@ pub(crate) struct Expected<'a> {
     pub(crate) sha256: &'a str,
 }
 
-/// Creates `dir/.FILE.partial-PID`, lets `fill` write the content into it, checks size
+/// Creates a [`TempFile`] for `dir/FILE`, lets `fill` write the content into it, checks size
 /// and sha256, and renames it to `dir/FILE`. Returns the final path.
 pub(crate) fn store_verified(
     dir: &Path,
@@ -81,13 +71,9 @@ pub(crate) fn store_verified(
     fill: impl FnOnce(&mut Sink) -> Result<(), PullError>,
 ) -> Result<PathBuf, PullError> {
     let dest = dir.join(want.file_name);
-    let tmp = dir.join(format!(
-        ".{}.partial-{}",
-        want.file_name,
-        std::process::id()
-    ));
-    let file = File::create(&tmp).map_err(|e| PullError::io("create", &tmp, e))?;
-    let mut guard = RemoveOnDrop(Some(tmp.clone()));
+    let file = TempFile::create(&dest)
+        .map_err(|e| PullError::io("create a temporary file for", &dest, e))?;
+    let tmp = file.tmp_path().to_path_buf();
     let mut sink = Sink {
         file,
         hasher: Sha256::new(),
@@ -114,16 +100,40 @@ pub(crate) fn store_verified(
         });
     }
     sink.file
-        .sync_all()
-        .map_err(|e| PullError::io("fsync", &tmp, e))?;
-    drop(sink.file);
-    fs::rename(&tmp, &dest).map_err(|e| PullError::io("rename the download to", &dest, e))?;
-    guard.0 = None;
-    // Make the rename itself durable. Some filesystems refuse fsync on a directory.
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
+        .commit()
+        .map_err(|e| PullError::io("fsync and rename into place", &tmp, e))?;
+    write_stamp(&dest, want.sha256);
     Ok(dest)
+}
+
+/// The stamp beside a cached model saying its sha256 was checked: `dir/.FILE.keel-sha256`,
+/// holding the hash, the size and the modification time it was checked at.
+fn stamp_path(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    path.with_file_name(format!(".{name}.keel-sha256"))
+}
+
+/// What the stamp of `path` says when its hash is `sha256` (`None` if it cannot be stat'ed).
+fn stamp_line(path: &Path, sha256: &str) -> Option<String> {
+    let m = fs::metadata(path).ok()?;
+    let mtime = m.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos();
+    Some(format!("{sha256} {} {mtime}\n", m.len()))
+}
+
+/// True if `path` was checked to have `sha256` and has not changed size or mtime since.
+pub(crate) fn stamp_matches(path: &Path, sha256: &str) -> bool {
+    match (stamp_line(path, sha256), fs::read_to_string(stamp_path(path))) {
+        (Some(want), Ok(got)) => want == got,
+        _ => false,
+    }
+}
+
+/// Records that `path` was just checked to have `sha256`. Best effort: without a stamp
+/// the next use hashes the file again.
+pub(crate) fn write_stamp(path: &Path, sha256: &str) {
+    if let Some(line) = stamp_line(path, sha256) {
+        let _ = crate::fsutil::write_atomic(&stamp_path(path), line.as_bytes());
+    }
 }
 
 /// The sha256 of a file as lowercase hex, with a progress bar labelled `label`.
@@ -168,10 +178,7 @@ mod tests {
     use super::*;
 
     pub(crate) fn scratch(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("keel-store-{tag}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(&d).unwrap();
-        d
+        crate::fsutil::test_dir(&format!("store-{tag}"))
     }
 
     fn entries(dir: &Path) -> Vec<String> {
@@ -200,7 +207,8 @@ mod tests {
         .unwrap();
         assert_eq!(p, dir.join("m.gguf"));
         assert_eq!(fs::read(&p).unwrap(), b"abc");
-        assert_eq!(entries(&dir), ["m.gguf"]);
+        assert_eq!(entries(&dir), [".m.gguf.keel-sha256", "m.gguf"], "the file and its checked-hash stamp");
+        assert!(stamp_matches(&p, ABC_SHA));
         assert_eq!(sha256_file(&p, "hash").unwrap(), ABC_SHA);
         fs::remove_dir_all(&dir).unwrap();
     }

@@ -5,10 +5,7 @@ use super::*;
 use std::fs;
 
 fn scratch(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("keel-pull-{tag}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&d);
-    fs::create_dir_all(&d).unwrap();
-    d
+    crate::fsutil::test_dir(&format!("pull-{tag}"))
 }
 
 #[test]
@@ -67,15 +64,24 @@ fn existing_path_is_used_as_is() {
 }
 
 #[test]
-fn known_name_resolves_to_cached_file() {
+fn known_name_resolves_to_cached_file_after_its_hash_is_checked() {
     let dir = scratch("cached");
-    let m = known_model("gemma3-270m").unwrap();
-    let f = fs::File::create(dir.join(m.file_name)).unwrap();
-    f.set_len(m.size).unwrap(); // sparse: right size, no download needed
-    assert_eq!(
-        resolve_model_in("gemma3-270m", &dir).unwrap(),
-        dir.join(m.file_name)
-    );
+    let m = known_model("smollm2-135m").unwrap();
+    let path = dir.join(m.file_name);
+    let f = fs::File::create(&path).unwrap();
+    f.set_len(m.size).unwrap(); // sparse: right size, wrong bytes
+    let e = resolve_model_in("smollm2-135m", &dir).unwrap_err();
+    assert!(matches!(e, PullError::Corrupted { .. }), "{e}");
+    assert!(e.to_string().contains("keel pull smollm2-135m"), "{e}");
+    assert!(path.is_file(), "a corrupted cache file is left for the user to inspect");
+    // A stamp from an earlier check (size and mtime unchanged) is trusted without hashing.
+    store::write_stamp(&path, m.sha256);
+    assert_eq!(resolve_model_in("smollm2-135m", &dir).unwrap(), path);
+    // Once the file changes, it is hashed again.
+    f.set_len(m.size - 1).unwrap();
+    f.set_len(m.size).unwrap();
+    f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5)).unwrap();
+    assert!(matches!(resolve_model_in("smollm2-135m", &dir), Err(PullError::Corrupted { .. })));
     fs::remove_dir_all(&dir).unwrap();
 }
 
