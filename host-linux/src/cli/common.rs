@@ -34,12 +34,17 @@ pub fn token_count(a: &mut Args, names: &[&str], what: &str, default: usize) -> 
     Ok(v)
 }
 
-/// `-t`: at least 1 and at most the CPUs this process may use.
+/// Most threads `-t` takes: far above any board keel targets, low enough that the
+/// per-thread scratch of a plan stays small (`keel plan -t N` may plan for a target with
+/// more cores than this machine; running with more threads than CPUs only oversubscribes).
+pub const MAX_THREADS: usize = 256;
+
+/// `-t`: 1 ..= [`MAX_THREADS`] (default: the CPUs this process may use).
 pub fn threads(a: &mut Args) -> Result<usize> {
     let cpus = crate::pool::ThreadPool::default_threads();
     let t = a.value_or(&["-t", "--threads"], "a thread count", cpus)?;
-    if t == 0 || t > cpus {
-        bail!("-t {t}: this machine gives keel {cpus} CPU{}; use -t 1..={cpus}", if cpus == 1 { "" } else { "s" });
+    if t == 0 || t > MAX_THREADS {
+        bail!("-t {t}: use -t 1..={MAX_THREADS} (this machine gives keel {cpus} CPU{}, the default)", if cpus == 1 { "" } else { "s" });
     }
     Ok(t)
 }
