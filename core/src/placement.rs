@@ -179,14 +179,20 @@ pub struct LayerShape {
     pub geglu: bool,
     /// Sliding-window width of this layer's attention (0: none).
     pub window: usize,
+    /// The attention output is gated: query rows `[q | gate]` per head (Qwen 3.5).
+    pub gated: bool,
+    /// The model's delta-net dimensions, if it has recurrent layers (Qwen 3.5).
+    pub ssm: Option<crate::model::Ssm>,
+    /// This layer is a gated delta-net layer (its mixer), not attention.
+    pub delta: bool,
 }
 
 impl LayerShape {
     /// Whether layers `self` and `o` can share one device's buffers and batches: the
     /// same widths and ops; the RoPE base and the window may differ (Gemma 3's local and
-    /// global layers).
+    /// global layers), and the mixer (Qwen 3.5's delta-net and attention layers).
     pub fn same_layout(&self, o: &LayerShape) -> bool {
-        LayerShape { rope_base: o.rope_base, window: o.window, ..*self } == *o
+        LayerShape { rope_base: o.rope_base, window: o.window, delta: o.delta, ..*self } == *o
     }
 }
 
@@ -197,15 +203,43 @@ impl LayerShape {
     }
 }
 
-/// The shape of layer `l` if it is a plain llama block a device may run whole, or why not.
+/// The shape of layer `l` if its block is one a device may run whole, or why not.
 pub fn layer_shape(model: &Model<'_>, l: usize) -> Result<LayerShape, &'static str> {
-    use crate::model::{Arch, FfnAct};
     let hp = &model.hp;
     let layer = model.layers.get(l).ok_or("no such layer")?;
-    if !matches!(hp.arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3) {
-        return Err("only llama, qwen2, qwen3 and gemma3 layers run whole on a device so far (this architecture: one batch per product)");
+    if let Mixer::DeltaNet(d) = &layer.mixer {
+        {
+            if [d.conv1d, d.dt_bias, d.a, d.norm].iter().any(|t| t.ty != GgmlType::F32) {
+                return Err("the delta-net layer's conv, gate or norm tensors are not F32");
+            }
+            let s = hp.ssm.ok_or("a delta-net layer without ssm parameters")?;
+            if s.d_conv < 2 || s.n_k_heads == 0 || s.n_v_heads % s.n_k_heads != 0 || s.d_inner != s.n_v_heads * s.d_state {
+                return Err("delta-net dimensions the device layout does not take");
+            }
+            // The attention fields describe the model's attention layers (one layout for
+            // the device's layers); a model of delta-net layers only borrows this one's.
+            let la = model.layers.iter().position(|ly| matches!(ly.mixer, Mixer::Attention(_))).unwrap_or(l);
+            let mut sh = attention_shape(hp, la, &model.layers[la])?;
+            sh.delta = true;
+            return Ok(sh);
+        }
     }
-    let Mixer::Attention(a) = &layer.mixer else { return Err("a recurrent layer") };
+    attention_shape(hp, l, layer)
+}
+
+/// The shape of an attention layer `l` of a model whose blocks a device runs whole (the
+/// fields every layer shares, and this layer's), or why not.
+fn attention_shape(hp: &crate::model::HParams, l: usize, layer: &crate::model::Layer<'_>) -> Result<LayerShape, &'static str> {
+    use crate::model::{Arch, FfnAct};
+    if !matches!(hp.arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen35) {
+        return Err("this architecture's layers do not run whole on a device (one batch per product)");
+    }
+    // No attention layer at all (a model of delta-net layers only): no attention options.
+    let none = crate::model::Attention { wq: layer.ffn_gate, wk: layer.ffn_gate, wv: layer.ffn_gate, wo: layer.ffn_gate, bq: None, bk: None, bv: None, q_norm: None, k_norm: None };
+    let a = match &layer.mixer {
+        Mixer::Attention(a) => *a,
+        Mixer::DeltaNet(_) => none,
+    };
     let biases = a.bq.is_some() && a.bk.is_some() && a.bv.is_some();
     if !biases && (a.bq.is_some() || a.bk.is_some() || a.bv.is_some()) {
         return Err("the layer has some of the Q/K/V biases but not all");
@@ -217,9 +251,6 @@ pub fn layer_shape(model: &Model<'_>, l: usize) -> Result<LayerShape, &'static s
     let f32_params = [a.bq, a.bk, a.bv, a.q_norm, a.k_norm];
     if f32_params.iter().flatten().any(|t| t.ty != GgmlType::F32) {
         return Err("biases or per-head norm weights are not F32");
-    }
-    if hp.attn_gated {
-        return Err("the layer's attention output is gated");
     }
     let post_norms = layer.attn_post_norm.is_some() && layer.ffn_post_norm.is_some();
     if !post_norms && (layer.attn_post_norm.is_some() || layer.ffn_post_norm.is_some()) {
@@ -251,6 +282,9 @@ pub fn layer_shape(model: &Model<'_>, l: usize) -> Result<LayerShape, &'static s
         post_norms,
         geglu: hp.ffn_act == FfnAct::GeluTanh,
         window: if hp.is_swa(l) { hp.n_swa } else { 0 },
+        gated: hp.attn_gated,
+        ssm: hp.ssm,
+        delta: false,
     })
 }
 

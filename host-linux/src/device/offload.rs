@@ -102,10 +102,18 @@ impl DeviceInfo for Info<'_> {
                 return None;
             }
         }
-        let one = whole_layer::cache_bytes(shape, n_ctx);
+        // An attention layer's K and V cache, a delta-net layer's conv and recurrent state.
+        let bytes = match (shape.delta, shape.ssm) {
+            (true, Some(d)) => {
+                let (c, s) = whole_layer::state_bytes(&d);
+                c + s
+            }
+            (true, None) => return None,
+            (false, _) => 2 * whole_layer::cache_bytes(shape, n_ctx),
+        };
         // The work buffer must hold at least one token's activations.
         let w = Work::new(shape, 1)?;
-        (w.end <= IO_BYTES && 2 * one <= self.dev.buffer_rules().max_size).then_some(2 * one)
+        (w.end <= IO_BYTES && bytes <= self.dev.buffer_rules().max_size).then_some(bytes)
     }
     fn embedding_bytes(&self, ty: GgmlType, n_vocab: usize, n_embd: usize, scaled: bool) -> Option<u64> {
         let dtype = hal_row_dtype(ty)?;
@@ -443,20 +451,42 @@ impl Devices {
             // Biases and per-head norm weights of each layer follow the norms.
             let vec_bytes = |floats: usize| (4 * floats as u64).next_multiple_of(WEIGHT_ALIGN);
             let (qd, kvd, hd) = (shape.n_head * shape.head_dim, shape.kv_dim(), shape.head_dim);
-            let extra_bytes = if shape.biases { vec_bytes(qd) + 2 * vec_bytes(kvd) } else { 0 } + if shape.head_norms { 2 * vec_bytes(hd) } else { 0 } + if shape.post_norms { 2 * vec_bytes(shape.n_embd) } else { 0 };
-            let nbuf = slot.dev.alloc(norm_bytes * n_norms + extra_bytes * layers.len() as u64)?;
+            let is_delta = |l: usize| matches!(model.layers[l].mixer, keel_core::model::Mixer::DeltaNet(_));
+            let post = if shape.post_norms { 2 * vec_bytes(shape.n_embd) } else { 0 };
+            // An attention layer's biases, head norms and post-norms; a delta-net layer's conv
+            // taps, gate vectors, output norm weight and post-norms.
+            let extra_of = |l: usize| match (is_delta(l), shape.ssm) {
+                (true, Some(d)) => vec_bytes(d.d_conv * d.conv_channels()) + 2 * vec_bytes(d.n_v_heads) + vec_bytes(d.d_state) + post,
+                _ => (if shape.biases { vec_bytes(qd) + 2 * vec_bytes(kvd) } else { 0 }) + (if shape.head_norms { 2 * vec_bytes(hd) } else { 0 }) + post,
+            };
+            let extras: u64 = layers.iter().map(|&l| extra_of(l)).sum();
+            let nbuf = slot.dev.alloc(norm_bytes * n_norms + extras)?;
             let nsize = slot.dev.host_view(nbuf)?.len() as u64;
             slot.model_bytes += nsize;
             let cache = whole_layer::cache_bytes(&shape, n_ctx);
             let max = slot.dev.buffer_rules().max_size.min(u64::from(u32::MAX));
             let per_buf = (max / (2 * cache)).max(1) as usize;
+            let attn_layers: Vec<usize> = layers.iter().copied().filter(|&l| !is_delta(l)).collect();
             let mut kv_bufs = Vec::new();
-            for chunk in layers.chunks(per_buf) {
+            for chunk in attn_layers.chunks(per_buf) {
                 let b = slot.dev.alloc(2 * cache * chunk.len() as u64)?;
                 let size = slot.dev.host_view(b)?.len() as u64;
                 slot.context_bytes += size;
                 kv_bufs.push((b, size));
             }
+            // The delta-net layers' conv and recurrent states, one buffer for all.
+            let n_delta = layers.len() - attn_layers.len();
+            let (conv_b, ssm_b) = shape.ssm.map_or((0, 0), |d| whole_layer::state_bytes(&d));
+            let state_buf = if n_delta > 0 {
+                let b = slot.dev.alloc((conv_b + ssm_b) * n_delta as u64)?;
+                let size = slot.dev.host_view(b)?.len() as u64;
+                slot.context_bytes += size;
+                Some((b, size))
+            } else {
+                None
+            };
+            let mut extra_at = norm_bytes * n_norms;
+            let (mut ai, mut si) = (0usize, 0u64);
             for (i, &l) in layers.iter().enumerate() {
                 let ly = &model.layers[l];
                 let view = slot.dev.host_view(nbuf)?;
@@ -465,11 +495,19 @@ impl Devices {
                     let dst = &mut view[at as usize..at as usize + 4 * shape.n_embd];
                     dst.copy_from_slice(&t.data[..4 * shape.n_embd]);
                 }
-                let (kb, ksize) = kv_bufs[i / per_buf];
-                let k_off = ((i % per_buf) as u64 * 2 * cache) as u32;
                 let p = |offset: u64, buf, size| Placed { buf, size, offset: offset as u32 };
-                // This layer's biases and head norms, after every norm of the buffer.
-                let mut at = norm_bytes * n_norms + extra_bytes * i as u64;
+                // The layer's KV cache (attention) or states (delta-net).
+                let (kv, v_offset) = if is_delta(l) {
+                    (p(0, nbuf, nsize), 0)
+                } else {
+                    let (kb, ksize) = kv_bufs[ai / per_buf];
+                    let k_off = ((ai % per_buf) as u64 * 2 * cache) as u32;
+                    ai += 1;
+                    (Placed { buf: kb, size: ksize, offset: k_off }, k_off + cache as u32)
+                };
+                // This layer's vectors, after every norm of the buffer.
+                let mut at = extra_at;
+                extra_at += extra_of(l);
                 let mut put = |t: Option<keel_core::model::Tensor<'_>>, floats: usize| -> Result<Placed, DeviceError> {
                     let t = t.ok_or_else(|| DeviceError::new(&label, ErrorKind::InvalidArgument, format!("layer {l}: a bias or head norm is missing")))?;
                     let view = slot.dev.host_view(nbuf)?;
@@ -482,15 +520,30 @@ impl Devices {
                     keel_core::model::Mixer::Attention(a) => Some(*a),
                     keel_core::model::Mixer::DeltaNet(_) => None,
                 };
-                let biases = if shape.biases { Some([put(att.and_then(|a| a.bq), qd)?, put(att.and_then(|a| a.bk), kvd)?, put(att.and_then(|a| a.bv), kvd)?]) } else { None };
-                let head_norms = if shape.head_norms { Some([put(att.and_then(|a| a.q_norm), hd)?, put(att.and_then(|a| a.k_norm), hd)?]) } else { None };
+                let dn = match &ly.mixer {
+                    keel_core::model::Mixer::DeltaNet(d) => Some(*d),
+                    keel_core::model::Mixer::Attention(_) => None,
+                };
+                let biases = if shape.biases && att.is_some() { Some([put(att.and_then(|a| a.bq), qd)?, put(att.and_then(|a| a.bk), kvd)?, put(att.and_then(|a| a.bv), kvd)?]) } else { None };
+                let head_norms = if shape.head_norms && att.is_some() { Some([put(att.and_then(|a| a.q_norm), hd)?, put(att.and_then(|a| a.k_norm), hd)?]) } else { None };
+                let delta = match (dn, shape.ssm, state_buf) {
+                    (Some(d), Some(s), Some((sb, ssize))) => {
+                        let taps = put(Some(d.conv1d), s.d_conv * s.conv_channels())?;
+                        let (dt_bias, a) = (put(Some(d.dt_bias), s.n_v_heads)?, put(Some(d.a), s.n_v_heads)?);
+                        let norm = put(Some(d.norm), s.d_state)?;
+                        let base = si * (conv_b + ssm_b);
+                        si += 1;
+                        Some(whole_layer::DeltaResident { taps, dt_bias, a, norm, conv_state: p(base, sb, ssize), ssm_state: p(base + conv_b, sb, ssize) })
+                    }
+                    _ => None,
+                };
                 let post_norms = if shape.post_norms { Some([put(ly.attn_post_norm, shape.n_embd)?, put(ly.ffn_post_norm, shape.n_embd)?]) } else { None };
                 let own = keel_core::placement::layer_shape(model, l).map_err(|w| DeviceError::new(&label, ErrorKind::Unsupported, format!("layer {l}: {w}")))?;
                 slot.shapes.insert(l as u16, own);
                 slot.blocks.insert(l as u16, keel_core::block::layer_ops(&model.hp, l, ly));
                 slot.resident.insert(
                     l as u16,
-                    Resident { attn_norm: p(a, nbuf, nsize), ffn_norm: p(f, nbuf, nsize), biases, head_norms, post_norms, kv: Placed { buf: kb, size: ksize, offset: k_off }, v_offset: k_off + cache as u32 },
+                    Resident { attn_norm: p(a, nbuf, nsize), ffn_norm: p(f, nbuf, nsize), biases, head_norms, post_norms, kv, v_offset, delta },
                 );
             }
             if forward {
@@ -509,7 +562,7 @@ impl Devices {
                 slot.forward = Some((table, Placed { buf: nbuf, size: nsize, offset: at as u32 }));
             }
             slot.dev.map(nbuf)?;
-            for &(b, _) in &kv_bufs {
+            for &(b, _) in kv_bufs.iter().chain(state_buf.iter()) {
                 slot.dev.map(b)?;
             }
             slot.shape = Some(shape);
@@ -535,14 +588,31 @@ impl Devices {
             Pass::Forward { tokens, .. } if tokens.len() != n => return Err(bad(format!("{} tokens for a pass of {n}", tokens.len()))),
             _ => {}
         }
-        let kinds = [WeightKind::Q, WeightKind::K, WeightKind::V, WeightKind::O, WeightKind::Gate, WeightKind::Up, WeightKind::Down];
-        // Weight bytes one layer streams per token (the layers on a device share a shape).
-        let mut layer_bytes = 0u64;
-        for kind in kinds {
-            let h = slot.weights.get(&(layers.start, kind as u8)).ok_or_else(|| bad(format!("weight blk.{}.{} is not on this device", layers.start, kind.name())))?;
-            layer_bytes += tile::packed_size(h.dtype, h.rows as u32, h.cols as u32).unwrap_or(0) as u64;
+        // Weight bytes one layer streams per token: the most of any layer of the range
+        // (its block's products).
+        let mut layer_bytes = 1u64;
+        for l in layers.clone() {
+            let ops = slot.blocks.get(&l).ok_or_else(|| bad(format!("layer {l} has no block on this device")))?;
+            let mut bytes = 0u64;
+            for op in ops.iter() {
+                if let keel_core::block::Op::MatMul { w: kind, .. } = op {
+                    let h = slot.weights.get(&(l, *kind as u8)).ok_or_else(|| bad(format!("weight blk.{l}.{} is not on this device", kind.name())))?;
+                    bytes += tile::packed_size(h.dtype, h.rows as u32, h.cols as u32).unwrap_or(0) as u64;
+                }
+            }
+            layer_bytes = layer_bytes.max(bytes);
         }
-        let layer_bytes = layer_bytes.max(1);
+        // A new sequence: the delta-net layers' states start from zero (as the CPU's).
+        if pos == 0 {
+            for l in layers.clone() {
+                if let Some(d) = slot.resident.get(&l).and_then(|r| r.delta) {
+                    let (conv_b, ssm_b) = sh.ssm.map_or((0, 0), |s| whole_layer::state_bytes(&s));
+                    let view = slot.dev.host_view(d.conv_state.buf)?;
+                    view[d.conv_state.offset as usize..][..conv_b as usize].fill(0);
+                    view[d.ssm_state.offset as usize..][..ssm_b as usize].fill(0);
+                }
+            }
+        }
         // The forward pass's embedding table, output norm and output weight.
         let mut tail = None;
         if let Pass::Forward { out_rows, logits, .. } = &pass {

@@ -93,10 +93,37 @@ pub struct Resident {
     pub head_norms: Option<[Placed; 2]>,
     /// F32 post-attention and post-feed-forward norm weights (`n_embd`), when the layer has them.
     pub post_norms: Option<[Placed; 2]>,
-    /// F16 K cache (`n_ctx × kv_dim`); V follows at `v_offset` in the same buffer.
+    /// F16 K cache (`n_ctx × kv_dim`); V follows at `v_offset` in the same buffer (an
+    /// attention layer's; a delta-net layer has [`Resident::delta`] instead).
     pub kv: Placed,
     /// Offset of the V cache in `kv.buf`.
     pub v_offset: u32,
+    /// A delta-net layer's tensors and recurrent state.
+    pub delta: Option<DeltaResident>,
+}
+
+/// What a delta-net layer has on the device besides its products' weights.
+#[derive(Clone, Copy, Debug)]
+pub struct DeltaResident {
+    /// F32 conv taps `[d_conv, channels]`.
+    pub taps: Placed,
+    /// F32 alpha bias (`n_v_heads`).
+    pub dt_bias: Placed,
+    /// F32 decay rates (`n_v_heads`).
+    pub a: Placed,
+    /// F32 gated output norm weight (`d_state`).
+    pub norm: Placed,
+    /// F32 conv state `[d_conv - 1, channels]`, updated by every pass.
+    pub conv_state: Placed,
+    /// F32 recurrent state `[d_state, d_state, n_v_heads]`, updated by every pass.
+    pub ssm_state: Placed,
+}
+
+/// Bytes of a delta-net layer's conv state and recurrent state, each rounded to a vector.
+pub fn state_bytes(s: &keel_core::model::Ssm) -> (u64, u64) {
+    let conv = (4 * ((s.d_conv - 1) * s.conv_channels()) as u64).next_multiple_of(128);
+    let ssm = (4 * (s.n_v_heads * s.d_state * s.d_state) as u64).next_multiple_of(128);
+    (conv, ssm)
 }
 
 /// Bytes of one layer's K (or V) cache, rounded to a vector.
@@ -119,6 +146,16 @@ pub struct Work {
     pos: u32,
     cs: u32,
     tok: u32,
+    /// Gated attention: the `[q | gate]` rows and the gates.
+    qg: u32,
+    gate: u32,
+    /// Delta-net layers: `Buf::Qkv`, `Buf::Z`, `Buf::Beta` then `Buf::Alpha` (adjacent:
+    /// the gates' two planes), `Buf::Conv`, and the mixer output (`Buf::Attn` there).
+    qkv: u32,
+    z: u32,
+    ab: u32,
+    conv: u32,
+    dout: u32,
     /// One past the last byte used.
     pub end: u64,
 }
@@ -136,8 +173,13 @@ impl Work {
         let ff = sh.n_ff.max(sh.n_embd);
         let (x, xn, q, k, v) = (take(sh.n_embd)?, take(sh.n_embd)?, take(q_dim)?, take(sh.kv_dim())?, take(sh.kv_dim())?);
         let (ffa, ffb, pos, cs, tok) = (take(ff)?, take(ff)?, take(1)?, take(sh.n_rot)?, take(1)?);
+        let (qg, gate) = if sh.gated { (take(2 * q_dim)?, take(q_dim)?) } else { (0, 0) };
+        let (mut qkv, mut z, mut ab, mut conv, mut dout) = (0, 0, 0, 0, 0);
+        if let Some(d) = sh.ssm {
+            (qkv, z, ab, conv, dout) = (take(d.conv_channels())?, take(d.d_inner)?, take(2 * d.n_v_heads)?, take(d.conv_channels())?, take(d.d_inner)?);
+        }
         u32::try_from(at).ok()?;
-        Some(Work { x, xn, q, k, v, ffa, ffb, pos, cs, tok, end: at })
+        Some(Work { x, xn, q, k, v, ffa, ffb, pos, cs, tok, qg, gate, qkv, z, ab, conv, dout, end: at })
     }
 
     /// Offset of the residual rows.
@@ -211,6 +253,42 @@ struct Shared {
     kh: u16,
     pos: u16,
     cs: u16,
+    gated: Option<GatedShared>,
+    delta: Option<DeltaShared>,
+}
+
+/// Tensors of a gated attention layer.
+#[derive(Clone, Copy)]
+struct GatedShared {
+    /// `[2·q_dim, m]`: the query projection's rows `[q | gate]` per head.
+    qg2: u16,
+    /// The q and gate halves as `[head_dim, n_head, m]` views of `qg2`.
+    qg_q: u16,
+    qg_g: u16,
+    /// The gates, `[head_dim, n_head, m]` and `[q_dim, m]`.
+    gate3: u16,
+    gate2: u16,
+}
+
+/// Tensors of a delta-net layer.
+#[derive(Clone, Copy)]
+struct DeltaShared {
+    qkv2: u16,
+    z2: u16,
+    beta2: u16,
+    alpha2: u16,
+    /// Beta and alpha as the gates' planes `[n_v_heads, m, 2]`.
+    ab3: u16,
+    conv2: u16,
+    /// The q and k heads of `conv2` as rows `[d_state, 2·n_k_heads, m]` (strided).
+    conv_qk: u16,
+    /// Every head of `conv2`: `[d_state, 2·n_k_heads + n_v_heads, m]`.
+    conv_all: u16,
+    /// The mixer's output `[d_inner, m]`, `[d_state, n_v_heads, m]` and as rows of one
+    /// head `[d_state, n_v_heads·m]`.
+    dout2: u16,
+    dout3: u16,
+    douth: u16,
 }
 
 fn f32s(ne: [u32; 4], buffer: u16, offset: u32) -> Option<TensorDesc> {
@@ -239,7 +317,38 @@ impl Builder {
             kh: b.push(f32s([hd, nkv * m, 1, 1], 0, w.k)?)?,
             pos: b.push(TensorDesc::contiguous(DType::I32, [m, 1, 1, 1], 0, w.pos)?)?,
             cs: b.push(f32s([sh.n_rot as u32, m, 1, 1], 0, w.cs)?)?,
+            gated: None,
+            delta: None,
         };
+        if sh.gated {
+            let qd = nh * hd;
+            // Each head's q then gate: rows of hd, 2·hd apart, tokens 2·q_dim apart.
+            let half = |offset: u32| TensorDesc { dtype: DType::F32, layout: Layout::RowMajor, ne: [hd, nh, m, 1], nb: [4, 8 * hd, 8 * qd, 8 * qd * m], buffer: 0, offset };
+            b.shared.gated = Some(GatedShared {
+                qg2: b.push(f32s([2 * qd, m, 1, 1], 0, w.qg)?)?,
+                qg_q: b.push(half(w.qg))?,
+                qg_g: b.push(half(w.qg + 4 * hd))?,
+                gate3: b.push(f32s([hd, nh, m, 1], 0, w.gate)?)?,
+                gate2: b.push(f32s([qd, m, 1, 1], 0, w.gate)?)?,
+            });
+        }
+        if let Some(d) = sh.ssm {
+            let (ch, di, nv, nk, ds) = (d.conv_channels() as u32, d.d_inner as u32, d.n_v_heads as u32, d.n_k_heads as u32, d.d_state as u32);
+            let heads = |n: u32| TensorDesc { dtype: DType::F32, layout: Layout::RowMajor, ne: [ds, n, m, 1], nb: [4, 4 * ds, 4 * ch, 4 * ch * m], buffer: 0, offset: w.conv };
+            b.shared.delta = Some(DeltaShared {
+                qkv2: b.push(f32s([ch, m, 1, 1], 0, w.qkv)?)?,
+                z2: b.push(f32s([di, m, 1, 1], 0, w.z)?)?,
+                beta2: b.push(f32s([nv, m, 1, 1], 0, w.ab)?)?,
+                alpha2: b.push(f32s([nv, m, 1, 1], 0, w.ab + 4 * nv * m)?)?,
+                ab3: b.push(f32s([nv, m, 2, 1], 0, w.ab)?)?,
+                conv2: b.push(f32s([ch, m, 1, 1], 0, w.conv)?)?,
+                conv_qk: b.push(heads(2 * nk))?,
+                conv_all: b.push(heads(2 * nk + nv))?,
+                dout2: b.push(f32s([di, m, 1, 1], 0, w.dout)?)?,
+                dout3: b.push(f32s([ds, nv, m, 1], 0, w.dout)?)?,
+                douth: b.push(f32s([ds, nv * m, 1, 1], 0, w.dout)?)?,
+            });
+        }
         Some(b)
     }
 
@@ -318,11 +427,19 @@ impl Builder {
         let (e, f, hd, kvd) = (sh.n_embd as u32, sh.n_ff as u32, sh.head_dim as u32, sh.kv_dim() as u32);
         let (m, pos) = (m as u32, u32::try_from(pos).map_err(|_| overflow())?);
         // A row buffer of a given width (`Attn` is `Q`: attention runs in place).
+        let qd = sh.n_head as u32 * hd;
         let rows = |b: Buf, width: u32| -> Option<u16> {
             Some(match b {
                 Buf::X => s.x,
                 Buf::Xn => s.xn,
+                Buf::Q if sh.gated && width == 2 * qd => s.gated?.qg2,
+                Buf::Attn if sh.delta => s.delta?.dout2,
                 Buf::Q | Buf::Attn => s.q2,
+                Buf::Qkv => s.delta?.qkv2,
+                Buf::Z => s.delta?.z2,
+                Buf::Beta => s.delta?.beta2,
+                Buf::Alpha => s.delta?.alpha2,
+                Buf::Conv => s.delta?.conv2,
                 Buf::K => s.k2,
                 Buf::V => s.v2,
                 Buf::FfnA if width == e => s.ffa_e,
@@ -344,12 +461,16 @@ impl Builder {
                 Param::KNorm => (r.head_norms?[1], hd),
                 Param::AttnPostNorm => (r.post_norms?[0], e),
                 Param::FfnPostNorm => (r.post_norms?[1], e),
+                Param::DtBias => (r.delta?.dt_bias, sh.ssm?.n_v_heads as u32),
+                Param::A => (r.delta?.a, sh.ssm?.n_v_heads as u32),
+                Param::SsmNorm => (r.delta?.norm, sh.ssm?.d_state as u32),
                 _ => return None,
             };
             let nb = b.buffer(at.buf, at.size);
             b.push(f32s([width, 1, 1, 1], nb, at.offset)?)
         };
-        let kb = self.buffer(r.kv.buf, r.kv.size);
+        // A delta-net layer has no KV cache (its `kv` is not a buffer of the batch).
+        let kb = if sh.delta { 0 } else { self.buffer(r.kv.buf, r.kv.size) };
         let row = 2 * kvd;
         let n_kv = pos.checked_add(m).ok_or_else(overflow)?;
         let view = |offset| TensorDesc { dtype: DType::F16, layout: Layout::RowMajor, ne: [hd, n_kv, sh.n_head_kv as u32, 1], nb: [2, row, 2 * hd, row * n_kv], buffer: kb, offset };
@@ -420,7 +541,58 @@ impl Builder {
                 }
                 Op::FfnAct(FfnAct::Silu) => self.op(OpKind::SwiGlu, [Some(s.ffa_f), Some(s.ffb_f), None], s.ffa_f),
                 Op::FfnAct(FfnAct::GeluTanh) => self.op(OpKind::GeGlu, [Some(s.ffa_f), Some(s.ffb_f), None], s.ffa_f),
-                _ => return Err(no_lowering(op)),
+                Op::SplitQueryGate => {
+                    let g = s.gated.ok_or_else(|| no_lowering(op))?;
+                    self.op(OpKind::Copy, [Some(g.qg_q), None, None], s.q3);
+                    self.op(OpKind::Copy, [Some(g.qg_g), None, None], g.gate3);
+                }
+                Op::AttnGate => {
+                    // Attn (in place in Q) *= sigmoid(gate): the CPU's `ops::mul_sigmoid`.
+                    let g = s.gated.ok_or_else(|| no_lowering(op))?;
+                    self.op(OpKind::Sigmoid, [Some(g.gate2), None, None], g.gate2);
+                    self.op(OpKind::Mul, [Some(s.q2), Some(g.gate2), None], s.q2);
+                }
+                Op::DeltaGates => {
+                    // beta = sigmoid(beta); g = softplus(alpha + dt_bias)·a (`delta_net::gates`).
+                    let d = s.delta.ok_or_else(|| no_lowering(op))?;
+                    let (dt, a) = (param(self, Param::DtBias).ok_or_else(|| no_lowering(op))?, param(self, Param::A).ok_or_else(|| no_lowering(op))?);
+                    self.op(OpKind::Sigmoid, [Some(d.beta2), None, None], d.beta2);
+                    self.op(OpKind::Add, [Some(d.alpha2), Some(dt), None], d.alpha2);
+                    self.op(OpKind::Softplus, [Some(d.alpha2), None, None], d.alpha2);
+                    self.op(OpKind::Mul, [Some(d.alpha2), Some(a), None], d.alpha2);
+                }
+                Op::SsmConv => {
+                    let (d, ssm, dr) = (s.delta.ok_or_else(|| no_lowering(op))?, sh.ssm.ok_or_else(|| no_lowering(op))?, r.delta.ok_or_else(|| no_lowering(op))?);
+                    let (ch, kc) = (ssm.conv_channels() as u32, ssm.d_conv as u32);
+                    let tb = self.buffer(dr.taps.buf, dr.taps.size);
+                    let taps = self.push(f32s([kc, ch, 1, 1], tb, dr.taps.offset).ok_or_else(overflow)?).ok_or_else(overflow)?;
+                    let sb = self.buffer(dr.conv_state.buf, dr.conv_state.size);
+                    let state = self.push(f32s([kc - 1, ch, 1, 1], sb, dr.conv_state.offset).ok_or_else(overflow)?).ok_or_else(overflow)?;
+                    self.op(OpKind::SsmConv, [Some(d.qkv2), Some(taps), Some(state)], d.conv2);
+                }
+                Op::QkL2Norm => {
+                    let d = s.delta.ok_or_else(|| no_lowering(op))?;
+                    self.op(OpKind::L2Norm { eps: sh.rms_eps }, [Some(d.conv_qk), None, None], d.conv_qk);
+                }
+                Op::DeltaRule => {
+                    let (d, ssm, dr) = (s.delta.ok_or_else(|| no_lowering(op))?, sh.ssm.ok_or_else(|| no_lowering(op))?, r.delta.ok_or_else(|| no_lowering(op))?);
+                    let ds = ssm.d_state as u32;
+                    let sb = self.buffer(dr.ssm_state.buf, dr.ssm_state.size);
+                    let state = self.push(f32s([ds, ds, ssm.n_v_heads as u32, 1], sb, dr.ssm_state.offset).ok_or_else(overflow)?).ok_or_else(overflow)?;
+                    // Token by token: the CPU's default (llama.cpp's fused op); `f32::sqrt` is
+                    // correctly rounded, as the CPU's `libm::sqrtf`.
+                    let kind = OpKind::GatedDeltaRule { n_k_heads: u16::try_from(ssm.n_k_heads).map_err(|_| overflow())?, chunk: 0, scale: 1.0 / (ds as f32).sqrt() };
+                    self.op(kind, [Some(d.conv_all), Some(d.ab3), Some(state)], d.dout3);
+                }
+                Op::GatedNorm => {
+                    // rms_norm(o)·w per head, then silu(z)·o (`delta_net::gated_norm`'s bits),
+                    // computed in z and copied back to the mixer output.
+                    let d = s.delta.ok_or_else(|| no_lowering(op))?;
+                    let wn = param(self, Param::SsmNorm).ok_or_else(|| no_lowering(op))?;
+                    self.op(OpKind::RmsNorm { eps: sh.rms_eps }, [Some(d.douth), Some(wn), None], d.douth);
+                    self.op(OpKind::SwiGlu, [Some(d.z2), Some(d.dout2), None], d.z2);
+                    self.op(OpKind::Copy, [Some(d.z2), None, None], d.dout2);
+                }
             }
         }
         self.layers += 1;
@@ -469,6 +641,20 @@ pub fn probe_ops(sh: &LayerShape) -> Option<Vec<(OpDesc, Vec<TensorDesc>)>> {
         let w = u32::try_from(sh.window).ok()?;
         probes.push((op(OpKind::Attention { n_head: u16::try_from(nh).ok()?, n_head_kv: u16::try_from(nkv).ok()?, scale: sh.attn_scale, window: w }, [Some(0), Some(1), Some(2)], 0), vec![q3, kv, kv]));
     }
+    if sh.gated {
+        // The gates: sigmoid, then a product with the attention output.
+        probes.push((op(OpKind::Sigmoid, [Some(0), None, None], 0), vec![row(nh * hd)?]));
+        probes.push((op(OpKind::Mul, [Some(0), Some(1), None], 0), vec![row(nh * hd)?, row(nh * hd)?]));
+    }
+    if let (true, Some(d)) = (sh.delta, sh.ssm) {
+        let (ch, nv, nk, ds, kc) = (d.conv_channels() as u32, d.n_v_heads as u32, d.n_k_heads as u32, d.d_state as u32, d.d_conv as u32);
+        let heads = |n: u32| TensorDesc { dtype: DType::F32, layout: Layout::RowMajor, ne: [ds, n, 1, 1], nb: [4, 4 * ds, 4 * ch, 4 * ch], buffer: 0, offset: 0 };
+        probes.push((op(OpKind::Softplus, [Some(0), None, None], 0), vec![row(nv)?]));
+        probes.push((op(OpKind::SsmConv, [Some(0), Some(1), Some(2)], 3), vec![row(ch)?, f32s([kc, ch, 1, 1], 0, 0)?, f32s([kc - 1, ch, 1, 1], 0, 0)?, row(ch)?]));
+        probes.push((op(OpKind::L2Norm { eps: sh.rms_eps }, [Some(0), None, None], 0), vec![heads(2 * nk)]));
+        let rule = OpKind::GatedDeltaRule { n_k_heads: u16::try_from(nk).ok()?, chunk: 0, scale: 1.0 };
+        probes.push((op(rule, [Some(0), Some(1), Some(2)], 3), vec![heads(2 * nk + nv), f32s([nv, 1, 2, 1], 0, 0)?, f32s([ds, ds, nv, 1], 0, 0)?, f32s([ds, nv, 1, 1], 0, 0)?]));
+    }
     if sh.head_norms {
         // RMSNorm of each head of q (rows of head_dim) times a head_dim weight.
         probes.push((op(OpKind::RmsNorm { eps: sh.rms_eps }, [Some(0), Some(1), None], 0), vec![f32s([hd, nh, 1, 1], 0, 0)?, row(hd)?]));
@@ -491,3 +677,4 @@ pub fn probe_embedding(dtype: DType, rows: usize, cols: usize, scaled: bool) -> 
     }
     Some(probes)
 }
+
