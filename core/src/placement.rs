@@ -17,8 +17,9 @@
 //! device is switched off).
 //!
 //! Whole layers ([`OffloadMode::Layers`], the default): after the weights, each layer
-//! whose matrix weights all went to one device, whose structure is a llama-family block
-//! (llama, Qwen 2's biases, Qwen 3's per-head norms: [`layer_shape`]), and whose device answers that it runs every other op of it
+//! whose matrix weights all went to one device, whose block a device can take
+//! ([`layer_shape`]: llama, Qwen 2, Qwen 3, Gemma 3, and Qwen 3.5's delta-net and gated
+//! attention layers), and whose device answers that it runs every other op of it
 //! ([`DeviceInfo::layer_kv_bytes`]) with room left for its KV cache, runs **whole** on
 //! that device: the session hands the residual stream to [`Offload::layers`] and does
 //! none of that layer's CPU work; the layer's K/V cache lives on the device (the
@@ -140,7 +141,8 @@ pub trait DeviceInfo {
     }
 }
 
-/// One llama-family block as a device runs it whole: `x += W_o·attn(rope(W_q·n + b_q),
+/// One block as a device runs it whole (an attention layer; a delta-net layer has
+/// `delta` set and runs its mixer instead): `x += W_o·attn(rope(W_q·n + b_q),
 /// rope(W_k·n + b_k), W_v·n + b_v)` with `n = rms_norm(x)·w_attn` (the biases of Qwen 2
 /// and the per-head q/k norms of Qwen 3 when the layer has them), then
 /// `x += W_d·(silu(W_g·m) ⊙ W_u·m)` with `m = rms_norm(x)·w_ffn`. No gate, no post-norms,
