@@ -124,9 +124,9 @@ pub trait DeviceInfo {
     /// host keeps for activations).
     fn memory_budget(&self) -> u64;
     /// Bytes of the device-resident K and V cache of one layer of `shape` with `n_ctx`
-    /// positions, if the device runs every op of such a layer besides its products
-    /// (RMSNorm with weight, RoPE, the cache writes, attention, SwiGLU, adds); `None`
-    /// if it does not. Optional: by default a device runs products only.
+    /// positions (a delta-net layer: its conv and recurrent state), if the device runs
+    /// every op of such a layer besides its products (the lowering of its block's ops);
+    /// `None` if it does not. Optional: by default a device runs products only.
     fn layer_kv_bytes(&self, shape: &LayerShape, n_ctx: usize) -> Option<u64> {
         let _ = (shape, n_ctx);
         None
