@@ -358,23 +358,12 @@ fn attention_tiled(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale
     });
 }
 
-/// The delta-net gate parameters of a layer.
-struct DtA<'m> {
-    dt_bias: Tensor<'m>,
-    a: Tensor<'m>,
-}
-
 /// `Beta = sigmoid(Beta)`, `Alpha = softplus(Alpha + dt_bias)·a` per value head.
 fn delta_gates(s: &Step<'_, '_>, b: &mut Bufs<'_>) {
-    let hp = s.hp;
-    let Some(ssm) = hp.ssm else { return };
-    let n = s.n;
-    let nvh = ssm.n_v_heads;
+    let Some(ssm) = s.hp.ssm else { return };
+    let (n, nvh) = (s.n, ssm.n_v_heads);
     let (Some(dt_bias), Some(a)) = (Param::DtBias.of(s.layer), Param::A.of(s.layer)) else { return };
-    let d = DtA { dt_bias, a };
-    let (beta, alpha) = (&mut *b.beta, &mut *b.alpha);
-    // beta = sigmoid(.); g = softplus(alpha + dt_bias) * a (stored in alpha).
-    delta_net::gates(&mut beta[..n * nvh], &mut alpha[..n * nvh], d.dt_bias.data, d.a.data, nvh);
+    delta_net::gates(&mut b.beta[..n * nvh], &mut b.alpha[..n * nvh], dt_bias.data, a.data, nvh);
 }
 
 /// Causal depthwise conv1d + SiLU of the `Qkv` rows into `Conv`, updating the conv state.

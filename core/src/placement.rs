@@ -210,47 +210,44 @@ pub fn layer_shape(model: &Model<'_>, l: usize) -> Result<LayerShape, &'static s
     let hp = &model.hp;
     let layer = model.layers.get(l).ok_or("no such layer")?;
     if let Mixer::DeltaNet(d) = &layer.mixer {
-        {
-            if [d.conv1d, d.dt_bias, d.a, d.norm].iter().any(|t| t.ty != GgmlType::F32) {
-                return Err("the delta-net layer's conv, gate or norm tensors are not F32");
-            }
-            let s = hp.ssm.ok_or("a delta-net layer without ssm parameters")?;
-            if s.d_conv < 2 || s.n_k_heads == 0 || s.n_v_heads % s.n_k_heads != 0 || s.d_inner != s.n_v_heads * s.d_state {
-                return Err("delta-net dimensions the device layout does not take");
-            }
-            // The attention fields describe the model's attention layers (one layout for
-            // the device's layers); a model of delta-net layers only borrows this one's.
-            let la = model.layers.iter().position(|ly| matches!(ly.mixer, Mixer::Attention(_))).unwrap_or(l);
-            let mut sh = attention_shape(hp, la, &model.layers[la])?;
-            sh.delta = true;
-            return Ok(sh);
+        if [d.conv1d, d.dt_bias, d.a, d.norm].iter().any(|t| t.ty != GgmlType::F32) {
+            return Err("the delta-net layer's conv, gate or norm tensors are not F32");
         }
+        let s = hp.ssm.ok_or("a delta-net layer without ssm parameters")?;
+        if s.d_conv < 2 || s.n_k_heads == 0 || s.n_v_heads % s.n_k_heads != 0 || s.d_inner != s.n_v_heads * s.d_state {
+            return Err("delta-net dimensions the device layout does not take");
+        }
+        // The attention fields describe the model's attention layers (one layout for the
+        // device's layers); a model of delta-net layers only has none.
+        let la = model.layers.iter().position(|ly| matches!(ly.mixer, Mixer::Attention(_))).unwrap_or(l);
+        let mut sh = attention_shape(hp, la, &model.layers[la])?;
+        sh.delta = true;
+        return Ok(sh);
     }
     attention_shape(hp, l, layer)
 }
 
 /// The shape of an attention layer `l` of a model whose blocks a device runs whole (the
-/// fields every layer shares, and this layer's), or why not.
+/// fields every layer shares, and this layer's), or why not. Given a delta-net layer (a
+/// model without attention layers), the attention options are all off.
 fn attention_shape(hp: &crate::model::HParams, l: usize, layer: &crate::model::Layer<'_>) -> Result<LayerShape, &'static str> {
     use crate::model::{Arch, FfnAct};
     if !matches!(hp.arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen35) {
         return Err("this architecture's layers do not run whole on a device (one batch per product)");
     }
-    // No attention layer at all (a model of delta-net layers only): no attention options.
-    let none = crate::model::Attention { wq: layer.ffn_gate, wk: layer.ffn_gate, wv: layer.ffn_gate, wo: layer.ffn_gate, bq: None, bk: None, bv: None, q_norm: None, k_norm: None };
-    let a = match &layer.mixer {
-        Mixer::Attention(a) => *a,
-        Mixer::DeltaNet(_) => none,
+    let (bq, bk, bv, q_norm, k_norm) = match &layer.mixer {
+        Mixer::Attention(a) => (a.bq, a.bk, a.bv, a.q_norm, a.k_norm),
+        Mixer::DeltaNet(_) => (None, None, None, None, None),
     };
-    let biases = a.bq.is_some() && a.bk.is_some() && a.bv.is_some();
-    if !biases && (a.bq.is_some() || a.bk.is_some() || a.bv.is_some()) {
+    let biases = bq.is_some() && bk.is_some() && bv.is_some();
+    if !biases && (bq.is_some() || bk.is_some() || bv.is_some()) {
         return Err("the layer has some of the Q/K/V biases but not all");
     }
-    let head_norms = a.q_norm.is_some() && a.k_norm.is_some();
-    if !head_norms && (a.q_norm.is_some() || a.k_norm.is_some()) {
+    let head_norms = q_norm.is_some() && k_norm.is_some();
+    if !head_norms && (q_norm.is_some() || k_norm.is_some()) {
         return Err("the layer has a per-head norm of q or of k, not both");
     }
-    let f32_params = [a.bq, a.bk, a.bv, a.q_norm, a.k_norm];
+    let f32_params = [bq, bk, bv, q_norm, k_norm];
     if f32_params.iter().flatten().any(|t| t.ty != GgmlType::F32) {
         return Err("biases or per-head norm weights are not F32");
     }
