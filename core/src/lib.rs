@@ -20,6 +20,7 @@ pub mod block;
 mod block_cpu;
 pub mod chat;
 pub mod delta_net;
+pub mod device;
 pub mod engine;
 pub mod error;
 pub mod matmul;

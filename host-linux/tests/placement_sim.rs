@@ -492,7 +492,7 @@ fn smollm2_q4_k_m_converted_weights_are_placed_on_the_dsp() {
         if keel_host_linux::device::offload::hal_dtype(t.ty).is_some() {
             return;
         }
-        let q8 = keel_host_linux::device::offload::convert(&kern, t, keel_core::ggml_type::GgmlType::Q8_0).unwrap();
+        let q8 = convert(&kern, t, keel_core::ggml_type::GgmlType::Q8_0);
         let rb = q8.len() / t.rows;
         let (mut a, mut b) = (vec![0f32; t.cols], vec![0f32; t.cols]);
         let ent = per_type.entry(t.ty.to_string()).or_default();
@@ -660,7 +660,7 @@ fn the_dsp_embedding_rows_equal_the_cpus_bit_for_bit() {
         let t = e.model.tok_embd;
         let (rows, cols) = (t.rows, t.cols);
         for ty in [t.ty, GgmlType::Q8_0, GgmlType::IQ4_NL, GgmlType::F16, GgmlType::F32] {
-            let data = if ty == t.ty { t.data.to_vec() } else { keel_host_linux::device::offload::convert(&kern, &t, ty).unwrap() };
+            let data = if ty == t.ty { t.data.to_vec() } else { convert(&kern, &t, ty) };
             let row_bytes = data.len() / rows;
             let dtype = keel_host_linux::device::offload::hal_row_dtype(ty).unwrap();
             let table = dev.alloc(data.len() as u64).unwrap();
@@ -734,4 +734,13 @@ fn plan_placement_lists_each_op_and_where_it_runs_on_hexagon_sim() {
             }
         }
     }
+}
+
+/// `t`'s rows converted to `to` as a device that lacks `t`'s type holds them (the engine's
+/// own conversion).
+fn convert(kern: &keel_core::quant::Kernels, t: &keel_core::model::Tensor<'_>, to: keel_core::ggml_type::GgmlType) -> Vec<u8> {
+    let mut out = vec![0u8; to.row_bytes(t.cols as u64).unwrap() as usize * t.rows];
+    let mut row = vec![0f32; t.cols];
+    keel_host_linux::device::offload::convert_rows(kern, t.ty, t.data, to, &mut row, &mut out).unwrap();
+    out
 }

@@ -68,36 +68,53 @@ pub fn packed_size(dtype: DType, rows: u32, k: u32) -> Option<usize> {
 ///
 /// `dst` must be exactly [`packed_size`] bytes; `src` exactly `rows` ggml rows.
 pub fn repack(dtype: DType, rows: u32, k: u32, src: &[u8], dst: &mut [u8]) -> Result<(), ErrorKind> {
+    packed_size(dtype, rows, k).ok_or(ErrorKind::Unsupported)?;
+    let row_bytes = (k as usize / 32) * dtype.block_bytes() as usize;
+    if src.len() != rows as usize * row_bytes {
+        return Err(ErrorKind::InvalidArgument);
+    }
+    for g in 0..groups(rows) {
+        let end = ((g + 1) * TILE_ROWS as usize).min(rows as usize);
+        repack_group(dtype, rows, k, g, &src[g * TILE_ROWS as usize * row_bytes..end * row_bytes], dst)?;
+    }
+    Ok(())
+}
+
+/// Repacks row group `g` (ggml rows `32g ..` up to 32 of them, or to `rows`) into its
+/// tiles and scales in `dst`, the whole matrix's packed bytes: a host can convert and
+/// repack a weight one group at a time, with scratch for 32 rows.
+///
+/// `dst` must be exactly [`packed_size`] bytes; `src` exactly the group's ggml rows.
+pub fn repack_group(dtype: DType, rows: u32, k: u32, g: usize, src: &[u8], dst: &mut [u8]) -> Result<(), ErrorKind> {
     let size = packed_size(dtype, rows, k).ok_or(ErrorKind::Unsupported)?;
     let bb = dtype.block_bytes() as usize;
     let nb = k as usize / 32;
-    if dst.len() != size || src.len() != rows as usize * nb * bb {
+    let g_count = groups(rows);
+    let first = g * TILE_ROWS as usize;
+    let n_rows = (rows as usize).saturating_sub(first).min(TILE_ROWS as usize);
+    if dst.len() != size || g >= g_count || src.len() != n_rows * nb * bb {
         return Err(ErrorKind::InvalidArgument);
     }
     let t = tile_quant_bytes(dtype).ok_or(ErrorKind::Unsupported)?;
-    let g_count = groups(rows);
     let (quants, scales) = dst.split_at_mut(nb * g_count * t);
     for b in 0..nb {
-        for g in 0..g_count {
-            let tile = &mut quants[(b * g_count + g) * t..][..t];
-            for r in 0..32 {
-                let row = g * 32 + r;
-                let si = ((b * g_count + g) * 32 + r) * 4;
-                if row >= rows as usize {
-                    let pad = if dtype == DType::Q8_0 { Q8_0_PAD } else { Q4_PAD };
-                    (0..t / 128).for_each(|v| tile[v * 128 + 4 * r..][..4].fill(pad));
-                    scales[si..si + 4].copy_from_slice(&0f32.to_le_bytes());
-                    continue;
-                }
-                let blk = &src[(row * nb + b) * bb..][..bb];
-                let d = half::f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
-                scales[si..si + 4].copy_from_slice(&d.to_le_bytes());
-                let q = &blk[2..];
-                for v in 0..t / 128 {
-                    for j in 0..4 {
-                        let byte = q[4 * v + j];
-                        tile[v * 128 + 4 * r + j] = if dtype == DType::Q8_0 { byte ^ 0x80 } else { byte };
-                    }
+        let tile = &mut quants[(b * g_count + g) * t..][..t];
+        for r in 0..32 {
+            let si = ((b * g_count + g) * 32 + r) * 4;
+            if r >= n_rows {
+                let pad = if dtype == DType::Q8_0 { Q8_0_PAD } else { Q4_PAD };
+                (0..t / 128).for_each(|v| tile[v * 128 + 4 * r..][..4].fill(pad));
+                scales[si..si + 4].copy_from_slice(&0f32.to_le_bytes());
+                continue;
+            }
+            let blk = &src[(r * nb + b) * bb..][..bb];
+            let d = half::f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
+            scales[si..si + 4].copy_from_slice(&d.to_le_bytes());
+            let q = &blk[2..];
+            for v in 0..t / 128 {
+                for j in 0..4 {
+                    let byte = q[4 * v + j];
+                    tile[v * 128 + 4 * r + j] = if dtype == DType::Q8_0 { byte ^ 0x80 } else { byte };
                 }
             }
         }

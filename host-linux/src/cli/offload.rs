@@ -137,7 +137,7 @@ pub fn print_placement(p: &Placement<'_>, devs: &Devices) {
         eprintln!(
             "keel: placement: {} ({}) runs {} of {} matrix products ({} converted at load; types {}), {} repacked",
             s.label,
-            s.dev.name(),
+            s.dev().name(),
             t.weights,
             n,
             t.converted,
@@ -151,7 +151,7 @@ pub fn print_placement(p: &Placement<'_>, devs: &Devices) {
                 t.layers,
                 p.kv_ctx(),
                 mib(t.kv_bytes),
-                crate::device::whole_layer::layers_per_batch(usize::from(keel_npu_hal::device::Device::caps(&s.dev).max_batch_ops)),
+                keel_core::device::lower::layers_per_batch(usize::from(keel_npu_hal::device::Device::caps(s.dev()).max_batch_ops)),
                 mib(devs.batch_work),
                 if p.forward_placed().is_some_and(|(d, _)| usize::from(d) == i) { "" } else { ", the other products one batch each" }
             );

@@ -16,7 +16,7 @@ pub mod link;
 pub mod offload;
 pub mod shm;
 pub mod transport;
-pub mod whole_layer;
+
 
 pub use config::SimConfig;
 pub use error::DeviceError;
