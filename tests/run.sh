@@ -13,7 +13,7 @@ echo "== hexagon firmware"
 # (plus the broken-hvx-zeros builds), runs the HVX kernel tests under qemu-hexagon, and
 # prints the packets-per-128-weight-bytes counts.
 bash dsp-firmware/ci.sh
-# The hexagon-sim device tests (host-linux/tests/hexagon_sim*.rs, probe_cli.rs) then run
+# The hexagon-sim device tests (host-linux/tests/hexagon_sim*.rs, sim_no_alloc.rs, probe_cli.rs) then run
 # in the workspace tests below against dsp-firmware/target/v68/…/keel-dsp-device; with
 # this set, a missing emulator or firmware fails them instead of skipping.
 export KEEL_REQUIRE_DSP=1

@@ -14,6 +14,11 @@
 //!   its submission). A dead process, a hang past the timeout, a malformed or
 //!   out-of-sequence reply end the session with an error naming the device and
 //!   what happened; the process is killed, and [`HexagonSim::open`] starts afresh.
+//! - After open and the buffers' allocation and mapping, `submit`, `poll`, `wait`
+//!   and `host_view` allocate nothing when they succeed: replies are read in place
+//!   from the transport's one receive buffer, the bookkeeping of batches in flight
+//!   is sized at open from `max_in_flight`, and what a wait is for is put in words
+//!   only when it fails (`tests/sim_no_alloc.rs` counts).
 
 use std::collections::{HashMap, VecDeque};
 use std::process::Command;
@@ -21,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use keel_npu_hal::device::{BatchStatus, Completion, Device, Queue, Seq, SharedBuffers};
 use keel_npu_hal::op::Batch;
-use keel_npu_hal::wire::{BatchMsg, DeviceMsg, HostMsg, MAGIC, MAX_MESSAGE, PROTOCOL_VERSION};
+use keel_npu_hal::wire::{BatchMsg, DeviceMsg, HostMsg, MAGIC, MAX_BUFFERS, MAX_MESSAGE, PROTOCOL_VERSION};
 use keel_npu_hal::{selftest, BufferId, Caps, ErrorKind, ErrorType, Identity, UnitState};
 
 use super::config::SimConfig;
@@ -62,7 +67,10 @@ struct Buf {
 struct Pending {
     seq: Seq,
     sent: Instant,
-    buffers: Vec<u32>,
+    /// The ids of the buffers the batch names, `buffers[..n_buffers]` (held by value:
+    /// submitting allocates nothing).
+    buffers: [u32; MAX_BUFFERS],
+    n_buffers: usize,
 }
 
 /// An opened hexagon-sim device.
@@ -147,6 +155,9 @@ impl HexagonSim {
             );
             return Err(link.fail(ErrorKind::BadResponse, w));
         }
+        // Room for every batch the device takes at once: the queue's steady state allocates nothing.
+        let in_flight = usize::from(caps.max_in_flight);
+        link.done.reserve(in_flight);
         let dev = HexagonSim {
             link,
             identity,
@@ -156,8 +167,8 @@ impl HexagonSim {
             bufs: HashMap::new(),
             next_id: 1,
             next_seq: 1,
-            pending: Vec::new(),
-            ready: VecDeque::new(),
+            pending: Vec::with_capacity(in_flight),
+            ready: VecDeque::with_capacity(in_flight),
         };
         Ok(dev)
     }
@@ -203,7 +214,7 @@ impl HexagonSim {
                 return Err(self.link.err(ErrorKind::InvalidArgument, format!("batch {seq} is not in flight")));
             };
             let deadline = p.sent + self.link.timeout;
-            match self.link.recv(Some(deadline), &format!("the completion of batch {seq}"))? {
+            match self.link.recv(Some(deadline), format_args!("the completion of batch {seq}"))? {
                 Some(DeviceMsg::BatchDone { seq, status }) => self.link.done.push_back((seq, status)),
                 Some(other) => return Err(self.link.fail(ErrorKind::Protocol, format!("expected BatchDone, got {other:?}"))),
                 None => {}
@@ -219,8 +230,8 @@ impl HexagonSim {
                 return Err(self.link.fail(ErrorKind::Protocol, format!("completion for batch {seq}, which is not in flight (in flight: {inflight:?})")));
             };
             let p = self.pending.remove(i);
-            for id in p.buffers {
-                if let Some(b) = self.bufs.get_mut(&id) {
+            for id in &p.buffers[..p.n_buffers] {
+                if let Some(b) = self.bufs.get_mut(id) {
                     b.busy -= 1;
                 }
             }
@@ -329,13 +340,15 @@ impl Queue for HexagonSim {
         let msg = BatchMsg::new(seq, batch).map_err(|k| self.link.err(k, "batch tables exceed the wire limits"))?;
         self.link.send(&HostMsg::SubmitBatch(msg))?;
         self.next_seq = self.next_seq.wrapping_add(1);
-        let buffers: Vec<u32> = batch.buffers.iter().map(|r| r.id.0).collect();
-        for id in &buffers {
-            if let Some(b) = self.bufs.get_mut(id) {
+        // `BatchMsg::new` refused more than MAX_BUFFERS buffers.
+        let mut buffers = [0; MAX_BUFFERS];
+        for (slot, r) in buffers.iter_mut().zip(batch.buffers) {
+            *slot = r.id.0;
+            if let Some(b) = self.bufs.get_mut(&r.id.0) {
                 b.busy += 1;
             }
         }
-        self.pending.push(Pending { seq, sent: Instant::now(), buffers });
+        self.pending.push(Pending { seq, sent: Instant::now(), buffers, n_buffers: batch.buffers.len() });
         Ok(seq)
     }
 

@@ -8,6 +8,7 @@
 //! are kept in [`Link::done`] for the queue to collect, never dropped.
 
 use std::collections::VecDeque;
+use std::fmt;
 use std::time::{Duration, Instant};
 
 use keel_npu_hal::device::{BatchStatus, Seq};
@@ -85,18 +86,21 @@ impl Link {
     }
 
     /// The next message, waiting until `deadline` (`None`: only if one is there now).
-    pub fn recv(&mut self, deadline: Option<Instant>, waiting_for: &str) -> Result<Option<DeviceMsg>, DeviceError> {
+    /// `waiting_for` names what is awaited in the error if none comes; it is formatted
+    /// only then (pass a `&str` or `format_args!`), so a successful receive allocates nothing.
+    pub fn recv(&mut self, deadline: Option<Instant>, waiting_for: impl fmt::Display) -> Result<Option<DeviceMsg>, DeviceError> {
         self.check()?;
         let got = match deadline {
             Some(d) => self.t.recv(d),
             None => self.t.try_recv(),
         };
         match got {
-            Ok(Incoming::Frame(bytes)) => match wire::decode::<DeviceMsg>(&bytes) {
+            Ok(Incoming::Frame(bytes)) => match wire::decode::<DeviceMsg>(bytes) {
                 Ok(m) => Ok(Some(m)),
                 Err(_) => {
                     let head: Vec<String> = bytes.iter().take(16).map(|b| format!("{b:02x}")).collect();
-                    Err(self.fail(ErrorKind::Protocol, format!("malformed reply while waiting for {waiting_for}: {} bytes [{}]", bytes.len(), head.join(" "))))
+                    let what = format!("malformed reply while waiting for {waiting_for}: {} bytes [{}]", bytes.len(), head.join(" "));
+                    Err(self.fail(ErrorKind::Protocol, what))
                 }
             },
             Ok(Incoming::Oversized(n)) => Err(self.fail(ErrorKind::Protocol, format!("reply frame of {n} bytes exceeds the {MAX_MESSAGE}-byte limit"))),

@@ -1,23 +1,29 @@
 //! The pipe to a device process: frames (`u32` little-endian length, then a
 //! postcard message, as the firmware's `msgloop` expects) written to its stdin
-//! with a deadline, and read from its stdout by a reader thread, so that a
-//! caller can wait with a timeout and a dead or hung process never blocks it.
+//! with a deadline, and read from its stdout by the waiting caller with a
+//! deadline (both pipes are non-blocking and waited on with `poll(2)`), so that
+//! a dead or hung process never blocks it.
+//!
+//! Reading allocates nothing after [`Transport::spawn`]: bytes go into one
+//! receive buffer sized for the largest frame plus its header; a frame is lent
+//! out in place (the [`Incoming::Frame`] slice) and dropped from the buffer at
+//! the next receive, which moves the bytes after it (the start of the next
+//! frames) to the front. Writing sends the header and the message as they are.
 //! The last few KiB of the process's stderr are kept for error messages.
 //! This module owns the child process and kills it when dropped.
 
-use std::io::{self, Read};
-use std::os::fd::AsRawFd;
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// What the reader thread saw.
+/// What the process sent.
 #[derive(Debug)]
-pub enum Incoming {
-    /// One message's bytes.
-    Frame(Vec<u8>),
+pub enum Incoming<'a> {
+    /// One message's bytes (valid until the next receive).
+    Frame(&'a [u8]),
     /// A frame header announcing more than `max` bytes: the stream cannot be trusted.
     Oversized(u32),
     /// The process closed its stdout (it exited or was killed).
@@ -37,46 +43,38 @@ pub enum Silence {
 pub struct Transport {
     child: Child,
     stdin: Option<ChildStdin>,
-    rx: Receiver<Incoming>,
+    stdout: ChildStdout,
+    /// Received bytes: `inbox[..filled]`, whole frames first, then the start of the next.
+    inbox: Box<[u8]>,
+    filled: usize,
+    /// Bytes of the frame lent out by the last receive (removed at the next one).
+    lent: usize,
+    /// Stdout reached its end (or failed): nothing more will arrive.
+    ended: bool,
+    max_frame: usize,
     stderr: Arc<Mutex<Vec<u8>>>,
 }
 
 const STDERR_KEEP: usize = 4096;
+/// Bytes read from stderr at a time.
+const STDERR_CHUNK: usize = 512;
+/// Bytes of a frame header.
+const HEADER: usize = 4;
 
 impl Transport {
     /// Starts `cmd` with piped stdio; frames longer than `max_frame` are refused.
     pub fn spawn(mut cmd: Command, max_frame: usize) -> io::Result<Transport> {
         let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
         let stdin = child.stdin.take().ok_or_else(|| io::Error::other("no stdin pipe"))?;
-        set_nonblocking(&stdin)?;
-        let mut stdout = child.stdout.take().ok_or_else(|| io::Error::other("no stdout pipe"))?;
+        set_nonblocking(stdin.as_raw_fd())?;
+        let stdout = child.stdout.take().ok_or_else(|| io::Error::other("no stdout pipe"))?;
+        set_nonblocking(stdout.as_raw_fd())?;
         let mut stderr_pipe = child.stderr.take().ok_or_else(|| io::Error::other("no stderr pipe"))?;
-        let (tx, rx) = mpsc::channel();
-        thread::Builder::new().name("hexagon-sim-rx".into()).spawn(move || loop {
-            let mut len = [0u8; 4];
-            if stdout.read_exact(&mut len).is_err() {
-                let _ = tx.send(Incoming::Closed);
-                return;
-            }
-            let n = u32::from_le_bytes(len);
-            if n as usize > max_frame {
-                let _ = tx.send(Incoming::Oversized(n));
-                return;
-            }
-            let mut buf = vec![0u8; n as usize];
-            let msg = match stdout.read_exact(&mut buf) {
-                Ok(()) => Incoming::Frame(buf),
-                Err(_) => Incoming::Closed,
-            };
-            let last = matches!(msg, Incoming::Closed);
-            if tx.send(msg).is_err() || last {
-                return;
-            }
-        })?;
-        let stderr = Arc::new(Mutex::new(Vec::new()));
+        // Room for the kept tail and one chunk: appending never reallocates.
+        let stderr = Arc::new(Mutex::new(Vec::with_capacity(STDERR_KEEP + STDERR_CHUNK)));
         let keep = Arc::clone(&stderr);
         thread::Builder::new().name("hexagon-sim-err".into()).spawn(move || {
-            let mut buf = [0u8; 512];
+            let mut buf = [0u8; STDERR_CHUNK];
             while let Ok(n @ 1..) = stderr_pipe.read(&mut buf) {
                 let mut k = keep.lock().unwrap_or_else(|e| e.into_inner());
                 k.extend_from_slice(&buf[..n]);
@@ -84,7 +82,8 @@ impl Transport {
                 k.drain(..excess);
             }
         })?;
-        Ok(Transport { child, stdin: Some(stdin), rx, stderr })
+        let inbox = vec![0u8; HEADER + max_frame].into_boxed_slice();
+        Ok(Transport { child, stdin: Some(stdin), stdout, inbox, filled: 0, lent: 0, ended: false, max_frame, stderr })
     }
 
     /// The process id.
@@ -96,28 +95,58 @@ impl Transport {
     pub fn send(&mut self, msg: &[u8], deadline: Instant) -> io::Result<()> {
         let stdin = self.stdin.as_mut().ok_or_else(|| io::Error::from(io::ErrorKind::BrokenPipe))?;
         let len = u32::try_from(msg.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        let mut frame = Vec::with_capacity(4 + msg.len());
-        frame.extend_from_slice(&len.to_le_bytes());
-        frame.extend_from_slice(msg);
-        write_all_before(stdin, &frame, deadline)
+        write_all_before(stdin, &len.to_le_bytes(), deadline)?;
+        write_all_before(stdin, msg, deadline)
     }
 
     /// The next incoming item, waiting until `deadline`.
-    pub fn recv(&mut self, deadline: Instant) -> Result<Incoming, Silence> {
-        let wait = deadline.saturating_duration_since(Instant::now());
-        match self.rx.recv_timeout(wait) {
-            Ok(m) => Ok(m),
-            Err(RecvTimeoutError::Timeout) => Err(Silence::Timeout),
-            Err(RecvTimeoutError::Disconnected) => Ok(Incoming::Closed),
-        }
+    pub fn recv(&mut self, deadline: Instant) -> Result<Incoming<'_>, Silence> {
+        self.next(Some(deadline))
     }
 
     /// The next incoming item if one is there.
-    pub fn try_recv(&mut self) -> Result<Incoming, Silence> {
-        match self.rx.try_recv() {
-            Ok(m) => Ok(m),
-            Err(TryRecvError::Empty) => Err(Silence::Empty),
-            Err(TryRecvError::Disconnected) => Ok(Incoming::Closed),
+    pub fn try_recv(&mut self) -> Result<Incoming<'_>, Silence> {
+        self.next(None)
+    }
+
+    /// Drops the frame lent out last, then reads until a whole frame is buffered,
+    /// stdout ends, or `deadline` passes (`None`: only what is there now).
+    fn next(&mut self, deadline: Option<Instant>) -> Result<Incoming<'_>, Silence> {
+        if self.lent > 0 {
+            self.inbox.copy_within(self.lent..self.filled, 0);
+            self.filled -= self.lent;
+            self.lent = 0;
+        }
+        loop {
+            if self.filled >= HEADER {
+                let n = u32::from_le_bytes([self.inbox[0], self.inbox[1], self.inbox[2], self.inbox[3]]);
+                if n as usize > self.max_frame {
+                    return Ok(Incoming::Oversized(n));
+                }
+                // A frame no longer than `max_frame` fits the buffer: it is whole once that many bytes are in.
+                let end = HEADER + n as usize;
+                if self.filled >= end {
+                    self.lent = end;
+                    return Ok(Incoming::Frame(&self.inbox[HEADER..end]));
+                }
+            }
+            if self.ended {
+                return Ok(Incoming::Closed);
+            }
+            match self.stdout.read(&mut self.inbox[self.filled..]) {
+                Ok(0) => self.ended = true,
+                Ok(n) => self.filled += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let Some(deadline) = deadline else { return Err(Silence::Empty) };
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(Silence::Timeout);
+                    }
+                    wait_for(self.stdout.as_raw_fd(), libc::POLLIN, left);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => self.ended = true,
+            }
         }
     }
 
@@ -153,8 +182,7 @@ impl Drop for Transport {
     }
 }
 
-fn set_nonblocking(p: &ChildStdin) -> io::Result<()> {
-    let fd = p.as_raw_fd();
+fn set_nonblocking(fd: RawFd) -> io::Result<()> {
     // SAFETY: fcntl on a descriptor we own; F_GETFL/F_SETFL touch only its flags.
     let r = unsafe {
         let flags = libc::fcntl(fd, libc::F_GETFL);
@@ -171,8 +199,17 @@ fn set_nonblocking(p: &ChildStdin) -> io::Result<()> {
     }
 }
 
+/// Waits until `fd` is ready for `events`, at most `left` (and at most a second:
+/// callers check their deadline and wait again).
+fn wait_for(fd: RawFd, events: libc::c_short, left: Duration) {
+    let mut pfd = libc::pollfd { fd, events, revents: 0 };
+    // Rounded up, so that a wait never ends just before the deadline and spins.
+    let ms = left.as_micros().div_ceil(1000).clamp(1, 1000) as libc::c_int;
+    // SAFETY: one valid pollfd for a descriptor we own, for the duration of the call.
+    unsafe { libc::poll(&mut pfd, 1, ms) };
+}
+
 fn write_all_before(p: &mut ChildStdin, mut buf: &[u8], deadline: Instant) -> io::Result<()> {
-    use std::io::Write;
     while !buf.is_empty() {
         match p.write(buf) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
@@ -182,10 +219,7 @@ fn write_all_before(p: &mut ChildStdin, mut buf: &[u8], deadline: Instant) -> io
                 if left.is_zero() {
                     return Err(io::ErrorKind::TimedOut.into());
                 }
-                let mut pfd = libc::pollfd { fd: p.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
-                let ms = left.as_millis().clamp(1, 1000) as libc::c_int;
-                // SAFETY: one valid pollfd for a descriptor we own, for the duration of the call.
-                unsafe { libc::poll(&mut pfd, 1, ms) };
+                wait_for(p.as_raw_fd(), libc::POLLOUT, left);
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
