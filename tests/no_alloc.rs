@@ -1,7 +1,8 @@
 //! Static memory: once the engine is built, generating 64 tokens performs zero heap
-//! allocations in the whole process (a counting global allocator watches), and the arena
-//! `keel plan` reports is the arena a run uses, and `run -c 2048 -n 64` stays under 160 MB
-//! resident.
+//! allocations in the whole process (a counting global allocator watches), on the CPU and
+//! (what `keel run --device hexagon-sim` does) with the whole forward pass on the emulated
+//! DSP through keel-core's device engine; and the arena `keel plan` reports is the arena
+//! a run uses, and `run -c 2048 -n 64` stays under 160 MB resident.
 
 mod common;
 use common::*;
@@ -41,6 +42,58 @@ fn generation_allocates_nothing() {
     }
     let after = allocations();
     assert_eq!(after - before, 0, "generation allocated {} times", after - before);
+    assert!(generated.iter().any(|&t| t != generated[0]), "generation produced a constant stream: {generated:?}");
+}
+
+#[test]
+fn generation_on_hexagon_sim_allocates_nothing() {
+    use keel::core::placement::{weight_count, Decision, Exec, OffloadMode, Policy};
+    use keel_host_linux::cli::load::{engine, open, prepare, RunOptions};
+    use keel_host_linux::device::offload::Devices;
+    use keel_host_linux::device::SimConfig;
+
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let cfg = SimConfig::from_env();
+    if let Some(missing) = cfg.missing() {
+        if std::env::var("KEEL_REQUIRE_DSP").is_ok_and(|v| v == "1") {
+            panic!("KEEL_REQUIRE_DSP=1 but the hexagon-sim device cannot start: {missing}");
+        }
+        return eprintln!("\n*** SKIPPED generation_on_hexagon_sim_allocates_nothing: {missing} (set KEEL_REQUIRE_DSP=1 to make this a failure) ***\n");
+    }
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/synth/synth-llama-q8_0.gguf");
+    let opened = open(model.to_str().unwrap()).unwrap();
+    let g = opened.gguf().unwrap();
+    let opts = RunOptions { n_ctx: 128, n_batch: 16, n_outputs: 1, threads: 2, reference: false };
+    let mut loaded = prepare(&g, &opened.path, &opts).unwrap();
+    let sampling = keel::core::sampler::SamplerConfig { temp: 0.0, ..Default::default() };
+    let (mut e, pool) = engine(&g, &opened.path, &mut loaded, false, sampling).unwrap();
+    let mut devices = Devices::open(&["hexagon-sim".to_string()], &cfg).unwrap();
+    let mut decisions = vec![Decision::EMPTY; weight_count(&e.model)];
+    let mut policy = Policy::all(1);
+    policy.mode = OffloadMode::Layers;
+    let placement = devices.plan(&e.model, &policy, opts.n_ctx, &mut decisions).unwrap();
+    assert_eq!(placement.forward_device(1), Some(0), "the whole forward pass is placed on the DSP");
+    devices.load(&e.model, &placement, &e.session.kernels()).unwrap();
+    let prompt = [1u32, 17, 42, 99, 7];
+    let generate = |e: &mut keel::core::engine::Engine<'_>, devices: &mut Devices, out: &mut [u32]| {
+        e.reset();
+        let mut exec = Exec { placement: &placement, offload: devices };
+        e.eval_on(&prompt, Outputs::Last, pool, Some(&mut exec)).unwrap();
+        for slot in out.iter_mut() {
+            *slot = e.sample();
+            e.eval_on(&[*slot], Outputs::Last, pool, Some(&mut exec)).unwrap();
+        }
+    };
+    // Warm up once: the first batches size what the device and the pool keep.
+    generate(&mut e, &mut devices, &mut [0u32; 4]);
+
+    let (before, batches) = (allocations(), devices.batches());
+    let mut generated = [0u32; 32];
+    generate(&mut e, &mut devices, &mut generated);
+    let after = allocations();
+    assert_eq!(after - before, 0, "generating on hexagon-sim allocated {} times", after - before);
+    assert!(devices.error.is_none(), "{:?}", devices.error);
+    assert_eq!(devices.batches() - batches, 1 + generated.len() as u64, "one device batch per evaluation");
     assert!(generated.iter().any(|&t| t != generated[0]), "generation produced a constant stream: {generated:?}");
 }
 
