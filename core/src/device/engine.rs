@@ -872,24 +872,28 @@ where
     }
 }
 
-/// A placement's devices, each an engine: `Offload` calls go to device `n`'s engine,
-/// whose first failure is kept in its [`DeviceEngine::error`] (later calls are refused).
-impl<D, Dl, S> Offload for [DeviceEngine<D, Dl, S>]
+/// A placement's devices, each an engine (device `n` of the placement is `.0[n]`):
+/// what a session's `Exec` takes as its `Offload`. Each call goes to its device's
+/// engine, whose first failure is kept in its [`DeviceEngine::error`] (later calls to it
+/// are refused).
+pub struct Engines<'e, D: keel_npu_hal::ErrorType, Dl, S>(pub &'e mut [DeviceEngine<D, Dl, S>]);
+
+impl<D, Dl, S> Offload for Engines<'_, D, Dl, S>
 where
     D: Device + SharedBuffers + Queue,
     Dl: DelayNs,
     S: DerefMut<Target = [LayerSlot]>,
 {
     fn matmul(&mut self, device: u8, id: WeightId, x: &[f32], n: usize, out: &mut [f32]) -> Result<(), DeviceFailed> {
-        offload_call(self, device, |e| e.matmul(id, x, n, out))
+        offload_call(self.0, device, |e| e.matmul(id, x, n, out))
     }
 
     fn layers(&mut self, device: u8, layers: Range<u16>, x: &mut [f32], n: usize, pos: usize) -> Result<(), DeviceFailed> {
-        offload_call(self, device, |e| e.layers(layers, x, n, pos))
+        offload_call(self.0, device, |e| e.layers(layers, x, n, pos))
     }
 
     fn forward(&mut self, device: u8, tokens: &[u32], pos: usize, out_rows: usize, logits: &mut [f32]) -> Result<(), DeviceFailed> {
-        offload_call(self, device, |e| e.forward(tokens, pos, out_rows, logits))
+        offload_call(self.0, device, |e| e.forward(tokens, pos, out_rows, logits))
     }
 }
 

@@ -8,4 +8,4 @@
 pub mod engine;
 pub mod lower;
 
-pub use engine::{DeviceEngine, EngineError, LayerSlot, LoadScratch, Stage, Stats};
+pub use engine::{DeviceEngine, EngineError, Engines, LayerSlot, LoadScratch, Stage, Stats};
