@@ -22,6 +22,7 @@ pub mod chat;
 pub mod delta_net;
 pub mod engine;
 pub mod error;
+pub mod exec;
 pub mod matmul;
 pub mod model;
 pub mod ops;
