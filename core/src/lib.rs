@@ -23,6 +23,7 @@ pub mod delta_net;
 pub mod device;
 pub mod engine;
 pub mod error;
+pub mod exec;
 pub mod matmul;
 pub mod model;
 pub mod ops;

@@ -10,7 +10,7 @@
 //!   padded to 4), then the buffers: count, and per buffer its id, length and
 //!   bytes (padded to 4). The harness places each buffer 128-byte aligned in its
 //!   work memory and runs the batch with the device's own executor
-//!   (`exec::run_batch`, caps as the device reports them after its self-test).
+//!   (`keel_core::exec::run_batch`, caps as the device reports them after its self-test).
 //!
 //! Response: status word (0 ok, else 1 + error code), then
 //! - `CMD_MATMUL`: the DSP-quantized activation blocks in ggml form
@@ -21,15 +21,13 @@
 //!   error code (`error_code`, 0 when done), then every buffer's bytes after
 //!   the batch, in request order (each padded to 4).
 
+use keel_core::exec::{kernels, run_batch, Buffers, Scratch, ALIGN};
 use keel_core::quant::tiles32::{self, quantize_act, ActBlock, TiledWeights};
 use keel_npu_hal::op::DType;
 use keel_npu_hal::wire::{self, BatchMsg, MAX_BUFFERS};
 use keel_npu_hal::{tile, BatchStatus, BufferId, ErrorKind, UnitState};
 
-use crate::exec::{run_batch, Buffers};
 use crate::msgloop::{caps, Measured};
-use crate::scratch::Scratch;
-use crate::{kernels, tile_error};
 
 /// `b"KDSP"` read little-endian.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"KDSP");
@@ -145,15 +143,18 @@ fn dispatch(input: &[u8], work: &mut [u8], scratch: &mut [u8], w: &mut Writer<'_
     }
 }
 
-/// Buffers placed in the harness's work memory.
+/// Buffers placed in the harness's work memory: id, offset and length of each.
 struct Placed {
-    bufs: [(BufferId, usize, u32); MAX_BUFFERS],
+    work: *mut u8,
+    bufs: [(BufferId, usize, usize); MAX_BUFFERS],
     n: usize,
 }
 
-impl Buffers for Placed {
-    fn get(&self, id: BufferId) -> Option<(usize, u32)> {
-        self.bufs[..self.n].iter().find(|b| b.0 == id).map(|b| (b.1, b.2))
+// SAFETY: each buffer is a range of `work` (checked when placed), which the request
+// lends to the batch alone: nothing else reads or writes it until `run_batch` returns.
+unsafe impl Buffers for Placed {
+    fn get(&self, id: BufferId) -> Option<(*mut u8, usize)> {
+        self.bufs[..self.n].iter().find(|b| b.0 == id).map(|b| (self.work.wrapping_add(b.1), b.2))
     }
 }
 
@@ -165,31 +166,31 @@ fn batch(rd: &mut Reader<'_>, work: &mut [u8], scratch: &mut [u8], w: &mut Write
     if n > MAX_BUFFERS {
         return Err(ErrorKind::Unsupported);
     }
-    let mut placed = Placed { bufs: [(BufferId(0), 0, 0); MAX_BUFFERS], n };
+    let mut bufs = [(BufferId(0), 0, 0); MAX_BUFFERS];
     let mut at = 0;
-    for slot in placed.bufs[..n].iter_mut() {
+    for slot in bufs[..n].iter_mut() {
         let (id, len) = (BufferId(rd.u32()?), rd.u32()? as usize);
         let dst = work.get_mut(at..at + len).ok_or(ErrorKind::OutOfMemory)?;
         dst.copy_from_slice(&rd.bytes(len.next_multiple_of(4))?[..len]);
-        *slot = (id, dst.as_mut_ptr() as usize, len as u32);
-        at = (at + len).next_multiple_of(crate::scratch::ALIGN);
+        *slot = (id, at, len);
+        at = (at + len).next_multiple_of(ALIGN);
     }
     let scratch = scratch.get_mut(..scratch_bytes).ok_or(ErrorKind::OutOfMemory)?;
     let hvx = match crate::selftest::run(1, &mut Scratch::new(scratch)) {
         Ok(d) if keel_npu_hal::selftest::check(1, d).is_ok() => UnitState::Verified,
         _ => UnitState::Failed,
     };
-    let m = Measured { scratch_bytes, shared_bytes: work.len() as u64, page: crate::scratch::ALIGN as u32, hvx };
-    let status = run_batch(&msg, &placed, &caps(&m), &mut Scratch::new(scratch));
+    let m = Measured { scratch_bytes, shared_bytes: work.len() as u64, page: ALIGN as u32, hvx };
+    let placed = Placed { work: work.as_mut_ptr(), bufs, n };
+    let status = run_batch(&msg.batch(), &placed, &caps(&m), &mut Scratch::new(scratch));
     let (op, kind) = match status {
         BatchStatus::Done => (0, 0),
         BatchStatus::Failed { op, kind } => (1 + u32::from(op), error_code(kind)),
     };
     w.put(&op.to_le_bytes())?;
     w.put(&kind.to_le_bytes())?;
-    for &(_, addr, len) in &placed.bufs[..n] {
-        let start = addr - work.as_ptr() as usize;
-        w.put(&work[start..start + len as usize])?;
+    for &(_, start, len) in &bufs[..n] {
+        w.put(&work[start..start + len])?;
         w.pad4()?;
     }
     Ok(())
@@ -221,7 +222,7 @@ fn matmul(rd: &mut Reader<'_>, work: &mut [u8], scratch: &mut [u8], w: &mut Writ
     for a in acts.iter_mut() {
         let x = rd.bytes(128)?;
         let x: [f32; 32] = core::array::from_fn(|j| f32::from_le_bytes([x[4 * j], x[4 * j + 1], x[4 * j + 2], x[4 * j + 3]]));
-        quantize_act(&kern, &x, core::slice::from_mut(a)).map_err(tile_error)?;
+        quantize_act(&kern, &x, core::slice::from_mut(a))?;
         w.put(&a.to_q8_0())?;
     }
     w.pad4()?;
@@ -230,7 +231,7 @@ fn matmul(rd: &mut Reader<'_>, work: &mut [u8], scratch: &mut [u8], w: &mut Writ
     let free = s.take(s.remaining())?;
     for c in 0..n_cols {
         let (a, sums) = (&acts[c * nb..][..nb], &mut sums[c * nb * rows..][..nb * rows]);
-        tiles32::matvec(&kern, &weights, a, free, &mut outs[c * rows..][..rows], Some(sums)).map_err(tile_error)?;
+        tiles32::matvec(&kern, &weights, a, free, &mut outs[c * rows..][..rows], Some(sums))?;
     }
     Ok(())
 }

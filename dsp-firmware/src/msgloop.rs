@@ -14,9 +14,9 @@ use keel_npu_hal::op::{DType, OpKind};
 use keel_npu_hal::wire::{self, DeviceMsg, HostMsg, MAX_MESSAGE, MAX_OPS, PROTOCOL_VERSION};
 use keel_npu_hal::{BufferRules, ErrorKind};
 
+use keel_core::exec::{run_batch, Scratch};
+
 use crate::args::Fault;
-use crate::exec::run_batch;
-use crate::scratch::Scratch;
 use crate::shm::SharedRegion;
 use crate::sys;
 
@@ -40,7 +40,7 @@ pub const fn arch_version() -> u8 {
     }
 }
 
-/// The op kinds this firmware executes (see [`crate::exec`]).
+/// The op kinds this firmware executes (see `keel_core::exec`).
 pub const OPS: [OpKind; 20] = [
     OpKind::MatMul,
     OpKind::GetRows,
@@ -197,7 +197,7 @@ impl<'a> Device<'a> {
                     Fault::MalformedReply => return Reply::Raw(&[0xff, 0xff, 0xff, 0xff, 0x7f]),
                     _ => {}
                 }
-                let status = run_batch(&b, &self.region, &self.caps, &mut Scratch::new(self.scratch));
+                let status = run_batch(&b.batch(), &self.region, &self.caps, &mut Scratch::new(self.scratch));
                 let seq = if self.fault == Fault::WrongSeq { b.seq.wrapping_add(1000) } else { b.seq };
                 DeviceMsg::BatchDone { seq, status }
             }

@@ -4,13 +4,11 @@
 //! `tiles32::matvec` with the HVX kernel set), and digests the exact int32 block
 //! sums. A unit writing zeros gives a digest the host refuses.
 
+use keel_core::exec::{kernels, Scratch};
 use keel_core::quant::tiles32::{self, ActBlock, TiledWeights};
 use keel_npu_hal::op::DType;
 use keel_npu_hal::selftest::{act_block, weight_block, Digest, BLOCKS, ROWS};
 use keel_npu_hal::{tile, ErrorKind};
-
-use crate::scratch::Scratch;
-use crate::{kernels, tile_error};
 
 /// f16 1.0.
 const ONE_F16: [u8; 2] = 0x3c00u16.to_le_bytes();
@@ -36,7 +34,7 @@ pub fn run(seed: u32, scratch: &mut Scratch<'_>) -> Result<u32, ErrorKind> {
     let mut out = [0f32; ROWS];
     let w = TiledWeights { dtype: DType::Q8_0, rows, k, packed };
     let free = scratch.take(scratch.remaining())?;
-    tiles32::matvec(&kernels(), &w, &act, free, &mut out, Some(&mut sums)).map_err(tile_error)?;
+    tiles32::matvec(&kernels(), &w, &act, free, &mut out, Some(&mut sums))?;
     let mut d = Digest::default();
     sums.iter().for_each(|&s| d.push(s));
     Ok(d.value())

@@ -4,6 +4,7 @@
 //! Each `MapBuffer` maps its piece with `mmap2(MAP_SHARED)`, so host and DSP
 //! see the same bytes without copies; `FreeBuffer` unmaps it.
 
+use keel_core::exec::Buffers;
 use keel_npu_hal::{BufferId, ErrorKind};
 
 use crate::sys;
@@ -78,5 +79,16 @@ impl SharedRegion {
     /// Address and length of buffer `id`, if mapped.
     pub fn get(&self, id: BufferId) -> Option<(usize, u32)> {
         self.maps.iter().flatten().find(|m| m.id == id).map(|m| (m.addr, m.len))
+    }
+}
+
+// SAFETY: `get` answers only live mappings: `map` made each one `mmap2(PROT_READ |
+// PROT_WRITE, MAP_SHARED)` of `len` bytes, and only `free` unmaps it, which the message
+// loop cannot run while it runs a batch (one message at a time). Nothing else on the
+// DSP references the mappings, and the host does not touch a batch's buffers until
+// it is answered (the wire protocol's rule).
+unsafe impl Buffers for SharedRegion {
+    fn get(&self, id: BufferId) -> Option<(*mut u8, usize)> {
+        SharedRegion::get(self, id).map(|(addr, len)| (addr as *mut u8, len as usize))
     }
 }

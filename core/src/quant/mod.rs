@@ -92,7 +92,7 @@ mod aarch64;
 #[cfg(test)]
 mod bench;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 #[cfg(test)]
 mod tests_f16;
 #[cfg(test)]

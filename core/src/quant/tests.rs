@@ -24,10 +24,10 @@ use super::blocks::*;
 use super::*;
 use crate::ggml_type::GgmlType::{self, *};
 
-pub(super) struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
-    pub(super) fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         Rng(seed)
     }
     pub(super) fn next(&mut self) -> u64 {
@@ -49,7 +49,7 @@ impl Rng {
 
 /// A row with a different magnitude per 32-block, some all-zero blocks, some outliers,
 /// some all-positive blocks, and some values that land on rounding ties.
-pub(super) fn random_row(rng: &mut Rng, n: usize) -> Vec<f32> {
+pub(crate) fn random_row(rng: &mut Rng, n: usize) -> Vec<f32> {
     let mut x = vec![0.0f32; n];
     for block in x.chunks_mut(32) {
         let kind = rng.below(16);
@@ -112,13 +112,13 @@ pub(super) fn bytes_of(ty: GgmlType, n: usize) -> usize {
     ty.row_bytes(n as u64).unwrap() as usize
 }
 
-pub(super) fn quantized(ty: GgmlType, x: &[f32]) -> Vec<u8> {
+pub(crate) fn quantized(ty: GgmlType, x: &[f32]) -> Vec<u8> {
     let mut out = vec![0u8; bytes_of(ty, x.len())];
     quantize_row_ref(ty, x, &mut out).unwrap();
     out
 }
 
-pub(super) fn activations(k: &Kernels, ty: GgmlType, x: &[f32]) -> Vec<u8> {
+pub(crate) fn activations(k: &Kernels, ty: GgmlType, x: &[f32]) -> Vec<u8> {
     let mut out = vec![0u8; bytes_of(ty, x.len())];
     k.quantize_activations(ty, x, &mut out).unwrap();
     out

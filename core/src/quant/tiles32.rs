@@ -45,6 +45,18 @@ pub enum TileError {
     Scratch,
 }
 
+/// As the HAL reports it: `Unsupported`, `InvalidArgument` (a shape), `OutOfMemory`
+/// (the scratch).
+impl From<TileError> for keel_npu_hal::ErrorKind {
+    fn from(e: TileError) -> Self {
+        match e {
+            TileError::Unsupported => Self::Unsupported,
+            TileError::Shape => Self::InvalidArgument,
+            TileError::Scratch => Self::OutOfMemory,
+        }
+    }
+}
+
 /// Raw block sums of `n_groups` 32-row groups' tiles of one block (`tiles`: the
 /// groups' tiles, adjacent) by one activation block (`a`: its 32 quants as 8
 /// little-endian words): `out[32g + r] = Σ u·a` over the block's 32 inputs of row

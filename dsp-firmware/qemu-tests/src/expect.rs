@@ -1,6 +1,6 @@
 //! Expected values, on the host, by keel-core itself: every function here is one
 //! keel-core call — or one call per row, head or column, split exactly as the
-//! firmware's executor (`dsp-firmware/src/exec/`) splits its calls — with the scalar
+//! firmware's executor (`keel_core::exec`, `core/src/exec/`) splits its calls — with the scalar
 //! reference kernels (`Kernels::reference()`). Nothing here computes a value: it only
 //! copies inputs, slices them and hands them to keel-core.
 

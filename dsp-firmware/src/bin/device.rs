@@ -9,9 +9,9 @@
 
 use core::cell::UnsafeCell;
 
+use keel_core::exec::Scratch;
 use keel_dsp_firmware::args;
 use keel_dsp_firmware::msgloop::{caps, Device, Measured};
-use keel_dsp_firmware::scratch::Scratch;
 use keel_dsp_firmware::shm::SharedRegion;
 use keel_dsp_firmware::sys;
 use keel_npu_hal::wire::MAX_MESSAGE;

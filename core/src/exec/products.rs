@@ -1,15 +1,15 @@
 //! Matrix products and data movement: `MatMul`, `Quantize`, `GetRows`, `Copy`, each a
-//! call into keel-core (`quant::tiles32`, `Kernels`): the firmware only resolves the
-//! tensors and hands out scratch.
+//! call into keel-core's quant code (`quant::tiles32`, `Kernels`): this module only
+//! resolves the tensors and hands out scratch.
 
 use half::f16;
-use keel_core::quant::tiles32::{self, quantize_act, ActBlock, TiledWeights};
-use keel_npu_hal::op::{DType, OpDesc};
+use keel_npu_hal::op::{DType, OpDesc, TensorDesc};
 use keel_npu_hal::ErrorKind;
 
 use super::view::{contiguous, words, words_mut, Tensors};
-use crate::scratch::{Scratch, ALIGN};
-use crate::{ggml_type, kernels, tile_error};
+use super::{kernels, Scratch, ALIGN};
+use crate::ggml_type::GgmlType;
+use crate::quant::tiles32::{self, quantize_act, ActBlock, TiledWeights};
 
 /// `dst[col] = W · x[col]`: W in Tiles32 (Q8_0, Q4_0, IQ4_NL); x F32 (each column
 /// quantized to Q8_0 here, into scratch, by keel-core's rule) or Q8_0 ggml blocks.
@@ -27,7 +27,7 @@ pub fn matmul(op: &OpDesc, ts: &Tensors<'_>, scratch: &mut Scratch<'_>) -> Resul
     let nb = k / 32;
     let kern = kernels();
 
-    // The columns as Q8_0 blocks in the kernels' form, in scratch (VTCM).
+    // The columns as Q8_0 blocks in the kernels' form, in scratch.
     let act_bytes = scratch.take(cols * nb * core::mem::size_of::<ActBlock>())?;
     // SAFETY: ActBlock is repr(C) of u32/i32/f32/u16 fields, valid for any bit
     // pattern; align_to_mut only yields correctly aligned elements.
@@ -38,7 +38,7 @@ pub fn matmul(op: &OpDesc, ts: &Tensors<'_>, scratch: &mut Scratch<'_>) -> Resul
     match x.dtype {
         DType::F32 => {
             for (col, a) in words::<f32>(xb)?.chunks_exact(k).zip(acts.chunks_exact_mut(nb.max(1))) {
-                quantize_act(&kern, col, a).map_err(tile_error)?;
+                quantize_act(&kern, col, a)?;
             }
         }
         DType::Q8_0 => {
@@ -53,7 +53,7 @@ pub fn matmul(op: &OpDesc, ts: &Tensors<'_>, scratch: &mut Scratch<'_>) -> Resul
     let weights = TiledWeights { dtype: w.dtype, rows, k, packed };
     let free = scratch.take(scratch.remaining())?;
     for (c, o) in out.chunks_exact_mut(rows).enumerate() {
-        tiles32::matvec(&kern, &weights, &acts[c * nb..][..nb], free, o, None).map_err(tile_error)?;
+        tiles32::matvec(&kern, &weights, &acts[c * nb..][..nb], free, o, None)?;
     }
     Ok(())
 }
@@ -69,7 +69,7 @@ pub fn quantize(op: &OpDesc, ts: &Tensors<'_>) -> Result<(), ErrorKind> {
     let (xv, out) = unsafe { (words::<f32>(ts.bytes(x)?)?, ts.bytes_mut(d)?) };
     let n = xv.len() - xv.len() % 32;
     let out = out.get_mut(..n / 32 * 34).ok_or(ErrorKind::InvalidArgument)?;
-    kernels().quantize_activations(keel_core::ggml_type::GgmlType::Q8_0, &xv[..n], out).map_err(|_| ErrorKind::InvalidArgument)
+    kernels().quantize_activations(GgmlType::Q8_0, &xv[..n], out).map_err(|_| ErrorKind::InvalidArgument)
 }
 
 /// `dst[i] = row idx[i] of src0`, dequantized to F32 (embedding lookup) by keel-core.
@@ -80,7 +80,7 @@ pub fn get_rows(op: &OpDesc, ts: &Tensors<'_>) -> Result<(), ErrorKind> {
     }
     ts.disjoint(d, a)?;
     ts.disjoint(d, idx)?;
-    let ty = ggml_type(a.dtype)?;
+    let ty = GgmlType::from_id(a.dtype.ggml_type_id()).ok_or(ErrorKind::Unsupported)?;
     let row_bytes = a.dtype.row_bytes(a.ne[0]).ok_or(ErrorKind::InvalidArgument)? as usize;
     // SAFETY: d overlaps neither source (checked): its view is the only mutable one.
     let (src, ids, out) = unsafe { (ts.bytes(a)?, words::<i32>(ts.bytes(idx)?)?, words_mut::<f32>(ts.bytes_mut(d)?)?) };
@@ -110,7 +110,7 @@ pub fn copy(op: &OpDesc, ts: &Tensors<'_>) -> Result<(), ErrorKind> {
     for i3 in 0..x.ne[3] as usize {
         for i2 in 0..x.ne[2] as usize {
             for i1 in 0..x.ne[1] as usize {
-                let off = |t: &keel_npu_hal::op::TensorDesc| i1 * t.nb[1] as usize + i2 * t.nb[2] as usize + i3 * t.nb[3] as usize;
+                let off = |t: &TensorDesc| i1 * t.nb[1] as usize + i2 * t.nb[2] as usize + i3 * t.nb[3] as usize;
                 let row = words::<f32>(&src[off(x)..off(x) + 4 * n0])?;
                 let o = &mut out[off(d)..off(d) + es * n0];
                 if es == 2 {

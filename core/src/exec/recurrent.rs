@@ -4,12 +4,12 @@
 //! device buffers, read and updated in place by their op; they must not overlap the
 //! op's other tensors.
 
-use keel_core::delta_net;
 use keel_npu_hal::op::{OpDesc, TensorDesc};
 use keel_npu_hal::ErrorKind;
 
 use super::view::{contiguous, scratch_f32, words, words_mut, Tensors};
-use crate::scratch::Scratch;
+use super::Scratch;
+use crate::delta_net;
 
 /// Whether `t`'s rows are contiguous F32 and its strides whole f32 words (a view
 /// the ops here can walk row by row).

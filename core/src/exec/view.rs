@@ -1,16 +1,17 @@
-//! Tensors of a batch as device byte ranges, and slices over them.
+//! Tensors of a batch as address ranges, and slices over them.
 //!
 //! Aliasing rule for every op: a destination either does not overlap a source
 //! or is exactly the same bytes with the same layout (the op then runs in
-//! place). [`Tensors::dst_from`] applies it. Slices are made only for ranges
-//! that `Batch::validate` and `run_batch` checked lie inside mapped buffers.
+//! place). [`Tensors::same_or_disjoint`] and [`Tensors::disjoint`] apply it.
+//! Slices are made only for ranges that `Batch::validate` and `run_batch`
+//! checked lie inside the buffers (`Buffers`).
 
 use keel_npu_hal::op::{OpDesc, TensorDesc};
 use keel_npu_hal::ErrorKind;
 
-use crate::scratch::Scratch;
+use super::Scratch;
 
-/// A tensor's bytes, `[start, end)` device addresses.
+/// A tensor's bytes, `[start, end)` addresses.
 #[derive(Copy, Clone, PartialEq, Eq, Debug)]
 pub struct Span {
     pub start: usize,
@@ -23,10 +24,10 @@ impl Span {
     }
 }
 
-/// The tensor table with the buffers' device addresses.
+/// The tensor table with the buffers' addresses (see `Buffers`).
 pub struct Tensors<'a> {
     pub t: &'a [TensorDesc],
-    pub bases: &'a [usize],
+    pub bases: &'a [*mut u8],
 }
 
 impl Tensors<'_> {
@@ -40,12 +41,19 @@ impl Tensors<'_> {
         self.t.get(usize::from(op.dst)).ok_or(ErrorKind::InvalidArgument)
     }
 
-    /// The device bytes of `t`.
-    pub fn span(&self, t: &TensorDesc) -> Result<Span, ErrorKind> {
+    /// The bytes of `t`: a pointer to the first and the addresses they span.
+    fn locate(&self, t: &TensorDesc) -> Result<(*mut u8, Span), ErrorKind> {
         let base = *self.bases.get(usize::from(t.buffer)).ok_or(ErrorKind::InvalidArgument)?;
-        // `validate` checked that `end` exists and lies inside the buffer.
+        // `validate` checked that `end` exists and lies inside the buffer, and
+        // `run_batch` that the buffer's memory is at least that long.
         let end = t.end().ok_or(ErrorKind::InvalidArgument)?;
-        Ok(Span { start: base + t.offset as usize, end: base + end as usize })
+        let start = base.wrapping_add(t.offset as usize);
+        Ok((start, Span { start: start.addr(), end: base.addr() + end as usize }))
+    }
+
+    /// The bytes of `t`, as addresses.
+    pub fn span(&self, t: &TensorDesc) -> Result<Span, ErrorKind> {
+        Ok(self.locate(t)?.1)
     }
 
     /// Whether `dst` is exactly `src` (run in place), after checking that it
@@ -74,23 +82,24 @@ impl Tensors<'_> {
     /// # Safety
     /// No mutable slice over these bytes may be alive while this one is.
     pub unsafe fn bytes(&self, t: &TensorDesc) -> Result<&[u8], ErrorKind> {
-        let s = self.span(t)?;
-        // SAFETY: [start, end) lies in a mapped buffer (validate + run_batch);
-        // the caller rules out a live mutable view; the host does not touch the
-        // buffers of a batch in flight. The mapping outlives the batch (and so `self`).
-        Ok(core::slice::from_raw_parts(s.start as *const u8, s.end - s.start))
+        let (start, s) = self.locate(t)?;
+        // SAFETY: [start, end) lies in a buffer (validate + run_batch) that stays
+        // valid and untouched by anything else while the batch runs (the `Buffers`
+        // contract), so for as long as `self`; the caller rules out a live mutable view.
+        Ok(unsafe { core::slice::from_raw_parts(start, s.end - s.start) })
     }
 
     /// The bytes of `t`, to write, for a lifetime the caller picks (the
-    /// mapping lives as long as the batch runs).
+    /// buffers stay valid as long as the batch runs).
     ///
     /// # Safety
     /// No other slice over these bytes may be alive while this one is, and it
     /// must not outlive the batch.
     pub unsafe fn bytes_mut<'m>(&self, t: &TensorDesc) -> Result<&'m mut [u8], ErrorKind> {
-        let s = self.span(t)?;
-        // SAFETY: as for `bytes`, and the caller makes this the only view.
-        Ok(core::slice::from_raw_parts_mut(s.start as *mut u8, s.end - s.start))
+        let (start, s) = self.locate(t)?;
+        // SAFETY: as for `bytes` (the buffers are writable), and the caller makes
+        // this the only view and keeps it within the batch.
+        Ok(unsafe { core::slice::from_raw_parts_mut(start, s.end - s.start) })
     }
 }
 
@@ -99,15 +108,15 @@ pub fn contiguous(t: &TensorDesc) -> bool {
     TensorDesc::contiguous(t.dtype, t.ne, t.buffer, t.offset).is_some_and(|c| c.nb == t.nb)
 }
 
-/// Plain 4-byte values valid for any bit pattern.
+/// Plain values (f32, i32, f16) valid for any bit pattern.
 pub trait Word: Copy {}
 impl Word for f32 {}
 impl Word for i32 {}
 impl Word for half::f16 {}
 
-/// Bytes as 4-byte words; `InvalidArgument` if misaligned or ragged.
+/// Bytes as `T`s; `InvalidArgument` if misaligned or ragged.
 pub fn words<T: Word>(b: &[u8]) -> Result<&[T], ErrorKind> {
-    // SAFETY: T is a plain 4-byte type valid for any bits; align_to only yields aligned elements.
+    // SAFETY: T is a plain type valid for any bits; align_to only yields aligned elements.
     let (pre, w, post) = unsafe { b.align_to::<T>() };
     if pre.is_empty() && post.is_empty() {
         Ok(w)
@@ -116,7 +125,7 @@ pub fn words<T: Word>(b: &[u8]) -> Result<&[T], ErrorKind> {
     }
 }
 
-/// Mutable bytes as 4-byte words; `InvalidArgument` if misaligned or ragged.
+/// Mutable bytes as `T`s; `InvalidArgument` if misaligned or ragged.
 pub fn words_mut<T: Word>(b: &mut [u8]) -> Result<&mut [T], ErrorKind> {
     // SAFETY: as in `words`.
     let (pre, w, post) = unsafe { b.align_to_mut::<T>() };
@@ -127,7 +136,7 @@ pub fn words_mut<T: Word>(b: &mut [u8]) -> Result<&mut [T], ErrorKind> {
     }
 }
 
-/// `n` f32 of scratch (VTCM).
+/// `n` f32 of scratch.
 pub fn scratch_f32<'s>(s: &mut Scratch<'s>, n: usize) -> Result<&'s mut [f32], ErrorKind> {
     words_mut(s.take(n * 4)?)
 }

@@ -1,18 +1,17 @@
-//! The float ops of a layer: descriptors → keel-core's ops (`keel_core::ops`,
-//! `keel_core::attention`) over slices, so the DSP computes the CPU's bits. Every op
+//! The float ops of a layer: descriptors → keel-core's ops (`crate::ops`,
+//! `crate::attention`) over slices, so a device computes the CPU's bits. Every op
 //! here writes a contiguous F32 destination that is either its first source (in place)
 //! or disjoint from it: the first source is copied over first when they differ, then
 //! the op runs in place. Other sources must be disjoint.
 
 use half::f16;
-use keel_core::attention::{attend_heads, KeySpan};
-use keel_core::ops;
 use keel_npu_hal::op::{DType, OpDesc, OpKind, TensorDesc};
 use keel_npu_hal::ErrorKind;
 
 use super::view::{contiguous, scratch_f32, words, words_mut, Tensors};
-use crate::kernels;
-use crate::scratch::Scratch;
+use super::{kernels, Scratch};
+use crate::attention::{attend_heads, KeySpan};
+use crate::ops;
 
 /// The destination as F32, holding a copy of source `a` (or being it).
 ///
@@ -98,7 +97,7 @@ pub fn binary(op: &OpDesc, ts: &Tensors<'_>) -> Result<(), ErrorKind> {
 }
 
 /// RoPE of `[head_dim, n_head, n_tokens]` at the I32 positions src1, with the
-/// host's `(cos, sin)` table src2 or angles computed here ([`rot::angles`]).
+/// host's `(cos, sin)` table src2 or angles computed here (`ops::rope_angles`).
 pub fn rope(op: &OpDesc, ts: &Tensors<'_>, n_dims: u16, mode: u8, base: f32, s: &mut Scratch<'_>) -> Result<(), ErrorKind> {
     let (a, d) = (ts.src(op, 0)?, ts.dst(op)?);
     let pos = words::<i32>({
@@ -145,7 +144,7 @@ pub fn rope(op: &OpDesc, ts: &Tensors<'_>, n_dims: u16, mode: u8, base: f32, s: 
 /// Causal attention of Q `[head_dim, n_head, n_tokens]` over K, V
 /// `[head_dim, n_kv, n_head_kv]` (F16 caches, any row strides, e.g. keel's
 /// position-major cache) into dst (Q's shape, contiguous; may be Q itself), one
-/// `keel_core::attention::attend_heads` call per query head (keel's CPU arithmetic).
+/// `crate::attention::attend_heads` call per query head (keel's CPU arithmetic).
 /// Query head `h` reads cache head `h / (n_head / n_head_kv)`; token `t` (position
 /// `p = n_kv − n_tokens + t`) sees positions `0 ..= p`, or `p + 1 − window ..= p` with a
 /// sliding window (the keys in position order: keel's CPU ring cache gives the same).
@@ -158,7 +157,7 @@ pub fn attention(op: &OpDesc, ts: &Tensors<'_>, n_head: u16, n_head_kv: u16, sca
         if c.dtype != DType::F16 {
             return Err(ErrorKind::Unsupported);
         }
-        if c.nb[0] != 2 || c.nb[1] % 2 != 0 || c.nb[2] % 2 != 0 || c.ne[0] as usize != head_dim || c.ne[1] as usize != n_kv {
+        if c.nb[0] != 2 || !c.nb[1].is_multiple_of(2) || !c.nb[2].is_multiple_of(2) || c.ne[0] as usize != head_dim || c.ne[1] as usize != n_kv {
             return Err(ErrorKind::InvalidArgument);
         }
         ts.disjoint(d, c)?;
@@ -167,7 +166,7 @@ pub fn attention(op: &OpDesc, ts: &Tensors<'_>, n_head: u16, n_head_kv: u16, sca
         Ok((words::<f16>(&bytes[..bytes.len() - bytes.len() % 2])?, c.nb[1] as usize / 2, c.nb[2] as usize / 2))
     };
     let ((kc, kps, khs), (vc, vps, vhs)) = (cache(k)?, cache(v)?);
-    if q.nb[0] != 4 || !contiguous(d) || n_head_kv == 0 || n_head % n_head_kv != 0 || n_tokens > n_kv {
+    if q.nb[0] != 4 || !contiguous(d) || n_head_kv == 0 || !n_head.is_multiple_of(n_head_kv) || n_tokens > n_kv {
         return Err(ErrorKind::Unsupported);
     }
     let same = ts.same_or_disjoint(d, q)?;
