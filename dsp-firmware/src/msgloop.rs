@@ -9,8 +9,8 @@
 //! `SubmitBatch` is answered by `BatchDone` with the batch's sequence number.
 //! A frame longer than `MAX_MESSAGE` cannot be resynchronised: the loop exits.
 
-use keel_npu_hal::caps::{Arch, Caps, DTypeSet, Identity, MemoryLimits, OpSet, UnitState, Units};
-use keel_npu_hal::op::{DType, OpKind};
+use keel_npu_hal::caps::{Arch, Caps, DTypeSet, Identity, MemoryLimits, UnitState, Units};
+use keel_npu_hal::op::DType;
 use keel_npu_hal::wire::{self, DeviceMsg, HostMsg, MAX_MESSAGE, MAX_OPS, PROTOCOL_VERSION};
 use keel_npu_hal::{BufferRules, ErrorKind};
 
@@ -40,29 +40,6 @@ pub const fn arch_version() -> u8 {
     }
 }
 
-/// The op kinds this firmware executes (see `keel_core::exec`).
-pub const OPS: [OpKind; 20] = [
-    OpKind::MatMul,
-    OpKind::GetRows,
-    OpKind::RmsNorm { eps: 0.0 },
-    OpKind::Rope { n_dims: 0, mode: 0, freq_base: 0.0 },
-    OpKind::Attention { n_head: 0, n_head_kv: 0, scale: 0.0, window: 0 },
-    OpKind::Softmax { scale: 0.0 },
-    OpKind::Silu,
-    OpKind::Gelu,
-    OpKind::SwiGlu,
-    OpKind::Mul,
-    OpKind::Add,
-    OpKind::GeGlu,
-    OpKind::Quantize,
-    OpKind::Copy,
-    OpKind::Scale { s: 0.0 },
-    OpKind::Sigmoid,
-    OpKind::Softplus,
-    OpKind::L2Norm { eps: 0.0 },
-    OpKind::SsmConv,
-    OpKind::GatedDeltaRule { n_k_heads: 0, chunk: 0, scale: 0.0 },
-];
 
 /// What the firmware measured at start.
 pub struct Measured {
@@ -85,7 +62,7 @@ pub fn caps(m: &Measured) -> Caps {
             scratch_bytes: m.scratch_bytes as u32,
             buffers: BufferRules { align: m.page, granule: m.page, max_size: m.shared_bytes },
         },
-        ops: OPS.iter().fold(OpSet::default(), |set, k| set.with(k.code())),
+        ops: keel_core::exec::op_set(),
         matmul_weights: DTypeSet::default().with(DType::Q4_0).with(DType::Q8_0).with(DType::IQ4NL),
         max_in_flight: MAX_IN_FLIGHT,
         max_batch_ops: MAX_OPS as u16,

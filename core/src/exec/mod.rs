@@ -38,6 +38,7 @@ mod tests;
 use keel_npu_hal::op::{Batch, OpKind, Support};
 use keel_npu_hal::support::check_op;
 use keel_npu_hal::wire::{MAX_BUFFERS, MAX_OPS, MAX_TENSORS};
+use keel_npu_hal::caps::OpSet;
 use keel_npu_hal::{BatchStatus, BufferId, Caps, ErrorKind};
 
 use crate::ops;
@@ -70,6 +71,35 @@ pub unsafe trait Buffers {
 /// integers, so a batch gives the same bits on every target.
 pub fn kernels() -> Kernels {
     Kernels::new(Isa { hvx: true, ..Isa::default() })
+}
+
+/// The op kinds [`run_batch`] executes (a device that runs it reports these in its caps).
+pub const OPS: [OpKind; 20] = [
+    OpKind::MatMul,
+    OpKind::GetRows,
+    OpKind::RmsNorm { eps: 0.0 },
+    OpKind::Rope { n_dims: 0, mode: 0, freq_base: 0.0 },
+    OpKind::Attention { n_head: 0, n_head_kv: 0, scale: 0.0, window: 0 },
+    OpKind::Softmax { scale: 0.0 },
+    OpKind::Silu,
+    OpKind::Gelu,
+    OpKind::SwiGlu,
+    OpKind::Mul,
+    OpKind::Add,
+    OpKind::GeGlu,
+    OpKind::Quantize,
+    OpKind::Copy,
+    OpKind::Scale { s: 0.0 },
+    OpKind::Sigmoid,
+    OpKind::Softplus,
+    OpKind::L2Norm { eps: 0.0 },
+    OpKind::SsmConv,
+    OpKind::GatedDeltaRule { n_k_heads: 0, chunk: 0, scale: 0.0 },
+];
+
+/// [`OPS`] as the capability set a device reports.
+pub fn op_set() -> OpSet {
+    OPS.iter().fold(OpSet::default(), |set, k| set.with(k.code()))
 }
 
 /// Runs `batch`'s ops in order over `buffers`, each op first checked against `caps`,
