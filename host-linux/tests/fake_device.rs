@@ -1,0 +1,266 @@
+//! A second implementation of keel's NPU HAL, used only here: a CPU-backed fake device.
+//! Its buffers are heap memory and its batches run, at submit, through keel-core's batch
+//! executor (`keel_core::exec`, the one the Hexagon firmware runs); its completions are
+//! queued for `poll`. Nothing outside this file knows it exists: keel-core's device
+//! engine plans, loads and runs every synthetic model's whole forward pass on it exactly
+//! as it does on hexagon-sim, and the logits must equal the CPU's bit for bit (4 prompts
+//! × 32 teacher-forced steps each, one device batch per token).
+
+use std::collections::VecDeque;
+
+use keel_core::device::engine::{LayerSlot, LoadScratch};
+use keel_core::device::{DeviceEngine, Engines};
+use keel_core::exec::{self, Buffers, Scratch};
+use keel_core::placement::{weight_count, Decision, DeviceInfo, Exec, OffloadMode, Placement, Policy, Where};
+use keel_core::session::Outputs;
+use keel_host_linux::cli::load::{engine, open, prepare, RunOptions};
+use keel_npu_hal::caps::{Arch, Caps, DTypeSet, Identity, MemoryLimits, UnitState, Units};
+use keel_npu_hal::device::{BatchStatus, Completion, Device, Queue, Seq, SharedBuffers};
+use keel_npu_hal::error::{Error, ErrorKind, ErrorType};
+use keel_npu_hal::op::{Batch, DType};
+use keel_npu_hal::wait::WaitPolicy;
+use keel_npu_hal::{BufferId, BufferRules};
+
+/// A HAL error: just its kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FakeError(ErrorKind);
+
+impl Error for FakeError {
+    fn kind(&self) -> ErrorKind {
+        self.0
+    }
+}
+
+/// One shared buffer: heap bytes, the usable part starting on the device's alignment.
+struct Buf {
+    mem: Vec<u8>,
+    start: usize,
+    len: usize,
+    mapped: bool,
+}
+
+/// The fake device: the CPU, its memory, and a queue of completions.
+struct Fake {
+    identity: Identity,
+    caps: Caps,
+    bufs: Vec<Option<Buf>>,
+    done: VecDeque<Completion>,
+    next: Seq,
+    scratch: Vec<u8>,
+}
+
+const ALIGN: u32 = 4096;
+
+impl Fake {
+    fn new() -> Fake {
+        let rules = BufferRules { align: ALIGN, granule: ALIGN, max_size: 256 << 20 };
+        Fake {
+            identity: Identity { arch: Arch::Software, firmware_version: 1, protocol_version: keel_npu_hal::wire::PROTOCOL_VERSION, emulated: true },
+            caps: Caps {
+                units: Units { hvx_contexts: 0, hvx: UnitState::Absent, hmx: UnitState::Absent, npu_cores: 1, npu: UnitState::Verified },
+                memory: MemoryLimits { va_budget: 1 << 30, scratch_bytes: 1 << 20, buffers: rules },
+                ops: exec::op_set(),
+                matmul_weights: DTypeSet::default().with(DType::Q8_0).with(DType::Q4_0).with(DType::IQ4NL),
+                max_in_flight: 4,
+                max_batch_ops: keel_npu_hal::wire::MAX_OPS as u16,
+            },
+            bufs: Vec::new(),
+            done: VecDeque::new(),
+            next: 0,
+            scratch: vec![0u8; (1 << 20) + exec::ALIGN],
+        }
+    }
+
+    fn buf(&mut self, id: BufferId) -> Result<&mut Buf, FakeError> {
+        self.bufs.get_mut(id.0 as usize).and_then(Option::as_mut).ok_or(FakeError(ErrorKind::InvalidArgument))
+    }
+}
+
+impl ErrorType for Fake {
+    type Error = FakeError;
+}
+
+impl Device for Fake {
+    fn identity(&self) -> &Identity {
+        &self.identity
+    }
+    fn caps(&self) -> &Caps {
+        &self.caps
+    }
+}
+
+impl SharedBuffers for Fake {
+    fn alloc(&mut self, size: u64) -> Result<BufferId, FakeError> {
+        let len = self.buffer_rules().rounded_size(size).map_err(FakeError)? as usize;
+        let mem = vec![0u8; len + ALIGN as usize];
+        let start = mem.as_ptr().align_offset(ALIGN as usize);
+        self.bufs.push(Some(Buf { mem, start, len, mapped: false }));
+        Ok(BufferId(self.bufs.len() as u32 - 1))
+    }
+    fn map(&mut self, id: BufferId) -> Result<(), FakeError> {
+        self.buf(id)?.mapped = true;
+        Ok(())
+    }
+    fn host_view(&mut self, id: BufferId) -> Result<&mut [u8], FakeError> {
+        let b = self.buf(id)?;
+        Ok(&mut b.mem[b.start..b.start + b.len])
+    }
+    fn free(&mut self, id: BufferId) -> Result<(), FakeError> {
+        self.buf(id)?;
+        self.bufs[id.0 as usize] = None;
+        Ok(())
+    }
+}
+
+/// The mapped buffers' memory, for the executor.
+struct Mapped(Vec<Option<(*mut u8, usize)>>);
+
+// SAFETY: every pointer comes from a `&mut` borrow of a live buffer's bytes, held for
+// as long as the batch runs (`submit` keeps `self.bufs` borrowed mutably throughout),
+// and nothing else reads or writes those bytes meanwhile; the executor's scratch is a
+// separate allocation.
+unsafe impl Buffers for Mapped {
+    fn get(&self, id: BufferId) -> Option<(*mut u8, usize)> {
+        self.0.get(id.0 as usize).copied().flatten()
+    }
+}
+
+impl Queue for Fake {
+    fn submit(&mut self, batch: &Batch<'_>) -> Result<Seq, FakeError> {
+        if self.done.len() >= usize::from(self.caps.max_in_flight) {
+            return Err(FakeError(ErrorKind::Busy));
+        }
+        let mapped = Mapped(self.bufs.iter_mut().map(|b| b.as_mut().filter(|b| b.mapped).map(|b| (b.mem[b.start..].as_mut_ptr(), b.len))).collect());
+        let status: BatchStatus = exec::run_batch(batch, &mapped, &self.caps, &mut Scratch::new(&mut self.scratch));
+        let seq = self.next;
+        self.next = self.next.wrapping_add(1);
+        self.done.push_back(Completion { seq, status });
+        Ok(seq)
+    }
+    fn poll(&mut self) -> Result<Option<Completion>, FakeError> {
+        Ok(self.done.pop_front())
+    }
+}
+
+/// No time passes on the CPU between polls: every batch completes at submit.
+struct NoDelay;
+
+impl embedded_hal::delay::DelayNs for NoDelay {
+    fn delay_ns(&mut self, _ns: u32) {}
+}
+
+fn root() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The model the CPU and the fake both run: the synthetic file, or for Qwen 3.5 (whose
+/// F32 beta/alpha projections a device holds converted to Q8_0) its `keel quantize`d
+/// Q8_0 copy, so that both sides compute with the same weights.
+fn model_file(name: &str) -> std::path::PathBuf {
+    let file = root().join(format!("tests/golden/synth/{name}.gguf"));
+    if !name.contains("qwen35") {
+        return file;
+    }
+    let out = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("fake-device-{name}.Q8_0.gguf"));
+    let _ = std::fs::remove_file(&out);
+    let st = std::process::Command::new(env!("CARGO_BIN_EXE_keel")).arg("quantize").arg(&file).arg(&out).args(["Q8_0", "--allow-requantize", "-t", "1"]).output().unwrap();
+    assert!(st.status.success(), "keel quantize: {}", String::from_utf8_lossy(&st.stderr));
+    out
+}
+
+/// The first prompts of the model's greedy golden file.
+fn prompts(name: &str, n: usize) -> Vec<Vec<u32>> {
+    // Lossily: a golden's generated `text` may hold bytes that are not UTF-8; only token ids are read.
+    let text = String::from_utf8_lossy(&std::fs::read(root().join(format!("tests/golden/synth/{name}.greedy.jsonl"))).unwrap()).into_owned();
+    let v: Vec<serde_json::Value> = text.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).unwrap()).collect();
+    v.iter().take(n).map(|p| p["prompt_tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()).collect()
+}
+
+/// Runs `name`'s whole forward pass on the fake device through keel-core's engine and
+/// on the CPU, teacher-forced with the CPU's greedy tokens: 4 prompts × 32 steps, one
+/// device batch per token, logits equal bit for bit.
+fn whole_forward_on_the_fake(name: &str) {
+    let model = model_file(name);
+    let opened = open(model.to_str().unwrap()).unwrap();
+    let g = opened.gguf().unwrap();
+    let opts = RunOptions { n_ctx: 128, n_batch: 32, n_outputs: 1, threads: 1, reference: false };
+    let (mut l_cpu, mut l_dev) = (prepare(&g, &opened.path, &opts).unwrap(), prepare(&g, &opened.path, &opts).unwrap());
+    let sampling = keel_core::sampler::SamplerConfig { temp: 0.0, ..Default::default() };
+    let (mut cpu, pool) = engine(&g, &opened.path, &mut l_cpu, false, sampling).unwrap();
+    let (mut dev, _) = engine(&g, &opened.path, &mut l_dev, false, sampling).unwrap();
+
+    let policy = WaitPolicy { timeout_us: 1_000_000, poll_us: 1 };
+    let mut engines = [DeviceEngine::new(Fake::new(), 0, NoDelay, policy, vec![LayerSlot::EMPTY; dev.model.layers.len()])];
+    let mut decisions = vec![Decision::EMPTY; weight_count(&dev.model)];
+    let mut p = Policy::all(1);
+    p.mode = OffloadMode::Layers;
+    p.kv_ctx = opts.n_ctx;
+    let infos: [&dyn DeviceInfo; 1] = [&engines[0]];
+    let placement = Placement::plan(&dev.model, &p, &infos, &mut decisions).unwrap();
+    assert!(placement.decisions().iter().all(|d| d.place == Where::Device(0)), "{name}: every product on the fake");
+    assert!((0..dev.model.layers.len()).all(|l| placement.layer_device(l) == Some(0)), "{name}: every layer whole on the fake");
+    assert_eq!(placement.forward_device(1), Some(0), "{name}: the whole forward pass on the fake");
+    let (floats, bytes) = engines[0].load_scratch(&placement);
+    let (mut row, mut group) = (vec![0f32; floats], vec![0u8; bytes]);
+    engines[0].load(&dev.model, &placement, &dev.session.kernels(), &mut LoadScratch { row: &mut row, group: &mut group }).unwrap();
+    assert!(engines[0].stats.context_bytes > 0 && engines[0].stats.model_bytes > 0, "{name}: {:?}", engines[0].stats);
+
+    let nv = cpu.n_vocab();
+    let mut positions = 0;
+    for prompt in prompts(name, 4) {
+        cpu.reset();
+        dev.reset();
+        let mut input = prompt;
+        for step in 0..32 {
+            let c = cpu.eval(&input, Outputs::Last, pool).unwrap().to_vec();
+            let before = engines[0].stats.batches;
+            let mut offload = Engines(&mut engines[..]);
+            let mut exec = Exec { placement: &placement, offload: &mut offload };
+            let r = dev.eval_on(&input, Outputs::Last, pool, Some(&mut exec));
+            assert!(r.is_ok(), "{name} step {step}: {r:?}: {:?}", engines[0].error);
+            if step > 0 {
+                assert_eq!(engines[0].stats.batches - before, 1, "{name} step {step}: one device batch per generated token");
+            }
+            let d = dev.session.last_logits(nv);
+            let c = &c[c.len() - nv..];
+            let same = c.iter().zip(d).all(|(x, y)| x.to_bits() == y.to_bits());
+            let worst = c.iter().zip(d).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(same, "{name} step {step}: the fake's logits differ from the CPU's (max |Δ| {worst})");
+            let best = c.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0;
+            input = vec![best as u32];
+            positions += 1;
+        }
+    }
+    assert_eq!(positions, 4 * 32, "{name}: 4 prompts × 32 steps");
+    eprintln!("{name}: {positions} positions on the fake device, logits equal to the CPU's; {:?}", engines[0].stats);
+}
+
+#[test]
+fn synth_llama_q8_0_runs_whole_on_the_fake_device() {
+    whole_forward_on_the_fake("synth-llama-q8_0");
+}
+
+#[test]
+fn synth_llama_q4_0_runs_whole_on_the_fake_device() {
+    whole_forward_on_the_fake("synth-llama-q4_0");
+}
+
+#[test]
+fn synth_qwen2_runs_whole_on_the_fake_device() {
+    whole_forward_on_the_fake("synth-qwen2-q8_0");
+}
+
+#[test]
+fn synth_qwen3_runs_whole_on_the_fake_device() {
+    whole_forward_on_the_fake("synth-qwen3-q8_0");
+}
+
+#[test]
+fn synth_gemma3_runs_whole_on_the_fake_device() {
+    whole_forward_on_the_fake("synth-gemma3-q8_0");
+}
+
+#[test]
+fn synth_qwen35_runs_whole_on_the_fake_device() {
+    whole_forward_on_the_fake("synth-qwen35-q8_0");
+}
