@@ -5,8 +5,6 @@
 mod common;
 use common::*;
 use keel::core::gguf::Gguf;
-use keel::core::ops::log_sum_exp;
-use keel::core::sampler::argmax;
 use keel::core::session::{Outputs, SessionConfig};
 use keel_host_linux::pool::ThreadPool;
 
@@ -27,26 +25,7 @@ fn greedy_agreement() -> Option<Vec<(usize, usize)>> {
     // of 4, the tiled K-quant matmul for 8+ tokens); follow it.
     e.session.set_llama_cpp_batches(true);
     let pool = ThreadPool::new(2).unwrap();
-    let mut res = Vec::new();
-    for line in golden_lines(&format!("{DIR}/greedy.jsonl")) {
-        let prompt = ids(&line["prompt_tokens"]);
-        let want = ids(&line["generated"]);
-        e.reset();
-        e.eval(&prompt, Outputs::Last, &pool).unwrap();
-        let mut got = Vec::new();
-        for _ in 0..want.len() {
-            let t = e.sample();
-            got.push(t);
-            if e.tokenizer.is_eog(t) {
-                break;
-            }
-            e.eval(&[t], Outputs::Last, &pool).unwrap();
-        }
-        let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-        eprintln!("{:?}: {agree}/{} leading tokens agree", line["prompt"].as_str().unwrap(), want.len());
-        res.push((agree, want.len()));
-    }
-    Some(res)
+    Some(keel_test_support::greedy_agreement(&mut e, &pool, &format!("{DIR}/greedy.jsonl"), ""))
 }
 
 /// Regression guard at today's level: all 64 tokens on all 4 prompts (llama.cpp's
@@ -83,27 +62,9 @@ fn logit_stats() -> Option<Vec<(f64, f64, f64)>> {
         let toks = ids(&line["tokens"]);
         e.reset();
         let logits = e.eval(&toks, Outputs::All, &pool).unwrap().to_vec();
-        let pos = line["positions"].as_array().unwrap();
-        let (mut top1, mut d10) = (0usize, 0.0f64);
-        for (p, gp) in pos.iter().enumerate() {
-            let row = &logits[p * v..(p + 1) * v];
-            let top = gp["top"].as_array().unwrap();
-            if argmax(row) == top[0][0].as_u64().unwrap() as u32 {
-                top1 += 1;
-            }
-            d10 += top.iter().map(|t| (row[t[0].as_u64().unwrap() as usize] as f64 - t[1].as_f64().unwrap()).abs()).sum::<f64>() / top.len() as f64;
-        }
-        let n = pos.len() as f64;
-        let gold = golden_f32(&format!("{DIR}/logits.last.{i}.f32"));
-        let last = &logits[(pos.len() - 1) * v..pos.len() * v];
-        let (lg, lk) = (log_sum_exp(&gold), log_sum_exp(last));
-        let kl: f64 = gold.iter().zip(last).map(|(&a, &b)| {
-            let lp = a as f64 - lg;
-            lp.exp() * (lp - (b as f64 - lk))
-        }).sum();
-        let (t1, m10) = (top1 as f64 / n, d10 / n);
-        eprintln!("prompt {i}: top-1 {t1:.3}, mean |d| top-10 {m10:.4}, last KL {kl:.2e}");
-        out.push((t1, m10, kl));
+        let st = golden_logit_stats(&logits, v, line, &golden_f32(&format!("{DIR}/logits.last.{i}.f32")));
+        eprintln!("prompt {i}: top-1 {:.3}, mean |d| top-10 {:.4}, last KL {:.2e}", st.top1, st.mean_top10, st.kl_last);
+        out.push((st.top1, st.mean_top10, st.kl_last));
     }
     Some(out)
 }

@@ -5,7 +5,6 @@
 mod common;
 use common::*;
 use keel::core::gguf::Gguf;
-use keel::core::ops::log_sum_exp;
 use keel::core::parallel::Sequential;
 use keel::core::session::{Outputs, SessionConfig};
 use keel_host_linux::pool::ThreadPool;
@@ -24,27 +23,7 @@ fn greedy_agreement() -> Option<Vec<(usize, usize)>> {
     let mut arena = arena_for(&bytes, &c);
     let mut e = engine(&g, &mut arena, c, fast_kernels());
     let pool = ThreadPool::new(2).unwrap();
-    let mut res = Vec::new();
-    let lines = golden_lines(&format!("{DIR}/greedy.jsonl"));
-    for line in &lines {
-        let prompt = ids(&line["prompt_tokens"]);
-        let want = ids(&line["generated"]);
-        e.reset();
-        e.eval(&prompt, Outputs::Last, &pool).unwrap();
-        let mut got = Vec::new();
-        for _ in 0..want.len() {
-            let t = e.sample();
-            got.push(t);
-            if e.tokenizer.is_eog(t) {
-                break;
-            }
-            e.eval(&[t], Outputs::Last, &pool).unwrap();
-        }
-        let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-        eprintln!("{:?}: {agree}/{} leading tokens agree", line["prompt"].as_str().unwrap(), want.len());
-        res.push((agree, want.len()));
-    }
-    Some(res)
+    Some(keel_test_support::greedy_agreement(&mut e, &pool, &format!("{DIR}/greedy.jsonl"), ""))
 }
 
 /// Regression guard: keel's x86 arithmetic follows llama.cpp's operation for operation,
@@ -63,12 +42,6 @@ fn greedy_meets_issue_thresholds() {
     assert!(res.iter().filter(|(a, n)| a == n).count() >= 4, "{res:?}");
 }
 
-struct LogitStats {
-    top1: f64,
-    mean_top10: f64,
-    mean_lse: f64,
-    kl_last: f64,
-}
 
 fn logit_stats(kernels: keel::core::quant::Kernels) -> Option<Vec<LogitStats>> {
     let bytes = smollm2()?;
@@ -83,33 +56,9 @@ fn logit_stats(kernels: keel::core::quant::Kernels) -> Option<Vec<LogitStats>> {
         let toks = ids(&line["tokens"]);
         e.reset();
         let logits = e.eval(&toks, Outputs::All, &pool).unwrap().to_vec();
-        let pos = line["positions"].as_array().unwrap();
-        let (mut top1, mut d10, mut dlse) = (0usize, 0.0f64, 0.0f64);
-        for (p, gp) in pos.iter().enumerate() {
-            let row = &logits[p * v..(p + 1) * v];
-            let top = gp["top"].as_array().unwrap();
-            let gold_best = top[0][0].as_u64().unwrap() as u32;
-            if keel::core::sampler::argmax(row) == gold_best {
-                top1 += 1;
-            }
-            let mut d = 0.0;
-            for t in top {
-                d += (row[t[0].as_u64().unwrap() as usize] as f64 - t[1].as_f64().unwrap()).abs();
-            }
-            d10 += d / top.len() as f64;
-            dlse += (log_sum_exp(row) - gp["lse"].as_f64().unwrap()).abs();
-        }
-        let n = pos.len() as f64;
-        // KL(golden || keel) over the full last row.
-        let gold = golden_f32(&format!("{DIR}/logits.last.{i}.f32"));
-        let last = &logits[(pos.len() - 1) * v..pos.len() * v];
-        let (lg, lk) = (log_sum_exp(&gold), log_sum_exp(last));
-        let kl: f64 = gold.iter().zip(last).map(|(&a, &b)| {
-            let lp = a as f64 - lg;
-            lp.exp() * (lp - (b as f64 - lk))
-        }).sum();
-        out.push(LogitStats { top1: top1 as f64 / n, mean_top10: d10 / n, mean_lse: dlse / n, kl_last: kl });
-        eprintln!("prompt {i}: top-1 {:.3}, mean |d| top-10 {:.4}, mean |d| lse {:.4}, last KL {:.2e}", top1 as f64 / n, d10 / n, dlse / n, kl);
+        let st = golden_logit_stats(&logits, v, line, &golden_f32(&format!("{DIR}/logits.last.{i}.f32")));
+        eprintln!("prompt {i}: top-1 {:.3}, mean |d| top-10 {:.4}, mean |d| lse {:.4}, last KL {:.2e}", st.top1, st.mean_top10, st.mean_lse, st.kl_last);
+        out.push(st);
     }
     Some(out)
 }

@@ -8,7 +8,6 @@
 mod common;
 use common::*;
 use keel::core::gguf::Gguf;
-use keel::core::ops::log_sum_exp;
 use keel::core::sampler::argmax;
 use keel::core::session::{Outputs, SessionConfig};
 use keel_host_linux::pool::ThreadPool;
@@ -28,11 +27,6 @@ fn cfg(n_ctx: usize, n_batch: usize, n_outputs: usize) -> SessionConfig {
 }
 
 /// Golden lines, read as bytes-tolerant JSON (the `text` fields can hold invalid UTF-8).
-fn lines(path: &str) -> Vec<serde_json::Value> {
-    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(path);
-    let raw = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    String::from_utf8_lossy(&raw).lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).expect("golden line is JSON")).collect()
-}
 
 #[test]
 fn tokenization_matches() {
@@ -42,7 +36,7 @@ fn tokenization_matches() {
         let c = cfg(64, 64, 1);
         let mut arena = arena_for(&bytes, &c);
         let e = engine(&g, &mut arena, c, fast_kernels());
-        for line in lines(&format!("synth/{name}.tokenize.jsonl")) {
+        for line in golden_lines(&format!("synth/{name}.tokenize.jsonl")) {
             let text = line["text"].as_str().unwrap();
             let (add, parse) = (line["add_special"].as_bool().unwrap(), line["parse_special"].as_bool().unwrap());
             let want = ids(&line["tokens"]);
@@ -67,8 +61,8 @@ fn greedy_matches_up_to_near_ties() {
         let mut arena = arena_for(&bytes, &c);
         let mut e = engine(&g, &mut arena, c, fast_kernels());
         let v = e.n_vocab();
-        let greedy = lines(&format!("synth/{name}.greedy.jsonl"));
-        let steps = lines(&format!("synth/{name}.greedy_steps.jsonl"));
+        let greedy = golden_lines(&format!("synth/{name}.greedy.jsonl"));
+        let steps = golden_lines(&format!("synth/{name}.greedy_steps.jsonl"));
         let (mut checked, mut ties) = (0, 0);
         for (line, st) in greedy.iter().zip(&steps) {
             let prompt = ids(&line["prompt_tokens"]);
@@ -117,30 +111,12 @@ fn logits_meet_thresholds() {
         // its tiled attention arithmetic; follow it.
         e.session.set_llama_cpp_batches(true);
         let v = e.n_vocab();
-        for (i, line) in lines(&format!("synth/{name}.logits.jsonl")).iter().enumerate() {
+        for (i, line) in golden_lines(&format!("synth/{name}.logits.jsonl")).iter().enumerate() {
             let toks = ids(&line["tokens"]);
             e.reset();
             let logits = e.eval(&toks, Outputs::All, &pool).unwrap().to_vec();
-            let pos = line["positions"].as_array().unwrap();
-            let (mut top1, mut d10) = (0usize, 0.0f64);
-            for (p, gp) in pos.iter().enumerate() {
-                let row = &logits[p * v..(p + 1) * v];
-                let top = gp["top"].as_array().unwrap();
-                if argmax(row) == top[0][0].as_u64().unwrap() as u32 {
-                    top1 += 1;
-                }
-                let d: f64 = top.iter().map(|t| (row[t[0].as_u64().unwrap() as usize] as f64 - t[1].as_f64().unwrap()).abs()).sum();
-                d10 += d / top.len() as f64;
-            }
-            let n = pos.len() as f64;
-            let gold = golden_f32(&format!("synth/{name}.logits.last.{i}.f32"));
-            let last = &logits[(pos.len() - 1) * v..pos.len() * v];
-            let (lg, lk) = (log_sum_exp(&gold), log_sum_exp(last));
-            let kl: f64 = gold.iter().zip(last).map(|(&a, &b)| {
-                let lp = a as f64 - lg;
-                lp.exp() * (lp - (b as f64 - lk))
-            }).sum();
-            let (t1, m10) = (top1 as f64 / n, d10 / n);
+            let st = golden_logit_stats(&logits, v, line, &golden_f32(&format!("synth/{name}.logits.last.{i}.f32")));
+            let (t1, m10, kl) = (st.top1, st.mean_top10, st.kl_last);
             eprintln!("{name} prompt {i}: top-1 {t1:.3}, mean |d| top-10 {m10:.2e}, last KL {kl:.2e}");
             assert!(t1 >= 0.98 && m10 <= 0.05 && kl <= 1e-3, "{name} prompt {i}: top-1 {t1:.3}, mean |d| top-10 {m10:.4}, KL {kl:.2e}");
         }
@@ -155,7 +131,7 @@ fn batching_does_not_change_logits() {
     for name in MODELS {
         let bytes = model(name);
         let g = Gguf::parse(&bytes).unwrap();
-        let toks = ids(&lines(&format!("synth/{name}.logits.jsonl"))[1]["tokens"]);
+        let toks = ids(&golden_lines(&format!("synth/{name}.logits.jsonl"))[1]["tokens"]);
         let c = cfg(128, 128, 128);
         let mut arena = arena_for(&bytes, &c);
         let mut e = engine(&g, &mut arena, c, fast_kernels());
@@ -185,7 +161,7 @@ fn delta_net_chunked_equals_token_by_token() {
     let name = "synth-qwen35-q8_0";
     let bytes = model(name);
     let g = Gguf::parse(&bytes).unwrap();
-    let toks = ids(&lines(&format!("synth/{name}.logits.jsonl"))[1]["tokens"]);
+    let toks = ids(&golden_lines(&format!("synth/{name}.logits.jsonl"))[1]["tokens"]);
     let c = cfg(128, 128, 128);
     let mut arena = arena_for(&bytes, &c);
     let mut e = engine(&g, &mut arena, c, fast_kernels());

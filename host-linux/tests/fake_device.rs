@@ -149,31 +149,15 @@ impl embedded_hal::delay::DelayNs for NoDelay {
     fn delay_ns(&mut self, _ns: u32) {}
 }
 
-fn root() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 /// The model the CPU and the fake both run: the synthetic file, or for Qwen 3.5 (whose
 /// F32 beta/alpha projections a device holds converted to Q8_0) its `keel quantize`d
 /// Q8_0 copy, so that both sides compute with the same weights.
 fn model_file(name: &str) -> std::path::PathBuf {
-    let file = root().join(format!("tests/golden/synth/{name}.gguf"));
+    let file = keel_test_support::golden_path(&format!("synth/{name}.gguf"));
     if !name.contains("qwen35") {
         return file;
     }
-    let out = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("fake-device-{name}.Q8_0.gguf"));
-    let _ = std::fs::remove_file(&out);
-    let st = std::process::Command::new(env!("CARGO_BIN_EXE_keel")).arg("quantize").arg(&file).arg(&out).args(["Q8_0", "--allow-requantize", "-t", "1"]).output().unwrap();
-    assert!(st.status.success(), "keel quantize: {}", String::from_utf8_lossy(&st.stderr));
-    out
-}
-
-/// The first prompts of the model's greedy golden file.
-fn prompts(name: &str, n: usize) -> Vec<Vec<u32>> {
-    // Lossily: a golden's generated `text` may hold bytes that are not UTF-8; only token ids are read.
-    let text = String::from_utf8_lossy(&std::fs::read(root().join(format!("tests/golden/synth/{name}.greedy.jsonl"))).unwrap()).into_owned();
-    let v: Vec<serde_json::Value> = text.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).unwrap()).collect();
-    v.iter().take(n).map(|p| p["prompt_tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()).collect()
+    keel_test_support::requantized(std::path::Path::new(env!("CARGO_BIN_EXE_keel")), &file, "Q8_0", &std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fake-device"))
 }
 
 /// Runs `name`'s whole forward pass on the fake device through keel-core's engine and
@@ -207,7 +191,7 @@ fn whole_forward_on_the_fake(name: &str) {
 
     let nv = cpu.n_vocab();
     let mut positions = 0;
-    for prompt in prompts(name, 4) {
+    for (prompt, _) in keel_test_support::greedy_prompts(&format!("synth/{name}.greedy.jsonl")).into_iter().take(4) {
         cpu.reset();
         dev.reset();
         let mut input = prompt;
@@ -226,7 +210,7 @@ fn whole_forward_on_the_fake(name: &str) {
             let same = c.iter().zip(d).all(|(x, y)| x.to_bits() == y.to_bits());
             let worst = c.iter().zip(d).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
             assert!(same, "{name} step {step}: the fake's logits differ from the CPU's (max |Δ| {worst})");
-            let best = c.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0;
+            let best = keel_test_support::top_two(c).0;
             input = vec![best as u32];
             positions += 1;
         }

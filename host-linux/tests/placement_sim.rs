@@ -23,36 +23,6 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// Prompt token lists and generation lengths of a golden greedy file.
-fn prompts(file: &std::path::Path) -> Vec<(Vec<u32>, usize)> {
-    // Read lossily: a golden's `text` may hold bytes that are not UTF-8 (a model's raw
-    // output); only the token ids are used.
-    let bytes = std::fs::read(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-    let text = String::from_utf8_lossy(&bytes);
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            let ids = |k: &str| v[k].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<u32>>();
-            (ids("prompt_tokens"), ids("generated").len())
-        })
-        .collect()
-}
-
-fn argmax2(row: &[f32]) -> (usize, f32) {
-    let (mut b, mut bv, mut sv) = (0usize, f32::NEG_INFINITY, f32::NEG_INFINITY);
-    for (i, &v) in row.iter().enumerate() {
-        if v > bv {
-            sv = bv;
-            bv = v;
-            b = i;
-        } else if v > sv {
-            sv = v;
-        }
-    }
-    (b, bv - sv)
-}
-
 /// What one comparison measured.
 #[derive(Debug, Default)]
 pub struct Stats {
@@ -114,7 +84,8 @@ pub fn compare(cfg: &SimConfig, model: &std::path::Path, greedy: &std::path::Pat
     st.batches_per_token = (u64::MAX, 0);
     let nv = cpu.n_vocab();
     let t0 = Instant::now();
-    for (pi, (prompt, n)) in prompts(greedy).into_iter().take(max_prompts).enumerate() {
+    for (pi, (prompt, golden)) in keel_test_support::greedy_prompts(greedy.to_str().unwrap()).into_iter().take(max_prompts).enumerate() {
+        let n = golden.len();
         let n = n_gen.unwrap_or(n);
         cpu.reset();
         dsp.reset();
@@ -132,8 +103,8 @@ pub fn compare(cfg: &SimConfig, model: &std::path::Path, greedy: &std::path::Pat
                 st.batches_per_token = (st.batches_per_token.0.min(b), st.batches_per_token.1.max(b));
             }
             let d = dsp.session.last_logits(nv);
-            let (cb, gap) = argmax2(&c[c.len() - nv..]);
-            let (db, _) = argmax2(d);
+            let (cb, gap) = keel_test_support::top_two(&c[c.len() - nv..]);
+            let (db, _) = keel_test_support::top_two(d);
             st.positions += 1;
             if cb == db {
                 st.top1_agree += 1;
@@ -194,16 +165,7 @@ fn synth(name: &str, mode: OffloadMode) -> Option<Stats> {
 
 /// `keel quantize --allow-requantize` of `src` to `ty`, once per test binary.
 fn requantized(src: &std::path::Path, ty: &str) -> PathBuf {
-    let out_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("keel-placement");
-    std::fs::create_dir_all(&out_dir).unwrap();
-    let out = out_dir.join(format!("{}.{ty}.gguf", src.file_stem().unwrap().to_string_lossy()));
-    static QUANTIZING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = QUANTIZING.lock().unwrap_or_else(|e| e.into_inner());
-    if !out.is_file() {
-        let st = std::process::Command::new(env!("CARGO_BIN_EXE_keel")).arg("quantize").arg(src).arg(&out).args([ty, "--allow-requantize", "-t", "1"]).output().unwrap();
-        assert!(st.status.success(), "keel quantize: {}", String::from_utf8_lossy(&st.stderr));
-    }
-    out
+    keel_test_support::requantized(std::path::Path::new(env!("CARGO_BIN_EXE_keel")), src, ty, &PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("keel-placement"))
 }
 
 /// Matmul mode: one batch per product, nothing else on the DSP.
@@ -378,8 +340,8 @@ fn greedy_on_dsp(cfg: &SimConfig, model: &std::path::Path, runs: &[(Vec<u32>, us
             }
             let d = dsp.session.last_logits(nv);
             let crow = &c[c.len() - nv..];
-            let (cb, gap) = argmax2(crow);
-            let (db, _) = argmax2(d);
+            let (cb, gap) = keel_test_support::top_two(crow);
+            let (db, _) = keel_test_support::top_two(d);
             st.positions += 1;
             st.top1_agree += usize::from(cb == db);
             for (x, y) in crow.iter().zip(d) {

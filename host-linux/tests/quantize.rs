@@ -9,7 +9,7 @@
 use keel_core::engine::{plan, Engine};
 use keel_core::gguf::{Gguf, Value};
 use keel_core::sampler::SamplerConfig;
-use keel_core::session::{Outputs, SessionConfig};
+use keel_core::session::SessionConfig;
 use keel_host_linux::pool::ThreadPool;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -246,27 +246,7 @@ fn greedy_agreement(ty: &'static str) -> Option<Vec<(usize, usize)>> {
     // the tiled K-quant matmul for 8+ tokens); follow it.
     e.session.set_llama_cpp_batches(true);
     let pool = ThreadPool::new(2).unwrap();
-    let ids = |v: &serde_json::Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
-    let mut res = Vec::new();
-    for line in golden(&format!("{ty}.greedy.jsonl")).lines().filter(|l| !l.trim().is_empty()) {
-        let line: serde_json::Value = serde_json::from_str(line).unwrap();
-        let (prompt, want) = (ids(&line["prompt_tokens"]), ids(&line["generated"]));
-        e.reset();
-        e.eval(&prompt, Outputs::Last, &pool).unwrap();
-        let mut got = Vec::new();
-        for _ in 0..want.len() {
-            let t = e.sample();
-            got.push(t);
-            if e.tokenizer.is_eog(t) {
-                break;
-            }
-            e.eval(&[t], Outputs::Last, &pool).unwrap();
-        }
-        let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-        eprintln!("{ty} {:?}: {agree}/{} leading tokens agree", line["prompt"].as_str().unwrap(), want.len());
-        res.push((agree, want.len()));
-    }
-    Some(res)
+    Some(keel_test_support::greedy_agreement(&mut e, &pool, &format!("smollm2-135m-requant/{ty}.greedy.jsonl"), &format!("{ty} ")))
 }
 
 /// The bar for the requantized files: the first 16 greedy tokens equal

@@ -27,26 +27,7 @@ pub const CMD_MATMUL: u32 = 1;
 /// Self-test command.
 pub const CMD_SELFTEST: u32 = 2;
 
-/// xorshift64*: small, seeded, reproducible.
-pub struct Rng(pub u64);
-
-impl Rng {
-    /// Next 32 random bits.
-    pub fn u32(&mut self) -> u32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) as u32
-    }
-    /// Uniform in [-1, 1).
-    pub fn f32(&mut self) -> f32 {
-        (self.u32() >> 8) as f32 / (1u32 << 23) as f32 - 1.0
-    }
-    /// `n` values uniform in [-scale, scale).
-    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.f32() * scale).collect()
-    }
-}
+pub use keel_test_support::{activations, Rng};
 
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run dsp-firmware/ci.sh, which builds the ELFs and sets it"))

@@ -9,21 +9,9 @@
 use keel_core::quant::tiles32::ActBlock;
 use keel_dsp_qemu_tests::expect::{self as e, Tiled};
 use keel_dsp_qemu_tests::{
-    assert_same_bytes, assert_same_f32, assert_same_i32, bytes_f32, elf, ggml_weights, put, run_elf, words, Rng, CMD_MATMUL, MAGIC,
+    activations, assert_same_bytes, assert_same_f32, assert_same_i32, bytes_f32, elf, ggml_weights, put, run_elf, words, Rng, CMD_MATMUL, MAGIC,
 };
 use keel_npu_hal::op::DType;
-
-/// Activations: random, with a zero block, integer ramps (rounding ties) and spikes.
-fn activations(k: usize, cols: usize, rng: &mut Rng) -> Vec<f32> {
-    (0..cols * k)
-        .map(|i| match (i / 32) % 5 {
-            1 if i / 32 == 1 => 0.0,
-            2 => ((i % 32) as f32 - 16.0) * 0.25,
-            3 if i % 7 == 0 => rng.f32() * 300.0,
-            _ => rng.f32() * 3.0,
-        })
-        .collect()
-}
 
 struct Case {
     t: DType,
@@ -37,7 +25,7 @@ fn check(c: &Case, seed: u64) {
     let mut rng = Rng(seed);
     let (nb, rows) = (c.k / 32, c.rows);
     let w = ggml_weights(c.t, rows, c.k, &mut rng);
-    let x = activations(c.k, c.cols, &mut rng);
+    let x = activations(c.k * c.cols, &mut rng);
     let mut req = MAGIC.to_vec();
     put(&mut req, &[CMD_MATMUL, u32::from(c.t.code()), rows as u32, c.k as u32, c.cols as u32, c.scratch as u32]);
     req.extend_from_slice(&w);

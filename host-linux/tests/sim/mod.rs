@@ -35,21 +35,7 @@ pub fn faulty(test: &str, fault: &str) -> Option<SimConfig> {
     Some(cfg)
 }
 
-/// xorshift64*: small, seeded, reproducible.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn u32(&mut self) -> u32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) as u32
-    }
-    /// Uniform in [-1, 1).
-    pub fn f32(&mut self) -> f32 {
-        (self.u32() >> 8) as f32 / (1u32 << 23) as f32 - 1.0
-    }
-}
+pub use keel_test_support::{activations, Rng};
 
 pub fn ggml(t: DType) -> GgmlType {
     match t {
@@ -68,18 +54,6 @@ pub fn weights(t: DType, rows: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
         (0..t.block_bytes() - 2).for_each(|_| v.push(rng.u32() as u8));
     }
     v
-}
-
-/// Activations with a zero block, rounding ties and spikes.
-pub fn activations(n: usize, rng: &mut Rng) -> Vec<f32> {
-    (0..n)
-        .map(|i| match (i / 32) % 5 {
-            1 if i / 32 == 1 => 0.0,
-            2 => ((i % 32) as f32 - 16.0) * 0.25,
-            3 if i % 7 == 0 => rng.f32() * 300.0,
-            _ => rng.f32() * 3.0,
-        })
-        .collect()
 }
 
 /// Weight quant `j` of a ggml block (Q4_0 already offset by −8).

@@ -1,0 +1,235 @@
+//! What keel's tests share, written once: finding cached models ([`models_dir`],
+//! [`model_bytes`]) and golden files ([`golden`], [`golden_lines`], [`golden_f32`],
+//! [`greedy_prompts`]), a greedy loop ([`greedy`]), comparisons of logits
+//! ([`top_two`], [`golden_logit_stats`]) and seeded random inputs ([`Rng`], [`activations`]).
+//! Paths are the repository's: `tests/golden/` at its root, whichever crate's test asks.
+
+use std::path::PathBuf;
+
+use keel_core::engine::Engine;
+use keel_core::ops::log_sum_exp;
+use keel_core::parallel::Parallel;
+use keel_core::session::Outputs;
+
+/// The repository's root.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The directory models are cached in (`KEEL_MODELS`, else `~/.cache/keel/models`).
+pub fn models_dir() -> PathBuf {
+    match std::env::var_os("KEEL_MODELS") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/keel/models"),
+    }
+}
+
+/// The bytes of a cached model, or `None` (after a loud SKIPPED line) when it is absent.
+/// With `KEEL_REQUIRE_MODELS=1` (as in CI) a missing model fails the test instead.
+pub fn model_bytes(file: &str, pull_name: &str) -> Option<Vec<u8>> {
+    let p = models_dir().join(file);
+    match std::fs::read(&p) {
+        Ok(b) => Some(b),
+        Err(_) if std::env::var("KEEL_REQUIRE_MODELS").as_deref() == Ok("1") => {
+            panic!("model {} not found and KEEL_REQUIRE_MODELS=1; run `keel pull {pull_name}`", p.display())
+        }
+        Err(_) => {
+            eprintln!("SKIPPED: model {} not found; run `keel pull {pull_name}`", p.display());
+            None
+        }
+    }
+}
+
+/// SmolLM2-135M Q4_1 (the default model).
+pub fn smollm2() -> Option<Vec<u8>> {
+    model_bytes("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m")
+}
+
+/// Gemma 3 270M Q4_K_M.
+pub fn gemma3() -> Option<Vec<u8>> {
+    model_bytes("gemma-3-270m-q4_k_m.gguf", "gemma3-270m")
+}
+
+/// The path of `path` under `tests/golden/`.
+pub fn golden_path(path: &str) -> PathBuf {
+    repo_root().join("tests/golden").join(path)
+}
+
+/// The file under `tests/golden/`, read lossily (a golden's generated `text` may hold
+/// bytes that are not UTF-8; token ids and numbers are ASCII).
+pub fn golden(path: &str) -> String {
+    let p = golden_path(path);
+    let bytes = std::fs::read(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()));
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Golden JSON lines.
+pub fn golden_lines(path: &str) -> Vec<serde_json::Value> {
+    golden(path).lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).expect("golden line is JSON")).collect()
+}
+
+/// Little-endian f32 file under `tests/golden/`.
+pub fn golden_f32(path: &str) -> Vec<f32> {
+    let p = golden_path(path);
+    std::fs::read(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display())).chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+/// Token ids from a JSON array value.
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().expect("array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+}
+
+/// The prompts of a greedy golden file (`…greedy.jsonl` under `tests/golden/`) with the
+/// tokens llama.cpp generated for each.
+pub fn greedy_prompts(path: &str) -> Vec<(Vec<u32>, Vec<u32>)> {
+    golden_lines(path).iter().map(|l| (ids(&l["prompt_tokens"]), ids(&l["generated"]))).collect()
+}
+
+/// Greedy (the engine's sampler) continuation of `prompt`, up to `n` tokens or the first
+/// end-of-generation token (included), from a fresh sequence.
+pub fn greedy(e: &mut Engine<'_>, par: &dyn Parallel, prompt: &[u32], n: usize) -> Vec<u32> {
+    e.reset();
+    e.eval(prompt, Outputs::Last, par).expect("prompt evaluates");
+    let mut got = Vec::new();
+    for _ in 0..n {
+        let t = e.sample();
+        got.push(t);
+        if e.tokenizer.is_eog(t) {
+            break;
+        }
+        e.eval(&[t], Outputs::Last, par).expect("token evaluates");
+    }
+    got
+}
+
+/// Greedy agreement with a greedy golden file (`path` under `tests/golden/`): for each
+/// prompt, (leading generated tokens equal to the golden's, the golden's length), each
+/// printed with the prompt (and `tag`).
+pub fn greedy_agreement(e: &mut Engine<'_>, par: &dyn Parallel, path: &str, tag: &str) -> Vec<(usize, usize)> {
+    let mut res = Vec::new();
+    for line in golden_lines(path) {
+        let (prompt, want) = (ids(&line["prompt_tokens"]), ids(&line["generated"]));
+        let got = greedy(e, par, &prompt, want.len());
+        let agree = leading_agreement(&got, &want);
+        eprintln!("{tag}{:?}: {agree}/{} leading tokens agree", line["prompt"].as_str().unwrap_or(""), want.len());
+        res.push((agree, want.len()));
+    }
+    res
+}
+
+/// How many leading tokens of `got` equal `want`'s.
+pub fn leading_agreement(got: &[u32], want: &[u32]) -> usize {
+    got.iter().zip(want).take_while(|(a, b)| a == b).count()
+}
+
+/// The largest value's index and its gap to the second largest.
+pub fn top_two(row: &[f32]) -> (usize, f32) {
+    let (mut b, mut bv, mut sv) = (0usize, f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for (i, &v) in row.iter().enumerate() {
+        if v > bv {
+            sv = bv;
+            bv = v;
+            b = i;
+        } else if v > sv {
+            sv = v;
+        }
+    }
+    (b, bv - sv)
+}
+
+/// One prompt's logits against a golden logits line (`positions[p].top`: llama.cpp's
+/// top-10 `[id, logit]` per position) and its last row's full golden (`last`).
+#[derive(Clone, Copy, Debug)]
+pub struct LogitStats {
+    /// Positions where keel's argmax is llama.cpp's.
+    pub top1: f64,
+    /// Mean over positions of the mean |Δ| over llama.cpp's top-10 ids.
+    pub mean_top10: f64,
+    /// Mean over positions of |Δ log-sum-exp| (when the golden gives `lse`, else 0).
+    pub mean_lse: f64,
+    /// KL(golden ‖ keel) over the full last row.
+    pub kl_last: f64,
+    /// Positions compared.
+    pub positions: usize,
+}
+
+/// Compares `logits` (`positions × n_vocab` rows, row `p` for golden position `p`) with a
+/// golden logits line and the golden last row.
+pub fn golden_logit_stats(logits: &[f32], n_vocab: usize, line: &serde_json::Value, last_golden: &[f32]) -> LogitStats {
+    let pos = line["positions"].as_array().expect("positions");
+    let (mut top1, mut d10, mut dlse) = (0usize, 0.0f64, 0.0f64);
+    for (p, gp) in pos.iter().enumerate() {
+        let row = &logits[p * n_vocab..(p + 1) * n_vocab];
+        let top = gp["top"].as_array().expect("top");
+        if keel_core::sampler::argmax(row) == top[0][0].as_u64().expect("id") as u32 {
+            top1 += 1;
+        }
+        d10 += top.iter().map(|t| (row[t[0].as_u64().expect("id") as usize] as f64 - t[1].as_f64().expect("logit")).abs()).sum::<f64>() / top.len() as f64;
+        if let Some(lse) = gp["lse"].as_f64() {
+            dlse += (log_sum_exp(row) - lse).abs();
+        }
+    }
+    let n = pos.len();
+    let last = &logits[(n - 1) * n_vocab..n * n_vocab];
+    let (lg, lk) = (log_sum_exp(last_golden), log_sum_exp(last));
+    let kl: f64 = last_golden
+        .iter()
+        .zip(last)
+        .map(|(&a, &b)| {
+            let lp = a as f64 - lg;
+            lp.exp() * (lp - (b as f64 - lk))
+        })
+        .sum();
+    LogitStats { top1: top1 as f64 / n as f64, mean_top10: d10 / n as f64, mean_lse: dlse / n as f64, kl_last: kl, positions: n }
+}
+
+/// `keel quantize --allow-requantize src OUT ty` with the `keel` binary `keel`, into
+/// `out_dir`, once per process (later calls reuse the file): e.g. a Q8_0 copy of a model
+/// whose F32 matrices a device holds converted, so that the CPU computes with the same
+/// weights.
+pub fn requantized(keel: &std::path::Path, src: &std::path::Path, ty: &str, out_dir: &std::path::Path) -> PathBuf {
+    static QUANTIZING: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+    let mut done = QUANTIZING.lock().unwrap_or_else(|e| e.into_inner());
+    std::fs::create_dir_all(out_dir).unwrap_or_else(|e| panic!("creating {}: {e}", out_dir.display()));
+    let out = out_dir.join(format!("{}.{ty}.gguf", src.file_stem().expect("a file name").to_string_lossy()));
+    if !done.contains(&out) {
+        let st = std::process::Command::new(keel).arg("quantize").arg(src).arg(&out).args([ty, "--allow-requantize", "-t", "1"]).output().expect("keel runs");
+        assert!(st.status.success(), "keel quantize {}: {}", src.display(), String::from_utf8_lossy(&st.stderr));
+        done.push(out.clone());
+    }
+    out
+}
+
+/// xorshift64*: small, seeded, reproducible.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// Next 32 random bits.
+    pub fn u32(&mut self) -> u32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) as u32
+    }
+    /// Uniform in [-1, 1).
+    pub fn f32(&mut self) -> f32 {
+        (self.u32() >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+    }
+    /// `n` values uniform in [-scale, scale).
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f32() * scale).collect()
+    }
+}
+
+/// `n` activations that exercise a product's rounding: random, with a zero block (the
+/// second), integer ramps (rounding ties) and spikes.
+pub fn activations(n: usize, rng: &mut Rng) -> Vec<f32> {
+    (0..n)
+        .map(|i| match (i / 32) % 5 {
+            1 if i / 32 == 1 => 0.0,
+            2 => ((i % 32) as f32 - 16.0) * 0.25,
+            3 if i % 7 == 0 => rng.f32() * 300.0,
+            _ => rng.f32() * 3.0,
+        })
+        .collect()
+}
