@@ -221,6 +221,11 @@ fn unimplemented_scaling_is_refused_naming_the_key() {
         write_variant(&synth(base), &p, &[], Some((name, &freqs[..])));
         refused(&p, name);
     }
+    let mut zero = freqs.clone();
+    zero[3] = 0.0;
+    let p = dir.join("zero-factor.gguf");
+    write_variant(&synth("synth-llama-q8_0"), &p, &[], Some(("rope_freqs.weight", &zero[..])));
+    refused(&p, "rope_freqs.weight");
     // The same keys holding the value llama.cpp applies anyway are accepted.
     let p = dir.join("defaults.gguf");
     let defaults = [yarn[0], yarn[1], ("rope.scaling.yarn_beta_fast", Kv::F32(32.0)), ("rope.scaling.yarn_beta_slow", Kv::F32(1.0)), ("rope.scaling.yarn_ext_factor", Kv::F32(1.0)), ("rope.scaling.yarn_log_multiplier", Kv::F32(0.0))];

@@ -236,6 +236,14 @@ fn rope_freqs<'m>(f: &mut Finder<'_, 'm>, hp: &HParams) -> Result<Option<Tensor<
         if t.ty != GgmlType::F32 {
             return refuse(NAME, info.offset, "RoPE frequency factors that are not F32");
         }
+        // Angles are divided by the factors: each must be a finite positive number.
+        let bad = |b: &[u8]| {
+            let f = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            !(f > 0.0 && f.is_finite())
+        };
+        if t.data.chunks_exact(4).any(bad) {
+            return Err(GgufError::at(GgufErrorKind::BadValue("RoPE frequency factors must be finite and > 0"), info.offset).named_str(NAME));
+        }
     }
     Ok(t)
 }
