@@ -125,7 +125,10 @@ pub fn logf(x: f32) -> f32 {
 /// ggml's order: `theta_e = theta_i / ff_i`, `theta = freq_scale·theta_e`, with YaRN
 /// `theta = theta·(1 - r) + theta_e·r` (one fma) where `r = ext_factor·(1 -
 /// clamp((i - low) / max(0.001, high - low), 0, 1))`; then `cos(theta)·mscale`,
-/// `sin(theta)·mscale`.
+/// `sin(theta)·mscale`. The two fmas (this blend and the magnitude's `1 + 0.1·ln`) are
+/// where GCC fuses them in llama.cpp 11434's x86 build (`vfmadd132ss` in its compiled
+/// rope op); the goldens of tests/golden/rope do not tell the blend's rounding apart
+/// (q and k are rounded to f16 after RoPE), the disassembly does.
 pub fn rope_angles_scaled(pos: usize, base: f32, n_rot: usize, sc: &RopeScale, freq_factors: Option<&[u8]>, cs: &mut [f32]) {
     let theta_scale = libm::powf(base, -2.0 / n_rot as f32);
     let [low, high] = sc.corr_dims;
