@@ -145,7 +145,11 @@ pub(crate) fn run(op: Op, s: &Step<'_, '_>, b: &mut Bufs<'_>, st: &mut LayerStat
         }
         Op::Rope => {
             let LayerState::Attention(c) = st else { return };
-            rope(hp, s.l, c.n_past, b, n);
+            let freqs = match s.layer.mixer {
+                crate::model::Mixer::Attention(a) => a.rope_freqs.map(|t| t.data),
+                crate::model::Mixer::DeltaNet(_) => None,
+            };
+            rope(hp, s.l, c.n_past, freqs, b, n);
         }
         Op::KvStore => {
             let LayerState::Attention(c) = st else { return };
@@ -208,16 +212,17 @@ fn split_query_gate(hp: &HParams, b: &mut Bufs<'_>, n: usize) {
     }
 }
 
-/// RoPE of the query and key heads of `n` tokens at positions `n_past..`.
-fn rope(hp: &HParams, l: usize, n_past: usize, b: &mut Bufs<'_>, n: usize) {
+/// RoPE of the query and key heads of `n` tokens at positions `n_past..`, with the
+/// model's frequency scaling and the layer's frequency factors (`freqs`, f32 bytes).
+fn rope(hp: &HParams, l: usize, n_past: usize, freqs: Option<&[u8]>, b: &mut Bufs<'_>, n: usize) {
     let (qd, kd, hd) = (hp.q_dim(), hp.k_dim(), hp.head_dim);
     let rotate: fn(&mut [f32], &[f32], usize) = match hp.rope_mode {
         RopeMode::Normal => ops::rope_normal,
         RopeMode::Neox => ops::rope_neox,
     };
-    let base = hp.rope_base_of(l);
+    let (base, scale) = (hp.rope_base_of(l), hp.rope_scale_of(l));
     for i in 0..n {
-        ops::rope_angles(n_past + i, base, hp.n_rot, b.rope);
+        ops::rope_angles_scaled(n_past + i, base, hp.n_rot, &scale, freqs, b.rope);
         for h in 0..hp.n_head {
             rotate(&mut b.q[i * qd + h * hd..i * qd + (h + 1) * hd], b.rope, hp.n_rot);
         }

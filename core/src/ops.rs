@@ -75,12 +75,77 @@ pub fn softmax(x: &mut [f32], scale: f32) {
 /// theta_i = pos * base^(-2i/n_rot), computed by repeated multiplication as ggml does,
 /// with [`sincosf`] (glibc's rounding, which llama.cpp gets from `sincosf`).
 pub fn rope_angles(pos: usize, base: f32, n_rot: usize, cs: &mut [f32]) {
+    rope_angles_scaled(pos, base, n_rot, &RopeScale::NONE, None, cs);
+}
+
+/// RoPE frequency scaling of one layer, as ggml's `rope_ext` takes it: linear
+/// (`freq_scale` < 1, `ext_factor` 0) or YaRN (`ext_factor` 1).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeScale {
+    /// Angles are multiplied by this (`1/factor`; 1: no scaling).
+    pub freq_scale: f32,
+    /// YaRN's mix of extrapolated angles (0: none).
+    pub ext_factor: f32,
+    /// Magnitude of cos and sin: the attention factor, times YaRN's
+    /// `1 + 0.1·ln(1/freq_scale)` when `ext_factor` is not 0.
+    pub mscale: f32,
+    /// YaRN's correction dims `[low, high]` (pair indices of the ramp).
+    pub corr_dims: [f32; 2],
+}
+
+impl RopeScale {
+    /// No scaling: the plain RoPE angles.
+    pub const NONE: RopeScale = RopeScale { freq_scale: 1.0, ext_factor: 0.0, mscale: 1.0, corr_dims: [0.0, 0.0] };
+
+    /// The scaling ggml's RoPE applies for these parameters: YaRN's correction dims
+    /// `[max(0, floor(d(beta_fast))), min(n_rot - 1, ceil(d(beta_slow)))]` with
+    /// `d(b) = n_rot·ln(n_ctx_orig / (2π·b)) / (2·ln(base))`, and the magnitude
+    /// `attn_factor · (1 + 0.1·ln(1/freq_scale))` when `ext_factor` is not 0 (the sum
+    /// fused into one fma, as GCC compiles ggml's CPU op for x86 with FMA).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(freq_scale: f32, ext_factor: f32, attn_factor: f32, n_ctx_orig: usize, base: f32, n_rot: usize, beta_fast: f32, beta_slow: f32) -> RopeScale {
+        let dim = |beta: f32| n_rot as f32 * logf(n_ctx_orig as f32 / (beta * 2.0 * core::f32::consts::PI)) / (2.0 * logf(base));
+        let low = libm::floorf(dim(beta_fast)).max(0.0);
+        let high = libm::ceilf(dim(beta_slow)).min(n_rot as f32 - 1.0);
+        let mut mscale = attn_factor;
+        if ext_factor != 0.0 {
+            mscale *= libm::fmaf(0.1, logf(1.0 / freq_scale), 1.0);
+        }
+        RopeScale { freq_scale, ext_factor, mscale, corr_dims: [low, high] }
+    }
+}
+
+/// `ln x` of an f32 as glibc's `logf` rounds it: the f64 logarithm rounded to f32.
+pub fn logf(x: f32) -> f32 {
+    libm::log(x as f64) as f32
+}
+
+/// [`rope_angles`] with frequency scaling and, optionally, per-pair frequency divisors
+/// (`freq_factors`: `n_rot/2` little-endian f32, Llama 3's `rope_freqs.weight`), in
+/// ggml's order: `theta_e = theta_i / ff_i`, `theta = freq_scale·theta_e`, with YaRN
+/// `theta = theta·(1 - r) + theta_e·r` (one fma) where `r = ext_factor·(1 -
+/// clamp((i - low) / max(0.001, high - low), 0, 1))`; then `cos(theta)·mscale`,
+/// `sin(theta)·mscale`. The two fmas (this blend and the magnitude's `1 + 0.1·ln`) are
+/// where GCC fuses them in llama.cpp 11434's x86 build (`vfmadd132ss` in its compiled
+/// rope op); the goldens of tests/golden/rope do not tell the blend's rounding apart
+/// (q and k are rounded to f16 after RoPE), the disassembly does.
+pub fn rope_angles_scaled(pos: usize, base: f32, n_rot: usize, sc: &RopeScale, freq_factors: Option<&[u8]>, cs: &mut [f32]) {
     let theta_scale = libm::powf(base, -2.0 / n_rot as f32);
+    let [low, high] = sc.corr_dims;
     let mut theta = pos as f32;
     for i in 0..n_rot / 2 {
-        let (s, c) = sincosf(theta);
-        cs[2 * i] = c;
-        cs[2 * i + 1] = s;
+        let ff = freq_factors.map_or(1.0, |f| f32::from_le_bytes([f[4 * i], f[4 * i + 1], f[4 * i + 2], f[4 * i + 3]]));
+        let extrap = theta / ff;
+        let interp = sc.freq_scale * extrap;
+        let mut t = interp;
+        if sc.ext_factor != 0.0 {
+            let y = (i as f32 - low) / (high - low).max(0.001);
+            let mix = (1.0 - y.clamp(0.0, 1.0)) * sc.ext_factor;
+            t = libm::fmaf(interp, 1.0 - mix, extrap * mix);
+        }
+        let (s, c) = sincosf(t);
+        cs[2 * i] = c * sc.mscale;
+        cs[2 * i + 1] = s * sc.mscale;
         theta *= theta_scale;
     }
 }
@@ -320,6 +385,50 @@ mod tests {
         let r = libm::sqrtf(12.5);
         assert!((out[0] - 3.0 / r).abs() < 1e-6);
         assert!((out[1] - 8.0 / r).abs() < 1e-6);
+    }
+
+    /// Linear scaling by 1/4 at position 8 is plain RoPE at position 2, bit for bit
+    /// (scaling by a power of two is exact); frequency factors of 2 likewise halve it.
+    #[test]
+    fn linear_scaling_and_freq_factors_scale_positions() {
+        let (mut plain, mut scaled) = ([0.0f32; 32], [0.0f32; 32]);
+        rope_angles(2, 10000.0, 32, &mut plain);
+        let linear = RopeScale { freq_scale: 0.25, ..RopeScale::NONE };
+        rope_angles_scaled(8, 10000.0, 32, &linear, None, &mut scaled);
+        assert_eq!(plain.map(f32::to_bits), scaled.map(f32::to_bits));
+        let twos = [2.0f32; 16].map(f32::to_le_bytes).concat();
+        rope_angles(3, 10000.0, 32, &mut plain);
+        rope_angles_scaled(6, 10000.0, 32, &RopeScale::NONE, Some(&twos), &mut scaled);
+        assert_eq!(plain.map(f32::to_bits), scaled.map(f32::to_bits));
+    }
+
+    /// YaRN: the correction dims of ggml's formula; pairs below the low dim keep the
+    /// extrapolated (unscaled) angle, pairs from the high dim on the interpolated one,
+    /// all times the magnitude `1 + 0.1·ln 4`.
+    #[test]
+    fn yarn_ramps_between_extrapolation_and_interpolation() {
+        assert_eq!(RopeScale::new(0.25, 1.0, 1.0, 32, 10000.0, 32, 32.0, 1.0).corr_dims, [0.0, 3.0]);
+        assert_eq!(RopeScale::new(0.125, 1.0, 1.0, 32768, 1e6, 32, 32.0, 1.0).corr_dims, [5.0, 10.0]);
+        let sc = RopeScale::new(0.25, 1.0, 1.0, 32768, 10000.0, 32, 32.0, 1.0);
+        assert_eq!(sc.corr_dims, [8.0, 15.0]);
+        let [low, high] = sc.corr_dims;
+        assert!((sc.mscale - (1.0 + 0.1 * libm::logf(4.0))).abs() < 1e-6);
+        let (mut scaled, mut extrap, mut interp) = ([0.0f32; 32], [0.0f32; 32], [0.0f32; 32]);
+        rope_angles_scaled(40, 10000.0, 32, &sc, None, &mut scaled);
+        rope_angles(40, 10000.0, 32, &mut extrap);
+        rope_angles(10, 10000.0, 32, &mut interp);
+        for i in 0..16 {
+            let want = if (i as f32) <= low {
+                extrap
+            } else if (i as f32) >= high {
+                interp
+            } else {
+                continue;
+            };
+            for j in [2 * i, 2 * i + 1] {
+                assert_eq!(scaled[j].to_bits(), (want[j] * sc.mscale).to_bits(), "pair {i}");
+            }
+        }
     }
 
     #[test]

@@ -235,6 +235,10 @@ fn attention_shape(hp: &crate::model::HParams, l: usize, layer: &crate::model::L
     if !matches!(hp.arch, Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen35) {
         return Err("this architecture's layers do not run whole on a device (one batch per product)");
     }
+    // The device's RoPE takes the host's plain (cos, sin) table or computes plain angles.
+    if hp.rope_scaled() || matches!(&layer.mixer, Mixer::Attention(a) if a.rope_freqs.is_some()) {
+        return Err("RoPE scaling (linear, YaRN or rope_freqs factors) runs on the CPU only");
+    }
     let (bq, bk, bv, q_norm, k_norm) = match &layer.mixer {
         Mixer::Attention(a) => (a.bq, a.bk, a.bv, a.q_norm, a.k_norm),
         Mixer::DeltaNet(_) => (None, None, None, None, None),

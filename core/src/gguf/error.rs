@@ -68,6 +68,9 @@ pub enum GgufErrorKind {
     BadShape,
     /// A metadata value is out of the range the model accepts.
     BadValue(&'static str),
+    /// A key or tensor that changes the model's arithmetic in a way keel does not
+    /// implement (what, in words).
+    Unsupported(&'static str),
 }
 
 /// An error while reading a GGUF file: what, at which byte offset, and for which
@@ -125,6 +128,7 @@ impl fmt::Display for GgufError {
             MissingTensor => write!(f, "required tensor is missing")?,
             BadShape => write!(f, "tensor has the wrong shape")?,
             BadValue(why) => write!(f, "bad metadata value: {why}")?,
+            Unsupported(what) => write!(f, "not implemented by keel: {what}")?,
         }
         if let Some(n) = &self.name {
             write!(f, " [{n}]")?;

@@ -361,4 +361,4 @@ fn pad(x: u64, align: u64) -> Option<u64> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

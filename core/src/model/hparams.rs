@@ -1,6 +1,7 @@
 //! Hyper-parameters read from GGUF metadata (`<arch>.*` keys).
 
 use crate::gguf::{Gguf, GgufError, GgufErrorKind};
+use crate::ops::RopeScale;
 
 /// A model architecture keel runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,6 +99,83 @@ impl Ssm {
 /// Most layers a hybrid (recurrent + attention) model may have.
 pub const MAX_HYBRID_LAYERS: usize = 256;
 
+/// RoPE scaling as llama.cpp derives it from a file's `rope.scaling.*` keys.
+struct RopeScaling {
+    freq_scale: f32,
+    ext_factor: f32,
+    attn_factor: f32,
+    n_ctx_orig: usize,
+}
+
+impl RopeScaling {
+    /// llama.cpp's rules: `rope.scaling.type` none, linear (the default) or yarn;
+    /// `freq_scale = 1/rope.scaling.factor` (or `rope.scale_linear`; 0 or absent: 1; type
+    /// none: 1); YaRN sets `ext_factor` 1 and the attention factor `m(F)/(1 + 0.1·ln F)`
+    /// with `F = 1/freq_scale`, `m(F) = 1 + 0.1·ln F` for `F > 1` (else 1), times
+    /// `rope.scaling.attn_factor`; `original_context_length` defaults to the training
+    /// context. Longrope, unknown types, and YaRN keys llama.cpp does not apply to these
+    /// architectures (log multiplier, ext/attn factor, betas, alpha) holding anything but
+    /// the value applied anyway are refused, naming the key.
+    fn from_gguf(g: &Gguf<'_>, keys: &mut ArchKeys, n_ctx_train: usize) -> Result<RopeScaling, GgufError> {
+        let err = |kind, key: &str| GgufError::at(kind, g.key_offset(key)).named_str(key);
+        let key = keys.key("rope.scaling.type");
+        let (yarn, none) = match g.str_opt(key)?.unwrap_or(b"linear") {
+            b"linear" => (false, false),
+            b"none" => (false, true),
+            b"yarn" => (true, false),
+            b"longrope" => return Err(err(GgufErrorKind::Unsupported("longrope RoPE scaling (keel implements none, linear and yarn)"), key)),
+            _ => return Err(err(GgufErrorKind::BadValue("unknown RoPE scaling type (keel implements none, linear and yarn)"), key)),
+        };
+        let mut factor = None;
+        for k in ["rope.scaling.factor", "rope.scale_linear"] {
+            let key = keys.key(k);
+            if let (None, Some(f)) = (factor, g.f32_opt(key)?) {
+                if !(f.is_finite() && f >= 0.0) {
+                    return Err(err(GgufErrorKind::BadValue("RoPE scaling factor must be finite and >= 0"), key));
+                }
+                factor = Some(f);
+            }
+        }
+        let freq_scale = match factor {
+            Some(f) if f != 0.0 && !none => 1.0 / f,
+            _ => 1.0,
+        };
+        let ext_factor = if yarn { 1.0 } else { 0.0 };
+        let key = keys.key("rope.scaling.original_context_length");
+        let n_ctx_orig = match g.u32_opt(key)? {
+            Some(n) if n > 0 => n as usize,
+            _ => n_ctx_train,
+        };
+        let mut attn_factor = 1.0f32;
+        if yarn {
+            let f = 1.0 / freq_scale;
+            attn_factor = if f <= 1.0 { 1.0 } else { 0.1 * crate::ops::logf(f) + 1.0 };
+            attn_factor *= 1.0 / (1.0 + 0.1 * crate::ops::logf(f));
+        }
+        let key = keys.key("rope.scaling.attn_factor");
+        if let Some(a) = g.f32_opt(key)? {
+            if !(a.is_finite() && a > 0.0) {
+                return Err(err(GgufErrorKind::BadValue("RoPE attention factor must be finite and > 0"), key));
+            }
+            attn_factor *= a;
+        }
+        for (k, applied) in [
+            ("rope.scaling.yarn_log_multiplier", 0.0),
+            ("rope.scaling.yarn_ext_factor", ext_factor),
+            ("rope.scaling.yarn_attn_factor", 1.0),
+            ("rope.scaling.yarn_beta_fast", 32.0),
+            ("rope.scaling.yarn_beta_slow", 1.0),
+            ("rope.scaling.alpha", 0.0),
+        ] {
+            let key = keys.key(k);
+            if g.f32_opt(key)?.is_some_and(|v| v != applied) {
+                return Err(err(GgufErrorKind::Unsupported("this RoPE scaling key (llama.cpp ignores it for this architecture; keel runs only its default)"), key));
+            }
+        }
+        Ok(RopeScaling { freq_scale, ext_factor, attn_factor, n_ctx_orig })
+    }
+}
+
 /// The numbers that size a model and its arena.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct HParams {
@@ -131,6 +209,16 @@ pub struct HParams {
     pub n_rot: usize,
     /// RoPE pairing.
     pub rope_mode: RopeMode,
+    /// RoPE frequency scale of the global-attention layers (`1/rope.scaling.factor` for
+    /// linear and YaRN scaling; 1: none). Sliding-window layers are not scaled.
+    pub rope_freq_scale: f32,
+    /// YaRN's extrapolation mix (1 for YaRN scaling, else 0).
+    pub rope_ext_factor: f32,
+    /// Magnitude factor of the RoPE cos/sin (llama.cpp's `yarn_attn_factor`; 1 unless
+    /// YaRN or `rope.scaling.attn_factor`).
+    pub rope_attn_factor: f32,
+    /// The context length YaRN's correction dims are computed for.
+    pub rope_n_ctx_orig: usize,
     /// Sliding-window width (0: every layer attends to the whole context).
     pub n_swa: usize,
     /// Layer `l` is a sliding-window layer when `l % pattern < pattern - 1` (gemma3's rule).
@@ -177,6 +265,7 @@ impl HParams {
             None => g.u32(keys.key("vocab_size"))? as usize,
         };
         let rope_mode = if arch == Arch::Llama { RopeMode::Normal } else { RopeMode::Neox };
+        let rs = RopeScaling::from_gguf(g, &mut keys, n_ctx_train)?;
         let mut hp = HParams {
             arch,
             n_vocab,
@@ -193,6 +282,10 @@ impl HParams {
             rope_base_swa: rope_base,
             n_rot,
             rope_mode,
+            rope_freq_scale: rs.freq_scale,
+            rope_ext_factor: rs.ext_factor,
+            rope_attn_factor: rs.attn_factor,
+            rope_n_ctx_orig: rs.n_ctx_orig,
             n_swa: 0,
             swa_pattern: 0,
             embd_scale: 1.0,
@@ -334,6 +427,19 @@ impl HParams {
         }
     }
 
+    /// RoPE frequency scaling of layer `l` (sliding-window layers keep freq_scale 1, as
+    /// in llama.cpp; YaRN's beta_fast/beta_slow are llama.cpp's defaults 32 and 1).
+    pub fn rope_scale_of(&self, l: usize) -> RopeScale {
+        let freq_scale = if self.is_swa(l) { 1.0 } else { self.rope_freq_scale };
+        RopeScale::new(freq_scale, self.rope_ext_factor, self.rope_attn_factor, self.rope_n_ctx_orig, self.rope_base_of(l), self.n_rot, 32.0, 1.0)
+    }
+
+    /// Whether RoPE is scaled at all (any layer's angles or magnitudes differ from
+    /// plain RoPE's).
+    pub fn rope_scaled(&self) -> bool {
+        self.rope_freq_scale != 1.0 || self.rope_ext_factor != 0.0 || self.rope_attn_factor != 1.0
+    }
+
     /// Number of recurrent layers.
     pub fn n_recurrent(&self) -> usize {
         (0..self.n_layer).filter(|&l| self.is_recurrent(l)).count()
@@ -372,5 +478,56 @@ impl ArchKeys {
         let _ = self.buf.push('.');
         let _ = self.buf.push_str(suffix);
         &self.buf
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::tests::Builder;
+
+    /// A minimal llama file's hyper-parameters with extra keys written by `extra`
+    /// (`n_extra` of them).
+    fn hp_with(n_extra: u64, extra: impl Fn(&mut Builder)) -> Result<HParams, GgufError> {
+        let mut b = Builder::new(3, 0, 6 + n_extra);
+        b.kv_str("general.architecture", "llama");
+        b.kv_u32("llama.embedding_length", 64).kv_u32("llama.block_count", 1).kv_u32("llama.attention.head_count", 4);
+        b.kv_u32("llama.feed_forward_length", 64).kv_u32("llama.vocab_size", 16);
+        extra(&mut b);
+        let bytes = b.bytes().to_vec();
+        HParams::from_gguf(&Gguf::parse(&bytes).unwrap())
+    }
+
+    #[test]
+    fn rope_scaling_keys_follow_llama_cpp() {
+        let hp = hp_with(0, |_| {}).unwrap();
+        assert!(!hp.rope_scaled());
+        // The type defaults to linear; the old key name is read too.
+        let hp = hp_with(1, |b| {
+            b.kv_f32("llama.rope.scale_linear", 2.0);
+        })
+        .unwrap();
+        assert_eq!((hp.rope_freq_scale, hp.rope_ext_factor, hp.rope_attn_factor), (0.5, 0.0, 1.0));
+        // Type none ignores the factor.
+        let hp = hp_with(2, |b| {
+            b.kv_str("llama.rope.scaling.type", "none").kv_f32("llama.rope.scaling.factor", 4.0);
+        })
+        .unwrap();
+        assert!(!hp.rope_scaled());
+        // YaRN: ext_factor 1, the attention factor m(4)/(1 + 0.1 ln 4) times the file's,
+        // original context from its key (else the training context).
+        let hp = hp_with(4, |b| {
+            b.kv_str("llama.rope.scaling.type", "yarn").kv_f32("llama.rope.scaling.factor", 4.0);
+            b.kv_u32("llama.rope.scaling.original_context_length", 512).kv_f32("llama.rope.scaling.attn_factor", 0.5);
+        })
+        .unwrap();
+        assert_eq!((hp.rope_freq_scale, hp.rope_ext_factor, hp.rope_n_ctx_orig), (0.25, 1.0, 512));
+        assert!((hp.rope_attn_factor - 0.5).abs() < 1e-6, "{}", hp.rope_attn_factor);
+        let e = hp_with(2, |b| {
+            b.kv_str("llama.rope.scaling.type", "yarn").kv_f32("llama.rope.scaling.yarn_beta_slow", 2.0);
+        })
+        .unwrap_err();
+        assert!(matches!(e.kind, GgufErrorKind::Unsupported(_)));
+        assert_eq!(e.name.unwrap().as_str(), "llama.rope.scaling.yarn_beta_slow");
     }
 }

@@ -55,6 +55,9 @@ pub struct Attention<'m> {
     pub q_norm: Option<Tensor<'m>>,
     /// See `q_norm`.
     pub k_norm: Option<Tensor<'m>>,
+    /// Optional `(n_rot/2)` f32 RoPE frequency divisors (Llama 3's `rope_freqs.weight`,
+    /// one tensor shared by every layer).
+    pub rope_freqs: Option<Tensor<'m>>,
 }
 
 /// The gated delta-net mixer of a hybrid block.
@@ -210,6 +213,41 @@ impl<'g, 'm> Finder<'g, 'm> {
     }
 }
 
+/// The RoPE frequency-factor tensor: `rope_freqs.weight` (F32, `n_rot/2`) in a llama
+/// file; llama.cpp reads it for no other architecture keel runs, and longrope's
+/// `rope_factors_long`/`rope_factors_short` not at all without longrope scaling (which
+/// keel refuses), so any of these elsewhere is refused, naming the tensor.
+fn rope_freqs<'m>(f: &mut Finder<'_, 'm>, hp: &HParams) -> Result<Option<Tensor<'m>>, GgufError> {
+    let refuse = |name: &str, offset, what| Err(GgufError::at(GgufErrorKind::Unsupported(what), offset).named_str(name));
+    for name in ["rope_factors_long.weight", "rope_factors_short.weight"] {
+        if let Some(t) = f.g.tensor(name) {
+            return refuse(name, t.offset, "longrope frequency factors");
+        }
+    }
+    const NAME: &str = "rope_freqs.weight";
+    if hp.arch != Arch::Llama {
+        return match f.g.tensor(NAME) {
+            Some(t) => refuse(NAME, t.offset, "RoPE frequency factors on this architecture (llama.cpp reads them for llama only)"),
+            None => Ok(None),
+        };
+    }
+    let t = f.opt(None, NAME, hp.n_rot / 2, 1)?;
+    if let (Some(t), Some(info)) = (t, f.g.tensor(NAME)) {
+        if t.ty != GgmlType::F32 {
+            return refuse(NAME, info.offset, "RoPE frequency factors that are not F32");
+        }
+        // Angles are divided by the factors: each must be a finite positive number.
+        let bad = |b: &[u8]| {
+            let f = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            !(f > 0.0 && f.is_finite())
+        };
+        if t.data.chunks_exact(4).any(bad) {
+            return Err(GgufError::at(GgufErrorKind::BadValue("RoPE frequency factors must be finite and > 0"), info.offset).named_str(NAME));
+        }
+    }
+    Ok(t)
+}
+
 /// Reads the tensors of block `l`.
 pub fn load_layer<'m>(f: &mut Finder<'_, 'm>, hp: &HParams, l: usize) -> Result<Layer<'m>, GgufError> {
     let e = hp.n_embd;
@@ -243,6 +281,7 @@ pub fn load_layer<'m>(f: &mut Finder<'_, 'm>, hp: &HParams, l: usize) -> Result<
             bv: bias(f, "attn_v.bias", hp.v_dim())?,
             q_norm: qk_norm(f, "attn_q_norm.weight")?,
             k_norm: qk_norm(f, "attn_k_norm.weight")?,
+            rope_freqs: rope_freqs(f, hp)?,
         })
     };
     let gemma = hp.arch == Arch::Gemma3;
