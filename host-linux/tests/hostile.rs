@@ -368,3 +368,62 @@ fn a_corrupted_cached_model_is_refused() {
     fails_with(&run(), &["cached model", "SmolLM2-135M-Instruct.Q4_1.gguf", "is corrupted", "keel pull smollm2-135m"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+// ---- generated hostile models: the synthetic model with metadata rewritten ----
+
+/// A copy of the synthetic model in `dir` with the metadata `set` (replacing keys of the
+/// same name, adding the others), written by keel's own GGUF writer.
+fn synth_with(dir: &Path, name: &str, set: &[(&str, keel_core::gguf::Value<'static>)]) -> PathBuf {
+    use keel_host_linux::gguf_write::{encode_kv, GgufWriter, TensorDecl};
+    let bytes = std::fs::read(synth()).unwrap();
+    let g = keel_core::gguf::Gguf::parse(&bytes).unwrap();
+    let (mut kv, mut n_kv) = (Vec::new(), 0);
+    for i in 0..g.n_keys() {
+        let (k, v) = g.key_at(i).unwrap();
+        if !set.iter().any(|(s, _)| s.as_bytes() == k) {
+            encode_kv(&mut kv, k, &v);
+            n_kv += 1;
+        }
+    }
+    for (k, v) in set {
+        encode_kv(&mut kv, k.as_bytes(), v);
+        n_kv += 1;
+    }
+    let decls: Vec<TensorDecl> = g.tensors().map(|t| TensorDecl { name: t.name.to_vec(), ne: t.ne, n_dims: t.n_dims, ty: t.ty }).collect();
+    let path = dir.join(name);
+    let mut w = GgufWriter::create(&path, &kv, n_kv, &decls, g.alignment()).unwrap();
+    for t in g.tensors() {
+        w.write_data(t.data).unwrap();
+        w.end_tensor().unwrap();
+    }
+    w.finish().unwrap();
+    path
+}
+
+fn run_model(m: &Path, extra: &[&str]) -> Output {
+    keel().args(["run", "-n", "2", "-c", "64", "--temp", "0", "-p", "hi", "-m"]).arg(m).args(extra).output().unwrap()
+}
+
+// ---- item 2: metadata keel does not implement is refused, naming the key ----
+
+/// A part of a split file, and a mixture-of-experts model: refused with the key and the
+/// fix (they used to run as if whole and dense). The same keys at their harmless values
+/// (one part, no experts) still run.
+#[test]
+fn split_and_moe_files_are_refused_naming_the_key() {
+    use keel_core::gguf::Value;
+    let dir = scratch("unsupported");
+    let m = synth_with(&dir, "split.gguf", &[("split.no", Value::U16(0)), ("split.count", Value::U16(3)), ("split.tensors.count", Value::I32(39))]);
+    for cmd in [&["run", "-p", "hi", "-m"][..], &["plan", "-m"][..], &["eval", "--json", "-p", "hi", "-m"][..]] {
+        let o = keel().args(cmd).arg(&m).output().unwrap();
+        fails_with(&o, &["split.gguf", "[split.count]", "split GGUF files are not supported", "llama-gguf-split --merge"]);
+        assert!(o.stdout.is_empty(), "{cmd:?} ran");
+    }
+    let m = synth_with(&dir, "moe.gguf", &[("llama.expert_count", Value::U32(8)), ("llama.expert_used_count", Value::U32(2))]);
+    let o = run_model(&m, &[]);
+    fails_with(&o, &["moe.gguf", "[llama.expert_count]", "mixture-of-experts", "not supported"]);
+    let whole = synth_with(&dir, "whole.gguf", &[("split.count", Value::U16(1)), ("llama.expert_count", Value::U32(0))]);
+    succeeds(&run_model(&whole, &[]));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+

@@ -68,6 +68,9 @@ pub enum GgufErrorKind {
     BadShape,
     /// A metadata value is out of the range the model accepts.
     BadValue(&'static str),
+    /// The file declares something keel does not implement (the text says what and
+    /// what to do); running it anyway would give wrong answers.
+    Unsupported(&'static str),
 }
 
 /// An error while reading a GGUF file: what, at which byte offset, and for which
@@ -125,6 +128,7 @@ impl fmt::Display for GgufError {
             MissingTensor => write!(f, "required tensor is missing")?,
             BadShape => write!(f, "tensor has the wrong shape")?,
             BadValue(why) => write!(f, "bad metadata value: {why}")?,
+            Unsupported(why) => write!(f, "{why}")?,
         }
         if let Some(n) = &self.name {
             write!(f, " [{n}]")?;
