@@ -427,3 +427,21 @@ fn split_and_moe_files_are_refused_naming_the_key() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+// ---- item 7: an out-of-range BOS/EOS id is refused, not replaced ----
+
+#[test]
+fn an_out_of_range_bos_or_eos_id_is_refused_naming_the_key() {
+    use keel_core::gguf::Value;
+    let dir = scratch("bos");
+    for (key, id) in [("tokenizer.ggml.bos_token_id", 49152u32), ("tokenizer.ggml.eos_token_id", 4_000_000)] {
+        let m = synth_with(&dir, "ids.gguf", &[(key, Value::U32(id))]);
+        for cmd in [&["run", "-n", "2", "-c", "64", "-p", "hi", "-m"][..], &["tokenize", "hi", "-m"][..]] {
+            let o = keel().args(cmd).arg(&m).output().unwrap();
+            fails_with(&o, &["ids.gguf", &format!("{key} = {id} is outside the vocabulary (ids 0..49152)")]);
+        }
+    }
+    // The last id of the vocabulary is fine.
+    succeeds(&run_model(&synth_with(&dir, "last.gguf", &[("tokenizer.ggml.eos_token_id", Value::U32(49151))]), &[]));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
