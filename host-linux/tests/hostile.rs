@@ -445,3 +445,26 @@ fn an_out_of_range_bos_or_eos_id_is_refused_naming_the_key() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+// ---- item 3: with --reference, the first op that produced a non-finite value ----
+
+/// `--reference` checks every op's output and names the first that went non-finite (a
+/// NaN norm weight in layer 1; the final norm), with the step; without it the message
+/// says to use --reference.
+#[test]
+fn reference_mode_names_the_first_non_finite_op() {
+    let dir = scratch("nan-op");
+    let m = nan_model(&dir, "blk.1.ffn_norm.weight");
+    let o = keel().args(["run", "--reference", "-n", "4", "-c", "64", "-p", "hi", "-m"]).arg(&m).output().unwrap();
+    fails_with(&o, &["layer 1 ffn_norm produced a non-finite value at position 0, found at generation step 1"]);
+    let o = keel().args(["eval", "--reference", "--json", "-c", "64", "-p", "hi there", "-m"]).arg(&m).output().unwrap();
+    fails_with(&o, &["layer 1 ffn_norm produced a non-finite value at position 0, found at prompt position 0"]);
+    let m = nan_model(&dir, "output_norm.weight");
+    let o = keel().args(["run", "--reference", "-n", "4", "-c", "64", "-p", "hi", "-m"]).arg(&m).output().unwrap();
+    let err = fails_with(&o, &["output_norm produced a non-finite value at position 0, found at generation step 1"]);
+    assert!(!err.contains("layer"), "{err}");
+    let o = keel().args(["run", "-n", "4", "-c", "64", "-p", "hi", "-m"]).arg(&m).output().unwrap();
+    let err = fails_with(&o, &["logits are not finite", "at generation step 1", "run with --reference to name the first op"]);
+    assert!(!err.contains("output_norm produced"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+

@@ -7,6 +7,7 @@ use anyhow::{bail, Context, Result};
 use keel_core::chat::ChatFormat;
 use keel_core::gguf::Gguf;
 use keel_core::sampler::SamplerConfig;
+use keel_core::session::NonFinite;
 use keel_core::tokenizer::{Tokenizer, TokenizerError};
 
 /// Reads the prompt from `-p TEXT` or `-f FILE` (one of them required).
@@ -168,17 +169,30 @@ pub fn tokenize_all(tok: &Tokenizer<'_>, text: &str, add_special: bool, parse_sp
 
 /// Fails if a logits row has a NaN or an infinity: the model's weights or its arithmetic
 /// broke, and any token sampled or score computed from the row would be a silent wrong
-/// answer. `step` says where (e.g. "generated token 3"; made only on failure).
-pub fn check_finite(row: &[f32], step: impl FnOnce() -> String) -> Result<()> {
-    if let Some(i) = row.iter().position(|v| !v.is_finite()) {
-        bail!(
-            "the logits are not finite at {} (logit {i} of {} is {}): the model's weights or its arithmetic produced NaN/infinity; stopped rather than give a wrong answer (run with --reference to rule out a kernel)",
-            step(),
-            row.len(),
-            row[i]
-        );
+/// answer. `step` says where (e.g. "generated token 3"; made only on failure). `origin`
+/// is the first op of the sequence that produced a non-finite value, which the session
+/// knows with the reference kernels
+/// ([`keel_core::session::Session::first_non_finite`]): with it the check fails even if
+/// the row came out finite (a NaN that a later op turned into a number is still a wrong
+/// answer), naming the op.
+pub fn check_finite(row: &[f32], origin: Option<NonFinite>, step: impl FnOnce() -> String) -> Result<()> {
+    let bad = row.iter().position(|v| !v.is_finite());
+    let logits = match bad {
+        Some(i) => format!("the logits are not finite (logit {i} of {} is {})", row.len(), row[i]),
+        None => "the logits came out finite, but were computed from it".into(),
+    };
+    match (origin, bad) {
+        (Some(o), _) => bail!(
+            "{o} produced a non-finite value at position {}, found at {}; {logits}: the model's weights or its arithmetic produced NaN/infinity there; stopped rather than give a wrong answer",
+            o.pos,
+            step()
+        ),
+        (None, Some(_)) => bail!(
+            "{logits} at {}: the model's weights or its arithmetic produced NaN/infinity; stopped rather than give a wrong answer (run with --reference to name the first op that produced it and rule out a kernel)",
+            step()
+        ),
+        (None, None) => Ok(()),
     }
-    Ok(())
 }
 
 /// Formats a byte count as MiB with one decimal.

@@ -51,8 +51,9 @@ pub fn main(mut a: Args) -> Result<()> {
     }
     let v = e.n_vocab();
     let logits = e.eval(&ids, Outputs::All, pool)?.to_vec();
+    let origin = e.session.first_non_finite();
     for (i, row) in logits.chunks_exact(v).take(ids.len()).enumerate() {
-        check_finite(row, || format!("prompt position {i}"))?;
+        check_finite(row, origin, || format!("prompt position {i}"))?;
     }
     if let Some(path) = dump {
         let last = &logits[(ids.len() - 1) * v..ids.len() * v];

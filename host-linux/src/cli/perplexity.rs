@@ -53,10 +53,12 @@ pub fn main(mut a: Args) -> Result<()> {
             chunk[0] = b;
         }
         e.reset();
-        let logits = e.eval(&chunk, Outputs::All, pool)?;
+        e.eval(&chunk, Outputs::All, pool)?;
+        let origin = e.session.first_non_finite();
+        let logits = e.session.logits(v);
         for j in c / 2..c - 1 {
             let row = &logits[j * v..(j + 1) * v];
-            check_finite(row, || format!("chunk {} position {j}", ch + 1))?;
+            check_finite(row, origin, || format!("chunk {} position {j}", ch + 1))?;
             let target = tokens[ch * c + j + 1] as usize;
             nll += keel_core::ops::log_sum_exp(row) - row[target] as f64;
             count += 1;

@@ -89,7 +89,7 @@ pub fn main(mut a: Args) -> Result<()> {
     let t1 = Instant::now();
     let mut stop = "length";
     for i in 0..n_predict {
-        check_finite(e.session.last_logits(e.n_vocab()), || if i == 0 { "generation step 1 (the prompt's last position)".into() } else { format!("generation step {}", i + 1) })?;
+        check_finite(e.session.last_logits(e.n_vocab()), e.session.first_non_finite(), || if i == 0 { "generation step 1 (the prompt's last position)".into() } else { format!("generation step {}", i + 1) })?;
         if let Some(d) = digest.as_mut() {
             d.row(e.session.last_logits(e.n_vocab()));
         }
