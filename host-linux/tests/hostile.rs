@@ -468,3 +468,84 @@ fn reference_mode_names_the_first_non_finite_op() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+// ---- item 5: resources bounded before work starts ----
+
+/// A prompt file is read up to 16 bytes per context token + 64 KiB: a longer one is
+/// refused naming the file and the limit (it used to be read and tokenized whole).
+#[test]
+fn a_prompt_file_beyond_the_context_is_refused_unread() {
+    let dir = scratch("prompt-file");
+    let big = dir.join("big.txt");
+    std::fs::write(&big, "word ".repeat(20_000)).unwrap();
+    let o = keel().args(["run", "-c", "64", "-n", "1", "-m"]).arg(synth()).arg("-f").arg(&big).output().unwrap();
+    fails_with(&o, &["prompt file", "big.txt", "larger than 66560 bytes", "-c 64", "raise -c"]);
+    let o = keel().args(["eval", "--json", "-c", "64", "-m"]).arg(synth()).arg("--tokens-file").arg(&big).output().unwrap();
+    fails_with(&o, &["tokens file", "big.txt", "larger than 66560 bytes"]);
+    // Within the limit it is read as before.
+    let o = keel().args(["run", "-c", "8192", "-n", "1", "--force-ctx", "-m"]).arg(synth()).arg("-f").arg(&big).output().unwrap();
+    fails_with(&o, &["the prompt has", "the context holds 8192"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An endless prompt file ends at the limit (it used to be read until memory ran out).
+#[test]
+fn an_endless_prompt_file_ends_at_the_limit() {
+    let o = keel().args(["run", "-c", "64", "-n", "1", "-f", "/dev/zero", "-m"]).arg(synth()).output().unwrap();
+    fails_with(&o, &["prompt file /dev/zero is larger than 66560 bytes"]);
+    let o = keel().args(["tokenize", "-f", "/dev/zero", "-m"]).arg(synth()).output().unwrap();
+    fails_with(&o, &["text file /dev/zero is larger than 268435456 bytes"]);
+}
+
+/// `-c` beyond the model's training context (llama.context_length = 4096 in the
+/// synthetic model) warns on stderr and runs; `--force-ctx` silences the warning.
+#[test]
+fn a_context_beyond_training_length_warns_unless_forced() {
+    let o = keel().args(["run", "-c", "8192", "-n", "1", "-p", "hi", "-m"]).arg(synth()).output().unwrap();
+    succeeds(&o);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("warning: -c 8192 is beyond the model's training context (llama.context_length = 4096)") && err.contains("--force-ctx"), "{err}");
+    let o = keel().args(["run", "-c", "8192", "-n", "1", "--force-ctx", "-p", "hi", "-m"]).arg(synth()).output().unwrap();
+    succeeds(&o);
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("warning"), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = keel().args(["run", "-c", "4096", "-n", "1", "-p", "hi", "-m"]).arg(synth()).output().unwrap();
+    succeeds(&o);
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("warning"));
+}
+
+fn physical_memory() -> u64 {
+    keel_host_linux::mem::physical_memory().expect("physical memory")
+}
+
+/// An arena larger than physical memory is refused before anything is mapped, with
+/// both sizes and a -c that fits (`perplexity -c 1048576` plans a logits row per
+/// position: 2^20 x 49152 floats, 192 GiB, with the synthetic model).
+#[test]
+fn an_arena_beyond_physical_memory_is_refused() {
+    let logits = (1u64 << 20) * 49152 * 4;
+    if physical_memory() > logits {
+        eprintln!("SKIPPED: this machine has more than {logits} bytes of memory");
+        return;
+    }
+    let dir = scratch("arena");
+    let text = dir.join("text.txt");
+    std::fs::write(&text, "word ".repeat(200)).unwrap();
+    let o = keel().args(["perplexity", "--json", "-c", "1048576", "-m"]).arg(synth()).arg("-f").arg(&text).output().unwrap();
+    let err = fails_with(&o, &["the planned arena for -c 1048576 is", "MiB but this machine has", "MiB of physical memory", "lower -c (-c "]);
+    // The -c it suggests does fit.
+    let fit: String = err.split("lower -c (-c ").nth(1).unwrap().chars().take_while(char::is_ascii_digit).collect();
+    let o = keel().args(["perplexity", "--json", "-m"]).arg(synth()).arg("-f").arg(&text).args(["-c", &fit]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("physical memory"), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `bench -p/-n` beyond the training context is refused before any work (`-p 100000`
+/// used to evaluate a 100000-token prompt three times); `--force-ctx` allows it.
+#[test]
+fn bench_sizes_beyond_the_context_are_refused() {
+    for (p, n, ctx) in [("100000", "4", "100000"), ("16", "5000", "5001")] {
+        let o = keel().args(["bench", "-p", p, "-n", n, "-r", "1", "-m"]).arg(synth()).output().unwrap();
+        fails_with(&o, &[&format!("bench -p {p} -n {n} needs a {ctx}-token context"), "training context is 4096 (llama.context_length)", "use a smaller -p or -n"]);
+        assert!(o.stdout.is_empty());
+    }
+    succeeds(&keel().args(["bench", "-p", "4096", "-n", "4", "-r", "1", "-t", "1", "-m"]).arg(synth()).output().unwrap());
+}

@@ -8,10 +8,10 @@
 //! arithmetic instead.
 
 use super::args::Args;
-use super::common::{check_finite, run_options, token_count, tokenize_all};
+use super::common::{check_finite, read_text_limited, run_options, token_count, tokenize_all, MAX_TEXT_FILE};
 use super::load::{engine, open, prepare};
 use crate::json;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use keel_core::sampler::SamplerConfig;
 use keel_core::session::Outputs;
 
@@ -31,7 +31,7 @@ pub fn main(mut a: Args) -> Result<()> {
     }
     opts.n_ctx = c;
     opts.n_outputs = c;
-    let text = std::fs::read_to_string(&file).with_context(|| format!("reading {file}"))?;
+    let text = read_text_limited(&file, "text file", MAX_TEXT_FILE, "the most keel reads for perplexity; cut the text")?;
     let opened = open(&model)?;
     let g = opened.gguf()?;
     let mut loaded = prepare(&g, &opened.path, &opts)?;

@@ -33,9 +33,9 @@ pub struct Generation {
 /// Runs the subcommand.
 pub fn main(mut a: Args) -> Result<()> {
     let model = a.value::<String>(&["-m", "--model"], "a model file or name")?.unwrap_or_else(|| "smollm2-135m".into());
-    let text = prompt(&mut a)?;
     let n_predict = a.value_or(&["-n", "--n-predict"], "a token count", 128usize)?;
     let opts = run_options(&mut a, 1)?;
+    let text = prompt(&mut a, opts.n_ctx)?;
     // Generation stops at the context's end anyway: a larger -n means "until then".
     let n_predict = n_predict.min(opts.n_ctx);
     let sampling = sampling(&mut a)?;
