@@ -211,12 +211,12 @@ pub(crate) fn wrote_non_finite(op: Op, s: &Step<'_, '_>, b: &mut Bufs<'_>) -> Op
     let either = |a: Option<usize>, b: Option<usize>| a.into_iter().chain(b).min();
     let attn_w = ssm.map_or(hp.n_head * hp.head_dim_v, |d| d.d_inner);
     match op {
-        Op::MatMul { w, dst, .. } => crate::block::weight(s.layer, w).and_then(|t| rows(&**b.slot(dst), t.rows)),
-        Op::Norm { dst, .. } => rows(&**b.slot(dst), hp.n_embd),
+        Op::MatMul { w, dst, .. } => crate::block::weight(s.layer, w).and_then(|t| rows(b.slot(dst), t.rows)),
+        Op::Norm { dst, .. } => rows(b.slot(dst), hp.n_embd),
         Op::Residual { .. } => rows(b.x, hp.n_embd),
         Op::Bias { dst: Buf::Q, .. } | Op::HeadNorm { dst: Buf::Q, .. } | Op::QueryScale => rows(b.q, hp.q_dim()),
         Op::Bias { dst: Buf::K, .. } | Op::HeadNorm { dst: Buf::K, .. } => rows(b.k, hp.k_dim()),
-        Op::Bias { dst, .. } | Op::HeadNorm { dst, .. } => rows(&**b.slot(dst), hp.v_dim()),
+        Op::Bias { dst, .. } | Op::HeadNorm { dst, .. } => rows(b.slot(dst), hp.v_dim()),
         Op::SplitQueryGate => either(rows(b.q, hp.q_dim()), rows(b.gate, hp.q_dim())),
         Op::Rope => either(rows(b.q, hp.q_dim()), rows(b.k, hp.k_dim())),
         // Writes the f16 cache from K and V, which the ops before it checked.
