@@ -355,32 +355,30 @@ impl HParams {
     }
 }
 
+/// Refuses a file whose integer `key` is above `max`: it declares something keel does not
+/// implement (`why` names it and the fix), and running it anyway would be a wrong answer.
+fn refuse_above(g: &Gguf<'_>, key: &str, max: u32, why: &'static str) -> Result<(), GgufError> {
+    match g.u32_opt(key)? {
+        Some(n) if n > max => Err(GgufError::at(GgufErrorKind::Unsupported(why), g.key_offset(key)).named_str(key)),
+        _ => Ok(()),
+    }
+}
+
 /// One part of a split file (`split.count` > 1, written by `llama-gguf-split`) holds only
 /// some of the tensors: refused, naming the key and the fix, rather than run as if whole.
 fn refuse_split(g: &Gguf<'_>) -> Result<(), GgufError> {
-    const KEY: &str = "split.count";
-    match g.u32_opt(KEY)? {
-        Some(n) if n > 1 => Err(GgufError::at(
-            GgufErrorKind::Unsupported("this file is one part of a split GGUF; split GGUF files are not supported: merge the parts with `llama-gguf-split --merge FIRST-PART.gguf MERGED.gguf` and load the merged file"),
-            g.key_offset(KEY),
-        )
-        .named_str(KEY)),
-        _ => Ok(()),
-    }
+    refuse_above(
+        g,
+        "split.count",
+        1,
+        "this file is one part of a split GGUF; split GGUF files are not supported: merge the parts with `llama-gguf-split --merge FIRST-PART.gguf MERGED.gguf` and load the merged file",
+    )
 }
 
 /// A mixture-of-experts model (`<arch>.expert_count` > 0) routes each token through some
 /// of its experts; keel computes dense feed-forwards only, so it refuses the file.
 fn refuse_experts(g: &Gguf<'_>, keys: &mut ArchKeys) -> Result<(), GgufError> {
-    let key = keys.key("expert_count");
-    match g.u32_opt(key)? {
-        Some(n) if n > 0 => Err(GgufError::at(
-            GgufErrorKind::Unsupported("mixture-of-experts models (expert_count > 0) are not supported: keel runs dense models only; use a dense model"),
-            g.key_offset(key),
-        )
-        .named_str(key)),
-        _ => Ok(()),
-    }
+    refuse_above(g, keys.key("expert_count"), 0, "mixture-of-experts models (expert_count > 0) are not supported: keel runs dense models only; use a dense model")
 }
 
 /// Builds `<arch>.<suffix>` metadata key names without allocating.
