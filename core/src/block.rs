@@ -228,6 +228,18 @@ impl Op {
     }
 }
 
+impl Op {
+    /// What a message names this op by: the tensor it applies (`ffn_down`, `attn_norm`,
+    /// `attn_q.bias`, …), else its [`Op::name`] (`rope`, `attention`, …).
+    pub const fn label(&self) -> &'static str {
+        match self {
+            Op::MatMul { w, .. } => w.name(),
+            Op::Norm { w, .. } | Op::Bias { w, .. } | Op::HeadNorm { w, .. } | Op::Residual { post_norm: Some(w), .. } => w.name(),
+            _ => self.name(),
+        }
+    }
+}
+
 /// Most ops one block has. The longest possible: an attention layer with every option
 /// (norm, 3 projections, split, 3 biases, 2 head norms, rope, store, scale, attention,
 /// gate, output projection, residual, norm, gate, up, activation, down, residual) has

@@ -199,6 +199,39 @@ pub(crate) fn run(op: Op, s: &Step<'_, '_>, b: &mut Bufs<'_>, st: &mut LayerStat
     }
 }
 
+/// The first of `n` rows of `width` floats at the start of `buf` that holds a NaN or an
+/// infinity.
+pub(crate) fn first_non_finite_row(buf: &[f32], n: usize, width: usize) -> Option<usize> {
+    buf.get(..n * width).unwrap_or(buf).chunks(width.max(1)).position(|r| r.iter().any(|v| !v.is_finite()))
+}
+
+/// The first row (token of the batch) that `op` just wrote a NaN or an infinity to, in
+/// any buffer it writes. Reference mode runs this after every op, to name the first op
+/// that produced a non-finite value; the fast path never calls it.
+pub(crate) fn wrote_non_finite(op: Op, s: &Step<'_, '_>, b: &mut Bufs<'_>) -> Option<usize> {
+    let hp = s.hp;
+    let ssm = hp.ssm.filter(|_| hp.is_recurrent(s.l));
+    let rows = |buf: &[f32], width: usize| first_non_finite_row(buf, s.n, width);
+    let either = |a: Option<usize>, b: Option<usize>| a.into_iter().chain(b).min();
+    let attn_w = ssm.map_or(hp.n_head * hp.head_dim_v, |d| d.d_inner);
+    match op {
+        Op::MatMul { w, dst, .. } => crate::block::weight(s.layer, w).and_then(|t| rows(b.slot(dst), t.rows)),
+        Op::Norm { dst, .. } => rows(b.slot(dst), hp.n_embd),
+        Op::Residual { .. } => rows(b.x, hp.n_embd),
+        Op::Bias { dst: Buf::Q, .. } | Op::HeadNorm { dst: Buf::Q, .. } | Op::QueryScale => rows(b.q, hp.q_dim()),
+        Op::Bias { dst: Buf::K, .. } | Op::HeadNorm { dst: Buf::K, .. } => rows(b.k, hp.k_dim()),
+        Op::Bias { dst, .. } | Op::HeadNorm { dst, .. } => rows(b.slot(dst), hp.v_dim()),
+        Op::SplitQueryGate => either(rows(b.q, hp.q_dim()), rows(b.gate, hp.q_dim())),
+        Op::Rope => either(rows(b.q, hp.q_dim()), rows(b.k, hp.k_dim())),
+        // Writes the f16 cache from K and V, which the ops before it checked.
+        Op::KvStore => None,
+        Op::Attention { .. } | Op::AttnGate | Op::DeltaRule | Op::GatedNorm => rows(b.attn, attn_w),
+        Op::DeltaGates => ssm.and_then(|d| either(rows(b.beta, d.n_v_heads), rows(b.alpha, d.n_v_heads))),
+        Op::SsmConv | Op::QkL2Norm => ssm.and_then(|d| rows(b.conv, d.conv_channels())),
+        Op::FfnAct(_) => rows(b.ffn_a, hp.n_ff),
+    }
+}
+
 /// Rows are `[q | gate]` per head: moves the gates out, then packs q (destination offsets
 /// never pass the source, so a forward copy is safe).
 fn split_query_gate(hp: &HParams, b: &mut Bufs<'_>, n: usize) {

@@ -43,6 +43,28 @@ pub enum Outputs {
     All,
 }
 
+/// Where reference mode first saw a NaN or an infinity in a sequence: the op whose
+/// output held it ([`Session::first_non_finite`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NonFinite {
+    /// The layer (`None`: the token embedding, the final norm or the output projection).
+    pub layer: Option<usize>,
+    /// The op, by the tensor it applies or its name (`ffn_down`, `attn_norm`, `rope`,
+    /// `token_embd`, `output_norm`, `output`).
+    pub op: &'static str,
+    /// The position (token) whose value went non-finite.
+    pub pos: usize,
+}
+
+impl core::fmt::Display for NonFinite {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.layer {
+            Some(l) => write!(f, "layer {l} {}", self.op),
+            None => f.write_str(self.op),
+        }
+    }
+}
+
 /// Region names in plan order.
 const REGIONS: [&str; 21] = [
     "kv_k", "kv_v", "conv_state", "ssm_state", "x", "xn", "q", "k", "v", "gate", "attn", "ffn_a", "ffn_b", "act_q", "attn_scratch", "rope", "gdn_ab", "conv_out", "gdn_scratch", "attn_tile", "logits",
@@ -135,6 +157,8 @@ pub struct Session<'a> {
     delta_chunked: bool,
     n_logits: usize,
     n_past: usize,
+    /// Reference kernels only: the first op of this sequence that wrote a non-finite value.
+    non_finite: Option<NonFinite>,
     /// The placement's layer generation when this sequence started with whole layers
     /// on devices (`None`: every layer's KV cache is in the arena).
     seq_layers: Option<u32>,
@@ -172,6 +196,7 @@ impl<'a> Session<'a> {
             delta_chunked: false,
             n_logits: 0,
             n_past: 0,
+            non_finite: None,
             seq_layers: None,
         }
     }
@@ -225,6 +250,15 @@ impl<'a> Session<'a> {
         self.n_past = self.n_past.min(n);
         self.n_logits = 0;
         Ok(())
+    }
+
+    /// With the reference kernels ([`Kernels::is_reference`]), every op's output is
+    /// checked as it is computed on the CPU: this is the first op of the current sequence
+    /// that produced a NaN or an infinity, if any (so an error about non-finite logits
+    /// can name where they came from). Always `None` with other kernels, which skip the
+    /// check.
+    pub fn first_non_finite(&self) -> Option<NonFinite> {
+        self.non_finite
     }
 
     /// Logits rows from the last `eval`, `n_vocab` each.
@@ -327,7 +361,16 @@ impl<'a> Session<'a> {
             // A new sequence: recurrent layers start from zero state.
             conv_state.fill(0.0);
             ssm_state.fill(0.0);
+            self.non_finite = None;
         }
+        // Reference mode names the first op that produced a NaN or an infinity.
+        let check = kern.is_reference();
+        let non_finite = &mut self.non_finite;
+        let mut note = |row: Option<usize>, layer: Option<usize>, op: &'static str| {
+            if let Some(row) = row.filter(|_| non_finite.is_none()) {
+                *non_finite = Some(NonFinite { layer, op, pos: n_past + row });
+            }
+        };
 
         // Token embedding rows -> x (n, n_embd), scaled for Gemma.
         for (i, &t) in tokens.iter().enumerate() {
@@ -336,6 +379,9 @@ impl<'a> Session<'a> {
             if hp.embd_scale != 1.0 {
                 ops::scale(row, hp.embd_scale);
             }
+        }
+        if check {
+            note(block_cpu::first_non_finite_row(x, n, e), None, "token_embd");
         }
 
         let nvh = hp.ssm.map_or(0, |s| s.n_v_heads);
@@ -412,6 +458,9 @@ impl<'a> Session<'a> {
                     }
                 }
                 block_cpu::run(op, &step, &mut bufs, &mut state, &mut act);
+                if check && act.failed.is_none() {
+                    note(block_cpu::wrote_non_finite(op, &step, &mut bufs), Some(l), op.label());
+                }
                 prev = Some(op);
             }
         }
@@ -430,6 +479,10 @@ impl<'a> Session<'a> {
             act.invalidate();
             act.layer = OUTPUT_LAYER;
             act.project(par, WeightKind::Output, &model.output, &xn[..out_rows * e], out_rows, &mut logits[base..base + out_rows * v]);
+            if check {
+                note(block_cpu::first_non_finite_row(xn, out_rows, e).map(|j| first + j), None, "output_norm");
+                note(block_cpu::first_non_finite_row(&logits[base..], out_rows, v).map(|j| first + j), None, "output");
+            }
             self.n_logits += out_rows;
         }
         match act.failed {

@@ -62,6 +62,24 @@ pub fn parse_status(text: &str) -> Option<Rss> {
     })
 }
 
+/// This machine's physical memory in bytes: `MemTotal` of `/proc/meminfo`, else
+/// `sysconf(_SC_PHYS_PAGES) * _SC_PAGESIZE`; `None` if neither tells.
+pub fn physical_memory() -> Option<u64> {
+    let from_proc = std::fs::read_to_string("/proc/meminfo").ok().and_then(|t| parse_meminfo_total(&t));
+    from_proc.or_else(|| {
+        // SAFETY: sysconf only reads system configuration.
+        let (pages, size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+        (pages > 0 && size > 0).then(|| pages as u64 * size as u64)
+    })
+}
+
+/// `MemTotal` (given in kB) from the text of `/proc/meminfo`, in bytes.
+pub fn parse_meminfo_total(text: &str) -> Option<u64> {
+    let rest = text.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim();
+    let kb: u64 = rest.strip_suffix("kB").unwrap_or(rest).trim().parse().ok()?;
+    kb.checked_mul(1024)
+}
+
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 static ALLOCATED_BYTES: AtomicU64 = AtomicU64::new(0);
 static DEALLOCATIONS: AtomicU64 = AtomicU64::new(0);
@@ -145,6 +163,13 @@ mod tests {
         );
         assert_eq!(parse_status("Name:\tkeel\nVmRSS:\t12 kB\n"), None);
         assert_eq!(parse_status("VmHWM:\tlots kB\nVmRSS:\t1 kB\n"), None);
+    }
+
+    #[test]
+    fn parses_meminfo() {
+        assert_eq!(parse_meminfo_total("MemTotal:       24684540 kB\nMemFree:  1 kB\n"), Some(24684540 * 1024));
+        assert_eq!(parse_meminfo_total("MemFree: 1 kB\n"), None);
+        assert!(physical_memory().is_some_and(|b| b > 0));
     }
 
     #[test]

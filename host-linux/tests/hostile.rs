@@ -8,19 +8,11 @@
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn keel() -> Command {
-    match std::env::var_os("KEEL_TEST_BIN") {
-        Some(b) => Command::new(b),
-        None => Command::new(env!("CARGO_BIN_EXE_keel")),
-    }
-}
-
-fn synth() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/synth/synth-llama-q8_0.gguf")
-}
+mod support;
+use support::{keel, synth, synth_with};
 
 /// A fresh, empty directory for one test.
 fn scratch(tag: &str) -> PathBuf {
@@ -367,4 +359,156 @@ fn a_corrupted_cached_model_is_refused() {
     std::fs::write(&cached, &bytes).unwrap();
     fails_with(&run(), &["cached model", "SmolLM2-135M-Instruct.Q4_1.gguf", "is corrupted", "keel pull smollm2-135m"]);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---- generated hostile models: the synthetic model with metadata rewritten ----
+
+fn run_model(m: &Path, extra: &[&str]) -> Output {
+    keel().args(["run", "-n", "2", "-c", "64", "--temp", "0", "-p", "hi", "-m"]).arg(m).args(extra).output().unwrap()
+}
+
+// ---- item 2: metadata keel does not implement is refused, naming the key ----
+
+/// A part of a split file, and a mixture-of-experts model: refused with the key and the
+/// fix (they used to run as if whole and dense). The same keys at their harmless values
+/// (one part, no experts) still run.
+#[test]
+fn split_and_moe_files_are_refused_naming_the_key() {
+    use keel_core::gguf::Value;
+    let dir = scratch("unsupported");
+    let m = synth_with(&dir, "split.gguf", &[("split.no", Value::U16(0)), ("split.count", Value::U16(3)), ("split.tensors.count", Value::I32(39))]);
+    for cmd in [&["run", "-p", "hi", "-m"][..], &["plan", "-m"][..], &["eval", "--json", "-p", "hi", "-m"][..]] {
+        let o = keel().args(cmd).arg(&m).output().unwrap();
+        fails_with(&o, &["split.gguf", "[split.count]", "split GGUF files are not supported", "llama-gguf-split --merge"]);
+        assert!(o.stdout.is_empty(), "{cmd:?} ran");
+    }
+    let m = synth_with(&dir, "moe.gguf", &[("llama.expert_count", Value::U32(8)), ("llama.expert_used_count", Value::U32(2))]);
+    let o = run_model(&m, &[]);
+    fails_with(&o, &["moe.gguf", "[llama.expert_count]", "mixture-of-experts", "not supported"]);
+    let whole = synth_with(&dir, "whole.gguf", &[("split.count", Value::U16(1)), ("llama.expert_count", Value::U32(0))]);
+    succeeds(&run_model(&whole, &[]));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---- item 7: an out-of-range BOS/EOS id is refused, not replaced ----
+
+#[test]
+fn an_out_of_range_bos_or_eos_id_is_refused_naming_the_key() {
+    use keel_core::gguf::Value;
+    let dir = scratch("bos");
+    for (key, id) in [("tokenizer.ggml.bos_token_id", 49152u32), ("tokenizer.ggml.eos_token_id", 4_000_000)] {
+        let m = synth_with(&dir, "ids.gguf", &[(key, Value::U32(id))]);
+        for cmd in [&["run", "-n", "2", "-c", "64", "-p", "hi", "-m"][..], &["tokenize", "hi", "-m"][..]] {
+            let o = keel().args(cmd).arg(&m).output().unwrap();
+            fails_with(&o, &["ids.gguf", &format!("{key} = {id} is outside the vocabulary (ids 0..49152)")]);
+        }
+    }
+    // The last id of the vocabulary is fine.
+    succeeds(&run_model(&synth_with(&dir, "last.gguf", &[("tokenizer.ggml.eos_token_id", Value::U32(49151))]), &[]));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---- item 3: with --reference, the first op that produced a non-finite value ----
+
+/// `--reference` checks every op's output and names the first that went non-finite (a
+/// NaN norm weight in layer 1; the final norm), with the step; without it the message
+/// says to use --reference.
+#[test]
+fn reference_mode_names_the_first_non_finite_op() {
+    let dir = scratch("nan-op");
+    let m = nan_model(&dir, "blk.1.ffn_norm.weight");
+    let o = keel().args(["run", "--reference", "-n", "4", "-c", "64", "-p", "hi", "-m"]).arg(&m).output().unwrap();
+    fails_with(&o, &["layer 1 ffn_norm produced a non-finite value at position 0, found at generation step 1"]);
+    let o = keel().args(["eval", "--reference", "--json", "-c", "64", "-p", "hi there", "-m"]).arg(&m).output().unwrap();
+    fails_with(&o, &["layer 1 ffn_norm produced a non-finite value at position 0, found at prompt position 0"]);
+    let m = nan_model(&dir, "output_norm.weight");
+    let o = keel().args(["run", "--reference", "-n", "4", "-c", "64", "-p", "hi", "-m"]).arg(&m).output().unwrap();
+    let err = fails_with(&o, &["output_norm produced a non-finite value at position 0, found at generation step 1"]);
+    assert!(!err.contains("layer"), "{err}");
+    let o = keel().args(["run", "-n", "4", "-c", "64", "-p", "hi", "-m"]).arg(&m).output().unwrap();
+    let err = fails_with(&o, &["logits are not finite", "at generation step 1", "run with --reference to name the first op"]);
+    assert!(!err.contains("output_norm produced"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---- item 5: resources bounded before work starts ----
+
+/// A prompt file is read up to 16 bytes per context token + 64 KiB: a longer one is
+/// refused naming the file and the limit (it used to be read and tokenized whole).
+#[test]
+fn a_prompt_file_beyond_the_context_is_refused_unread() {
+    let dir = scratch("prompt-file");
+    let big = dir.join("big.txt");
+    std::fs::write(&big, "word ".repeat(20_000)).unwrap();
+    let o = keel().args(["run", "-c", "64", "-n", "1", "-m"]).arg(synth()).arg("-f").arg(&big).output().unwrap();
+    fails_with(&o, &["prompt file", "big.txt", "larger than 66560 bytes", "-c 64", "raise -c"]);
+    let o = keel().args(["eval", "--json", "-c", "64", "-m"]).arg(synth()).arg("--tokens-file").arg(&big).output().unwrap();
+    fails_with(&o, &["tokens file", "big.txt", "larger than 66560 bytes"]);
+    // Within the limit it is read as before.
+    let o = keel().args(["run", "-c", "8192", "-n", "1", "--force-ctx", "-m"]).arg(synth()).arg("-f").arg(&big).output().unwrap();
+    fails_with(&o, &["the prompt has", "the context holds 8192"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An endless prompt file ends at the limit (it used to be read until memory ran out).
+#[test]
+fn an_endless_prompt_file_ends_at_the_limit() {
+    let o = keel().args(["run", "-c", "64", "-n", "1", "-f", "/dev/zero", "-m"]).arg(synth()).output().unwrap();
+    fails_with(&o, &["prompt file /dev/zero is larger than 66560 bytes"]);
+    let o = keel().args(["tokenize", "-f", "/dev/zero", "-m"]).arg(synth()).output().unwrap();
+    fails_with(&o, &["text file /dev/zero is larger than 268435456 bytes"]);
+}
+
+/// `-c` beyond the model's training context (llama.context_length = 4096 in the
+/// synthetic model) warns on stderr and runs; `--force-ctx` silences the warning.
+#[test]
+fn a_context_beyond_training_length_warns_unless_forced() {
+    let o = keel().args(["run", "-c", "8192", "-n", "1", "-p", "hi", "-m"]).arg(synth()).output().unwrap();
+    succeeds(&o);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("warning: -c 8192 is beyond the model's training context (llama.context_length = 4096)") && err.contains("--force-ctx"), "{err}");
+    let o = keel().args(["run", "-c", "8192", "-n", "1", "--force-ctx", "-p", "hi", "-m"]).arg(synth()).output().unwrap();
+    succeeds(&o);
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("warning"), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = keel().args(["run", "-c", "4096", "-n", "1", "-p", "hi", "-m"]).arg(synth()).output().unwrap();
+    succeeds(&o);
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("warning"));
+}
+
+fn physical_memory() -> u64 {
+    keel_host_linux::mem::physical_memory().expect("physical memory")
+}
+
+/// An arena larger than physical memory is refused before anything is mapped, with
+/// both sizes and a -c that fits (`perplexity -c 1048576` plans a logits row per
+/// position: 2^20 x 49152 floats, 192 GiB, with the synthetic model).
+#[test]
+fn an_arena_beyond_physical_memory_is_refused() {
+    let logits = (1u64 << 20) * 49152 * 4;
+    if physical_memory() > logits {
+        eprintln!("SKIPPED: this machine has more than {logits} bytes of memory");
+        return;
+    }
+    let dir = scratch("arena");
+    let text = dir.join("text.txt");
+    std::fs::write(&text, "word ".repeat(200)).unwrap();
+    let o = keel().args(["perplexity", "--json", "-c", "1048576", "-m"]).arg(synth()).arg("-f").arg(&text).output().unwrap();
+    let err = fails_with(&o, &["the planned arena for -c 1048576 is", "MiB but this machine has", "MiB of physical memory", "lower -c (-c "]);
+    // The -c it suggests does fit.
+    let fit: String = err.split("lower -c (-c ").nth(1).unwrap().chars().take_while(char::is_ascii_digit).collect();
+    let o = keel().args(["perplexity", "--json", "-m"]).arg(synth()).arg("-f").arg(&text).args(["-c", &fit]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("physical memory"), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `bench -p/-n` beyond the training context is refused before any work (`-p 100000`
+/// used to evaluate a 100000-token prompt three times); `--force-ctx` allows it.
+#[test]
+fn bench_sizes_beyond_the_context_are_refused() {
+    for (p, n, ctx) in [("100000", "4", "100000"), ("16", "5000", "5001")] {
+        let o = keel().args(["bench", "-p", p, "-n", n, "-r", "1", "-m"]).arg(synth()).output().unwrap();
+        fails_with(&o, &[&format!("bench -p {p} -n {n} needs a {ctx}-token context"), "training context is 4096 (llama.context_length)", "use a smaller -p or -n"]);
+        assert!(o.stdout.is_empty());
+    }
+    succeeds(&keel().args(["bench", "-p", "4096", "-n", "4", "-r", "1", "-t", "1", "-m"]).arg(synth()).output().unwrap());
 }

@@ -60,7 +60,7 @@ fn policy(mode: OffloadMode) -> Policy {
 pub fn compare(cfg: &SimConfig, model: &std::path::Path, greedy: &std::path::Path, n_gen: Option<usize>, max_prompts: usize, mode: OffloadMode) -> Stats {
     let opened = open(model.to_str().unwrap()).unwrap();
     let g = opened.gguf().unwrap();
-    let opts = RunOptions { n_ctx: 256, n_batch: 64, n_outputs: 1, threads: 2, reference: false };
+    let opts = RunOptions { n_ctx: 256, n_batch: 64, n_outputs: 1, threads: 2, reference: false, force_ctx: false };
     let mut l_cpu = prepare(&g, &opened.path, &opts).unwrap();
     let mut l_dev = prepare(&g, &opened.path, &opts).unwrap();
     let sampling = keel_core::sampler::SamplerConfig { temp: 0.0, ..Default::default() };
@@ -305,7 +305,7 @@ struct Greedy {
 fn greedy_on_dsp(cfg: &SimConfig, model: &std::path::Path, runs: &[(Vec<u32>, usize)], mode: OffloadMode) -> (Vec<Greedy>, Stats) {
     let opened = open(model.to_str().unwrap()).unwrap();
     let g = opened.gguf().unwrap();
-    let opts = RunOptions { n_ctx: 128, n_batch: 64, n_outputs: 1, threads: 2, reference: false };
+    let opts = RunOptions { n_ctx: 128, n_batch: 64, n_outputs: 1, threads: 2, reference: false, force_ctx: false };
     let mut l_cpu = prepare(&g, &opened.path, &opts).unwrap();
     let mut l_dev = prepare(&g, &opened.path, &opts).unwrap();
     let sampling = keel_core::sampler::SamplerConfig { temp: 0.0, ..Default::default() };
@@ -445,7 +445,7 @@ fn smollm2_q4_k_m_converted_weights_are_placed_on_the_dsp() {
     // Per-weight conversion error.
     let opened = open(model.to_str().unwrap()).unwrap();
     let g = opened.gguf().unwrap();
-    let opts = RunOptions { n_ctx: 64, n_batch: 16, n_outputs: 1, threads: 1, reference: false };
+    let opts = RunOptions { n_ctx: 64, n_batch: 16, n_outputs: 1, threads: 1, reference: false, force_ctx: false };
     let mut l = prepare(&g, &opened.path, &opts).unwrap();
     let (e, _) = engine(&g, &opened.path, &mut l, false, Default::default()).unwrap();
     let kern = e.session.kernels();
@@ -583,7 +583,7 @@ fn a_hung_device_mid_layer_batch_stops_the_request() {
     let m = root().join("tests/golden/synth/synth-llama-q8_0.gguf");
     let opened = open(m.to_str().unwrap()).unwrap();
     let g = opened.gguf().unwrap();
-    let opts = RunOptions { n_ctx: 64, n_batch: 16, n_outputs: 1, threads: 1, reference: false };
+    let opts = RunOptions { n_ctx: 64, n_batch: 16, n_outputs: 1, threads: 1, reference: false, force_ctx: false };
     let mut l = prepare(&g, &opened.path, &opts).unwrap();
     let (mut e, pool) = engine(&g, &opened.path, &mut l, false, Default::default()).unwrap();
     let mut devices = Devices::open(&["hexagon-sim".to_string()], &cfg).unwrap();
@@ -615,7 +615,7 @@ fn the_dsp_embedding_rows_equal_the_cpus_bit_for_bit() {
         let m = root().join(format!("tests/golden/synth/{name}.gguf"));
         let opened = open(m.to_str().unwrap()).unwrap();
         let g = opened.gguf().unwrap();
-        let opts = RunOptions { n_ctx: 16, n_batch: 1, n_outputs: 1, threads: 1, reference: false };
+        let opts = RunOptions { n_ctx: 16, n_batch: 1, n_outputs: 1, threads: 1, reference: false, force_ctx: false };
         let mut l = prepare(&g, &opened.path, &opts).unwrap();
         let (e, _) = engine(&g, &opened.path, &mut l, false, Default::default()).unwrap();
         let kern = e.session.kernels();

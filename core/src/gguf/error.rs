@@ -68,8 +68,8 @@ pub enum GgufErrorKind {
     BadShape,
     /// A metadata value is out of the range the model accepts.
     BadValue(&'static str),
-    /// A key or tensor that changes the model's arithmetic in a way keel does not
-    /// implement (what, in words).
+    /// The file declares something keel does not implement (what, in words, and what to
+    /// do when there is something); running it anyway would give wrong answers.
     Unsupported(&'static str),
 }
 

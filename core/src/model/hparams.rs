@@ -242,9 +242,11 @@ pub struct HParams {
 impl HParams {
     /// Reads the hyper-parameters of a model file, checking them for sanity.
     pub fn from_gguf(g: &Gguf<'_>) -> Result<HParams, GgufError> {
+        refuse_split(g)?;
         let arch_s = g.str_opt("general.architecture")?.ok_or_else(|| GgufError::at(GgufErrorKind::MissingKey, 0).named_str("general.architecture"))?;
         let arch = Arch::from_name(arch_s).ok_or_else(|| GgufError::at(GgufErrorKind::BadValue("architecture not supported (keel runs: llama, qwen2, qwen3, qwen35, gemma3)"), g.key_offset("general.architecture")).named(arch_s))?;
         let mut keys = ArchKeys::new(arch);
+        refuse_experts(g, &mut keys)?;
         let n_embd = g.u32(keys.key("embedding_length"))? as usize;
         let n_layer = g.u32(keys.key("block_count"))? as usize;
         let n_head = g.u32(keys.key("attention.head_count"))? as usize;
@@ -457,6 +459,32 @@ impl HParams {
             n_ctx
         }
     }
+}
+
+/// Refuses a file whose integer `key` is above `max`: it declares something keel does not
+/// implement (`why` names it and the fix), and running it anyway would be a wrong answer.
+fn refuse_above(g: &Gguf<'_>, key: &str, max: u32, why: &'static str) -> Result<(), GgufError> {
+    match g.u32_opt(key)? {
+        Some(n) if n > max => Err(GgufError::at(GgufErrorKind::Unsupported(why), g.key_offset(key)).named_str(key)),
+        _ => Ok(()),
+    }
+}
+
+/// One part of a split file (`split.count` > 1, written by `llama-gguf-split`) holds only
+/// some of the tensors: refused, naming the key and the fix, rather than run as if whole.
+fn refuse_split(g: &Gguf<'_>) -> Result<(), GgufError> {
+    refuse_above(
+        g,
+        "split.count",
+        1,
+        "this file is one part of a split GGUF; split GGUF files are not supported: merge the parts with `llama-gguf-split --merge FIRST-PART.gguf MERGED.gguf` and load the merged file",
+    )
+}
+
+/// A mixture-of-experts model (`<arch>.expert_count` > 0) routes each token through some
+/// of its experts; keel computes dense feed-forwards only, so it refuses the file.
+fn refuse_experts(g: &Gguf<'_>, keys: &mut ArchKeys) -> Result<(), GgufError> {
+    refuse_above(g, keys.key("expert_count"), 0, "mixture-of-experts models (expert_count > 0) are not supported: keel runs dense models only; use a dense model")
 }
 
 /// Builds `<arch>.<suffix>` metadata key names without allocating.

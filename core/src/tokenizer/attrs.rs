@@ -129,6 +129,17 @@ pub(crate) fn init_attrs(types: Option<&Array<'_>>, attrs: &mut [u8]) {
     }
 }
 
+/// The BOS or EOS id: a value outside the vocabulary is refused, naming the key (llama.cpp
+/// warns and falls back to a default id, which silently changes what every prompt
+/// starts with or where generation stops).
+fn bos_eos_key(g: &Gguf<'_>, key: &'static str, n_vocab: usize, default: Option<u32>) -> Result<Option<u32>, TokenizerError> {
+    match g.u32_opt(key)? {
+        Some(id) if id as usize >= n_vocab => Err(TokenizerError::SpecialOutOfRange { key, id, n_vocab }),
+        Some(id) => Ok(Some(id)),
+        None => Ok(default.filter(|&d| (d as usize) < n_vocab)),
+    }
+}
+
 /// An id key's value if present and inside the vocabulary (llama.cpp ignores others).
 fn id_key(g: &Gguf<'_>, key: &str, n_vocab: usize, default: Option<u32>) -> Result<Option<u32>, TokenizerError> {
     let default = default.filter(|&d| (d as usize) < n_vocab);
@@ -151,8 +162,8 @@ pub(crate) fn specials(g: &Gguf<'_>, idx: &Index<'_>, attrs: &mut [u8], spm: boo
     let n = attrs.len();
     let (def_bos, def_eos, def_unk) = if spm { (Some(1), Some(2), Some(0)) } else { (Some(11), Some(11), None) };
     let mut s = Specials {
-        bos: id_key(g, "tokenizer.ggml.bos_token_id", n, def_bos)?,
-        eos: id_key(g, "tokenizer.ggml.eos_token_id", n, def_eos)?,
+        bos: bos_eos_key(g, "tokenizer.ggml.bos_token_id", n, def_bos)?,
+        eos: bos_eos_key(g, "tokenizer.ggml.eos_token_id", n, def_eos)?,
         eot: id_key(g, "tokenizer.ggml.eot_token_id", n, None)?,
         eom: id_key(g, "tokenizer.ggml.eom_token_id", n, None)?,
         unk: id_key(g, "tokenizer.ggml.unknown_token_id", n, def_unk)?,

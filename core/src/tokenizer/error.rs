@@ -68,6 +68,15 @@ pub enum TokenizerError {
         /// Bytes given.
         got: usize,
     },
+    /// A special-token id key (BOS, EOS) holds an id outside the vocabulary.
+    SpecialOutOfRange {
+        /// The key (for example `tokenizer.ggml.bos_token_id`).
+        key: &'static str,
+        /// Its value.
+        id: u32,
+        /// The vocabulary size.
+        n_vocab: usize,
+    },
     /// SentencePiece byte fallback needs a byte token the vocabulary lacks.
     NoByteToken(u8),
     /// The vocabulary lies beyond the 4 GiB the index can address.
@@ -113,6 +122,10 @@ impl fmt::Display for TokenizerError {
             OutOfSpace { needed, capacity } => write!(f, "text is {needed} tokens, room for {capacity}"),
             BadTokenId { id, n_vocab } => write!(f, "token id {id} is outside the vocabulary of {n_vocab}"),
             BufferTooSmall { needed, got } => write!(f, "token piece is {needed} bytes, buffer holds {got}"),
+            SpecialOutOfRange { key, id, n_vocab } => write!(
+                f,
+                "{key} = {id} is outside the vocabulary (ids 0..{n_vocab}); the file is inconsistent: set {key} to the right id (e.g. with gguf-py's gguf_set_metadata.py) or use another conversion of the model"
+            ),
             NoByteToken(b) => write!(f, "vocabulary has no token for byte 0x{b:02X} (<0x{b:02X}>)"),
             TooLarge => write!(f, "vocabulary lies past 4 GiB into the file"),
         }

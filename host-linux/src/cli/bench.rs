@@ -7,7 +7,7 @@
 
 use super::args::Args;
 use super::common::{run_options, MAX_TOKENS};
-use super::load::{engine, open, prepare};
+use super::load::{arena_beyond_memory, engine, open, prepare, training_context};
 use crate::json;
 use anyhow::{bail, Result};
 use keel_core::engine::Engine;
@@ -106,6 +106,25 @@ pub fn main(mut a: Args) -> Result<()> {
     opts.n_batch = opts.n_batch.max(n_prompt).min(opts.n_ctx);
     let opened = open(&model)?;
     let g = opened.gguf()?;
+    // A speed measured past the training context is of positions the model never saw;
+    // sizes beyond it are refused before any work (--force-ctx measures them anyway).
+    if let Some((key, train)) = training_context(&g).filter(|&(_, t)| !opts.force_ctx && n_prompt.max(n_gen + 1) > t) {
+        bail!(
+            "{}: bench -p {n_prompt} -n {n_gen} needs a {}-token context but the model's training context is {train} ({key}); use a smaller -p or -n (or --force-ctx)",
+            opened.path.display(),
+            n_prompt.max(n_gen + 1)
+        );
+    }
+    if let (total, Some(mem)) = arena_beyond_memory(&g, &opened.path, &opts)? {
+        bail!(
+            "{}: bench -p {n_prompt} -n {n_gen} plans a {} arena (a {}-token context, {}-token batches) but this machine has {} of physical memory; use a smaller -p or -n",
+            opened.path.display(),
+            super::common::mib(total as u64),
+            opts.n_ctx,
+            opts.n_batch,
+            super::common::mib(mem)
+        );
+    }
     let mut loaded = prepare(&g, &opened.path, &opts)?;
     let (mut e, pool) = engine(&g, &opened.path, &mut loaded, opts.reference, SamplerConfig { temp: 0.0, ..Default::default() })?;
     let toks = prompt_tokens(n_prompt.max(1), e.n_vocab());

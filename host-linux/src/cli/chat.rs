@@ -83,7 +83,7 @@ pub fn main(mut a: Args) -> Result<()> {
         let mut stream = Utf8Stream::new();
         let mut ended = false;
         for i in 0..n_predict {
-            check_finite(e.session.last_logits(e.n_vocab()), || format!("reply token {}", i + 1))?;
+            check_finite(e.session.last_logits(e.n_vocab()), e.session.first_non_finite(), || format!("reply token {}", i + 1))?;
             let tok = e.sample();
             if e.tokenizer.is_eog(tok) {
                 ended = true;

@@ -7,18 +7,45 @@ use anyhow::{bail, Context, Result};
 use keel_core::chat::ChatFormat;
 use keel_core::gguf::Gguf;
 use keel_core::sampler::SamplerConfig;
+use keel_core::session::NonFinite;
 use keel_core::tokenizer::{Tokenizer, TokenizerError};
 
-/// Reads the prompt from `-p TEXT` or `-f FILE` (one of them required).
-pub fn prompt(a: &mut Args) -> Result<String> {
+/// Reads the prompt from `-p TEXT` or `-f FILE` (one of them required); a file is read
+/// up to [`prompt_file_limit`] of the context `n_ctx`.
+pub fn prompt(a: &mut Args, n_ctx: usize) -> Result<String> {
     let p: Option<String> = a.value(&["-p", "--prompt"], "the prompt text")?;
     let f: Option<String> = a.value(&["-f", "--file"], "a prompt file")?;
     match (p, f) {
         (Some(p), None) => Ok(p),
-        (None, Some(f)) => std::fs::read_to_string(&f).with_context(|| format!("reading prompt file {f}")),
+        (None, Some(f)) => read_text_limited(&f, "prompt file", prompt_file_limit(n_ctx), &format!("the most a -c {n_ctx} context can take (16 bytes per token + 64 KiB); shorten the file or raise -c")),
         (Some(_), Some(_)) => bail!("give the prompt with -p or -f, not both"),
         (None, None) => bail!("no prompt: give -p TEXT or -f FILE"),
     }
+}
+
+/// The most bytes a prompt file read for a context of `n_ctx` tokens may have: 16 per
+/// token (English averages about 4 bytes per token) plus 64 KiB. A longer file cannot
+/// fit; it is refused before being read whole (`-f /dev/zero` ends at once).
+pub fn prompt_file_limit(n_ctx: usize) -> u64 {
+    16 * n_ctx as u64 + 64 * 1024
+}
+
+/// The most bytes keel reads from a text file that is not bounded by a context
+/// (`perplexity -f`, `tokenize -f`).
+pub const MAX_TEXT_FILE: u64 = 256 << 20;
+
+/// Reads `path` (a `what`, e.g. "prompt file") as UTF-8 text of at most `limit` bytes;
+/// a longer or endless file is an error naming the file and the limit (`why` says where
+/// the limit comes from and what to do), read no further than the limit.
+pub fn read_text_limited(path: &str, what: &str, limit: u64, why: &str) -> Result<String> {
+    use std::io::Read;
+    let f = std::fs::File::open(path).with_context(|| format!("reading {what} {path}"))?;
+    let mut bytes = Vec::new();
+    f.take(limit + 1).read_to_end(&mut bytes).with_context(|| format!("reading {what} {path}"))?;
+    if bytes.len() as u64 > limit {
+        bail!("{what} {path} is larger than {limit} bytes, {why}");
+    }
+    String::from_utf8(bytes).map_err(|e| anyhow::anyhow!("{what} {path} is not valid UTF-8 text (byte {}); keel reads UTF-8", e.utf8_error().valid_up_to()))
 }
 
 /// The largest context or batch keel accepts (2^20 tokens); the arena's own size is
@@ -49,13 +76,14 @@ pub fn threads(a: &mut Args) -> Result<usize> {
     Ok(t)
 }
 
-/// The run-limit flags: `-c`, `-b`, `-t`, `--reference`.
+/// The run-limit flags: `-c`, `-b`, `-t`, `--reference`, `--force-ctx`.
 pub fn run_options(a: &mut Args, n_outputs: usize) -> Result<RunOptions> {
     let n_ctx = token_count(a, &["-c", "--ctx-size"], "a context length in tokens", 2048)?;
     let n_batch = token_count(a, &["-b", "--batch-size"], "a batch size in tokens", 512)?;
     let threads = threads(a)?;
     let reference = a.flag(&["--reference"]);
-    Ok(RunOptions { n_ctx, n_batch, n_outputs: n_outputs.max(1), threads, reference })
+    let force_ctx = a.flag(&["--force-ctx"]);
+    Ok(RunOptions { n_ctx, n_batch, n_outputs: n_outputs.max(1), threads, reference, force_ctx })
 }
 
 /// A number flag that must be finite and pass `ok` (`range` says which values do).
@@ -168,17 +196,30 @@ pub fn tokenize_all(tok: &Tokenizer<'_>, text: &str, add_special: bool, parse_sp
 
 /// Fails if a logits row has a NaN or an infinity: the model's weights or its arithmetic
 /// broke, and any token sampled or score computed from the row would be a silent wrong
-/// answer. `step` says where (e.g. "generated token 3"; made only on failure).
-pub fn check_finite(row: &[f32], step: impl FnOnce() -> String) -> Result<()> {
-    if let Some(i) = row.iter().position(|v| !v.is_finite()) {
-        bail!(
-            "the logits are not finite at {} (logit {i} of {} is {}): the model's weights or its arithmetic produced NaN/infinity; stopped rather than give a wrong answer (run with --reference to rule out a kernel)",
-            step(),
-            row.len(),
-            row[i]
-        );
+/// answer. `step` says where (e.g. "generated token 3"; made only on failure). `origin`
+/// is the first op of the sequence that produced a non-finite value, which the session
+/// knows with the reference kernels
+/// ([`keel_core::session::Session::first_non_finite`]): with it the check fails even if
+/// the row came out finite (a NaN that a later op turned into a number is still a wrong
+/// answer), naming the op.
+pub fn check_finite(row: &[f32], origin: Option<NonFinite>, step: impl FnOnce() -> String) -> Result<()> {
+    let bad = row.iter().position(|v| !v.is_finite());
+    let logits = match bad {
+        Some(i) => format!("the logits are not finite (logit {i} of {} is {})", row.len(), row[i]),
+        None => "the logits came out finite, but were computed from it".into(),
+    };
+    match (origin, bad) {
+        (Some(o), _) => bail!(
+            "{o} produced a non-finite value at position {}, found at {}; {logits}: the model's weights or its arithmetic produced NaN/infinity there; stopped rather than give a wrong answer",
+            o.pos,
+            step()
+        ),
+        (None, Some(_)) => bail!(
+            "{logits} at {}: the model's weights or its arithmetic produced NaN/infinity; stopped rather than give a wrong answer (run with --reference to name the first op that produced it and rule out a kernel)",
+            step()
+        ),
+        (None, None) => Ok(()),
     }
-    Ok(())
 }
 
 /// Formats a byte count as MiB with one decimal.

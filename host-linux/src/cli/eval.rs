@@ -2,7 +2,7 @@
 //! and the top logits; optionally dump the last row.
 
 use super::args::Args;
-use super::common::{check_finite, prompt, run_options, tokenize};
+use super::common::{check_finite, prompt, prompt_file_limit, read_text_limited, run_options, tokenize};
 use super::load::{engine, open, prepare};
 use crate::json;
 use anyhow::{bail, Context, Result};
@@ -13,11 +13,11 @@ use keel_core::session::Outputs;
 pub fn main(mut a: Args) -> Result<()> {
     let model = a.value::<String>(&["-m", "--model"], "a model file or name")?.unwrap_or_else(|| "smollm2-135m".into());
     let tokens_file: Option<String> = a.value(&["--tokens-file"], "a JSON array of token ids")?;
-    let text = if tokens_file.is_none() { Some(prompt(&mut a)?) } else { None };
     let top_k = a.value_or(&["--top-k"], "a count", 10usize)?;
     let dump: Option<String> = a.value(&["--dump-last"], "an output file")?;
     let _ = a.flag(&["--json"]);
     let mut opts = run_options(&mut a, 1)?;
+    let text = if tokens_file.is_none() { Some(prompt(&mut a, opts.n_ctx)?) } else { None };
     a.finish()?;
 
     let opened = open(&model)?;
@@ -27,7 +27,7 @@ pub fn main(mut a: Args) -> Result<()> {
     let g = opened.gguf()?;
     let ids_from_file = match &tokens_file {
         Some(f) => {
-            let raw = std::fs::read_to_string(f).with_context(|| format!("reading {f}"))?;
+            let raw = read_text_limited(f, "tokens file", prompt_file_limit(opts.n_ctx), &format!("the most a list of -c {} token ids can take; shorten the file or raise -c", opts.n_ctx))?;
             let v: Vec<u32> = serde_json::from_str(&raw).with_context(|| format!("{f}: expected a JSON array of token ids"))?;
             Some(v)
         }
@@ -51,8 +51,9 @@ pub fn main(mut a: Args) -> Result<()> {
     }
     let v = e.n_vocab();
     let logits = e.eval(&ids, Outputs::All, pool)?.to_vec();
+    let origin = e.session.first_non_finite();
     for (i, row) in logits.chunks_exact(v).take(ids.len()).enumerate() {
-        check_finite(row, || format!("prompt position {i}"))?;
+        check_finite(row, origin, || format!("prompt position {i}"))?;
     }
     if let Some(path) = dump {
         let last = &logits[(ids.len() - 1) * v..ids.len() * v];

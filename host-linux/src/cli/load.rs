@@ -3,7 +3,7 @@
 
 use crate::mmap::{Arena, ModelFile};
 use crate::pool::ThreadPool;
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use keel_core::engine::{plan, Engine};
 use keel_core::gguf::Gguf;
 use keel_core::quant::Kernels;
@@ -46,6 +46,8 @@ pub struct RunOptions {
     pub threads: usize,
     /// Scalar reference kernels instead of the fastest.
     pub reference: bool,
+    /// `--force-ctx`: no warning for a context beyond the model's training length.
+    pub force_ctx: bool,
 }
 
 /// The kernels for `opts` on this CPU.
@@ -67,9 +69,60 @@ pub struct Loaded {
     pub cfg: SessionConfig,
 }
 
-/// Plans and allocates the arena and starts the pool.
+/// The session limits `opts` asks for.
+pub fn session_config(opts: &RunOptions) -> SessionConfig {
+    SessionConfig { n_ctx: opts.n_ctx, n_batch: opts.n_batch.min(opts.n_ctx), n_outputs: opts.n_outputs, n_threads: opts.threads }
+}
+
+/// The arena `opts` needs for this model, in bytes, and this machine's physical memory
+/// when the arena is larger (`None`: it fits, or the memory is unknown).
+pub fn arena_beyond_memory(g: &Gguf<'_>, path: &std::path::Path, opts: &RunOptions) -> Result<(usize, Option<u64>)> {
+    let total = plan(g, &session_config(opts)).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?.total_bytes();
+    Ok((total, crate::mem::physical_memory().filter(|&m| total as u64 > m)))
+}
+
+/// The model's training context when the file states it: `(<arch>.context_length, its value)`.
+pub fn training_context(g: &Gguf<'_>) -> Option<(String, usize)> {
+    let hp = keel_core::model::HParams::from_gguf(g).ok()?;
+    let mut keys = keel_core::model::hparams::ArchKeys::new(hp.arch);
+    let key = keys.key("context_length");
+    let train = g.u32_opt(key).ok()??;
+    Some((key.to_string(), train as usize))
+}
+
+/// Warns (stderr) when `-c` is beyond the model's training context
+/// (`<arch>.context_length`), unless `--force-ctx`: positions past it were never trained.
+fn warn_past_training_context(g: &Gguf<'_>, opts: &RunOptions) {
+    if let Some((key, train)) = training_context(g).filter(|&(_, t)| !opts.force_ctx && opts.n_ctx > t) {
+        eprintln!(
+            "keel: warning: -c {} is beyond the model's training context ({key} = {train}): positions past {train} were never trained and may give wrong answers; lower -c, or pass --force-ctx to go on without this warning",
+            opts.n_ctx
+        );
+    }
+}
+
+/// Plans and allocates the arena and starts the pool. An arena larger than this
+/// machine's physical memory is refused before anything is mapped (the message gives
+/// both sizes and a `-c` that fits); a context beyond the model's training length is
+/// warned about unless `--force-ctx`.
 pub fn prepare(g: &Gguf<'_>, path: &std::path::Path, opts: &RunOptions) -> Result<Loaded> {
-    let cfg = SessionConfig { n_ctx: opts.n_ctx, n_batch: opts.n_batch.min(opts.n_ctx), n_outputs: opts.n_outputs, n_threads: opts.threads };
+    let cfg = session_config(opts);
+    if let (total, Some(mem)) = arena_beyond_memory(g, path, opts)? {
+        // The largest power-of-two context (down from -c) whose arena fits.
+        let fits = (0..20).map(|i| opts.n_ctx >> i).take_while(|&c| c > 0).find(|&c| arena_beyond_memory(g, path, &RunOptions { n_ctx: c, n_outputs: opts.n_outputs.min(c), ..*opts }).is_ok_and(|(_, over)| over.is_none()));
+        let hint = match fits {
+            Some(c) => format!("lower -c (-c {c} fits)"),
+            None => "this model does not fit in this machine's memory at any -c".into(),
+        };
+        bail!(
+            "{}: the planned arena for -c {} is {} but this machine has {} of physical memory; {hint}",
+            path.display(),
+            opts.n_ctx,
+            super::common::mib(total as u64),
+            super::common::mib(mem)
+        );
+    }
+    warn_past_training_context(g, opts);
     let plan = plan(g, &cfg).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let arena = Arena::new(plan.total_bytes()).with_context(|| format!("allocating the {} byte arena", plan.total_bytes()))?;
     let pool = ThreadPool::new(opts.threads).context("starting the thread pool")?;

@@ -28,7 +28,7 @@ usage: keel <command> [options]
 commands:
   run         generate text:  keel run -m MODEL -p PROMPT [-f FILE] [-n N] [-c N_CTX] [-t THREADS]
               [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty F] [--seed S]
-              [--chat [--system TEXT]] [--reference] [--json]
+              [--chat [--system TEXT]] [--reference] [--force-ctx] [--json]
               [--device LIST] [--offload-* flags]: see below
   chat        keel chat -m MODEL [--system TEXT] [-n N] [-c N_CTX] [sampling flags as run]
               (interactive; the conversation stays in the fixed context; /reset, /quit)
@@ -59,6 +59,11 @@ device flags of run (matrix products placed on devices; the rest on the CPU):
   --device-mem MIB[,MIB..]  weight budget per device session
   after load and at exit run prints each device's memory (model, context, compute, free,
   as the device measured it); a run that places nothing on a device says so loudly
+
+limits checked before any work (run, chat, eval, perplexity, bench):
+  the arena a -c/-b (bench: -p/-n) plans must fit in physical memory, else refused;
+  a -c beyond the model's training context (<arch>.context_length) is warned about
+  unless --force-ctx; a -f prompt file may have at most 16 bytes per -c token + 64 KiB
 
 MODEL is a path to a .gguf file or a known name, fetched on first use into
 $KEEL_MODELS (default ~/.cache/keel/models).

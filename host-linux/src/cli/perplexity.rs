@@ -8,10 +8,10 @@
 //! arithmetic instead.
 
 use super::args::Args;
-use super::common::{check_finite, run_options, token_count, tokenize_all};
+use super::common::{check_finite, read_text_limited, run_options, token_count, tokenize_all, MAX_TEXT_FILE};
 use super::load::{engine, open, prepare};
 use crate::json;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use keel_core::sampler::SamplerConfig;
 use keel_core::session::Outputs;
 
@@ -31,7 +31,7 @@ pub fn main(mut a: Args) -> Result<()> {
     }
     opts.n_ctx = c;
     opts.n_outputs = c;
-    let text = std::fs::read_to_string(&file).with_context(|| format!("reading {file}"))?;
+    let text = read_text_limited(&file, "text file", MAX_TEXT_FILE, "the most keel reads for perplexity; cut the text")?;
     let opened = open(&model)?;
     let g = opened.gguf()?;
     let mut loaded = prepare(&g, &opened.path, &opts)?;
@@ -53,10 +53,12 @@ pub fn main(mut a: Args) -> Result<()> {
             chunk[0] = b;
         }
         e.reset();
-        let logits = e.eval(&chunk, Outputs::All, pool)?;
+        e.eval(&chunk, Outputs::All, pool)?;
+        let origin = e.session.first_non_finite();
+        let logits = e.session.logits(v);
         for j in c / 2..c - 1 {
             let row = &logits[j * v..(j + 1) * v];
-            check_finite(row, || format!("chunk {} position {j}", ch + 1))?;
+            check_finite(row, origin, || format!("chunk {} position {j}", ch + 1))?;
             let target = tokens[ch * c + j + 1] as usize;
             nll += keel_core::ops::log_sum_exp(row) - row[target] as f64;
             count += 1;

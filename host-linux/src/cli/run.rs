@@ -33,9 +33,9 @@ pub struct Generation {
 /// Runs the subcommand.
 pub fn main(mut a: Args) -> Result<()> {
     let model = a.value::<String>(&["-m", "--model"], "a model file or name")?.unwrap_or_else(|| "smollm2-135m".into());
-    let text = prompt(&mut a)?;
     let n_predict = a.value_or(&["-n", "--n-predict"], "a token count", 128usize)?;
     let opts = run_options(&mut a, 1)?;
+    let text = prompt(&mut a, opts.n_ctx)?;
     // Generation stops at the context's end anyway: a larger -n means "until then".
     let n_predict = n_predict.min(opts.n_ctx);
     let sampling = sampling(&mut a)?;
@@ -89,7 +89,7 @@ pub fn main(mut a: Args) -> Result<()> {
     let t1 = Instant::now();
     let mut stop = "length";
     for i in 0..n_predict {
-        check_finite(e.session.last_logits(e.n_vocab()), || if i == 0 { "generation step 1 (the prompt's last position)".into() } else { format!("generation step {}", i + 1) })?;
+        check_finite(e.session.last_logits(e.n_vocab()), e.session.first_non_finite(), || if i == 0 { "generation step 1 (the prompt's last position)".into() } else { format!("generation step {}", i + 1) })?;
         if let Some(d) = digest.as_mut() {
             d.row(e.session.last_logits(e.n_vocab()));
         }

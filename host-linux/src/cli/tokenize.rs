@@ -1,10 +1,10 @@
 //! `keel tokenize`: text to token ids.
 
 use super::args::Args;
-use super::common::tokenize_all;
+use super::common::{read_text_limited, tokenize_all, MAX_TEXT_FILE};
 use super::load::open;
 use crate::json;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 /// Runs the subcommand.
 pub fn main(mut a: Args) -> Result<()> {
@@ -16,7 +16,7 @@ pub fn main(mut a: Args) -> Result<()> {
     let pos = a.positionals();
     a.finish()?;
     let text = match (file, pos.as_slice()) {
-        (Some(f), []) => std::fs::read_to_string(&f).with_context(|| format!("reading {f}"))?,
+        (Some(f), []) => read_text_limited(&f, "text file", MAX_TEXT_FILE, "the most keel tokenizes at once")?,
         (None, [t]) => t.clone(),
         _ => bail!("give the text as one argument or with -f FILE"),
     };
