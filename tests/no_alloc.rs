@@ -63,7 +63,7 @@ fn generation_on_hexagon_sim_allocates_nothing() {
     let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/synth/synth-llama-q8_0.gguf");
     let opened = open(model.to_str().unwrap()).unwrap();
     let g = opened.gguf().unwrap();
-    let opts = RunOptions { n_ctx: 128, n_batch: 16, n_outputs: 1, threads: 2, reference: false };
+    let opts = RunOptions { n_ctx: 128, n_batch: 16, n_outputs: 1, threads: 2, reference: false, force_ctx: false };
     let mut loaded = prepare(&g, &opened.path, &opts).unwrap();
     let sampling = keel::core::sampler::SamplerConfig { temp: 0.0, ..Default::default() };
     let (mut e, pool) = engine(&g, &opened.path, &mut loaded, false, sampling).unwrap();

@@ -167,7 +167,7 @@ fn whole_forward_on_the_fake(name: &str) {
     let model = model_file(name);
     let opened = open(model.to_str().unwrap()).unwrap();
     let g = opened.gguf().unwrap();
-    let opts = RunOptions { n_ctx: 128, n_batch: 32, n_outputs: 1, threads: 1, reference: false };
+    let opts = RunOptions { n_ctx: 128, n_batch: 32, n_outputs: 1, threads: 1, reference: false, force_ctx: false };
     let (mut l_cpu, mut l_dev) = (prepare(&g, &opened.path, &opts).unwrap(), prepare(&g, &opened.path, &opts).unwrap());
     let sampling = keel_core::sampler::SamplerConfig { temp: 0.0, ..Default::default() };
     let (mut cpu, pool) = engine(&g, &opened.path, &mut l_cpu, false, sampling).unwrap();

@@ -151,7 +151,7 @@ fn scaled_models_match_llama_cpp_bit_for_bit() {
     for (v, path) in VARIANTS.iter().zip(&paths) {
         let opened = open(path.to_str().unwrap()).unwrap();
         let g = opened.gguf().unwrap();
-        let opts = RunOptions { n_ctx: 128, n_batch: 128, n_outputs: 128, threads: 2, reference: false };
+        let opts = RunOptions { n_ctx: 128, n_batch: 128, n_outputs: 128, threads: 2, reference: false, force_ctx: false };
         let mut loaded = prepare(&g, &opened.path, &opts).unwrap();
         let (mut e, pool) = engine(&g, &opened.path, &mut loaded, false, Default::default()).unwrap();
         assert!(e.model.hp.rope_scaled() || v.freqs, "{}: the variant is scaled", v.name);
@@ -244,7 +244,7 @@ fn scaled_layers_stay_on_the_cpu() {
     for (path, scaled) in VARIANTS.iter().map(|v| (make(v, &dir), true)).chain([(plain, false)]) {
         let opened = open(path.to_str().unwrap()).unwrap();
         let g = opened.gguf().unwrap();
-        let opts = RunOptions { n_ctx: 64, n_batch: 64, n_outputs: 1, threads: 1, reference: false };
+        let opts = RunOptions { n_ctx: 64, n_batch: 64, n_outputs: 1, threads: 1, reference: false, force_ctx: false };
         let mut loaded = prepare(&g, &opened.path, &opts).unwrap();
         let (e, _) = engine(&g, &opened.path, &mut loaded, false, Default::default()).unwrap();
         for l in 0..e.model.layers.len() {
