@@ -9,6 +9,8 @@
 //! Dropping it uncommitted removes the temporary file, and while it exists its path sits
 //! in a small registry that the SIGINT/SIGTERM/SIGHUP handler (installed on first use)
 //! unlinks before the process dies of the same signal (exit status 128+signal).
+//! A destination that exists as anything but a regular file (or a symlink, which the
+//! rename replaces, not follows) is refused before anything is written.
 //! [`refuse_own_input`] stops a writer from replacing the file it reads (same device and
 //! inode, whatever path names it).
 
@@ -54,8 +56,16 @@ fn parent_of(path: &Path) -> &Path {
 
 impl TempFile {
     /// Creates a fresh temporary file in `dest`'s folder (mode 0644 before the umask).
+    /// Refuses a destination that exists and is not a regular file (a device such as
+    /// `/dev/null`, a folder, a FIFO, a socket): the rename would replace it.
     pub fn create(dest: &Path) -> io::Result<TempFile> {
         let name = dest.file_name().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("{} has no file name", dest.display())))?;
+        if let Ok(m) = std::fs::symlink_metadata(dest) {
+            let t = m.file_type();
+            if !(t.is_file() || t.is_symlink()) {
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} exists and is not a regular file (a device, folder, FIFO or socket); name a file to write", dest.display())));
+            }
+        }
         let dir = parent_of(dest);
         let mut last = None;
         for _ in 0..16 {

@@ -110,6 +110,27 @@ fn quantize_onto_its_own_input_is_refused() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// An output path that exists as a FIFO (standing in for a device such as `/dev/null`,
+/// which the rename would replace for a user allowed to: never name a real device here,
+/// a regression would destroy it) or a folder is refused before anything is written.
+#[test]
+fn an_output_that_is_not_a_regular_file_is_refused() {
+    let dir = scratch("not-regular");
+    let fifo = dir.join("pipe");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    std::fs::create_dir(dir.join("folder")).unwrap();
+    for out in [&fifo, &dir.join("folder")] {
+        let o = keel().arg("quantize").arg(synth()).arg(out).args(["Q4_0", "--allow-requantize", "-t", "1"]).output().unwrap();
+        fails_with(&o, &["is not a regular file", "name a file"]);
+        let o = keel().args(["eval", "-c", "64", "-p", "hi", "--json", "-m"]).arg(synth()).arg("--dump-last").arg(out).output().unwrap();
+        fails_with(&o, &["is not a regular file"]);
+    }
+    assert_eq!(entries(&dir), ["folder", "pipe"], "nothing else was written");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// SIGTERM (and SIGINT, SIGHUP) while `quantize` writes: the temporary file is removed
 /// and keel dies of that signal.
 #[test]
