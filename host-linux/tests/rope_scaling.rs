@@ -10,7 +10,6 @@
 use keel_core::gguf::{Gguf, Value};
 use keel_core::session::Outputs;
 use keel_host_linux::cli::load::{engine, open, prepare, RunOptions};
-use keel_host_linux::gguf_write::{encode_kv, GgufWriter, TensorDecl};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -40,43 +39,20 @@ fn write_variant(src: &Path, dst: &Path, set: &[(&str, Kv)], tensor: Option<(&st
     let bytes = std::fs::read(src).unwrap();
     let g = Gguf::parse(&bytes).unwrap();
     let arch = std::str::from_utf8(g.str_opt("general.architecture").unwrap().unwrap()).unwrap().to_string();
-    let full: Vec<(String, Kv)> = set.iter().map(|(k, v)| (format!("{arch}.{k}"), *v)).collect();
-    let value = |v: &Kv| match *v {
-        Kv::Str(s) => Value::Str(s.as_bytes()),
-        Kv::F32(x) => Value::F32(x),
-        Kv::U32(x) => Value::U32(x),
-    };
-    let (mut kv, mut n_kv) = (Vec::new(), 0u64);
-    for i in 0..g.n_keys() {
-        let (k, v) = g.key_at(i).unwrap();
-        match full.iter().find(|(name, _)| name.as_bytes() == k) {
-            Some((_, new)) => encode_kv(&mut kv, k, &value(new)),
-            None => encode_kv(&mut kv, k, &v),
-        }
-        n_kv += 1;
-    }
-    for (name, v) in &full {
-        if g.get(name).is_none() {
-            encode_kv(&mut kv, name.as_bytes(), &value(v));
-            n_kv += 1;
-        }
-    }
-    let infos: Vec<_> = g.tensors().collect();
-    let mut decls: Vec<TensorDecl> = infos.iter().map(|t| TensorDecl { name: t.name.to_vec(), ne: t.ne, n_dims: t.n_dims, ty: t.ty }).collect();
-    if let Some((name, v)) = tensor {
-        decls.push(TensorDecl { name: name.as_bytes().to_vec(), ne: [v.len() as u64, 1, 1, 1], n_dims: 1, ty: keel_core::ggml_type::GgmlType::F32 });
-    }
-    let mut w = GgufWriter::create(dst, &kv, n_kv, &decls, g.alignment()).unwrap();
-    for t in &infos {
-        w.write_data(t.data).unwrap();
-        w.end_tensor().unwrap();
-    }
-    if let Some((_, v)) = tensor {
-        let data: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-        w.write_data(&data).unwrap();
-        w.end_tensor().unwrap();
-    }
-    w.finish().unwrap();
+    let full: Vec<String> = set.iter().map(|(k, _)| format!("{arch}.{k}")).collect();
+    let values: Vec<(&str, Value<'_>)> = full
+        .iter()
+        .zip(set)
+        .map(|(name, (_, v))| {
+            let v = match *v {
+                Kv::Str(s) => Value::Str(s.as_bytes()),
+                Kv::F32(x) => Value::F32(x),
+                Kv::U32(x) => Value::U32(x),
+            };
+            (name.as_str(), v)
+        })
+        .collect();
+    keel_test_support::model_variant(src, dst, &values, tensor);
 }
 
 /// Llama 3.1's frequency factors (as its converter computes them: factor 8, low/high
@@ -177,10 +153,7 @@ fn scaled_models_match_llama_cpp_bit_for_bit() {
 }
 
 fn keel() -> Command {
-    match std::env::var_os("KEEL_TEST_BIN") {
-        Some(b) => Command::new(b),
-        None => Command::new(env!("CARGO_BIN_EXE_keel")),
-    }
+    keel_test_support::keel_command(env!("CARGO_BIN_EXE_keel"))
 }
 
 /// `keel run` on `model` exits 1 with an `error:` line naming `needle`, no panic.

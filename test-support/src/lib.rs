@@ -200,6 +200,58 @@ pub fn requantized(keel: &std::path::Path, src: &std::path::Path, ty: &str, out_
     out
 }
 
+/// The `keel` binary under test: `built` (a test's `env!("CARGO_BIN_EXE_keel")`), or
+/// `KEEL_TEST_BIN=/path/to/keel` to run another build (e.g. the code before a fix, to see
+/// a test fail there).
+pub fn keel_command(built: &str) -> std::process::Command {
+    match std::env::var_os("KEEL_TEST_BIN") {
+        Some(b) => std::process::Command::new(b),
+        None => std::process::Command::new(built),
+    }
+}
+
+/// Writes `dst`: the model `src` with the metadata `set` (replacing keys of the same name,
+/// appending the others) and, if given, one more F32 vector tensor appended, by keel's own
+/// GGUF writer: the generator of the hostile and variant models tests need (never
+/// committed binaries).
+#[cfg(feature = "gguf")]
+pub fn model_variant(src: &std::path::Path, dst: &std::path::Path, set: &[(&str, keel_core::gguf::Value<'_>)], tensor: Option<(&str, &[f32])>) {
+    use keel_host_linux::gguf_write::{encode_kv, GgufWriter, TensorDecl};
+    let bytes = std::fs::read(src).unwrap_or_else(|e| panic!("reading {}: {e}", src.display()));
+    let g = keel_core::gguf::Gguf::parse(&bytes).expect("the source model parses");
+    let (mut kv, mut n_kv) = (Vec::new(), 0u64);
+    for i in 0..g.n_keys() {
+        let (k, v) = g.key_at(i).expect("a key");
+        match set.iter().find(|(name, _)| name.as_bytes() == k) {
+            Some((_, new)) => encode_kv(&mut kv, k, new),
+            None => encode_kv(&mut kv, k, &v),
+        }
+        n_kv += 1;
+    }
+    for (name, v) in set {
+        if g.get(name).is_none() {
+            encode_kv(&mut kv, name.as_bytes(), v);
+            n_kv += 1;
+        }
+    }
+    let infos: Vec<_> = g.tensors().collect();
+    let mut decls: Vec<TensorDecl> = infos.iter().map(|t| TensorDecl { name: t.name.to_vec(), ne: t.ne, n_dims: t.n_dims, ty: t.ty }).collect();
+    if let Some((name, v)) = tensor {
+        decls.push(TensorDecl { name: name.as_bytes().to_vec(), ne: [v.len() as u64, 1, 1, 1], n_dims: 1, ty: keel_core::ggml_type::GgmlType::F32 });
+    }
+    let mut w = GgufWriter::create(dst, &kv, n_kv, &decls, g.alignment()).expect("the variant is created");
+    for t in &infos {
+        w.write_data(t.data).expect("tensor data written");
+        w.end_tensor().expect("tensor ended");
+    }
+    if let Some((_, v)) = tensor {
+        let data: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        w.write_data(&data).expect("tensor data written");
+        w.end_tensor().expect("tensor ended");
+    }
+    w.finish().expect("the variant is finished");
+}
+
 /// xorshift64*: small, seeded, reproducible.
 pub struct Rng(pub u64);
 
