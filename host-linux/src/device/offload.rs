@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use keel_core::device::engine::{offload_call, LayerSlot, LoadScratch};
+use keel_core::device::engine::{LayerSlot, LoadScratch};
 use keel_core::device::{DeviceEngine, EngineError};
 use keel_core::model::Model;
 use keel_core::placement::{Decision, DeviceFailed, DeviceInfo, Offload, Placement, Policy, WeightId};
@@ -204,15 +204,12 @@ impl Devices {
         }
         let Some(slot) = self.slots.get_mut(usize::from(device)) else { return Err(DeviceFailed { device }) };
         let start = Instant::now();
-        let r = offload_call(std::slice::from_mut(&mut slot.engine), 0, f);
+        let r = f(&mut slot.engine);
         slot.busy += start.elapsed();
-        if r.is_err() {
-            if let Some(e) = slot.engine.error.take() {
-                self.error = Some(engine_error(&slot.label, e));
-            }
-            return Err(DeviceFailed { device });
-        }
-        Ok(())
+        r.map_err(|e| {
+            self.error = Some(engine_error(&slot.label, e));
+            DeviceFailed { device }
+        })
     }
 }
 
