@@ -33,6 +33,10 @@ cargo build --release -p keel-npu-hal --features defmt --target thumbv7em-none-e
 echo "== cargo test"
 cargo test --release --workspace
 
+echo "== C ABI: examples/c against keel run, under valgrind"
+# Installs cc and valgrind with apt-get if absent; ~10 s once keel-ffi is built.
+bash tests/c_abi.sh
+
 echo "== host-wasi: deterministic reference digests (wasmtime, native, aarch64 under qemu)"
 # host-wasi is its own workspace (wasmtime takes ~10 minutes to compile on 2 cores):
 # plain cargo builds above never compile it. Its target dir is kept outside the clone

@@ -79,6 +79,8 @@ const MAGIC: u64 = 0x6b65_656c_5f73_6573; // "keel_ses"
 /// A session: lives at the start of the caller's arena (aligned), borrowing the rest of
 /// the arena and the caller's model bytes. The `'static` lifetimes stand for the caller's
 /// promise in keel.h: the model and the arena outlive every use of the handle.
+/// `repr(C)`: the two marks are the first words, so checking a handle reads no further.
+#[repr(C)]
 pub struct KeelSession {
     magic: u64,
     /// The address of this struct, so a copy of the bytes elsewhere is not mistaken for a session.
@@ -251,8 +253,8 @@ unsafe fn session<'a>(h: *mut KeelSession) -> Result<&'a mut KeelSession, c_int>
     if !(h as usize).is_multiple_of(align_of::<KeelSession>()) {
         return Err(KEEL_ERR_BAD_HANDLE);
     }
-    // SAFETY: aligned and, per the caller's promise, inside a live arena: the first two
-    // words are plain integers, readable whatever the arena holds.
+    // SAFETY: aligned and, per the caller's promise, pointing at readable memory: the
+    // first two words (`repr(C)`) are plain integers, valid whatever the bytes are.
     let (magic, this) = unsafe { ((*h).magic, (*h).this) };
     if magic != MAGIC || this != h as usize {
         return Err(KEEL_ERR_BAD_HANDLE);
@@ -282,6 +284,10 @@ pub unsafe extern "C" fn keel_eval(handle: *mut KeelSession, tokens: *const u32,
         let n_vocab = s.engine.n_vocab();
         if ids.iter().any(|&t| t as usize >= n_vocab) {
             return Err(KEEL_ERR_BAD_TOKEN);
+        }
+        let (past, ctx) = (s.engine.session.n_past(), s.engine.session.n_ctx());
+        if n > ctx - past.min(ctx) {
+            return Err(KEEL_ERR_CONTEXT_FULL);
         }
         // A failed eval may leave the last logits row half written.
         s.has_logits = false;
