@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "keel.h"
+#include "read_file.h"
 
 static int failures = 0;
 
@@ -18,22 +19,6 @@ static void expect(const char *what, int got, int want) {
         fprintf(stderr, "FAIL %s: got %d (%s), want %d (%s)\n", what, got, keel_error_message(got), want, keel_error_message(want));
         failures++;
     }
-}
-
-static uint8_t *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *buf = n > 0 ? malloc((size_t)n) : NULL;
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    *len = buf ? (size_t)n : 0;
-    return buf;
 }
 
 int main(int argc, char **argv) {

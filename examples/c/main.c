@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "keel.h"
+#include "read_file.h"
 
 #define N_CTX 512
 #define N_BATCH 64
@@ -19,26 +20,6 @@
 static int fail(const char *what, int code) {
     fprintf(stderr, "keel-c: %s: %s (code %d)\n", what, keel_error_message(code), code);
     return 1;
-}
-
-/* The whole file at path in a malloc'd buffer (*len bytes), or NULL. */
-static uint8_t *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    uint8_t *buf = NULL;
-    if (fseek(f, 0, SEEK_END) == 0) {
-        long n = ftell(f);
-        if (n > 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n)) != NULL) {
-            if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-                free(buf);
-                buf = NULL;
-            } else {
-                *len = (size_t)n;
-            }
-        }
-    }
-    fclose(f);
-    return buf;
 }
 
 /* Everything after the model and the arena exist; returns the exit status. */

@@ -340,6 +340,24 @@ pub unsafe extern "C" fn keel_token_is_eog(handle: *mut KeelSession, token: u32,
     })
 }
 
+/// Writes a tokenizer call's count to `*out` (on [`KEEL_ERR_BUFFER_TOO_SMALL`], the
+/// count needed) and turns its error into a code.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+unsafe fn counted(out: *mut usize, r: Result<usize, TokenizerError>) -> Result<(), c_int> {
+    let (n, status) = match r {
+        Ok(n) => (n, Ok(())),
+        Err(TokenizerError::OutOfSpace { needed, .. } | TokenizerError::BufferTooSmall { needed, .. }) => (needed, Err(KEEL_ERR_BUFFER_TOO_SMALL)),
+        Err(TokenizerError::WorkTooSmall { .. }) => return Err(KEEL_ERR_TEXT_TOO_LONG),
+        Err(TokenizerError::BadTokenId { .. }) => return Err(KEEL_ERR_BAD_TOKEN),
+        Err(_) => return Err(KEEL_ERR_INTERNAL),
+    };
+    // SAFETY: the caller's promise.
+    unsafe { put(out, n) };
+    status
+}
+
 /// Tokenizes `len` UTF-8 bytes of `text` into `out_tokens` (`cap` ids); `*out_n` gets the
 /// count, or on `KEEL_ERR_BUFFER_TOO_SMALL` the count needed.
 ///
@@ -365,20 +383,9 @@ pub unsafe extern "C" fn keel_tokenize(handle: *mut KeelSession, text: *const c_
         let text = core::str::from_utf8(raw).map_err(|_| KEEL_ERR_INVALID_UTF8)?;
         // SAFETY: non-null, aligned, and the caller promises `cap` writable ids.
         let out = unsafe { core::slice::from_raw_parts_mut(out_tokens, cap) };
-        match s.engine.tokenizer.tokenize(text, add_bos != 0, true, out, s.work) {
-            Ok(n) => {
-                // SAFETY: checked non-null above; the caller promises it is writable.
-                unsafe { put(out_n, n) };
-                Ok(())
-            }
-            Err(TokenizerError::OutOfSpace { needed, .. }) => {
-                // SAFETY: as above.
-                unsafe { put(out_n, needed) };
-                Err(KEEL_ERR_BUFFER_TOO_SMALL)
-            }
-            Err(TokenizerError::WorkTooSmall { .. }) => Err(KEEL_ERR_TEXT_TOO_LONG),
-            Err(_) => Err(KEEL_ERR_INTERNAL),
-        }
+        let r = s.engine.tokenizer.tokenize(text, add_bos != 0, true, out, s.work);
+        // SAFETY: checked non-null above; the caller promises it is writable.
+        unsafe { counted(out_n, r) }
     })
 }
 
@@ -400,20 +407,9 @@ pub unsafe extern "C" fn keel_token_to_text(handle: *mut KeelSession, token: u32
         }
         // SAFETY: non-null, and the caller promises `cap` writable bytes.
         let out = unsafe { core::slice::from_raw_parts_mut(buf as *mut u8, cap) };
-        match s.engine.tokenizer.piece(token, true, out) {
-            Ok(n) => {
-                // SAFETY: checked non-null above; the caller promises it is writable.
-                unsafe { put(out_len, n) };
-                Ok(())
-            }
-            Err(TokenizerError::BufferTooSmall { needed, .. }) => {
-                // SAFETY: as above.
-                unsafe { put(out_len, needed) };
-                Err(KEEL_ERR_BUFFER_TOO_SMALL)
-            }
-            Err(TokenizerError::BadTokenId { .. }) => Err(KEEL_ERR_BAD_TOKEN),
-            Err(_) => Err(KEEL_ERR_INTERNAL),
-        }
+        let r = s.engine.tokenizer.piece(token, true, out);
+        // SAFETY: checked non-null above; the caller promises it is writable.
+        unsafe { counted(out_len, r) }
     })
 }
 
