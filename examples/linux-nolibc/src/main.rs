@@ -116,6 +116,6 @@ fn fail(err: &mut Fd, msg: core::fmt::Arguments<'_>) -> i32 {
 
 #[panic_handler]
 fn panic(info: &core::panic::PanicInfo<'_>) -> ! {
-    let _ = writeln!(Fd(2), "panicked: {info}");
+    let _ = writeln!(Fd(2), "keel-example-linux-nolibc: {info}");
     exit(101)
 }

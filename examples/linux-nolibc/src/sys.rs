@@ -92,3 +92,9 @@ extern "C" fn entry(sp: *const usize) -> ! {
     };
     exit(crate::main(hwcap))
 }
+
+/// Unwinding's personality routine: never called (panics abort, see the panic handler),
+/// but the prebuilt `core` refers to it when LTO does not remove the unwinding paths
+/// (debug builds).
+#[no_mangle]
+extern "C" fn rust_eh_personality() {}
