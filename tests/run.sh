@@ -23,6 +23,13 @@ cargo build --release -p keel-host-linux
 ./target/release/keel pull smollm2-135m
 ./target/release/keel pull gemma3-270m
 
+echo "== examples: library and linux-nolibc (x86_64, aarch64 under qemu) against keel run"
+# The tokens of each equal `keel run --temp 0`'s; the no-libc example with a one-byte-too-
+# small arena fails to build, naming both sizes (qemu-user: installed by dsp-firmware/ci.sh).
+SECONDS=0
+bash tests/examples.sh
+echo "examples: ${SECONDS} s"
+
 echo "== no_std: keel-core and keel-npu-hal build for targets without std"
 rustup target add wasm32-unknown-unknown thumbv7em-none-eabihf >/dev/null
 cargo build --release -p keel-core --target wasm32-unknown-unknown
