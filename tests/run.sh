@@ -30,6 +30,14 @@ SECONDS=0
 bash tests/examples.sh
 echo "examples: ${SECONDS} s"
 
+echo "== examples/cortex-m: bare metal under qemu-system-arm (MPS2 AN386) against keel run"
+# Writes the tiny llama (test-support's keel-tiny-llama), builds the thumbv7em-none-eabihf
+# image with it in flash, runs it under qemu-system-arm (installed with apt-get if absent)
+# and compares its tokens with `keel run --temp 0`'s; ~1 minute, most of it the build.
+SECONDS=0
+bash tests/cortex_m.sh
+echo "cortex-m: ${SECONDS} s"
+
 echo "== no_std: keel-core and keel-npu-hal build for targets without std"
 rustup target add wasm32-unknown-unknown thumbv7em-none-eabihf >/dev/null
 cargo build --release -p keel-core --target wasm32-unknown-unknown
