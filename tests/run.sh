@@ -85,6 +85,12 @@ echo "aarch64 (qemu) reference check: ${SECONDS} s"
 # NEON kernels: keel-core's kernel tests under qemu-aarch64 (-cpu max: dot-product path;
 # -cpu cortex-a53: plain NEON), then one SmolLM2 greedy golden check with the NEON kernels.
 bash tests/aarch64.sh
+# The static keel (x86_64 and aarch64 musl) in an otherwise empty root (chroot; aarch64
+# through a static qemu-aarch64 copied into the root): the same tokens as outside it, and
+# the glibc build failing there as the control. ~5 s (the x86_64 musl build is extra).
+SECONDS=0
+bash tests/empty_root.sh
+echo "empty root: ${SECONDS} s"
 
 echo "== fuzz: GGUF parser, tokenizer index, plan and model loader (bounded run)"
 # cargo-fuzz needs a nightly: the firmware's pinned one (dsp-firmware/rust-toolchain.toml,
