@@ -8,7 +8,6 @@ pub mod fault;
 pub mod fsutil;
 pub mod gguf_write;
 pub mod isa;
-pub mod json;
 pub mod mem;
 pub mod mmap;
 pub mod pool;

@@ -4,7 +4,7 @@ use std::io::Write;
 
 fn main() {
     keel_host_linux::fault::install();
-    let result = keel_host_linux::cli::args::from_os(std::env::args_os().skip(1)).map_err(anyhow::Error::from).and_then(keel_host_linux::cli::main);
+    let result = keel_host_linux::cli::main_os(std::env::args_os().skip(1));
     if let Err(e) = result {
         let _ = writeln!(std::io::stderr(), "error: {e:#}");
         std::process::exit(1);

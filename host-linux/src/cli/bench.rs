@@ -5,10 +5,9 @@
 //! no speed printed: the command fails instead (a benchmark that never looks at its
 //! output can report any speed for zeros).
 
-use super::args::Args;
-use super::common::{run_options, MAX_TOKENS};
+use super::common::{BatchesFlag, CtxFlag, ModelFlag, RunFlags, MAX_TOKENS};
 use super::load::{arena_beyond_memory, engine, open, prepare, training_context};
-use crate::json;
+use serde::Serialize;
 use anyhow::{bail, Result};
 use keel_core::engine::Engine;
 use keel_core::parallel::Parallel;
@@ -84,21 +83,73 @@ fn run_tg(e: &mut Engine<'_>, par: &dyn Parallel, first: u32, n: usize) -> Resul
     Ok((n as f64 / secs, out))
 }
 
+/// `keel bench`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "JSON: [{\"test\":\"pp512\",\"tps\":x,\"sd\":y,...},...] (tg gains bound_tps, bytes_per_token, read_bytes_per_s with --roofline). A run whose logits are NaN or constant, or whose tg repetitions generate different tokens, reports no speed: it fails.")]
+pub struct BenchArgs {
+    /// The model (`-m`).
+    #[command(flatten)]
+    pub model: ModelFlag,
+    /// Prompt tokens of the pp test (0 = no pp test)
+    #[arg(short = 'p', long = "n-prompt", value_name = "N", default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Generated tokens of the tg test (0 = no tg test)
+    #[arg(short = 'n', long = "n-gen", value_name = "N", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Repetitions of each test (mean ± standard deviation)
+    #[arg(short = 'r', long = "repetitions", value_name = "N", default_value_t = 3)]
+    pub repetitions: usize,
+    /// Also measure the machine's read bandwidth and print the bandwidth bound of tg
+    #[arg(long = "roofline")]
+    pub roofline: bool,
+    /// JSON output
+    #[arg(long = "json")]
+    pub json: bool,
+    /// The context length (`-c`).
+    #[command(flatten)]
+    pub ctx: CtxFlag,
+    /// The run limits (`-b`, `-t`, `--reference`, `--force-ctx`).
+    #[command(flatten)]
+    pub run: RunFlags,
+    /// `--batches`.
+    #[command(flatten)]
+    pub batches: BatchesFlag,
+}
+
+/// One test in `bench --json`.
+#[derive(Serialize)]
+struct BenchJson<'a> {
+    test: &'a str,
+    tps: f64,
+    sd: f64,
+    threads: usize,
+    repetitions: usize,
+    batches: &'static str,
+    #[serde(flatten)]
+    bound: Option<BoundJson>,
+}
+
+/// tg's bandwidth bound (`--roofline`).
+#[derive(Serialize)]
+struct BoundJson {
+    read_bytes_per_s: f64,
+    bytes_per_token: u64,
+    weight_bytes_per_token: u64,
+    kv_bytes_per_token: u64,
+    bound_tps: f64,
+    fraction_of_bound: f64,
+}
+
 /// Runs the subcommand.
-pub fn main(mut a: Args) -> Result<()> {
-    let model = a.value::<String>(&["-m", "--model"], "a model file or name")?.unwrap_or_else(|| "smollm2-135m".into());
-    let n_prompt = a.value_or(&["-p", "--n-prompt"], "a token count", 512usize)?;
-    let n_gen = a.value_or(&["-n", "--n-gen"], "a token count", 128usize)?;
+pub fn main(a: BenchArgs) -> Result<()> {
+    let model = a.model.model.clone();
+    let (n_prompt, n_gen, reps, as_json, roofline) = (a.n_prompt, a.n_gen, a.repetitions, a.json, a.roofline);
     for (flag, n) in [("-p", n_prompt), ("-n", n_gen)] {
         if n >= MAX_TOKENS {
             bail!("{flag} {n}: the context would need more than {MAX_TOKENS} tokens; use a smaller {flag}");
         }
     }
-    let reps = a.value_or(&["-r", "--repetitions"], "a count", 3usize)?;
-    let as_json = a.flag(&["--json"]);
-    let roofline = a.flag(&["--roofline"]);
-    let mut opts = run_options(&mut a, 1)?;
-    a.finish()?;
+    let mut opts = a.run.options(a.ctx.ctx_size, 1)?;
     if reps == 0 || (n_prompt == 0 && n_gen == 0) {
         bail!("nothing to measure: -r must be >= 1 and -p or -n > 0");
     }
@@ -127,6 +178,7 @@ pub fn main(mut a: Args) -> Result<()> {
     }
     let mut loaded = prepare(&g, &opened.path, &opts)?;
     let (mut e, pool) = engine(&g, &opened.path, &mut loaded, opts.reference, SamplerConfig { temp: 0.0, ..Default::default() })?;
+    e.session.set_llama_cpp_batches(a.batches.batches.llama_cpp());
     let toks = prompt_tokens(n_prompt.max(1), e.n_vocab());
 
     // Warm-up: a short prompt and a few generated tokens, not measured.
@@ -169,20 +221,26 @@ pub fn main(mut a: Args) -> Result<()> {
     };
 
     if as_json {
-        let mut arr = String::from("[");
-        for (i, m) in results.iter().enumerate() {
-            let mut o = json::Object::new();
-            o.str("test", &m.test).f64("tps", m.mean()).f64("sd", m.sd()).u64("threads", opts.threads as u64).u64("repetitions", reps as u64);
-            if let (Some((bw, bytes, tps_max)), true) = (bound, m.test.starts_with("tg")) {
-                o.f64("read_bytes_per_s", bw).u64("bytes_per_token", bytes.total()).u64("weight_bytes_per_token", bytes.weights).u64("kv_bytes_per_token", bytes.kv).f64("bound_tps", tps_max).f64("fraction_of_bound", m.mean() / tps_max);
-            }
-            if i > 0 {
-                arr.push(',');
-            }
-            arr.push_str(&o.finish());
-        }
-        arr.push(']');
-        println!("{arr}");
+        let rows: Vec<BenchJson<'_>> = results
+            .iter()
+            .map(|m| BenchJson {
+                test: &m.test,
+                tps: m.mean(),
+                sd: m.sd(),
+                threads: opts.threads,
+                repetitions: reps,
+                batches: if a.batches.batches.llama_cpp() { "llama-cpp" } else { "invariant" },
+                bound: bound.filter(|_| m.test.starts_with("tg")).map(|(bw, bytes, tps_max)| BoundJson {
+                    read_bytes_per_s: bw,
+                    bytes_per_token: bytes.total(),
+                    weight_bytes_per_token: bytes.weights,
+                    kv_bytes_per_token: bytes.kv,
+                    bound_tps: tps_max,
+                    fraction_of_bound: m.mean() / tps_max,
+                }),
+            })
+            .collect();
+        crate::cli::print_json(&rows);
     } else {
         let size = opened.file.bytes().len() as f64 / (1024.0 * 1024.0);
         println!("| model | size | threads | kernels | test | t/s |");

@@ -1,25 +1,68 @@
 //! `keel eval`: evaluate a prompt in one batch and print, per position, the log-sum-exp
 //! and the top logits; optionally dump the last row.
 
-use super::args::Args;
-use super::common::{check_finite, prompt, prompt_file_limit, read_text_limited, run_options, tokenize};
+use super::common::{check_finite, prompt_file_limit, read_text_limited, tokenize, BatchesFlag, CtxFlag, ModelFlag, PromptFlags, RunFlags};
 use super::load::{engine, open, prepare};
-use crate::json;
+use serde::Serialize;
 use anyhow::{bail, Context, Result};
 use keel_core::sampler::SamplerConfig;
 use keel_core::session::Outputs;
 
-/// Runs the subcommand.
-pub fn main(mut a: Args) -> Result<()> {
-    let model = a.value::<String>(&["-m", "--model"], "a model file or name")?.unwrap_or_else(|| "smollm2-135m".into());
-    let tokens_file: Option<String> = a.value(&["--tokens-file"], "a JSON array of token ids")?;
-    let top_k = a.value_or(&["--top-k"], "a count", 10usize)?;
-    let dump: Option<String> = a.value(&["--dump-last"], "an output file")?;
-    let _ = a.flag(&["--json"]);
-    let mut opts = run_options(&mut a, 1)?;
-    let text = if tokens_file.is_none() { Some(prompt(&mut a, opts.n_ctx)?) } else { None };
-    a.finish()?;
+/// `keel eval`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Output (always JSON): {\"tokens\":[..],\"positions\":[{\"lse\":x,\"top\":[[id,logit],..]},..]}. --batches llama-cpp gives llama.cpp's logits for the same batch.")]
+pub struct EvalArgs {
+    /// The model (`-m`).
+    #[command(flatten)]
+    pub model: ModelFlag,
+    /// The prompt (`-p`, `-f`, `-e`).
+    #[command(flatten)]
+    pub prompt: PromptFlags,
+    /// Evaluate these token ids (a JSON array in FILE; - reads standard input) instead of a prompt
+    #[arg(long = "tokens-file", value_name = "FILE")]
+    pub tokens_file: Option<String>,
+    /// Top logits printed per position
+    #[arg(long = "top-k", value_name = "K", default_value_t = 10)]
+    pub top_k: usize,
+    /// Write the last position's logits to FILE as little-endian f32
+    #[arg(long = "dump-last", value_name = "FILE")]
+    pub dump_last: Option<String>,
+    /// JSON output (the only output eval has; accepted for scripts that pass it)
+    #[arg(long = "json")]
+    pub json: bool,
+    /// The context length (`-c`).
+    #[command(flatten)]
+    pub ctx: CtxFlag,
+    /// The run limits (`-b`, `-t`, `--reference`, `--force-ctx`).
+    #[command(flatten)]
+    pub run: RunFlags,
+    /// `--batches`.
+    #[command(flatten)]
+    pub batches: BatchesFlag,
+}
 
+/// `keel eval`'s output.
+#[derive(Serialize)]
+struct EvalJson<'a> {
+    tokens: &'a [u32],
+    positions: Vec<Position>,
+}
+
+/// One position: the log-sum-exp of its row and its top logits as `[id, logit]`.
+#[derive(Serialize)]
+struct Position {
+    lse: f64,
+    top: Vec<(u32, f32)>,
+}
+
+/// Runs the subcommand.
+pub fn main(a: EvalArgs) -> Result<()> {
+    let model = a.model.model.clone();
+    let tokens_file = a.tokens_file.clone();
+    let top_k = a.top_k;
+    let dump = a.dump_last.clone();
+    let mut opts = a.run.options(a.ctx.ctx_size, 1)?;
+    let text = if tokens_file.is_none() { Some(a.prompt.text(opts.n_ctx)?) } else { None };
     let opened = open(&model)?;
     if let Some(d) = &dump {
         crate::fsutil::refuse_own_input(&opened.path, std::path::Path::new(d), "--dump-last")?;
@@ -38,6 +81,7 @@ pub fn main(mut a: Args) -> Result<()> {
     opts.n_outputs = upper.clamp(1, opts.n_ctx);
     let mut loaded = prepare(&g, &opened.path, &opts)?;
     let (mut e, pool) = engine(&g, &opened.path, &mut loaded, opts.reference, SamplerConfig::default())?;
+    e.session.set_llama_cpp_batches(a.batches.batches.llama_cpp());
     let ids = match (ids_from_file, &text) {
         (Some(v), _) => v,
         (None, Some(t)) => tokenize(&e.tokenizer, t, true, true, opts.n_ctx)?,
@@ -60,14 +104,8 @@ pub fn main(mut a: Args) -> Result<()> {
         let bytes: Vec<u8> = last.iter().flat_map(|x| x.to_le_bytes()).collect();
         crate::fsutil::write_atomic(std::path::Path::new(&path), &bytes)?;
     }
-    let mut o = json::Object::new();
-    o.arr("tokens", |arr| {
-        for &t in &ids {
-            arr.u64(t as u64);
-        }
-    });
-    o.arr("positions", |arr| {
-        for i in 0..ids.len() {
+    let positions = (0..ids.len())
+        .map(|i| {
             let row = &logits[i * v..(i + 1) * v];
             let lse = keel_core::ops::log_sum_exp(row);
             let mut idx: Vec<u32> = (0..v as u32).collect();
@@ -75,18 +113,9 @@ pub fn main(mut a: Args) -> Result<()> {
             idx.select_nth_unstable_by(k.saturating_sub(1), |&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
             idx.truncate(k);
             idx.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
-            arr.obj(|p| {
-                p.f64("lse", lse);
-                p.arr("top", |t| {
-                    for &id in &idx {
-                        t.arr(|pair| {
-                            pair.u64(id as u64).f32(row[id as usize]);
-                        });
-                    }
-                });
-            });
-        }
-    });
-    o.print();
+            Position { lse, top: idx.iter().map(|&id| (id, row[id as usize])).collect() }
+        })
+        .collect();
+    crate::cli::print_json(&EvalJson { tokens: &ids, positions });
     Ok(())
 }

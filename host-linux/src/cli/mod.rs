@@ -1,4 +1,5 @@
-//! The `keel` command line: one module per subcommand.
+//! The `keel` command line: one module per subcommand, each with its own `clap` argument
+//! struct (`RunArgs`, `ChatArgs`, …) and `main`; [`Command`] lists them.
 
 pub mod args;
 pub mod bench;
@@ -17,96 +18,139 @@ pub mod run;
 pub mod tokenize;
 
 use anyhow::Result;
-use args::Args;
+use clap::{CommandFactory, Parser, Subcommand};
 
-/// Usage text.
-pub const USAGE: &str = "\
-keel: run GGUF language models on small devices
+/// Shown after the top-level help.
+const AFTER_HELP: &str = "\
+Limits checked before any work (run, chat, eval, perplexity, bench): the arena a -c/-b (bench: -p/-n) plans must fit in physical memory, else refused; a -c beyond the model's training context (<arch>.context_length) is warned about unless --force-ctx; a -f prompt file may have at most 16 bytes per -c token + 64 KiB.
 
-usage: keel <command> [options]
+MODEL is a path to a .gguf file or a known name, fetched on first use into $KEEL_MODELS (default ~/.cache/keel/models). `keel help COMMAND` or `keel COMMAND --help` shows a command's flags and defaults; `keel completions bash|zsh|fish` prints a shell completion script. Errors exit with status 1.";
 
-commands:
-  run         generate text:  keel run -m MODEL -p PROMPT [-f FILE] [-n N] [-c N_CTX] [-t THREADS]
-              [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty F] [--seed S]
-              [--chat [--system TEXT]] [--reference] [--force-ctx] [--json]
-              [--device LIST] [--offload-* flags]: see below
-  chat        keel chat -m MODEL [--system TEXT] [-n N] [-c N_CTX] [sampling flags as run]
-              (interactive; the conversation stays in the fixed context; /reset, /quit)
-  tokenize    keel tokenize -m MODEL [--add-special] [--parse-special] [-f FILE | TEXT] [--json]
-  eval        keel eval -m MODEL (-p PROMPT | -f FILE | --tokens-file FILE) [--top-k 10]
-              [--dump-last FILE] [--reference] --json
-  perplexity  keel perplexity -m MODEL -f TEXT [-c 512] [-t T] [--batch-invariant] [--json]
-  info        keel info MODEL [--json]
-  plan        keel plan -m MODEL [-c N_CTX] [-b N_BATCH] [-t T] [--json]
-              --placement [--device LIST] [--offload-* flags]: for every layer, each op of its
-              block and where it runs (why, when on the CPU)
-  bench       keel bench -m MODEL [-p 512] [-n 128] [-r 3] [-t T] [--roofline] [--json]
-              (pp and tg speed; checks its own output and refuses to report broken runs)
-  pull        keel pull NAME        (known: smollm2-135m, gemma3-270m)
-  probe       keel probe --device hexagon-sim [--json]   identity, capabilities, memory, self-test
-  quantize    keel quantize IN OUT TYPE [--allow-requantize] [-t THREADS] [--json]
-              TYPE as llama-quantize names it: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
+/// keel: run GGUF language models on small devices
+#[derive(Parser, Debug)]
+#[command(name = "keel", version = crate::VERSION, about = "keel: run GGUF language models on small devices", after_help = AFTER_HELP, arg_required_else_help = true, propagate_version = true)]
+pub struct Cli {
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
 
-device flags of run (matrix products placed on devices; the rest on the CPU):
-  --device LIST        e.g. hexagon-sim,cpu (cpu is always last; hexagon-sim twice = two
-                       device sessions, weights split when one budget is full)
-  --offload-layers N   (-ngl) only layers 0..N on devices (default all)
-  --offload-min-batch N  offload only forward passes of at least N tokens (default 1)
-  --offload-output on|off  the output projection (lm head) on a device (default on)
-  --offload-kinds LIST attn, ffn, output, all, or tensor kinds (attn_q, ffn_down, ...)
-  --offload-types LIST file types allowed on devices (e.g. q8_0,q4_0,q4_k; default all)
-  --offload-convert T  type for weights the device lacks (q8_0 default, q4_0, none)
-  --device-mem MIB[,MIB..]  weight budget per device session
-  after load and at exit run prints each device's memory (model, context, compute, free,
-  as the device measured it); a run that places nothing on a device says so loudly
+/// Every subcommand, each with its module's argument struct.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Generate text from a prompt, streaming it; then prompt/generation speed, arena and peak RSS
+    Run(run::RunArgs),
+    /// Interactive conversation in the model's chat format (line editing, history; /help)
+    Chat(chat::ChatArgs),
+    /// Text to token ids
+    Tokenize(tokenize::TokenizeArgs),
+    /// Evaluate a prompt in one batch: per position the log-sum-exp and the top logits (JSON)
+    Eval(eval::EvalArgs),
+    /// Perplexity of a text by llama.cpp's method
+    Perplexity(perplexity::PerplexityArgs),
+    /// What a model file holds: metadata, tensors by type, hyper-parameters
+    Info(info::InfoArgs),
+    /// The arena a model needs, region by region (or, with --placement, where each op runs)
+    Plan(info::PlanArgs),
+    /// Prompt processing (pp) and generation (tg) speed, checking its own output
+    Bench(bench::BenchArgs),
+    /// Fetch a known model by name
+    Pull(PullArgs),
+    /// Open a device and print its identity, capabilities, memory and self-test
+    Probe(probe::ProbeArgs),
+    /// Write a copy of a model quantized to one of llama.cpp's mixes
+    Quantize(quantize::QuantizeArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    Completions(CompletionsArgs),
+    /// Print keel's version
+    Version,
+}
 
-limits checked before any work (run, chat, eval, perplexity, bench):
-  the arena a -c/-b (bench: -p/-n) plans must fit in physical memory, else refused;
-  a -c beyond the model's training context (<arch>.context_length) is warned about
-  unless --force-ctx; a -f prompt file may have at most 16 bytes per -c token + 64 KiB
+/// `keel pull NAME…`.
+#[derive(clap::Args, Debug)]
+pub struct PullArgs {
+    /// Known model names (smollm2-135m: SmolLM2-135M-Instruct Q4_1, instruction-tuned; gemma3-270m: Gemma 3 270M Q4_K_M, the base model)
+    #[arg(value_name = "NAME", required = true)]
+    pub names: Vec<String>,
+}
 
-MODEL is a path to a .gguf file or a known name, fetched on first use into
-$KEEL_MODELS (default ~/.cache/keel/models).
-";
+/// `keel completions SHELL`.
+#[derive(clap::Args, Debug)]
+pub struct CompletionsArgs {
+    /// The shell
+    #[arg(value_enum, value_name = "SHELL")]
+    pub shell: clap_complete::Shell,
+}
 
-/// Dispatches `argv[1..]`.
-pub fn main(argv: Vec<String>) -> Result<()> {
-    let mut it = argv.into_iter();
-    let cmd = it.next().unwrap_or_default();
-    let a = Args::new(it);
-    match cmd.as_str() {
-        "run" => run::main(a),
-        "chat" => chat::main(a),
-        "tokenize" => tokenize::main(a),
-        "eval" => eval::main(a),
-        "perplexity" => perplexity::main(a),
-        "info" => info::info(a),
-        "plan" => info::plan(a),
-        "pull" => pull(a),
-        "probe" => probe::main(a),
-        "quantize" => quantize::main(a),
-        "bench" => bench::main(a),
-        "help" | "-h" | "--help" | "" => {
-            print!("{USAGE}");
+/// The whole command tree (for help, completions and the tests that compare help with
+/// the parser).
+pub fn command() -> clap::Command {
+    Cli::command()
+}
+
+/// Runs `keel` with `args` (after the program name): parses, then dispatches. Help and
+/// the version print to stdout and succeed; a usage error is an error like any other
+/// (the caller prints `error: …` and exits 1).
+pub fn main_os(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<()> {
+    let argv = args::llama_spellings(args::from_os(args)?);
+    let cmd = command();
+    args::refuse_repeats(&cmd, &argv)?;
+    let cli = match Cli::try_parse_from(std::iter::once("keel".to_string()).chain(argv)) {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+                let _ = crate::fault::stdout_ok(std::io::Write::write_all(&mut std::io::stdout(), e.render().to_string().as_bytes()));
+                return Ok(());
+            }
+            let text = e.render().to_string();
+            anyhow::bail!("{}", text.trim_end().strip_prefix("error: ").unwrap_or(text.trim_end()));
+        }
+    };
+    dispatch(cli.command)
+}
+
+/// Runs one parsed command.
+pub fn dispatch(cmd: Command) -> Result<()> {
+    match cmd {
+        Command::Run(a) => run::main(a),
+        Command::Chat(a) => chat::main(a),
+        Command::Tokenize(a) => tokenize::main(a),
+        Command::Eval(a) => eval::main(a),
+        Command::Perplexity(a) => perplexity::main(a),
+        Command::Info(a) => info::info(a),
+        Command::Plan(a) => info::plan(a),
+        Command::Bench(a) => bench::main(a),
+        Command::Pull(a) => pull(a),
+        Command::Probe(a) => probe::main(a),
+        Command::Quantize(a) => quantize::main(a),
+        Command::Completions(a) => {
+            clap_complete::generate(a.shell, &mut command(), "keel", &mut std::io::stdout());
             Ok(())
         }
-        "--version" | "-V" | "version" => {
+        Command::Version => {
             println!("keel {}", crate::VERSION);
             Ok(())
         }
-        other => anyhow::bail!("unknown command '{other}'; see `keel help`"),
     }
 }
 
-fn pull(mut a: Args) -> Result<()> {
-    let names = a.positionals();
-    a.finish()?;
-    if names.is_empty() {
-        anyhow::bail!("keel pull NAME; known: {}", crate::pull::known_models_list());
-    }
-    for n in names {
-        let path = crate::pull::pull_by_name(&n)?;
+fn pull(a: PullArgs) -> Result<()> {
+    for n in &a.names {
+        let path = crate::pull::pull_by_name(n)?;
+        if let Some(m) = crate::pull::known_model(n) {
+            eprintln!("keel pull: {n} is {}: {}", m.description, m.variant);
+        }
         println!("{}", path.display());
     }
     Ok(())
+}
+
+/// Prints `v` as one line of JSON on stdout (NaN and infinities print as `null`: JSON has
+/// no spelling for them).
+pub fn print_json<T: serde::Serialize>(v: &T) {
+    match serde_json::to_string(v) {
+        Ok(s) => println!("{s}"),
+        Err(e) => eprintln!("keel: could not write the JSON output: {e}"),
+    }
 }

@@ -1,11 +1,9 @@
 //! `--device` and the `--offload-*` policy flags, the placement summary, and the
 //! memory breakdown per device (printed like llama.cpp's `llama_memory_breakdown_print`).
 
-use super::args::Args;
 use super::common::mib;
 use crate::device::offload::{Breakdown, Devices};
 use crate::device::SimConfig;
-use crate::json;
 use anyhow::{bail, Result};
 use keel_core::engine::Engine;
 use keel_core::ggml_type::GgmlType;
@@ -44,42 +42,73 @@ fn parse_kinds(list: &str) -> Result<u16> {
     Ok(m)
 }
 
+/// `--device` and the `--offload-*` policy flags (run, plan --placement).
+#[derive(clap::Args, Debug, Clone)]
+pub struct OffloadFlags {
+    /// Devices for matrix products and whole layers, e.g. hexagon-sim,cpu (cpu is always last; hexagon-sim twice = two device sessions, weights split when one budget is full); llama.cpp's -dev is read as --device
+    #[arg(long = "device", value_name = "LIST", default_value = "cpu")]
+    pub device: String,
+    /// Only layers 0..N on devices (default: all); llama.cpp's -ngl is read as --n-gpu-layers
+    #[arg(long = "offload-layers", visible_alias = "n-gpu-layers", value_name = "N")]
+    pub offload_layers: Option<usize>,
+    /// Offload only forward passes of at least N tokens
+    #[arg(long = "offload-min-batch", value_name = "N", default_value_t = 1)]
+    pub offload_min_batch: usize,
+    /// The output projection (lm head) on a device: on or off
+    #[arg(long = "offload-output", value_name = "on|off", default_value = "on")]
+    pub offload_output: String,
+    /// Weights allowed on devices: attn, ffn, output, all, or tensor kinds (attn_q, ffn_down, ...); default all
+    #[arg(long = "offload-kinds", value_name = "LIST")]
+    pub offload_kinds: Option<String>,
+    /// File types allowed on devices, e.g. q8_0,q4_0,q4_k (default: all)
+    #[arg(long = "offload-types", value_name = "LIST")]
+    pub offload_types: Option<String>,
+    /// Type for weights the device lacks: q8_0 (default), q4_0, or none
+    #[arg(long = "offload-convert", value_name = "TYPE")]
+    pub offload_convert: Option<String>,
+    /// layers (whole layers on the device when their block allows) or matmul (one batch per product)
+    #[arg(long = "offload-mode", value_name = "MODE", default_value = "layers")]
+    pub offload_mode: String,
+    /// Weight budget per device session, in MiB
+    #[arg(long = "device-mem", value_name = "MIB[,MIB..]")]
+    pub device_mem: Option<String>,
+}
+
 impl OffloadOptions {
-    /// Reads the flags.
-    pub fn parse(a: &mut Args) -> Result<OffloadOptions> {
-        let list: Option<String> = a.value(&["--device", "-dev"], "a device list, e.g. hexagon-sim,cpu")?;
-        let devices = crate::device::offload::parse_device_list(list.as_deref().unwrap_or("cpu")).map_err(anyhow::Error::msg)?;
+    /// Checks the flags and builds the policy.
+    pub fn from_flags(f: &OffloadFlags) -> Result<OffloadOptions> {
+        let devices = crate::device::offload::parse_device_list(&f.device).map_err(anyhow::Error::msg)?;
         let mut policy = Policy::all(devices.len());
-        if let Some(n) = a.value::<usize>(&["--offload-layers", "-ngl", "--n-gpu-layers"], "a layer count")? {
+        if let Some(n) = f.offload_layers {
             policy.max_layers = n;
         }
-        policy.min_batch = a.value_or(&["--offload-min-batch"], "a token count", 1usize)?.max(1);
-        match a.value::<String>(&["--offload-output"], "on or off")?.as_deref() {
-            None | Some("on") => {}
-            Some("off") => policy.output = false,
-            Some(o) => bail!("--offload-output {o:?}: expected on or off"),
+        policy.min_batch = f.offload_min_batch.max(1);
+        match f.offload_output.as_str() {
+            "on" => {}
+            "off" => policy.output = false,
+            o => bail!("--offload-output {o:?}: expected on or off"),
         }
-        if let Some(k) = a.value::<String>(&["--offload-kinds"], "a kind list")? {
-            let m = parse_kinds(&k)?;
+        if let Some(k) = &f.offload_kinds {
+            let m = parse_kinds(k)?;
             policy.output = policy.output && m & WeightKind::Output.bit() != 0;
             policy.devices.iter_mut().for_each(|d| d.kinds = m);
         }
-        if let Some(t) = a.value::<String>(&["--offload-types"], "a type list")? {
+        if let Some(t) = &f.offload_types {
             let mut m = 0u64;
             for s in t.split(',').map(str::trim).filter(|s| !s.is_empty()) {
                 m |= 1u64 << (parse_type(s)? as u32 & 63);
             }
             policy.devices.iter_mut().for_each(|d| d.types = m);
         }
-        if let Some(c) = a.value::<String>(&["--offload-convert"], "q8_0, q4_0 or none")? {
-            policy.convert_to = if c.eq_ignore_ascii_case("none") { None } else { Some(parse_type(&c)?) };
+        if let Some(c) = &f.offload_convert {
+            policy.convert_to = if c.eq_ignore_ascii_case("none") { None } else { Some(parse_type(c)?) };
         }
-        match a.value::<String>(&["--offload-mode"], "layers or matmul")?.as_deref() {
-            None | Some("layers") => {}
-            Some("matmul") => policy.mode = OffloadMode::MatMul,
-            Some(o) => bail!("--offload-mode {o:?}: expected layers (whole layers on the device when their block allows) or matmul (one batch per product)"),
+        match f.offload_mode.as_str() {
+            "layers" => {}
+            "matmul" => policy.mode = OffloadMode::MatMul,
+            o => bail!("--offload-mode {o:?}: expected layers (whole layers on the device when their block allows) or matmul (one batch per product)"),
         }
-        if let Some(m) = a.value::<String>(&["--device-mem"], "MiB per device")? {
+        if let Some(m) = &f.device_mem {
             for (i, v) in m.split(',').enumerate().take(policy.devices.len()) {
                 let mb: u64 = v.trim().parse().map_err(|_| anyhow::anyhow!("--device-mem {v:?}: expected MiB"))?;
                 policy.devices[i].budget = Some(mb << 20);
@@ -243,20 +272,44 @@ pub fn print_breakdown(when: &str, devs: &[Breakdown], host: (u64, u64, u64)) {
     );
 }
 
-/// The breakdown as JSON fields.
-pub fn breakdown_json(o: &mut json::Object, key: &str, devs: &[Breakdown], host: (u64, u64, u64)) {
-    o.arr(key, |arr| {
-        for d in devs {
-            arr.obj(|x| {
-                x.str("device", &d.name).str("what", &d.what).u64("total", d.total).u64("free", d.free).u64("self", d.used());
-                x.u64("model", d.model).u64("context", d.context).u64("compute", d.compute);
-                x.u64("weights", d.weights.0 as u64).u64("converted", d.weights.1 as u64);
-            });
-        }
-        arr.obj(|x| {
-            let (model, context, compute) = host;
-            x.str("device", "host").str("what", "cpu").u64("self", model + context + compute);
-            x.u64("model", model).u64("context", context).u64("compute", compute);
-        });
-    });
+/// One entry of `memory_breakdown` in `run --json`: a device session, or the host.
+#[derive(serde::Serialize, Debug)]
+pub struct BreakdownJson {
+    device: String,
+    what: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    total: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    free: Option<u64>,
+    #[serde(rename = "self")]
+    used: u64,
+    model: u64,
+    context: u64,
+    compute: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    weights: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    converted: Option<u64>,
+}
+
+/// The breakdown as JSON entries, the host last.
+pub fn breakdown_json(devs: &[Breakdown], host: (u64, u64, u64)) -> Vec<BreakdownJson> {
+    let mut v: Vec<BreakdownJson> = devs
+        .iter()
+        .map(|d| BreakdownJson {
+            device: d.name.clone(),
+            what: d.what.to_string(),
+            total: Some(d.total),
+            free: Some(d.free),
+            used: d.used(),
+            model: d.model,
+            context: d.context,
+            compute: d.compute,
+            weights: Some(d.weights.0 as u64),
+            converted: Some(d.weights.1 as u64),
+        })
+        .collect();
+    let (model, context, compute) = host;
+    v.push(BreakdownJson { device: "host".into(), what: "cpu".into(), total: None, free: None, used: model + context + compute, model, context, compute, weights: None, converted: None });
+    v
 }

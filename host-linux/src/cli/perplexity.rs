@@ -4,28 +4,63 @@
 //! only the second half of each chunk is scored: for j in n_ctx/2 .. n_ctx-1, the
 //! negative log-likelihood of token j+1 under the logits at j. Each chunk is one batch
 //! evaluated with llama.cpp's tiled attention arithmetic (as llama.cpp does for batches of
-//! 64+ tokens), so the figure is llama.cpp's; `--batch-invariant` uses keel's one-query
+//! 64+ tokens), so the figure is llama.cpp's (`--batches llama-cpp`, the default here);
+//! `--batches invariant` (or its older spelling `--batch-invariant`) uses keel's one-query
 //! arithmetic instead.
 
-use super::args::Args;
-use super::common::{check_finite, read_text_limited, run_options, token_count, tokenize_all, MAX_TEXT_FILE};
+use super::common::{check_finite, read_text_limited, token_count, tokenize_all, Batches, ModelFlag, RunFlags, MAX_TEXT_FILE};
 use super::load::{engine, open, prepare};
-use crate::json;
+use serde::Serialize;
 use anyhow::{bail, Result};
 use keel_core::sampler::SamplerConfig;
 use keel_core::session::Outputs;
 
+/// `keel perplexity`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Each chunk is one batch. The default --batches llama-cpp makes the figure llama.cpp's (its tiled attention arithmetic for batches of 64+ tokens and its per-batch matmul kernels), so it stays comparable with llama-perplexity; --batches invariant (or the older spelling --batch-invariant) uses keel's one-query arithmetic.")]
+pub struct PerplexityArgs {
+    /// The model (`-m`).
+    #[command(flatten)]
+    pub model: ModelFlag,
+    /// The text to score (- reads standard input; at most 256 MiB)
+    #[arg(short = 'f', long = "file", value_name = "FILE", required = true)]
+    pub file: String,
+    /// Chunk length in tokens (at least 4)
+    #[arg(short = 'c', long = "ctx-size", value_name = "N", default_value_t = 512)]
+    pub ctx_size: usize,
+    /// Arithmetic of each chunk's batch: llama-cpp (the default here, so the figure is llama.cpp's) or invariant
+    #[arg(long = "batches", value_enum, value_name = "MODE", default_value_t = Batches::LlamaCpp)]
+    pub batches: Batches,
+    /// Same as --batches invariant (the flag's older spelling)
+    #[arg(long = "batch-invariant", conflicts_with = "batches")]
+    pub batch_invariant: bool,
+    /// Print one JSON object: {"ppl","n_chunks","n_ctx","per_chunk_running","seconds"}
+    #[arg(long = "json")]
+    pub json: bool,
+    /// The run limits (`-b`, `-t`, `--reference`, `--force-ctx`).
+    #[command(flatten)]
+    pub run: RunFlags,
+}
+
+/// `keel perplexity --json`.
+#[derive(Serialize)]
+struct PerplexityJson<'a> {
+    ppl: f64,
+    n_chunks: usize,
+    n_ctx: usize,
+    per_chunk_running: &'a [f64],
+    seconds: f64,
+    batches: &'static str,
+}
+
 /// Runs the subcommand.
-pub fn main(mut a: Args) -> Result<()> {
-    let model = a.value::<String>(&["-m", "--model"], "a model file or name")?.unwrap_or_else(|| "smollm2-135m".into());
-    let file: String = a.value(&["-f", "--file"], "a text file")?.ok_or_else(|| anyhow::anyhow!("perplexity needs -f FILE"))?;
-    let as_json = a.flag(&["--json"]);
-    let c = token_count(&mut a, &["-c", "--ctx-size"], "a chunk length in tokens", 512)?;
-    // llama.cpp evaluates each chunk as one batch with its tiled attention arithmetic;
-    // keel does the same unless asked for its batch-invariant one-query arithmetic.
-    let invariant = a.flag(&["--batch-invariant"]);
-    let mut opts = run_options(&mut a, 1)?;
-    a.finish()?;
+pub fn main(a: PerplexityArgs) -> Result<()> {
+    let model = a.model.model.clone();
+    let file = a.file.clone();
+    let as_json = a.json;
+    let c = token_count("-c", a.ctx_size)?;
+    let invariant = a.batch_invariant || a.batches == Batches::Invariant;
+    let mut opts = a.run.options(c, 1)?;
     if c < 4 {
         bail!("-c must be at least 4 for perplexity");
     }
@@ -71,15 +106,7 @@ pub fn main(mut a: Args) -> Result<()> {
     }
     let ppl = (nll / count as f64).exp();
     if as_json {
-        let mut o = json::Object::new();
-        o.f64("ppl", ppl).u64("n_chunks", n_chunks as u64).u64("n_ctx", c as u64);
-        o.arr("per_chunk_running", |arr| {
-            for &p in &running {
-                arr.f64(p);
-            }
-        });
-        o.f64("seconds", t0.elapsed().as_secs_f64());
-        o.print();
+        crate::cli::print_json(&PerplexityJson { ppl, n_chunks, n_ctx: c, per_chunk_running: &running, seconds: t0.elapsed().as_secs_f64(), batches: if invariant { "invariant" } else { "llama-cpp" } });
     } else {
         eprintln!();
         println!("perplexity: {ppl:.4} over {n_chunks} chunks of {c} tokens ({:.1} s)", t0.elapsed().as_secs_f64());

@@ -3,9 +3,8 @@
 //! identity, units, memory, ops and the self-test result. A device that fails
 //! its self-test is refused, and the error says which check failed.
 
-use super::args::Args;
 use crate::device::{HexagonSim, SimConfig, KNOWN};
-use crate::json;
+use serde::Serialize;
 use anyhow::{bail, Result};
 use keel_npu_hal::caps::{Arch, Caps, Identity};
 use keel_npu_hal::op::DType;
@@ -49,11 +48,72 @@ fn mib(b: u64) -> String {
 }
 
 /// `keel probe`.
-pub fn main(mut a: Args) -> Result<()> {
-    let as_json = a.flag(&["--json"]);
-    let device: Option<String> = a.value(&["--device", "-d"], "a device name")?;
-    a.finish()?;
-    let Some(device) = device else { bail!("keel probe --device NAME; known: {}", KNOWN.join(", ")) };
+#[derive(clap::Args, Debug)]
+pub struct ProbeArgs {
+    /// The device to open (known: hexagon-sim)
+    #[arg(short = 'd', long = "device", value_name = "NAME")]
+    pub device: Option<String>,
+    /// JSON output
+    #[arg(long = "json")]
+    pub json: bool,
+}
+
+/// `keel probe --json`.
+#[derive(Serialize)]
+struct ProbeJson<'a> {
+    device: &'a str,
+    name: &'a str,
+    identity: IdentityJson,
+    units: UnitsJson,
+    memory: MemoryJson,
+    ops: Vec<&'static str>,
+    matmul_weights: Vec<&'static str>,
+    max_in_flight: u32,
+    max_batch_ops: u32,
+    self_test: SelfTestJson,
+}
+
+#[derive(Serialize)]
+struct IdentityJson {
+    arch: String,
+    arch_version: Option<u8>,
+    firmware_version: String,
+    protocol_version: u32,
+    emulated: bool,
+}
+
+#[derive(Serialize)]
+struct UnitsJson {
+    hvx: &'static str,
+    hvx_contexts: u32,
+    hmx: &'static str,
+    npu: &'static str,
+    npu_cores: u32,
+}
+
+#[derive(Serialize)]
+struct MemoryJson {
+    scratch_bytes: u64,
+    va_budget: u64,
+    buffer_align: u64,
+    buffer_granule: u64,
+    buffer_max: u64,
+}
+
+#[derive(Serialize)]
+struct SelfTestJson {
+    passed: bool,
+    at_start: &'static str,
+    seed: u64,
+    digest: u64,
+    expected: u64,
+    ms: f64,
+}
+
+/// `keel probe`.
+pub fn main(a: ProbeArgs) -> Result<()> {
+    let as_json = a.json;
+    let Some(device) = a.device else { bail!("keel probe --device NAME; known: {}", KNOWN.join(", ")) };
     if device != "hexagon-sim" {
         bail!("unknown device '{device}'; known: {}", KNOWN.join(", "));
     }
@@ -62,40 +122,18 @@ pub fn main(mut a: Args) -> Result<()> {
     let (arch_name, arch_ver) = arch(id);
     let m = &c.memory;
     if as_json {
-        let mut o = json::Object::new();
-        o.str("device", &device).str("name", dev.name());
-        o.obj("identity", |j| {
-            j.str("arch", &arch_name);
-            match arch_ver {
-                Some(v) => j.u64("arch_version", v.into()),
-                None => j.null("arch_version"),
-            };
-            j.str("firmware_version", &version(id.firmware_version)).u64("protocol_version", id.protocol_version.into()).bool("emulated", id.emulated);
+        crate::cli::print_json(&ProbeJson {
+            device: &device,
+            name: dev.name(),
+            identity: IdentityJson { arch: arch_name, arch_version: arch_ver, firmware_version: version(id.firmware_version), protocol_version: id.protocol_version.into(), emulated: id.emulated },
+            units: UnitsJson { hvx: unit(c.units.hvx), hvx_contexts: c.units.hvx_contexts.into(), hmx: unit(c.units.hmx), npu: unit(c.units.npu), npu_cores: c.units.npu_cores.into() },
+            memory: MemoryJson { scratch_bytes: m.scratch_bytes.into(), va_budget: m.va_budget, buffer_align: m.buffers.align.into(), buffer_granule: m.buffers.granule.into(), buffer_max: m.buffers.max_size },
+            ops: ops(c),
+            matmul_weights: weights(c),
+            max_in_flight: c.max_in_flight.into(),
+            max_batch_ops: c.max_batch_ops.into(),
+            self_test: SelfTestJson { passed: st.passed(), at_start: unit(st.at_start), seed: st.seed.into(), digest: st.digest.into(), expected: st.expected.into(), ms: st.elapsed.as_secs_f64() * 1e3 },
         });
-        o.obj("units", |u| {
-            u.str("hvx", unit(c.units.hvx)).u64("hvx_contexts", c.units.hvx_contexts.into()).str("hmx", unit(c.units.hmx));
-            u.str("npu", unit(c.units.npu)).u64("npu_cores", c.units.npu_cores.into());
-        });
-        o.obj("memory", |j| {
-            j.u64("scratch_bytes", m.scratch_bytes.into()).u64("va_budget", m.va_budget);
-            j.u64("buffer_align", m.buffers.align.into()).u64("buffer_granule", m.buffers.granule.into()).u64("buffer_max", m.buffers.max_size);
-        });
-        o.arr("ops", |j| {
-            for n in ops(c) {
-                j.str(n);
-            }
-        });
-        o.arr("matmul_weights", |j| {
-            for n in weights(c) {
-                j.str(n);
-            }
-        });
-        o.u64("max_in_flight", c.max_in_flight.into()).u64("max_batch_ops", c.max_batch_ops.into());
-        o.obj("self_test", |j| {
-            j.bool("passed", st.passed()).str("at_start", unit(st.at_start)).u64("seed", st.seed.into());
-            j.u64("digest", st.digest.into()).u64("expected", st.expected.into()).f64("ms", st.elapsed.as_secs_f64() * 1e3);
-        });
-        o.print();
         return Ok(());
     }
     let ver = arch_ver.map_or(String::new(), |v| format!(" v{v}"));

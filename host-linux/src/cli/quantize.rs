@@ -14,11 +14,10 @@
 //! the input's order. Nothing is written to OUT until the whole file is done
 //! (`gguf_write`).
 
-use super::args::Args;
 use super::common::mib;
 use super::load::open;
 use crate::gguf_write::{encode_kv, GgufWriter, TensorDecl};
-use crate::json;
+use serde::Serialize;
 use crate::progress::Progress;
 use crate::quant_mix::{choose_types, Choice, Mix, ModelFacts, TensorShape, ALL_MIXES};
 use anyhow::{bail, Context, Result};
@@ -189,16 +188,60 @@ fn write_tensor(w: &mut GgufWriter, j: &Job<'_>, threads: usize, bar: &mut Progr
     Ok(())
 }
 
+/// The TYPE help: every mix keel can write, from [`supported_mixes`] (so it cannot drift).
+fn type_help() -> String {
+    format!("The mix, as llama-quantize names it: {}", names(&supported_mixes()))
+}
+
+/// `keel quantize`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Every file keel writes goes to a temp file beside it, renamed on success and removed on error or SIGINT/SIGTERM/SIGHUP. JSON: {\"converted\",\"copied\",\"fallbacks\",\"input_bytes\",\"output_bytes\",...}")]
+pub struct QuantizeArgs {
+    /// The model to convert (a .gguf file or a known name)
+    #[arg(value_name = "IN")]
+    pub input: String,
+    /// The file to write (never IN itself)
+    #[arg(value_name = "OUT")]
+    pub output: String,
+    /// The mix (see the list above).
+    #[arg(value_name = "TYPE", help = type_help())]
+    pub ty: String,
+    /// Convert tensors that are already quantized (from their dequantized values)
+    #[arg(long = "allow-requantize")]
+    pub allow_requantize: bool,
+    /// Threads (1..=256); the file is the same for any -t
+    #[arg(short = 't', long = "threads", value_name = "N", default_value_t = crate::pool::ThreadPool::default_threads())]
+    pub threads: usize,
+    /// JSON output
+    #[arg(long = "json")]
+    pub json: bool,
+}
+
+/// `keel quantize --json`.
+#[derive(Serialize)]
+struct QuantizeJson<'a> {
+    input: String,
+    output: &'a str,
+    #[serde(rename = "type")]
+    ty: &'static str,
+    ftype: u32,
+    n_tensors: usize,
+    converted: usize,
+    copied: usize,
+    fallbacks: usize,
+    input_bytes: u64,
+    output_bytes: u64,
+    seconds: f64,
+    threads: usize,
+    tensor_types: BTreeMap<&'static str, usize>,
+}
+
 /// `keel quantize IN OUT TYPE`.
-pub fn main(mut a: Args) -> Result<()> {
-    let allow_requantize = a.flag(&["--allow-requantize"]);
-    let as_json = a.flag(&["--json"]);
-    let threads = super::common::threads(&mut a)?;
-    let pos = a.positionals();
-    a.finish()?;
-    let [input, output, ty] = &pos[..] else {
-        bail!("usage: keel quantize IN OUT TYPE [--allow-requantize] [-t THREADS] [--json]; TYPE: {}", names(&supported_mixes()));
-    };
+pub fn main(a: QuantizeArgs) -> Result<()> {
+    let allow_requantize = a.allow_requantize;
+    let as_json = a.json;
+    let threads = super::common::threads(a.threads)?;
+    let (input, output, ty) = (&a.input, &a.output, &a.ty);
     let mix = parse_mix(ty)?;
     let start = Instant::now();
     let opened = open(input)?;
@@ -234,16 +277,21 @@ pub fn main(mut a: Args) -> Result<()> {
         *by_type.entry(j.choice.target.name()).or_default() += 1;
     }
     if as_json {
-        let mut o = json::Object::new();
-        o.str("input", &opened.path.display().to_string()).str("output", output).str("type", mix.name()).u64("ftype", mix.ftype() as u64);
-        o.u64("n_tensors", jobs.len() as u64).u64("converted", converted as u64).u64("copied", (jobs.len() - converted) as u64).u64("fallbacks", fallbacks as u64);
-        o.u64("input_bytes", in_bytes).u64("output_bytes", out_bytes).f64("seconds", secs).u64("threads", threads as u64);
-        o.obj("tensor_types", |t| {
-            for (k, n) in &by_type {
-                t.u64(k, *n as u64);
-            }
+        crate::cli::print_json(&QuantizeJson {
+            input: opened.path.display().to_string(),
+            output,
+            ty: mix.name(),
+            ftype: mix.ftype() as u32,
+            n_tensors: jobs.len(),
+            converted,
+            copied: jobs.len() - converted,
+            fallbacks,
+            input_bytes: in_bytes,
+            output_bytes: out_bytes,
+            seconds: secs,
+            threads,
+            tensor_types: by_type.clone(),
         });
-        o.print();
     } else {
         let types: Vec<String> = by_type.iter().map(|(k, n)| format!("{n} {k}")).collect();
         println!(

@@ -1,10 +1,9 @@
 //! `keel run`: generate text from a prompt, streaming it, then report speed and memory.
 
-use super::args::Args;
-use super::common::{chat_prompt, check_finite, mib, prompt, run_options, sampling, tokenize};
+use super::common::{chat_prompt, check_finite, mib, report_random_seed, tokenize, BatchesFlag, CtxFlag, ModelFlag, PromptFlags, RunFlags, SamplingFlags};
 use super::load::{engine, open, prepare};
 use crate::fault::stdout_ok;
-use crate::json;
+use serde::Serialize;
 use anyhow::Result;
 use crate::device::offload::Devices;
 use keel_core::engine::Engine;
@@ -30,30 +29,133 @@ pub struct Generation {
     pub stop: &'static str,
 }
 
+/// `keel run`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Generation stops at the context's end whatever -n says. After load and at exit, a run with --device prints each device's memory (model, context, compute, free, as the device measured it); a run that places nothing on a device says so loudly.")]
+pub struct RunArgs {
+    /// The model (`-m`).
+    #[command(flatten)]
+    pub model: ModelFlag,
+    /// The prompt (`-p`, `-f`, `-e`).
+    #[command(flatten)]
+    pub prompt: PromptFlags,
+    /// Tokens to generate (at most the context's end)
+    #[arg(short = 'n', long = "n-predict", value_name = "N", default_value_t = 128)]
+    pub n_predict: usize,
+    /// The context length (`-c`).
+    #[command(flatten)]
+    pub ctx: CtxFlag,
+    /// The run limits (`-b`, `-t`, `--reference`, `--force-ctx`).
+    #[command(flatten)]
+    pub run: RunFlags,
+    /// The sampling flags.
+    #[command(flatten)]
+    pub sampling: SamplingFlags,
+    /// `--ignore-eos`, `-r`.
+    #[command(flatten)]
+    pub gen: GenFlags,
+    /// Wrap the prompt as one user turn in the model's chat format
+    #[arg(long = "chat")]
+    pub chat: bool,
+    /// System message for --chat (replaces the template's default)
+    #[arg(long = "system", value_name = "TEXT", allow_hyphen_values = true)]
+    pub system: Option<String>,
+    /// `--batches`.
+    #[command(flatten)]
+    pub batches: BatchesFlag,
+    /// Print one JSON object instead of streaming text
+    #[arg(long = "json")]
+    pub json: bool,
+    /// `--device` and the `--offload-*` flags.
+    #[command(flatten)]
+    pub offload: super::offload::OffloadFlags,
+}
+
+/// Generation controls shared by `run` and `chat`: `--ignore-eos`, `-r`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct GenFlags {
+    /// Do not stop at an end-of-generation token: such tokens are never sampled
+    #[arg(long = "ignore-eos")]
+    pub ignore_eos: bool,
+    /// Stop when the generated text ends with TEXT (a stop string; may be given several times)
+    #[arg(short = 'r', long = "reverse-prompt", visible_alias = "stop", value_name = "TEXT", allow_hyphen_values = true, action = clap::ArgAction::Append)]
+    pub reverse_prompt: Vec<String>,
+}
+
+/// Samples the next token; with `--ignore-eos` from the last row with every
+/// end-of-generation token's logit at -inf (`row` is the caller's buffer for that copy).
+pub fn sample(e: &mut Engine<'_>, ignore_eos: bool, row: &mut Vec<f32>) -> u32 {
+    if !ignore_eos {
+        return e.sample();
+    }
+    row.clear();
+    row.extend_from_slice(e.session.last_logits(e.n_vocab()));
+    for &t in e.tokenizer.eog_tokens() {
+        if let Some(v) = row.get_mut(t as usize) {
+            *v = f32::NEG_INFINITY;
+        }
+    }
+    e.sampler.sample(row)
+}
+
+/// The stop string `text` now ends with, if any.
+pub fn stopped_by<'s>(text: &str, stops: &'s [String]) -> Option<&'s str> {
+    stops.iter().find(|s| !s.is_empty() && text.ends_with(s.as_str())).map(String::as_str)
+}
+
+/// `keel run --json`.
+#[derive(Serialize)]
+struct RunJson<'a> {
+    prompt_tokens: &'a [u32],
+    generated: &'a [u32],
+    text: &'a str,
+    prompt_tps: f64,
+    gen_tps: f64,
+    stop: &'a str,
+    seed: u64,
+    batches: &'static str,
+    kernels: &'static str,
+    arena_bytes: u64,
+    peak_rss_bytes: u64,
+    offloaded_weights: u64,
+    matrix_weights: u64,
+    device_batches: u64,
+    device_batches_per_token: f64,
+    offload_mode: &'static str,
+    device_layers: u64,
+    device_forward: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    placement_warning: Option<&'static str>,
+    memory_breakdown: Vec<super::offload::BreakdownJson>,
+    /// host-wasi's fields: `tokens` (the prompt's ids) and the logits digests.
+    tokens: &'a [u32],
+    logits_sha256: String,
+    row_sha256: Vec<String>,
+}
+
 /// Runs the subcommand.
-pub fn main(mut a: Args) -> Result<()> {
-    let model = a.value::<String>(&["-m", "--model"], "a model file or name")?.unwrap_or_else(|| "smollm2-135m".into());
-    let n_predict = a.value_or(&["-n", "--n-predict"], "a token count", 128usize)?;
-    let opts = run_options(&mut a, 1)?;
-    let text = prompt(&mut a, opts.n_ctx)?;
+pub fn main(a: RunArgs) -> Result<()> {
+    let opts = a.run.options(a.ctx.ctx_size, 1)?;
+    let text = a.prompt.text(opts.n_ctx)?;
     // Generation stops at the context's end anyway: a larger -n means "until then".
-    let n_predict = n_predict.min(opts.n_ctx);
-    let sampling = sampling(&mut a)?;
-    let chat = a.flag(&["--chat"]);
-    let system: Option<String> = a.value(&["--system"], "a system message")?;
-    let as_json = a.flag(&["--json"]);
-    let offload = super::offload::OffloadOptions::parse(&mut a)?;
-    a.finish()?;
+    let n_predict = a.n_predict.min(opts.n_ctx);
+    let (sampling, random_seed) = a.sampling.config()?;
+    let chat = a.chat;
+    if a.system.is_some() && !chat {
+        anyhow::bail!("--system needs --chat");
+    }
+    let system = a.system.clone().map(|s| a.prompt.escaped(s));
+    let stops: Vec<String> = a.gen.reverse_prompt.iter().map(|s| a.prompt.escaped(s.clone())).collect();
+    let as_json = a.json;
+    let offload = super::offload::OffloadOptions::from_flags(&a.offload)?;
     let mut devices = offload.open()?;
 
-    let opened = open(&model)?;
+    let opened = open(&a.model.model)?;
     let g = opened.gguf()?;
     let mut loaded = prepare(&g, &opened.path, &opts)?;
     let arena_bytes = loaded.arena.len();
     let (mut e, pool) = engine(&g, &opened.path, &mut loaded, opts.reference, sampling)?;
-    if system.is_some() && !chat {
-        anyhow::bail!("--system needs --chat");
-    }
+    e.session.set_llama_cpp_batches(a.batches.batches.llama_cpp());
     let prompt_tokens = if chat {
         chat_prompt(&g, &opened.path, system.as_deref(), &text)?.tokenize(&e.tokenizer, true, opts.n_ctx)?
     } else {
@@ -71,6 +173,7 @@ pub fn main(mut a: Args) -> Result<()> {
     if prompt_tokens.is_empty() {
         anyhow::bail!("the prompt is empty after tokenization");
     }
+    report_random_seed(&sampling, random_seed);
 
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -80,6 +183,7 @@ pub fn main(mut a: Args) -> Result<()> {
     let mut text_out = String::with_capacity(n_predict * 8);
     // With --json: digests of every row a token is chosen from (see logits_digest.rs).
     let mut digest = as_json.then(super::logits_digest::LogitsDigest::default);
+    let mut row = Vec::new();
 
     let t0 = Instant::now();
     step(&mut e, &prompt_tokens, pool, use_devices, &placement, &mut devices)?;
@@ -93,7 +197,7 @@ pub fn main(mut a: Args) -> Result<()> {
         if let Some(d) = digest.as_mut() {
             d.row(e.session.last_logits(e.n_vocab()));
         }
-        let tok = e.sample();
+        let tok = sample(&mut e, a.gen.ignore_eos, &mut row);
         if e.tokenizer.is_eog(tok) {
             stop = "end of generation";
             break;
@@ -107,6 +211,10 @@ pub fn main(mut a: Args) -> Result<()> {
                 let _ = stdout_ok(out.write_all(s.as_bytes()).and_then(|_| out.flush()));
             }
         });
+        if !stops.is_empty() && stopped_by(&text_out, &stops).is_some() {
+            stop = "stop string";
+            break;
+        }
         if e.session.n_past() >= e.session.n_ctx() {
             stop = "context full";
             break;
@@ -135,41 +243,33 @@ pub fn main(mut a: Args) -> Result<()> {
     let host = super::offload::host_breakdown(&e, Some(&placement));
     let breakdown = devices.breakdown();
     if as_json {
-        let mut o = json::Object::new();
-        o.arr("prompt_tokens", |arr| {
-            for &t in &g.prompt_tokens {
-                arr.u64(t as u64);
-            }
-        });
-        o.arr("generated", |arr| {
-            for &t in &g.generated {
-                arr.u64(t as u64);
-            }
-        });
-        o.str("text", &g.text).f64("prompt_tps", g.prompt_tps).f64("gen_tps", g.gen_tps).str("stop", g.stop);
-        o.str("kernels", e.session.kernels().name());
-        o.u64("arena_bytes", arena_bytes as u64).u64("peak_rss_bytes", peak);
-        o.u64("offloaded_weights", placement.n_on_devices() as u64).u64("matrix_weights", placement.decisions().len() as u64);
-        o.u64("device_batches", devices.batches()).f64("device_batches_per_token", per_token);
-        o.str("offload_mode", super::offload::mode_name(offload.policy.mode)).u64("device_layers", super::offload::whole_layers(&placement, e.model.layers.len()) as u64);
-        o.bool("device_forward", placement.forward_device(1).is_some());
-        if use_devices && placement.n_on_devices() == 0 {
-            o.str("placement_warning", "devices were given but nothing was placed on them: every op ran on the CPU");
-        }
-        super::offload::breakdown_json(&mut o, "memory_breakdown", &breakdown, host);
-        // host-wasi's fields: `tokens` (the prompt's ids) and the logits digests.
         let (all, rows) = digest.unwrap_or_default().finish();
-        o.arr("tokens", |arr| {
-            for &t in &g.prompt_tokens {
-                arr.u64(t as u64);
-            }
-        });
-        o.str("logits_sha256", &all).arr("row_sha256", |arr| {
-            for r in &rows {
-                arr.str(r);
-            }
-        });
-        o.print();
+        let j = RunJson {
+            prompt_tokens: &g.prompt_tokens,
+            generated: &g.generated,
+            text: &g.text,
+            prompt_tps: g.prompt_tps,
+            gen_tps: g.gen_tps,
+            stop: g.stop,
+            seed: sampling.seed,
+            batches: if a.batches.batches.llama_cpp() { "llama-cpp" } else { "invariant" },
+            kernels: e.session.kernels().name(),
+            arena_bytes: arena_bytes as u64,
+            peak_rss_bytes: peak,
+            offloaded_weights: placement.n_on_devices() as u64,
+            matrix_weights: placement.decisions().len() as u64,
+            device_batches: devices.batches(),
+            device_batches_per_token: per_token,
+            offload_mode: super::offload::mode_name(offload.policy.mode),
+            device_layers: super::offload::whole_layers(&placement, e.model.layers.len()) as u64,
+            device_forward: placement.forward_device(1).is_some(),
+            placement_warning: (use_devices && placement.n_on_devices() == 0).then_some("devices were given but nothing was placed on them: every op ran on the CPU"),
+            memory_breakdown: super::offload::breakdown_json(&breakdown, host),
+            tokens: &g.prompt_tokens,
+            logits_sha256: all,
+            row_sha256: rows,
+        };
+        crate::cli::print_json(&j);
     } else {
         let _ = stdout_ok(writeln!(out).and_then(|_| out.flush()));
         drop(out);
