@@ -68,3 +68,58 @@ fn chat_appends_turns_and_reports_a_full_context() {
     assert_eq!(replies.len(), 3, "{replies:?}");
     assert_eq!(replies[0], replies[2]);
 }
+
+/// Ctrl-C (SIGINT) while a reply streams ends the reply, not keel: the conversation goes on.
+/// `/help` lists the commands; each reply is followed by its speed.
+#[test]
+fn ctrl_c_interrupts_the_reply_not_the_chat() {
+    use std::io::Read;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["chat", "-m", model().to_str().unwrap(), "-c", "4096", "-n", "4000", "--ignore-eos", "-s", "1", "-t", "1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"/help\nHello\n").unwrap();
+    stdin.flush().unwrap();
+    // The reply has begun (4000 tokens: seconds of work): interrupt it.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).unwrap();
+    // SAFETY: signals our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    stdin.write_all(b"/quit\n").unwrap();
+    drop(stdin);
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "keel chat should end normally after Ctrl-C and /quit: {:?}\n{err}", out.status);
+    assert!(err.contains("(reply interrupted)"), "{err}");
+    assert!(err.contains("/reset start a new conversation"), "/help lists the commands: {err}");
+    assert!(err.contains("t/s; context"), "the reply's speed is printed: {err}");
+}
+
+/// A model without a chat template gets a warning for `--chat` (usually a base model).
+#[test]
+fn chat_without_a_template_warns() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("chat-no-template");
+    std::fs::create_dir_all(&dir).unwrap();
+    let m = dir.join("synth-gemma3-no-template.gguf");
+    // The synthetic Gemma 3 with its tokenizer.chat_template key renamed (same length, so
+    // the file stays valid): the architecture's default format applies.
+    let mut bytes = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/synth/synth-gemma3-q8_0.gguf")).unwrap();
+    let key = b"tokenizer.chat_template";
+    let at = bytes.windows(key.len()).position(|w| w == key).expect("the synthetic Gemma 3 has a template key");
+    bytes[at] = b'X';
+    std::fs::write(&m, bytes).unwrap();
+    let out = keel(&["run", "-m", m.to_str().unwrap(), "--chat", "-p", "Hi", "-n", "1", "--temp", "0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("warning") && err.contains("has no chat template") && err.contains("not instruction-tuned"), "{err}");
+    // SmolLM2's synthetic copy has its template: no warning.
+    let out = keel(&["run", "-m", model().to_str().unwrap(), "--chat", "-p", "Hi", "-n", "1", "--temp", "0"]);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("no chat template"));
+}

@@ -24,20 +24,26 @@ pub fn models_dir() -> PathBuf {
     }
 }
 
-/// The bytes of a cached model, or `None` (after a loud SKIPPED line) when it is absent.
+/// The path of a cached model, or `None` (after a loud SKIPPED line) when it is absent.
 /// With `KEEL_REQUIRE_MODELS=1` (as in CI) a missing model fails the test instead.
-pub fn model_bytes(file: &str, pull_name: &str) -> Option<Vec<u8>> {
+pub fn model_path(file: &str, pull_name: &str) -> Option<PathBuf> {
     let p = models_dir().join(file);
-    match std::fs::read(&p) {
-        Ok(b) => Some(b),
-        Err(_) if std::env::var("KEEL_REQUIRE_MODELS").as_deref() == Ok("1") => {
+    match p.is_file() {
+        true => Some(p),
+        false if std::env::var("KEEL_REQUIRE_MODELS").as_deref() == Ok("1") => {
             panic!("model {} not found and KEEL_REQUIRE_MODELS=1; run `keel pull {pull_name}`", p.display())
         }
-        Err(_) => {
+        false => {
             eprintln!("SKIPPED: model {} not found; run `keel pull {pull_name}`", p.display());
             None
         }
     }
+}
+
+/// The bytes of a cached model ([`model_path`]'s rules when it is absent).
+pub fn model_bytes(file: &str, pull_name: &str) -> Option<Vec<u8>> {
+    let p = model_path(file, pull_name)?;
+    Some(std::fs::read(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display())))
 }
 
 /// SmolLM2-135M Q4_1 (the default model).
@@ -47,7 +53,15 @@ pub fn smollm2() -> Option<Vec<u8>> {
 
 /// Gemma 3 270M Q4_K_M.
 pub fn gemma3() -> Option<Vec<u8>> {
-    model_bytes("gemma-3-270m-q4_k_m.gguf", "gemma3-270m")
+    model_bytes(GEMMA3_FILE, "gemma3-270m")
+}
+
+/// The file name of Gemma 3 270M Q4_K_M in the models directory.
+pub const GEMMA3_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
+
+/// The path of Gemma 3 270M Q4_K_M (for tests that run the `keel` binary on it).
+pub fn gemma3_path() -> Option<PathBuf> {
+    model_path(GEMMA3_FILE, "gemma3-270m")
 }
 
 /// The path of `path` under `tests/golden/`.

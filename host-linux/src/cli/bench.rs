@@ -5,7 +5,7 @@
 //! no speed printed: the command fails instead (a benchmark that never looks at its
 //! output can report any speed for zeros).
 
-use super::common::{BatchesFlag, CtxFlag, ModelFlag, RunFlags, MAX_TOKENS};
+use super::common::{ModelFlag, EvalFlags, MAX_TOKENS};
 use super::load::{arena_beyond_memory, engine, open, prepare, training_context};
 use serde::Serialize;
 use anyhow::{bail, Result};
@@ -105,15 +105,9 @@ pub struct BenchArgs {
     /// JSON output
     #[arg(long = "json")]
     pub json: bool,
-    /// The context length (`-c`).
+    /// `-c`, the run limits, `--batches`.
     #[command(flatten)]
-    pub ctx: CtxFlag,
-    /// The run limits (`-b`, `-t`, `--reference`, `--force-ctx`).
-    #[command(flatten)]
-    pub run: RunFlags,
-    /// `--batches`.
-    #[command(flatten)]
-    pub batches: BatchesFlag,
+    pub eval: EvalFlags,
 }
 
 /// One test in `bench --json`.
@@ -149,7 +143,7 @@ pub fn main(a: BenchArgs) -> Result<()> {
             bail!("{flag} {n}: the context would need more than {MAX_TOKENS} tokens; use a smaller {flag}");
         }
     }
-    let mut opts = a.run.options(a.ctx.ctx_size, 1)?;
+    let mut opts = a.eval.options(1)?;
     if reps == 0 || (n_prompt == 0 && n_gen == 0) {
         bail!("nothing to measure: -r must be >= 1 and -p or -n > 0");
     }
@@ -178,7 +172,7 @@ pub fn main(a: BenchArgs) -> Result<()> {
     }
     let mut loaded = prepare(&g, &opened.path, &opts)?;
     let (mut e, pool) = engine(&g, &opened.path, &mut loaded, opts.reference, SamplerConfig { temp: 0.0, ..Default::default() })?;
-    e.session.set_llama_cpp_batches(a.batches.batches.llama_cpp());
+    e.session.set_llama_cpp_batches(a.eval.llama_cpp());
     let toks = prompt_tokens(n_prompt.max(1), e.n_vocab());
 
     // Warm-up: a short prompt and a few generated tokens, not measured.
@@ -229,7 +223,7 @@ pub fn main(a: BenchArgs) -> Result<()> {
                 sd: m.sd(),
                 threads: opts.threads,
                 repetitions: reps,
-                batches: if a.batches.batches.llama_cpp() { "llama-cpp" } else { "invariant" },
+                batches: if a.eval.llama_cpp() { "llama-cpp" } else { "invariant" },
                 bound: bound.filter(|_| m.test.starts_with("tg")).map(|(bw, bytes, tps_max)| BoundJson {
                     read_bytes_per_s: bw,
                     bytes_per_token: bytes.total(),

@@ -10,9 +10,9 @@
 //! kept in memory only) and Ctrl-C interrupts the reply being generated, not the program
 //! (at the prompt it clears the line). From a pipe, lines are read as they come.
 
-use super::common::{chat_format, check_finite, report_random_seed, BatchesFlag, CtxFlag, ModelFlag, RunFlags, SamplingFlags, ChatText};
+use super::common::{chat_format, check_finite, report_random_seed, ModelFlag, EvalFlags, SamplingFlags, ChatText};
 use super::load::{engine, open, prepare};
-use super::run::{sample, stopped_by, GenFlags};
+use super::run::{sample, stop_found, GenFlags};
 use crate::fault::stdout_ok;
 use anyhow::Result;
 use keel_core::session::Outputs;
@@ -37,21 +37,15 @@ pub struct ChatArgs {
     /// Process escapes (\n \t \\ \xHH ...) in --system and -r, as llama.cpp's -e
     #[arg(short = 'e', long = "escape")]
     pub escape: bool,
-    /// The context length (`-c`).
+    /// `-c`, the run limits, `--batches`.
     #[command(flatten)]
-    pub ctx: CtxFlag,
-    /// The run limits (`-b`, `-t`, `--reference`, `--force-ctx`).
-    #[command(flatten)]
-    pub run: RunFlags,
+    pub eval: EvalFlags,
     /// The sampling flags.
     #[command(flatten)]
     pub sampling: SamplingFlags,
     /// `--ignore-eos`, `-r`.
     #[command(flatten)]
     pub gen: GenFlags,
-    /// `--batches`.
-    #[command(flatten)]
-    pub batches: BatchesFlag,
 }
 
 const HELP: &str = "commands: /help this list, /reset start a new conversation (the context is emptied), /quit or /exit (or Ctrl-D) end; Ctrl-C interrupts a reply";
@@ -151,7 +145,7 @@ pub fn main(a: ChatArgs) -> Result<()> {
     let system: Option<String> = a.system.as_ref().map(esc);
     let stops: Vec<String> = a.gen.reverse_prompt.iter().map(esc).collect();
     let n_predict = a.n_predict;
-    let opts = a.run.options(a.ctx.ctx_size, 1)?;
+    let opts = a.eval.options(1)?;
     let (sampling, random_seed) = a.sampling.config()?;
 
     let opened = open(&a.model.model)?;
@@ -159,7 +153,7 @@ pub fn main(a: ChatArgs) -> Result<()> {
     let format = chat_format(&g, &opened.path)?;
     let mut loaded = prepare(&g, &opened.path, &opts)?;
     let (mut e, pool) = engine(&g, &opened.path, &mut loaded, opts.reference, sampling)?;
-    e.session.set_llama_cpp_batches(a.batches.batches.llama_cpp());
+    e.session.set_llama_cpp_batches(a.eval.llama_cpp());
     let n_ctx = e.session.n_ctx();
     eprintln!("keel chat: {} ({} format), context {n_ctx} tokens. /help lists the commands, /reset starts over, /quit ends.", opened.path.display(), format.name());
     report_random_seed(&sampling, random_seed);
@@ -221,6 +215,8 @@ pub fn main(a: ChatArgs) -> Result<()> {
             }
             continue;
         }
+        // From here to the end of the reply, Ctrl-C interrupts the reply, not keel.
+        let sigint = SigintToReply::install();
         e.eval(&toks, Outputs::Last, pool)?;
         first = false;
         let t0 = Instant::now();
@@ -229,7 +225,6 @@ pub fn main(a: ChatArgs) -> Result<()> {
         let mut reply = String::new();
         let mut ended = false;
         let mut n_reply = 0usize;
-        let sigint = SigintToReply::install();
         let mut interrupted = false;
         for i in 0..n_predict {
             check_finite(e.session.last_logits(e.n_vocab()), e.session.first_non_finite(), || format!("reply token {}", i + 1))?;
@@ -243,6 +238,7 @@ pub fn main(a: ChatArgs) -> Result<()> {
                 break;
             }
             n_reply += 1;
+            let checked = reply.len();
             let n = e.tokenizer.piece(tok, false, &mut piece).unwrap_or(0);
             stream.push(&piece[..n], |s: &str| {
                 reply.push_str(s);
@@ -252,7 +248,7 @@ pub fn main(a: ChatArgs) -> Result<()> {
                 break;
             }
             e.eval(&[tok], Outputs::Last, pool)?;
-            if !stops.is_empty() && stopped_by(&reply, &stops).is_some() {
+            if stop_found(&reply, checked, &stops) {
                 ended = true;
                 break;
             }

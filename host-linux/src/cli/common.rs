@@ -68,6 +68,32 @@ pub struct BatchesFlag {
     pub batches: Batches,
 }
 
+/// What every command that evaluates takes: `-c`, the run limits, `--batches`.
+#[derive(Args, Debug, Clone)]
+pub struct EvalFlags {
+    /// `-c`.
+    #[command(flatten)]
+    pub ctx: CtxFlag,
+    /// `-b`, `-t`, `--reference`, `--force-ctx`.
+    #[command(flatten)]
+    pub run: RunFlags,
+    /// `--batches`.
+    #[command(flatten)]
+    pub batches: BatchesFlag,
+}
+
+impl EvalFlags {
+    /// The run limits (checked) for `n_outputs` logits rows per evaluation.
+    pub fn options(&self, n_outputs: usize) -> Result<RunOptions> {
+        self.run.options(self.ctx.ctx_size, n_outputs)
+    }
+
+    /// True for `--batches llama-cpp`.
+    pub fn llama_cpp(&self) -> bool {
+        self.batches.batches.llama_cpp()
+    }
+}
+
 /// `-p TEXT | -f FILE`, `-e`.
 #[derive(Args, Debug, Clone)]
 pub struct PromptFlags {
@@ -77,7 +103,7 @@ pub struct PromptFlags {
     /// Read the prompt from FILE (- reads standard input); at most 16 bytes per -c token + 64 KiB
     #[arg(short = 'f', long = "file", value_name = "FILE")]
     pub file: Option<String>,
-    /// Process escapes (\n \r \t \\ \" \' \xHH) in the prompt, --system and -r, as llama.cpp's -e
+    /// Process escapes (\\n \\r \\t \\\\ \\" \\' \\xHH) in the text given (prompt; for run also the system message and stop strings), as llama.cpp's -e
     #[arg(short = 'e', long = "escape")]
     pub escape: bool,
 }

@@ -1,7 +1,7 @@
 //! `keel eval`: evaluate a prompt in one batch and print, per position, the log-sum-exp
 //! and the top logits; optionally dump the last row.
 
-use super::common::{check_finite, prompt_file_limit, read_text_limited, tokenize, BatchesFlag, CtxFlag, ModelFlag, PromptFlags, RunFlags};
+use super::common::{check_finite, prompt_file_limit, read_text_limited, tokenize, ModelFlag, PromptFlags, EvalFlags};
 use super::load::{engine, open, prepare};
 use serde::Serialize;
 use anyhow::{bail, Context, Result};
@@ -30,15 +30,9 @@ pub struct EvalArgs {
     /// JSON output (the only output eval has; accepted for scripts that pass it)
     #[arg(long = "json")]
     pub json: bool,
-    /// The context length (`-c`).
+    /// `-c`, the run limits, `--batches`.
     #[command(flatten)]
-    pub ctx: CtxFlag,
-    /// The run limits (`-b`, `-t`, `--reference`, `--force-ctx`).
-    #[command(flatten)]
-    pub run: RunFlags,
-    /// `--batches`.
-    #[command(flatten)]
-    pub batches: BatchesFlag,
+    pub eval: EvalFlags,
 }
 
 /// `keel eval`'s output.
@@ -61,7 +55,7 @@ pub fn main(a: EvalArgs) -> Result<()> {
     let tokens_file = a.tokens_file.clone();
     let top_k = a.top_k;
     let dump = a.dump_last.clone();
-    let mut opts = a.run.options(a.ctx.ctx_size, 1)?;
+    let mut opts = a.eval.options(1)?;
     let text = if tokens_file.is_none() { Some(a.prompt.text(opts.n_ctx)?) } else { None };
     let opened = open(&model)?;
     if let Some(d) = &dump {
@@ -81,7 +75,7 @@ pub fn main(a: EvalArgs) -> Result<()> {
     opts.n_outputs = upper.clamp(1, opts.n_ctx);
     let mut loaded = prepare(&g, &opened.path, &opts)?;
     let (mut e, pool) = engine(&g, &opened.path, &mut loaded, opts.reference, SamplerConfig::default())?;
-    e.session.set_llama_cpp_batches(a.batches.batches.llama_cpp());
+    e.session.set_llama_cpp_batches(a.eval.llama_cpp());
     let ids = match (ids_from_file, &text) {
         (Some(v), _) => v,
         (None, Some(t)) => tokenize(&e.tokenizer, t, true, true, opts.n_ctx)?,

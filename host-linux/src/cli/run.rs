@@ -1,6 +1,6 @@
 //! `keel run`: generate text from a prompt, streaming it, then report speed and memory.
 
-use super::common::{chat_prompt, check_finite, mib, report_random_seed, tokenize, BatchesFlag, CtxFlag, ModelFlag, PromptFlags, RunFlags, SamplingFlags};
+use super::common::{chat_prompt, check_finite, mib, report_random_seed, tokenize, ModelFlag, PromptFlags, EvalFlags, SamplingFlags};
 use super::load::{engine, open, prepare};
 use crate::fault::stdout_ok;
 use serde::Serialize;
@@ -42,12 +42,9 @@ pub struct RunArgs {
     /// Tokens to generate (at most the context's end)
     #[arg(short = 'n', long = "n-predict", value_name = "N", default_value_t = 128)]
     pub n_predict: usize,
-    /// The context length (`-c`).
+    /// `-c`, the run limits, `--batches`.
     #[command(flatten)]
-    pub ctx: CtxFlag,
-    /// The run limits (`-b`, `-t`, `--reference`, `--force-ctx`).
-    #[command(flatten)]
-    pub run: RunFlags,
+    pub eval: EvalFlags,
     /// The sampling flags.
     #[command(flatten)]
     pub sampling: SamplingFlags,
@@ -60,9 +57,6 @@ pub struct RunArgs {
     /// System message for --chat (replaces the template's default)
     #[arg(long = "system", value_name = "TEXT", allow_hyphen_values = true)]
     pub system: Option<String>,
-    /// `--batches`.
-    #[command(flatten)]
-    pub batches: BatchesFlag,
     /// Print one JSON object instead of streaming text
     #[arg(long = "json")]
     pub json: bool,
@@ -98,9 +92,15 @@ pub fn sample(e: &mut Engine<'_>, ignore_eos: bool, row: &mut Vec<f32>) -> u32 {
     e.sampler.sample(row)
 }
 
-/// The stop string `text` now ends with, if any.
-pub fn stopped_by<'s>(text: &str, stops: &'s [String]) -> Option<&'s str> {
-    stops.iter().find(|s| !s.is_empty() && text.ends_with(s.as_str())).map(String::as_str)
+/// True if one of `stops` occurs in `text` ending after byte `from` (the text before
+/// `from` was checked already): a stop string found inside the last token's text counts,
+/// as in llama.cpp's reverse prompts.
+pub fn stop_found(text: &str, from: usize, stops: &[String]) -> bool {
+    let t = text.as_bytes();
+    stops.iter().filter(|s| !s.is_empty()).any(|s| {
+        let start = (from + 1).saturating_sub(s.len());
+        t.get(start..).is_some_and(|tail| tail.windows(s.len()).any(|w| w == s.as_bytes()))
+    })
 }
 
 /// `keel run --json`.
@@ -135,7 +135,7 @@ struct RunJson<'a> {
 
 /// Runs the subcommand.
 pub fn main(a: RunArgs) -> Result<()> {
-    let opts = a.run.options(a.ctx.ctx_size, 1)?;
+    let opts = a.eval.options(1)?;
     let text = a.prompt.text(opts.n_ctx)?;
     // Generation stops at the context's end anyway: a larger -n means "until then".
     let n_predict = a.n_predict.min(opts.n_ctx);
@@ -155,7 +155,7 @@ pub fn main(a: RunArgs) -> Result<()> {
     let mut loaded = prepare(&g, &opened.path, &opts)?;
     let arena_bytes = loaded.arena.len();
     let (mut e, pool) = engine(&g, &opened.path, &mut loaded, opts.reference, sampling)?;
-    e.session.set_llama_cpp_batches(a.batches.batches.llama_cpp());
+    e.session.set_llama_cpp_batches(a.eval.llama_cpp());
     let prompt_tokens = if chat {
         chat_prompt(&g, &opened.path, system.as_deref(), &text)?.tokenize(&e.tokenizer, true, opts.n_ctx)?
     } else {
@@ -203,6 +203,7 @@ pub fn main(a: RunArgs) -> Result<()> {
             break;
         }
         generated.push(tok);
+        let checked = text_out.len();
         let n = e.tokenizer.piece(tok, true, &mut piece).unwrap_or(0);
         stream.push(&piece[..n], |s: &str| {
             text_out.push_str(s);
@@ -211,7 +212,7 @@ pub fn main(a: RunArgs) -> Result<()> {
                 let _ = stdout_ok(out.write_all(s.as_bytes()).and_then(|_| out.flush()));
             }
         });
-        if !stops.is_empty() && stopped_by(&text_out, &stops).is_some() {
+        if stop_found(&text_out, checked, &stops) {
             stop = "stop string";
             break;
         }
@@ -252,7 +253,7 @@ pub fn main(a: RunArgs) -> Result<()> {
             gen_tps: g.gen_tps,
             stop: g.stop,
             seed: sampling.seed,
-            batches: if a.batches.batches.llama_cpp() { "llama-cpp" } else { "invariant" },
+            batches: if a.eval.llama_cpp() { "llama-cpp" } else { "invariant" },
             kernels: e.session.kernels().name(),
             arena_bytes: arena_bytes as u64,
             peak_rss_bytes: peak,
