@@ -100,7 +100,7 @@ fn info_json_has_typed_hyper_parameters() {
     assert_eq!(hp["rms_eps"], 1e-5);
     assert_eq!(v["metadata"]["llama.block_count"], 4);
     assert_eq!(v["metadata"]["llama.attention.layer_norm_rms_epsilon"], 1e-5);
-    assert_eq!(v["metadata"]["tokenizer.ggml.tokens"]["array"], "str");
+    assert_eq!(v["metadata"]["tokenizer.ggml.tokens"]["array"], "string");
 }
 
 #[test]

@@ -75,7 +75,7 @@ fn every_command_help_lists_every_flag_it_accepts() {
             assert!(names(&help, f), "keel {name} --help does not mention {f}:\n{help}");
         }
         for p in &positionals {
-            assert!(help.contains(&format!("<{p}>")), "keel {name} --help does not show <{p}>:\n{help}");
+            assert!(help.contains(&format!("<{p}>")) || help.contains(&format!("[{p}]")), "keel {name} --help does not show <{p}>:\n{help}");
         }
         // Every flag the help names is one the command accepts (or help/version, or a
         // flag quoted in prose that names another command's: none today).
@@ -85,7 +85,8 @@ fn every_command_help_lists_every_flag_it_accepts() {
         // Defaults are shown for the flags that have them.
         for a in cmd.get_arguments().filter(|a| !a.get_default_values().is_empty() && !a.is_positional()) {
             let d = a.get_default_values()[0].to_string_lossy().into_owned();
-            assert!(help.contains(&format!("[default: {d}]")), "keel {name} --help does not show --{:?}'s default {d}:\n{help}", a.get_long());
+            let flat = help.split_whitespace().collect::<Vec<_>>().join(" ");
+            assert!(flat.contains(&format!("[default: {d}]")), "keel {name} --help does not show --{:?}'s default {d}:\n{help}", a.get_long());
         }
         let out = keel(&["help", name]);
         assert_eq!(String::from_utf8_lossy(&out.stdout), help, "keel help {name} differs from keel {name} --help");
@@ -117,11 +118,12 @@ fn the_readme_command_table_matches_the_parser() {
         for f in &named {
             assert!(accepted(&flags, f), "README row of `keel {name}` names {f}, which keel {name} does not accept: {row}");
         }
-        // Every long flag (its first spelling) is in the row, directly or by a family.
+        // Every flag is in the row by one of its spellings, or by a family (`--offload-*`).
         for a in cmd.get_arguments().filter(|a| !a.is_positional()) {
-            let Some(long) = a.get_long() else { continue };
-            let long = format!("--{long}");
-            assert!(named.contains(&long) || prefixes.iter().any(|p| long.starts_with(p.as_str())), "README row of `keel {name}` does not name {long}: {row}");
+            let mut spelled: Vec<String> = a.get_short_and_visible_aliases().unwrap_or_default().iter().map(|s| format!("-{s}")).collect();
+            spelled.extend(a.get_long_and_visible_aliases().unwrap_or_default().iter().map(|l| format!("--{l}")));
+            let found = spelled.iter().any(|f| named.contains(f) || prefixes.iter().any(|p| f.starts_with(p.as_str())));
+            assert!(found, "README row of `keel {name}` does not name any of {spelled:?}: {row}");
         }
     }
 }

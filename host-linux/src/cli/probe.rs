@@ -50,7 +50,7 @@ fn mib(b: u64) -> String {
 /// `keel probe`.
 #[derive(clap::Args, Debug)]
 pub struct ProbeArgs {
-    /// The device to open (known: hexagon-sim)
+    /// The device to open (known: hexagon-sim); llama.cpp's -dev is read as --device
     #[arg(short = 'd', long = "device", value_name = "NAME")]
     pub device: Option<String>,
     /// JSON output
