@@ -68,3 +68,31 @@ pub fn refuse_repeats(cmd: &clap::Command, argv: &[String]) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn repeats_are_named_as_typed() {
+        let cmd = crate::cli::command();
+        let e = refuse_repeats(&cmd, &argv("run -n 1 --json -n 2")).unwrap_err();
+        assert_eq!(e.to_string(), "-n given twice; give it once");
+        let e = refuse_repeats(&cmd, &argv("run --json -p x --json")).unwrap_err();
+        assert_eq!(e.to_string(), "--json given twice; give it once");
+        // -n and --n-predict are one flag; a value that looks like a flag is a value.
+        assert!(refuse_repeats(&cmd, &argv("run -n 1 --n-predict=2")).is_err());
+        refuse_repeats(&cmd, &argv("run -p -n -n 3")).unwrap();
+        // -r (stop strings) may repeat.
+        refuse_repeats(&cmd, &argv("run -r a -r b")).unwrap();
+    }
+
+    #[test]
+    fn llama_cpp_spellings_become_long_flags() {
+        assert_eq!(llama_spellings(argv("run -ngl 3 -dev hexagon-sim")), argv("run --n-gpu-layers 3 --device hexagon-sim"));
+    }
+}

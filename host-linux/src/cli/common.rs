@@ -413,3 +413,15 @@ pub fn check_finite(row: &[f32], origin: Option<NonFinite>, step: impl FnOnce() 
 pub fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::process_escapes;
+
+    #[test]
+    fn escapes_as_llama_cpp_reads_them() {
+        assert_eq!(process_escapes(r"a\nb\tc\\d\'e\x41\q"), "a\nb\tc\\d'eA\\q");
+        assert_eq!(process_escapes(r"end\"), "end\\");
+        assert_eq!(process_escapes(r"\x4"), "\\x4");
+    }
+}

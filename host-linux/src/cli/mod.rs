@@ -35,35 +35,67 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Every subcommand, each with its module's argument struct.
-#[derive(Subcommand, Debug)]
-pub enum Command {
+/// Declares [`Command`] and [`dispatch`] from one list: a command is one line,
+/// `Name(its Args struct) => its main,` with its one-line help as a doc comment (e.g.
+/// `Serve(crate::serve::ServeArgs) => crate::serve::main,`).
+macro_rules! commands {
+    ($($(#[doc = $doc:literal])* $name:ident($args:ty) => $main:path,)*) => {
+        /// Every subcommand, each with its module's argument struct.
+        #[derive(Subcommand, Debug)]
+        pub enum Command {
+            $($(#[doc = $doc])* $name($args),)*
+        }
+
+        /// Runs one parsed command.
+        pub fn dispatch(cmd: Command) -> Result<()> {
+            match cmd {
+                $(Command::$name(a) => $main(a),)*
+            }
+        }
+    };
+}
+
+commands! {
     /// Generate text from a prompt, streaming it; then prompt/generation speed, arena and peak RSS
-    Run(run::RunArgs),
+    Run(run::RunArgs) => run::main,
     /// Interactive conversation in the model's chat format (line editing, history; /help)
-    Chat(chat::ChatArgs),
+    Chat(chat::ChatArgs) => chat::main,
     /// Text to token ids
-    Tokenize(tokenize::TokenizeArgs),
+    Tokenize(tokenize::TokenizeArgs) => tokenize::main,
     /// Evaluate a prompt in one batch: per position the log-sum-exp and the top logits (JSON)
-    Eval(eval::EvalArgs),
+    Eval(eval::EvalArgs) => eval::main,
     /// Perplexity of a text by llama.cpp's method
-    Perplexity(perplexity::PerplexityArgs),
+    Perplexity(perplexity::PerplexityArgs) => perplexity::main,
     /// What a model file holds: metadata, tensors by type, hyper-parameters
-    Info(info::InfoArgs),
+    Info(info::InfoArgs) => info::info,
     /// The arena a model needs, region by region (or, with --placement, where each op runs)
-    Plan(info::PlanArgs),
+    Plan(info::PlanArgs) => info::plan,
     /// Prompt processing (pp) and generation (tg) speed, checking its own output
-    Bench(bench::BenchArgs),
+    Bench(bench::BenchArgs) => bench::main,
     /// Fetch a known model by name
-    Pull(PullArgs),
+    Pull(PullArgs) => pull,
     /// Open a device and print its identity, capabilities, memory and self-test
-    Probe(probe::ProbeArgs),
+    Probe(probe::ProbeArgs) => probe::main,
     /// Write a copy of a model quantized to one of llama.cpp's mixes
-    Quantize(quantize::QuantizeArgs),
+    Quantize(quantize::QuantizeArgs) => quantize::main,
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
-    Completions(CompletionsArgs),
+    Completions(CompletionsArgs) => completions,
     /// Print keel's version
-    Version,
+    Version(VersionArgs) => version,
+}
+
+/// `keel version` (no arguments).
+#[derive(clap::Args, Debug)]
+pub struct VersionArgs {}
+
+fn version(_: VersionArgs) -> Result<()> {
+    println!("keel {}", crate::VERSION);
+    Ok(())
+}
+
+fn completions(a: CompletionsArgs) -> Result<()> {
+    clap_complete::generate(a.shell, &mut command(), "keel", &mut std::io::stdout());
+    Ok(())
 }
 
 /// `keel pull NAME…`.
@@ -108,31 +140,6 @@ pub fn main_os(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<()>
         }
     };
     dispatch(cli.command)
-}
-
-/// Runs one parsed command.
-pub fn dispatch(cmd: Command) -> Result<()> {
-    match cmd {
-        Command::Run(a) => run::main(a),
-        Command::Chat(a) => chat::main(a),
-        Command::Tokenize(a) => tokenize::main(a),
-        Command::Eval(a) => eval::main(a),
-        Command::Perplexity(a) => perplexity::main(a),
-        Command::Info(a) => info::info(a),
-        Command::Plan(a) => info::plan(a),
-        Command::Bench(a) => bench::main(a),
-        Command::Pull(a) => pull(a),
-        Command::Probe(a) => probe::main(a),
-        Command::Quantize(a) => quantize::main(a),
-        Command::Completions(a) => {
-            clap_complete::generate(a.shell, &mut command(), "keel", &mut std::io::stdout());
-            Ok(())
-        }
-        Command::Version => {
-            println!("keel {}", crate::VERSION);
-            Ok(())
-        }
-    }
 }
 
 fn pull(a: PullArgs) -> Result<()> {
