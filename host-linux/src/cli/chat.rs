@@ -10,7 +10,7 @@
 //! kept in memory only) and Ctrl-C interrupts the reply being generated, not the program
 //! (at the prompt it clears the line). From a pipe, lines are read as they come.
 
-use super::common::{chat_format, check_finite, report_random_seed, ModelFlag, EvalFlags, SamplingFlags, ChatText};
+use super::common::{chat_format, check_finite, report_random_seed, ModelFlag, EvalFlags, ChatText};
 use super::load::{engine, open, prepare};
 use super::run::{sample, stop_found, GenFlags};
 use crate::fault::stdout_ok;
@@ -40,10 +40,7 @@ pub struct ChatArgs {
     /// `-c`, the run limits, `--batches`.
     #[command(flatten)]
     pub eval: EvalFlags,
-    /// The sampling flags.
-    #[command(flatten)]
-    pub sampling: SamplingFlags,
-    /// `--ignore-eos`, `-r`.
+    /// The sampling flags, `--ignore-eos`, `-r`.
     #[command(flatten)]
     pub gen: GenFlags,
 }
@@ -146,7 +143,7 @@ pub fn main(a: ChatArgs) -> Result<()> {
     let stops: Vec<String> = a.gen.reverse_prompt.iter().map(esc).collect();
     let n_predict = a.n_predict;
     let opts = a.eval.options(1)?;
-    let (sampling, random_seed) = a.sampling.config()?;
+    let (sampling, random_seed) = a.gen.sampling.config()?;
 
     let opened = open(&a.model.model)?;
     let g = opened.gguf()?;

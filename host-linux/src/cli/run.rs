@@ -1,6 +1,6 @@
 //! `keel run`: generate text from a prompt, streaming it, then report speed and memory.
 
-use super::common::{chat_prompt, check_finite, mib, report_random_seed, tokenize, ModelFlag, PromptFlags, EvalFlags, SamplingFlags};
+use super::common::{chat_prompt, check_finite, mib, report_random_seed, tokenize, ModelFlag, PromptFlags, EvalFlags};
 use super::load::{engine, open, prepare};
 use crate::fault::stdout_ok;
 use serde::Serialize;
@@ -45,10 +45,7 @@ pub struct RunArgs {
     /// `-c`, the run limits, `--batches`.
     #[command(flatten)]
     pub eval: EvalFlags,
-    /// The sampling flags.
-    #[command(flatten)]
-    pub sampling: SamplingFlags,
-    /// `--ignore-eos`, `-r`.
+    /// The sampling flags, `--ignore-eos`, `-r`.
     #[command(flatten)]
     pub gen: GenFlags,
     /// Wrap the prompt as one user turn in the model's chat format
@@ -65,9 +62,12 @@ pub struct RunArgs {
     pub offload: super::offload::OffloadFlags,
 }
 
-/// Generation controls shared by `run` and `chat`: `--ignore-eos`, `-r`.
+/// Generation controls shared by `run` and `chat`: the sampling flags, `--ignore-eos`, `-r`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct GenFlags {
+    /// The sampling flags.
+    #[command(flatten)]
+    pub sampling: super::common::SamplingFlags,
     /// Do not stop at an end-of-generation token: such tokens are never sampled
     #[arg(long = "ignore-eos")]
     pub ignore_eos: bool,
@@ -139,7 +139,7 @@ pub fn main(a: RunArgs) -> Result<()> {
     let text = a.prompt.text(opts.n_ctx)?;
     // Generation stops at the context's end anyway: a larger -n means "until then".
     let n_predict = a.n_predict.min(opts.n_ctx);
-    let (sampling, random_seed) = a.sampling.config()?;
+    let (sampling, random_seed) = a.gen.sampling.config()?;
     let chat = a.chat;
     if a.system.is_some() && !chat {
         anyhow::bail!("--system needs --chat");
