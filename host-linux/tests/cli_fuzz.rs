@@ -43,7 +43,7 @@ impl Rng {
     }
 }
 
-const COMMANDS: &[&str] = &["run", "chat", "tokenize", "eval", "perplexity", "info", "plan", "bench", "probe", "quantize", "pull", "help", "version", "--version", "-h", ""];
+const COMMANDS: &[&str] = &["run", "chat", "tokenize", "eval", "perplexity", "info", "plan", "bench", "probe", "quantize", "pull", "completions", "help", "version", "--version", "-h", ""];
 
 /// Every flag keel's subcommands read (and a few near misses).
 const FLAGS: &[&str] = &[
@@ -51,7 +51,7 @@ const FLAGS: &[&str] = &[
     "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n", "-s", "--seed", "--chat", "--system", "--json", "--device", "-dev", "--offload-layers", "-ngl",
     "--n-gpu-layers", "--offload-min-batch", "--offload-output", "--offload-kinds", "--offload-types", "--offload-convert", "--offload-mode", "--device-mem", "--add-special",
     "--parse-special", "--tokens-file", "--dump-last", "--batch-invariant", "--placement", "-r", "--repetitions", "--roofline", "--allow-requantize", "--n-prompt", "--n-gen",
-    "-h", "--help", "--version", "-", "--", "-x", "--nope", "---m",
+    "--batches", "--ignore-eos", "-r", "--reverse-prompt", "--stop", "-e", "--escape", "-h", "--help", "--version", "-", "--", "-x", "--nope", "---m",
 ];
 
 /// Values for any flag: numbers at the edges, words the flags take, and garbage. No
@@ -59,7 +59,7 @@ const FLAGS: &[&str] = &[
 const VALUES: &[&str] = &[
     "0", "1", "2", "3", "16", "64", "-1", "-0", "0.5", "1.5", "1e9", "NaN", "inf", "-inf", "4294967296", "18446744073709551615", "99999999999999999999999", "0x10", "",
     " ", "abc", "on", "off", "cpu", "all", "attn,ffn", "q8_0", "Q4_0", "Q5_1", "q4_k", "none", "1,2", "hello world", "<|im_start|>system", "\u{1F600}", "-n", "--json",
-    "/nonexistent/x.gguf", "smollm2-135m", "nothing-known",
+    "/nonexistent/x.gguf", "smollm2-135m", "nothing-known", "invariant", "llama-cpp", "bash", "\\n\\x4", "\\",
 ];
 
 /// Small numbers for the model-running cases (so each runs a few tokens).
@@ -169,6 +169,7 @@ fn model_case(rng: &mut Rng, fx: &Fixture) -> Vec<OsString> {
         ("--repeat-penalty", &["1", "1.1", "0", "inf"]),
         ("--repeat-last-n", &["0", "64", "100000"]),
         ("-s", &["1", "42", "-1"]),
+        ("--batches", &["invariant", "llama-cpp", "both"]),
     ];
     for (flag, vals) in extra {
         if rng.chance(30) {
