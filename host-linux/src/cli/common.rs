@@ -29,6 +29,7 @@ pub struct CtxFlag {
 
 /// The run limits and kernel choice: `-b`, `-t`, `--reference`, `--force-ctx`.
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Limits and arithmetic")]
 pub struct RunFlags {
     /// Tokens per forward pass (1..=1048576; at most -c)
     #[arg(short = 'b', long = "batch-size", value_name = "N", default_value_t = 512)]
@@ -233,6 +234,7 @@ impl RunFlags {
 
 /// The sampling flags, each checked when used (finite and in its range).
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Sampling and stopping")]
 pub struct SamplingFlags {
     /// Temperature, >= 0 (0 = greedy)
     #[arg(long = "temp", value_name = "T", allow_negative_numbers = true, default_value_t = SamplerConfig::default().temp)]

@@ -32,21 +32,21 @@ pub struct PlanArgs {
     /// The model: a .gguf file or a known name
     #[arg(short = 'm', long = "model", value_name = "MODEL")]
     pub model: Option<String>,
+    /// For every layer, each op of its block and where it runs (why, when on the CPU), with the --device/--offload-* flags as run takes them
+    #[arg(long = "placement")]
+    pub placement: bool,
+    /// JSON output
+    #[arg(long = "json")]
+    pub json: bool,
     /// The context length (`-c`).
     #[command(flatten)]
     pub ctx: CtxFlag,
     /// The run limits (`-b`, `-t`, `--reference`, `--force-ctx`).
     #[command(flatten)]
     pub run: RunFlags,
-    /// For every layer, each op of its block and where it runs (why, when on the CPU), with the --device/--offload-* flags as run takes them
-    #[arg(long = "placement")]
-    pub placement: bool,
     /// `--device` and the `--offload-*` flags.
     #[command(flatten)]
     pub offload: super::offload::OffloadFlags,
-    /// JSON output
-    #[arg(long = "json")]
-    pub json: bool,
 }
 
 /// `-m MODEL` or the positional MODEL.

@@ -44,6 +44,7 @@ fn parse_kinds(list: &str) -> Result<u16> {
 
 /// `--device` and the `--offload-*` policy flags (run, plan --placement).
 #[derive(clap::Args, Debug, Clone)]
+#[command(next_help_heading = "Devices (matrix products and whole layers placed on devices; the rest on the CPU)")]
 pub struct OffloadFlags {
     /// Devices for matrix products and whole layers, e.g. hexagon-sim,cpu (cpu is always last; hexagon-sim twice = two device sessions, weights split when one budget is full); llama.cpp's -dev is read as --device
     #[arg(long = "device", value_name = "LIST", default_value = "cpu")]

@@ -42,12 +42,6 @@ pub struct RunArgs {
     /// Tokens to generate (at most the context's end)
     #[arg(short = 'n', long = "n-predict", value_name = "N", default_value_t = 128)]
     pub n_predict: usize,
-    /// `-c`, the run limits, `--batches`.
-    #[command(flatten)]
-    pub eval: EvalFlags,
-    /// The sampling flags, `--ignore-eos`, `-r`.
-    #[command(flatten)]
-    pub gen: GenFlags,
     /// Wrap the prompt as one user turn in the model's chat format
     #[arg(long = "chat")]
     pub chat: bool,
@@ -57,6 +51,12 @@ pub struct RunArgs {
     /// Print one JSON object instead of streaming text
     #[arg(long = "json")]
     pub json: bool,
+    /// `-c`, the run limits, `--batches`.
+    #[command(flatten)]
+    pub eval: EvalFlags,
+    /// The sampling flags, `--ignore-eos`, `-r`.
+    #[command(flatten)]
+    pub gen: GenFlags,
     /// `--device` and the `--offload-*` flags.
     #[command(flatten)]
     pub offload: super::offload::OffloadFlags,
