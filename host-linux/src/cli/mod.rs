@@ -42,6 +42,9 @@ commands:
               block and where it runs (why, when on the CPU)
   bench       keel bench -m MODEL [-p 512] [-n 128] [-r 3] [-t T] [--roofline] [--json]
               (pp and tg speed; checks its own output and refuses to report broken runs)
+  serve       keel serve -m MODEL [--host 127.0.0.1] [--port 8080] [--slots N] [-c N_CTX] [--queue N]
+              [-t THREADS per slot] [--batches invariant|llama-cpp] [--body-limit 1MiB]
+              OpenAI-compatible HTTP server (keel serve --help for every flag)
   pull        keel pull NAME        (known: smollm2-135m, gemma3-270m)
   probe       keel probe --device hexagon-sim [--json]   identity, capabilities, memory, self-test
   quantize    keel quantize IN OUT TYPE [--allow-requantize] [-t THREADS] [--json]
@@ -73,6 +76,10 @@ $KEEL_MODELS (default ~/.cache/keel/models).
 pub fn main(argv: Vec<String>) -> Result<()> {
     let mut it = argv.into_iter();
     let cmd = it.next().unwrap_or_default();
+    // `keel serve` parses its flags with clap (crate::serve::ServeArgs).
+    if cmd == "serve" {
+        return crate::serve::cli(it.collect());
+    }
     let a = Args::new(it);
     match cmd.as_str() {
         "run" => run::main(a),
