@@ -27,13 +27,21 @@ pub fn models_dir() -> PathBuf {
 /// The bytes of a cached model, or `None` (after a loud SKIPPED line) when it is absent.
 /// With `KEEL_REQUIRE_MODELS=1` (as in CI) a missing model fails the test instead.
 pub fn model_bytes(file: &str, pull_name: &str) -> Option<Vec<u8>> {
+    let p = model_path(file, pull_name)?;
+    Some(std::fs::read(&p).unwrap_or_else(|e| panic!("reading model {}: {e}", p.display())))
+}
+
+/// The path of a cached model (for tests that run the `keel` binary on it), or `None`
+/// (after a loud SKIPPED line) when it is absent; with `KEEL_REQUIRE_MODELS=1` a missing
+/// model fails the test instead.
+pub fn model_path(file: &str, pull_name: &str) -> Option<PathBuf> {
     let p = models_dir().join(file);
-    match std::fs::read(&p) {
-        Ok(b) => Some(b),
-        Err(_) if std::env::var("KEEL_REQUIRE_MODELS").as_deref() == Ok("1") => {
+    match std::fs::metadata(&p) {
+        Ok(m) if m.is_file() => Some(p),
+        _ if std::env::var("KEEL_REQUIRE_MODELS").as_deref() == Ok("1") => {
             panic!("model {} not found and KEEL_REQUIRE_MODELS=1; run `keel pull {pull_name}`", p.display())
         }
-        Err(_) => {
+        _ => {
             eprintln!("SKIPPED: model {} not found; run `keel pull {pull_name}`", p.display());
             None
         }
@@ -42,8 +50,15 @@ pub fn model_bytes(file: &str, pull_name: &str) -> Option<Vec<u8>> {
 
 /// SmolLM2-135M Q4_1 (the default model).
 pub fn smollm2() -> Option<Vec<u8>> {
-    model_bytes("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m")
+    model_bytes(SMOLLM2_FILE, "smollm2-135m")
 }
+
+/// The path of SmolLM2-135M Q4_1 (see [`model_path`]).
+pub fn smollm2_path() -> Option<PathBuf> {
+    model_path(SMOLLM2_FILE, "smollm2-135m")
+}
+
+const SMOLLM2_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 /// Gemma 3 270M Q4_K_M.
 pub fn gemma3() -> Option<Vec<u8>> {
