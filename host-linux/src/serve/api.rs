@@ -172,23 +172,6 @@ pub struct ChatChoice {
     pub finish_reason: &'static str,
 }
 
-/// A chat completion.
-#[derive(Serialize, Debug, Clone)]
-pub struct ChatResponse {
-    /// `chatcmpl-…`.
-    pub id: String,
-    /// `chat.completion`.
-    pub object: &'static str,
-    /// Unix seconds.
-    pub created: u64,
-    /// The model's id.
-    pub model: String,
-    /// One choice.
-    pub choices: Vec<ChatChoice>,
-    /// Token counts.
-    pub usage: Usage,
-}
-
 /// A streamed chat delta.
 #[derive(Serialize, Debug, Clone, Default)]
 pub struct Delta {
@@ -211,24 +194,6 @@ pub struct ChunkChoice {
     pub finish_reason: Option<&'static str>,
 }
 
-/// One `chat.completion.chunk` event.
-#[derive(Serialize, Debug, Clone)]
-pub struct ChatChunk {
-    /// Same for every chunk of a response.
-    pub id: String,
-    /// `chat.completion.chunk`.
-    pub object: &'static str,
-    /// Unix seconds.
-    pub created: u64,
-    /// The model's id.
-    pub model: String,
-    /// One choice (none in the usage chunk).
-    pub choices: Vec<ChunkChoice>,
-    /// Only in the usage chunk.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Usage>,
-}
-
 /// A text-completion choice (also each streamed chunk's).
 #[derive(Serialize, Debug, Clone)]
 pub struct TextChoice {
@@ -242,23 +207,30 @@ pub struct TextChoice {
     pub logprobs: Option<()>,
 }
 
-/// A text completion (`text_completion`), also each streamed chunk.
+/// A response or streamed chunk of either endpoint, with its kind of choice.
 #[derive(Serialize, Debug, Clone)]
-pub struct CompletionResponse {
-    /// `cmpl-…`.
+pub struct Completion<C> {
+    /// `chatcmpl-…` or `cmpl-…`, the same for every chunk of a response.
     pub id: String,
-    /// `text_completion`.
+    /// `chat.completion`, `chat.completion.chunk` or `text_completion`.
     pub object: &'static str,
     /// Unix seconds.
     pub created: u64,
     /// The model's id.
     pub model: String,
     /// One choice (none in the usage chunk).
-    pub choices: Vec<TextChoice>,
-    /// Token counts (the usage chunk and non-streamed responses).
+    pub choices: Vec<C>,
+    /// Token counts (whole responses and the usage chunk).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
 }
+
+/// A chat completion.
+pub type ChatResponse = Completion<ChatChoice>;
+/// One `chat.completion.chunk` event.
+pub type ChatChunk = Completion<ChunkChoice>;
+/// A text completion, also each streamed chunk.
+pub type CompletionResponse = Completion<TextChoice>;
 
 /// One model in `GET /v1/models`.
 #[derive(Serialize, Debug, Clone)]

@@ -267,26 +267,28 @@ where
     Sse::new(stream).into_response()
 }
 
-fn limit_text(st: &AppState) -> String {
-    format!("--body-limit {} bytes", st.body_limit)
+/// An admitted request: the parsed body, its events, its id (`prefix-keel-N`), creation
+/// time and the model's id; or the error response (counted).
+async fn admitted<R, F>(st: &Arc<AppState>, b: Result<Bytes, BytesRejection>, prefix: &str, f: F) -> Result<(R, tokio::sync::mpsc::Receiver<Event>, String, u64, String), Response>
+where
+    R: serde::de::DeserializeOwned + Send + 'static,
+    F: FnOnce(&AppState, &R) -> Result<(Params, Vec<u32>), ApiError> + Send + 'static,
+{
+    let limit = format!("--body-limit {} bytes", st.body_limit);
+    let (req, params, tokens) = prepare(st, b, &limit, f).await.map_err(|e| refused(st, e))?;
+    let rx = enqueue(st, tokens, params).map_err(IntoResponse::into_response)?;
+    Ok((req, rx, format!("{prefix}-keel-{}", NEXT_ID.fetch_add(1, Relaxed)), now(), st.model_id.clone()))
 }
 
 async fn chat(State(st): State<Arc<AppState>>, b: Result<Bytes, BytesRejection>) -> Response {
-    let prepared = prepare(&st, b, &limit_text(&st), |st, r: &ChatRequest| {
+    let started = admitted(&st, b, "chatcmpl", |st, r: &ChatRequest| {
         let tokens = chat_tokens(st, &r.messages)?;
         Ok((params(st, &r.model, &r.sampling, tokens.len())?, tokens))
-    })
-    .await;
-    let (req, params, tokens) = match prepared {
+    });
+    let (req, rx, id, created, model) = match started.await {
         Ok(x) => x,
-        Err(e) => return refused(&st, e),
+        Err(r) => return r,
     };
-    let rx = match enqueue(&st, tokens, params) {
-        Ok(rx) => rx,
-        Err(e) => return e.into_response(),
-    };
-    let id = format!("chatcmpl-keel-{}", NEXT_ID.fetch_add(1, Relaxed));
-    let (created, model) = (now(), st.model_id.clone());
     if !req.sampling.stream {
         return match collect(rx).await {
             Ok((text, finish, usage)) => Json(ChatResponse {
@@ -295,7 +297,7 @@ async fn chat(State(st): State<Arc<AppState>>, b: Result<Bytes, BytesRejection>)
                 created,
                 model,
                 choices: vec![ChatChoice { index: 0, message: OutMessage { role: "assistant", content: text }, finish_reason: finish }],
-                usage,
+                usage: Some(usage),
             })
             .into_response(),
             Err(e) => e.into_response(),
@@ -313,7 +315,7 @@ async fn chat(State(st): State<Arc<AppState>>, b: Result<Bytes, BytesRejection>)
 }
 
 async fn completions(State(st): State<Arc<AppState>>, b: Result<Bytes, BytesRejection>) -> Response {
-    let prepared = prepare(&st, b, &limit_text(&st), |st, r: &CompletionRequest| {
+    let started = admitted(&st, b, "cmpl", |st, r: &CompletionRequest| {
         let text = match &r.prompt {
             Prompt::One(s) => s.as_str(),
             Prompt::Many(v) if v.len() == 1 => v[0].as_str(),
@@ -322,18 +324,11 @@ async fn completions(State(st): State<Arc<AppState>>, b: Result<Bytes, BytesReje
         // As `keel run -p`: BOS as the model adds it, special tokens' text parsed.
         let tokens = tokenize_all(st.tokenizer, text, true, true).map_err(|e| ApiError::invalid(format!("tokenizing the prompt: {e:#}"), "prompt"))?;
         Ok((params(st, &r.model, &r.sampling, tokens.len())?, tokens))
-    })
-    .await;
-    let (req, params, tokens) = match prepared {
+    });
+    let (req, rx, id, created, model) = match started.await {
         Ok(x) => x,
-        Err(e) => return refused(&st, e),
+        Err(r) => return r,
     };
-    let rx = match enqueue(&st, tokens, params) {
-        Ok(rx) => rx,
-        Err(e) => return e.into_response(),
-    };
-    let id = format!("cmpl-keel-{}", NEXT_ID.fetch_add(1, Relaxed));
-    let (created, model) = (now(), st.model_id.clone());
     let mk = move |text: String, finish: Option<&'static str>, usage: Option<Usage>, choice: bool| CompletionResponse {
         id: id.clone(),
         object: "text_completion",
