@@ -18,6 +18,13 @@ bash dsp-firmware/ci.sh
 # this set, a missing emulator or firmware fails them instead of skipping.
 export KEEL_REQUIRE_DSP=1
 
+echo "== python packages: the openai client for the keel serve tests (host-linux/tests/serve.rs)"
+# From pip's configured index; idempotent (pip skips what is installed). A system Python
+# that refuses user packages (PEP 668) gets them with --break-system-packages.
+python3 -m pip install -q -r tests/serve/requirements.txt 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages -r tests/serve/requirements.txt
+command -v curl >/dev/null || { apt-get update -qq && apt-get install -y -qq curl; }
+
 echo "== build"
 cargo build --release -p keel-host-linux
 ./target/release/keel pull smollm2-135m

@@ -120,6 +120,13 @@ impl<'a> Sampler<'a> {
         &self.cfg
     }
 
+    /// Replaces the settings for a new sequence: the history is forgotten and the random
+    /// state reseeded from `cfg.seed` (a server's slot takes each request's settings).
+    pub fn set_config(&mut self, cfg: SamplerConfig) {
+        self.cfg = cfg;
+        self.reset();
+    }
+
     /// Records a token as part of the context (prompt or generated).
     pub fn accept(&mut self, token: u32) {
         self.history.write(token);

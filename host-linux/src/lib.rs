@@ -14,6 +14,7 @@ pub mod pool;
 pub mod progress;
 pub mod quant_mix;
 pub mod pull;
+pub mod serve;
 
 /// This crate's version (the workspace version).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -48,8 +48,15 @@ pub fn model_bytes(file: &str, pull_name: &str) -> Option<Vec<u8>> {
 
 /// SmolLM2-135M Q4_1 (the default model).
 pub fn smollm2() -> Option<Vec<u8>> {
-    model_bytes("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m")
+    model_bytes(SMOLLM2_FILE, "smollm2-135m")
 }
+
+/// The path of SmolLM2-135M Q4_1 (see [`model_path`]).
+pub fn smollm2_path() -> Option<PathBuf> {
+    model_path(SMOLLM2_FILE, "smollm2-135m")
+}
+
+const SMOLLM2_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 /// Gemma 3 270M Q4_K_M.
 pub fn gemma3() -> Option<Vec<u8>> {

@@ -92,7 +92,7 @@ pub fn training_context(g: &Gguf<'_>) -> Option<(String, usize)> {
 
 /// Warns (stderr) when `-c` is beyond the model's training context
 /// (`<arch>.context_length`), unless `--force-ctx`: positions past it were never trained.
-fn warn_past_training_context(g: &Gguf<'_>, opts: &RunOptions) {
+pub fn warn_past_training_context(g: &Gguf<'_>, opts: &RunOptions) {
     if let Some((key, train)) = training_context(g).filter(|&(_, t)| !opts.force_ctx && opts.n_ctx > t) {
         eprintln!(
             "keel: warning: -c {} is beyond the model's training context ({key} = {train}): positions past {train} were never trained and may give wrong answers; lower -c, or pass --force-ctx to go on without this warning",

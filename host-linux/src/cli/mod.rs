@@ -76,6 +76,8 @@ commands! {
     Pull(PullArgs) => pull,
     /// Open a device and print its identity, capabilities, memory and self-test
     Probe(probe::ProbeArgs) => probe::main,
+    /// An OpenAI-compatible HTTP server with a fixed number of slots, each with its own arena
+    Serve(crate::serve::ServeArgs) => crate::serve::main,
     /// Write a copy of a model quantized to one of llama.cpp's mixes
     Quantize(quantize::QuantizeArgs) => quantize::main,
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
