@@ -12,6 +12,7 @@ pub mod offload;
 pub mod perplexity;
 pub mod probe;
 pub mod quantize;
+pub mod rknpu;
 pub mod roofline;
 pub mod run;
 pub mod tokenize;
@@ -44,6 +45,10 @@ commands:
               (pp and tg speed; checks its own output and refuses to report broken runs)
   pull        keel pull NAME        (known: smollm2-135m, gemma3-270m)
   probe       keel probe --device hexagon-sim [--json]   identity, capabilities, memory, self-test
+              keel probe --device rknpu [--dump-regcmd FILE]   RK3588 NPU (exit 2 when absent);
+              --dump-regcmd prints any regcmd stream with register names
+  rknpu       keel rknpu gen FIXTURE_DIR OUT_DIR   keel's RK3588 stream and buffers for a
+              rocket-capture fixture (OUT_DIR/regcmd/t<i>.bin, OUT_DIR/{weights,bias,input}.bin)
   quantize    keel quantize IN OUT TYPE [--allow-requantize] [-t THREADS] [--json]
               TYPE as llama-quantize names it: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
 
@@ -86,6 +91,7 @@ pub fn main(argv: Vec<String>) -> Result<()> {
         "probe" => probe::main(a),
         "quantize" => quantize::main(a),
         "bench" => bench::main(a),
+        "rknpu" => rknpu::main(a),
         "help" | "-h" | "--help" | "" => {
             print!("{USAGE}");
             Ok(())

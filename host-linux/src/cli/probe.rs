@@ -52,8 +52,15 @@ fn mib(b: u64) -> String {
 pub fn main(mut a: Args) -> Result<()> {
     let as_json = a.flag(&["--json"]);
     let device: Option<String> = a.value(&["--device", "-d"], "a device name")?;
+    let dump: Option<String> = a.value(&["--dump-regcmd"], "a regcmd file")?;
     a.finish()?;
-    let Some(device) = device else { bail!("keel probe --device NAME; known: {}", KNOWN.join(", ")) };
+    let Some(device) = device else { bail!("keel probe --device NAME; known: {}, rknpu", KNOWN.join(", ")) };
+    if device == "rknpu" {
+        return super::rknpu::probe(dump);
+    }
+    if dump.is_some() {
+        bail!("--dump-regcmd goes with --device rknpu");
+    }
     if device != "hexagon-sim" {
         bail!("unknown device '{device}'; known: {}", KNOWN.join(", "));
     }
