@@ -16,13 +16,14 @@ use std::path::{Path, PathBuf};
 mod support;
 
 fn fixtures() -> Vec<PathBuf> {
-    let list = std::fs::read_to_string(golden_path("rocket/fixtures.txt")).expect("tests/golden/rocket/fixtures.txt");
+    let mut list = std::fs::read_to_string(golden_path("rocket/fixtures.txt")).expect("tests/golden/rocket/fixtures.txt");
+    list += &std::fs::read_to_string(golden_path("rocket/extra.txt")).expect("tests/golden/rocket/extra.txt");
     let dirs: Vec<PathBuf> = list
         .lines()
         .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
         .map(|l| golden_path(&format!("rocket/{}", l.split_whitespace().next().unwrap_or(""))))
         .collect();
-    assert!(dirs.len() >= 8, "fixtures.txt lists {} fixtures", dirs.len());
+    assert!(dirs.len() >= 23, "fixtures.txt lists {} fixtures", dirs.len());
     for d in &dirs {
         assert!(d.join("manifest.json").is_file(), "{} listed in fixtures.txt but missing", d.display());
     }

@@ -207,8 +207,23 @@ pub fn check(c: &Conv) -> Result<(), String> {
     Ok(())
 }
 
-/// The tasks of one convolution, as Mesa splits it, with buffer addresses `a`.
+/// The tasks of one convolution exactly as Mesa 26.2.6 splits it, with buffer addresses
+/// `a`. Mesa puts up to 2560 rows in one task although `DATAIN_HEIGHT` has 11 bits (the
+/// stream then carries the row count modulo 2048, as captured); [`wraps`] says when.
 pub fn plan(c: &Conv, a: &Addrs) -> Result<Vec<Task>, String> {
+    plan_with(c, a, u32::MAX)
+}
+
+/// Whether a task's row count overflows the 11-bit height fields.
+pub fn wraps(t: &Task) -> bool {
+    t.rows > MAX_ROWS
+}
+
+/// The most rows the 11-bit height fields hold.
+pub const MAX_ROWS: u32 = 2047;
+
+/// [`plan`] with at most `max_rows` rows per task (keel passes [`MAX_ROWS`]).
+pub fn plan_with(c: &Conv, a: &Addrs, max_rows: u32) -> Result<Vec<Task>, String> {
     check(c)?;
     let per_row = entries_per_row(c);
     let need_data = div_up(per_row * c.w, CBUF_ENTRIES_PER_BANK);
@@ -217,10 +232,10 @@ pub fn plan(c: &Conv, a: &Addrs) -> Result<Vec<Task>, String> {
     let (avail_data, avail_w) = if reuse { (CBUF_BANKS - need_w, need_w) } else { (7, 5) };
     // (first row, rows, data banks, weight banks)
     let mut spans: Vec<(u32, u32, u32, u32)> = Vec::new();
-    if need_data <= avail_data {
+    if need_data <= avail_data && c.w <= max_rows {
         spans.push((0, c.w, need_data, CBUF_BANKS - need_data));
     } else {
-        let rows = CBUF_ENTRIES_PER_BANK * avail_data / per_row;
+        let rows = (CBUF_ENTRIES_PER_BANK * avail_data / per_row).min(max_rows);
         if rows == 0 {
             return Err(format!("one input row of k={} h={} does not fit the {avail_data} data banks left beside the weights", c.k, c.h));
         }
@@ -230,9 +245,6 @@ pub fn plan(c: &Conv, a: &Addrs) -> Result<Vec<Task>, String> {
             spans.push((top, r, avail_data, avail_w));
             top += r;
         }
-    }
-    if let Some(s) = spans.iter().find(|s| s.1 > 2047) {
-        return Err(format!("a task of {} rows exceeds the 11-bit DATAIN_HEIGHT (2047)", s.1));
     }
     let t = truncate_bits(c.q.w_scale);
     let m = (c.q.in_scale * c.q.w_scale) / c.q.out_scale;
@@ -293,7 +305,7 @@ pub fn encode(t: &Task) -> Vec<u64> {
     r(0x100C, 0); // CNA_CONV_CON1 again
     r(0x1010, (50 + 1 + 1) << 4); // CNA_CONV_CON2: FEATURE_GRAINS = 50 + stride + 1
     r(0x1014, 1 | (1 << 3)); // CNA_CONV_CON3: x and y stride 1
-    r(0x1020, (t.width << 16) | t.rows); // CNA_DATA_SIZE0: width, height
+    r(0x1020, (t.width << 16) | (t.rows & 0x7ff)); // CNA_DATA_SIZE0: width, height (11 bits)
     r(0x1024, ((t.channels_real - 1) << 16) | t.channels); // CNA_DATA_SIZE1
     r(0x1028, t.width); // CNA_DATA_SIZE2: output width
     r(0x102C, atomics); // CNA_DATA_SIZE3: output atomics
@@ -314,7 +326,7 @@ pub fn encode(t: &Task) -> Vec<u64> {
     r(0x1078, 0x000f_000f); // CNA_DMA_CON0: weight and data burst length 15
     r(0x107C, 4 * t.width); // CNA_DMA_CON1: line stride (16-byte atoms / 4)
     r(0x1080, (t.width * t.all_rows).wrapping_sub(4 * t.width) & 0x0fff_ffff); // CNA_DMA_CON2: surface stride
-    r(0x1084, (t.width << 16) | t.rows); // CNA_FC_DATA_SIZE0: DMA width, height
+    r(0x1084, (t.width << 16) | (t.rows & 0x7ff)); // CNA_FC_DATA_SIZE0: DMA width, height (11 bits)
     r(0x1088, t.channels); // CNA_FC_DATA_SIZE1: DMA channels
     r(0x1100, 0); // CNA_DCOMP_CTRL: weights not compressed
     r(0x1104, 0); // CNA_DCOMP_REGNUM
@@ -428,7 +440,7 @@ pub fn decode(s: &[u64]) -> Result<Task, String> {
         weight_banks: (cbuf0 >> 4) & 0xf,
         weight_reuse: cbuf0 & (1 << 13) != 0,
         width,
-        rows: size0 & 0x7ff,
+        rows: (get(0x3014)? >> 16) + 1,
         all_rows: if width == 0 { 0 } else { surf / width },
         channels: size1 & 0xffff,
         channels_real: ((size1 >> 16) & 0x3fff) + 1,

@@ -135,6 +135,13 @@ pub fn generate(fx: &Fixture) -> Result<Generated, String> {
 pub fn gen(fixture_dir: &Path, out_dir: &Path) -> Result<Vec<std::path::PathBuf>> {
     let fx = load(fixture_dir)?;
     let g = generate(&fx).map_err(|e| anyhow::anyhow!("{}: {e}", fixture_dir.display()))?;
+    if conv::plan(&fx.conv, &fx.addrs).map_err(anyhow::Error::msg)?.iter().any(conv::wraps) {
+        eprintln!(
+            "warning: {}: like Mesa, a task has more than {} rows, so its 11-bit height fields wrap; the stream equals Mesa's and is wrong on hardware (keel's own GEMMs split such tasks)",
+            fixture_dir.display(),
+            conv::MAX_ROWS
+        );
+    }
     let rdir = out_dir.join("regcmd");
     std::fs::create_dir_all(&rdir).with_context(|| format!("cannot create {}", rdir.display()))?;
     let mut written = Vec::new();

@@ -12,22 +12,36 @@
 //!   buffer is allocated twice the packed size.
 //! - output `[ceil(N/16)][W][H][16]` int8, plus 0x80 back to the model's view.
 
-/// Bytes the weights of `k × n` take packed (without the allocation's second half).
-pub fn weights_packed_len(k: u32, n: u32) -> usize {
-    let n2 = n.div_ceil(2) * 2;
-    let k16 = k.max(16);
-    let per_row = (0..k16.div_ceil(32) * 32).filter(|&ic| ic < k16.div_ceil(32) * 32 && (ic % 32) < k16.min(32) && (ic < k || ic % 32 < 16 || k % 32 > 16)).count();
-    per_row * n2 as usize
+/// Input channels as the weight packer counts them: at least 16, a multiple of 16.
+fn k16(k: u32) -> u32 {
+    k.max(16).div_ceil(16) * 16
 }
 
-/// Packs OHWI weights `w[n][k]` (raw model bytes) into a buffer of `2 × packed` bytes.
+/// Whether packed input channel `ic` (of a 32-channel group) is stored: real channels, and
+/// padding up to the group's first 16 unless more than 16 of the last group are real.
+fn stored(ic: u32, k: u32) -> bool {
+    ic < k || ic % 32 < 16 || k % 32 > 16
+}
+
+/// Bytes the weights of `k × n` take packed.
+pub fn weights_packed_len(k: u32, n: u32) -> usize {
+    let per_row = (0..k16(k).div_ceil(32) * 32).filter(|&ic| ic % 32 < k16(k).min(32) && stored(ic, k)).count();
+    per_row * n.div_ceil(2) as usize * 2
+}
+
+/// Bytes of the weight buffer (Mesa's allocation: twice the kernels × channels rounded up to 32).
+pub fn weights_len(k: u32, n: u32) -> usize {
+    2 * (n.div_ceil(2) * 2 * k16(k).div_ceil(32) * 32) as usize
+}
+
+/// Packs OHWI weights `w[n][k]` (raw model bytes) into a buffer of [`weights_len`] bytes.
 pub fn weights(w: &[u8], k: u32, n: u32, w_zp: i32) -> Result<Vec<u8>, String> {
     let (ku, nu) = (k as usize, n as usize);
     if w.len() != ku * nu {
         return Err(format!("weights: {} bytes, a {n}x{k} (OHWI 1x1) tensor has {}", w.len(), ku * nu));
     }
     let n2 = n.div_ceil(2) * 2;
-    let k16 = k.max(16);
+    let k16 = k16(k);
     let zp = (w_zp as u8).wrapping_sub(0x80);
     let mut out = Vec::with_capacity(2 * n2 as usize * k16.div_ceil(32) as usize * 32);
     for oc1 in 0..n2.div_ceil(32) {
@@ -42,7 +56,7 @@ pub fn weights(w: &[u8], k: u32, n: u32, w_zp: i32) -> Result<Vec<u8>, String> {
                     if oc >= n {
                         out.push(0);
                     } else if ic >= k {
-                        if ic2 < 16 || k % 32 > 16 {
+                        if stored(ic, k) {
                             out.push(zp);
                         }
                     } else {
@@ -52,8 +66,7 @@ pub fn weights(w: &[u8], k: u32, n: u32, w_zp: i32) -> Result<Vec<u8>, String> {
             }
         }
     }
-    let packed = out.len();
-    out.resize(2 * packed, 0);
+    out.resize(weights_len(k, n), 0);
     Ok(out)
 }
 
@@ -136,7 +149,9 @@ mod tests {
     fn packed_lengths_match_the_packer() {
         for (k, n) in [(64, 64), (40, 33), (48, 7), (17, 3), (100, 70), (16, 2), (8, 1)] {
             let w = vec![1u8; (k * n) as usize];
-            assert_eq!(weights(&w, k, n, 0).unwrap().len(), 2 * weights_packed_len(k, n), "k={k} n={n}");
+            let packed = weights(&w, k, n, 0).unwrap();
+            assert_eq!(packed.len(), weights_len(k, n), "k={k} n={n}");
+            assert!(packed[weights_packed_len(k, n)..].iter().all(|&b| b == 0) && packed[weights_packed_len(k, n) - 1] != 0, "k={k} n={n}");
         }
     }
 
