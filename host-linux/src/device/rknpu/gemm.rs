@@ -83,7 +83,7 @@ pub fn plan(m: u32, k: u32, n: u32, q: Quant, base: &Addrs) -> Result<Plan, Stri
             regcmd: base.regcmd,
         };
         tiles.push(Tile { n0, n: nt, weights_at, first_task: tasks.len() });
-        tasks.extend(conv::plan(&c, &a)?);
+        tasks.extend(conv::plan_with(&c, &a, conv::MAX_ROWS)?);
         weights_at += pack::weights_packed_len(k, nt) as u32;
         n0 += nt;
     }
