@@ -3,7 +3,7 @@
 //! stays here.
 
 use super::args::Args;
-use crate::device::rknpu::{conv, fixture, regcmd};
+use crate::device::rknpu::{conv, fixture, regcmd, w8a8};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 
@@ -26,6 +26,9 @@ pub fn node() -> PathBuf {
 
 /// `keel rknpu SUBCOMMAND`.
 pub fn main(mut a: Args) -> Result<()> {
+    if a.flag(&["kl"]) {
+        return kl(a);
+    }
     let pos = a.positionals();
     a.finish()?;
     match pos.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
@@ -37,7 +40,7 @@ pub fn main(mut a: Args) -> Result<()> {
             Ok(())
         }
         ["gen", ..] => bail!("usage: keel rknpu gen FIXTURE_DIR OUT_DIR (a rocket-capture fixture folder: manifest.json, weights.bin, bias.bin, input.bin)"),
-        _ => bail!("usage: keel rknpu gen FIXTURE_DIR OUT_DIR"),
+        _ => bail!("usage: keel rknpu gen FIXTURE_DIR OUT_DIR | keel rknpu kl -m MODEL -f TEXT [-c 512] [--chunks N] [--no-rotate] [--per-tensor] [--output-on-cpu] [--residual] [--x-residual] [--json]"),
     }
 }
 
@@ -65,4 +68,127 @@ pub fn probe(dump: Option<String>) -> Result<()> {
         .into());
     }
     bail!("rknpu: {} exists, but keel's rocket submission path has not been written yet (command streams only; not yet run on hardware)", n.display())
+}
+
+/// The accuracy of the W8A8 scheme: mean KL divergence of the emulated NPU's next-token
+/// distributions to keel's CPU path, and top-1 agreement, over the positions `keel
+/// perplexity` scores (the second half of each `-c` chunk).
+pub struct KlReport {
+    /// Mean KL(CPU ‖ emulated NPU), nats.
+    pub kl: f64,
+    /// Largest per-position KL.
+    pub kl_max: f64,
+    /// Positions whose argmax agrees.
+    pub top1: f64,
+    /// Positions scored.
+    pub positions: usize,
+    /// Chunks run.
+    pub chunks: usize,
+    /// Weights whose products ran on the emulated NPU.
+    pub products: usize,
+}
+
+/// Runs `model` over `text` in chunks of `c` tokens on the CPU and with every matrix
+/// product on the W8A8 emulation of `scheme`; at most `max_chunks` chunks.
+pub fn kl_divergence(model: &str, text: &str, c: usize, max_chunks: usize, scheme: w8a8::Scheme, output: bool, threads: usize) -> Result<KlReport> {
+    use crate::cli::load::{engine, open, prepare, RunOptions};
+    use keel_core::placement::{weight_count, Decision, Exec, OffloadMode, Placement, Policy};
+    use keel_core::session::Outputs;
+    let opened = open(model)?;
+    let g = opened.gguf()?;
+    let opts = RunOptions { n_ctx: c, n_batch: c, n_outputs: c, threads, reference: false, force_ctx: false };
+    let (mut l_cpu, mut l_dev) = (prepare(&g, &opened.path, &opts)?, prepare(&g, &opened.path, &opts)?);
+    let sampling = keel_core::sampler::SamplerConfig::default();
+    let (mut cpu, pool) = engine(&g, &opened.path, &mut l_cpu, false, sampling)?;
+    let (mut dev, _) = engine(&g, &opened.path, &mut l_dev, false, sampling)?;
+    let mut emu = w8a8::Emu::new(scheme, threads);
+    let mut decisions = vec![Decision::EMPTY; weight_count(&dev.model)];
+    let mut p = Policy::all(1);
+    p.mode = OffloadMode::MatMul;
+    p.convert_to = None;
+    p.output = output;
+    let placement = {
+        let infos: [&dyn keel_core::placement::DeviceInfo; 1] = [&emu];
+        Placement::plan(&dev.model, &p, &infos, &mut decisions).map_err(|e| anyhow::anyhow!("placement: {e}"))?
+    };
+    emu.load(&dev.model, &placement, &dev.session.kernels()).map_err(anyhow::Error::msg)?;
+    let products = emu.n_weights();
+    let tokens = super::common::tokenize_all(&cpu.tokenizer, text, true, false)?;
+    let n_chunks = (tokens.len() / c).min(max_chunks);
+    if n_chunks == 0 {
+        bail!("the text has {} tokens, fewer than one chunk of {c}", tokens.len());
+    }
+    let bos = if cpu.tokenizer.add_bos() { cpu.tokenizer.bos() } else { None };
+    let v = cpu.n_vocab();
+    let (mut sum, mut max, mut agree, mut count) = (0f64, 0f64, 0usize, 0usize);
+    for ch in 0..n_chunks {
+        let mut chunk = tokens[ch * c..(ch + 1) * c].to_vec();
+        if let Some(b) = bos {
+            chunk[0] = b;
+        }
+        cpu.reset();
+        dev.reset();
+        let lc = cpu.eval(&chunk, Outputs::All, pool)?.to_vec();
+        let mut exec = Exec { placement: &placement, offload: &mut emu };
+        let ld = dev.eval_on(&chunk, Outputs::All, pool, Some(&mut exec))?;
+        for j in c / 2..c - 1 {
+            let (p, q) = (&lc[j * v..(j + 1) * v], &ld[j * v..(j + 1) * v]);
+            let k = kl_row(p, q);
+            sum += k;
+            max = max.max(k);
+            agree += usize::from(argmax(p) == argmax(q));
+            count += 1;
+        }
+    }
+    Ok(KlReport { kl: sum / count as f64, kl_max: max, top1: agree as f64 / count as f64, positions: count, chunks: n_chunks, products })
+}
+
+fn argmax(x: &[f32]) -> usize {
+    x.iter().enumerate().fold(0, |b, (i, &v)| if v > x[b] { i } else { b })
+}
+
+/// KL(softmax(p) ‖ softmax(q)) in f64.
+pub fn kl_row(p: &[f32], q: &[f32]) -> f64 {
+    let lse = |x: &[f32]| {
+        let m = x.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(f64::from(v)));
+        m + x.iter().map(|&v| (f64::from(v) - m).exp()).sum::<f64>().ln()
+    };
+    let (lp, lq) = (lse(p), lse(q));
+    p.iter().zip(q).map(|(&a, &b)| {
+        let la = f64::from(a) - lp;
+        la.exp() * (la - (f64::from(b) - lq))
+    }).sum::<f64>().max(0.0)
+}
+
+/// `keel rknpu kl`.
+fn kl(mut a: Args) -> Result<()> {
+    let model = a.value::<String>(&["-m", "--model"], "a model file or name")?.unwrap_or_else(|| "smollm2-135m".into());
+    let file: String = a.value(&["-f", "--file"], "a text file")?.ok_or_else(|| anyhow::anyhow!("keel rknpu kl needs -f TEXT"))?;
+    let c: usize = a.value_or(&["-c", "--ctx-size"], "a chunk length in tokens", 512)?;
+    let chunks: usize = a.value_or(&["--chunks"], "a number of chunks", usize::MAX)?;
+    let threads: usize = a.value_or(&["-t", "--threads"], "a thread count", 2)?;
+    let rotate = !a.flag(&["--no-rotate"]);
+    let fine = !a.flag(&["--per-tensor"]);
+    let output = !a.flag(&["--output-on-cpu"]);
+    let residual = a.flag(&["--residual"]);
+    let x_residual = a.flag(&["--x-residual"]);
+    let as_json = a.flag(&["--json"]);
+    a.finish()?;
+    if c < 4 {
+        bail!("-c must be at least 4");
+    }
+    let text = std::fs::read_to_string(&file).with_context(|| format!("cannot read {file}"))?;
+    let scheme = w8a8::Scheme { rotate, fine, residual, x_residual, ..Default::default() };
+    let r = kl_divergence(&model, &text, c, chunks, scheme, output, threads.max(1))?;
+    let name = format!("{}{}", if fine { "per-channel weights, per-token activations" } else { "per-tensor weights and activations" }, if rotate { ", Hadamard rotation" } else { ", no rotation" }) + if output { "" } else { ", output projection on the CPU" } + if residual { ", int8 residual weights" } else { "" } + if x_residual { ", int8 residual activations" } else { "" };
+    if as_json {
+        let mut o = crate::json::Object::new();
+        o.str("scheme", &name).f64("kl", r.kl).f64("kl_max", r.kl_max).f64("top1", r.top1);
+        o.u64("positions", r.positions as u64).u64("chunks", r.chunks as u64).u64("products", r.products as u64).u64("ctx", c as u64);
+        println!("{}", o.finish());
+    } else {
+        println!("W8A8 ({name}) vs keel's CPU path, {} chunks of {c}, {} positions, {} products emulated:", r.chunks, r.positions, r.products);
+        println!("  mean KL {:.6}  max KL {:.4}  top-1 agreement {:.4}", r.kl, r.kl_max, r.top1);
+    }
+    Ok(())
 }

@@ -6,6 +6,8 @@
 //! - [`conv`]: task planning, the register values of a task, encode and decode.
 //! - [`pack`]: weight, bias and input packers; the output unpacker.
 //! - [`fixture`]: capture-tool fixtures in, keel's stream and buffers out.
+//! - [`w8a8`]: keel's W8A8 scheme (per-channel/per-token scales, Hadamard rotation) and the
+//!   exact CPU emulation of the NPU's integer arithmetic.
 //! - [`gemm`]: keel's GEMM `Y[M,N] = X[M,K]·W[K,N]`, tiled along N so that each tile's
 //!   weights stay resident in the convolution buffer.
 //!
@@ -18,3 +20,5 @@ pub mod gemm;
 pub mod names;
 pub mod pack;
 pub mod regcmd;
+pub mod uapi;
+pub mod w8a8;
