@@ -8,6 +8,7 @@
 //! - [`fixture`]: capture-tool fixtures in, keel's stream and buffers out.
 //! - [`w8a8`]: keel's W8A8 scheme (per-channel/per-token scales, Hadamard rotation) and the
 //!   exact CPU emulation of the NPU's integer arithmetic.
+//! - [`ioctl`]: the driver's ioctls behind a trait, the real node, one GEMM run through them.
 //! - [`gemm`]: keel's GEMM `Y[M,N] = X[M,K]·W[K,N]`, tiled along N so that each tile's
 //!   weights stay resident in the convolution buffer.
 //!
@@ -17,6 +18,7 @@
 pub mod conv;
 pub mod fixture;
 pub mod gemm;
+pub mod ioctl;
 pub mod names;
 pub mod pack;
 pub mod regcmd;
