@@ -156,3 +156,17 @@ fn dump_regcmd_prints_names() {
     assert!(s.contains("CNA_CBUF_CON0") && s.contains("DPU_RDMA_RDMA_BS_BASE_ADDR") && s.contains("0x10004000"), "{s}");
     assert!(s.contains("decoded: 1x1 convolution"), "{s}");
 }
+
+#[test]
+fn probe_without_the_node_exits_2_naming_what_is_missing() {
+    let missing = std::env::temp_dir().join(format!("keel-no-accel-{}", std::process::id()));
+    let st = support::keel().args(["probe", "--device", "rknpu"]).env("KEEL_RKNPU_NODE", &missing).output().unwrap();
+    assert_eq!(st.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&st.stderr);
+    for want in [missing.to_str().unwrap(), "6.18", "CONFIG_DRM_ACCEL_ROCKET", "rockchip,rk3588-rknn-core", "render"] {
+        assert!(e.contains(want), "{want}: {e}");
+    }
+    let st = support::keel().args(["rknpu", "gen", "only-one"]).output().unwrap();
+    assert_eq!(st.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&st.stderr).contains("usage: keel rknpu gen FIXTURE_DIR OUT_DIR"));
+}

@@ -67,7 +67,36 @@ pub fn probe(dump: Option<String>) -> Result<()> {
         ))
         .into());
     }
-    bail!("rknpu: {} exists, but keel's rocket submission path has not been written yet (command streams only; not yet run on hardware)", n.display())
+    probe_board(&n)
+}
+
+/// On a board: a 64×64 int8 product (Mesa's per-tensor configuration) on the NPU,
+/// compared element by element with the CPU's integer reference (±1 for rounding).
+fn probe_board(n: &Path) -> Result<()> {
+    use crate::device::rknpu::ioctl::{run_gemm, Node};
+    let mut node = Node::open(n).with_context(|| format!("rknpu: cannot open {} read/write (permissions: group 'render' or a udev rule)", n.display()))?;
+    let (m, k, nn) = (64u32, 64u32, 64u32);
+    let q = conv::Quant { in_zp: -128, w_zp: 0, out_zp: 0, in_scale: 0.05, w_scale: 0.004, out_scale: 0.434 };
+    let w: Vec<u8> = (0..k * nn).map(|i| ((i * 37 + 11) % 255) as u8).collect();
+    let x: Vec<u8> = (0..m * k).map(|i| ((i * 53 + 7) % 256) as u8).collect();
+    let bias: Vec<i32> = (0..nn as i32).map(|i| (i - 32) * 97).collect();
+    let got = run_gemm(&mut node, m, k, nn, q, &w, &bias, &x, std::time::Duration::from_millis(500))?;
+    let mult = f64::from(q.in_scale * q.w_scale / q.out_scale);
+    let mut bad = 0;
+    for r in 0..m as usize {
+        for c in 0..nn as usize {
+            let acc: i64 = (0..k as usize).map(|j| (i64::from(x[r * k as usize + j] as i8) - i64::from(q.in_zp)) * i64::from(w[c * k as usize + j] as i8)).sum::<i64>() + i64::from(bias[c]);
+            let want = ((acc as f64 * mult).round() as i64 + i64::from(q.out_zp)).clamp(-128, 127);
+            if (i64::from(got[r * nn as usize + c] as i8) - want).abs() > 1 {
+                bad += 1;
+            }
+        }
+    }
+    if bad > 0 {
+        bail!("rknpu: the NPU's 64x64 int8 product differs from the CPU's in {bad} of {} elements (beyond ±1): the device computes wrongly or keel's stream is wrong for this hardware", m * nn);
+    }
+    println!("rknpu: {}: 64x64 int8 product on the NPU equals the CPU's (within ±1)", n.display());
+    Ok(())
 }
 
 /// The accuracy of the W8A8 scheme: mean KL divergence of the emulated NPU's next-token
