@@ -213,30 +213,14 @@ pub fn matmul(w: &QMatrix, signs: Option<&[f32]>, fine: bool, x_residual: bool, 
             rotate(row, s);
         }
     }
-    let amax: Vec<f32> = xr.chunks_exact(cols).map(|r| r.iter().fold(0f32, |m, v| m.max(v.abs()))).collect();
-    let sx: Vec<f32> = if fine { amax.iter().map(|&a| scale(a)).collect() } else { vec![scale(amax.iter().fold(0f32, |m, &v| m.max(v))); n] };
-    let mut qx = vec![0i8; n * cols];
-    for i in 0..n {
-        let inv = 1.0 / sx[i];
-        for (d, &v) in qx[i * cols..(i + 1) * cols].iter_mut().zip(&xr[i * cols..(i + 1) * cols]) {
-            *d = q8(v, inv);
-        }
-    }
+    let (qx, sx) = quantize(&xr, n, cols, fine);
     // With an activation residual, the rows' rounding errors go as M more rows.
     let (qx2, sx2) = if x_residual {
         let mut r = xr.clone();
         for (j, v) in r.iter_mut().enumerate() {
             *v -= f32::from(qx[j]) * sx[j / cols];
         }
-        let s2: Vec<f32> = r.chunks_exact(cols).map(|row| scale(row.iter().fold(0f32, |m, v| m.max(v.abs())))).collect();
-        let mut q2 = vec![0i8; n * cols];
-        for i in 0..n {
-            let inv = 1.0 / s2[i];
-            for (d, &v) in q2[i * cols..(i + 1) * cols].iter_mut().zip(&r[i * cols..(i + 1) * cols]) {
-                *d = q8(v, inv);
-            }
-        }
-        (q2, s2)
+        quantize(&r, n, cols, true)
     } else {
         (Vec::new(), Vec::new())
     };
