@@ -11,9 +11,19 @@ fn keel(args: &[&str]) -> std::process::Output {
     keel_test_support::keel_command(env!("CARGO_BIN_EXE_keel")).args(args).output().unwrap()
 }
 
-/// The commands of the tree, but clap's own `help`.
-fn commands() -> Vec<clap::Command> {
-    keel_host_linux::cli::command().get_subcommands().filter(|c| c.get_name() != "help").cloned().collect()
+/// The commands of the tree, but clap's own `help`, with their subcommands (`rknpu gen`),
+/// each under its path of names.
+fn commands() -> Vec<(String, clap::Command)> {
+    fn walk(prefix: &str, cmd: &clap::Command, out: &mut Vec<(String, clap::Command)>) {
+        for c in cmd.get_subcommands().filter(|c| c.get_name() != "help") {
+            let path = if prefix.is_empty() { c.get_name().to_string() } else { format!("{prefix} {}", c.get_name()) };
+            out.push((path.clone(), c.clone()));
+            walk(&path, c, out);
+        }
+    }
+    let mut out = Vec::new();
+    walk("", &keel_host_linux::cli::command(), &mut out);
+    out
 }
 
 /// Every spelling of every flag `cmd` accepts (`-x`, `--long`, visible aliases), and the
@@ -63,10 +73,11 @@ fn names(text: &str, flag: &str) -> bool {
 #[test]
 fn every_command_help_lists_every_flag_it_accepts() {
     let cmds = commands();
-    assert!(cmds.len() >= 12, "{:?}", cmds.iter().map(|c| c.get_name()).collect::<Vec<_>>());
-    for cmd in &cmds {
-        let name = cmd.get_name();
-        let out = keel(&[name, "--help"]);
+    assert!(cmds.len() >= 12, "{:?}", cmds.iter().map(|c| &c.0).collect::<Vec<_>>());
+    for (name, cmd) in &cmds {
+        let name = name.as_str();
+        let path: Vec<&str> = name.split(' ').collect();
+        let out = keel(&[&path[..], &["--help"]].concat());
         let help = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(out.status.success() && out.stderr.is_empty(), "keel {name} --help: {:?} {}", out.status, String::from_utf8_lossy(&out.stderr));
         assert!(help.contains(&format!("Usage: keel {name}")), "keel {name} --help:\n{help}");
@@ -88,7 +99,7 @@ fn every_command_help_lists_every_flag_it_accepts() {
             let flat = help.split_whitespace().collect::<Vec<_>>().join(" ");
             assert!(flat.contains(&format!("[default: {d}]")), "keel {name} --help does not show --{:?}'s default {d}:\n{help}", a.get_long());
         }
-        let out = keel(&["help", name]);
+        let out = keel(&[&["help"], &path[..]].concat());
         assert_eq!(String::from_utf8_lossy(&out.stdout), help, "keel help {name} differs from keel {name} --help");
     }
 }
@@ -98,18 +109,23 @@ fn the_readme_command_table_matches_the_parser() {
     let readme = std::fs::read_to_string(keel_test_support::repo_root().join("README.md")).unwrap();
     let section = readme.split("## The command line").nth(1).expect("README has a command-line section");
     let section = section.split("\n## ").next().unwrap();
-    // Rows: | `keel NAME ...` | what it does |
+    // Rows: | `keel NAME [SUB] ...` | what it does |, one per command without subcommands,
+    // keyed by the longest command path the row starts with.
+    let cmds: Vec<(String, clap::Command)> = commands().into_iter().filter(|(_, c)| !c.has_subcommands()).collect();
     let rows: Vec<(&str, &str)> = section
         .lines()
         .filter_map(|l| l.strip_prefix("| `keel "))
-        .map(|r| (r.split(|c: char| c == ' ' || c == '`').next().unwrap(), r))
+        .map(|r| {
+            let words: String = r.split('`').next().unwrap().to_string() + " ";
+            let key = cmds.iter().map(|(p, _)| p.as_str()).filter(|p| words.starts_with(&format!("{p} "))).max_by_key(|p| p.len());
+            (key.unwrap_or_else(|| r.split(|c: char| c == ' ' || c == '`').next().unwrap()), r)
+        })
         .collect();
-    let cmds = commands();
-    let in_tree: BTreeSet<&str> = cmds.iter().map(|c| c.get_name()).collect();
+    let in_tree: BTreeSet<&str> = cmds.iter().map(|(p, _)| p.as_str()).collect();
     let in_readme: BTreeSet<&str> = rows.iter().map(|r| r.0).collect();
     assert_eq!(in_readme, in_tree, "README command table vs the parser's commands");
-    for cmd in &cmds {
-        let name = cmd.get_name();
+    for (name, cmd) in &cmds {
+        let name = name.as_str();
         let row = rows.iter().find(|r| r.0 == name).unwrap().1;
         let (flags, _) = spellings(cmd);
         let named = flags_in(row);
@@ -144,8 +160,8 @@ fn completions_for_the_common_shells() {
 #[test]
 fn batches_on_every_command_that_evaluates() {
     let cmds = commands();
-    for (name, default) in [("run", "invariant"), ("chat", "invariant"), ("eval", "invariant"), ("bench", "invariant"), ("perplexity", "llama-cpp")] {
-        let cmd = cmds.iter().find(|c| c.get_name() == name).unwrap();
+    for (name, default) in [("run", "invariant"), ("chat", "invariant"), ("eval", "invariant"), ("bench", "invariant"), ("perplexity", "llama-cpp"), ("serve", "invariant")] {
+        let cmd = &cmds.iter().find(|c| c.0 == name).unwrap().1;
         let a = cmd.get_arguments().find(|a| a.get_long() == Some("batches")).unwrap_or_else(|| panic!("keel {name} has no --batches"));
         let values: Vec<String> = a.get_possible_values().iter().map(|v| v.get_name().to_string()).collect();
         assert_eq!(values, ["invariant", "llama-cpp"], "keel {name} --batches");

@@ -13,6 +13,7 @@ pub mod offload;
 pub mod perplexity;
 pub mod probe;
 pub mod quantize;
+pub mod rknpu;
 pub mod roofline;
 pub mod run;
 pub mod tokenize;
@@ -78,6 +79,8 @@ commands! {
     Probe(probe::ProbeArgs) => probe::main,
     /// An OpenAI-compatible HTTP server with a fixed number of slots, each with its own arena
     Serve(crate::serve::ServeArgs) => crate::serve::main,
+    /// RK3588 NPU tools: keel's command stream for a rocket-capture fixture (gen), the W8A8 scheme's accuracy (kl)
+    Rknpu(rknpu::RknpuArgs) => rknpu::main,
     /// Write a copy of a model quantized to one of llama.cpp's mixes
     Quantize(quantize::QuantizeArgs) => quantize::main,
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell)

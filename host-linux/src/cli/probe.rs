@@ -50,9 +50,12 @@ fn mib(b: u64) -> String {
 /// `keel probe`.
 #[derive(clap::Args, Debug)]
 pub struct ProbeArgs {
-    /// The device to open (known: hexagon-sim); llama.cpp's -dev is read as --device
+    /// The device to open (known: hexagon-sim, rknpu); llama.cpp's -dev is read as --device
     #[arg(short = 'd', long = "device", value_name = "NAME")]
     pub device: Option<String>,
+    /// With --device rknpu: print a regcmd stream file with register names (and its decoded task) instead of opening the NPU
+    #[arg(long = "dump-regcmd", value_name = "FILE")]
+    pub dump_regcmd: Option<String>,
     /// JSON output
     #[arg(long = "json")]
     pub json: bool,
@@ -113,7 +116,13 @@ struct SelfTestJson {
 /// `keel probe`.
 pub fn main(a: ProbeArgs) -> Result<()> {
     let as_json = a.json;
-    let Some(device) = a.device else { bail!("keel probe --device NAME; known: {}", KNOWN.join(", ")) };
+    let Some(device) = a.device else { bail!("keel probe --device NAME; known: {}, rknpu", KNOWN.join(", ")) };
+    if device == "rknpu" {
+        return super::rknpu::probe(a.dump_regcmd);
+    }
+    if a.dump_regcmd.is_some() {
+        bail!("--dump-regcmd goes with --device rknpu");
+    }
     if device != "hexagon-sim" {
         bail!("unknown device '{device}'; known: {}", KNOWN.join(", "));
     }

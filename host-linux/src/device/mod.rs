@@ -14,6 +14,7 @@ pub mod error;
 pub mod hexagon_sim;
 pub mod link;
 pub mod offload;
+pub mod rknpu;
 pub mod shm;
 pub mod transport;
 

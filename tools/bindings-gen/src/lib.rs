@@ -25,7 +25,18 @@ pub struct Binding {
 }
 
 /// Every committed binding. A device shim that needs a C interface adds an entry here.
-pub const BINDINGS: &[Binding] = &[];
+pub const BINDINGS: &[Binding] = &[
+    // The RK3588 NPU's rocket accel uAPI. The header is keel's transcription of Linux 6.18's
+    // include/uapi/drm/rocket_accel.h (no configured Debian release ships that header yet;
+    // see the header's comment).
+    Binding {
+        name: "rocket",
+        header: "host-linux/src/device/rknpu/uapi/rocket_accel.h",
+        output: "host-linux/src/device/rknpu/uapi/bindings.rs",
+        allow: &["drm_rocket_.*", "DRM_ROCKET_.*"],
+        clang_args: &[],
+    },
+];
 
 /// The repository root (this crate lives in `tools/bindings-gen`).
 pub fn repo_root() -> PathBuf {
