@@ -245,7 +245,8 @@ impl HexagonSim {
     }
 }
 
-fn fresh_seed() -> u32 {
+/// A seed for the self-test that a constant answer cannot match.
+pub(crate) fn fresh_seed() -> u32 {
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     (t.subsec_nanos() ^ (t.as_secs() as u32).rotate_left(13) ^ std::process::id().rotate_left(7)).wrapping_mul(0x9e37_79b9)
 }

@@ -25,7 +25,14 @@ pub struct Binding {
 }
 
 /// Every committed binding. A device shim that needs a C interface adds an entry here.
-pub const BINDINGS: &[Binding] = &[];
+pub const BINDINGS: &[Binding] = &[Binding {
+    name: "cdsprpc",
+    header: "host-linux/src/device/fastrpc/cdsprpc.h",
+    output: "host-linux/src/device/fastrpc/sys.rs",
+    allow: &["keel_.*", "AEE_.*", ".*_DOMAIN_ID", "FASTRPC_.*", "DSPRPC_.*", "RPC_.*", "RPCMEM_.*", "DSPQUEUE_.*", "remote_.*", "dspqueue_.*", "REMOTE_.*",
+             "DOMAIN_SUPPORT", "UNSIGNED_PD_SUPPORT", "HVX_SUPPORT_.*", "VTCM_.*", "ARCH_VER", "HMX_SUPPORT_.*"],
+    clang_args: &[],
+}];
 
 /// The repository root (this crate lives in `tools/bindings-gen`).
 pub fn repo_root() -> PathBuf {
