@@ -99,6 +99,8 @@ pub fn code_name(code: i32) -> &'static str {
         sys::AEE_ENOSUCHMAP => "AEE_ENOSUCHMAP",
         sys::AEE_ECONNREFUSED => "AEE_ECONNREFUSED, no DSP answered",
         sys::AEE_ERPC => "AEE_ERPC",
+        sys::AEE_ECONNRESET => "AEE_ECONNRESET, the DSP process is gone",
+        sys::AEE_EWOULDBLOCK => "AEE_EWOULDBLOCK",
         sys::AEE_EUNSIGNEDPD_REFUSED => "unsigned PD refused",
         _ => "unknown code",
     }
@@ -491,7 +493,7 @@ impl Hexagon {
         };
         match r as u32 {
             0 => {}
-            sys::AEE_EEXPIRED => return Ok(None),
+            sys::AEE_EEXPIRED | sys::AEE_EWOULDBLOCK => return Ok(None),
             _ => {
                 let what = format!("dspqueue_read failed with {r:#x} ({}) while waiting for {waiting_for}: the DSP process exited or the session was killed; reopen the device", code_name(r));
                 return Err(self.fail(ErrorKind::DeviceLost, what));
