@@ -20,6 +20,9 @@ export KEEL_REQUIRE_DSP=1
 
 echo "== build"
 cargo build --release -p keel-host-linux
+# The libcdsprpc test double (target/release/libcdsprpc.so) the `hexagon` FastRPC device
+# tests load through KEEL_CDSPRPC (host-linux/tests/fastrpc_*.rs; its DSP is the firmware above).
+cargo build --release -p keel-cdsprpc-double
 ./target/release/keel pull smollm2-135m
 ./target/release/keel pull gemma3-270m
 
