@@ -289,13 +289,15 @@ impl Hexagon {
         // SAFETY: a NUL-terminated URI and a place for the handle.
         let r = unsafe { (api.open.expect("checked at load"))(c_uri.as_ptr(), &mut h) };
         if r != 0 {
-            let advice = match r as u32 {
-                sys::AEE_ECONNREFUSED => api::node_problem().unwrap_or_else(|| "the DSP did not answer (is the CDSP running? see dmesg)".into()),
-                sys::AEE_EUNSIGNEDPD_REFUSED => "the DSP refused to create an unsigned PD (unsigned modules disabled on this image)".into(),
-                sys::AEE_ENOSUCHMOD => format!("{} was not found: put it in a directory on DSP_LIBRARY_PATH (or ADSP_LIBRARY_PATH)", cfg.skel),
-                _ => format!("check that {} is on DSP_LIBRARY_PATH and built for this DSP", cfg.skel),
+            let (kind, advice) = match r as u32 {
+                sys::AEE_ECONNREFUSED => (ErrorKind::DeviceLost, api::node_problem().unwrap_or_else(|| "the DSP did not answer (is the CDSP running? see dmesg)".into())),
+                sys::AEE_EUNSIGNEDPD_REFUSED | sys::AEE_ENOTALLOWED => {
+                    (ErrorKind::Unsupported, "the DSP refused to create an unsigned PD (unsigned modules are disabled on this image, or the library is an SDK copy that cannot request one: use the system's)".into())
+                }
+                sys::AEE_ENOSUCHMOD => (ErrorKind::Other, format!("{} was not found: put it in a directory on DSP_LIBRARY_PATH (or ADSP_LIBRARY_PATH)", cfg.skel)),
+                _ => (ErrorKind::Other, format!("check that {} is on DSP_LIBRARY_PATH and built for this DSP", cfg.skel)),
             };
-            return Err(step_error(&name, ErrorKind::DeviceLost, &format!("remote_handle64_open({uri})"), r, &advice));
+            return Err(step_error(&name, kind, &format!("remote_handle64_open({uri})"), r, &advice));
         }
         o.handle = Some(h);
         if let Some(hc) = api.handle64_control {
