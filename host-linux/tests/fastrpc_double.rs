@@ -61,3 +61,40 @@ fn keel_run_device_hexagon_equals_hexagon_sim_and_cpu_on_every_synthetic_model()
     }
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// No libcdsprpc here: `keel probe --device hexagon` exits 2 naming the library and what to
+/// do (this needs nothing built: it must hold on every machine without a DSP). Cargo puts
+/// target/release on LD_LIBRARY_PATH, where the double is named libcdsprpc.so: removed.
+#[test]
+fn probe_without_the_library_exits_2_naming_it() {
+    let out = keel_test_support::keel_command(env!("CARGO_BIN_EXE_keel"))
+        .args(["probe", "--device", "hexagon"])
+        .env_remove("KEEL_CDSPRPC")
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    for want in ["libcdsprpc.so", "cannot be loaded", "KEEL_CDSPRPC", "/dev/fastrpc-cdsp"] {
+        assert!(err.contains(want), "`{want}` missing from: {err}");
+    }
+    // A path that is not there is named too.
+    let out = keel_test_support::keel_command(env!("CARGO_BIN_EXE_keel")).args(["probe", "--device", "hexagon"]).env("KEEL_CDSPRPC", "/nonexistent/libcdsprpc.so").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/libcdsprpc.so"));
+}
+
+/// Through the double: the probe reports the arch, HVX, VTCM, the budget and the self-test.
+#[test]
+fn probe_through_the_double_reports_the_dsp() {
+    let Some(double) = fastrpc::double("probe_through_the_double_reports_the_dsp") else { return };
+    let out = keel_test_support::keel_command(env!("CARGO_BIN_EXE_keel")).args(["probe", "--device", "hexagon", "--json"]).env("KEEL_CDSPRPC", &double).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cpu = std::env::var("KEEL_QEMU_CPU").unwrap_or_else(|_| "v68".into());
+    assert_eq!(v["arch"], cpu.as_str());
+    assert!(v["hvx_contexts"].as_u64().unwrap() >= 4);
+    assert!(v["va_budget"].as_u64().unwrap() > 0 && v["vtcm_bytes"].as_u64().unwrap() >= 4 << 20);
+    assert_eq!(v["self_test"]["passed"], true);
+    assert_eq!(v["self_test"]["digest"], v["self_test"]["expected"]);
+}

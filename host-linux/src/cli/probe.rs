@@ -54,6 +54,9 @@ pub fn main(mut a: Args) -> Result<()> {
     let device: Option<String> = a.value(&["--device", "-d"], "a device name")?;
     a.finish()?;
     let Some(device) = device else { bail!("keel probe --device NAME; known: {}", KNOWN.join(", ")) };
+    if device == "hexagon" {
+        return crate::device::fastrpc::probe::run(as_json);
+    }
     if device != "hexagon-sim" {
         bail!("unknown device '{device}'; known: {}", KNOWN.join(", "));
     }

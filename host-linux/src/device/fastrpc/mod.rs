@@ -25,6 +25,7 @@
 //! `submit`, `poll` and `host_view` allocate nothing when they succeed.
 
 pub mod api;
+pub mod probe;
 #[allow(missing_docs, clippy::all)]
 pub mod sys;
 
