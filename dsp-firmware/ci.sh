@@ -72,6 +72,8 @@ for c in "${configs[@]}"; do
   echo "== build $name ($cpu, $hvx)"
   build "$name" "$cpu" "$hvx"
   build "$name-broken" "$cpu" "$hvx" broken-hvx-zeros
+  # The FastRPC skel (libkeel_skel.so): built, linked shared, exports and imports checked.
+  bash scripts/skel.sh "$name" "$cpu" "$hvx" "$toolchain" "$td"
   elf="$td/$name/$target/release/keel-dsp-harness"
   echo "== test under qemu-hexagon -cpu $name"
   (cd qemu-tests && KEEL_DSP_ELF="$elf" KEEL_DSP_ELF_BROKEN="$td/$name-broken/$target/release/keel-dsp-harness" \
