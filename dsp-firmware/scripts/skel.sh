@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds keel's FastRPC skel for one Hexagon CPU and checks its symbols:
-#   scripts/skel.sh NAME TARGET-CPU HVX-FEATURE TOOLCHAIN TARGET-DIR
+#   scripts/skel.sh NAME TARGET-CPU HVX-FEATURE TOOLCHAIN TARGET-DIR [FEATURES]
 # The firmware crate's skel (skel/, a PIC static library) is linked into a shared object
 # with ld.lld (`rust-lld -flavor gnu -shared`, the toolchain's own linker), exporting only
 # the entry points of skel/exports.ver. Then: its dynamic exports must be exactly those,
@@ -13,7 +13,7 @@ target=hexagon-unknown-none-elf
 bin=$(rustc +"$toolchain" --print sysroot)/lib/rustlib/x86_64-unknown-linux-gnu/bin
 out="$td/skel-$name/$target/release"
 (cd "$here/skel" && RUSTFLAGS="-C target-cpu=$cpu -C target-feature=+$hvx,+hvx-length128b -C relocation-model=pic" \
-  cargo +"$toolchain" build -q --release --target $target -Zbuild-std=core --target-dir "$td/skel-$name")
+  cargo +"$toolchain" build -q --release --target $target -Zbuild-std=core --target-dir "$td/skel-$name" ${6:+--features $6})
 "$bin/rust-lld" -flavor gnu -shared --gc-sections --version-script "$here/skel/exports.ver" -soname libkeel_skel.so \
   -o "$out/libkeel_skel.so" --whole-archive "$out/libkeel_dsp_skel.a"
 

@@ -100,6 +100,17 @@ fn every_injected_fault_names_its_step_and_code_and_leaks_nothing() {
     says(&e, ErrorKind::Unsupported, &["remote_handle64_open", "0x80000600", "unsigned PD"]);
     assert_eq!(d.live(), [0; 5], "{e}");
 
+    // The skel is looked for on DSP_LIBRARY_PATH, as on a board.
+    d.fault("");
+    let empty = std::env::temp_dir().join(format!("keel-no-skel-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    std::env::set_var("DSP_LIBRARY_PATH", &empty);
+    let e = Hexagon::open(&cfg()).err().expect("no skel on DSP_LIBRARY_PATH");
+    std::env::remove_var("DSP_LIBRARY_PATH");
+    let _ = std::fs::remove_dir(&empty);
+    says(&e, ErrorKind::Other, &["remote_handle64_open", "0x3e", "libkeel_skel.so was not found", "DSP_LIBRARY_PATH"]);
+    assert_eq!(d.live(), [0; 5], "{e}");
+
     d.fault("dspqueue-create");
     let e = Hexagon::open(&cfg()).err().expect("dspqueue_create failing");
     says(&e, ErrorKind::Other, &["dspqueue_create", "0x14", "AEE_EUNSUPPORTED"]);

@@ -1,25 +1,32 @@
 //! A test double of `libcdsprpc.so`: the part of the FastRPC API keel's `hexagon` device
-//! calls, with the library's documented return codes, and a "DSP" that is keel's own
-//! firmware (`keel-dsp-device`) running as Hexagon code under `qemu-hexagon`, one
-//! process per opened session. Built for tests only (a cdylib named `libcdsprpc.so`;
-//! point `KEEL_CDSPRPC` at it).
+//! calls, with the library's documented return codes, and a "DSP" that is keel's own skel
+//! (`libkeel_skel.so`, the firmware crate built as a shared object) running as Hexagon
+//! code under `qemu-hexagon`, loaded by `keel-dsp-shell` (a stand-in for the FastRPC
+//! shell: it maps the ELF, applies its relocations and resolves its dspqueue/HAP/QuRT
+//! imports against its own stand-ins), one process per opened session. Built for tests
+//! only (a cdylib named `libcdsprpc.so`; point `KEEL_CDSPRPC` at it).
 //!
+//! - The skel is found as the library finds it: the URI's file name on
+//!   `DSP_LIBRARY_PATH` (then `ADSP_LIBRARY_PATH`); with neither set, the one
+//!   `dsp-firmware/ci.sh` builds for `KEEL_QEMU_CPU` (`KEEL_DSP_SKEL` overrides).
 //! - rpcmem: allocations come from one memfd-backed pool the emulated DSP maps too (its
-//!   path `/proc/<pid>/fd/<n>` is the firmware's `--shm`), so buffers are shared without
+//!   path `/proc/<pid>/fd/<n>` is the shell's `--shm`), so buffers are shared without
 //!   copies as dma-bufs are; `rpcmem_to_fd` gives each allocation its own fd (a `dup`).
-//! - `fastrpc_mmap(FASTRPC_MAP_FD)` tells the firmware to map the buffer (a `MapBuffer`
-//!   message, id = the fd); `fastrpc_munmap` unmaps it (`FreeBuffer`).
+//! - `fastrpc_mmap(FASTRPC_MAP_FD)` checks and records the mapping (the kernel's part);
+//!   dspqueue references to mapped buffers reach the skel as pool addresses.
 //! - `remote_handle64_open` needs the unsigned PD enabled first (`remote_session_control`)
-//!   and starts the emulator; the skel's method 2 (`start`) links an exported queue to it.
-//! - dspqueue messages are the firmware's frames; every buffer reference is checked
-//!   (mapped, REF flag, size) and every buffer a batch names must be referenced.
+//!   and starts the emulator; the skel's method 2 (`start`) is relayed to the skel, which
+//!   imports the exported queue.
+//! - dspqueue packets are relayed to the skel's callback; every buffer reference is checked
+//!   (mapped, REF flag, size), every buffer a batch names must be referenced, and every
+//!   answer must release its references (DEREF).
 //!
 //! Every call is appended to the file `KEEL_CDSPRPC_LOG` names (one line: the function,
 //! its main arguments, `-> code`), so tests can check the order and the balance of calls.
 //! Faults (`KEEL_CDSPRPC_FAULT`, or `keel_double_set_fault`): `unsigned-refused`,
-//! `caps-refused`, `mmap-fail`, `queue-timeout` (the firmware hangs on batches),
+//! `caps-refused`, `mmap-fail`, `queue-timeout` (batches are never answered),
 //! `dsp-exit` (the DSP process dies after the first batch), `dspqueue-create`, `zeros`
-//! (the firmware build whose HVX unit writes zeros).
+//! (the skel built with an HVX unit that writes zeros).
 
 #![allow(clippy::missing_safety_doc)]
 
@@ -32,8 +39,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use keel_npu_hal::wire::{self, DeviceMsg, HostMsg, MAX_MESSAGE};
-use keel_npu_hal::BufferId;
+use keel_npu_hal::wire::{self, HostMsg, MAX_MESSAGE};
 
 #[allow(dead_code, missing_docs, clippy::all)]
 #[path = "../../src/device/fastrpc/sys.rs"]
@@ -43,6 +49,8 @@ const OK: c_int = 0;
 const POOL_BYTES: u64 = 256 << 20;
 const PAGE: u64 = 4096;
 const CONTROL_WAIT: Duration = Duration::from_secs(20);
+/// Bytes of a frame to or from the shell: head, 16 references of 16 bytes, a message.
+const FRAME_MAX: usize = 4 + 16 * 16 + MAX_MESSAGE;
 
 struct Session {
     domain: u32,
@@ -158,13 +166,25 @@ fn arch_number(cpu: &str) -> u32 {
     cpu.trim_start_matches('v').parse().unwrap_or(68)
 }
 
-fn firmware(zeros: bool) -> PathBuf {
-    let cpu = cpu();
-    let var = if zeros { "KEEL_DSP_ELF_BROKEN" } else { "KEEL_DSP_ELF" };
-    env(var).map(PathBuf::from).unwrap_or_else(|| {
-        let dir = if zeros { format!("{cpu}-broken") } else { cpu };
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../dsp-firmware/target").join(dir).join("hexagon-unknown-none-elf/release/keel-dsp-device")
-    })
+fn dsp_target(dir: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../dsp-firmware/target").join(dir).join("hexagon-unknown-none-elf/release")
+}
+
+/// The skel file `name` (from the URI), found as the library finds it; `None`: not found.
+fn find_skel(name: &str, zeros: bool) -> Option<PathBuf> {
+    if let Some(p) = env("KEEL_DSP_SKEL") {
+        return Some(p.into());
+    }
+    let dirs: Vec<String> = ["DSP_LIBRARY_PATH", "ADSP_LIBRARY_PATH"].iter().filter_map(|k| env(k)).collect();
+    if dirs.is_empty() {
+        let dir = if zeros { format!("skel-{}-broken", cpu()) } else { format!("skel-{}", cpu()) };
+        return Some(dsp_target(&dir).join(name)).filter(|p| p.is_file());
+    }
+    dirs.iter().flat_map(|d| d.split([';', ':']).map(str::to_owned).collect::<Vec<_>>()).map(|d| PathBuf::from(d).join(name)).find(|p| p.is_file())
+}
+
+fn shell_elf() -> PathBuf {
+    env("KEEL_DSP_SHELL").map(PathBuf::from).unwrap_or_else(|| dsp_target(&cpu()).join("keel-dsp-shell"))
 }
 
 fn qemu() -> PathBuf {
@@ -178,16 +198,15 @@ fn qemu() -> PathBuf {
 }
 
 impl Session {
-    fn start(pool_fd: RawFd, zeros: bool, hang: bool) -> std::io::Result<Session> {
+    fn start(pool_fd: RawFd, skel: &std::path::Path) -> std::io::Result<Session> {
         let cpu = cpu();
         let vtcm: u32 = if arch_number(&cpu) >= 69 { 8 << 20 } else { 4 << 20 };
         let mut cmd = Command::new(qemu());
-        cmd.args(["-cpu", &cpu]).arg(firmware(zeros)).arg("--shm").arg(format!("/proc/{}/fd/{pool_fd}", std::process::id()));
-        cmd.args(["--vtcm", &vtcm.to_string()]);
-        if hang {
-            cmd.args(["--fault", "hang-on-batch"]);
-        }
-        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
+        cmd.args(["-cpu", &cpu]).arg(shell_elf()).arg("--shm").arg(format!("/proc/{}/fd/{pool_fd}", std::process::id()));
+        cmd.arg("--skel").arg(skel).args(["--vtcm", &vtcm.to_string()]);
+        // The shell's own complaints (a skel it cannot load) with KEEL_CDSPRPC_STDERR=1.
+        let err = if env("KEEL_CDSPRPC_STDERR").is_some() { Stdio::inherit() } else { Stdio::null() };
+        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(err).spawn()?;
         let stdin = child.stdin.take().ok_or_else(|| std::io::Error::other("no stdin"))?;
         let stdout = child.stdout.take().ok_or_else(|| std::io::Error::other("no stdout"))?;
         Ok(Session { domain: sys::CDSP_DOMAIN_ID, child, stdin, stdout, rbuf: Vec::new(), stash: VecDeque::new(), dead: false })
@@ -220,7 +239,7 @@ impl Session {
         loop {
             if self.rbuf.len() >= 4 {
                 let n = u32::from_le_bytes(self.rbuf[..4].try_into().unwrap()) as usize;
-                if n > MAX_MESSAGE {
+                if n > FRAME_MAX {
                     self.kill();
                     return Err(sys::AEE_ERPC as c_int);
                 }
@@ -254,27 +273,20 @@ impl Session {
         }
     }
 
-    /// A control message and its answer (batch completions that come first are kept).
-    fn control(&mut self, msg: &HostMsg) -> Result<DeviceMsg, c_int> {
-        let mut buf = vec![0u8; MAX_MESSAGE];
-        let n = wire::encode(msg, &mut buf).map_err(|_| sys::AEE_EBADPARM as c_int)?.len();
-        self.write(&buf[..n])?;
+    /// Relays a skel method with one 8-byte argument; its result (packets that come first are kept).
+    fn invoke(&mut self, method: u32, arg: u64) -> Result<c_int, c_int> {
+        let mut f = vec![0u8; 4];
+        f.extend_from_slice(&method.to_le_bytes());
+        f.extend_from_slice(&arg.to_le_bytes());
+        self.write(&f)?;
         let deadline = Instant::now() + CONTROL_WAIT;
         let mut kept = VecDeque::new();
         let r = loop {
-            // Read past the stash: the answer comes after what was kept.
-            let f = match self.stash.pop_front() {
-                Some(f) => f,
-                None => match self.frame(Some(deadline)) {
-                    Ok(Some(f)) => f,
-                    Ok(None) => break Err(sys::AEE_EEXPIRED as c_int),
-                    Err(e) => break Err(e),
-                },
-            };
-            match wire::decode::<DeviceMsg>(&f) {
-                Ok(DeviceMsg::BatchDone { .. }) => kept.push_back(f),
-                Ok(m) => break Ok(m),
-                Err(_) => break Err(sys::AEE_ERPC as c_int),
+            match self.frame(Some(deadline)) {
+                Ok(Some(f)) if f.first() == Some(&0) && f.len() == 8 => break Ok(i32::from_le_bytes(f[4..8].try_into().unwrap())),
+                Ok(Some(f)) => kept.push_back(f),
+                Ok(None) => break Err(sys::AEE_EEXPIRED as c_int),
+                Err(e) => break Err(e),
             }
         };
         kept.append(&mut self.stash);
@@ -366,9 +378,10 @@ pub unsafe extern "C" fn remote_handle64_open(uri: *const c_char, h: *mut u64) -
             if st.fault("unsigned-refused") {
                 return sys::AEE_EUNSIGNEDPD_REFUSED as c_int;
             }
+            let name = uri.trim_start_matches("file:///").split('?').next().unwrap_or_default().to_string();
+            let Some(skel) = find_skel(&name, st.fault("zeros")) else { return sys::AEE_ENOSUCHMOD as c_int };
             let Some((pool_fd, _)) = st.pool() else { return sys::AEE_ENOMEMORY as c_int };
-            let (zeros, hang) = (st.fault("zeros"), st.fault("queue-timeout"));
-            let Ok(s) = Session::start(pool_fd, zeros, hang) else { return sys::AEE_ECONNREFUSED as c_int };
+            let Ok(s) = Session::start(pool_fd, &skel) else { return sys::AEE_ECONNREFUSED as c_int };
             let id = st.next_handle;
             st.next_handle += 1;
             st.sessions.insert(id, s);
@@ -400,13 +413,17 @@ pub unsafe extern "C" fn remote_handle64_invoke(h: u64, sc: u32, args: *mut sys:
             }
             // SAFETY: 8 readable bytes.
             let qid = unsafe { *(b.pv as *const u64) };
-            match st.queues.get_mut(&qid) {
-                Some(q) if q.session.is_none() => {
-                    q.session = Some(h);
-                    OK
-                }
-                _ => sys::AEE_EBADPARM as c_int,
+            if !st.queues.get(&qid).is_some_and(|q| q.session.is_none()) {
+                return sys::AEE_EBADPARM as c_int;
             }
+            let r = match st.sessions.get_mut(&h).map(|s| s.invoke(2, qid)) {
+                Some(Ok(r)) | Some(Err(r)) => r,
+                None => sys::AEE_EBADPARM as c_int,
+            };
+            if r == OK {
+                st.queues.get_mut(&qid).unwrap().session = Some(h);
+            }
+            r
         })();
         st.log(format_args!("remote_handle64_invoke h={h} method={method} -> {rc}"));
         rc
@@ -516,25 +533,6 @@ pub extern "C" fn rpcmem_to_fd(p: *mut c_void) -> c_int {
     with(|st| st.allocs.get(&(p as usize)).map_or(-1, |a| a.fd))
 }
 
-/// Sends `msg` to every live session of `domain`; the first failure's code.
-fn tell_sessions(st: &mut State, domain: u32, msg: &HostMsg, ok: impl Fn(&DeviceMsg) -> bool) -> c_int {
-    let mut rc = OK;
-    let mut any = false;
-    for s in st.sessions.values_mut().filter(|s| s.domain == domain && !s.dead) {
-        any = true;
-        match s.control(msg) {
-            Ok(m) if ok(&m) => {}
-            Ok(_) => rc = sys::AEE_ERPC as c_int,
-            Err(e) => rc = e,
-        }
-    }
-    if any {
-        rc
-    } else {
-        sys::AEE_EBADSTATE as c_int
-    }
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn fastrpc_mmap(domain: c_int, fd: c_int, addr: *mut c_void, offset: c_int, len: usize, flags: c_int) -> c_int {
     with(|st| {
@@ -549,12 +547,11 @@ pub unsafe extern "C" fn fastrpc_mmap(domain: c_int, fd: c_int, addr: *mut c_voi
             if key != addr as usize || len as u64 > a.len || a.mapped {
                 return sys::AEE_EBADPARM as c_int;
             }
-            let msg = HostMsg::MapBuffer { id: BufferId(fd as u32), fd: 0, offset: a.off, len: len as u64 };
-            let rc = tell_sessions(st, domain as u32, &msg, |m| matches!(m, DeviceMsg::BufferMapped { id, .. } if id.0 == fd as u32));
-            if rc == OK {
-                st.allocs.get_mut(&key).unwrap().mapped = true;
+            if !st.sessions.values().any(|s| s.domain == domain as u32 && !s.dead) {
+                return sys::AEE_EBADSTATE as c_int;
             }
-            rc
+            st.allocs.get_mut(&key).unwrap().mapped = true;
+            OK
         })();
         st.log(format_args!("fastrpc_mmap fd={fd} len={len} flags={flags} -> {rc}"));
         rc
@@ -569,13 +566,9 @@ pub unsafe extern "C" fn fastrpc_munmap(domain: c_int, fd: c_int, addr: *mut c_v
             if !a.mapped || key != addr as usize || len as u64 > a.len {
                 return sys::AEE_ENOSUCHMAP as c_int;
             }
+            let _ = domain;
             st.allocs.get_mut(&key).unwrap().mapped = false;
-            let msg = HostMsg::FreeBuffer { id: BufferId(fd as u32) };
-            match tell_sessions(st, domain as u32, &msg, |m| matches!(m, DeviceMsg::BufferFreed { .. })) {
-                // No live DSP process: nothing to unmap there.
-                r if r == sys::AEE_EBADSTATE as c_int || r == sys::AEE_ECONNRESET as c_int => OK,
-                r => r,
-            }
+            OK
         })();
         st.log(format_args!("fastrpc_munmap fd={fd} len={len} -> {rc}"));
         rc
@@ -671,12 +664,19 @@ pub unsafe extern "C" fn dspqueue_write(
             // SAFETY: the caller passes `n_bufs` descriptors and `len` bytes.
             let refs = if n_bufs == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(bufs, n_bufs as usize) } };
             let bytes = unsafe { std::slice::from_raw_parts(msg, len as usize) };
+            let mut frame = vec![1u8, refs.len() as u8, 0, 0];
             for r in refs {
-                let ok = st.allocs.values().any(|a| a.fd == r.fd as c_int && a.mapped && u64::from(r.size) <= a.len);
-                if !ok || r.flags & sys::DSPQUEUE_BUFFER_FLAG_REF == 0 {
+                let Some(a) = st.allocs.values().find(|a| a.fd == r.fd as c_int && a.mapped && u64::from(r.size) <= a.len) else {
+                    return sys::AEE_EBADPARM as c_int;
+                };
+                if r.flags & sys::DSPQUEUE_BUFFER_FLAG_REF == 0 {
                     return sys::AEE_EBADPARM as c_int;
                 }
+                for v in [r.fd, r.size, a.off as u32, r.flags] {
+                    frame.extend_from_slice(&v.to_le_bytes());
+                }
             }
+            frame.extend_from_slice(bytes);
             if let Ok(HostMsg::SubmitBatch(m)) = wire::decode::<HostMsg>(bytes) {
                 batch = true;
                 if m.buffers.iter().any(|b| !refs.iter().any(|r| r.fd == b.id.0)) {
@@ -684,8 +684,15 @@ pub unsafe extern "C" fn dspqueue_write(
                 }
             }
             let exit = batch && st.fault("dsp-exit");
+            let swallow = batch && st.fault("queue-timeout");
             let Some(s) = st.sessions.get_mut(&h) else { return sys::AEE_ECONNRESET as c_int };
-            if let Err(e) = s.write(bytes) {
+            if s.dead {
+                return sys::AEE_ECONNRESET as c_int;
+            }
+            if swallow {
+                return OK; // taken, never answered: the DSP hangs on it
+            }
+            if let Err(e) = s.write(&frame) {
                 return e;
             }
             if exit {
@@ -719,12 +726,26 @@ pub unsafe extern "C" fn dspqueue_read(
             match s.frame(deadline) {
                 Ok(None) => sys::AEE_EEXPIRED as c_int,
                 Err(e) => e,
-                Ok(Some(f)) if f.len() > max_len as usize => sys::AEE_EBADPARM as c_int,
                 Ok(Some(f)) => {
+                    let n = usize::from(f.get(1).copied().unwrap_or(0));
+                    let body = 4 + 16 * n;
+                    if f.first() != Some(&1) || f.len() < body {
+                        eprintln!("libcdsprpc double: not a packet from the skel: {:02x?}", &f[..f.len().min(16)]);
+                        return sys::AEE_ERPC as c_int;
+                    }
+                    // The skel must release every reference it was given.
+                    if (0..n).any(|i| u32::from_le_bytes(f[4 + 16 * i + 12..][..4].try_into().unwrap()) & sys::DSPQUEUE_BUFFER_FLAG_DEREF == 0) {
+                        eprintln!("libcdsprpc double: the skel's answer keeps a buffer reference (no DEREF)");
+                        return sys::AEE_ERPC as c_int;
+                    }
+                    let m = &f[body..];
+                    if m.len() > max_len as usize {
+                        return sys::AEE_EBADPARM as c_int;
+                    }
                     // SAFETY: the caller's buffers, `max_len` bytes and one word each.
                     unsafe {
-                        std::ptr::copy_nonoverlapping(f.as_ptr(), msg, f.len());
-                        *len = f.len() as u32;
+                        std::ptr::copy_nonoverlapping(m.as_ptr(), msg, m.len());
+                        *len = m.len() as u32;
                         *n_bufs = 0;
                         *flags = 0;
                     }

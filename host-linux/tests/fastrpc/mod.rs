@@ -1,7 +1,8 @@
 //! Shared pieces of the `hexagon` (FastRPC) device tests: the test double of
 //! libcdsprpc (`keel-cdsprpc-double`, built as `target/release/libcdsprpc.so`), whose DSP
-//! is the hexagon-sim firmware, so it needs what hexagon-sim needs; and the checker of the
-//! double's call log. Skips loudly when a piece is missing (`KEEL_REQUIRE_DSP=1`: fails).
+//! is keel's skel (`libkeel_skel.so`) loaded by `keel-dsp-shell` under qemu-hexagon (both
+//! built by `dsp-firmware/ci.sh`); and the checker of the double's call log. Skips loudly
+//! when a piece is missing (`KEEL_REQUIRE_DSP=1`: fails).
 
 #![allow(dead_code)]
 
@@ -10,14 +11,22 @@ use std::path::{Path, PathBuf};
 
 /// The double's path, or `None` (after a loud SKIPPED line) when it or the emulated DSP is missing.
 pub fn double(test: &str) -> Option<PathBuf> {
-    super::sim::config(test)?;
+    let cfg = super::sim::config(test)?;
     // Tests run from target/release/deps; the cdylib is in target/release.
     let exe = std::env::current_exe().unwrap();
     let lib = exe.parent().and_then(Path::parent).map(|d| d.join("libcdsprpc.so")).unwrap();
-    if lib.is_file() {
+    let fw = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dsp-firmware/target");
+    let skel = fw.join(format!("skel-{}/hexagon-unknown-none-elf/release/libkeel_skel.so", cfg.cpu));
+    let shell = cfg.elf.with_file_name("keel-dsp-shell");
+    let why = if !lib.is_file() {
+        format!("{} not built: `cargo build --release -p keel-cdsprpc-double` (tests/run.sh does)", lib.display())
+    } else if std::env::var_os("KEEL_DSP_SKEL").is_none() && !skel.is_file() {
+        format!("the skel {} is not built: `bash dsp-firmware/ci.sh`", skel.display())
+    } else if std::env::var_os("KEEL_DSP_SHELL").is_none() && !shell.is_file() {
+        format!("{} is not built: `bash dsp-firmware/ci.sh`", shell.display())
+    } else {
         return Some(lib);
-    }
-    let why = format!("{} not built: `cargo build --release -p keel-cdsprpc-double` (tests/run.sh does)", lib.display());
+    };
     if std::env::var("KEEL_REQUIRE_DSP").is_ok_and(|v| v == "1") {
         panic!("KEEL_REQUIRE_DSP=1 but the libcdsprpc test double is missing: {why}");
     }
