@@ -20,6 +20,8 @@ pub enum LoadError {
         /// The loader's last message.
         why: String,
     },
+    /// This keel is a static musl build: it cannot dlopen anything.
+    StaticBuild,
     /// A required function is missing.
     Missing {
         /// The library.
@@ -38,6 +40,11 @@ impl std::fmt::Display for LoadError {
                  library (Qualcomm Linux/Ubuntu images ship /usr/lib/libcdsprpc.so.1, Android has /vendor/lib64/libcdsprpc.so) \
                  or point KEEL_CDSPRPC at it",
                 tried.join(", ")
+            ),
+            LoadError::StaticBuild => write!(
+                f,
+                "this keel is a static musl build, which cannot dlopen libcdsprpc.so: the `hexagon` device needs the \
+                 dynamically linked build (x86_64- or aarch64-unknown-linux-gnu; see the README, \"Running on a Snapdragon or QCS6490 board\")"
             ),
             LoadError::Missing { path, symbol } => {
                 write!(f, "{path} has no `{symbol}`: this is not a usable libcdsprpc (update the board's FastRPC library)")
@@ -97,9 +104,7 @@ impl Api {
     pub fn load() -> Result<Api, LoadError> {
         let tried = candidates();
         if cfg!(all(target_env = "musl", target_feature = "crt-static")) {
-            let why = "this keel is a static musl build, which cannot dlopen anything; the `hexagon` device needs the \
-                       dynamically linked build (x86_64/aarch64-unknown-linux-gnu, see the README's board section)";
-            return Err(LoadError::NotFound { tried, why: why.into() });
+            return Err(LoadError::StaticBuild);
         }
         let mut why = String::new();
         for name in &tried {
