@@ -18,6 +18,7 @@ pub mod config;
 pub mod fastrpc;
 pub mod error;
 pub mod hexagon_sim;
+pub mod inflight;
 pub mod link;
 pub mod offload;
 pub mod shm;

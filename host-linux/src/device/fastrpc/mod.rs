@@ -29,7 +29,7 @@ pub mod probe;
 #[allow(missing_docs, clippy::all)]
 pub mod sys;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,7 @@ use keel_npu_hal::wire::{self, BatchMsg, DeviceMsg, HostMsg, MAGIC, MAX_BUFFERS,
 use keel_npu_hal::{selftest, Arch, BufferId, Caps, ErrorKind, ErrorType, Identity, UnitState};
 
 use super::error::DeviceError;
+use super::inflight::InFlight;
 use super::hexagon_sim::{fresh_seed, SelfTestReport};
 pub use api::{Api, LoadError};
 
@@ -156,13 +157,6 @@ impl Drop for RpcBuf {
     }
 }
 
-struct Pending {
-    seq: Seq,
-    sent: Instant,
-    buffers: [u32; MAX_BUFFERS],
-    n_buffers: usize,
-}
-
 /// An opened `hexagon` device.
 pub struct Hexagon {
     name: String,
@@ -178,8 +172,7 @@ pub struct Hexagon {
     selftest: SelfTestReport,
     mapped_bytes: u64,
     next_seq: Seq,
-    pending: Vec<Pending>,
-    ready: VecDeque<Completion>,
+    flight: InFlight,
     inbox: Box<[u8]>,
     broken: Option<DeviceError>,
     /// `Drop` deinitialises rpcmem only when the open initialised it.
@@ -351,8 +344,7 @@ impl Hexagon {
             selftest: SelfTestReport { at_start: UnitState::Absent, seed: 0, digest: 0, expected: 0, elapsed: Duration::ZERO },
             mapped_bytes: 0,
             next_seq: 1,
-            pending: Vec::new(),
-            ready: VecDeque::new(),
+            flight: InFlight::default(),
             inbox: vec![0u8; MAX_MESSAGE].into_boxed_slice(),
             broken: None,
             rpcmem_inited: std::mem::take(&mut o.inited),
@@ -404,9 +396,7 @@ impl Hexagon {
             );
             return Err(self.fail(ErrorKind::BadResponse, w));
         }
-        let in_flight = usize::from(caps.max_in_flight);
-        self.pending.reserve(in_flight);
-        self.ready.reserve(in_flight);
+        self.flight = InFlight::with_capacity(usize::from(caps.max_in_flight));
         self.identity = identity;
         self.caps = caps;
         self.selftest = report;
@@ -435,7 +425,7 @@ impl Hexagon {
 
     /// Batches submitted and not yet collected.
     pub fn in_flight(&self) -> usize {
-        self.pending.len() + self.ready.len()
+        self.flight.len()
     }
 
     fn err(&self, kind: ErrorKind, what: impl Into<String>) -> DeviceError {
@@ -528,17 +518,12 @@ impl Hexagon {
 
     /// Marks a completion's buffers free and queues it; refuses a sequence number not in flight.
     fn complete(&mut self, seq: Seq, status: BatchStatus) -> Result<(), DeviceError> {
-        let Some(i) = self.pending.iter().position(|p| p.seq == seq) else {
-            let inflight: Vec<Seq> = self.pending.iter().map(|p| p.seq).collect();
-            return Err(self.fail(ErrorKind::Protocol, format!("completion for batch {seq}, which is not in flight (in flight: {inflight:?})")));
-        };
-        let p = self.pending.remove(i);
-        for id in &p.buffers[..p.n_buffers] {
+        let (held, n) = self.flight.finish(seq, status).map_err(|w| self.fail(ErrorKind::Protocol, w))?;
+        for id in &held[..n] {
             if let Some(b) = self.bufs.get_mut(id) {
                 b.busy -= 1;
             }
         }
-        self.ready.push_back(Completion { seq, status });
         Ok(())
     }
 }
@@ -660,11 +645,11 @@ impl SharedBuffers for Hexagon {
 impl Hexagon {
     /// Reads every completion that has arrived into `ready`; the count read.
     fn poll_all(&mut self) -> Result<usize, DeviceError> {
-        if self.broken.is_some() || self.pending.is_empty() {
+        if self.broken.is_some() || self.flight.pending.is_empty() {
             return self.check().map(|_| 0);
         }
         let mut n = 0;
-        while !self.pending.is_empty() {
+        while !self.flight.pending.is_empty() {
             match self.recv(0, "a batch completion")? {
                 Some(DeviceMsg::BatchDone { seq, status }) => {
                     self.complete(seq, status)?;
@@ -681,17 +666,8 @@ impl Hexagon {
 impl Queue for Hexagon {
     fn submit(&mut self, batch: &Batch<'_>) -> Result<Seq, DeviceError> {
         self.check()?;
-        if self.pending.len() >= usize::from(self.caps.max_in_flight) {
-            return Err(self.err(ErrorKind::Busy, format!("{} batches already in flight", self.pending.len())));
-        }
-        if batch.ops.len() > usize::from(self.caps.max_batch_ops) {
-            return Err(self.err(ErrorKind::Unsupported, format!("{} ops exceed the device's {} per batch", batch.ops.len(), self.caps.max_batch_ops)));
-        }
-        batch.validate().map_err(|k| self.err(k, "bad batch: a tensor or op index is out of range or a tensor overruns its buffer"))?;
+        self.flight.admit(&self.caps, batch).map_err(|(k, w)| self.err(k, w))?;
         let mut refs = [sys::dspqueue_buffer::default(); MAX_BUFFERS];
-        if batch.buffers.len() > MAX_BUFFERS {
-            return Err(self.err(ErrorKind::Unsupported, format!("{} buffers exceed the wire's {MAX_BUFFERS}", batch.buffers.len())));
-        }
         for (slot, r) in refs.iter_mut().zip(batch.buffers) {
             let b = self.buf(r.id)?;
             if !b.mapped || r.size > b.size {
@@ -707,27 +683,22 @@ impl Queue for Hexagon {
         let n = batch.buffers.len();
         self.send(&HostMsg::SubmitBatch(msg), &mut refs[..n])?;
         self.next_seq = self.next_seq.wrapping_add(1);
-        let mut buffers = [0; MAX_BUFFERS];
-        for (slot, r) in buffers.iter_mut().zip(batch.buffers) {
-            *slot = r.id.0;
-            if let Some(b) = self.bufs.get_mut(&r.id.0) {
+        for id in self.flight.add(seq, batch) {
+            if let Some(b) = self.bufs.get_mut(id) {
                 b.busy += 1;
             }
         }
-        self.pending.push(Pending { seq, sent: Instant::now(), buffers, n_buffers: n });
         Ok(seq)
     }
 
     fn poll(&mut self) -> Result<Option<Completion>, DeviceError> {
         self.poll_all()?;
-        if let Some(c) = self.ready.pop_front() {
+        if let Some(c) = self.flight.ready.pop_front() {
             return Ok(Some(c));
         }
-        if let Some(p) = self.pending.first() {
-            if p.sent.elapsed() > self.timeout {
-                let (seq, t) = (p.seq, self.timeout);
-                return Err(self.fail(ErrorKind::Timeout, format!("batch {seq} did not complete within {t:?} (dspqueue_read kept returning AEE_EEXPIRED); the DSP is hung")));
-            }
+        if let Some(seq) = self.flight.overdue(self.timeout) {
+            let t = self.timeout;
+            return Err(self.fail(ErrorKind::Timeout, format!("batch {seq} did not complete within {t:?} (dspqueue_read kept returning AEE_EEXPIRED); the DSP is hung")));
         }
         Ok(None)
     }
