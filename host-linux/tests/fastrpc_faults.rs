@@ -2,7 +2,8 @@
 //! each ends in an error naming the step and the library's code, within the timeout, with
 //! nothing left open, allocated or mapped in the library; after the DSP process dies a new
 //! session opens and computes; a DSP that accepts every call and computes zeros is refused
-//! at open. One test: the double's fault switch is process-wide, so the cases run in turn.
+//! at open; several batches in flight complete in order. One test: the double's fault
+//! switch is process-wide, so the cases run in turn.
 
 mod fastrpc;
 mod sim;
@@ -74,6 +75,35 @@ fn works(d: &Double) {
     assert_eq!(d.live(), [0; 5], "nothing left open after a clean session");
 }
 
+/// Four batches in flight at once: consecutive sequence numbers, completed in order, each
+/// product bit for bit.
+fn several_in_flight(d: &Double) {
+    let mut dev = Hexagon::open(&cfg()).unwrap();
+    let ps: Vec<Product> = (0..4).map(|i| Product::integer(DType::Q8_0, 24 + 8 * i, 64, 1, 100 + i as u64)).collect();
+    let staged: Vec<_> = ps.iter().map(|p| stage(&mut dev, std::slice::from_ref(p))).collect();
+    let seqs: Vec<u32> = staged.iter().map(|s| dev.submit(&s.batch()).unwrap()).collect();
+    assert!(dev.in_flight() == 4, "four batches are out before any is collected");
+    assert!(seqs.windows(2).all(|w| w[1] == w[0].wrapping_add(1)), "{seqs:?}");
+    let mut got = Vec::new();
+    for _ in 0..(TIMEOUT.as_millis() as usize * 10) {
+        if got.len() == seqs.len() {
+            break;
+        }
+        match dev.poll().unwrap() {
+            Some(c) => got.push(c),
+            None => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    assert_eq!(got.iter().map(|c| c.seq).collect::<Vec<_>>(), seqs, "completions in order, one per batch");
+    assert!(got.iter().all(|c| c.status == BatchStatus::Done));
+    for (s, p) in staged.into_iter().zip(&ps) {
+        check(p, &s.output(&mut dev, 0, p.rows * p.cols), true);
+        s.free(&mut dev);
+    }
+    drop(dev);
+    assert_eq!(d.live(), [0; 5]);
+}
+
 fn says(e: &DeviceError, kind: ErrorKind, parts: &[&str]) {
     let m = e.to_string();
     assert_eq!(e.kind(), kind, "{m}");
@@ -94,6 +124,7 @@ fn every_injected_fault_names_its_step_and_code_and_leaks_nothing() {
         Double { set_fault: *l.get(b"keel_double_set_fault\0").unwrap(), live: *l.get(b"keel_double_live\0").unwrap(), _lib: l }
     };
     works(&d);
+    several_in_flight(&d);
 
     d.fault("unsigned-refused");
     let e = Hexagon::open(&cfg()).err().expect("unsigned PD refused");
