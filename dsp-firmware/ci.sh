@@ -72,6 +72,11 @@ for c in "${configs[@]}"; do
   echo "== build $name ($cpu, $hvx)"
   build "$name" "$cpu" "$hvx"
   build "$name-broken" "$cpu" "$hvx" broken-hvx-zeros
+  # The FastRPC skel (libkeel_skel.so): built, linked shared, exports and imports checked.
+  # The double of libcdsprpc (host-linux/cdsprpc-double) runs it under qemu-hexagon through
+  # keel-dsp-shell, and the zeros build to check the host refuses it.
+  bash scripts/skel.sh "$name" "$cpu" "$hvx" "$toolchain" "$td"
+  bash scripts/skel.sh "$name-broken" "$cpu" "$hvx" "$toolchain" "$td" broken-hvx-zeros
   elf="$td/$name/$target/release/keel-dsp-harness"
   echo "== test under qemu-hexagon -cpu $name"
   (cd qemu-tests && KEEL_DSP_ELF="$elf" KEEL_DSP_ELF_BROKEN="$td/$name-broken/$target/release/keel-dsp-harness" \

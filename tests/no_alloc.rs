@@ -1,7 +1,8 @@
 //! Static memory: once the engine is built, generating 64 tokens performs zero heap
 //! allocations in the whole process (a counting global allocator watches), on the CPU and
 //! (what `keel run --device hexagon-sim` does) with the whole forward pass on the emulated
-//! DSP through keel-core's device engine; and the arena `keel plan` reports is the arena
+//! DSP through keel-core's device engine, and the same through the `hexagon` FastRPC device
+//! and the libcdsprpc test double; and the arena `keel plan` reports is the arena
 //! a run uses, and `run -c 2048 -n 64` stays under 160 MB resident.
 
 mod common;
@@ -47,18 +48,43 @@ fn generation_allocates_nothing() {
 
 #[test]
 fn generation_on_hexagon_sim_allocates_nothing() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    generation_on_device_allocates_nothing("hexagon-sim", "generation_on_hexagon_sim_allocates_nothing");
+}
+
+/// The `hexagon` (FastRPC) device through the libcdsprpc test double (its DSP is the same
+/// emulated firmware): keel's side of dspqueue_write/read, rpcmem and the engine allocate
+/// nothing. The double's own internal mallocs stand for the system library's and are not
+/// this process's Rust allocator, so they are not counted.
+#[test]
+fn generation_on_hexagon_fastrpc_allocates_nothing() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let exe = std::env::current_exe().unwrap();
+    let double = exe.parent().and_then(std::path::Path::parent).unwrap().join("libcdsprpc.so");
+    if !double.is_file() {
+        let why = format!("{} not built (`cargo build --release -p keel-cdsprpc-double`; tests/run.sh does)", double.display());
+        if std::env::var("KEEL_REQUIRE_DSP").is_ok_and(|v| v == "1") {
+            panic!("KEEL_REQUIRE_DSP=1 but {why}");
+        }
+        return eprintln!("\n*** SKIPPED generation_on_hexagon_fastrpc_allocates_nothing: {why} ***\n");
+    }
+    std::env::set_var("KEEL_CDSPRPC", &double);
+    generation_on_device_allocates_nothing("hexagon", "generation_on_hexagon_fastrpc_allocates_nothing");
+}
+
+/// Generates 32 tokens with the whole forward pass on `device` and counts allocations.
+fn generation_on_device_allocates_nothing(device: &str, test: &str) {
     use keel::core::placement::{weight_count, Decision, Exec, OffloadMode, Policy};
     use keel_host_linux::cli::load::{engine, open, prepare, RunOptions};
     use keel_host_linux::device::offload::Devices;
     use keel_host_linux::device::SimConfig;
 
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let cfg = SimConfig::from_env();
     if let Some(missing) = cfg.missing() {
         if std::env::var("KEEL_REQUIRE_DSP").is_ok_and(|v| v == "1") {
-            panic!("KEEL_REQUIRE_DSP=1 but the hexagon-sim device cannot start: {missing}");
+            panic!("KEEL_REQUIRE_DSP=1 but the emulated DSP cannot start: {missing}");
         }
-        return eprintln!("\n*** SKIPPED generation_on_hexagon_sim_allocates_nothing: {missing} (set KEEL_REQUIRE_DSP=1 to make this a failure) ***\n");
+        return eprintln!("\n*** SKIPPED {test}: {missing} (set KEEL_REQUIRE_DSP=1 to make this a failure) ***\n");
     }
     let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/synth/synth-llama-q8_0.gguf");
     let opened = open(model.to_str().unwrap()).unwrap();
@@ -67,7 +93,7 @@ fn generation_on_hexagon_sim_allocates_nothing() {
     let mut loaded = prepare(&g, &opened.path, &opts).unwrap();
     let sampling = keel::core::sampler::SamplerConfig { temp: 0.0, ..Default::default() };
     let (mut e, pool) = engine(&g, &opened.path, &mut loaded, false, sampling).unwrap();
-    let mut devices = Devices::open(&["hexagon-sim".to_string()], &cfg).unwrap();
+    let mut devices = Devices::open(&[device.to_string()], &cfg).unwrap();
     let mut decisions = vec![Decision::EMPTY; weight_count(&e.model)];
     let mut policy = Policy::all(1);
     policy.mode = OffloadMode::Layers;
@@ -91,7 +117,7 @@ fn generation_on_hexagon_sim_allocates_nothing() {
     let mut generated = [0u32; 32];
     generate(&mut e, &mut devices, &mut generated);
     let after = allocations();
-    assert_eq!(after - before, 0, "generating on hexagon-sim allocated {} times", after - before);
+    assert_eq!(after - before, 0, "generating on {device} allocated {} times", after - before);
     assert!(devices.error.is_none(), "{:?}", devices.error);
     assert_eq!(devices.batches() - batches, 1 + generated.len() as u64, "one device batch per evaluation");
     assert!(generated.iter().any(|&t| t != generated[0]), "generation produced a constant stream: {generated:?}");

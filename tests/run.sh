@@ -27,6 +27,9 @@ command -v curl >/dev/null || { apt-get update -qq && apt-get install -y -qq cur
 
 echo "== build"
 cargo build --release -p keel-host-linux
+# The libcdsprpc test double (target/release/libcdsprpc.so) the `hexagon` FastRPC device
+# tests load through KEEL_CDSPRPC (host-linux/tests/fastrpc_*.rs; its DSP is the firmware above).
+cargo build --release -p keel-cdsprpc-double
 ./target/release/keel pull smollm2-135m
 ./target/release/keel pull gemma3-270m
 
@@ -54,6 +57,14 @@ cargo build --release -p keel-npu-hal --features defmt --target thumbv7em-none-e
 
 echo "== cargo test"
 cargo test --release --workspace
+
+echo "== hexagon FastRPC device: the aarch64-unknown-linux-gnu keel and libcdsprpc double under qemu-aarch64"
+# Installs Debian's aarch64 cross gcc and arm64 libc (apt-get) if absent; cross-builds keel
+# and the double, then every synthetic model through `--device hexagon` (the skel under
+# qemu-hexagon) against the x86_64 hexagon-sim and CPU bits, with the call log's balance.
+SECONDS=0
+bash tests/fastrpc_aarch64.sh
+echo "fastrpc aarch64: ${SECONDS} s"
 
 echo "== C ABI: examples/c against keel run, under valgrind"
 # Installs cc and valgrind with apt-get if absent; ~10 s once keel-ffi is built.

@@ -14,7 +14,8 @@ use keel_npu_hal::op::DType;
 use keel_npu_hal::wire::{self, DeviceMsg, HostMsg, MAX_MESSAGE, MAX_OPS, PROTOCOL_VERSION};
 use keel_npu_hal::{BufferRules, ErrorKind};
 
-use keel_core::exec::{run_batch, Scratch};
+use keel_core::exec::{run_batch, Buffers, Scratch};
+use keel_npu_hal::BufferId;
 
 use crate::args::Fault;
 use crate::shm::SharedRegion;
@@ -69,12 +70,31 @@ pub fn caps(m: &Measured) -> Caps {
     }
 }
 
+/// Where a device's buffers come from: the `/dev/shm` region under qemu-hexagon
+/// ([`SharedRegion`], mapped by `MapBuffer` messages), or the buffer references of the
+/// current dspqueue packet in the FastRPC skel (mapped by the host's `fastrpc_mmap`).
+pub trait Mapper: Buffers {
+    /// Maps a buffer the host names; the device address.
+    fn map(&mut self, id: BufferId, fd: i32, offset: u64, len: u64) -> Result<u64, ErrorKind>;
+    /// Unmaps it.
+    fn free(&mut self, id: BufferId) -> Result<(), ErrorKind>;
+}
+
+impl Mapper for SharedRegion {
+    fn map(&mut self, id: BufferId, fd: i32, offset: u64, len: u64) -> Result<u64, ErrorKind> {
+        SharedRegion::map(self, id, fd, offset, len)
+    }
+    fn free(&mut self, id: BufferId) -> Result<(), ErrorKind> {
+        SharedRegion::free(self, id)
+    }
+}
+
 /// The loop's state.
-pub struct Device<'a> {
+pub struct Device<'a, R: Mapper = SharedRegion> {
     /// Misbehaviour asked for on the command line.
     pub fault: Fault,
-    /// The shared region.
-    pub region: SharedRegion,
+    /// The buffers.
+    pub region: R,
     /// Scratch (VTCM), at the granted size.
     pub scratch: &'a mut [u8],
     /// Reported capabilities.
@@ -87,10 +107,25 @@ enum Reply {
     Raw(&'static [u8]),
 }
 
-impl<'a> Device<'a> {
+impl<'a, R: Mapper> Device<'a, R> {
     /// A device that has not been greeted yet.
-    pub fn new(fault: Fault, region: SharedRegion, scratch: &'a mut [u8], caps: Caps) -> Self {
+    pub fn new(fault: Fault, region: R, scratch: &'a mut [u8], caps: Caps) -> Self {
         Device { fault, region, scratch, caps, greeted: false }
+    }
+
+    /// Answers one message (`input`) into `out`; the answer's length.
+    pub fn answer(&mut self, input: &[u8], out: &mut [u8]) -> Result<usize, ErrorKind> {
+        let reply = match wire::decode::<HostMsg>(input) {
+            Ok(msg) => self.handle(msg),
+            Err(kind) => Reply::Msg(DeviceMsg::Error { kind, detail: 0 }),
+        };
+        match reply {
+            Reply::Msg(m) => wire::encode(&m, out).map(|b| b.len()),
+            Reply::Raw(bytes) => {
+                out.get_mut(..bytes.len()).ok_or(ErrorKind::InvalidArgument)?.copy_from_slice(bytes);
+                Ok(bytes.len())
+            }
+        }
     }
 
     /// Serves frames from stdin until it closes; never returns.
@@ -110,11 +145,12 @@ impl<'a> Device<'a> {
             if sys::read_exact(0, &mut inbuf[..n]) != Some(true) {
                 sys::exit(4);
             }
-            let reply = match wire::decode::<HostMsg>(&inbuf[..n]) {
-                Ok(msg) => self.handle(msg),
-                Err(kind) => Reply::Msg(DeviceMsg::Error { kind, detail: 0 }),
-            };
-            self.send(reply, outbuf);
+            let (head, body) = outbuf.split_at_mut(4);
+            let Ok(n) = self.answer(&inbuf[..n], body) else { sys::exit(6) };
+            head.copy_from_slice(&(n as u32).to_le_bytes());
+            if !sys::write_all(1, &outbuf[..4 + n]) {
+                sys::exit(7);
+            }
         }
     }
 

@@ -110,6 +110,15 @@ pub fn mmap_shared(fd: i32, offset: u64, len: u32) -> Option<usize> {
     ((r as u32) < (-4095i32) as u32).then_some(r as u32 as usize)
 }
 
+/// Maps `len` bytes of zeroed private memory, readable, writable and executable (where
+/// the FastRPC shell stand-in loads a skel); the address, or `None`.
+pub fn mmap_anon_rwx(len: u32) -> Option<usize> {
+    const PROT_RWX: i32 = 1 | 2 | 4;
+    const MAP_PRIVATE_ANON: i32 = 0x02 | 0x20;
+    let r = syscall6(SYS_MMAP2, [0, len as i32, PROT_RWX, MAP_PRIVATE_ANON, -1, 0]);
+    ((r as u32) < (-4095i32) as u32).then_some(r as u32 as usize)
+}
+
 /// Unmaps what [`mmap_shared`] mapped.
 pub fn munmap(addr: usize, len: u32) -> bool {
     syscall3(SYS_MUNMAP, addr as i32, len as i32, 0) == 0

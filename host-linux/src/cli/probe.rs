@@ -50,7 +50,7 @@ fn mib(b: u64) -> String {
 /// `keel probe`.
 #[derive(clap::Args, Debug)]
 pub struct ProbeArgs {
-    /// The device to open (known: hexagon-sim, rknpu); llama.cpp's -dev is read as --device
+    /// The device to open (known: hexagon-sim, hexagon, rknpu); llama.cpp's -dev is read as --device
     #[arg(short = 'd', long = "device", value_name = "NAME")]
     pub device: Option<String>,
     /// With --device rknpu: print a regcmd stream file with register names (and its decoded task) instead of opening the NPU
@@ -119,6 +119,12 @@ pub fn main(a: ProbeArgs) -> Result<()> {
     let Some(device) = a.device else { bail!("keel probe --device NAME; known: {}, rknpu", KNOWN.join(", ")) };
     if device == "rknpu" {
         return super::rknpu::probe(a.dump_regcmd);
+    }
+    if device == "hexagon" {
+        if a.dump_regcmd.is_some() {
+            bail!("--dump-regcmd goes with --device rknpu");
+        }
+        return crate::device::fastrpc::probe::run(as_json);
     }
     if a.dump_regcmd.is_some() {
         bail!("--dump-regcmd goes with --device rknpu");

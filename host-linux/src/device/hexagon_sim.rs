@@ -20,17 +20,18 @@
 //!   is sized at open from `max_in_flight`, and what a wait is for is put in words
 //!   only when it fails (`tests/sim_no_alloc.rs` counts).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use keel_npu_hal::device::{BatchStatus, Completion, Device, Queue, Seq, SharedBuffers};
 use keel_npu_hal::op::Batch;
-use keel_npu_hal::wire::{BatchMsg, DeviceMsg, HostMsg, MAGIC, MAX_BUFFERS, MAX_MESSAGE, PROTOCOL_VERSION};
+use keel_npu_hal::wire::{BatchMsg, DeviceMsg, HostMsg, MAGIC, MAX_MESSAGE, PROTOCOL_VERSION};
 use keel_npu_hal::{selftest, BufferId, Caps, ErrorKind, ErrorType, Identity, UnitState};
 
 use super::config::SimConfig;
 use super::error::DeviceError;
+use super::inflight::InFlight;
 use super::link::Link;
 use super::shm::ShmPool;
 use super::transport::Transport;
@@ -64,14 +65,6 @@ struct Buf {
     busy: u32,
 }
 
-struct Pending {
-    seq: Seq,
-    sent: Instant,
-    /// The ids of the buffers the batch names, `buffers[..n_buffers]` (held by value:
-    /// submitting allocates nothing).
-    buffers: [u32; MAX_BUFFERS],
-    n_buffers: usize,
-}
 
 /// An opened hexagon-sim device.
 pub struct HexagonSim {
@@ -83,8 +76,7 @@ pub struct HexagonSim {
     bufs: HashMap<u32, Buf>,
     next_id: u32,
     next_seq: Seq,
-    pending: Vec<Pending>,
-    ready: VecDeque<Completion>,
+    flight: InFlight,
 }
 
 impl ErrorType for HexagonSim {
@@ -167,8 +159,7 @@ impl HexagonSim {
             bufs: HashMap::new(),
             next_id: 1,
             next_seq: 1,
-            pending: Vec::with_capacity(in_flight),
-            ready: VecDeque::with_capacity(in_flight),
+            flight: InFlight::with_capacity(in_flight),
         };
         Ok(dev)
     }
@@ -200,17 +191,17 @@ impl HexagonSim {
 
     /// Batches submitted and not yet collected.
     pub fn in_flight(&self) -> usize {
-        self.pending.len() + self.ready.len()
+        self.flight.len()
     }
 
     /// Blocks until batch `seq` completes (or the timeout, counted from its submission).
     pub fn wait(&mut self, seq: Seq) -> Result<BatchStatus, DeviceError> {
         loop {
             self.collect()?;
-            if let Some(c) = self.ready.iter().position(|c| c.seq == seq).and_then(|i| self.ready.remove(i)) {
+            if let Some(c) = self.flight.ready.iter().position(|c| c.seq == seq).and_then(|i| self.flight.ready.remove(i)) {
                 return Ok(c.status);
             }
-            let Some(p) = self.pending.iter().find(|p| p.seq == seq) else {
+            let Some(p) = self.flight.pending.iter().find(|p| p.seq == seq) else {
                 return Err(self.link.err(ErrorKind::InvalidArgument, format!("batch {seq} is not in flight")));
             };
             let deadline = p.sent + self.link.timeout;
@@ -225,17 +216,12 @@ impl HexagonSim {
     /// Moves completions the link received to `ready`, checking each against the batches in flight.
     fn collect(&mut self) -> Result<(), DeviceError> {
         while let Some((seq, status)) = self.link.done.pop_front() {
-            let Some(i) = self.pending.iter().position(|p| p.seq == seq) else {
-                let inflight: Vec<Seq> = self.pending.iter().map(|p| p.seq).collect();
-                return Err(self.link.fail(ErrorKind::Protocol, format!("completion for batch {seq}, which is not in flight (in flight: {inflight:?})")));
-            };
-            let p = self.pending.remove(i);
-            for id in &p.buffers[..p.n_buffers] {
+            let (held, n) = self.flight.finish(seq, status).map_err(|w| self.link.fail(ErrorKind::Protocol, w))?;
+            for id in &held[..n] {
                 if let Some(b) = self.bufs.get_mut(id) {
                     b.busy -= 1;
                 }
             }
-            self.ready.push_back(Completion { seq, status });
         }
         Ok(())
     }
@@ -245,7 +231,8 @@ impl HexagonSim {
     }
 }
 
-fn fresh_seed() -> u32 {
+/// A seed for the self-test that a constant answer cannot match.
+pub(crate) fn fresh_seed() -> u32 {
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     (t.subsec_nanos() ^ (t.as_secs() as u32).rotate_left(13) ^ std::process::id().rotate_left(7)).wrapping_mul(0x9e37_79b9)
 }
@@ -323,13 +310,7 @@ impl Queue for HexagonSim {
     fn submit(&mut self, batch: &Batch<'_>) -> Result<Seq, DeviceError> {
         self.link.check()?;
         self.collect()?;
-        if self.pending.len() >= usize::from(self.caps.max_in_flight) {
-            return Err(self.link.err(ErrorKind::Busy, format!("{} batches already in flight", self.pending.len())));
-        }
-        if batch.ops.len() > usize::from(self.caps.max_batch_ops) {
-            return Err(self.link.err(ErrorKind::Unsupported, format!("{} ops exceed the device's {} per batch", batch.ops.len(), self.caps.max_batch_ops)));
-        }
-        batch.validate().map_err(|k| self.link.err(k, "bad batch: a tensor or op index is out of range or a tensor overruns its buffer"))?;
+        self.flight.admit(&self.caps, batch).map_err(|(k, w)| self.link.err(k, w))?;
         for r in batch.buffers {
             let b = self.buf(r.id)?;
             if !b.mapped || r.size > b.size {
@@ -340,15 +321,11 @@ impl Queue for HexagonSim {
         let msg = BatchMsg::new(seq, batch).map_err(|k| self.link.err(k, "batch tables exceed the wire limits"))?;
         self.link.send(&HostMsg::SubmitBatch(msg))?;
         self.next_seq = self.next_seq.wrapping_add(1);
-        // `BatchMsg::new` refused more than MAX_BUFFERS buffers.
-        let mut buffers = [0; MAX_BUFFERS];
-        for (slot, r) in buffers.iter_mut().zip(batch.buffers) {
-            *slot = r.id.0;
-            if let Some(b) = self.bufs.get_mut(&r.id.0) {
+        for id in self.flight.add(seq, batch) {
+            if let Some(b) = self.bufs.get_mut(id) {
                 b.busy += 1;
             }
         }
-        self.pending.push(Pending { seq, sent: Instant::now(), buffers, n_buffers: batch.buffers.len() });
         Ok(seq)
     }
 
@@ -360,14 +337,12 @@ impl Queue for HexagonSim {
             }
         }
         self.collect()?;
-        if let Some(c) = self.ready.pop_front() {
+        if let Some(c) = self.flight.ready.pop_front() {
             return Ok(Some(c));
         }
-        if let Some(p) = self.pending.first() {
-            if p.sent.elapsed() > self.link.timeout {
-                let (seq, t) = (p.seq, self.link.timeout);
-                return Err(self.link.fail(ErrorKind::Timeout, format!("batch {seq} did not complete within {t:?}; the device is hung and was killed")));
-            }
+        if let Some(seq) = self.flight.overdue(self.link.timeout) {
+            let t = self.link.timeout;
+            return Err(self.link.fail(ErrorKind::Timeout, format!("batch {seq} did not complete within {t:?}; the device is hung and was killed")));
         }
         Ok(None)
     }

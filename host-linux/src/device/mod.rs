@@ -4,14 +4,21 @@
 //!
 //! - [`hexagon_sim`]: keel's Hexagon firmware under `qemu-hexagon`, buffers in a
 //!   shared `/dev/shm` file, messages over the process's pipes.
+//! - [`fastrpc`] (`hexagon`): a real DSP through the system's `libcdsprpc.so`
+//!   (dlopen), rpcmem buffers, messages over a `dspqueue`.
+//!
+//! [`any::AnyDevice`] wraps either so one engine type runs over both.
 //!
 //! Pieces: [`config`] (what to start), [`transport`] (the process and its framed
 //! pipes), [`link`] (messages with timeouts and fatal-fault handling), [`shm`]
 //! (the shared pool), [`error`].
 
+pub mod any;
 pub mod config;
+pub mod fastrpc;
 pub mod error;
 pub mod hexagon_sim;
+pub mod inflight;
 pub mod link;
 pub mod offload;
 pub mod rknpu;
@@ -24,4 +31,4 @@ pub use error::DeviceError;
 pub use hexagon_sim::{HexagonSim, SelfTestReport};
 
 /// Device names `open` knows.
-pub const KNOWN: &[&str] = &["hexagon-sim"];
+pub const KNOWN: &[&str] = &["hexagon-sim", "hexagon"];

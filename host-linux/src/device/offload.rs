@@ -23,6 +23,8 @@ use keel_npu_hal::Error as _;
 
 pub use keel_core::device::engine::{convert_rows, hal_dtype, hal_row_dtype, BATCH_WORK, IO_BYTES};
 
+use super::any::AnyDevice;
+use super::fastrpc::{FastRpcConfig, Hexagon};
 use super::{DeviceError, HexagonSim, SimConfig};
 
 /// Microseconds between polls of a batch's completion.
@@ -37,8 +39,8 @@ impl embedded_hal::delay::DelayNs for Sleep {
     }
 }
 
-/// keel-core's engine over one emulated DSP, its layer table on the heap (sized at open).
-pub type SimEngine = DeviceEngine<HexagonSim, Sleep, Vec<LayerSlot>>;
+/// keel-core's engine over one device, its layer table on the heap (sized at open).
+pub type SimEngine = DeviceEngine<AnyDevice, Sleep, Vec<LayerSlot>>;
 
 /// One device session.
 pub struct Slot {
@@ -52,7 +54,7 @@ pub struct Slot {
 
 impl Slot {
     /// The device.
-    pub fn dev(&self) -> &HexagonSim {
+    pub fn dev(&self) -> &AnyDevice {
         &self.engine.dev
     }
 }
@@ -120,14 +122,23 @@ fn engine_error(label: &str, e: EngineError<DeviceError>) -> DeviceError {
 }
 
 impl Devices {
-    /// Opens each named device (each `hexagon-sim` is its own QEMU session).
+    /// Opens each named device (each `hexagon-sim` is its own QEMU session, each
+    /// `hexagon` its own FastRPC session).
     pub fn open(names: &[String], cfg: &SimConfig) -> Result<Devices, DeviceError> {
         let mut slots = Vec::new();
         for (i, name) in names.iter().enumerate() {
-            let dev = HexagonSim::open(cfg)?;
-            // The device's own limit decides (its poll kills a hung device with a clear
+            let (dev, timeout) = if name == "hexagon" {
+                let mut fcfg = FastRpcConfig::from_env();
+                // A second `hexagon` in the list is a second session on the same DSP.
+                let nth = names[..i].iter().filter(|n| *n == "hexagon").count() as u32;
+                fcfg.session = fcfg.session.map(|s| s + nth).or((nth > 0).then_some(nth));
+                (AnyDevice::Hexagon(Hexagon::open(&fcfg)?), fcfg.timeout)
+            } else {
+                (AnyDevice::Sim(HexagonSim::open(cfg)?), cfg.timeout)
+            };
+            // The device's own limit decides (its poll ends a hung session with a clear
             // error); the wait's count of delays is a lower bound of the time, a backstop.
-            let timeout_us = u32::try_from(cfg.timeout.as_micros()).unwrap_or(u32::MAX);
+            let timeout_us = u32::try_from(timeout.as_micros()).unwrap_or(u32::MAX);
             let policy = WaitPolicy { timeout_us: timeout_us.saturating_add(timeout_us / 2), poll_us: POLL_US };
             let engine = DeviceEngine::new(dev, i as u8, Sleep, policy, Vec::new());
             slots.push(Slot { engine, label: format!("{name}{i}"), busy: Duration::ZERO });

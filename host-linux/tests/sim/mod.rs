@@ -143,7 +143,7 @@ fn up(n: usize, a: usize) -> usize {
 }
 
 /// Repacks and writes every product into fresh shared buffers.
-pub fn stage(dev: &mut HexagonSim, ps: &[Product]) -> Staged {
+pub fn stage(dev: &mut impl SharedBuffers, ps: &[Product]) -> Staged {
     let wsize: usize = ps.iter().map(|p| up(tile::packed_size(p.t, p.rows as u32, p.k as u32).unwrap(), 128)).sum();
     let iosize: usize = ps.iter().map(|p| up(4 * p.cols * p.k, 128) + up(4 * p.cols * p.rows, 128)).sum();
     let (wbuf, iobuf) = (dev.alloc(wsize as u64).unwrap(), dev.alloc(iosize as u64).unwrap());
@@ -183,12 +183,12 @@ impl Staged {
     }
 
     /// Output `i` as f32 bits.
-    pub fn output(&self, dev: &mut HexagonSim, i: usize, n: usize) -> Vec<u32> {
+    pub fn output(&self, dev: &mut impl SharedBuffers, i: usize, n: usize) -> Vec<u32> {
         let view = dev.host_view(self.iobuf).unwrap();
         view[self.outs[i]..][..4 * n].chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect()
     }
 
-    pub fn free(self, dev: &mut HexagonSim) {
+    pub fn free(self, dev: &mut impl SharedBuffers) {
         dev.free(self.wbuf).unwrap();
         dev.free(self.iobuf).unwrap();
     }

@@ -26,6 +26,16 @@ pub struct Binding {
 
 /// Every committed binding. A device shim that needs a C interface adds an entry here.
 pub const BINDINGS: &[Binding] = &[
+    // libcdsprpc's public API (FastRPC sessions, rpcmem, dspqueue), written from its
+    // documented declarations.
+    Binding {
+        name: "cdsprpc",
+        header: "host-linux/src/device/fastrpc/cdsprpc.h",
+        output: "host-linux/src/device/fastrpc/sys.rs",
+        allow: &["keel_.*", "AEE_.*", ".*_DOMAIN_ID", "FASTRPC_.*", "DSPRPC_.*", "RPC_.*", "RPCMEM_.*", "DSPQUEUE_.*", "remote_.*", "dspqueue_.*", "REMOTE_.*",
+                 "DOMAIN_SUPPORT", "UNSIGNED_PD_SUPPORT", "HVX_SUPPORT_.*", "VTCM_.*", "ARCH_VER", "HMX_SUPPORT_.*"],
+        clang_args: &[],
+    },
     // The RK3588 NPU's rocket accel uAPI. The header is keel's transcription of Linux 6.18's
     // include/uapi/drm/rocket_accel.h (no configured Debian release ships that header yet;
     // see the header's comment).
