@@ -3,7 +3,8 @@
 //! (dlopen, session control, open, capability queries, rpcmem, fastrpc_mmap, dspqueue).
 //! `keel run --device hexagon` on every synthetic model gives the tokens and logits bits
 //! of `--device hexagon-sim` and of the CPU; the double's call log shows a valid order
-//! and nothing left allocated or mapped at exit.
+//! and nothing left allocated or mapped at exit. The session's address budget is
+//! measured at open against the double's configured one.
 
 mod fastrpc;
 mod sim;
@@ -103,4 +104,76 @@ fn probe_through_the_double_reports_the_dsp() {
     assert!(v["va_budget"].as_u64().unwrap() > 0 && v["vtcm_bytes"].as_u64().unwrap() >= 4 << 20);
     assert_eq!(v["self_test"]["passed"], true);
     assert_eq!(v["self_test"]["digest"], v["self_test"]["expected"]);
+    assert_eq!(v["va_budget_source"], "measured");
+}
+
+/// `keel probe --device hexagon` with the double's session budget set to `budget`: the
+/// JSON, the text and the double's call log.
+fn probe_with_budget(double: &Path, budget: u64, log: &Path) -> (serde_json::Value, String) {
+    let _ = std::fs::remove_file(log);
+    let probe = |json: bool| {
+        let mut cmd = keel_test_support::keel_command(env!("CARGO_BIN_EXE_keel"));
+        cmd.args(["probe", "--device", "hexagon"]).args(json.then_some("--json"));
+        cmd.env("KEEL_CDSPRPC", double).env("KEEL_CDSPRPC_VA_BUDGET", budget.to_string()).env_remove("KEEL_CDSPRPC_FAULT").env_remove("KEEL_FASTRPC_PROBE_CAP");
+        if json {
+            cmd.env("KEEL_CDSPRPC_LOG", log);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        out.stdout
+    };
+    let v = serde_json::from_slice(&probe(true)).unwrap();
+    (v, String::from_utf8(probe(false)).unwrap())
+}
+
+/// The address budget is measured, not assumed: for two budgets of the double's session
+/// (neither a power of two), the probed figure is within the probe's 1 MiB granule below
+/// it, the refused mappings are the "DSP"'s `AEE_EFAILED`, and the log shows every probe
+/// mapping unmapped and every probe buffer freed before the session closes.
+#[test]
+fn probe_measures_the_sessions_address_budget() {
+    let Some(double) = fastrpc::double("probe_measures_the_sessions_address_budget") else { return };
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("keel-fastrpc-budget-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    for budget in [(200u64 << 20) + (300 << 10), (1300 << 20) + (64 << 10)] {
+        let log = tmp.join(format!("{budget}.log"));
+        let (v, text) = probe_with_budget(&double, budget, &log);
+        let got = v["va_budget"].as_u64().unwrap();
+        assert!(got <= budget && budget - got < 1 << 20, "budget {budget}: measured {got}");
+        assert_eq!(v["va_budget_source"], "measured");
+        assert_eq!(v["va_budget_probe"]["limit"], "dsp", "{v}");
+        assert!(v["va_budget_probe"]["calls"].as_u64().unwrap() <= 32);
+        assert!(text.contains(&format!("DSP address budget {} MiB (measured", got >> 20)), "{text}");
+        let s = fastrpc::check_log(&std::fs::read_to_string(&log).unwrap());
+        assert_eq!(s.probe_bytes, got, "the log's mapped total is the figure reported");
+        assert!(s.probe_refused > 0 && s.probe_calls as u64 == v["va_budget_probe"]["calls"].as_u64().unwrap(), "{s:?}");
+        assert_eq!((s.batches, s.maps, s.allocs), (0, s.probe_calls - s.probe_refused, s.probe_calls), "a probe maps and frees its own buffers only");
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// A session whose budget is smaller than the model: `keel run --device hexagon` places
+/// what fits the measured budget on the DSP (here: nothing, said loudly) and the rest on
+/// the CPU, with the CPU's tokens; no crash, nothing leaked.
+#[test]
+fn a_model_larger_than_the_measured_budget_runs_split_not_crashing() {
+    let Some(double) = fastrpc::double("a_model_larger_than_the_measured_budget_runs_split_not_crashing") else { return };
+    let m = root().join("tests/golden/synth/synth-llama-q8_0.gguf");
+    let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("keel-fastrpc-small-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let mut cmd = keel_test_support::keel_command(env!("CARGO_BIN_EXE_keel"));
+    cmd.arg("run").arg("-m").arg(&m).args(["-p", "Hello world", "-n", "8", "--temp", "0", "--json", "--device", "hexagon"]);
+    cmd.env("KEEL_CDSPRPC", &double).env_remove("KEEL_CDSPRPC_FAULT").env("KEEL_CDSPRPC_VA_BUDGET", (12u64 << 20).to_string()).env("KEEL_CDSPRPC_LOG", &log);
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cpu = run(&double, &m, "cpu", None);
+    assert_eq!(v["generated"], cpu["generated"]);
+    assert_eq!(v["offloaded_weights"], 0, "{err}");
+    assert!(err.contains("NOTHING was placed"), "{err}");
+    assert_eq!(v["memory_breakdown"][0]["total"], 12u64 << 20, "the measured budget is the device's total");
+    let s = fastrpc::check_log(&std::fs::read_to_string(&log).unwrap());
+    assert_eq!(s.probe_bytes, 12 << 20);
+    let _ = std::fs::remove_file(&log);
 }

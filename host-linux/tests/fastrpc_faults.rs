@@ -2,7 +2,8 @@
 //! each ends in an error naming the step and the library's code, within the timeout, with
 //! nothing left open, allocated or mapped in the library; after the DSP process dies a new
 //! session opens and computes; a DSP that accepts every call and computes zeros is refused
-//! at open; several batches in flight complete in order. One test: the double's fault
+//! at open; several batches in flight complete in order; the session's address budget is
+//! measured at open and a buffer past it is refused by name. One test: the double's fault
 //! switch is process-wide, so the cases run in turn.
 
 mod fastrpc;
@@ -12,13 +13,14 @@ use std::time::Duration;
 
 use keel_host_linux::device::fastrpc::{FastRpcConfig, Hexagon};
 use keel_host_linux::device::DeviceError;
-use keel_npu_hal::device::{BatchStatus, Queue, SharedBuffers};
+use keel_npu_hal::device::{BatchStatus, Device, Queue, SharedBuffers};
 use keel_npu_hal::op::DType;
 use keel_npu_hal::{Error, ErrorKind};
 use sim::{check, stage, Product};
 
 struct Double {
     set_fault: unsafe extern "C" fn(*const std::ffi::c_char),
+    set_budget: unsafe extern "C" fn(u64),
     live: unsafe extern "C" fn(*mut u64),
     _lib: libloading::Library,
 }
@@ -121,7 +123,12 @@ fn every_injected_fault_names_its_step_and_code_and_leaks_nothing() {
     // SAFETY: the same library the device dlopens (one copy in the process); the hooks' prototypes.
     let d = unsafe {
         let l = libloading::Library::new(&lib).unwrap();
-        Double { set_fault: *l.get(b"keel_double_set_fault\0").unwrap(), live: *l.get(b"keel_double_live\0").unwrap(), _lib: l }
+        Double {
+            set_fault: *l.get(b"keel_double_set_fault\0").unwrap(),
+            set_budget: *l.get(b"keel_double_set_va_budget\0").unwrap(),
+            live: *l.get(b"keel_double_live\0").unwrap(),
+            _lib: l,
+        }
     };
     works(&d);
     several_in_flight(&d);
@@ -160,13 +167,39 @@ fn every_injected_fault_names_its_step_and_code_and_leaks_nothing() {
     drop(dev);
     assert_eq!(d.live(), [0; 5]);
 
-    d.fault("mmap-fail");
+    // Mapping failing after the open: the buffer's map fails naming the call and code.
+    d.fault("");
     let mut dev = Hexagon::open(&cfg()).unwrap();
+    d.fault("mmap-fail");
     let id = dev.alloc(8192).unwrap();
     let e = dev.map(id).unwrap_err();
     says(&e, ErrorKind::OutOfMemory, &["fastrpc_mmap", "0x2", "AEE_ENOMEMORY"]);
     drop(dev);
     assert_eq!(d.live(), [0; 5], "the unmapped buffer is freed at close");
+    // Every mapping failing from the start: the open's budget probe maps nothing and says so.
+    let e = Hexagon::open(&cfg()).err().expect("a DSP that maps nothing is refused at open");
+    says(&e, ErrorKind::OutOfMemory, &["could not map", "address-budget probe", "fastrpc_mmap", "0x2", "AEE_ENOMEMORY"]);
+    assert_eq!(d.live(), [0; 5], "{e}");
+
+    // A small session budget: measured at open (within the probe's granule), the probe's
+    // buffers all gone afterwards, and a buffer past it refused by name, without a call.
+    d.fault("");
+    let budget = (40u64 << 20) + (256 << 10);
+    // SAFETY: the hook's prototype.
+    unsafe { (d.set_budget)(budget) };
+    let mut dev = Hexagon::open(&cfg()).unwrap();
+    let got = dev.caps().memory.va_budget;
+    assert!(got <= budget && budget - got < 1 << 20, "measured {got} for {budget}");
+    assert_eq!(d.live(), [1, 1, 0, 0, 1], "the probe left no buffer or mapping behind");
+    let small = dev.alloc(8 << 20).unwrap();
+    dev.map(small).unwrap();
+    let big = dev.alloc(36 << 20).unwrap();
+    let e = dev.map(big).unwrap_err();
+    says(&e, ErrorKind::OutOfMemory, &["address budget", &format!("{got} bytes"), "measured at open"]);
+    drop(dev);
+    assert_eq!(d.live(), [0; 5], "{e}");
+    // SAFETY: as above; back to the double's default (a v73 session's 3 GiB).
+    unsafe { (d.set_budget)(3 << 30) };
 
     d.fault("queue-timeout");
     let mut dev = Hexagon::open(&cfg()).unwrap();

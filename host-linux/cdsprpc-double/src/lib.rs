@@ -12,8 +12,16 @@
 //! - rpcmem: allocations come from one memfd-backed pool the emulated DSP maps too (its
 //!   path `/proc/<pid>/fd/<n>` is the shell's `--shm`), so buffers are shared without
 //!   copies as dma-bufs are; `rpcmem_to_fd` gives each allocation its own fd (a `dup`).
+//!   An allocation the pool cannot place gets its own memfd (sparse: nothing is committed
+//!   until its pages are touched); the emulated DSP cannot reach it, so a dspqueue
+//!   reference to one is refused (`AEE_EBADPARM`, said on stderr). keel's open-time budget
+//!   probe only maps such buffers, it never references them.
 //! - `fastrpc_mmap(FASTRPC_MAP_FD)` checks and records the mapping (the kernel's part);
-//!   dspqueue references to mapped buffers reach the skel as pool addresses.
+//!   dspqueue references to mapped buffers reach the skel as pool addresses. The domain's
+//!   session has a finite DSP address budget (`KEEL_CDSPRPC_VA_BUDGET`, bytes; default
+//!   3 GiB as a v73 CDSP; `keel_double_set_va_budget`): a
+//!   mapping past it fails with `AEE_EFAILED`, the code the library gives when the
+//!   driver's MEM_MAP is refused.
 //! - `remote_handle64_open` needs the unsigned PD enabled first (`remote_session_control`)
 //!   and starts the emulator; the skel's method 2 (`start`) is relayed to the skel, which
 //!   imports the exported queue.
@@ -67,6 +75,8 @@ struct Alloc {
     off: u64,
     len: u64,
     mapped: bool,
+    /// Outside the pool: its own memfd, mapped here at this address (unreachable by the DSP).
+    detached: Option<*mut u8>,
 }
 
 struct Queue {
@@ -85,9 +95,10 @@ struct State {
     queues: HashMap<u64, Queue>,
     next_queue: u64,
     rpcmem_depth: i64,
+    va_budget: u64,
 }
 
-// SAFETY: the raw pointer is the pool mapping, only used under the mutex.
+// SAFETY: the raw pointers are the pool's and detached allocations' mappings, only used under the mutex.
 unsafe impl Send for State {}
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -105,6 +116,7 @@ fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
         queues: HashMap::new(),
         next_queue: 1,
         rpcmem_depth: 0,
+        va_budget: env("KEEL_CDSPRPC_VA_BUDGET").and_then(|v| v.trim().parse().ok()).unwrap_or(3 << 30),
     });
     f(st)
 }
@@ -141,7 +153,7 @@ impl State {
 
     /// First fit in the pool, page granular.
     fn place(&self, len: u64) -> Option<u64> {
-        let mut used: Vec<(u64, u64)> = self.allocs.values().map(|a| (a.off, a.len)).collect();
+        let mut used: Vec<(u64, u64)> = self.allocs.values().filter(|a| a.detached.is_none()).map(|a| (a.off, a.len)).collect();
         used.sort_unstable();
         let mut at = 0;
         for (off, l) in used {
@@ -156,6 +168,27 @@ impl State {
 
 fn env(k: &str) -> Option<String> {
     std::env::var(k).ok().filter(|v| !v.is_empty())
+}
+
+/// A memfd of `len` bytes mapped shared, untouched (so nothing is committed); its fd and address.
+fn detached(len: u64) -> Option<(RawFd, *mut u8)> {
+    // SAFETY: plain syscalls on a fresh memfd.
+    unsafe {
+        let fd = libc::memfd_create(c"keel-cdsprpc-buf".as_ptr(), 0);
+        if fd < 0 {
+            return None;
+        }
+        if libc::ftruncate(fd, len as i64) != 0 {
+            libc::close(fd);
+            return None;
+        }
+        let p = libc::mmap(std::ptr::null_mut(), len as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
+        if p == libc::MAP_FAILED {
+            libc::close(fd);
+            return None;
+        }
+        Some((fd, p.cast()))
+    }
 }
 
 fn cpu() -> String {
@@ -496,7 +529,11 @@ pub extern "C" fn rpcmem_alloc2(heap: c_int, flags: u32, size: usize) -> *mut c_
             }
             let len = (size as u64).div_ceil(PAGE) * PAGE;
             let Some((pool_fd, base)) = st.pool() else { return std::ptr::null_mut() };
-            let Some(off) = st.place(len) else { return std::ptr::null_mut() };
+            let Some(off) = st.place(len) else {
+                let Some((fd, p)) = detached(len) else { return std::ptr::null_mut() };
+                st.allocs.insert(p as usize, Alloc { fd, off: u64::MAX, len, mapped: false, detached: Some(p) });
+                return p.cast();
+            };
             // SAFETY: a valid fd.
             let fd = unsafe { libc::dup(pool_fd) };
             if fd < 0 {
@@ -504,7 +541,7 @@ pub extern "C" fn rpcmem_alloc2(heap: c_int, flags: u32, size: usize) -> *mut c_
             }
             // SAFETY: `off + len` lies inside the pool mapping.
             let p = unsafe { base.add(off as usize) };
-            st.allocs.insert(p as usize, Alloc { fd, off, len, mapped: false });
+            st.allocs.insert(p as usize, Alloc { fd, off, len, mapped: false, detached: None });
             p.cast()
         })();
         let fd = st.allocs.get(&(p as usize)).map_or(-1, |a| a.fd);
@@ -518,8 +555,13 @@ pub extern "C" fn rpcmem_free(p: *mut c_void) {
     with(|st| {
         let what = match st.allocs.remove(&(p as usize)) {
             Some(a) => {
-                // SAFETY: the allocation's own fd.
-                unsafe { libc::close(a.fd) };
+                // SAFETY: the allocation's own fd, and its own mapping when detached.
+                unsafe {
+                    if let Some(p) = a.detached {
+                        libc::munmap(p.cast(), a.len as usize);
+                    }
+                    libc::close(a.fd)
+                };
                 format!("fd={}{}", a.fd, if a.mapped { " STILL-MAPPED" } else { "" })
             }
             None => "UNKNOWN".into(),
@@ -549,6 +591,11 @@ pub unsafe extern "C" fn fastrpc_mmap(domain: c_int, fd: c_int, addr: *mut c_voi
             }
             if !st.sessions.values().any(|s| s.domain == domain as u32 && !s.dead) {
                 return sys::AEE_EBADSTATE as c_int;
+            }
+            // The session's DSP address space: the library reports a refused MEM_MAP as AEE_EFAILED.
+            let mapped: u64 = st.allocs.values().filter(|a| a.mapped).map(|a| a.len).sum();
+            if mapped + len as u64 > st.va_budget {
+                return sys::AEE_EFAILED as c_int;
             }
             st.allocs.get_mut(&key).unwrap().mapped = true;
             OK
@@ -669,6 +716,10 @@ pub unsafe extern "C" fn dspqueue_write(
                 let Some(a) = st.allocs.values().find(|a| a.fd == r.fd as c_int && a.mapped && u64::from(r.size) <= a.len) else {
                     return sys::AEE_EBADPARM as c_int;
                 };
+                if a.detached.is_some() {
+                    eprintln!("libcdsprpc double: buffer fd {} lies outside the {POOL_BYTES}-byte pool the emulated DSP maps", r.fd);
+                    return sys::AEE_EBADPARM as c_int;
+                }
                 if r.flags & sys::DSPQUEUE_BUFFER_FLAG_REF == 0 {
                     return sys::AEE_EBADPARM as c_int;
                 }
@@ -769,6 +820,12 @@ pub unsafe extern "C" fn keel_double_set_fault(name: *const c_char) {
     // SAFETY: NULL or a NUL-terminated string.
     let f = if name.is_null() { None } else { Some(unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()) };
     with(|st| st.fault = f.filter(|s| !s.is_empty()));
+}
+
+/// Sets the session's DSP address budget, bytes (as `KEEL_CDSPRPC_VA_BUDGET`).
+#[no_mangle]
+pub extern "C" fn keel_double_set_va_budget(bytes: u64) {
+    with(|st| st.va_budget = bytes);
 }
 
 /// What is alive now: sessions, queues, allocations, mappings, rpcmem_init depth.

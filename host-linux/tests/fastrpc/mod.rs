@@ -43,6 +43,12 @@ pub struct LogSummary {
     pub allocs: usize,
     /// Mappings made (and unmapped).
     pub maps: usize,
+    /// The open's address-budget probe: the most bytes it had mapped at once.
+    pub probe_bytes: u64,
+    /// Its fastrpc_mmap calls, and how many of them the "DSP" refused (AEE_EFAILED).
+    pub probe_calls: usize,
+    /// See `probe_calls`.
+    pub probe_refused: usize,
 }
 
 fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
@@ -50,14 +56,19 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 }
 
 /// Checks that the calls of one `hexagon` session came in a valid order, that every call
-/// succeeded, and that every mapping was unmapped and every buffer freed, in that order.
+/// succeeded but the address-budget probe's refused mappings (`AEE_EFAILED`, before any
+/// batch), and that every mapping was unmapped and every buffer freed, in that order. The
+/// probe is the first allocations, up to the point where none is live again after one was
+/// mapped: that point must come before the first batch (the probe leaves nothing behind).
 pub fn check_log(text: &str) -> LogSummary {
     let lines: Vec<&str> = text.lines().collect();
     let pos = |prefix: &str| lines.iter().position(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("no `{prefix}` call in the log:\n{text}"));
     let last = |prefix: &str| lines.iter().rposition(|l| l.starts_with(prefix)).unwrap();
-    for l in &lines {
+    let first_batch = lines.iter().position(|l| l.starts_with("dspqueue_write") && l.contains(" batch ")).unwrap_or(lines.len());
+    for (i, l) in lines.iter().enumerate() {
         if let Some(rc) = l.rsplit_once("-> ").map(|(_, rc)| rc) {
-            assert!(rc == "0" || rc.starts_with("fd="), "a call failed: {l}\n{text}");
+            let refused_probe = l.starts_with("fastrpc_mmap") && rc == "1" && i < first_batch;
+            assert!(rc == "0" || rc.starts_with("fd=") || refused_probe, "a call failed: {l}\n{text}");
             assert!(rc != "fd=-1", "an allocation failed: {l}");
         }
     }
@@ -77,27 +88,57 @@ pub fn check_log(text: &str) -> LogSummary {
     assert!(last("dspqueue_write") < close_q && last("dspqueue_read") < close_q, "queue used after close");
     assert_eq!(lines.iter().filter(|l| l.starts_with("rpcmem_init")).count(), lines.iter().filter(|l| l.starts_with("rpcmem_deinit")).count());
     // fd -> mapped: every allocation is freed, every mapping unmapped before its free.
-    let mut live: HashMap<String, bool> = HashMap::new();
+    let mut live: HashMap<String, (bool, u64)> = HashMap::new();
     let mut s = LogSummary::default();
+    // 0: before the probe, 1: probing, 2: after it.
+    let (mut phase, mut mapped) = (0, 0u64);
     for (i, l) in lines.iter().enumerate() {
         if l.starts_with("rpcmem_alloc") {
             let fd = field(l, "fd=").unwrap().to_string();
             assert!(i > open, "allocation before the session: {l}");
-            assert!(live.insert(fd, false).is_none(), "fd reused while live: {l}");
+            let size: u64 = field(l, "size=").unwrap().parse().unwrap();
+            assert!(live.insert(fd, (false, size)).is_none(), "fd reused while live: {l}");
             s.allocs += 1;
+            if phase == 0 {
+                phase = 1;
+            }
         } else if l.starts_with("fastrpc_mmap") {
             let fd = field(l, "fd=").unwrap();
             assert!(l.contains("flags=2"), "not mapped with FASTRPC_MAP_FD: {l}");
-            assert_eq!(live.insert(fd.to_string(), true), Some(false), "mapping of a buffer not allocated, or mapped twice: {l}");
-            s.maps += 1;
+            let ok = l.ends_with("-> 0");
+            let Some(&(false, size)) = live.get(fd) else { panic!("mapping of a buffer not allocated, or mapped twice: {l}") };
+            if phase == 1 {
+                s.probe_calls += 1;
+                s.probe_refused += usize::from(!ok);
+                if ok {
+                    mapped += size;
+                    s.probe_bytes = s.probe_bytes.max(mapped);
+                }
+            } else {
+                assert!(ok, "a mapping failed outside the budget probe: {l}");
+            }
+            if ok {
+                live.insert(fd.to_string(), (true, size));
+                s.maps += 1;
+            }
         } else if l.starts_with("fastrpc_munmap") {
             let fd = field(l, "fd=").unwrap();
-            assert_eq!(live.insert(fd.to_string(), false), Some(true), "unmapping what is not mapped: {l}");
+            let Some(&(true, size)) = live.get(fd) else { panic!("unmapping what is not mapped: {l}") };
+            live.insert(fd.to_string(), (false, size));
+            if phase == 1 {
+                mapped -= size;
+            }
         } else if l.starts_with("rpcmem_free") {
             assert!(!l.contains("STILL-MAPPED") && !l.contains("UNKNOWN"), "{l}");
             let fd = field(l, "fd=").unwrap();
-            assert_eq!(live.remove(fd), Some(false), "free of a buffer not allocated or still mapped: {l}");
+            assert!(matches!(live.remove(fd), Some((false, _))), "free of a buffer not allocated or still mapped: {l}");
             assert!(i < close_h, "buffer freed after the session closed: {l}");
+            // A refused mapping's buffer is freed at once; the probe ends when what it mapped is all released.
+            if phase == 1 && live.is_empty() && s.probe_bytes > 0 {
+                phase = 2;
+                assert_eq!(mapped, 0);
+                assert!(i < first_batch, "the budget probe's buffers outlive the first batch: {l}");
+            }
         } else if l.starts_with("dspqueue_write") && l.contains(" batch ") {
             s.batches += 1;
         }

@@ -14,9 +14,12 @@
 //!    `DSPRPC_CONTROL_LATENCY` on the handle;
 //! 4. `dspqueue_create` + `dspqueue_export`, and the skel's `start` method (2) told the
 //!    queue id so it imports it;
-//! 5. the versioned handshake, the capabilities the firmware measured (its per-session
-//!    address budget included), then a known-input self-test with a fresh seed: a DSP that
-//!    accepts every call and computes nothing is refused here.
+//! 5. the versioned handshake, the capabilities the firmware measured, then a known-input
+//!    self-test with a fresh seed: a DSP that accepts every call and computes nothing is
+//!    refused here;
+//! 6. the session's DSP address budget measured by mapping growing rpcmem buffers until
+//!    the DSP refuses one ([`budget`]), all unmapped and freed again; that figure, not the
+//!    skel's constant, is `caps.memory.va_budget`.
 //!
 //! Buffers: [`RpcBuf`] owns one rpcmem allocation and its mapping, unmapped and freed when
 //! dropped. Batches: `dspqueue_write` with a buffer reference (REF + cache flags) per
@@ -25,6 +28,7 @@
 //! `submit`, `poll` and `host_view` allocate nothing when they succeed.
 
 pub mod api;
+pub mod budget;
 pub mod probe;
 #[allow(missing_docs, clippy::all)]
 pub mod sys;
@@ -85,6 +89,14 @@ impl FastRpcConfig {
     }
 }
 
+/// `KEEL_FASTRPC_PROBE_CAP` (bytes): the most the budget probe maps; `Err`: not a number.
+fn probe_cap() -> Result<Option<u64>, String> {
+    match std::env::var("KEEL_FASTRPC_PROBE_CAP").ok().filter(|v| !v.is_empty()) {
+        None => Ok(None),
+        Some(v) => v.trim().parse::<u64>().map(Some).map_err(|_| format!("KEEL_FASTRPC_PROBE_CAP={v:?} is not a byte count (e.g. 1073741824): unset it or give bytes")),
+    }
+}
+
 /// The name of a libcdsprpc return code (AEEStdErr), for messages.
 pub fn code_name(code: i32) -> &'static str {
     match code as u32 {
@@ -137,6 +149,18 @@ pub struct RpcBuf {
 }
 
 impl RpcBuf {
+    /// `fastrpc_mmap` with `FASTRPC_MAP_FD`; the library's code.
+    fn map(&mut self) -> i32 {
+        if self.mapped {
+            return 0;
+        }
+        let mmap = self.api.mmap.expect("checked at load");
+        // SAFETY: a live rpcmem allocation of `size` bytes and its fd.
+        let r = unsafe { mmap(self.domain as i32, self.fd, self.ptr.cast(), 0, self.size as usize, sys::FASTRPC_MAP_FD as i32) };
+        self.mapped = r == 0;
+        r
+    }
+
     fn unmap(&mut self) -> i32 {
         if !self.mapped {
             return 0;
@@ -170,6 +194,7 @@ pub struct Hexagon {
     caps: Caps,
     info: DspInfo,
     selftest: SelfTestReport,
+    budget: budget::Probe,
     mapped_bytes: u64,
     next_seq: Seq,
     flight: InFlight,
@@ -342,6 +367,7 @@ impl Hexagon {
             caps: empty_caps(),
             info,
             selftest: SelfTestReport { at_start: UnitState::Absent, seed: 0, digest: 0, expected: 0, elapsed: Duration::ZERO },
+            budget: budget::Probe::default(),
             mapped_bytes: 0,
             next_seq: 1,
             flight: InFlight::default(),
@@ -398,9 +424,72 @@ impl Hexagon {
         }
         self.flight = InFlight::with_capacity(usize::from(caps.max_in_flight));
         self.identity = identity;
-        self.caps = caps;
         self.selftest = report;
+        let cap = probe_cap().map_err(|w| self.fail(ErrorKind::InvalidArgument, w))?.unwrap_or(caps.memory.va_budget);
+        self.caps = caps;
+        let probe = self.probe_budget(cap)?;
+        if probe.measured == 0 {
+            let why = match probe.refused_code {
+                Some(c) => format!("fastrpc_mmap (FASTRPC_MAP_FD) failed with {c:#x} ({})", code_name(c)),
+                None => format!("the probe's cap is {cap} bytes (KEEL_FASTRPC_PROBE_CAP or the skel's figure)"),
+            };
+            return Err(self.fail(ErrorKind::OutOfMemory, format!("the DSP session could not map even {} bytes in the address-budget probe: {why}", budget::GRANULE)));
+        }
+        self.caps.memory.va_budget = probe.measured;
+        self.budget = probe;
         Ok(())
+    }
+
+    /// Measures the session's address budget (see [`budget`]); every probe buffer is
+    /// unmapped and freed before this returns, whatever happens.
+    fn probe_budget(&mut self, cap: u64) -> Result<budget::Probe, DeviceError> {
+        let mut held: Vec<RpcBuf> = Vec::with_capacity(budget::MAX_STEPS);
+        let r = budget::run(cap, |size| {
+            let mut b = match self.new_buf(size) {
+                Ok(b) => b,
+                Err(e) if e.kind == ErrorKind::OutOfMemory => return Ok(budget::Step::NoHostMemory),
+                Err(e) => return Err(e),
+            };
+            match b.map() as u32 {
+                0 => {
+                    held.push(b);
+                    Ok(budget::Step::Mapped)
+                }
+                c @ (sys::AEE_EFAILED | sys::AEE_ENOMEMORY) => Ok(budget::Step::Refused(c as i32)),
+                c => Err(step_error(&self.name, ErrorKind::Other, &format!("probing the DSP address budget: fastrpc_mmap of {size} bytes (FASTRPC_MAP_FD)"), c as i32, "")),
+            }
+        });
+        // Unmapped and freed, newest first, before anything else is allocated.
+        while let Some(b) = held.pop() {
+            drop(b);
+        }
+        r
+    }
+
+    /// How the address budget was found.
+    pub fn budget_probe(&self) -> &budget::Probe {
+        &self.budget
+    }
+
+    /// One rpcmem allocation of `size` bytes (already rounded), not mapped.
+    fn new_buf(&self, size: u64) -> Result<RpcBuf, DeviceError> {
+        let ptr: *mut u8 = match (self.api.rpcmem_alloc2, self.api.rpcmem_alloc) {
+            // SAFETY: the system heap with default (cached) flags; NULL on failure.
+            (Some(a2), _) => unsafe { a2(sys::RPCMEM_HEAP_ID_SYSTEM as i32, sys::RPCMEM_DEFAULT_FLAGS, size as usize) }.cast(),
+            (None, Some(a)) if size < 1 << 31 => unsafe { a(sys::RPCMEM_HEAP_ID_SYSTEM as i32, sys::RPCMEM_DEFAULT_FLAGS, size as i32) }.cast(),
+            _ => return Err(self.err(ErrorKind::OutOfMemory, format!("{size} bytes exceed rpcmem_alloc's 2 GiB limit and {} has no rpcmem_alloc2", self.api.path))),
+        };
+        if ptr.is_null() {
+            return Err(self.err(ErrorKind::OutOfMemory, format!("rpcmem_alloc of {size} bytes returned NULL (the dma-buf heap /dev/dma_heap/system is absent, not accessible, or full)")));
+        }
+        // SAFETY: a live rpcmem allocation.
+        let fd = unsafe { (self.api.rpcmem_to_fd.expect("checked at load"))(ptr.cast()) };
+        let b = RpcBuf { api: Rc::clone(&self.api), domain: self.domain, ptr, fd, size, mapped: false, busy: 0 };
+        if fd < 0 || self.bufs.contains_key(&(fd as u32)) {
+            drop(b);
+            return Err(self.err(ErrorKind::Protocol, format!("rpcmem_to_fd gave {fd} for a new allocation")));
+        }
+        Ok(b)
     }
 
     /// The device's name in errors.
@@ -568,24 +657,10 @@ impl SharedBuffers for Hexagon {
     fn alloc(&mut self, size: u64) -> Result<BufferId, DeviceError> {
         self.check()?;
         let size = self.buffer_rules().rounded_size(size).map_err(|k| self.err(k, format!("cannot allocate {size} bytes")))?;
-        let ptr: *mut u8 = match (self.api.rpcmem_alloc2, self.api.rpcmem_alloc) {
-            // SAFETY: the system heap with default (cached) flags; NULL on failure.
-            (Some(a2), _) => unsafe { a2(sys::RPCMEM_HEAP_ID_SYSTEM as i32, sys::RPCMEM_DEFAULT_FLAGS, size as usize) }.cast(),
-            (None, Some(a)) if size < 1 << 31 => unsafe { a(sys::RPCMEM_HEAP_ID_SYSTEM as i32, sys::RPCMEM_DEFAULT_FLAGS, size as i32) }.cast(),
-            _ => return Err(self.err(ErrorKind::OutOfMemory, format!("{size} bytes exceed rpcmem_alloc's 2 GiB limit and {} has no rpcmem_alloc2", self.api.path))),
-        };
-        if ptr.is_null() {
-            return Err(self.err(ErrorKind::OutOfMemory, format!("rpcmem_alloc of {size} bytes returned NULL (the dma-buf heap /dev/dma_heap/system is absent, not accessible, or full)")));
-        }
-        // SAFETY: a live rpcmem allocation.
-        let fd = unsafe { (self.api.rpcmem_to_fd.expect("checked at load"))(ptr.cast()) };
-        let b = RpcBuf { api: Rc::clone(&self.api), domain: self.domain, ptr, fd, size, mapped: false, busy: 0 };
-        if fd < 0 || self.bufs.contains_key(&(fd as u32)) {
-            drop(b);
-            return Err(self.err(ErrorKind::Protocol, format!("rpcmem_to_fd gave {fd} for a new allocation")));
-        }
-        self.bufs.insert(fd as u32, b);
-        Ok(BufferId(fd as u32))
+        let b = self.new_buf(size)?;
+        let fd = b.fd as u32;
+        self.bufs.insert(fd, b);
+        Ok(BufferId(fd))
     }
 
     fn map(&mut self, id: BufferId) -> Result<(), DeviceError> {
@@ -594,21 +669,19 @@ impl SharedBuffers for Hexagon {
         if b.mapped {
             return Ok(());
         }
-        let (fd, ptr, size) = (b.fd, b.ptr, b.size);
+        let size = b.size;
         let budget = self.caps.memory.va_budget;
         if self.mapped_bytes + size > budget {
-            return Err(self.err(ErrorKind::OutOfMemory, format!("mapping {size} more bytes would pass the session's {budget}-byte DSP address budget ({} mapped)", self.mapped_bytes)));
+            return Err(self.err(
+                ErrorKind::OutOfMemory,
+                format!("mapping {size} more bytes would pass the session's DSP address budget of {budget} bytes ({} MiB, measured at open; {} mapped)", budget >> 20, self.mapped_bytes),
+            ));
         }
-        let mmap = self.api.mmap.expect("checked at load");
-        // SAFETY: a live rpcmem allocation of `size` bytes and its fd.
-        let r = unsafe { mmap(self.domain as i32, fd, ptr.cast(), 0, size as usize, sys::FASTRPC_MAP_FD as i32) };
+        let r = self.bufs.get_mut(&id.0).map_or(0, RpcBuf::map);
         if r != 0 {
             return Err(step_error(&self.name, ErrorKind::OutOfMemory, &format!("fastrpc_mmap of buffer {} ({size} bytes, FASTRPC_MAP_FD)", id.0), r, "the DSP could not map it"));
         }
         self.mapped_bytes += size;
-        if let Some(b) = self.bufs.get_mut(&id.0) {
-            b.mapped = true;
-        }
         Ok(())
     }
 

@@ -1,7 +1,7 @@
 //! `keel probe --device hexagon`: what a board's DSP is and whether it computes. Opens a
 //! session as a run does (the capability queries, the unsigned PD, the queue, the
-//! firmware's measured limits, the known-input self-test) and prints the arch, HVX
-//! contexts, HMX, VTCM, the address budget and the self-test. On a machine without a DSP
+//! firmware's measured limits, the known-input self-test, the address-budget probe) and
+//! prints the arch, HVX contexts, HMX, VTCM, the measured address budget and the self-test. On a machine without a DSP
 //! (no library, no device node, no permission) it says what is missing and what to do,
 //! and exits with code 2, so scripts can tell "no DSP here" from "the DSP failed" (1).
 
@@ -44,7 +44,7 @@ pub fn run(as_json: bool) -> anyhow::Result<()> {
         Err(e) if e.kind == ErrorKind::DeviceLost => bail_no_dsp(&e.to_string()),
         Err(e) => return Err(e.into()),
     };
-    let (id, c, st, info) = (dev.identity(), dev.caps(), dev.self_test(), dev.dsp_info());
+    let (id, c, st, info, bp) = (dev.identity(), dev.caps(), dev.self_test(), dev.dsp_info(), dev.budget_probe());
     let arch = match id.arch {
         Arch::Hexagon { version } => format!("v{version}"),
         other => format!("{other:?}"),
@@ -58,6 +58,13 @@ pub fn run(as_json: bool) -> anyhow::Result<()> {
             expected: u64,
         }
         #[derive(serde::Serialize)]
+        struct Budget {
+            cap: u64,
+            calls: u32,
+            limit: String,
+            detail: String,
+        }
+        #[derive(serde::Serialize)]
         struct Probe<'a> {
             device: &'a str,
             name: &'a str,
@@ -67,6 +74,8 @@ pub fn run(as_json: bool) -> anyhow::Result<()> {
             hmx: String,
             vtcm_bytes: u64,
             va_budget: u64,
+            va_budget_source: &'static str,
+            va_budget_probe: Budget,
             self_test: SelfTest,
             notes: &'a [String],
         }
@@ -79,6 +88,8 @@ pub fn run(as_json: bool) -> anyhow::Result<()> {
             hmx: format!("{:?}", c.units.hmx).to_lowercase(),
             vtcm_bytes: info.vtcm_bytes.unwrap_or(c.memory.scratch_bytes.into()),
             va_budget: c.memory.va_budget,
+            va_budget_source: "measured",
+            va_budget_probe: Budget { cap: bp.cap, calls: bp.calls, limit: format!("{:?}", bp.limit).to_lowercase(), detail: bp.describe() },
             self_test: SelfTest { passed: st.passed(), seed: st.seed.into(), digest: st.digest.into(), expected: st.expected.into() },
             notes: &info.notes,
         });
@@ -88,7 +99,7 @@ pub fn run(as_json: bool) -> anyhow::Result<()> {
     println!("arch       Hexagon {arch}{}", if id.emulated { " (emulated: numbers are real, timings are not)" } else { "" });
     println!("units      {} HVX context(s), HVX {:?}, HMX {:?}", c.units.hvx_contexts, c.units.hvx, c.units.hmx);
     let vtcm = info.vtcm_bytes.unwrap_or(c.memory.scratch_bytes.into());
-    println!("memory     VTCM {} KiB, DSP address budget {} MiB (as the skel reports it)", vtcm >> 10, c.memory.va_budget >> 20);
+    println!("memory     VTCM {} KiB, DSP address budget {} MiB ({})", vtcm >> 10, c.memory.va_budget >> 20, bp.describe());
     println!(
         "self-test  {}: seed {:#010x} digest {:#010x} (expected {:#010x})",
         if st.passed() { "passed" } else { "FAILED" },
