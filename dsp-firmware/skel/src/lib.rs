@@ -72,7 +72,8 @@ const FLAG_FLUSH_SENDER: u32 = 0x10;
 const FLAG_INVALIDATE_RECIPIENT: u32 = 0x80;
 /// VTCM asked for: 4 MiB (v68's whole VTCM; later chips have 8).
 const VTCM_BYTES: u32 = 4 << 20;
-/// The per-session DSP address budget reported until the skel probes it on hardware (v73: ~3 GiB).
+/// The per-session DSP address budget reported (v73: ~3 GiB): the host measures the real one
+/// at open (`fastrpc_mmap` until the DSP refuses) and uses this only as the probe's cap.
 const VA_BUDGET: u64 = 3 << 30;
 const PAGE: u32 = 4096;
 
