@@ -95,7 +95,13 @@ fn probe_without_the_library_exits_2_naming_it() {
 #[test]
 fn probe_through_the_double_reports_the_dsp() {
     let Some(double) = fastrpc::double("probe_through_the_double_reports_the_dsp") else { return };
-    let out = keel_test_support::keel_command(env!("CARGO_BIN_EXE_keel")).args(["probe", "--device", "hexagon", "--json"]).env("KEEL_CDSPRPC", &double).output().unwrap();
+    let out = keel_test_support::keel_command(env!("CARGO_BIN_EXE_keel"))
+        .args(["probe", "--device", "hexagon", "--json"])
+        .env("KEEL_CDSPRPC", &double)
+        .env_remove("KEEL_CDSPRPC_VA_BUDGET")
+        .env_remove("KEEL_FASTRPC_PROBE_CAP")
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let cpu = std::env::var("KEEL_QEMU_CPU").unwrap_or_else(|_| "v68".into());
@@ -105,6 +111,9 @@ fn probe_through_the_double_reports_the_dsp() {
     assert_eq!(v["self_test"]["passed"], true);
     assert_eq!(v["self_test"]["digest"], v["self_test"]["expected"]);
     assert_eq!(v["va_budget_source"], "measured");
+    // The double's default session (3 GiB, as a v73's) maps everything up to the probe's
+    // cap, the skel's 3 GiB: the figure is the cap, said as such.
+    assert_eq!((v["va_budget"].as_u64(), &v["va_budget_probe"]["limit"]), (Some(3 << 30), &serde_json::json!("cap")), "{v}");
 }
 
 /// `keel probe --device hexagon` with the double's session budget set to `budget`: the
