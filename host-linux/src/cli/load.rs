@@ -4,7 +4,7 @@
 use crate::mmap::{Arena, ModelFile};
 use crate::pool::ThreadPool;
 use anyhow::{bail, Context, Result};
-use keel_core::engine::{plan, Engine};
+use keel_core::engine::{plan_with, Engine};
 use keel_core::gguf::Gguf;
 use keel_core::quant::Kernels;
 use keel_core::sampler::SamplerConfig;
@@ -48,6 +48,8 @@ pub struct RunOptions {
     pub reference: bool,
     /// `--force-ctx`: no warning for a context beyond the model's training length.
     pub force_ctx: bool,
+    /// Plan room for the session to rewind (speculative decoding).
+    pub checkpoint: bool,
 }
 
 /// The kernels for `opts` on this CPU.
@@ -67,6 +69,8 @@ pub struct Loaded {
     pub pool: ThreadPool,
     /// The session limits used.
     pub cfg: SessionConfig,
+    /// Whether the arena has room to rewind a recurrent model (speculative decoding).
+    pub checkpoint: bool,
 }
 
 /// The session limits `opts` asks for.
@@ -77,7 +81,7 @@ pub fn session_config(opts: &RunOptions) -> SessionConfig {
 /// The arena `opts` needs for this model, in bytes, and this machine's physical memory
 /// when the arena is larger (`None`: it fits, or the memory is unknown).
 pub fn arena_beyond_memory(g: &Gguf<'_>, path: &std::path::Path, opts: &RunOptions) -> Result<(usize, Option<u64>)> {
-    let total = plan(g, &session_config(opts)).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?.total_bytes();
+    let total = plan_with(g, &session_config(opts), opts.checkpoint).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?.total_bytes();
     Ok((total, crate::mem::physical_memory().filter(|&m| total as u64 > m)))
 }
 
@@ -123,15 +127,15 @@ pub fn prepare(g: &Gguf<'_>, path: &std::path::Path, opts: &RunOptions) -> Resul
         );
     }
     warn_past_training_context(g, opts);
-    let plan = plan(g, &cfg).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let plan = plan_with(g, &cfg, opts.checkpoint).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let arena = Arena::new(plan.total_bytes()).with_context(|| format!("allocating the {} byte arena", plan.total_bytes()))?;
     let pool = ThreadPool::new(opts.threads).context("starting the thread pool")?;
-    Ok(Loaded { arena, pool, cfg })
+    Ok(Loaded { arena, pool, cfg, checkpoint: opts.checkpoint })
 }
 
 /// Builds the engine inside a prepared arena.
 pub fn engine<'a>(g: &Gguf<'a>, path: &std::path::Path, loaded: &'a mut Loaded, reference: bool, sampling: SamplerConfig) -> Result<(Engine<'a>, &'a ThreadPool)> {
-    let Loaded { arena, pool, cfg } = loaded;
-    let e = Engine::new(g, arena.as_mut_slice(), *cfg, kernels(reference), sampling).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let Loaded { arena, pool, cfg, checkpoint } = loaded;
+    let e = Engine::new_with(g, arena.as_mut_slice(), *cfg, kernels(reference), sampling, *checkpoint).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     Ok((e, pool))
 }

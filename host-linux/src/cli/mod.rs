@@ -14,6 +14,7 @@ pub mod probe;
 pub mod quantize;
 pub mod roofline;
 pub mod run;
+pub mod speculate;
 pub mod tokenize;
 
 use anyhow::Result;

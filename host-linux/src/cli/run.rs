@@ -10,6 +10,7 @@ use crate::device::offload::Devices;
 use keel_core::engine::Engine;
 use keel_core::placement::{weight_count, Decision, Exec, Placement};
 use keel_core::session::Outputs;
+use keel_core::speculative::{Lookup, ModelDrafter, Runner};
 use keel_core::tokenizer::Utf8Stream;
 use std::io::Write;
 use std::time::Instant;
@@ -34,7 +35,10 @@ pub struct Generation {
 pub fn main(mut a: Args) -> Result<()> {
     let model = a.value::<String>(&["-m", "--model"], "a model file or name")?.unwrap_or_else(|| "smollm2-135m".into());
     let n_predict = a.value_or(&["-n", "--n-predict"], "a token count", 128usize)?;
-    let opts = run_options(&mut a, 1)?;
+    let spec = super::speculate::SpecOptions::parse(&mut a)?;
+    // A verify batch needs logits for the pending token and every draft.
+    let mut opts = run_options(&mut a, spec.as_ref().map_or(1, |s| s.n_max + 1))?;
+    opts.checkpoint = spec.is_some();
     let text = prompt(&mut a, opts.n_ctx)?;
     // Generation stops at the context's end anyway: a larger -n means "until then".
     let n_predict = n_predict.min(opts.n_ctx);
@@ -45,6 +49,10 @@ pub fn main(mut a: Args) -> Result<()> {
     let offload = super::offload::OffloadOptions::parse(&mut a)?;
     a.finish()?;
     let mut devices = offload.open()?;
+    let mut draft_devices = match &spec {
+        Some(s) => s.draft_devices.open()?,
+        None => crate::device::offload::Devices::none(),
+    };
 
     let opened = open(&model)?;
     let g = opened.gguf()?;
@@ -72,6 +80,46 @@ pub fn main(mut a: Args) -> Result<()> {
         anyhow::bail!("the prompt is empty after tokenization");
     }
 
+    // The draft model, with its own arena and placement (`--device-draft`).
+    let draft_opened = spec.as_ref().and_then(|s| s.draft_model.as_deref()).map(open).transpose()?;
+    let draft_g = draft_opened.as_ref().map(|o| o.gguf()).transpose()?;
+    let mut draft_loaded = match (&draft_g, &draft_opened) {
+        (Some(dg), Some(o)) => Some(prepare(dg, &o.path, &super::load::RunOptions { n_outputs: 1, ..opts })?),
+        _ => None,
+    };
+    let mut draft_engine = match (&draft_g, &draft_opened, draft_loaded.as_mut()) {
+        (Some(dg), Some(o), Some(l)) => {
+            let (de, _) = engine(dg, &o.path, l, opts.reference, sampling)?;
+            if de.n_vocab() != e.n_vocab() || de.tokenizer.eos() != e.tokenizer.eos() {
+                anyhow::bail!("{}: the draft model's vocabulary ({} tokens) is not the target's ({} tokens, {}); draft with a model of the same family", o.path.display(), de.n_vocab(), e.n_vocab(), opened.path.display());
+            }
+            Some(de)
+        }
+        _ => None,
+    };
+    let mut draft_slots = vec![Decision::EMPTY; draft_engine.as_ref().map_or(0, |de| weight_count(&de.model))];
+    let draft_placement = match (&draft_engine, &spec) {
+        (Some(de), Some(s)) => {
+            let p = draft_devices.plan(&de.model, &s.draft_devices.policy, de.session.n_ctx(), &mut draft_slots).map_err(|err| anyhow::anyhow!("draft model: {err}"))?;
+            if !draft_devices.slots.is_empty() {
+                draft_devices.load(&de.model, &p, &de.session.kernels()).map_err(|err| anyhow::anyhow!("loading the draft model's weights onto the device: {err}"))?;
+                eprint!("keel: draft model: ");
+                super::offload::print_placement(&p, &draft_devices);
+            }
+            Some(p)
+        }
+        _ => None,
+    };
+    let mut spec_arena = match &spec {
+        Some(s) => {
+            let mut p = keel_core::arena::Plan::empty();
+            keel_core::speculative::plan(&mut p, e.n_vocab(), opts.n_ctx, s.n_max)?;
+            vec![0u8; p.total_bytes()].into_boxed_slice()
+        }
+        None => Vec::new().into_boxed_slice(),
+    };
+    let mut spec_stats = None;
+
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut stream = Utf8Stream::new();
@@ -88,7 +136,52 @@ pub fn main(mut a: Args) -> Result<()> {
     let prompt_secs = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut stop = "length";
-    for i in 0..n_predict {
+    if let Some(sopts) = &spec {
+        let mut p = keel_core::arena::Plan::empty();
+        keel_core::speculative::plan(&mut p, e.n_vocab(), opts.n_ctx, sopts.n_max)?;
+        let mut carver = keel_core::arena::carve(&mut spec_arena, &p).map_err(keel_core::Error::from)?;
+        let draft_cost = match &draft_engine {
+            Some(de) => (de.model.weight_bytes() as f64 / e.model.weight_bytes().max(1) as f64) as f32,
+            None => 0.0,
+        };
+        let mut sp = keel_core::speculative::Speculator::new(&mut carver, &p, sopts.config(draft_cost), sampling, e.n_vocab())?;
+        let use_draft_devices = !draft_devices.slots.is_empty();
+        let mut target = Runner { model: &e.model, session: &mut e.session, par: pool, exec: use_devices.then_some(Exec { placement: &placement, offload: &mut devices }) };
+        let tokenizer = &e.tokenizer;
+        let mut emit = |tok: u32| {
+            if tokenizer.is_eog(tok) {
+                return false;
+            }
+            generated.push(tok);
+            let n = tokenizer.piece(tok, true, &mut piece).unwrap_or(0);
+            stream.push(&piece[..n], |s: &str| {
+                text_out.push_str(s);
+                if !as_json {
+                    let _ = stdout_ok(out.write_all(s.as_bytes()).and_then(|_| out.flush()));
+                }
+            });
+            true
+        };
+        let r = match (draft_engine.as_mut(), draft_placement.as_ref()) {
+            (Some(de), Some(dp)) => {
+                let draft = Runner { model: &de.model, session: &mut de.session, par: pool, exec: use_draft_devices.then_some(Exec { placement: dp, offload: &mut draft_devices }) };
+                let mut drafter = ModelDrafter::new(draft);
+                super::speculate::generate(&mut sp, &mut target, &mut drafter, &prompt_tokens, n_predict, &mut emit)
+            }
+            _ => super::speculate::generate(&mut sp, &mut target, &mut Lookup::default(), &prompt_tokens, n_predict, &mut emit),
+        };
+        drop(target);
+        stop = match r {
+            Ok(s) => s,
+            Err(keel_core::Error::Device { .. }) => match devices.error.take().or_else(|| draft_devices.error.take()) {
+                Some(err) => anyhow::bail!("{err} (the request was stopped; nothing ran on the CPU in its place)"),
+                None => anyhow::bail!("a device failed mid-request"),
+            },
+            Err(err) => return Err(err.into()),
+        };
+        spec_stats = Some(sp.stats());
+    }
+    for i in 0..if spec.is_some() { 0 } else { n_predict } {
         check_finite(e.session.last_logits(e.n_vocab()), e.session.first_non_finite(), || if i == 0 { "generation step 1 (the prompt's last position)".into() } else { format!("generation step {}", i + 1) })?;
         if let Some(d) = digest.as_mut() {
             d.row(e.session.last_logits(e.n_vocab()));
@@ -156,6 +249,9 @@ pub fn main(mut a: Args) -> Result<()> {
         if use_devices && placement.n_on_devices() == 0 {
             o.str("placement_warning", "devices were given but nothing was placed on them: every op ran on the CPU");
         }
+        if let (Some(st), Some(sopts)) = (&spec_stats, &spec) {
+            super::speculate::report(st, &sopts.name(), g.gen_tps, Some(&mut o));
+        }
         super::offload::breakdown_json(&mut o, "memory_breakdown", &breakdown, host);
         // host-wasi's fields: `tokens` (the prompt's ids) and the logits digests.
         let (all, rows) = digest.unwrap_or_default().finish();
@@ -185,6 +281,9 @@ pub fn main(mut a: Args) -> Result<()> {
             opts.threads,
             e.session.kernels().name()
         );
+    }
+    if let (Some(st), Some(sopts), false) = (&spec_stats, &spec, as_json) {
+        super::speculate::report(st, &sopts.name(), g.gen_tps, None);
     }
     if use_devices {
         eprintln!("keel: device batches: {} in all, {per_token:.1} per generated token", devices.batches());
