@@ -382,6 +382,11 @@ struct Recent {
 
 /// Steps without drafting before a one-token probe.
 const PROBE_EVERY: u32 = 8;
+/// The least expected speed-up (tokens per unit of cost over plain decoding's) for which
+/// the adaptive length drafts.
+const MIN_GAIN: f32 = 1.1;
+/// The least speed-up perfect acceptance must promise for drafting to be tried at all.
+const MIN_GAIN_AT_BEST: f32 = 1.25;
 /// How much of the recent acceptance carries over to the next step.
 const DECAY: f32 = 0.8;
 
@@ -470,16 +475,15 @@ impl<'a> Speculator<'a> {
             return n_max;
         }
         let a = ((self.recent.accepted + 1.0) / (self.recent.seen + 2.0)).min(0.999);
-        let per_token = self.cfg.verify_cost + self.cfg.draft_cost;
-        let (mut best_k, mut best) = (0usize, 1.0f32);
-        let mut pow = a;
-        for k in 1..=n_max {
-            pow *= a;
-            // Expected tokens of a step with k drafts over its cost (plain decoding: 1 / 1).
-            let rate = ((1.0 - pow) / (1.0 - a)) / (1.0 + self.cfg.verify_base + k as f32 * per_token);
-            if rate > best * 1.02 {
-                (best_k, best) = (k, rate);
-            }
+        // A length whose expected gain is within the cost model's error counts as none.
+        let best_k = match self.best_len(a) {
+            (k, rate) if rate >= MIN_GAIN => k,
+            _ => 0,
+        };
+        // Drafting that would not pay well even if every draft were accepted (a draft
+        // model nearly as slow as the target) is never tried.
+        if self.best_len(1.0).1 < MIN_GAIN_AT_BEST {
+            return 0;
         }
         if best_k == 0 {
             self.recent.idle += 1;
@@ -489,6 +493,24 @@ impl<'a> Speculator<'a> {
             }
         }
         best_k
+    }
+
+    /// The draft length with the most expected tokens per unit of cost when each draft is
+    /// accepted with probability `a`, and that rate (plain decoding: length 0, rate 1).
+    fn best_len(&self, a: f32) -> (usize, f32) {
+        let per_token = self.cfg.verify_cost + self.cfg.draft_cost;
+        let (mut best_k, mut best) = (0usize, 1.0f32);
+        let (mut pow, mut expected) = (1.0f32, 1.0f32);
+        for k in 1..=self.cfg.n_max {
+            pow *= a;
+            expected += pow;
+            // Expected tokens of a step with k drafts (1 + a + .. + a^k) over its cost.
+            let rate = expected / (1.0 + self.cfg.verify_base + k as f32 * per_token);
+            if rate > best * 1.02 {
+                (best_k, best) = (k, rate);
+            }
+        }
+        (best_k, best)
     }
 
     /// One step: draft, verify in one target batch, keep the agreeing prefix and the

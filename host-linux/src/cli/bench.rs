@@ -86,6 +86,9 @@ fn run_tg(e: &mut Engine<'_>, par: &dyn Parallel, first: u32, n: usize) -> Resul
 
 /// Runs the subcommand.
 pub fn main(mut a: Args) -> Result<()> {
+    if let Some(range) = a.value::<String>(&["--draft-sweep"], "a range of draft lengths, e.g. 1..8")? {
+        return super::speculate::sweep(a, &range);
+    }
     let model = a.value::<String>(&["-m", "--model"], "a model file or name")?.unwrap_or_else(|| "smollm2-135m".into());
     let n_prompt = a.value_or(&["-p", "--n-prompt"], "a token count", 512usize)?;
     let n_gen = a.value_or(&["-n", "--n-gen"], "a token count", 128usize)?;

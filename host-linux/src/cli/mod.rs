@@ -31,6 +31,11 @@ commands:
               [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty F] [--seed S]
               [--chat [--system TEXT]] [--reference] [--force-ctx] [--json]
               [--device LIST] [--offload-* flags]: see below
+              speculative decoding (greedy output unchanged; at --temp > 0 the target's
+              distribution): --draft-model M [--draft-max 8] [--device-draft LIST] drafts
+              with a smaller model of the same vocabulary; --lookup N drafts up to N tokens
+              from the context (prompt lookup); --draft-fixed turns the adaptive length off;
+              statistics at the end (and in --json)
   chat        keel chat -m MODEL [--system TEXT] [-n N] [-c N_CTX] [sampling flags as run]
               (interactive; the conversation stays in the fixed context; /reset, /quit)
   tokenize    keel tokenize -m MODEL [--add-special] [--parse-special] [-f FILE | TEXT] [--json]
@@ -43,6 +48,9 @@ commands:
               block and where it runs (why, when on the CPU)
   bench       keel bench -m MODEL [-p 512] [-n 128] [-r 3] [-t T] [--roofline] [--json]
               (pp and tg speed; checks its own output and refuses to report broken runs)
+              keel bench -m MODEL --draft-sweep 1..N (--draft-model M | --lookup)
+              (-p TEXT | -f FILE) [-n 128] [-r 3]: greedy t/s of plain decoding and of
+              speculation per n_max and adaptive, medians of interleaved runs, as a table
   pull        keel pull NAME        (known: smollm2-135m, gemma3-270m)
   probe       keel probe --device hexagon-sim [--json]   identity, capabilities, memory, self-test
   quantize    keel quantize IN OUT TYPE [--allow-requantize] [-t THREADS] [--json]

@@ -114,9 +114,9 @@ pub fn main(mut a: Args) -> Result<()> {
         Some(s) => {
             let mut p = keel_core::arena::Plan::empty();
             keel_core::speculative::plan(&mut p, e.n_vocab(), opts.n_ctx, s.n_max)?;
-            vec![0u8; p.total_bytes()].into_boxed_slice()
+            vec![0u8; p.total_bytes()]
         }
-        None => Vec::new().into_boxed_slice(),
+        None => Vec::new(),
     };
     let mut spec_stats = None;
 
@@ -129,26 +129,35 @@ pub fn main(mut a: Args) -> Result<()> {
     // With --json: digests of every row a token is chosen from (see logits_digest.rs).
     let mut digest = as_json.then(super::logits_digest::LogitsDigest::default);
 
+    // Speculation's parts, made before anything is timed.
+    let mut spec_plan = keel_core::arena::Plan::empty();
+    let mut sp = match &spec {
+        Some(sopts) => {
+            keel_core::speculative::plan(&mut spec_plan, e.n_vocab(), opts.n_ctx, sopts.n_max)?;
+            let mut carver = keel_core::arena::carve(&mut spec_arena, &spec_plan).map_err(keel_core::Error::from)?;
+            let draft_cost = match draft_engine.as_mut() {
+                Some(de) => super::speculate::measure_draft_cost(&mut e, de, pool)?,
+                None => 0.0,
+            };
+            Some(keel_core::speculative::Speculator::new(&mut carver, &spec_plan, sopts.config(draft_cost), sampling, e.n_vocab())?)
+        }
+        None => None,
+    };
+
     let t0 = Instant::now();
-    step(&mut e, &prompt_tokens, pool, use_devices, &placement, &mut devices)?;
+    if sp.is_none() {
+        step(&mut e, &prompt_tokens, pool, use_devices, &placement, &mut devices)?;
+    }
     let batches_before = devices.batches();
     let mut n_evals = 0u64;
-    let prompt_secs = t0.elapsed().as_secs_f64();
-    let t1 = Instant::now();
+    let mut prompt_secs = t0.elapsed().as_secs_f64();
+    let mut t1 = Instant::now();
     let mut stop = "length";
-    if let Some(sopts) = &spec {
-        let mut p = keel_core::arena::Plan::empty();
-        keel_core::speculative::plan(&mut p, e.n_vocab(), opts.n_ctx, sopts.n_max)?;
-        let mut carver = keel_core::arena::carve(&mut spec_arena, &p).map_err(keel_core::Error::from)?;
-        let draft_cost = match &draft_engine {
-            Some(de) => (de.model.weight_bytes() as f64 / e.model.weight_bytes().max(1) as f64) as f32,
-            None => 0.0,
-        };
-        let mut sp = keel_core::speculative::Speculator::new(&mut carver, &p, sopts.config(draft_cost), sampling, e.n_vocab())?;
+    if let Some(sp) = sp.as_mut() {
         let use_draft_devices = !draft_devices.slots.is_empty();
         let mut target = Runner { model: &e.model, session: &mut e.session, par: pool, exec: use_devices.then_some(Exec { placement: &placement, offload: &mut devices }) };
         let tokenizer = &e.tokenizer;
-        let mut emit = |tok: u32| {
+        let emit = |tok: u32| {
             if tokenizer.is_eog(tok) {
                 return false;
             }
@@ -162,15 +171,23 @@ pub fn main(mut a: Args) -> Result<()> {
             });
             true
         };
-        let r = match (draft_engine.as_mut(), draft_placement.as_ref()) {
-            (Some(de), Some(dp)) => {
-                let draft = Runner { model: &de.model, session: &mut de.session, par: pool, exec: use_draft_devices.then_some(Exec { placement: dp, offload: &mut draft_devices }) };
-                let mut drafter = ModelDrafter::new(draft);
-                super::speculate::generate(&mut sp, &mut target, &mut drafter, &prompt_tokens, n_predict, &mut emit)
-            }
-            _ => super::speculate::generate(&mut sp, &mut target, &mut Lookup::default(), &prompt_tokens, n_predict, &mut emit),
+        let mut model_drafter = match (draft_engine.as_mut(), draft_placement.as_ref()) {
+            (Some(de), Some(dp)) => Some(ModelDrafter::new(Runner { model: &de.model, session: &mut de.session, par: pool, exec: use_draft_devices.then_some(Exec { placement: dp, offload: &mut draft_devices }) })),
+            _ => None,
         };
+        let mut lookup = Lookup::default();
+        let drafter: &mut dyn keel_core::speculative::Drafter = match model_drafter.as_mut() {
+            Some(d) => d,
+            None => &mut lookup,
+        };
+        // The prompt (all but its last token, which the first step verifies with the drafts).
+        let r = sp.start(&mut target, drafter, &prompt_tokens).and_then(|_| {
+            prompt_secs = t0.elapsed().as_secs_f64();
+            t1 = Instant::now();
+            super::speculate::generate(sp, &mut target, drafter, n_predict, emit)
+        });
         drop(target);
+        drop(model_drafter);
         stop = match r {
             Ok(s) => s,
             Err(keel_core::Error::Device { .. }) => match devices.error.take().or_else(|| draft_devices.error.take()) {
@@ -181,7 +198,7 @@ pub fn main(mut a: Args) -> Result<()> {
         };
         spec_stats = Some(sp.stats());
     }
-    for i in 0..if spec.is_some() { 0 } else { n_predict } {
+    for i in 0..if spec_stats.is_some() { 0 } else { n_predict } {
         check_finite(e.session.last_logits(e.n_vocab()), e.session.first_non_finite(), || if i == 0 { "generation step 1 (the prompt's last position)".into() } else { format!("generation step {}", i + 1) })?;
         if let Some(d) = digest.as_mut() {
             d.row(e.session.last_logits(e.n_vocab()));

@@ -3,10 +3,16 @@
 //! [`Speculator`], and the statistics it reports.
 
 use super::args::Args;
+use super::common::{prompt, run_options, tokenize};
+use super::load::{engine, open, prepare};
 use super::offload::OffloadOptions;
 use crate::json;
 use anyhow::{bail, Result};
-use keel_core::speculative::{Drafter, Lm, SpecConfig, Speculator, Stats};
+use keel_core::engine::Engine;
+use keel_core::sampler::SamplerConfig;
+use keel_core::session::Outputs;
+use keel_core::speculative::{Drafter, Lm, Lookup, ModelDrafter, Runner, SpecConfig, Speculator, Stats};
+use std::time::Instant;
 
 /// Most tokens drafted per step that `--draft-max` / `--lookup` take.
 pub const MAX_DRAFT: usize = 64;
@@ -74,22 +80,15 @@ impl SpecOptions {
     }
 }
 
-/// Generates up to `n_predict` tokens after `prompt`; `emit` gets each one and returns
-/// false to stop (end of generation). Returns why generation stopped.
-pub fn generate(sp: &mut Speculator<'_>, target: &mut dyn Lm, drafter: &mut dyn Drafter, prompt: &[u32], n_predict: usize, mut emit: impl FnMut(u32) -> bool) -> Result<&'static str, keel_core::Error> {
-    sp.start(target, drafter, prompt)?;
+/// Generates up to `n_predict` tokens after [`Speculator::start`]; `emit` gets each one
+/// and returns false to stop (end of generation). Returns why generation stopped.
+pub fn generate(sp: &mut Speculator<'_>, target: &mut dyn Lm, drafter: &mut dyn Drafter, n_predict: usize, mut emit: impl FnMut(u32) -> bool) -> Result<&'static str, keel_core::Error> {
     let mut n = 0;
     while n < n_predict {
         if !sp.can_step(target) {
             return Ok("context full");
         }
-        let before = sp.stats();
-        let toks = sp.step(target, drafter)?.to_vec();
-        if std::env::var_os("KEEL_SPEC_DEBUG").is_some() {
-            let a = sp.stats();
-            eprintln!("step: drafted {} accepted {} -> {:?}", a.drafted - before.drafted, a.accepted - before.accepted, toks);
-        }
-        for &t in &toks {
+        for &t in sp.step(target, drafter)? {
             if n == n_predict {
                 break;
             }
@@ -121,4 +120,201 @@ pub fn report(stats: &Stats, what: &str, tps: f64, o: Option<&mut json::Object>)
             tps
         ),
     }
+}
+
+/// The draft model's cost per token relative to the target's, for the adaptive draft
+/// length: the fastest of 5 interleaved one-token forward passes of each on the CPU
+/// (both sessions are started over afterwards).
+pub fn measure_draft_cost(e: &mut Engine<'_>, de: &mut Engine<'_>, pool: &crate::pool::ThreadPool) -> Result<f32> {
+    let time = |e: &mut Engine<'_>| -> Result<f64> {
+        e.reset();
+        let t = Instant::now();
+        e.eval(&[0], Outputs::Last, pool)?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    let (mut target, mut draft) = (f64::MAX, f64::MAX);
+    for _ in 0..5 {
+        target = target.min(time(e)?);
+        draft = draft.min(time(de)?);
+    }
+    e.reset();
+    de.reset();
+    Ok((draft / target.max(1e-9)) as f32)
+}
+
+/// Plain greedy generation of up to `n` tokens after `prompt` (stopping at the end of
+/// generation): the tokens and the seconds taken after all but the prompt's last token
+/// were evaluated (what a speculative run is timed over too).
+fn plain(e: &mut Engine<'_>, pool: &crate::pool::ThreadPool, prompt: &[u32], n: usize) -> Result<(Vec<u32>, f64)> {
+    e.reset();
+    if prompt.len() > 1 {
+        e.eval(&prompt[..prompt.len() - 1], Outputs::Last, pool)?;
+    }
+    let t = Instant::now();
+    e.eval(&prompt[prompt.len() - 1..], Outputs::Last, pool)?;
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let tok = e.sample();
+        if e.tokenizer.is_eog(tok) {
+            break;
+        }
+        out.push(tok);
+        if e.session.n_past() >= e.session.n_ctx() {
+            break;
+        }
+        e.eval(&[tok], Outputs::Last, pool)?;
+    }
+    Ok((out, t.elapsed().as_secs_f64()))
+}
+
+/// The median of `v` (not empty).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
+/// `keel bench --draft-sweep 1..N`: greedy tokens/s of plain decoding and of speculation
+/// with each fixed `n_max` in the range, and with the adaptive length (up to N), on one
+/// prompt; repetitions interleave the runs and the table shows medians. Every run must
+/// generate exactly the plain run's tokens, else no speed is reported.
+pub fn sweep(mut a: Args, range: &str) -> Result<()> {
+    let (lo, hi) = match range.split_once("..") {
+        Some((lo, hi)) => (lo.trim().parse::<usize>().ok(), hi.trim().trim_start_matches('=').parse::<usize>().ok()),
+        None => (Some(1), range.trim().parse::<usize>().ok()),
+    };
+    let (Some(lo), Some(hi)) = (lo, hi) else { bail!("--draft-sweep {range:?}: expected a range like 1..8") };
+    if lo == 0 || lo > hi || hi > MAX_DRAFT {
+        bail!("--draft-sweep {range}: expected 1 <= first <= last <= {MAX_DRAFT}");
+    }
+    let model = a.value::<String>(&["-m", "--model"], "a model file or name")?.unwrap_or_else(|| "smollm2-135m".into());
+    let n_gen = a.value_or(&["-n", "--n-gen"], "a token count", 128usize)?;
+    let reps = a.value_or(&["-r", "--repetitions"], "a count", 3usize)?;
+    let as_json = a.flag(&["--json"]);
+    let draft_model: Option<String> = a.value(&["--draft-model", "-md", "--model-draft"], "a draft model file or name")?;
+    let lookup = a.flag(&["--lookup"]);
+    let mut opts = run_options(&mut a, hi + 1)?;
+    opts.checkpoint = true;
+    let text = prompt(&mut a, opts.n_ctx)?;
+    a.finish()?;
+    if draft_model.is_some() == lookup {
+        bail!("--draft-sweep measures one drafter: give --draft-model M or --lookup");
+    }
+    if reps == 0 || n_gen == 0 {
+        bail!("nothing to measure: -r and -n must be >= 1");
+    }
+    let greedy = SamplerConfig { temp: 0.0, ..Default::default() };
+    let opened = open(&model)?;
+    let g = opened.gguf()?;
+    let mut loaded = prepare(&g, &opened.path, &opts)?;
+    let (mut e, pool) = engine(&g, &opened.path, &mut loaded, opts.reference, greedy)?;
+    let toks = tokenize(&e.tokenizer, &text, true, true, opts.n_ctx)?;
+    if toks.is_empty() {
+        bail!("the prompt is empty after tokenization");
+    }
+    let d_opened = draft_model.as_deref().map(open).transpose()?;
+    let d_g = d_opened.as_ref().map(|o| o.gguf()).transpose()?;
+    let mut d_loaded = match (&d_g, &d_opened) {
+        (Some(dg), Some(o)) => Some(prepare(dg, &o.path, &super::load::RunOptions { n_outputs: 1, ..opts })?),
+        _ => None,
+    };
+    let mut de = match (&d_g, &d_opened, d_loaded.as_mut()) {
+        (Some(dg), Some(o), Some(l)) => {
+            let (de, _) = engine(dg, &o.path, l, opts.reference, greedy)?;
+            if de.n_vocab() != e.n_vocab() {
+                bail!("{}: the draft model's vocabulary ({} tokens) is not the target's ({})", o.path.display(), de.n_vocab(), e.n_vocab());
+            }
+            Some(de)
+        }
+        _ => None,
+    };
+    let draft_cost = match de.as_mut() {
+        Some(de) => measure_draft_cost(&mut e, de, pool)?,
+        None => 0.0,
+    };
+    let mut plan = keel_core::arena::Plan::empty();
+    keel_core::speculative::plan(&mut plan, e.n_vocab(), opts.n_ctx, hi)?;
+    let mut mem = vec![0u8; plan.total_bytes()];
+
+    // Rows: plain, each fixed n_max, adaptive (up to hi).
+    let configs: Vec<Option<SpecConfig>> = std::iter::once(None)
+        .chain((lo..=hi).map(|n| Some(SpecConfig { n_max: n, adaptive: false, draft_cost, ..SpecConfig::default() })))
+        .chain(std::iter::once(Some(SpecConfig { n_max: hi, adaptive: true, draft_cost, ..SpecConfig::default() })))
+        .collect();
+    let mut tps = vec![Vec::new(); configs.len()];
+    let mut stats = vec![Stats::default(); configs.len()];
+    let (reference, _) = plain(&mut e, pool, &toks, n_gen)?; // also the warm-up
+    for _ in 0..reps {
+        for (i, c) in configs.iter().enumerate() {
+            let (out, secs) = match c {
+                None => plain(&mut e, pool, &toks, n_gen)?,
+                Some(c) => {
+                    let mut carver = keel_core::arena::carve(&mut mem, &plan).map_err(keel_core::Error::from)?;
+                    let mut sp = Speculator::new(&mut carver, &plan, *c, greedy, e.n_vocab())?;
+                    let mut target = Runner { model: &e.model, session: &mut e.session, par: pool, exec: None };
+                    let mut model_drafter = de.as_mut().map(|de| ModelDrafter::new(Runner { model: &de.model, session: &mut de.session, par: pool, exec: None }));
+                    let mut look = Lookup::default();
+                    let drafter: &mut dyn Drafter = match model_drafter.as_mut() {
+                        Some(d) => d,
+                        None => &mut look,
+                    };
+                    let mut out = Vec::with_capacity(n_gen);
+                    sp.start(&mut target, drafter, &toks)?;
+                    let t = Instant::now();
+                    let tokenizer = &e.tokenizer;
+                    generate(&mut sp, &mut target, drafter, n_gen, |tok| {
+                        if tokenizer.is_eog(tok) {
+                            return false;
+                        }
+                        out.push(tok);
+                        true
+                    })?;
+                    let secs = t.elapsed().as_secs_f64();
+                    stats[i] = sp.stats();
+                    (out, secs)
+                }
+            };
+            if out != reference {
+                let at = out.iter().zip(&reference).position(|(a, b)| a != b).unwrap_or(out.len().min(reference.len()));
+                bail!("a run generated different tokens from plain greedy decoding (first difference at token {at}) — refusing to report a speed");
+            }
+            tps[i].push(out.len() as f64 / secs.max(1e-9));
+        }
+    }
+    let plain_tps = median(&mut tps[0].clone());
+    let what = if lookup { "lookup".to_string() } else { format!("draft {}", d_opened.as_ref().map(|o| o.path.file_name().unwrap_or_default().to_string_lossy().into_owned()).unwrap_or_default()) };
+    let label = |c: &Option<SpecConfig>| match c {
+        None => "plain".to_string(),
+        Some(c) if c.adaptive => format!("adaptive <= {}", c.n_max),
+        Some(c) => c.n_max.to_string(),
+    };
+    if as_json {
+        let mut arr = String::from("[");
+        for (i, c) in configs.iter().enumerate() {
+            let mut o = json::Object::new();
+            let m = median(&mut tps[i].clone());
+            o.str("drafter", &what).str("n_max", &label(c)).f64("tps", m).f64("speedup", m / plain_tps).u64("tokens", reference.len() as u64);
+            o.u64("drafted", stats[i].drafted).u64("accepted", stats[i].accepted).f64("acceptance_rate", stats[i].acceptance()).f64("mean_accepted_length", stats[i].mean_accepted());
+            if i > 0 {
+                arr.push(',');
+            }
+            arr.push_str(&o.finish());
+        }
+        arr.push(']');
+        println!("{arr}");
+    } else {
+        println!("| drafter | n_max | t/s (median of {reps}) | vs plain | acceptance | mean accepted |");
+        println!("|---|---|---|---|---|---|");
+        for (i, c) in configs.iter().enumerate() {
+            let m = median(&mut tps[i].clone());
+            let (acc, mean) = if c.is_some() { (format!("{:.0}%", 100.0 * stats[i].acceptance()), format!("{:.2}", stats[i].mean_accepted())) } else { ("-".into(), "-".into()) };
+            println!("| {what} | {} | {m:.2} | {:.2}x | {acc} | {mean} |", label(c), m / plain_tps);
+        }
+        eprintln!("keel: {} tokens per run, {} threads, {} kernels; every run generated the plain greedy tokens", reference.len(), opts.threads, e.session.kernels().name());
+    }
+    Ok(())
 }
