@@ -249,6 +249,12 @@ impl<'a> Session<'a> {
         self.delta_chunked = on;
     }
 
+    /// True when a token's logits do not depend on the batch it is evaluated in (neither
+    /// [`Session::set_llama_cpp_batches`] nor [`Session::set_delta_net_chunked`] is on).
+    pub fn batch_invariant(&self) -> bool {
+        !self.tiled_batches && !self.delta_chunked
+    }
+
     /// Tokens in the context.
     pub fn n_past(&self) -> usize {
         self.n_past

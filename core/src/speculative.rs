@@ -74,6 +74,10 @@ impl Lm for Runner<'_, '_, '_, '_, '_> {
         self.session.config()
     }
     fn checkpoint(&mut self) -> Result<(), Error> {
+        // Verification compares a batch's logits with what one token at a time would give.
+        if !self.session.batch_invariant() {
+            return Err(Error::BadConfig("speculative decoding needs batch-invariant logits: turn off llama.cpp batches and the chunked delta net"));
+        }
         self.session.checkpoint()
     }
     fn rewind(&mut self, n: usize) -> Result<usize, Error> {

@@ -83,7 +83,7 @@ pub fn run_options(a: &mut Args, n_outputs: usize) -> Result<RunOptions> {
     let threads = threads(a)?;
     let reference = a.flag(&["--reference"]);
     let force_ctx = a.flag(&["--force-ctx"]);
-    Ok(RunOptions { n_ctx, n_batch, n_outputs: n_outputs.max(1), threads, reference, force_ctx, checkpoint: false })
+    Ok(RunOptions { n_ctx, n_batch, n_outputs: n_outputs.max(1), threads, reference, force_ctx })
 }
 
 /// A number flag that must be finite and pass `ok` (`range` says which values do).

@@ -48,8 +48,6 @@ pub struct RunOptions {
     pub reference: bool,
     /// `--force-ctx`: no warning for a context beyond the model's training length.
     pub force_ctx: bool,
-    /// Plan room for the session to rewind (speculative decoding).
-    pub checkpoint: bool,
 }
 
 /// The kernels for `opts` on this CPU.
@@ -81,7 +79,12 @@ pub fn session_config(opts: &RunOptions) -> SessionConfig {
 /// The arena `opts` needs for this model, in bytes, and this machine's physical memory
 /// when the arena is larger (`None`: it fits, or the memory is unknown).
 pub fn arena_beyond_memory(g: &Gguf<'_>, path: &std::path::Path, opts: &RunOptions) -> Result<(usize, Option<u64>)> {
-    let total = plan_with(g, &session_config(opts), opts.checkpoint).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?.total_bytes();
+    arena_beyond_memory_with(g, path, opts, false)
+}
+
+/// [`arena_beyond_memory`] for an arena with `checkpoint` room (speculative decoding).
+fn arena_beyond_memory_with(g: &Gguf<'_>, path: &std::path::Path, opts: &RunOptions, checkpoint: bool) -> Result<(usize, Option<u64>)> {
+    let total = plan_with(g, &session_config(opts), checkpoint).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?.total_bytes();
     Ok((total, crate::mem::physical_memory().filter(|&m| total as u64 > m)))
 }
 
@@ -110,10 +113,16 @@ fn warn_past_training_context(g: &Gguf<'_>, opts: &RunOptions) {
 /// both sizes and a `-c` that fits); a context beyond the model's training length is
 /// warned about unless `--force-ctx`.
 pub fn prepare(g: &Gguf<'_>, path: &std::path::Path, opts: &RunOptions) -> Result<Loaded> {
+    prepare_with(g, path, opts, false)
+}
+
+/// [`prepare`], with `checkpoint`: room for the session to rewind a recurrent model
+/// (speculative decoding; [`keel_core::engine::plan_with`]).
+pub fn prepare_with(g: &Gguf<'_>, path: &std::path::Path, opts: &RunOptions, checkpoint: bool) -> Result<Loaded> {
     let cfg = session_config(opts);
-    if let (total, Some(mem)) = arena_beyond_memory(g, path, opts)? {
+    if let (total, Some(mem)) = arena_beyond_memory_with(g, path, opts, checkpoint)? {
         // The largest power-of-two context (down from -c) whose arena fits.
-        let fits = (0..20).map(|i| opts.n_ctx >> i).take_while(|&c| c > 0).find(|&c| arena_beyond_memory(g, path, &RunOptions { n_ctx: c, n_outputs: opts.n_outputs.min(c), ..*opts }).is_ok_and(|(_, over)| over.is_none()));
+        let fits = (0..20).map(|i| opts.n_ctx >> i).take_while(|&c| c > 0).find(|&c| arena_beyond_memory_with(g, path, &RunOptions { n_ctx: c, n_outputs: opts.n_outputs.min(c), ..*opts }, checkpoint).is_ok_and(|(_, over)| over.is_none()));
         let hint = match fits {
             Some(c) => format!("lower -c (-c {c} fits)"),
             None => "this model does not fit in this machine's memory at any -c".into(),
@@ -127,10 +136,10 @@ pub fn prepare(g: &Gguf<'_>, path: &std::path::Path, opts: &RunOptions) -> Resul
         );
     }
     warn_past_training_context(g, opts);
-    let plan = plan_with(g, &cfg, opts.checkpoint).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let plan = plan_with(g, &cfg, checkpoint).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let arena = Arena::new(plan.total_bytes()).with_context(|| format!("allocating the {} byte arena", plan.total_bytes()))?;
     let pool = ThreadPool::new(opts.threads).context("starting the thread pool")?;
-    Ok(Loaded { arena, pool, cfg, checkpoint: opts.checkpoint })
+    Ok(Loaded { arena, pool, cfg, checkpoint })
 }
 
 /// Builds the engine inside a prepared arena.

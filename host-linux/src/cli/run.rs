@@ -2,7 +2,7 @@
 
 use super::args::Args;
 use super::common::{chat_prompt, check_finite, mib, prompt, run_options, sampling, tokenize};
-use super::load::{engine, open, prepare};
+use super::load::{engine, open, prepare_with};
 use crate::fault::stdout_ok;
 use crate::json;
 use anyhow::Result;
@@ -37,8 +37,7 @@ pub fn main(mut a: Args) -> Result<()> {
     let n_predict = a.value_or(&["-n", "--n-predict"], "a token count", 128usize)?;
     let spec = super::speculate::SpecOptions::parse(&mut a)?;
     // A verify batch needs logits for the pending token and every draft.
-    let mut opts = run_options(&mut a, spec.as_ref().map_or(1, |s| s.n_max + 1))?;
-    opts.checkpoint = spec.is_some();
+    let opts = run_options(&mut a, spec.as_ref().map_or(1, |s| s.n_max + 1))?;
     let text = prompt(&mut a, opts.n_ctx)?;
     // Generation stops at the context's end anyway: a larger -n means "until then".
     let n_predict = n_predict.min(opts.n_ctx);
@@ -56,7 +55,7 @@ pub fn main(mut a: Args) -> Result<()> {
 
     let opened = open(&model)?;
     let g = opened.gguf()?;
-    let mut loaded = prepare(&g, &opened.path, &opts)?;
+    let mut loaded = prepare_with(&g, &opened.path, &opts, spec.is_some())?;
     let arena_bytes = loaded.arena.len();
     let (mut e, pool) = engine(&g, &opened.path, &mut loaded, opts.reference, sampling)?;
     if system.is_some() && !chat {
@@ -84,7 +83,7 @@ pub fn main(mut a: Args) -> Result<()> {
     let draft_opened = spec.as_ref().and_then(|s| s.draft_model.as_deref()).map(open).transpose()?;
     let draft_g = draft_opened.as_ref().map(|o| o.gguf()).transpose()?;
     let mut draft_loaded = match (&draft_g, &draft_opened) {
-        (Some(dg), Some(o)) => Some(prepare(dg, &o.path, &super::load::RunOptions { n_outputs: 1, ..opts })?),
+        (Some(dg), Some(o)) => Some(prepare_with(dg, &o.path, &super::load::RunOptions { n_outputs: 1, ..opts }, true)?),
         _ => None,
     };
     let mut draft_engine = match (&draft_g, &draft_opened, draft_loaded.as_mut()) {

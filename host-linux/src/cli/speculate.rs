@@ -4,7 +4,7 @@
 
 use super::args::Args;
 use super::common::{prompt, run_options, tokenize};
-use super::load::{engine, open, prepare};
+use super::load::{engine, open, prepare_with};
 use super::offload::OffloadOptions;
 use crate::json;
 use anyhow::{bail, Result};
@@ -180,8 +180,9 @@ fn median(v: &mut [f64]) -> f64 {
 
 /// `keel bench --draft-sweep 1..N`: greedy tokens/s of plain decoding and of speculation
 /// with each fixed `n_max` in the range, and with the adaptive length (up to N), on one
-/// prompt; repetitions interleave the runs and the table shows medians. Every run must
-/// generate exactly the plain run's tokens, else no speed is reported.
+/// prompt. Every speculative run follows a plain run and its speed-up is against that one;
+/// the table shows medians over `-r` repetitions. Every run must generate exactly the
+/// plain run's tokens, else no speed is reported.
 pub fn sweep(mut a: Args, range: &str) -> Result<()> {
     let (lo, hi) = match range.split_once("..") {
         Some((lo, hi)) => (lo.trim().parse::<usize>().ok(), hi.trim().trim_start_matches('=').parse::<usize>().ok()),
@@ -197,8 +198,7 @@ pub fn sweep(mut a: Args, range: &str) -> Result<()> {
     let as_json = a.flag(&["--json"]);
     let draft_model: Option<String> = a.value(&["--draft-model", "-md", "--model-draft"], "a draft model file or name")?;
     let lookup = a.flag(&["--lookup"]);
-    let mut opts = run_options(&mut a, hi + 1)?;
-    opts.checkpoint = true;
+    let opts = run_options(&mut a, hi + 1)?;
     let text = prompt(&mut a, opts.n_ctx)?;
     a.finish()?;
     if draft_model.is_some() == lookup {
@@ -210,7 +210,7 @@ pub fn sweep(mut a: Args, range: &str) -> Result<()> {
     let greedy = SamplerConfig { temp: 0.0, ..Default::default() };
     let opened = open(&model)?;
     let g = opened.gguf()?;
-    let mut loaded = prepare(&g, &opened.path, &opts)?;
+    let mut loaded = prepare_with(&g, &opened.path, &opts, true)?;
     let (mut e, pool) = engine(&g, &opened.path, &mut loaded, opts.reference, greedy)?;
     let toks = tokenize(&e.tokenizer, &text, true, true, opts.n_ctx)?;
     if toks.is_empty() {
@@ -219,7 +219,7 @@ pub fn sweep(mut a: Args, range: &str) -> Result<()> {
     let d_opened = draft_model.as_deref().map(open).transpose()?;
     let d_g = d_opened.as_ref().map(|o| o.gguf()).transpose()?;
     let mut d_loaded = match (&d_g, &d_opened) {
-        (Some(dg), Some(o)) => Some(prepare(dg, &o.path, &super::load::RunOptions { n_outputs: 1, ..opts })?),
+        (Some(dg), Some(o)) => Some(prepare_with(dg, &o.path, &super::load::RunOptions { n_outputs: 1, ..opts }, true)?),
         _ => None,
     };
     let mut de = match (&d_g, &d_opened, d_loaded.as_mut()) {
@@ -245,47 +245,57 @@ pub fn sweep(mut a: Args, range: &str) -> Result<()> {
         .chain((lo..=hi).map(|n| Some(SpecConfig { n_max: n, adaptive: false, draft_cost, ..SpecConfig::default() })))
         .chain(std::iter::once(Some(SpecConfig { n_max: hi, adaptive: true, draft_cost, ..SpecConfig::default() })))
         .collect();
+    // Each speculative run is paired with a plain run just before it, and its speed-up is
+    // taken against that one (the load of a shared machine drifts); each repetition
+    // starts at another configuration.
     let mut tps = vec![Vec::new(); configs.len()];
+    let mut ratio = vec![Vec::new(); configs.len()];
     let mut stats = vec![Stats::default(); configs.len()];
     let (reference, _) = plain(&mut e, pool, &toks, n_gen)?; // also the warm-up
-    for _ in 0..reps {
-        for (i, c) in configs.iter().enumerate() {
-            let (out, secs) = match c {
-                None => plain(&mut e, pool, &toks, n_gen)?,
-                Some(c) => {
-                    let mut carver = keel_core::arena::carve(&mut mem, &plan).map_err(keel_core::Error::from)?;
-                    let mut sp = Speculator::new(&mut carver, &plan, *c, greedy, e.n_vocab())?;
-                    let mut target = Runner { model: &e.model, session: &mut e.session, par: pool, exec: None };
-                    let mut model_drafter = de.as_mut().map(|de| ModelDrafter::new(Runner { model: &de.model, session: &mut de.session, par: pool, exec: None }));
-                    let mut look = Lookup::default();
-                    let drafter: &mut dyn Drafter = match model_drafter.as_mut() {
-                        Some(d) => d,
-                        None => &mut look,
-                    };
-                    let mut out = Vec::with_capacity(n_gen);
-                    sp.start(&mut target, drafter, &toks)?;
-                    let t = Instant::now();
-                    let tokenizer = &e.tokenizer;
-                    generate(&mut sp, &mut target, drafter, n_gen, |tok| {
-                        if tokenizer.is_eog(tok) {
-                            return false;
-                        }
-                        out.push(tok);
-                        true
-                    })?;
-                    let secs = t.elapsed().as_secs_f64();
-                    stats[i] = sp.stats();
-                    (out, secs)
-                }
+    let check = |out: &[u32]| -> Result<()> {
+        if out != reference.as_slice() {
+            let at = out.iter().zip(&reference).position(|(a, b)| a != b).unwrap_or(out.len().min(reference.len()));
+            bail!("a run generated different tokens from plain greedy decoding (first difference at token {at}) — refusing to report a speed");
+        }
+        Ok(())
+    };
+    for r in 0..reps {
+        for j in 0..configs.len() - 1 {
+            let i = 1 + (j + r) % (configs.len() - 1);
+            let Some(c) = configs[i] else { continue };
+            let (out, secs) = plain(&mut e, pool, &toks, n_gen)?;
+            check(&out)?;
+            let plain_tps = out.len() as f64 / secs.max(1e-9);
+            tps[0].push(plain_tps);
+            let mut carver = keel_core::arena::carve(&mut mem, &plan).map_err(keel_core::Error::from)?;
+            let mut sp = Speculator::new(&mut carver, &plan, c, greedy, e.n_vocab())?;
+            let mut target = Runner { model: &e.model, session: &mut e.session, par: pool, exec: None };
+            let mut model_drafter = de.as_mut().map(|de| ModelDrafter::new(Runner { model: &de.model, session: &mut de.session, par: pool, exec: None }));
+            let mut look = Lookup::default();
+            let drafter: &mut dyn Drafter = match model_drafter.as_mut() {
+                Some(d) => d,
+                None => &mut look,
             };
-            if out != reference {
-                let at = out.iter().zip(&reference).position(|(a, b)| a != b).unwrap_or(out.len().min(reference.len()));
-                bail!("a run generated different tokens from plain greedy decoding (first difference at token {at}) — refusing to report a speed");
-            }
-            tps[i].push(out.len() as f64 / secs.max(1e-9));
+            let mut out = Vec::with_capacity(n_gen);
+            sp.start(&mut target, drafter, &toks)?;
+            let t = Instant::now();
+            let tokenizer = &e.tokenizer;
+            generate(&mut sp, &mut target, drafter, n_gen, |tok| {
+                if tokenizer.is_eog(tok) {
+                    return false;
+                }
+                out.push(tok);
+                true
+            })?;
+            let secs = t.elapsed().as_secs_f64();
+            stats[i] = sp.stats();
+            check(&out)?;
+            let spec_tps = out.len() as f64 / secs.max(1e-9);
+            tps[i].push(spec_tps);
+            ratio[i].push(spec_tps / plain_tps);
         }
     }
-    let plain_tps = median(&mut tps[0].clone());
+    ratio[0] = vec![1.0];
     let what = if lookup { "lookup".to_string() } else { format!("draft {}", d_opened.as_ref().map(|o| o.path.file_name().unwrap_or_default().to_string_lossy().into_owned()).unwrap_or_default()) };
     let label = |c: &Option<SpecConfig>| match c {
         None => "plain".to_string(),
@@ -297,7 +307,7 @@ pub fn sweep(mut a: Args, range: &str) -> Result<()> {
         for (i, c) in configs.iter().enumerate() {
             let mut o = json::Object::new();
             let m = median(&mut tps[i].clone());
-            o.str("drafter", &what).str("n_max", &label(c)).f64("tps", m).f64("speedup", m / plain_tps).u64("tokens", reference.len() as u64);
+            o.str("drafter", &what).str("n_max", &label(c)).f64("tps", m).f64("speedup", median(&mut ratio[i].clone())).u64("tokens", reference.len() as u64);
             o.u64("drafted", stats[i].drafted).u64("accepted", stats[i].accepted).f64("acceptance_rate", stats[i].acceptance()).f64("mean_accepted_length", stats[i].mean_accepted());
             if i > 0 {
                 arr.push(',');
@@ -307,12 +317,12 @@ pub fn sweep(mut a: Args, range: &str) -> Result<()> {
         arr.push(']');
         println!("{arr}");
     } else {
-        println!("| drafter | n_max | t/s (median of {reps}) | vs plain | acceptance | mean accepted |");
+        println!("| drafter | n_max | t/s (median) | vs plain (median of paired runs) | acceptance | mean accepted |");
         println!("|---|---|---|---|---|---|");
         for (i, c) in configs.iter().enumerate() {
             let m = median(&mut tps[i].clone());
             let (acc, mean) = if c.is_some() { (format!("{:.0}%", 100.0 * stats[i].acceptance()), format!("{:.2}", stats[i].mean_accepted())) } else { ("-".into(), "-".into()) };
-            println!("| {what} | {} | {m:.2} | {:.2}x | {acc} | {mean} |", label(c), m / plain_tps);
+            println!("| {what} | {} | {m:.2} | {:.2}x | {acc} | {mean} |", label(c), median(&mut ratio[i].clone()));
         }
         eprintln!("keel: {} tokens per run, {} threads, {} kernels; every run generated the plain greedy tokens", reference.len(), opts.threads, e.session.kernels().name());
     }
