@@ -30,15 +30,15 @@ done
 target="$out/smollm2.Q8_0.gguf" draft="$out/smollm2.Q4_0.gguf"
 
 echo "# keel speculative decoding sweep: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $threads threads, medians of $reps interleaved runs"
-# The prompts: each golden prompt (a file each), then the code-editing prompt.
+# The prompts: the code-editing prompt, then each golden prompt (a file each).
 python3 - "$root/tests/golden/smollm2-135m-q4_1/greedy.jsonl" "$out" <<'PY'
 import json, sys
 for i, line in enumerate(open(sys.argv[1])):
     open(f"{sys.argv[2]}/prompt{i}.txt", "w").write(json.loads(line)["prompt"])
 PY
-prompts=("$out"/prompt*.txt "$root/bench/code-edit.txt")
-for drafter in ${DRAFTERS:-lookup draft}; do
-  for p in "${prompts[@]}"; do
+prompts=("$root/bench/code-edit.txt" "$out"/prompt*.txt)
+for p in "${prompts[@]}"; do
+  for drafter in ${DRAFTERS:-lookup draft}; do
     echo
     echo "## $drafter, prompt $(basename "$p"): $(head -c 60 "$p" | tr '\n' ' ')"
     if [ "$drafter" = lookup ]; then how=(--lookup); sweep="${SWEEP_LOOKUP:-1..8}"; else how=(--draft-model "$draft"); sweep="${SWEEP_DRAFT:-1..4}"; fi

@@ -179,6 +179,19 @@ impl Object {
     }
 }
 
+/// Prints `objects` on stdout as one JSON array on one line.
+pub fn print_array(objects: impl IntoIterator<Item = Object>) {
+    let mut arr = String::from("[");
+    for (i, o) in objects.into_iter().enumerate() {
+        if i > 0 {
+            arr.push(',');
+        }
+        arr.push_str(&o.finish());
+    }
+    arr.push(']');
+    println!("{arr}");
+}
+
 impl Array<'_> {
     fn item(&mut self) -> &mut String {
         if !self.empty {

@@ -172,20 +172,14 @@ pub fn main(mut a: Args) -> Result<()> {
     };
 
     if as_json {
-        let mut arr = String::from("[");
-        for (i, m) in results.iter().enumerate() {
+        json::print_array(results.iter().map(|m| {
             let mut o = json::Object::new();
             o.str("test", &m.test).f64("tps", m.mean()).f64("sd", m.sd()).u64("threads", opts.threads as u64).u64("repetitions", reps as u64);
             if let (Some((bw, bytes, tps_max)), true) = (bound, m.test.starts_with("tg")) {
                 o.f64("read_bytes_per_s", bw).u64("bytes_per_token", bytes.total()).u64("weight_bytes_per_token", bytes.weights).u64("kv_bytes_per_token", bytes.kv).f64("bound_tps", tps_max).f64("fraction_of_bound", m.mean() / tps_max);
             }
-            if i > 0 {
-                arr.push(',');
-            }
-            arr.push_str(&o.finish());
-        }
-        arr.push(']');
-        println!("{arr}");
+            o
+        }));
     } else {
         let size = opened.file.bytes().len() as f64 / (1024.0 * 1024.0);
         println!("| model | size | threads | kernels | test | t/s |");

@@ -83,17 +83,11 @@ pub fn main(mut a: Args) -> Result<()> {
     let draft_opened = spec.as_ref().and_then(|s| s.draft_model.as_deref()).map(open).transpose()?;
     let draft_g = draft_opened.as_ref().map(|o| o.gguf()).transpose()?;
     let mut draft_loaded = match (&draft_g, &draft_opened) {
-        (Some(dg), Some(o)) => Some(prepare_with(dg, &o.path, &super::load::RunOptions { n_outputs: 1, ..opts }, true)?),
+        (Some(dg), Some(o)) => Some(super::speculate::prepare_draft(dg, &o.path, &opts)?),
         _ => None,
     };
     let mut draft_engine = match (&draft_g, &draft_opened, draft_loaded.as_mut()) {
-        (Some(dg), Some(o), Some(l)) => {
-            let (de, _) = engine(dg, &o.path, l, opts.reference, sampling)?;
-            if de.n_vocab() != e.n_vocab() || de.tokenizer.eos() != e.tokenizer.eos() {
-                anyhow::bail!("{}: the draft model's vocabulary ({} tokens) is not the target's ({} tokens, {}); draft with a model of the same family", o.path.display(), de.n_vocab(), e.n_vocab(), opened.path.display());
-            }
-            Some(de)
-        }
+        (Some(dg), Some(o), Some(l)) => Some(super::speculate::draft_engine(dg, &o.path, l, opts.reference, sampling, &e, &opened.path)?),
         _ => None,
     };
     let mut draft_slots = vec![Decision::EMPTY; draft_engine.as_ref().map_or(0, |de| weight_count(&de.model))];

@@ -4,7 +4,9 @@
 
 use super::args::Args;
 use super::common::{prompt, run_options, tokenize};
-use super::load::{engine, open, prepare_with};
+use super::load::{engine, open, prepare_with, Loaded, RunOptions};
+use keel_core::gguf::Gguf;
+use std::path::Path;
 use super::offload::OffloadOptions;
 use crate::json;
 use anyhow::{bail, Result};
@@ -122,6 +124,20 @@ pub fn report(stats: &Stats, what: &str, tps: f64, o: Option<&mut json::Object>)
     }
 }
 
+/// The draft model's arena: one logits row, room to rewind.
+pub fn prepare_draft(g: &Gguf<'_>, path: &Path, opts: &RunOptions) -> Result<Loaded> {
+    prepare_with(g, path, &RunOptions { n_outputs: 1, ..*opts }, true)
+}
+
+/// The draft model's engine; refused unless its vocabulary is the target's.
+pub fn draft_engine<'a>(g: &Gguf<'a>, path: &Path, loaded: &'a mut Loaded, reference: bool, sampling: SamplerConfig, target: &Engine<'_>, target_path: &Path) -> Result<Engine<'a>> {
+    let (de, _) = engine(g, path, loaded, reference, sampling)?;
+    if de.n_vocab() != target.n_vocab() || de.tokenizer.eos() != target.tokenizer.eos() {
+        bail!("{}: the draft model's vocabulary ({} tokens) is not the target's ({} tokens, {}); draft with a model of the same family", path.display(), de.n_vocab(), target.n_vocab(), target_path.display());
+    }
+    Ok(de)
+}
+
 /// The draft model's cost per token relative to the target's, for the adaptive draft
 /// length: the fastest of 5 interleaved one-token forward passes of each on the CPU
 /// (both sessions are started over afterwards).
@@ -219,17 +235,11 @@ pub fn sweep(mut a: Args, range: &str) -> Result<()> {
     let d_opened = draft_model.as_deref().map(open).transpose()?;
     let d_g = d_opened.as_ref().map(|o| o.gguf()).transpose()?;
     let mut d_loaded = match (&d_g, &d_opened) {
-        (Some(dg), Some(o)) => Some(prepare_with(dg, &o.path, &super::load::RunOptions { n_outputs: 1, ..opts }, true)?),
+        (Some(dg), Some(o)) => Some(prepare_draft(dg, &o.path, &opts)?),
         _ => None,
     };
     let mut de = match (&d_g, &d_opened, d_loaded.as_mut()) {
-        (Some(dg), Some(o), Some(l)) => {
-            let (de, _) = engine(dg, &o.path, l, opts.reference, greedy)?;
-            if de.n_vocab() != e.n_vocab() {
-                bail!("{}: the draft model's vocabulary ({} tokens) is not the target's ({})", o.path.display(), de.n_vocab(), e.n_vocab());
-            }
-            Some(de)
-        }
+        (Some(dg), Some(o), Some(l)) => Some(draft_engine(dg, &o.path, l, opts.reference, greedy, &e, &opened.path)?),
         _ => None,
     };
     let draft_cost = match de.as_mut() {
@@ -303,19 +313,13 @@ pub fn sweep(mut a: Args, range: &str) -> Result<()> {
         Some(c) => c.n_max.to_string(),
     };
     if as_json {
-        let mut arr = String::from("[");
-        for (i, c) in configs.iter().enumerate() {
+        json::print_array(configs.iter().enumerate().map(|(i, c)| {
             let mut o = json::Object::new();
             let m = median(&mut tps[i].clone());
             o.str("drafter", &what).str("n_max", &label(c)).f64("tps", m).f64("speedup", median(&mut ratio[i].clone())).u64("tokens", reference.len() as u64);
             o.u64("drafted", stats[i].drafted).u64("accepted", stats[i].accepted).f64("acceptance_rate", stats[i].acceptance()).f64("mean_accepted_length", stats[i].mean_accepted());
-            if i > 0 {
-                arr.push(',');
-            }
-            arr.push_str(&o.finish());
-        }
-        arr.push(']');
-        println!("{arr}");
+            o
+        }));
     } else {
         println!("| drafter | n_max | t/s (median) | vs plain (median of paired runs) | acceptance | mean accepted |");
         println!("|---|---|---|---|---|---|");
