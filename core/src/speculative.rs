@@ -597,3 +597,60 @@ impl<'a> Speculator<'a> {
         Ok(&self.hist[n..self.n])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arena::carve;
+
+    #[test]
+    fn lookup_takes_the_latest_longest_match() {
+        let l = Lookup::default();
+        // "1 2 3 9 | 1 2 3 7 | 2 3" : the 3-gram "1 2 3" is not at the end; "2 3" (2-gram)
+        // last occurred before 7.
+        assert_eq!(l.find(&[1, 2, 3, 9, 1, 2, 3, 7, 2, 3], 4), Some((7, 3)));
+        // The 3-gram "5 1 2" wins over the later 2-gram "1 2".
+        assert_eq!(l.find(&[5, 1, 2, 8, 1, 2, 6, 5, 1, 2], 2), Some((3, 2)));
+        assert_eq!(l.find(&[1, 2, 3, 4], 4), None);
+        assert_eq!(l.find(&[7], 4), None);
+    }
+
+    fn with_speculator(cfg: SpecConfig, f: impl FnOnce(&mut Speculator<'_>)) {
+        let mut mem = [0u8; 8192];
+        let mut plan = Plan::empty();
+        super::plan(&mut plan, 8, 16, cfg.n_max).unwrap();
+        let mut c = carve(&mut mem, &plan).unwrap();
+        let mut sp = Speculator::new(&mut c, &plan, cfg, SamplerConfig { temp: 0.0, ..SamplerConfig::default() }, 8).unwrap();
+        f(&mut sp);
+    }
+
+    #[test]
+    fn adaptive_length_follows_acceptance_and_cost() {
+        // Free drafts: high acceptance drafts the most, low acceptance stops (then probes).
+        with_speculator(SpecConfig { n_max: 6, ..SpecConfig::default() }, |sp| {
+            sp.recent = Recent { accepted: 50.0, seen: 50.0, idle: 0 };
+            assert_eq!(sp.draft_len(), 6);
+            sp.recent = Recent { accepted: 0.0, seen: 50.0, idle: 0 };
+            let lens: [usize; PROBE_EVERY as usize] = core::array::from_fn(|_| sp.draft_len());
+            assert_eq!(lens.iter().filter(|&&k| k == 0).count(), PROBE_EVERY as usize - 1);
+            assert_eq!(lens[PROBE_EVERY as usize - 1], 1, "a probe after {PROBE_EVERY} idle steps");
+        });
+        // A draft nearly as slow as the target is never tried, even at full acceptance.
+        with_speculator(SpecConfig { n_max: 6, draft_cost: 0.8, ..SpecConfig::default() }, |sp| {
+            sp.recent = Recent { accepted: 50.0, seen: 50.0, idle: 0 };
+            assert!((0..40).all(|_| sp.draft_len() == 0));
+        });
+        // Fixed length: always n_max.
+        with_speculator(SpecConfig { n_max: 3, adaptive: false, draft_cost: 0.8, ..SpecConfig::default() }, |sp| assert_eq!(sp.draft_len(), 3));
+    }
+
+    #[test]
+    fn the_repetition_penalty_is_refused() {
+        let mut mem = [0u8; 8192];
+        let mut plan = Plan::empty();
+        super::plan(&mut plan, 8, 16, 2).unwrap();
+        let mut c = carve(&mut mem, &plan).unwrap();
+        let r = Speculator::new(&mut c, &plan, SpecConfig { n_max: 2, ..SpecConfig::default() }, SamplerConfig { repeat_penalty: 1.1, ..SamplerConfig::default() }, 8);
+        assert!(r.is_err());
+    }
+}
