@@ -11,7 +11,7 @@ use crate::gguf::Gguf;
 use crate::model::{self, HParams, Model, LAYER_TABLE};
 use crate::quant::Kernels;
 use crate::sampler::{candidates_bytes, Candidate, Sampler, SamplerConfig};
-use crate::session::{max_act_row_bytes, plan_session, Outputs, Session, SessionConfig};
+use crate::session::{max_act_row_bytes, plan_session_with, Outputs, Session, SessionConfig};
 use crate::tokenizer::Tokenizer;
 use crate::parallel::Parallel;
 
@@ -20,11 +20,17 @@ const CANDIDATES: &str = "candidates";
 
 /// The arena plan for running `g` with `cfg`.
 pub fn plan(g: &Gguf<'_>, cfg: &SessionConfig) -> Result<Plan, Error> {
+    plan_with(g, cfg, false)
+}
+
+/// [`plan`], with `checkpoint`: room for the session to rewind a recurrent model
+/// ([`crate::session::plan_session_with`]; speculative decoding needs it).
+pub fn plan_with(g: &Gguf<'_>, cfg: &SessionConfig, checkpoint: bool) -> Result<Plan, Error> {
     let hp = HParams::from_gguf(g)?;
     let mut p = Plan::empty();
     model::plan_table(&mut p, &hp)?;
     p.add(TOKENIZER, Tokenizer::memory_bytes(g)?, 1)?;
-    plan_session(&mut p, &hp, max_act_row_bytes(g), cfg)?;
+    plan_session_with(&mut p, &hp, max_act_row_bytes(g), cfg, checkpoint)?;
     p.add(CANDIDATES, candidates_bytes(hp.n_vocab), 1)?;
     Ok(p)
 }
@@ -46,7 +52,12 @@ pub struct Engine<'a> {
 impl<'a> Engine<'a> {
     /// Loads `g` into `mem` (at least `plan(g, &cfg)?.total_bytes()` bytes).
     pub fn new(g: &Gguf<'a>, mem: &'a mut [u8], cfg: SessionConfig, kernels: Kernels, sampling: SamplerConfig) -> Result<Engine<'a>, Error> {
-        let plan = plan(g, &cfg)?;
+        Self::new_with(g, mem, cfg, kernels, sampling, false)
+    }
+
+    /// [`Engine::new`] for an arena of [`plan_with`]`(g, &cfg, checkpoint)`.
+    pub fn new_with(g: &Gguf<'a>, mem: &'a mut [u8], cfg: SessionConfig, kernels: Kernels, sampling: SamplerConfig, checkpoint: bool) -> Result<Engine<'a>, Error> {
+        let plan = plan_with(g, &cfg, checkpoint)?;
         let hp = HParams::from_gguf(g)?;
         let mut c = carve(mem, &plan)?;
         let region = |name: &str| plan.region(name).ok_or(Error::BadConfig("arena plan is missing a region"));

@@ -30,6 +30,7 @@ pub mod ops;
 pub mod placement;
 pub mod sampler;
 pub mod session;
+pub mod speculative;
 
 pub use error::Error;
 pub mod tokenizer;

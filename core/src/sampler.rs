@@ -171,35 +171,8 @@ impl<'a> Sampler<'a> {
             }
             return cands[best].id;
         }
-        let by_logit_desc = |a: &Candidate, b: &Candidate| b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id));
-        let mut len = n;
-        if self.cfg.top_k > 0 && self.cfg.top_k < len {
-            cands.select_nth_unstable_by(self.cfg.top_k - 1, by_logit_desc);
-            len = self.cfg.top_k;
-        }
-        let cands = &mut cands[..len];
-        cands.sort_unstable_by(by_logit_desc);
-        softmax(cands);
-        let mut keep = cands.len();
-        if self.cfg.top_p < 1.0 {
-            let mut cum = 0.0f32;
-            for (i, c) in cands.iter().enumerate() {
-                cum += c.p;
-                if cum >= self.cfg.top_p {
-                    keep = i + 1;
-                    break;
-                }
-            }
-        }
-        if self.cfg.min_p > 0.0 {
-            let floor = cands[0].p * self.cfg.min_p;
-            keep = keep.min(cands.iter().take_while(|c| c.p >= floor).count().max(1));
-        }
-        let cands = &mut cands[..keep.max(1)];
-        for c in cands.iter_mut() {
-            c.logit /= self.cfg.temp;
-        }
-        softmax(cands);
+        let keep = shape(&self.cfg, cands);
+        let cands = &cands[..keep];
         let r = self.rng.next_f64() as f32;
         let mut cum = 0.0f32;
         for c in cands.iter() {
@@ -210,6 +183,43 @@ impl<'a> Sampler<'a> {
         }
         cands[cands.len() - 1].id
     }
+}
+
+/// The sampling chain after the penalty: top-k, top-p, min-p and temperature (`temp > 0`)
+/// applied to `cands` (each token's logit, any order). The kept candidates end up first,
+/// sorted by descending logit, with their probabilities in `p`; returns how many.
+pub fn shape(cfg: &SamplerConfig, cands: &mut [Candidate]) -> usize {
+    let by_logit_desc = |a: &Candidate, b: &Candidate| b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id));
+    let mut len = cands.len();
+    if cfg.top_k > 0 && cfg.top_k < len {
+        cands.select_nth_unstable_by(cfg.top_k - 1, by_logit_desc);
+        len = cfg.top_k;
+    }
+    let cands = &mut cands[..len];
+    cands.sort_unstable_by(by_logit_desc);
+    softmax(cands);
+    let mut keep = cands.len();
+    if cfg.top_p < 1.0 {
+        let mut cum = 0.0f32;
+        for (i, c) in cands.iter().enumerate() {
+            cum += c.p;
+            if cum >= cfg.top_p {
+                keep = i + 1;
+                break;
+            }
+        }
+    }
+    if cfg.min_p > 0.0 {
+        let floor = cands[0].p * cfg.min_p;
+        keep = keep.min(cands.iter().take_while(|c| c.p >= floor).count().max(1));
+    }
+    let keep = keep.max(1);
+    let cands = &mut cands[..keep];
+    for c in cands.iter_mut() {
+        c.logit /= cfg.temp;
+    }
+    softmax(cands);
+    keep
 }
 
 /// Softmax of the candidates' logits into `p` (sorted descending, so [0] is the max).

@@ -119,11 +119,27 @@ fn region_sizes(hp: &HParams, act_row: usize, cfg: &SessionConfig) -> Result<[(u
 
 /// Appends a session's regions to `plan`.
 pub fn plan_session(plan: &mut Plan, hp: &HParams, act_row: usize, cfg: &SessionConfig) -> Result<(), Error> {
+    plan_session_with(plan, hp, act_row, cfg, false)
+}
+
+/// The checkpoint regions' names: a copy of the recurrent state ([`Session::checkpoint`]).
+const CHECKPOINT: [&str; 2] = ["ckpt_conv", "ckpt_ssm"];
+
+/// [`plan_session`], with `checkpoint`: also room for one copy of the recurrent
+/// (delta-net) state, so that [`Session::rewind`] can go back within a sequence (what
+/// speculative decoding needs). Exactly the recurrent state's size; nothing for a model
+/// without recurrent layers, whose KV cache rewinds by itself.
+pub fn plan_session_with(plan: &mut Plan, hp: &HParams, act_row: usize, cfg: &SessionConfig, checkpoint: bool) -> Result<(), Error> {
     if cfg.n_ctx == 0 || cfg.n_batch == 0 || cfg.n_outputs == 0 || cfg.n_threads == 0 {
         return Err(Error::BadConfig("n_ctx, n_batch, n_outputs and n_threads must be > 0"));
     }
-    for (name, (count, size)) in REGIONS.iter().zip(region_sizes(hp, act_row, cfg)?) {
+    let sizes = region_sizes(hp, act_row, cfg)?;
+    for (name, &(count, size)) in REGIONS.iter().zip(sizes.iter()) {
         plan.add(name, count, size)?;
+    }
+    if checkpoint {
+        plan.add(CHECKPOINT[0], sizes[2].0, sizes[2].1)?;
+        plan.add(CHECKPOINT[1], sizes[3].0, sizes[3].1)?;
     }
     Ok(())
 }
@@ -153,6 +169,11 @@ pub struct Session<'a> {
     gdn_scratch: &'a mut [f32],
     attn_tile: &'a mut [f32],
     logits: &'a mut [f32],
+    /// The recurrent state as it was at `ckpt_pos` (empty unless planned).
+    ckpt_conv: &'a mut [f32],
+    ckpt_ssm: &'a mut [f32],
+    /// Where the last [`Session::checkpoint`] was taken in this sequence.
+    ckpt_pos: Option<usize>,
     tiled_batches: bool,
     delta_chunked: bool,
     n_logits: usize,
@@ -192,6 +213,15 @@ impl<'a> Session<'a> {
             gdn_scratch: carver.f32s(r(REGIONS[18])),
             attn_tile: carver.f32s(r(REGIONS[19])),
             logits: carver.f32s(r(REGIONS[20])),
+            ckpt_conv: match plan.region(CHECKPOINT[0]) {
+                Some(reg) => carver.f32s(reg),
+                None => &mut [],
+            },
+            ckpt_ssm: match plan.region(CHECKPOINT[1]) {
+                Some(reg) => carver.f32s(reg),
+                None => &mut [],
+            },
+            ckpt_pos: None,
             tiled_batches: false,
             delta_chunked: false,
             n_logits: 0,
@@ -217,6 +247,12 @@ impl<'a> Session<'a> {
     /// to float rounding, not bit for bit; off (the default) follows llama.cpp's fused op.
     pub fn set_delta_net_chunked(&mut self, on: bool) {
         self.delta_chunked = on;
+    }
+
+    /// True when a token's logits do not depend on the batch it is evaluated in (neither
+    /// [`Session::set_llama_cpp_batches`] nor [`Session::set_delta_net_chunked`] is on).
+    pub fn batch_invariant(&self) -> bool {
+        !self.tiled_batches && !self.delta_chunked
     }
 
     /// Tokens in the context.
@@ -249,7 +285,63 @@ impl<'a> Session<'a> {
         }
         self.n_past = self.n_past.min(n);
         self.n_logits = 0;
+        if self.ckpt_pos.is_some_and(|c| c > self.n_past) || self.n_past == 0 {
+            self.ckpt_pos = None;
+        }
         Ok(())
+    }
+
+    /// Remembers the sequence as it is now, so that [`Session::rewind`] can come back
+    /// to any length from here on. The KV cache needs no copy (positions past a rewind
+    /// are simply written again); the recurrent state of a model with delta-net layers is
+    /// copied into the checkpoint regions, which the arena must have been planned with
+    /// ([`plan_session_with`]), else this is an error.
+    pub fn checkpoint(&mut self) -> Result<(), Error> {
+        if !self.ssm_state.is_empty() {
+            if self.ckpt_ssm.len() != self.ssm_state.len() || self.ckpt_conv.len() != self.conv_state.len() {
+                return Err(Error::BadConfig("a model with recurrent layers needs checkpoint space to rewind; plan the session with a checkpoint (plan_session_with)"));
+            }
+            if self.seq_layers.is_some() {
+                return Err(Error::BadConfig("a model with recurrent layers whose layers run whole on a device cannot rewind: its state is on the device"));
+            }
+            self.ckpt_conv.copy_from_slice(self.conv_state);
+            self.ckpt_ssm.copy_from_slice(self.ssm_state);
+        }
+        self.ckpt_pos = Some(self.n_past);
+        Ok(())
+    }
+
+    /// Forgets the context after the first `n` tokens, where `n` is at least the
+    /// position of the last [`Session::checkpoint`]. Returns the length the context now
+    /// has: `n` for a model with only attention layers; for one with recurrent layers the
+    /// checkpoint's position (its state is restored to the checkpoint), and the caller
+    /// evaluates the tokens from there to `n` again (with keel's batch-invariant logits
+    /// this recomputes the very same state). A batch evaluated since the checkpoint must
+    /// not have been longer than `n_batch` (a sliding-window cache keeps exactly that much
+    /// beyond its window).
+    pub fn rewind(&mut self, n: usize) -> Result<usize, Error> {
+        if n > self.n_past {
+            return Err(Error::BadConfig("rewind past the end of the context"));
+        }
+        if n == self.n_past {
+            return Ok(n);
+        }
+        if n == 0 {
+            self.truncate(0)?;
+            return Ok(0);
+        }
+        let Some(c) = self.ckpt_pos.filter(|&c| c <= n) else {
+            return Err(Error::BadConfig("rewind before the last checkpoint"));
+        };
+        self.n_logits = 0;
+        if self.ssm_state.is_empty() {
+            self.n_past = n;
+            return Ok(n);
+        }
+        self.conv_state.copy_from_slice(self.ckpt_conv);
+        self.ssm_state.copy_from_slice(self.ckpt_ssm);
+        self.n_past = c;
+        Ok(c)
     }
 
     /// With the reference kernels ([`Kernels::is_reference`]), every op's output is

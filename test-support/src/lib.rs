@@ -1,6 +1,6 @@
 //! What keel's tests share, written once: finding cached models ([`models_dir`],
 //! [`model_bytes`]) and golden files ([`golden`], [`golden_lines`], [`golden_f32`],
-//! [`greedy_prompts`]), a greedy loop ([`greedy`]), comparisons of logits
+//! [`greedy_prompts`]), greedy loops ([`greedy`], with speculation [`speculative`]), comparisons of logits
 //! ([`top_two`], [`golden_logit_stats`]) and seeded random inputs ([`Rng`], [`activations`]).
 //! Paths are the repository's: `tests/golden/` at its root, whichever crate's test asks.
 
@@ -10,6 +10,7 @@ use keel_core::engine::Engine;
 use keel_core::ops::log_sum_exp;
 use keel_core::parallel::Parallel;
 use keel_core::session::Outputs;
+use keel_core::speculative::{Drafter, Lm, Speculator};
 
 /// The repository's root.
 pub fn repo_root() -> PathBuf {
@@ -106,8 +107,9 @@ pub fn greedy_prompts(path: &str) -> Vec<(Vec<u32>, Vec<u32>)> {
     golden_lines(path).iter().map(|l| (ids(&l["prompt_tokens"]), ids(&l["generated"]))).collect()
 }
 
-/// Greedy (the engine's sampler) continuation of `prompt`, up to `n` tokens or the first
-/// end-of-generation token (included), from a fresh sequence.
+/// Greedy (the engine's sampler) continuation of `prompt`, up to `n` tokens, the first
+/// end-of-generation token (included) or the end of the context (the token chosen from
+/// its last position included), from a fresh sequence.
 pub fn greedy(e: &mut Engine<'_>, par: &dyn Parallel, prompt: &[u32], n: usize) -> Vec<u32> {
     e.reset();
     e.eval(prompt, Outputs::Last, par).expect("prompt evaluates");
@@ -115,10 +117,29 @@ pub fn greedy(e: &mut Engine<'_>, par: &dyn Parallel, prompt: &[u32], n: usize) 
     for _ in 0..n {
         let t = e.sample();
         got.push(t);
-        if e.tokenizer.is_eog(t) {
+        if e.tokenizer.is_eog(t) || e.session.n_past() >= e.session.n_ctx() {
             break;
         }
         e.eval(&[t], Outputs::Last, par).expect("token evaluates");
+    }
+    got
+}
+
+/// [`greedy`]'s loop with speculative decoding: up to `n` tokens, the first token for
+/// which `is_eog` holds (included) or the end of the target's context.
+pub fn speculative(sp: &mut Speculator<'_>, target: &mut dyn Lm, drafter: &mut dyn Drafter, prompt: &[u32], n: usize, is_eog: impl Fn(u32) -> bool) -> Vec<u32> {
+    sp.start(target, drafter, prompt).expect("speculation starts");
+    let mut got = Vec::new();
+    while got.len() < n && sp.can_step(target) {
+        for &t in sp.step(target, drafter).expect("speculative step") {
+            if got.len() == n {
+                break;
+            }
+            got.push(t);
+            if is_eog(t) {
+                return got;
+            }
+        }
     }
     got
 }

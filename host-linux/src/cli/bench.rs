@@ -108,6 +108,9 @@ pub struct BenchArgs {
     /// `-c`, the run limits, `--batches`.
     #[command(flatten)]
     pub eval: EvalFlags,
+    /// `--draft-sweep` and its flags.
+    #[command(flatten)]
+    pub sweep: super::speculate::SweepFlags,
 }
 
 /// One test in `bench --json`.
@@ -136,6 +139,12 @@ struct BoundJson {
 
 /// Runs the subcommand.
 pub fn main(a: BenchArgs) -> Result<()> {
+    if let Some(range) = &a.sweep.draft_sweep {
+        return super::speculate::sweep(&a, range);
+    }
+    if let Some(flag) = a.sweep.stray() {
+        bail!("{flag} is for --draft-sweep FIRST..LAST; give --draft-sweep or drop {flag}");
+    }
     let model = a.model.model.clone();
     let (n_prompt, n_gen, reps, as_json, roofline) = (a.n_prompt, a.n_gen, a.repetitions, a.json, a.roofline);
     for (flag, n) in [("-p", n_prompt), ("-n", n_gen)] {

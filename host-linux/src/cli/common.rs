@@ -113,13 +113,7 @@ impl PromptFlags {
     /// The prompt from `-p TEXT` or `-f FILE` (one of them required); a file is read up to
     /// [`prompt_file_limit`] of the context `n_ctx`; `-e` applied.
     pub fn text(&self, n_ctx: usize) -> Result<String> {
-        let t = match (&self.prompt, &self.file) {
-            (Some(p), None) => p.clone(),
-            (None, Some(f)) => read_text_limited(f, "prompt file", prompt_file_limit(n_ctx), &format!("the most a -c {n_ctx} context can take (16 bytes per token + 64 KiB); shorten the file or raise -c"))?,
-            (Some(_), Some(_)) => bail!("give the prompt with -p or -f, not both"),
-            (None, None) => bail!("no prompt: give -p TEXT or -f FILE (-f - reads standard input)"),
-        };
-        Ok(self.escaped(t))
+        Ok(self.escaped(prompt_text(self.prompt.as_deref(), self.file.as_deref(), "-p", n_ctx)?))
     }
 
     /// `s` with `-e`'s escapes processed when `-e` was given.
@@ -130,6 +124,17 @@ impl PromptFlags {
             s
         }
     }
+}
+
+/// The prompt from `TEXT_FLAG TEXT` (`text`) or `-f FILE` (`file`; one of them required),
+/// a file read up to [`prompt_file_limit`] of the context `n_ctx`.
+pub fn prompt_text(text: Option<&str>, file: Option<&str>, text_flag: &str, n_ctx: usize) -> Result<String> {
+    Ok(match (text, file) {
+        (Some(p), None) => p.to_string(),
+        (None, Some(f)) => read_text_limited(f, "prompt file", prompt_file_limit(n_ctx), &format!("the most a -c {n_ctx} context can take (16 bytes per token + 64 KiB); shorten the file or raise -c"))?,
+        (Some(_), Some(_)) => bail!("give the prompt with {text_flag} or -f, not both"),
+        (None, None) => bail!("no prompt: give {text_flag} TEXT or -f FILE (-f - reads standard input)"),
+    })
 }
 
 /// llama.cpp's `-e`: `\n`, `\r`, `\t`, `\\`, `\"`, `\'`, `\0`, `\xHH` (a byte; bytes that do

@@ -4,7 +4,7 @@
 use crate::mmap::{Arena, ModelFile};
 use crate::pool::ThreadPool;
 use anyhow::{bail, Context, Result};
-use keel_core::engine::{plan, Engine};
+use keel_core::engine::{plan_with, Engine};
 use keel_core::gguf::Gguf;
 use keel_core::quant::Kernels;
 use keel_core::sampler::SamplerConfig;
@@ -67,6 +67,8 @@ pub struct Loaded {
     pub pool: ThreadPool,
     /// The session limits used.
     pub cfg: SessionConfig,
+    /// Whether the arena has room to rewind a recurrent model (speculative decoding).
+    pub checkpoint: bool,
 }
 
 /// The session limits `opts` asks for.
@@ -77,7 +79,12 @@ pub fn session_config(opts: &RunOptions) -> SessionConfig {
 /// The arena `opts` needs for this model, in bytes, and this machine's physical memory
 /// when the arena is larger (`None`: it fits, or the memory is unknown).
 pub fn arena_beyond_memory(g: &Gguf<'_>, path: &std::path::Path, opts: &RunOptions) -> Result<(usize, Option<u64>)> {
-    let total = plan(g, &session_config(opts)).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?.total_bytes();
+    arena_beyond_memory_with(g, path, opts, false)
+}
+
+/// [`arena_beyond_memory`] for an arena with `checkpoint` room (speculative decoding).
+fn arena_beyond_memory_with(g: &Gguf<'_>, path: &std::path::Path, opts: &RunOptions, checkpoint: bool) -> Result<(usize, Option<u64>)> {
+    let total = plan_with(g, &session_config(opts), checkpoint).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?.total_bytes();
     Ok((total, crate::mem::physical_memory().filter(|&m| total as u64 > m)))
 }
 
@@ -106,10 +113,16 @@ pub fn warn_past_training_context(g: &Gguf<'_>, opts: &RunOptions) {
 /// both sizes and a `-c` that fits); a context beyond the model's training length is
 /// warned about unless `--force-ctx`.
 pub fn prepare(g: &Gguf<'_>, path: &std::path::Path, opts: &RunOptions) -> Result<Loaded> {
+    prepare_with(g, path, opts, false)
+}
+
+/// [`prepare`], with `checkpoint`: room for the session to rewind a recurrent model
+/// (speculative decoding; [`keel_core::engine::plan_with`]).
+pub fn prepare_with(g: &Gguf<'_>, path: &std::path::Path, opts: &RunOptions, checkpoint: bool) -> Result<Loaded> {
     let cfg = session_config(opts);
-    if let (total, Some(mem)) = arena_beyond_memory(g, path, opts)? {
+    if let (total, Some(mem)) = arena_beyond_memory_with(g, path, opts, checkpoint)? {
         // The largest power-of-two context (down from -c) whose arena fits.
-        let fits = (0..20).map(|i| opts.n_ctx >> i).take_while(|&c| c > 0).find(|&c| arena_beyond_memory(g, path, &RunOptions { n_ctx: c, n_outputs: opts.n_outputs.min(c), ..*opts }).is_ok_and(|(_, over)| over.is_none()));
+        let fits = (0..20).map(|i| opts.n_ctx >> i).take_while(|&c| c > 0).find(|&c| arena_beyond_memory_with(g, path, &RunOptions { n_ctx: c, n_outputs: opts.n_outputs.min(c), ..*opts }, checkpoint).is_ok_and(|(_, over)| over.is_none()));
         let hint = match fits {
             Some(c) => format!("lower -c (-c {c} fits)"),
             None => "this model does not fit in this machine's memory at any -c".into(),
@@ -123,15 +136,15 @@ pub fn prepare(g: &Gguf<'_>, path: &std::path::Path, opts: &RunOptions) -> Resul
         );
     }
     warn_past_training_context(g, opts);
-    let plan = plan(g, &cfg).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let plan = plan_with(g, &cfg, checkpoint).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let arena = Arena::new(plan.total_bytes()).with_context(|| format!("allocating the {} byte arena", plan.total_bytes()))?;
     let pool = ThreadPool::new(opts.threads).context("starting the thread pool")?;
-    Ok(Loaded { arena, pool, cfg })
+    Ok(Loaded { arena, pool, cfg, checkpoint })
 }
 
 /// Builds the engine inside a prepared arena.
 pub fn engine<'a>(g: &Gguf<'a>, path: &std::path::Path, loaded: &'a mut Loaded, reference: bool, sampling: SamplerConfig) -> Result<(Engine<'a>, &'a ThreadPool)> {
-    let Loaded { arena, pool, cfg } = loaded;
-    let e = Engine::new(g, arena.as_mut_slice(), *cfg, kernels(reference), sampling).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let Loaded { arena, pool, cfg, checkpoint } = loaded;
+    let e = Engine::new_with(g, arena.as_mut_slice(), *cfg, kernels(reference), sampling, *checkpoint).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     Ok((e, pool))
 }

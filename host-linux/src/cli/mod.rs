@@ -16,6 +16,7 @@ pub mod quantize;
 pub mod rknpu;
 pub mod roofline;
 pub mod run;
+pub mod speculate;
 pub mod tokenize;
 
 use anyhow::Result;

@@ -1,7 +1,7 @@
 //! `keel run`: generate text from a prompt, streaming it, then report speed and memory.
 
 use super::common::{chat_prompt, check_finite, mib, report_random_seed, tokenize, ModelFlag, PromptFlags, EvalFlags};
-use super::load::{engine, open, prepare};
+use super::load::{engine, open, prepare_with};
 use crate::fault::stdout_ok;
 use serde::Serialize;
 use anyhow::Result;
@@ -9,6 +9,7 @@ use crate::device::offload::Devices;
 use keel_core::engine::Engine;
 use keel_core::placement::{weight_count, Decision, Exec, Placement};
 use keel_core::session::Outputs;
+use keel_core::speculative::{Lookup, ModelDrafter, Runner};
 use keel_core::tokenizer::Utf8Stream;
 use std::io::Write;
 use std::time::Instant;
@@ -60,6 +61,9 @@ pub struct RunArgs {
     /// `--device` and the `--offload-*` flags.
     #[command(flatten)]
     pub offload: super::offload::OffloadFlags,
+    /// `--draft-model`, `--draft-max`, `--lookup`, `--draft-fixed`, `--device-draft`.
+    #[command(flatten)]
+    pub spec: super::speculate::SpecFlags,
 }
 
 /// Generation controls shared by `run` and `chat`: the sampling flags, `--ignore-eos`, `-r`.
@@ -126,6 +130,8 @@ struct RunJson<'a> {
     device_forward: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     placement_warning: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    speculative: Option<super::speculate::SpecJson>,
     memory_breakdown: Vec<super::offload::BreakdownJson>,
     /// host-wasi's fields: `tokens` (the prompt's ids) and the logits digests.
     tokens: &'a [u32],
@@ -135,7 +141,12 @@ struct RunJson<'a> {
 
 /// Runs the subcommand.
 pub fn main(a: RunArgs) -> Result<()> {
-    let opts = a.eval.options(1)?;
+    let spec = super::speculate::SpecOptions::from_flags(&a.spec)?;
+    if spec.is_some() && a.gen.ignore_eos {
+        anyhow::bail!("--ignore-eos does not go with speculative decoding (--draft-model / --lookup); drop one of them");
+    }
+    // A verify batch needs logits for the pending token and every draft.
+    let opts = a.eval.options(spec.as_ref().map_or(1, |s| s.n_max + 1))?;
     let text = a.prompt.text(opts.n_ctx)?;
     // Generation stops at the context's end anyway: a larger -n means "until then".
     let n_predict = a.n_predict.min(opts.n_ctx);
@@ -149,10 +160,14 @@ pub fn main(a: RunArgs) -> Result<()> {
     let as_json = a.json;
     let offload = super::offload::OffloadOptions::from_flags(&a.offload)?;
     let mut devices = offload.open()?;
+    let mut draft_devices = match &spec {
+        Some(s) => s.draft_devices.open()?,
+        None => crate::device::offload::Devices::none(),
+    };
 
     let opened = open(&a.model.model)?;
     let g = opened.gguf()?;
-    let mut loaded = prepare(&g, &opened.path, &opts)?;
+    let mut loaded = prepare_with(&g, &opened.path, &opts, spec.is_some())?;
     let arena_bytes = loaded.arena.len();
     let (mut e, pool) = engine(&g, &opened.path, &mut loaded, opts.reference, sampling)?;
     e.session.set_llama_cpp_batches(a.eval.llama_cpp());
@@ -175,6 +190,40 @@ pub fn main(a: RunArgs) -> Result<()> {
     }
     report_random_seed(&sampling, random_seed);
 
+    // The draft model, with its own arena and placement (`--device-draft`).
+    let draft_opened = spec.as_ref().and_then(|s| s.draft_model.as_deref()).map(open).transpose()?;
+    let draft_g = draft_opened.as_ref().map(|o| o.gguf()).transpose()?;
+    let mut draft_loaded = match (&draft_g, &draft_opened) {
+        (Some(dg), Some(o)) => Some(super::speculate::prepare_draft(dg, &o.path, &opts)?),
+        _ => None,
+    };
+    let mut draft_engine = match (&draft_g, &draft_opened, draft_loaded.as_mut()) {
+        (Some(dg), Some(o), Some(l)) => Some(super::speculate::draft_engine(dg, &o.path, l, opts.reference, sampling, &e, &opened.path)?),
+        _ => None,
+    };
+    let mut draft_slots = vec![Decision::EMPTY; draft_engine.as_ref().map_or(0, |de| weight_count(&de.model))];
+    let draft_placement = match (&draft_engine, &spec) {
+        (Some(de), Some(s)) => {
+            let p = draft_devices.plan(&de.model, &s.draft_devices.policy, de.session.n_ctx(), &mut draft_slots).map_err(|err| anyhow::anyhow!("draft model: {err}"))?;
+            if !draft_devices.slots.is_empty() {
+                draft_devices.load(&de.model, &p, &de.session.kernels()).map_err(|err| anyhow::anyhow!("loading the draft model's weights onto the device: {err}"))?;
+                eprint!("keel: draft model: ");
+                super::offload::print_placement(&p, &draft_devices);
+            }
+            Some(p)
+        }
+        _ => None,
+    };
+    let mut spec_arena = match &spec {
+        Some(s) => {
+            let mut p = keel_core::arena::Plan::empty();
+            keel_core::speculative::plan(&mut p, e.n_vocab(), opts.n_ctx, s.n_max)?;
+            vec![0u8; p.total_bytes()]
+        }
+        None => Vec::new(),
+    };
+    let mut spec_stats = None;
+
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut stream = Utf8Stream::new();
@@ -185,14 +234,83 @@ pub fn main(a: RunArgs) -> Result<()> {
     let mut digest = as_json.then(super::logits_digest::LogitsDigest::default);
     let mut row = Vec::new();
 
+    // Speculation's parts, made before anything is timed.
+    let mut spec_plan = keel_core::arena::Plan::empty();
+    let mut sp = match &spec {
+        Some(sopts) => {
+            keel_core::speculative::plan(&mut spec_plan, e.n_vocab(), opts.n_ctx, sopts.n_max)?;
+            let mut carver = keel_core::arena::carve(&mut spec_arena, &spec_plan).map_err(keel_core::Error::from)?;
+            let draft_cost = match draft_engine.as_mut() {
+                Some(de) => super::speculate::measure_draft_cost(&mut e, de, pool)?,
+                None => 0.0,
+            };
+            Some(keel_core::speculative::Speculator::new(&mut carver, &spec_plan, sopts.config(draft_cost), sampling, e.n_vocab())?)
+        }
+        None => None,
+    };
+
     let t0 = Instant::now();
-    step(&mut e, &prompt_tokens, pool, use_devices, &placement, &mut devices)?;
+    if sp.is_none() {
+        step(&mut e, &prompt_tokens, pool, use_devices, &placement, &mut devices)?;
+    }
     let batches_before = devices.batches();
     let mut n_evals = 0u64;
-    let prompt_secs = t0.elapsed().as_secs_f64();
-    let t1 = Instant::now();
+    let mut prompt_secs = t0.elapsed().as_secs_f64();
+    let mut t1 = Instant::now();
     let mut stop = "length";
-    for i in 0..n_predict {
+    if let Some(sp) = sp.as_mut() {
+        let use_draft_devices = !draft_devices.slots.is_empty();
+        let mut target = Runner { model: &e.model, session: &mut e.session, par: pool, exec: use_devices.then_some(Exec { placement: &placement, offload: &mut devices }) };
+        let tokenizer = &e.tokenizer;
+        let hit_stop = &mut false;
+        let emit = |tok: u32| {
+            if tokenizer.is_eog(tok) {
+                return false;
+            }
+            generated.push(tok);
+            let checked = text_out.len();
+            let n = tokenizer.piece(tok, true, &mut piece).unwrap_or(0);
+            stream.push(&piece[..n], |s: &str| {
+                text_out.push_str(s);
+                if !as_json {
+                    let _ = stdout_ok(out.write_all(s.as_bytes()).and_then(|_| out.flush()));
+                }
+            });
+            if stop_found(&text_out, checked, &stops) {
+                *hit_stop = true;
+                return false;
+            }
+            true
+        };
+        let mut model_drafter = match (draft_engine.as_mut(), draft_placement.as_ref()) {
+            (Some(de), Some(dp)) => Some(ModelDrafter::new(Runner { model: &de.model, session: &mut de.session, par: pool, exec: use_draft_devices.then_some(Exec { placement: dp, offload: &mut draft_devices }) })),
+            _ => None,
+        };
+        let mut lookup = Lookup::default();
+        let drafter: &mut dyn keel_core::speculative::Drafter = match model_drafter.as_mut() {
+            Some(d) => d,
+            None => &mut lookup,
+        };
+        // The prompt (all but its last token, which the first step verifies with the drafts).
+        let r = sp.start(&mut target, drafter, &prompt_tokens).and_then(|_| {
+            prompt_secs = t0.elapsed().as_secs_f64();
+            t1 = Instant::now();
+            super::speculate::generate(sp, &mut target, drafter, n_predict, emit)
+        });
+        drop(target);
+        drop(model_drafter);
+        stop = match r {
+            Ok(_) if *hit_stop => "stop string",
+            Ok(s) => s,
+            Err(keel_core::Error::Device { .. }) => match devices.error.take().or_else(|| draft_devices.error.take()) {
+                Some(err) => anyhow::bail!("{err} (the request was stopped; nothing ran on the CPU in its place)"),
+                None => anyhow::bail!("a device failed mid-request"),
+            },
+            Err(err) => return Err(err.into()),
+        };
+        spec_stats = Some(sp.stats());
+    }
+    for i in 0..if spec_stats.is_some() { 0 } else { n_predict } {
         check_finite(e.session.last_logits(e.n_vocab()), e.session.first_non_finite(), || if i == 0 { "generation step 1 (the prompt's last position)".into() } else { format!("generation step {}", i + 1) })?;
         if let Some(d) = digest.as_mut() {
             d.row(e.session.last_logits(e.n_vocab()));
@@ -265,6 +383,10 @@ pub fn main(a: RunArgs) -> Result<()> {
             device_layers: super::offload::whole_layers(&placement, e.model.layers.len()) as u64,
             device_forward: placement.forward_device(1).is_some(),
             placement_warning: (use_devices && placement.n_on_devices() == 0).then_some("devices were given but nothing was placed on them: every op ran on the CPU"),
+            speculative: match (&spec_stats, &spec) {
+                (Some(st), Some(sopts)) => super::speculate::report(st, &sopts.name(), g.gen_tps, true),
+                _ => None,
+            },
             memory_breakdown: super::offload::breakdown_json(&breakdown, host),
             tokens: &g.prompt_tokens,
             logits_sha256: all,
@@ -286,6 +408,9 @@ pub fn main(a: RunArgs) -> Result<()> {
             opts.threads,
             e.session.kernels().name()
         );
+    }
+    if let (Some(st), Some(sopts), false) = (&spec_stats, &spec, as_json) {
+        super::speculate::report(st, &sopts.name(), g.gen_tps, false);
     }
     if use_devices {
         eprintln!("keel: device batches: {} in all, {per_token:.1} per generated token", devices.batches());

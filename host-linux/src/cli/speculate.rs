@@ -1,0 +1,421 @@
+//! Speculative decoding for `keel run`: the flags (`--draft-model`, `--draft-max`,
+//! `--draft-fixed`, `--device-draft`, `--lookup`), the generation loop over keel-core's
+//! [`Speculator`], and the statistics it reports.
+
+use super::common::{prompt_text, tokenize};
+use super::load::{engine, open, prepare_with, Loaded, RunOptions};
+use keel_core::gguf::Gguf;
+use std::path::Path;
+use super::offload::OffloadOptions;
+use serde::Serialize;
+use anyhow::{bail, Result};
+use keel_core::engine::Engine;
+use keel_core::sampler::SamplerConfig;
+use keel_core::session::Outputs;
+use keel_core::speculative::{Drafter, Lm, Lookup, ModelDrafter, Runner, SpecConfig, Speculator, Stats};
+use std::time::Instant;
+
+/// Most tokens drafted per step that `--draft-max` / `--lookup` take.
+pub const MAX_DRAFT: usize = 64;
+
+/// `keel run`'s speculation flags.
+#[derive(clap::Args, Debug, Clone)]
+#[command(next_help_heading = "Speculative decoding (greedy output unchanged; at --temp > 0 the target's distribution; statistics at the end and in --json)")]
+pub struct SpecFlags {
+    /// Draft with MODEL, a smaller model of the same vocabulary; the target verifies its drafts in one batch (llama.cpp's -md is read as --draft-model)
+    #[arg(long = "draft-model", visible_alias = "model-draft", value_name = "MODEL")]
+    pub draft_model: Option<String>,
+    /// Most tokens the draft model drafts per step (1..=64; default 8); needs --draft-model
+    #[arg(long = "draft-max", visible_alias = "draft", value_name = "N")]
+    pub draft_max: Option<usize>,
+    /// Prompt lookup: draft up to N tokens (1..=64) by matching the context's last tokens earlier in the context (no draft model)
+    #[arg(long = "lookup", value_name = "N")]
+    pub lookup: Option<usize>,
+    /// Always draft the most tokens (turns the adaptive draft length off)
+    #[arg(long = "draft-fixed")]
+    pub draft_fixed: bool,
+    /// Devices for the draft model, e.g. hexagon-sim (as --device; default cpu); llama.cpp's -devd is read as --device-draft
+    #[arg(long = "device-draft", value_name = "LIST")]
+    pub device_draft: Option<String>,
+}
+
+/// The checked speculation flags.
+pub struct SpecOptions {
+    /// `--draft-model`: the draft model (`None`: prompt lookup).
+    pub draft_model: Option<String>,
+    /// Most tokens drafted per step.
+    pub n_max: usize,
+    /// `--draft-fixed`: always draft `n_max` tokens (no adaptive length).
+    pub fixed: bool,
+    /// `--device-draft`: where the draft model runs.
+    pub draft_devices: OffloadOptions,
+}
+
+impl SpecOptions {
+    /// Checks the flags; `None` when neither `--draft-model` nor `--lookup` is given.
+    pub fn from_flags(f: &SpecFlags) -> Result<Option<SpecOptions>> {
+        let (draft_model, draft_max, lookup, fixed, list) = (f.draft_model.clone(), f.draft_max, f.lookup, f.draft_fixed, f.device_draft.as_deref());
+        let n_max = match (&draft_model, lookup) {
+            (Some(_), Some(_)) => bail!("--draft-model and --lookup are two ways of drafting; give one"),
+            (Some(_), None) => draft_max.unwrap_or(8),
+            (None, Some(n)) => {
+                if draft_max.is_some() {
+                    bail!("--draft-max is for --draft-model; with --lookup the value of --lookup is the most tokens drafted");
+                }
+                n
+            }
+            (None, None) => {
+                for (given, flag) in [(draft_max.is_some(), "--draft-max"), (fixed, "--draft-fixed"), (list.is_some(), "--device-draft")] {
+                    if given {
+                        bail!("{flag} needs --draft-model M (or --lookup N)");
+                    }
+                }
+                return Ok(None);
+            }
+        };
+        if n_max == 0 || n_max > MAX_DRAFT {
+            bail!("{} {n_max}: draft 1..={MAX_DRAFT} tokens per step", if draft_model.is_some() { "--draft-max" } else { "--lookup" });
+        }
+        if list.is_some() && draft_model.is_none() {
+            bail!("--device-draft places the draft model; give --draft-model M");
+        }
+        // The device list as --device parses it; the draft model is placed whole (no --offload-* policy).
+        let devices = crate::device::offload::parse_device_list(list.unwrap_or("cpu")).map_err(|e| anyhow::anyhow!("--device-draft: {e}"))?;
+        let policy = keel_core::placement::Policy::all(devices.len());
+        Ok(Some(SpecOptions { draft_model, n_max, fixed, draft_devices: OffloadOptions { devices, policy } }))
+    }
+
+    /// The core's settings; `draft_cost` is the draft's weight bytes over the target's.
+    pub fn config(&self, draft_cost: f32) -> SpecConfig {
+        SpecConfig { n_max: self.n_max, adaptive: !self.fixed, draft_cost, ..SpecConfig::default() }
+    }
+
+    /// `draft <file>` or `lookup`.
+    pub fn name(&self) -> String {
+        match &self.draft_model {
+            Some(m) => format!("draft model {m}"),
+            None => "prompt lookup".into(),
+        }
+    }
+}
+
+/// Generates up to `n_predict` tokens after [`Speculator::start`]; `emit` gets each one
+/// and returns false to stop (end of generation). Returns why generation stopped.
+pub fn generate(sp: &mut Speculator<'_>, target: &mut dyn Lm, drafter: &mut dyn Drafter, n_predict: usize, mut emit: impl FnMut(u32) -> bool) -> Result<&'static str, keel_core::Error> {
+    let mut n = 0;
+    while n < n_predict {
+        if !sp.can_step(target) {
+            return Ok("context full");
+        }
+        for &t in sp.step(target, drafter)? {
+            if n == n_predict {
+                break;
+            }
+            if !emit(t) {
+                return Ok("end of generation");
+            }
+            n += 1;
+        }
+    }
+    Ok("length")
+}
+
+/// The `"speculative"` object of `keel run --json`.
+#[derive(Serialize, Debug)]
+pub struct SpecJson {
+    drafter: String,
+    steps: u64,
+    drafted: u64,
+    accepted: u64,
+    acceptance_rate: f64,
+    mean_accepted_length: f64,
+    tokens_per_second: f64,
+}
+
+/// The statistics: one line on stderr, or (`json`) the `--json` object.
+pub fn report(stats: &Stats, what: &str, tps: f64, json: bool) -> Option<SpecJson> {
+    if json {
+        return Some(SpecJson {
+            drafter: what.to_string(),
+            steps: stats.steps,
+            drafted: stats.drafted,
+            accepted: stats.accepted,
+            acceptance_rate: stats.acceptance(),
+            mean_accepted_length: stats.mean_accepted(),
+            tokens_per_second: tps,
+        });
+    }
+    eprintln!(
+        "keel: speculative ({what}): drafted {}, accepted {} ({:.1}%), mean accepted length {:.2} in {} verify steps, {:.1} t/s",
+        stats.drafted,
+        stats.accepted,
+        100.0 * stats.acceptance(),
+        stats.mean_accepted(),
+        stats.draft_steps,
+        tps
+    );
+    None
+}
+
+/// The draft model's arena: one logits row, room to rewind.
+pub fn prepare_draft(g: &Gguf<'_>, path: &Path, opts: &RunOptions) -> Result<Loaded> {
+    prepare_with(g, path, &RunOptions { n_outputs: 1, ..*opts }, true)
+}
+
+/// The draft model's engine; refused unless its vocabulary is the target's.
+pub fn draft_engine<'a>(g: &Gguf<'a>, path: &Path, loaded: &'a mut Loaded, reference: bool, sampling: SamplerConfig, target: &Engine<'_>, target_path: &Path) -> Result<Engine<'a>> {
+    let (de, _) = engine(g, path, loaded, reference, sampling)?;
+    if de.n_vocab() != target.n_vocab() || de.tokenizer.eos() != target.tokenizer.eos() {
+        bail!("{}: the draft model's vocabulary ({} tokens) is not the target's ({} tokens, {}); draft with a model of the same family", path.display(), de.n_vocab(), target.n_vocab(), target_path.display());
+    }
+    Ok(de)
+}
+
+/// The draft model's cost per token relative to the target's, for the adaptive draft
+/// length: the fastest of 5 interleaved one-token forward passes of each on the CPU
+/// (both sessions are started over afterwards).
+pub fn measure_draft_cost(e: &mut Engine<'_>, de: &mut Engine<'_>, pool: &crate::pool::ThreadPool) -> Result<f32> {
+    let time = |e: &mut Engine<'_>| -> Result<f64> {
+        e.reset();
+        let t = Instant::now();
+        e.eval(&[0], Outputs::Last, pool)?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    let (mut target, mut draft) = (f64::MAX, f64::MAX);
+    for _ in 0..5 {
+        target = target.min(time(e)?);
+        draft = draft.min(time(de)?);
+    }
+    e.reset();
+    de.reset();
+    Ok((draft / target.max(1e-9)) as f32)
+}
+
+/// Plain greedy generation of up to `n` tokens after `prompt` (stopping at the end of
+/// generation): the tokens and the seconds taken after all but the prompt's last token
+/// were evaluated (what a speculative run is timed over too).
+fn plain(e: &mut Engine<'_>, pool: &crate::pool::ThreadPool, prompt: &[u32], n: usize) -> Result<(Vec<u32>, f64)> {
+    e.reset();
+    if prompt.len() > 1 {
+        e.eval(&prompt[..prompt.len() - 1], Outputs::Last, pool)?;
+    }
+    let t = Instant::now();
+    e.eval(&prompt[prompt.len() - 1..], Outputs::Last, pool)?;
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let tok = e.sample();
+        if e.tokenizer.is_eog(tok) {
+            break;
+        }
+        out.push(tok);
+        if e.session.n_past() >= e.session.n_ctx() {
+            break;
+        }
+        e.eval(&[tok], Outputs::Last, pool)?;
+    }
+    Ok((out, t.elapsed().as_secs_f64()))
+}
+
+/// The median of `v` (not empty).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
+/// `keel bench --draft-sweep 1..N`: greedy tokens/s of plain decoding and of speculation
+/// with each fixed `n_max` in the range, and with the adaptive length (up to N), on one
+/// prompt. Every speculative run follows a plain run and its speed-up is against that one;
+/// the table shows medians over `-r` repetitions. Every run must generate exactly the
+/// plain run's tokens, else no speed is reported.
+pub fn sweep(a: &super::bench::BenchArgs, range: &str) -> Result<()> {
+    let (lo, hi) = match range.split_once("..") {
+        Some((lo, hi)) => (lo.trim().parse::<usize>().ok(), hi.trim().trim_start_matches('=').parse::<usize>().ok()),
+        None => (Some(1), range.trim().parse::<usize>().ok()),
+    };
+    let (Some(lo), Some(hi)) = (lo, hi) else { bail!("--draft-sweep {range:?}: expected a range like 1..8") };
+    if lo == 0 || lo > hi || hi > MAX_DRAFT {
+        bail!("--draft-sweep {range}: expected 1 <= first <= last <= {MAX_DRAFT}");
+    }
+    if a.roofline {
+        bail!("--roofline measures pp and tg; it does not go with --draft-sweep");
+    }
+    let model = a.model.model.clone();
+    let (n_gen, reps, as_json) = (a.n_gen, a.repetitions, a.json);
+    let draft_model = a.sweep.draft_model.clone();
+    let lookup = a.sweep.lookup;
+    let opts = a.eval.options(hi + 1)?;
+    if a.sweep.prompt.is_none() && a.sweep.file.is_none() {
+        bail!("--draft-sweep needs a prompt: --prompt TEXT or -f FILE (bench's -p is a token count)");
+    }
+    let text = prompt_text(a.sweep.prompt.as_deref(), a.sweep.file.as_deref(), "--prompt", opts.n_ctx)?;
+    if draft_model.is_some() == lookup {
+        bail!("--draft-sweep measures one drafter: give --draft-model M or --lookup");
+    }
+    if reps == 0 || n_gen == 0 {
+        bail!("nothing to measure: -r and -n must be >= 1");
+    }
+    let greedy = SamplerConfig { temp: 0.0, ..Default::default() };
+    let opened = open(&model)?;
+    let g = opened.gguf()?;
+    let mut loaded = prepare_with(&g, &opened.path, &opts, true)?;
+    let (mut e, pool) = engine(&g, &opened.path, &mut loaded, opts.reference, greedy)?;
+    let toks = tokenize(&e.tokenizer, &text, true, true, opts.n_ctx)?;
+    if toks.is_empty() {
+        bail!("the prompt is empty after tokenization");
+    }
+    let d_opened = draft_model.as_deref().map(open).transpose()?;
+    let d_g = d_opened.as_ref().map(|o| o.gguf()).transpose()?;
+    let mut d_loaded = match (&d_g, &d_opened) {
+        (Some(dg), Some(o)) => Some(prepare_draft(dg, &o.path, &opts)?),
+        _ => None,
+    };
+    let mut de = match (&d_g, &d_opened, d_loaded.as_mut()) {
+        (Some(dg), Some(o), Some(l)) => Some(draft_engine(dg, &o.path, l, opts.reference, greedy, &e, &opened.path)?),
+        _ => None,
+    };
+    let draft_cost = match de.as_mut() {
+        Some(de) => measure_draft_cost(&mut e, de, pool)?,
+        None => 0.0,
+    };
+    let mut plan = keel_core::arena::Plan::empty();
+    keel_core::speculative::plan(&mut plan, e.n_vocab(), opts.n_ctx, hi)?;
+    let mut mem = vec![0u8; plan.total_bytes()];
+
+    // Rows: plain, each fixed n_max, adaptive (up to hi).
+    let configs: Vec<Option<SpecConfig>> = std::iter::once(None)
+        .chain((lo..=hi).map(|n| Some(SpecConfig { n_max: n, adaptive: false, draft_cost, ..SpecConfig::default() })))
+        .chain(std::iter::once(Some(SpecConfig { n_max: hi, adaptive: true, draft_cost, ..SpecConfig::default() })))
+        .collect();
+    // Each speculative run is paired with a plain run just before it, and its speed-up is
+    // taken against that one (the load of a shared machine drifts); each repetition
+    // starts at another configuration.
+    let mut tps = vec![Vec::new(); configs.len()];
+    let mut ratio = vec![Vec::new(); configs.len()];
+    let mut stats = vec![Stats::default(); configs.len()];
+    let (reference, _) = plain(&mut e, pool, &toks, n_gen)?; // also the warm-up
+    let check = |out: &[u32]| -> Result<()> {
+        if out != reference.as_slice() {
+            let at = out.iter().zip(&reference).position(|(a, b)| a != b).unwrap_or(out.len().min(reference.len()));
+            bail!("a run generated different tokens from plain greedy decoding (first difference at token {at}) — refusing to report a speed");
+        }
+        Ok(())
+    };
+    for r in 0..reps {
+        for j in 0..configs.len() - 1 {
+            let i = 1 + (j + r) % (configs.len() - 1);
+            let Some(c) = configs[i] else { continue };
+            let (out, secs) = plain(&mut e, pool, &toks, n_gen)?;
+            check(&out)?;
+            let plain_tps = out.len() as f64 / secs.max(1e-9);
+            tps[0].push(plain_tps);
+            let mut carver = keel_core::arena::carve(&mut mem, &plan).map_err(keel_core::Error::from)?;
+            let mut sp = Speculator::new(&mut carver, &plan, c, greedy, e.n_vocab())?;
+            let mut target = Runner { model: &e.model, session: &mut e.session, par: pool, exec: None };
+            let mut model_drafter = de.as_mut().map(|de| ModelDrafter::new(Runner { model: &de.model, session: &mut de.session, par: pool, exec: None }));
+            let mut look = Lookup::default();
+            let drafter: &mut dyn Drafter = match model_drafter.as_mut() {
+                Some(d) => d,
+                None => &mut look,
+            };
+            let mut out = Vec::with_capacity(n_gen);
+            sp.start(&mut target, drafter, &toks)?;
+            let t = Instant::now();
+            let tokenizer = &e.tokenizer;
+            generate(&mut sp, &mut target, drafter, n_gen, |tok| {
+                if tokenizer.is_eog(tok) {
+                    return false;
+                }
+                out.push(tok);
+                true
+            })?;
+            let secs = t.elapsed().as_secs_f64();
+            stats[i] = sp.stats();
+            check(&out)?;
+            let spec_tps = out.len() as f64 / secs.max(1e-9);
+            tps[i].push(spec_tps);
+            ratio[i].push(spec_tps / plain_tps);
+        }
+    }
+    ratio[0] = vec![1.0];
+    let what = if lookup { "lookup".to_string() } else { format!("draft {}", d_opened.as_ref().map(|o| o.path.file_name().unwrap_or_default().to_string_lossy().into_owned()).unwrap_or_default()) };
+    let label = |c: &Option<SpecConfig>| match c {
+        None => "plain".to_string(),
+        Some(c) if c.adaptive => format!("adaptive <= {}", c.n_max),
+        Some(c) => c.n_max.to_string(),
+    };
+    if as_json {
+        let rows: Vec<SweepJson> = configs
+            .iter()
+            .enumerate()
+            .map(|(i, c)| SweepJson {
+                drafter: what.clone(),
+                n_max: label(c),
+                tps: median(&mut tps[i].clone()),
+                speedup: median(&mut ratio[i].clone()),
+                tokens: reference.len() as u64,
+                drafted: stats[i].drafted,
+                accepted: stats[i].accepted,
+                acceptance_rate: stats[i].acceptance(),
+                mean_accepted_length: stats[i].mean_accepted(),
+            })
+            .collect();
+        crate::cli::print_json(&rows);
+    } else {
+        println!("| drafter | n_max | t/s (median) | vs plain (median of paired runs) | acceptance | mean accepted |");
+        println!("|---|---|---|---|---|---|");
+        for (i, c) in configs.iter().enumerate() {
+            let m = median(&mut tps[i].clone());
+            let (acc, mean) = if c.is_some() { (format!("{:.0}%", 100.0 * stats[i].acceptance()), format!("{:.2}", stats[i].mean_accepted())) } else { ("-".into(), "-".into()) };
+            println!("| {what} | {} | {m:.2} | {:.2}x | {acc} | {mean} |", label(c), median(&mut ratio[i].clone()));
+        }
+        eprintln!("keel: {} tokens per run, {} threads, {} kernels; every run generated the plain greedy tokens", reference.len(), opts.threads, e.session.kernels().name());
+    }
+    Ok(())
+}
+
+/// One row of `keel bench --draft-sweep --json`.
+#[derive(Serialize)]
+struct SweepJson {
+    drafter: String,
+    n_max: String,
+    tps: f64,
+    speedup: f64,
+    tokens: u64,
+    drafted: u64,
+    accepted: u64,
+    acceptance_rate: f64,
+    mean_accepted_length: f64,
+}
+
+/// `keel bench`'s flags for `--draft-sweep`.
+#[derive(clap::Args, Debug, Clone)]
+#[command(next_help_heading = "Speculative decoding sweep")]
+pub struct SweepFlags {
+    /// Instead of pp/tg: greedy t/s of plain decoding and of speculation for each draft length in FIRST..LAST and adaptive (medians of interleaved runs, as a table); needs --draft-model or --lookup and --prompt or -f
+    #[arg(long = "draft-sweep", value_name = "FIRST..LAST")]
+    pub draft_sweep: Option<String>,
+    /// The sweep's draft model (same vocabulary as -m); llama.cpp's -md is read as --draft-model
+    #[arg(long = "draft-model", visible_alias = "model-draft", value_name = "MODEL")]
+    pub draft_model: Option<String>,
+    /// The sweep drafts by prompt lookup
+    #[arg(long = "lookup")]
+    pub lookup: bool,
+    /// The sweep's prompt text (-p is pp's token count)
+    #[arg(long = "prompt", value_name = "TEXT", allow_hyphen_values = true)]
+    pub prompt: Option<String>,
+    /// Read the sweep's prompt from FILE (- reads standard input)
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    pub file: Option<String>,
+}
+
+impl SweepFlags {
+    /// The first sweep-only flag given (they need --draft-sweep).
+    pub fn stray(&self) -> Option<&'static str> {
+        [(self.draft_model.is_some(), "--draft-model"), (self.lookup, "--lookup"), (self.prompt.is_some(), "--prompt"), (self.file.is_some(), "-f")].into_iter().find(|(g, _)| *g).map(|(_, f)| f)
+    }
+}
