@@ -133,10 +133,13 @@ struct RunJson<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     speculative: Option<super::speculate::SpecJson>,
     memory_breakdown: Vec<super::offload::BreakdownJson>,
-    /// host-wasi's fields: `tokens` (the prompt's ids) and the logits digests.
+    /// host-wasi's fields: `tokens` (the prompt's ids) and the logits digests (absent with
+    /// speculation: its verify batches' rows are not digested).
     tokens: &'a [u32],
-    logits_sha256: String,
-    row_sha256: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logits_sha256: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    row_sha256: Option<Vec<String>>,
 }
 
 /// Runs the subcommand.
@@ -363,6 +366,7 @@ pub fn main(a: RunArgs) -> Result<()> {
     let breakdown = devices.breakdown();
     if as_json {
         let (all, rows) = digest.unwrap_or_default().finish();
+        let (all, rows) = if spec_stats.is_some() { (None, None) } else { (Some(all), Some(rows)) };
         let j = RunJson {
             prompt_tokens: &g.prompt_tokens,
             generated: &g.generated,
