@@ -6,7 +6,7 @@
 //! `KEEL_TEST_BIN=/path/to/keel` runs the suite against another build (e.g. the code
 //! before a fix, to see a test fail there).
 
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
@@ -142,7 +142,18 @@ fn a_killed_quantize_leaves_no_partial_file() {
         // keel as soon as it exists. If keel wins the race and finishes, try again.
         let mut caught = false;
         for _ in 0..20 {
-            let mut child = keel().arg("quantize").arg(synth()).arg(&out).args(["Q4_0", "--allow-requantize", "-t", "1"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+            let mut cmd = keel();
+            cmd.arg("quantize").arg(synth()).arg(&out).args(["Q4_0", "--allow-requantize", "-t", "1"]).stdout(Stdio::null()).stderr(Stdio::null());
+            // keel keeps a signal its parent ignored ignored (as `nohup` asks of SIGHUP), so
+            // the child starts with the default action whatever this test runs under.
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    libc::signal(sig, libc::SIG_DFL);
+                    Ok(())
+                });
+            }
+            let mut child = cmd.spawn().unwrap();
             let t0 = Instant::now();
             let mut sent = false;
             while t0.elapsed() < Duration::from_secs(20) {
