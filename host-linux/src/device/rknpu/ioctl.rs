@@ -135,7 +135,7 @@ impl Node {
         loop {
             // SAFETY: `arg` is a live, exclusively borrowed #[repr(C)] struct of the size the
             // request number encodes; the kernel reads/writes only those bytes.
-            let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), req as libc::c_ulong, arg as *mut T) };
+            let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), req as libc::Ioctl, arg as *mut T) };
             if r >= 0 {
                 return Ok(());
             }
