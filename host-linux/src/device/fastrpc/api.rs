@@ -86,11 +86,19 @@ pub struct Api {
     pub queue_write: sys::keel_dspqueue_write_fn,
     pub queue_read: sys::keel_dspqueue_read_fn,
     // Last: the functions above point into it.
-    _lib: libloading::Library,
+    _lib: Lib,
 }
 
+/// The loaded library. musl builds (static) cannot dlopen and do not link libdl: there it
+/// is a type with no values, and [`Api::load`] says why.
+#[cfg(not(target_env = "musl"))]
+type Lib = libloading::Library;
+#[cfg(target_env = "musl")]
+enum Lib {}
+
 /// Resolves `name` as pointer type `T` (an `Option<fn>`: `None` when absent).
-fn sym<T: Copy + Default>(lib: &libloading::Library, name: &str) -> T {
+#[cfg(not(target_env = "musl"))]
+fn sym<T: Copy + Default>(lib: &Lib, name: &str) -> T {
     let mut z = Vec::with_capacity(name.len() + 1);
     z.extend_from_slice(name.as_bytes());
     z.push(0);
@@ -103,9 +111,13 @@ impl Api {
     /// Loads the library and resolves its functions.
     pub fn load() -> Result<Api, LoadError> {
         let tried = candidates();
-        if cfg!(all(target_env = "musl", target_feature = "crt-static")) {
-            return Err(LoadError::StaticBuild);
+        #[cfg(target_env = "musl")]
+        {
+            let _ = tried;
+            Err(LoadError::StaticBuild)
         }
+        #[cfg(not(target_env = "musl"))]
+        {
         let mut why = String::new();
         for name in &tried {
             // SAFETY: loading runs the library's initialisers; libcdsprpc's only set up its state.
@@ -115,9 +127,11 @@ impl Api {
             }
         }
         Err(LoadError::NotFound { tried, why })
+        }
     }
 
-    fn resolve(lib: libloading::Library, path: String) -> Result<Api, LoadError> {
+    #[cfg(not(target_env = "musl"))]
+    fn resolve(lib: Lib, path: String) -> Result<Api, LoadError> {
         let api = Api {
             session_control: sym(&lib, "remote_session_control"),
             handle_control: sym(&lib, "remote_handle_control"),
