@@ -5,6 +5,7 @@
 //! - [`msgloop`]: the wire-protocol message loop (handshake, caps, buffers, batches)
 //! - [`shm`]: the shared-memory region and the buffers mapped from it
 //! - [`args`]: the device ELF's command line
+//! - [`cost`]: markers of batches and ops for the executed-packet cost model
 //! - [`harness`]: the qemu-hexagon test-vector protocol
 //! - [`sys`]: Linux system calls under qemu-hexagon
 //!
@@ -19,6 +20,7 @@
 compile_error!("keel-dsp-firmware builds only for Hexagon: see dsp-firmware/README.md");
 
 pub mod args;
+pub mod cost;
 pub mod harness;
 pub mod msgloop;
 pub mod selftest;

@@ -14,7 +14,7 @@ use keel_npu_hal::op::DType;
 use keel_npu_hal::wire::{self, DeviceMsg, HostMsg, MAX_MESSAGE, MAX_OPS, PROTOCOL_VERSION};
 use keel_npu_hal::{BufferRules, ErrorKind};
 
-use keel_core::exec::{run_batch, Buffers, Scratch};
+use keel_core::exec::{run_batch_observed, Buffers, Scratch};
 use keel_npu_hal::BufferId;
 
 use crate::args::Fault;
@@ -210,7 +210,9 @@ impl<'a, R: Mapper> Device<'a, R> {
                     Fault::MalformedReply => return Reply::Raw(&[0xff, 0xff, 0xff, 0xff, 0x7f]),
                     _ => {}
                 }
-                let status = run_batch(&b.batch(), &self.region, &self.caps, &mut Scratch::new(self.scratch));
+                let batch = b.batch();
+                crate::cost::batch(&batch);
+                let status = run_batch_observed(&batch, &self.region, &self.caps, &mut Scratch::new(self.scratch), crate::cost::op);
                 let seq = if self.fault == Fault::WrongSeq { b.seq.wrapping_add(1000) } else { b.seq };
                 DeviceMsg::BatchDone { seq, status }
             }

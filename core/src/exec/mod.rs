@@ -111,6 +111,13 @@ pub fn op_set() -> OpSet {
 /// `MAX_TENSORS`, `MAX_OPS`); at op `i` with `Unsupported` if `check_op` refuses it,
 /// else with the op's own error.
 pub fn run_batch(batch: &Batch<'_>, buffers: &impl Buffers, caps: &Caps, scratch: &mut Scratch<'_>) -> BatchStatus {
+    run_batch_observed(batch, buffers, caps, scratch, |_| {})
+}
+
+/// [`run_batch`], calling `on_op` with each op just before it runs (after its checks):
+/// the Hexagon firmware marks op boundaries there for its executed-packet cost model
+/// (`dsp-firmware/src/cost.rs`). Allocates nothing.
+pub fn run_batch_observed(batch: &Batch<'_>, buffers: &impl Buffers, caps: &Caps, scratch: &mut Scratch<'_>, mut on_op: impl FnMut(&OpKind)) -> BatchStatus {
     let failed = |op: usize, kind| BatchStatus::Failed { op: op as u16, kind };
     if batch.buffers.len() > MAX_BUFFERS || batch.tensors.len() > MAX_TENSORS || batch.ops.len() > MAX_OPS {
         return failed(0, ErrorKind::Unsupported);
@@ -131,6 +138,7 @@ pub fn run_batch(batch: &Batch<'_>, buffers: &impl Buffers, caps: &Caps, scratch
         if check_op(caps, op, batch.tensors) != Support::Yes {
             return failed(i, ErrorKind::Unsupported);
         }
+        on_op(&op.kind);
         let s = &mut scratch.scope();
         let r = match op.kind {
             OpKind::MatMul => products::matmul(op, &ts, s),

@@ -52,9 +52,8 @@ pub fn matmul(op: &OpDesc, ts: &Tensors<'_>, scratch: &mut Scratch<'_>) -> Resul
     let out = words_mut::<f32>(unsafe { ts.bytes_mut(d)? })?;
     let weights = TiledWeights { dtype: w.dtype, rows, k, packed };
     let free = scratch.take(scratch.remaining())?;
-    for (c, o) in out.chunks_exact_mut(rows).enumerate() {
-        tiles32::matvec(&kern, &weights, &acts[c * nb..][..nb], free, o, None)?;
-    }
+    // All columns in one pass over the weights: each chunk of tiles serves every column.
+    tiles32::matmul(&kern, &weights, &acts[..cols * nb], cols, free, out.get_mut(..cols * rows).ok_or(ErrorKind::InvalidArgument)?)?;
     Ok(())
 }
 

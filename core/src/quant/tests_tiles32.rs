@@ -62,6 +62,24 @@ fn tile_products_equal_row_dots() {
                     }
                     cases += 1;
                 }
+                // Several columns in one pass (row chunks outside the columns): each
+                // column's outputs are its own product's, bit for bit.
+                let cols = 3;
+                let xs: Vec<f32> = (0..cols).flat_map(|c| if c == 1 { x.clone() } else { random_row(&mut rng, k) }).collect();
+                let mut acts = vec![ActBlock::default(); cols * k / 32];
+                quantize_act(kern, &xs, &mut acts).unwrap();
+                for scratch_len in [128, 1024 * 2, 1 << 16] {
+                    let (mut scratch, soff) = aligned(scratch_len);
+                    let mut outs = vec![f32::NAN; cols * rows];
+                    tiles32::matmul(kern, &weights, &acts, cols, &mut scratch[soff..soff + scratch_len], &mut outs).unwrap();
+                    for c in 0..cols {
+                        let a: Vec<u8> = acts[c * k / 32..][..k / 32].iter().flat_map(|b| b.to_q8_0()).collect();
+                        for r in 0..rows {
+                            let want = dot(k, &w[r * rb..(r + 1) * rb], &a);
+                            assert_eq!(outs[c * rows + r].to_bits(), want.to_bits(), "{ty} {rows}x{k} column {c} row {r} scratch {scratch_len} ({})", kern.name());
+                        }
+                    }
+                }
             }
         }
     }

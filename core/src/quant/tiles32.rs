@@ -161,13 +161,6 @@ impl TiledWeights<'_> {
         }
         Ok(())
     }
-
-    fn scale(&self, b: usize, row: usize) -> f32 {
-        let g_count = tile::groups(self.rows as u32);
-        let at = self.packed.len() - (self.k / 32) * g_count * 128 + ((b * g_count + row / 32) * 32 + row % 32) * 4;
-        let s = &self.packed[at..at + 4];
-        f32::from_le_bytes([s[0], s[1], s[2], s[3]])
-    }
 }
 
 /// The scratch as aligned int32 words (its unaligned head skipped).
@@ -206,39 +199,87 @@ fn fma(a: f32, b: f32, c: f32) -> f32 {
 /// the aligned part is used): at least 128 bytes (one group's block sums; Q8_0 is
 /// faster with 1024 per group, its lane sums). If `sums` is given (`k/32 · rows`), the
 /// exact int32 block sums are written there, `[block][row]`, for tests.
-pub fn matvec(kern: &Kernels, w: &TiledWeights<'_>, act: &[ActBlock], scratch: &mut [u8], out: &mut [f32], mut sums: Option<&mut [i32]>) -> Result<(), TileError> {
+/// One column of [`matmul`].
+pub fn matvec(kern: &Kernels, w: &TiledWeights<'_>, act: &[ActBlock], scratch: &mut [u8], out: &mut [f32], sums: Option<&mut [i32]>) -> Result<(), TileError> {
     w.check(act, out, &sums)?;
+    matmul_checked(kern, w, act, 1, scratch, out, sums)
+}
+
+/// Weight bytes of one chunk of row groups (all its blocks) that a product of several
+/// columns keeps reusing before it moves on: the chunk is read from DDR once and from
+/// the cache (L2) for the other columns. A budget well inside the L2 of a v68/v73 cDSP.
+pub const REUSE_BYTES: usize = 256 * 1024;
+
+/// `out[c·rows + r] = Σ_k w[r][k]·x_c[k]` for `cols` columns whose Q8_0 activation
+/// blocks are `acts[c·k/32 ..][.. k/32]`: each column's outputs are [`matvec`]'s bit
+/// for bit (the same operations in the same order), but the loop runs over chunks of
+/// row groups outside the columns, so one chunk's tiles (at most [`REUSE_BYTES`] when
+/// `cols > 1`) serve every column of the batch per load from memory instead of being
+/// streamed again for each token.
+pub fn matmul(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols: usize, scratch: &mut [u8], out: &mut [f32]) -> Result<(), TileError> {
+    let nb = w.k / 32;
+    if cols == 0 || acts.len() != cols * nb || out.len() != cols * w.rows {
+        return Err(TileError::Shape);
+    }
+    w.check(&acts[..nb], &out[..w.rows], &None)?;
+    matmul_checked(kern, w, acts, cols, scratch, out, None)
+}
+
+/// The scale section of `w` as f32, `[block][group][row in group]` (so block `b`'s
+/// scales of rows `r` are `scales[b·32·groups + r]`).
+fn scales<'a>(w: &TiledWeights<'a>) -> Result<&'a [f32], TileError> {
+    let n = (w.k / 32) * tile::groups(w.rows as u32) * 32;
+    let bytes = &w.packed[w.packed.len() - 4 * n..];
+    // SAFETY: f32 is valid for any bit pattern; `align_to` yields only aligned elements
+    // (the section starts on 4: packed weights are ALIGN-aligned and every part before
+    // it is a multiple of 128 bytes). Little-endian targets only (as the layout).
+    let (head, f, _) = unsafe { bytes.align_to::<f32>() };
+    if !head.is_empty() || f.len() < n || cfg!(target_endian = "big") {
+        return Err(TileError::Shape);
+    }
+    Ok(&f[..n])
+}
+
+fn matmul_checked(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols: usize, scratch: &mut [u8], out: &mut [f32], mut sums: Option<&mut [i32]>) -> Result<(), TileError> {
     let tk = kern.tile_sums();
     let (f, bias, tile_bytes) = match w.dtype {
-        DType::Q8_0 => return matvec_q8_0_lanes(&tk, w, act, scratch, out, sums),
+        DType::Q8_0 => return matmul_q8_0_lanes(&tk, w, acts, cols, scratch, out, sums),
         DType::Q4_0 => (tk.q4_0, Q4_0_BIAS, 512),
         DType::IQ4NL => (tk.iq4_nl, IQ4_NL_BIAS, 512),
         _ => return Err(TileError::Unsupported),
     };
-    let (rows, g_count) = (w.rows, tile::groups(w.rows as u32));
+    let (rows, g_count, nb) = (w.rows, tile::groups(w.rows as u32), w.k / 32);
+    let scales = scales(w)?;
     let buf = scratch_words(scratch);
-    let chunk = g_count.min(buf.len() / 32);
+    let mut chunk = g_count.min(buf.len() / 32);
     if chunk == 0 {
         return Err(TileError::Scratch);
     }
+    if cols > 1 {
+        chunk = chunk.min((REUSE_BYTES / (nb * tile_bytes)).max(1));
+    }
     out.fill(0.0);
-    for (b, a) in act.iter().enumerate() {
-        let corr = -bias * a.sum;
-        let mut g0 = 0;
-        while g0 < g_count {
-            let n = chunk.min(g_count - g0);
-            f(&w.packed[(b * g_count + g0) * tile_bytes..][..n * tile_bytes], n, &a.words, &mut buf[..32 * n]);
-            let n_rows = (rows - g0 * 32).min(n * 32);
-            for (i, &raw) in buf[..n_rows].iter().enumerate() {
-                let row = g0 * 32 + i;
-                let s = raw + corr;
-                out[row] = fma(s as f32, w.scale(b, row) * a.d, out[row]);
+    let mut g0 = 0;
+    while g0 < g_count {
+        let n = chunk.min(g_count - g0);
+        let n_rows = (rows - g0 * 32).min(n * 32);
+        for c in 0..cols {
+            let o = &mut out[c * rows + g0 * 32..][..n_rows];
+            for (b, a) in acts[c * nb..][..nb].iter().enumerate() {
+                let corr = -bias * a.sum;
+                f(&w.packed[(b * g_count + g0) * tile_bytes..][..n * tile_bytes], n, &a.words, &mut buf[..32 * n]);
+                let sc = &scales[(b * g_count + g0) * 32..][..n_rows];
+                for ((y, &raw), &dw) in o.iter_mut().zip(&buf[..n_rows]).zip(sc) {
+                    *y = fma((raw + corr) as f32, dw * a.d, *y);
+                }
                 if let Some(sums) = sums.as_deref_mut() {
-                    sums[b * rows + row] = s;
+                    for (i, &raw) in buf[..n_rows].iter().enumerate() {
+                        sums[b * rows + g0 * 32 + i] = raw + corr;
+                    }
                 }
             }
-            g0 += n;
         }
+        g0 += n;
     }
     Ok(())
 }
@@ -246,13 +287,15 @@ pub fn matvec(kern: &Kernels, w: &TiledWeights<'_>, act: &[ActBlock], scratch: &
 /// Row groups whose Q8_0 lane accumulators one pass keeps (on the stack: 4 KiB).
 const LANE_GROUPS: usize = 4;
 
-/// [`matvec`] for Q8_0: row groups are the outer loop so the 8 lane accumulators of
-/// one chunk of rows stay on the stack. With 1024 scratch bytes per group the lane sums
-/// come from one [`LaneSumsFn`] call per block; below that, one lane at a time
-/// through the block sums with the other 7 activation words zeroed (8 passes, the same
-/// integers).
-fn matvec_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, act: &[ActBlock], scratch: &mut [u8], out: &mut [f32], mut sums: Option<&mut [i32]>) -> Result<(), TileError> {
-    let (rows, g_count) = (w.rows, tile::groups(w.rows as u32));
+/// [`matmul`] for Q8_0: row groups are the outer loop so the 8 lane accumulators of
+/// one chunk of rows stay on the stack (and the chunk's tiles in the cache across the
+/// columns). With 1024 scratch bytes per group the lane sums come from one
+/// [`LaneSumsFn`] call per block, and each row's scale is formed once for its 8 lanes;
+/// below that, one lane at a time through the block sums with the other 7 activation
+/// words zeroed (8 passes, the same integers).
+fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols: usize, scratch: &mut [u8], out: &mut [f32], mut sums: Option<&mut [i32]>) -> Result<(), TileError> {
+    let (rows, g_count, nb) = (w.rows, tile::groups(w.rows as u32), w.k / 32);
+    let scales = scales(w)?;
     let buf = scratch_words(scratch);
     let whole = buf.len() >= 256;
     let per_group = if whole { 256 } else { 32 };
@@ -265,37 +308,45 @@ fn matvec_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, act: &[ActBlock], s
     while g0 < g_count {
         let n = chunk.min(g_count - g0);
         let n_rows = (rows - g0 * 32).min(n * 32);
-        acc[..n_rows * 8].fill(0.0);
-        for (b, a) in act.iter().enumerate() {
-            let tiles = &w.packed[(b * g_count + g0) * 1024..][..n * 1024];
-            if whole {
-                (tk.q8_0_lanes)(tiles, n, &a.words, &mut buf[..256 * n]);
-            }
-            for l in 0..8 {
-                if !whole {
-                    let mut words = [0u32; 8];
-                    words[l] = a.words[l];
-                    (tk.q8_0)(tiles, n, &words, &mut buf[..32 * n]);
-                }
-                // The weight-bias correction of this lane: −128 · Σ of its 4 activation quants.
-                let wd = a.words[l];
-                let corr = -Q8_0_BIAS * (0..4).map(|j| i32::from((wd >> (8 * j)) as u8 as i8)).sum::<i32>();
-                for i in 0..n_rows {
-                    let (g, r) = (i / 32, i % 32);
-                    let at = if whole { (g * 8 + l) * 32 + r } else { i };
-                    let s = buf[at] + corr;
-                    acc[i * 8 + l] = fma(w.scale(b, g0 * 32 + i) * a.d, s as f32, acc[i * 8 + l]);
-                    if let Some(sums) = sums.as_deref_mut() {
-                        let o = &mut sums[b * rows + g0 * 32 + i];
-                        *o = if l == 0 { s } else { *o + s };
+        for c in 0..cols {
+            acc[..n_rows * 8].fill(0.0);
+            for (b, a) in acts[c * nb..][..nb].iter().enumerate() {
+                let tiles = &w.packed[(b * g_count + g0) * 1024..][..n * 1024];
+                let sc = &scales[(b * g_count + g0) * 32..][..n_rows];
+                // The weight-bias correction of each lane: −128 · Σ of its 4 activation quants.
+                let corr: [i32; 8] = core::array::from_fn(|l| -Q8_0_BIAS * (0..4).map(|j| i32::from((a.words[l] >> (8 * j)) as u8 as i8)).sum::<i32>());
+                if whole {
+                    (tk.q8_0_lanes)(tiles, n, &a.words, &mut buf[..256 * n]);
+                    for (i, (lanes, &dw)) in acc[..n_rows * 8].chunks_exact_mut(8).zip(sc).enumerate() {
+                        let (g, r) = (i / 32, i % 32);
+                        let d = dw * a.d;
+                        for (l, acc) in lanes.iter_mut().enumerate() {
+                            *acc = fma(d, (buf[(g * 8 + l) * 32 + r] + corr[l]) as f32, *acc);
+                        }
+                        if let Some(sums) = sums.as_deref_mut() {
+                            sums[b * rows + g0 * 32 + i] = (0..8).map(|l| buf[(g * 8 + l) * 32 + r] + corr[l]).sum();
+                        }
+                    }
+                } else {
+                    for l in 0..8 {
+                        let mut words = [0u32; 8];
+                        words[l] = a.words[l];
+                        (tk.q8_0)(tiles, n, &words, &mut buf[..32 * n]);
+                        for (i, &dw) in sc.iter().enumerate() {
+                            let s = buf[i] + corr[l];
+                            acc[i * 8 + l] = fma(dw * a.d, s as f32, acc[i * 8 + l]);
+                            if let Some(sums) = sums.as_deref_mut() {
+                                let o = &mut sums[b * rows + g0 * 32 + i];
+                                *o = if l == 0 { s } else { *o + s };
+                            }
+                        }
                     }
                 }
             }
-        }
-        for i in 0..n_rows {
-            let a = &acc[i * 8..i * 8 + 8];
-            let r = [a[4] + a[0], a[5] + a[1], a[6] + a[2], a[7] + a[3]];
-            out[g0 * 32 + i] = (r[0] + r[2]) + (r[1] + r[3]);
+            for (i, a) in acc[..n_rows * 8].chunks_exact(8).enumerate() {
+                let r = [a[4] + a[0], a[5] + a[1], a[6] + a[2], a[7] + a[3]];
+                out[c * rows + g0 * 32 + i] = (r[0] + r[2]) + (r[1] + r[3]);
+            }
         }
         g0 += n;
     }

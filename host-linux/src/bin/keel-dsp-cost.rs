@@ -1,0 +1,355 @@
+//! keel-dsp-cost: the Hexagon DSP's cost model from executed packets under QEMU.
+//!
+//! Runs `keel run --device hexagon-sim` on a model with `qemu-hexagon`'s translation
+//! log (`QEMU_LOG=in_asm,exec,nochain`, read through a FIFO, never written to disk):
+//! every translation block is logged once with its packets (`in_asm`) and every
+//! execution of it with its start symbol (`exec`, `nochain` so chained blocks are
+//! logged too), so executed packets = Σ executions × packets of the block. The
+//! firmware calls empty marker functions (`dsp-firmware/src/cost.rs`) before every
+//! batch (one token column: decode; several: a prompt chunk) and every op, which
+//! attributes each packet to a batch kind and an op kind. From the counts:
+//! packets per prompt token and per generated token by op kind, the weight bytes
+//! streamed per token, and tokens/s estimated for a v68 (QCS6490) and a v73 cDSP
+//! under the assumptions printed with the table (`ASSUMPTIONS`).
+//!
+//! usage: keel-dsp-cost -m MODEL [-p PROMPT_TOKENS] [-n GEN_TOKENS] [--cpu v68|v73]
+//!        [--keel PATH] [--json] [-- KEEL_RUN_ARGS...]
+//! (`bench/dsp-cost.sh` runs it for the tables in BENCHMARKS.md.)
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+
+/// Op groups the firmware marks (`keel_cost_op_<name>`), in table order.
+const OPS: [&str; 9] = ["matmul", "attention", "rms_norm", "rope", "elementwise", "quantize", "copy", "get_rows", "recurrent"];
+
+/// One device as the estimate models it.
+struct Target {
+    name: &'static str,
+    /// Clock of the compute DSP, Hz.
+    clock_hz: f64,
+    /// HVX contexts (hardware threads with a vector unit).
+    hvx_contexts: u32,
+    /// DDR read bandwidth the DSP can draw, bytes/s.
+    ddr_bytes_s: f64,
+}
+
+/// The two cDSPs of the issue. Sources and caveats are in `ASSUMPTIONS`.
+const TARGETS: [Target; 2] = [
+    Target { name: "v68 (QCS6490)", clock_hz: 1.5e9, hvx_contexts: 4, ddr_bytes_s: 12.0e9 },
+    Target { name: "v73 (8 Gen 2 class)", clock_hz: 1.8e9, hvx_contexts: 4, ddr_bytes_s: 40.0e9 },
+];
+
+const ASSUMPTIONS: &str = "\
+assumptions: one packet per cycle on the one hardware thread the firmware uses (an upper bound: \
+stalls, cache misses and the issue rules of several threads are not modelled); compute bound = clock / packets per token; \
+bandwidth bound = DDR read bandwidth / weight bytes per token; estimate = the smaller. \
+v68 (QCS6490): cDSP clock 1.5 GHz, 4 HVX contexts, DDR 12 GB/s usable (LPDDR4X/LPDDR5 on a 64-bit bus, ~50% of a 25.6 GB/s peak); \
+v73: 1.8 GHz, 4 HVX contexts, 40 GB/s (LPDDR5X). \"×ctx\" = the matmul packets split over every HVX context, the rest on one thread.";
+
+#[derive(Default, Clone)]
+struct Tally {
+    packets: [u64; OPS.len() + 1],
+    hvx: u64,
+    batches: u64,
+}
+
+/// What the log says.
+#[derive(Default)]
+struct Counts {
+    setup: u64,
+    decode: Tally,
+    prompt: Tally,
+    /// Executed packets by the symbol their block starts in (the top ones are printed with --symbols).
+    by_symbol: HashMap<String, u64>,
+}
+
+/// Whether a symbol is one of the HVX block-sum kernels (`core/src/quant/hexagon/`).
+fn is_hvx_kernel(sym: &str) -> bool {
+    sym.contains("block_sums") || sym.contains("lane_sums")
+}
+
+/// Reads the `in_asm,exec,nochain` log: `IN:` blocks (one `{` per packet) then `Trace`
+/// lines `Trace N: HOSTPTR [flags/PC/…] SYMBOL`.
+fn count(log: impl BufRead) -> Result<Counts> {
+    let mut c = Counts::default();
+    let mut tb_packets: HashMap<u64, u64> = HashMap::new();
+    let (mut in_block, mut pending): (bool, Option<u64>) = (false, None);
+    let mut phase: Option<bool> = None; // Some(true) = prompt
+    let mut op = OPS.len(); // "other" until the first op marker
+    let mut sym_cache: HashMap<u64, (String, bool)> = HashMap::new();
+    for line in log.split(b'\n') {
+        let line = line.context("reading the qemu log")?;
+        if line.starts_with(b"IN:") {
+            in_block = true;
+            pending = Some(0);
+            continue;
+        }
+        if in_block {
+            if line.is_empty() {
+                in_block = false;
+            } else if line.contains(&b'{') {
+                *pending.get_or_insert(0) += 1;
+            }
+            continue;
+        }
+        let Some(rest) = line.strip_prefix(b"Trace ") else { continue };
+        let rest = std::str::from_utf8(rest).context("qemu log: a Trace line is not UTF-8")?;
+        let (_, rest) = rest.split_once(": ").context("qemu log: a Trace line without ': '")?;
+        let (host, rest) = rest.split_once(' ').context("qemu log: a Trace line without its block address")?;
+        let host = u64::from_str_radix(host.trim_start_matches("0x"), 16).context("qemu log: a block address that is not hex")?;
+        if let Some(n) = pending.take() {
+            tb_packets.insert(host, n.max(1));
+            sym_cache.remove(&host);
+        }
+        let n = tb_packets.get(&host).copied().unwrap_or(1);
+        let (sym, hvx) = sym_cache.entry(host).or_insert_with(|| {
+            let s = rest.split_once("] ").map_or("", |(_, s)| s).trim().to_string();
+            let h = is_hvx_kernel(&s);
+            (s, h)
+        });
+        if let Some(m) = sym.strip_prefix("keel_cost_") {
+            match m {
+                "batch_one" => {
+                    phase = Some(false);
+                    c.decode.batches += 1;
+                    op = OPS.len();
+                }
+                "batch_many" => {
+                    phase = Some(true);
+                    c.prompt.batches += 1;
+                    op = OPS.len();
+                }
+                m => {
+                    if let Some(i) = m.strip_prefix("op_").and_then(|o| OPS.iter().position(|x| *x == o)) {
+                        op = i;
+                    }
+                }
+            }
+        }
+        *c.by_symbol.entry(sym.clone()).or_insert(0) += n;
+        match phase {
+            None => c.setup += n,
+            Some(p) => {
+                let t = if p { &mut c.prompt } else { &mut c.decode };
+                t.packets[op] += n;
+                if *hvx {
+                    t.hvx += n;
+                }
+            }
+        }
+    }
+    Ok(c)
+}
+
+struct Args {
+    model: PathBuf,
+    n_prompt: usize,
+    n_gen: usize,
+    cpu: String,
+    keel: PathBuf,
+    json: bool,
+    symbols: usize,
+    extra: Vec<String>,
+}
+
+const USAGE: &str = "usage: keel-dsp-cost -m MODEL [-p PROMPT_TOKENS (default 8)] [-n GEN_TOKENS (default 3)] [--cpu v68|v73] [--keel PATH] [--json] [--symbols N] [-- KEEL_RUN_ARGS...]";
+
+fn args() -> Result<Args> {
+    let mut it = std::env::args().skip(1);
+    let exe_dir = std::env::current_exe().ok().and_then(|p| p.parent().map(Path::to_path_buf)).unwrap_or_default();
+    let mut a = Args { model: PathBuf::new(), n_prompt: 8, n_gen: 3, cpu: "v68".into(), keel: exe_dir.join("keel"), json: false, symbols: 0, extra: Vec::new() };
+    let num = |v: Option<String>, f: &str| -> Result<usize> { v.with_context(|| format!("{f} needs a number\n{USAGE}"))?.parse().with_context(|| format!("{f}: not a number\n{USAGE}")) };
+    while let Some(x) = it.next() {
+        match x.as_str() {
+            "-m" | "--model" => a.model = it.next().context(USAGE)?.into(),
+            "-p" | "--n-prompt" => a.n_prompt = num(it.next(), "-p")?,
+            "-n" | "--n-gen" => a.n_gen = num(it.next(), "-n")?,
+            "--symbols" => a.symbols = num(it.next(), "--symbols")?,
+            "--cpu" => a.cpu = it.next().context(USAGE)?,
+            "--keel" => a.keel = it.next().context(USAGE)?.into(),
+            "--json" => a.json = true,
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            "--" => a.extra.extend(it.by_ref()),
+            other => bail!("unknown argument {other}\n{USAGE}"),
+        }
+    }
+    if a.model.as_os_str().is_empty() {
+        bail!("no model: give -m MODEL.gguf\n{USAGE}");
+    }
+    if a.n_prompt < 2 || a.n_gen < 2 {
+        bail!("-p and -n must be at least 2 (a prompt chunk and a decode step to tell apart)\n{USAGE}");
+    }
+    Ok(a)
+}
+
+/// A prompt of about `n` tokens (one common word each, for most BPE vocabularies).
+fn prompt_text(n: usize) -> String {
+    let words = ["the", "cat", "sat", "on", "a", "mat", "and", "it", "was", "warm"];
+    (0..n).map(|i| words[i % words.len()]).collect::<Vec<_>>().join(" ")
+}
+
+fn main() -> Result<()> {
+    let a = args()?;
+    if !a.keel.is_file() {
+        bail!("{} not found: build keel (cargo build --release) or give --keel PATH", a.keel.display());
+    }
+    let dir = TempDir::new()?;
+    let fifo = dir.0.join("qemu.log");
+    let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).context("FIFO path")?;
+    // SAFETY: a valid NUL-terminated path.
+    if unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) } != 0 {
+        bail!("mkfifo {}: {}", fifo.display(), std::io::Error::last_os_error());
+    }
+    let mut cmd = Command::new(&a.keel);
+    cmd.args(["run", "--json", "--device", "hexagon-sim", "-m"])
+        .arg(&a.model)
+        .args(["-p", &prompt_text(a.n_prompt), "-n", &a.n_gen.to_string(), "-b", "512", "--temp", "0"])
+        .args(&a.extra)
+        .env("QEMU_LOG", "in_asm,exec,nochain")
+        .env("QEMU_LOG_FILENAME", &fifo)
+        .env("KEEL_QEMU_CPU", &a.cpu)
+        .env("KEEL_DSP_TIMEOUT_MS", "3600000")
+        .stdout(Stdio::piped());
+    let mut child = cmd.spawn().with_context(|| format!("starting {}", a.keel.display()))?;
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || -> Result<Counts> {
+            let f = std::fs::File::open(&fifo).with_context(|| format!("opening {}", fifo.display()))?;
+            count(BufReader::with_capacity(1 << 20, f))
+        })
+    };
+    let out = {
+        let mut s = String::new();
+        std::io::Read::read_to_string(child.stdout.as_mut().context("keel's stdout")?, &mut s)?;
+        s
+    };
+    let status = child.wait()?;
+    // If QEMU never opened the FIFO, the reader still waits in open(): release it.
+    if !reader.is_finished() {
+        let _ = std::fs::OpenOptions::new().write(true).custom_flags_nonblock().open(&fifo);
+    }
+    let counts = reader.join().map_err(|_| anyhow::anyhow!("the log reader panicked"))??;
+    if !status.success() {
+        bail!("keel run failed ({status}); its messages are above");
+    }
+    let run: serde_json::Value = serde_json::from_str(out.trim()).with_context(|| format!("keel run --json printed something else: {out}"))?;
+    report(&a, &run, &counts)
+}
+
+/// A private directory for the FIFO, removed at the end.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Result<TempDir> {
+        let p = std::env::temp_dir().join(format!("keel-dsp-cost-{}", std::process::id()));
+        std::fs::create_dir(&p).with_context(|| format!("creating {}", p.display()))?;
+        Ok(TempDir(p))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+trait NonBlock {
+    fn custom_flags_nonblock(&mut self) -> &mut Self;
+}
+
+impl NonBlock for std::fs::OpenOptions {
+    fn custom_flags_nonblock(&mut self) -> &mut Self {
+        use std::os::unix::fs::OpenOptionsExt;
+        self.custom_flags(libc::O_NONBLOCK)
+    }
+}
+
+fn report(a: &Args, run: &serde_json::Value, c: &Counts) -> Result<()> {
+    let n_prompt = run["prompt_tokens"].as_array().map_or(0, Vec::len);
+    let n_gen = run["generated"].as_array().map_or(0, Vec::len);
+    let weights = run["memory_breakdown"]
+        .as_array()
+        .and_then(|v| v.iter().find(|d| d["device"].as_str().is_some_and(|s| s.starts_with("hexagon-sim"))))
+        .and_then(|d| d["model"].as_u64())
+        .context("keel run --json reported no hexagon-sim device: nothing was placed on the DSP")?;
+    if c.prompt.batches == 0 || c.decode.batches == 0 {
+        bail!("the log shows {} prompt and {} decode batches: the firmware's cost markers are missing (rebuild dsp-firmware) or nothing ran on the DSP", c.prompt.batches, c.decode.batches);
+    }
+    // The prompt is one forward pass (-b 512): its batches are one forward's worth.
+    let per_forward = c.prompt.batches as f64;
+    let decode_steps = c.decode.batches as f64 / per_forward;
+    let per_tok = |t: &Tally, n: f64| -> Vec<f64> { t.packets.iter().map(|&p| p as f64 / n).collect() };
+    let pp = per_tok(&c.prompt, n_prompt as f64);
+    let tg = per_tok(&c.decode, decode_steps);
+    let (pp_tot, tg_tot) = (pp.iter().sum::<f64>(), tg.iter().sum::<f64>());
+    let (pp_hvx, tg_hvx) = (c.prompt.hvx as f64 / n_prompt as f64, c.decode.hvx as f64 / decode_steps);
+    // Weight bytes streamed per token: every forward reads each device weight once per
+    // pass over its tiles; the HVX kernels' packets per token measure how many passes a
+    // token costs relative to decoding (one pass).
+    let tg_bytes = weights as f64;
+    let pp_bytes = weights as f64 * (pp_hvx / tg_hvx.max(1.0)).min(1.0);
+    let est = |t: &Target, packets: f64, mm: f64, bytes: f64| {
+        let compute = t.clock_hz / packets;
+        let all_ctx = t.clock_hz / (packets - mm + mm / f64::from(t.hvx_contexts));
+        let bw = t.ddr_bytes_s / bytes;
+        (compute.min(bw), all_ctx.min(bw), bw)
+    };
+    let model = a.model.display().to_string();
+    if a.json {
+        let ops = |v: &[f64]| serde_json::Value::Object(OPS.iter().chain(["other"].iter()).zip(v).map(|(k, &x)| (k.to_string(), x.into())).collect());
+        let targets: Vec<_> = TARGETS
+            .iter()
+            .map(|t| {
+                let (pc, pa, pb) = est(t, pp_tot, pp[0], pp_bytes);
+                let (gc, ga, gb) = est(t, tg_tot, tg[0], tg_bytes);
+                serde_json::json!({"target": t.name, "clock_hz": t.clock_hz, "hvx_contexts": t.hvx_contexts, "ddr_bytes_s": t.ddr_bytes_s,
+                    "prompt_tps": pc, "prompt_tps_all_contexts": pa, "prompt_tps_bandwidth_bound": pb,
+                    "decode_tps": gc, "decode_tps_all_contexts": ga, "decode_tps_bandwidth_bound": gb})
+            })
+            .collect();
+        let j = serde_json::json!({"model": model, "cpu": a.cpu, "prompt_tokens": n_prompt, "generated": n_gen,
+            "prompt_batches": c.prompt.batches, "decode_batches": c.decode.batches, "setup_packets": c.setup,
+            "prompt_packets_per_token": pp_tot, "decode_packets_per_token": tg_tot,
+            "prompt_hvx_kernel_packets_per_token": pp_hvx, "decode_hvx_kernel_packets_per_token": tg_hvx,
+            "prompt_ops": ops(&pp), "decode_ops": ops(&tg), "device_weight_bytes": weights,
+            "prompt_weight_bytes_per_token": pp_bytes, "decode_weight_bytes_per_token": tg_bytes,
+            "decode_over_prompt": tg_tot / pp_tot, "targets": targets, "assumptions": ASSUMPTIONS});
+        println!("{j}");
+        return Ok(());
+    }
+    println!("executed packets under qemu-hexagon -cpu {} ({model}): prompt {n_prompt} tokens in {} batches, {n_gen} generated ({} decode batches)", a.cpu, c.prompt.batches, c.decode.batches);
+    println!("| per token | {} | other | total | of which HVX kernels | weight bytes |", OPS.join(" | "));
+    println!("|---|{}---|---|---|---|", "---|".repeat(OPS.len()));
+    let row = |name: &str, v: &[f64], tot: f64, hvx: f64, bytes: f64| {
+        let cells: Vec<String> = v.iter().map(|x| format!("{x:.0}")).collect();
+        println!("| {name} | {} | {tot:.0} | {hvx:.0} | {bytes:.0} |", cells.join(" | "));
+    };
+    row("prompt", &pp, pp_tot, pp_hvx, pp_bytes);
+    row("decode", &tg, tg_tot, tg_hvx, tg_bytes);
+    println!("decode / prompt packets per token: {:.2}×  (start-up, not counted above: {} packets)", tg_tot / pp_tot, c.setup);
+    println!();
+    println!("| estimate | prompt t/s (1 thread / ×ctx / bandwidth bound) | decode t/s (1 thread / ×ctx / bandwidth bound) |");
+    println!("|---|---|---|");
+    for t in &TARGETS {
+        let (pc, pa, pb) = est(t, pp_tot, pp[0], pp_bytes);
+        let (gc, ga, gb) = est(t, tg_tot, tg[0], tg_bytes);
+        println!("| {} | {pc:.1} / {pa:.1} / {pb:.0} | {gc:.1} / {ga:.1} / {gb:.0} |", t.name);
+    }
+    println!("{ASSUMPTIONS}");
+    if a.symbols > 0 {
+        let mut v: Vec<_> = c.by_symbol.iter().collect();
+        v.sort_by(|x, y| y.1.cmp(x.1));
+        println!("\nexecuted packets by the symbol a block starts in (all phases):");
+        for (s, n) in v.into_iter().take(a.symbols) {
+            println!("{n:>14} {s}");
+        }
+    }
+    Ok(())
+}
