@@ -290,11 +290,13 @@ fn report(a: &Args, run: &serde_json::Value, c: &Counts) -> Result<()> {
     let tg = per_tok(&c.decode, decode_steps);
     let (pp_tot, tg_tot) = (pp.iter().sum::<f64>(), tg.iter().sum::<f64>());
     let (pp_hvx, tg_hvx) = (c.prompt.hvx as f64 / n_prompt as f64, c.decode.hvx as f64 / decode_steps);
-    // Weight bytes streamed per token: every forward reads each device weight once per
-    // pass over its tiles; the HVX kernels' packets per token measure how many passes a
-    // token costs relative to decoding (one pass).
+    // Weight bytes read from memory per token: a forward pass reads each device weight
+    // once (a product's chunk of tiles serves every column of the batch from the cache,
+    // `tiles32::matmul`), so a prompt of n tokens in one pass reads them once for all n.
+    // (KV-cache reads, 2·layers·kv_heads·head_dim·2 bytes per position, are left out:
+    // small beside the weights at these contexts.)
     let tg_bytes = weights as f64;
-    let pp_bytes = weights as f64 * (pp_hvx / tg_hvx.max(1.0)).min(1.0);
+    let pp_bytes = weights as f64 / n_prompt as f64;
     let est = |t: &Target, packets: f64, mm: f64, bytes: f64| {
         let compute = t.clock_hz / packets;
         let all_ctx = t.clock_hz / (packets - mm + mm / f64::from(t.hvx_contexts));
