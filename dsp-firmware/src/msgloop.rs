@@ -212,7 +212,7 @@ impl<'a, R: Mapper> Device<'a, R> {
                 }
                 let batch = b.batch();
                 crate::cost::batch(&batch);
-                let status = run_batch_observed(&batch, &self.region, &self.caps, &mut Scratch::new(self.scratch), crate::cost::op);
+                let status = run_batch_observed(&batch, &self.region, &self.caps, &mut Scratch::new(self.scratch), |op| crate::cost::op(batch.tensors, op));
                 let seq = if self.fault == Fault::WrongSeq { b.seq.wrapping_add(1000) } else { b.seq };
                 DeviceMsg::BatchDone { seq, status }
             }

@@ -35,7 +35,7 @@ mod view;
 #[cfg(test)]
 mod tests;
 
-use keel_npu_hal::op::{Batch, OpKind, Support};
+use keel_npu_hal::op::{Batch, OpDesc, OpKind, Support};
 use keel_npu_hal::support::check_op;
 use keel_npu_hal::wire::{MAX_BUFFERS, MAX_OPS, MAX_TENSORS};
 use keel_npu_hal::caps::OpSet;
@@ -117,7 +117,7 @@ pub fn run_batch(batch: &Batch<'_>, buffers: &impl Buffers, caps: &Caps, scratch
 /// [`run_batch`], calling `on_op` with each op just before it runs (after its checks):
 /// the Hexagon firmware marks op boundaries there for its executed-packet cost model
 /// (`dsp-firmware/src/cost.rs`). Allocates nothing.
-pub fn run_batch_observed(batch: &Batch<'_>, buffers: &impl Buffers, caps: &Caps, scratch: &mut Scratch<'_>, mut on_op: impl FnMut(&OpKind)) -> BatchStatus {
+pub fn run_batch_observed(batch: &Batch<'_>, buffers: &impl Buffers, caps: &Caps, scratch: &mut Scratch<'_>, mut on_op: impl FnMut(&OpDesc)) -> BatchStatus {
     let failed = |op: usize, kind| BatchStatus::Failed { op: op as u16, kind };
     if batch.buffers.len() > MAX_BUFFERS || batch.tensors.len() > MAX_TENSORS || batch.ops.len() > MAX_OPS {
         return failed(0, ErrorKind::Unsupported);
@@ -138,7 +138,7 @@ pub fn run_batch_observed(batch: &Batch<'_>, buffers: &impl Buffers, caps: &Caps
         if check_op(caps, op, batch.tensors) != Support::Yes {
             return failed(i, ErrorKind::Unsupported);
         }
-        on_op(&op.kind);
+        on_op(op);
         let s = &mut scratch.scope();
         let r = match op.kind {
             OpKind::MatMul => products::matmul(op, &ts, s),

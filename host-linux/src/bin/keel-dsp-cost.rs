@@ -47,14 +47,17 @@ const ASSUMPTIONS: &str = "\
 assumptions: one packet per cycle on the one hardware thread the firmware uses (an upper bound: \
 stalls, cache misses and the issue rules of several threads are not modelled); compute bound = clock / packets per token; \
 bandwidth bound = DDR read bandwidth / weight bytes per token; estimate = the smaller. \
-v68 (QCS6490): cDSP clock 1.5 GHz, 4 HVX contexts, DDR 12 GB/s usable (LPDDR4X/LPDDR5 on a 64-bit bus, ~50% of a 25.6 GB/s peak); \
-v73: 1.8 GHz, 4 HVX contexts, 40 GB/s (LPDDR5X). \"×ctx\" = the matmul packets split over every HVX context, the rest on one thread.";
+v68 (QCS6490): cDSP clock 1.5 GHz (assumed, no public figure found), 4 HVX contexts (v68 parts have 4 or more), \
+DDR 12 GB/s usable by the DSP (assumed; llama.cpp's CPU decode on a QCS6490 board implies at least 8.9 GB/s for the CPU); \
+v73: 1.8 GHz, 4 HVX contexts, 40 GB/s (assumed). \"×ctx\" = the matmul packets split evenly over every HVX context, the rest on one thread.";
 
 #[derive(Default, Clone)]
 struct Tally {
     packets: [u64; OPS.len() + 1],
     hvx: u64,
     batches: u64,
+    /// Forward passes run whole on the device (their embedding lookups).
+    forwards: u64,
 }
 
 /// What the log says.
@@ -79,6 +82,9 @@ fn count(log: impl BufRead) -> Result<Counts> {
     let mut tb_packets: HashMap<u64, u64> = HashMap::new();
     let (mut in_block, mut pending): (bool, Option<u64>) = (false, None);
     let mut phase: Option<bool> = None; // Some(true) = prompt
+    // Once a forward pass is marked, its batches keep its phase (the prompt's output
+    // projection alone has one column).
+    let mut by_forward = false;
     let mut op = OPS.len(); // "other" until the first op marker
     let mut sym_cache: HashMap<u64, (String, bool)> = HashMap::new();
     for line in log.split(b'\n') {
@@ -113,15 +119,18 @@ fn count(log: impl BufRead) -> Result<Counts> {
         });
         if let Some(m) = sym.strip_prefix("keel_cost_") {
             match m {
-                "batch_one" => {
-                    phase = Some(false);
-                    c.decode.batches += 1;
+                "batch_one" | "batch_many" => {
+                    if !by_forward {
+                        phase = Some(m == "batch_many");
+                    }
+                    let p = phase.unwrap_or(false);
+                    if p { &mut c.prompt } else { &mut c.decode }.batches += 1;
                     op = OPS.len();
                 }
-                "batch_many" => {
-                    phase = Some(true);
-                    c.prompt.batches += 1;
-                    op = OPS.len();
+                "forward_one" | "forward_many" => {
+                    by_forward = true;
+                    phase = Some(m == "forward_many");
+                    if m == "forward_many" { &mut c.prompt } else { &mut c.decode }.forwards += 1;
                 }
                 m => {
                     if let Some(i) = m.strip_prefix("op_").and_then(|o| OPS.iter().position(|x| *x == o)) {
@@ -282,9 +291,9 @@ fn report(a: &Args, run: &serde_json::Value, c: &Counts) -> Result<()> {
     if c.prompt.batches == 0 || c.decode.batches == 0 {
         bail!("the log shows {} prompt and {} decode batches: the firmware's cost markers are missing (rebuild dsp-firmware) or nothing ran on the DSP", c.prompt.batches, c.decode.batches);
     }
-    // The prompt is one forward pass (-b 512): its batches are one forward's worth.
-    let per_forward = c.prompt.batches as f64;
-    let decode_steps = c.decode.batches as f64 / per_forward;
+    // Decode steps: the forward passes of one token when the whole pass runs on the
+    // device (its embedding lookups), else the prompt's batches as one pass's worth.
+    let decode_steps = if c.decode.forwards > 0 { c.decode.forwards as f64 } else { c.decode.batches as f64 / c.prompt.batches as f64 };
     let per_tok = |t: &Tally, n: f64| -> Vec<f64> { t.packets.iter().map(|&p| p as f64 / n).collect() };
     let pp = per_tok(&c.prompt, n_prompt as f64);
     let tg = per_tok(&c.decode, decode_steps);
@@ -317,7 +326,7 @@ fn report(a: &Args, run: &serde_json::Value, c: &Counts) -> Result<()> {
             })
             .collect();
         let j = serde_json::json!({"model": model, "cpu": a.cpu, "prompt_tokens": n_prompt, "generated": n_gen,
-            "prompt_batches": c.prompt.batches, "decode_batches": c.decode.batches, "setup_packets": c.setup,
+            "prompt_batches": c.prompt.batches, "decode_batches": c.decode.batches, "decode_steps": decode_steps, "setup_packets": c.setup,
             "prompt_packets_per_token": pp_tot, "decode_packets_per_token": tg_tot,
             "prompt_hvx_kernel_packets_per_token": pp_hvx, "decode_hvx_kernel_packets_per_token": tg_hvx,
             "prompt_ops": ops(&pp), "decode_ops": ops(&tg), "device_weight_bytes": weights,
@@ -326,7 +335,10 @@ fn report(a: &Args, run: &serde_json::Value, c: &Counts) -> Result<()> {
         println!("{j}");
         return Ok(());
     }
-    println!("executed packets under qemu-hexagon -cpu {} ({model}): prompt {n_prompt} tokens in {} batches, {n_gen} generated ({} decode batches)", a.cpu, c.prompt.batches, c.decode.batches);
+    println!(
+        "executed packets under qemu-hexagon -cpu {} ({model}): prompt {n_prompt} tokens in {} batches, {n_gen} generated ({} decode batches, {decode_steps} decode steps)",
+        a.cpu, c.prompt.batches, c.decode.batches
+    );
     println!("| per token | {} | other | total | of which HVX kernels | weight bytes |", OPS.join(" | "));
     println!("|---|{}---|---|---|---|", "---|".repeat(OPS.len()));
     let row = |name: &str, v: &[f64], tot: f64, hvx: f64, bytes: f64| {
