@@ -22,6 +22,9 @@ fn the_cost_model_attributes_packets_to_batches_and_op_kinds() {
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     assert!(j["prompt_batches"].as_u64().unwrap() >= 1 && j["decode_batches"].as_u64().unwrap() >= 1, "{j}");
     assert!(j["prompt_tokens"].as_u64().unwrap() >= 2, "{j}");
+    // The whole forward pass runs on the device: one decode step (embedding lookup of one
+    // token) per generated token, told apart from the prompt's output batch (one column too).
+    assert_eq!(j["decode_steps"].as_f64().unwrap(), j["generated"].as_u64().unwrap() as f64, "{j}");
     for phase in ["prompt", "decode"] {
         let ops = j[format!("{phase}_ops")].as_object().unwrap();
         let total: f64 = ops.values().map(|v| v.as_f64().unwrap()).sum();

@@ -85,6 +85,9 @@ fn count(log: impl BufRead) -> Result<Counts> {
     // Once a forward pass is marked, its batches keep its phase (the prompt's output
     // projection alone has one column).
     let mut by_forward = false;
+    // A batch is counted in the phase its first op runs in (a forward pass's first batch
+    // is marked by its embedding lookup, op 0, after the batch marker).
+    let mut pending_batch = false;
     let mut op = OPS.len(); // "other" until the first op marker
     let mut sym_cache: HashMap<u64, (String, bool)> = HashMap::new();
     for line in log.split(b'\n') {
@@ -123,8 +126,7 @@ fn count(log: impl BufRead) -> Result<Counts> {
                     if !by_forward {
                         phase = Some(m == "batch_many");
                     }
-                    let p = phase.unwrap_or(false);
-                    if p { &mut c.prompt } else { &mut c.decode }.batches += 1;
+                    pending_batch = true;
                     op = OPS.len();
                 }
                 "forward_one" | "forward_many" => {
@@ -135,6 +137,9 @@ fn count(log: impl BufRead) -> Result<Counts> {
                 m => {
                     if let Some(i) = m.strip_prefix("op_").and_then(|o| OPS.iter().position(|x| *x == o)) {
                         op = i;
+                        if std::mem::take(&mut pending_batch) {
+                            if phase == Some(true) { &mut c.prompt } else { &mut c.decode }.batches += 1;
+                        }
                     }
                 }
             }
