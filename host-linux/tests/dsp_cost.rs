@@ -39,7 +39,10 @@ fn the_cost_model_attributes_packets_to_batches_and_op_kinds() {
         let hvx = j[format!("{phase}_hvx_kernel_packets_per_token")].as_f64().unwrap();
         assert!(hvx > 0.0 && hvx < mm, "{phase}: HVX kernel packets {hvx} vs matmul {mm}: {j}");
     }
-    assert!(j["device_weight_bytes"].as_u64().unwrap() > 1 << 20, "{j}");
+    assert!(j["device_model_bytes"].as_u64().unwrap() > 1 << 20, "{j}");
+    // A generated token reads every matrix; the prompt's tokens share one read of them.
+    let (tg, pp) = (j["decode_bytes_per_token"].as_f64().unwrap(), j["prompt_bytes_per_token"].as_f64().unwrap());
+    assert!(tg > (1 << 20) as f64 && pp < tg / 4.0, "bytes per token: prompt {pp}, decode {tg}: {j}");
     let targets = j["targets"].as_array().unwrap();
     assert_eq!(targets.len(), 2, "{j}");
     for t in targets {

@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
+use keel_host_linux::cli::roofline::{bytes_per_token, TokenBytes};
 
 /// Op groups the firmware marks (`keel_cost_op_<name>`), in table order.
 const OPS: [&str; 9] = ["matmul", "attention", "rms_norm", "rope", "elementwise", "quantize", "copy", "get_rows", "recurrent"];
@@ -274,6 +275,17 @@ impl Drop for TempDir {
     }
 }
 
+/// Bytes per generated token (at positions `n_prompt ..`) and per prompt token (`0 ..`).
+fn model_bytes(path: &Path, n_prompt: usize, n_gen: usize) -> Result<(TokenBytes, TokenBytes)> {
+    let opened = keel_host_linux::cli::load::open(&path.to_string_lossy())?;
+    let g = opened.gguf()?;
+    let ctx = |e: keel_core::Error| anyhow::anyhow!("{}: {e}", path.display());
+    let hp = keel_core::model::HParams::from_gguf(&g).map_err(|e| ctx(e.into()))?;
+    let mut table: Vec<std::mem::MaybeUninit<keel_core::model::Layer<'_>>> = (0..hp.n_layer).map(|_| std::mem::MaybeUninit::uninit()).collect();
+    let model = keel_core::model::Model::load(&g, hp, &mut table).map_err(ctx)?;
+    Ok((bytes_per_token(&model, n_prompt, n_gen), bytes_per_token(&model, 0, n_prompt)))
+}
+
 trait NonBlock {
     fn custom_flags_nonblock(&mut self) -> &mut Self;
 }
@@ -288,7 +300,7 @@ impl NonBlock for std::fs::OpenOptions {
 fn report(a: &Args, run: &serde_json::Value, c: &Counts) -> Result<()> {
     let n_prompt = run["prompt_tokens"].as_array().map_or(0, Vec::len);
     let n_gen = run["generated"].as_array().map_or(0, Vec::len);
-    let weights = run["memory_breakdown"]
+    let device_bytes = run["memory_breakdown"]
         .as_array()
         .and_then(|v| v.iter().find(|d| d["device"].as_str().is_some_and(|s| s.starts_with("hexagon-sim"))))
         .and_then(|d| d["model"].as_u64())
@@ -304,13 +316,15 @@ fn report(a: &Args, run: &serde_json::Value, c: &Counts) -> Result<()> {
     let tg = per_tok(&c.decode, decode_steps);
     let (pp_tot, tg_tot) = (pp.iter().sum::<f64>(), tg.iter().sum::<f64>());
     let (pp_hvx, tg_hvx) = (c.prompt.hvx as f64 / n_prompt as f64, c.decode.hvx as f64 / decode_steps);
-    // Weight bytes read from memory per token: a forward pass reads each device weight
-    // once (a product's chunk of tiles serves every column of the batch from the cache,
-    // `tiles32::matmul`), so a prompt of n tokens in one pass reads them once for all n.
-    // (KV-cache reads, 2·layers·kv_heads·head_dim·2 bytes per position, are left out:
-    // small beside the weights at these contexts.)
-    let tg_bytes = weights as f64;
-    let pp_bytes = weights as f64 / n_prompt as f64;
+    // Bytes read from memory per token (`keel bench --roofline`'s count: matrix weights,
+    // norms, one embedding row, the KV rows attention reads at these positions). A forward
+    // pass reads each matrix once (a product's chunk of tiles serves every column of the
+    // batch from the cache, `tiles32::matmul`), so a prompt read in k passes (chunks)
+    // reads the weights k times for its n tokens.
+    let (tg_b, pp_b) = model_bytes(&a.model, n_prompt, n_gen)?;
+    let tg_bytes = tg_b.total() as f64;
+    let passes = c.prompt.forwards.max(1) as f64;
+    let pp_bytes = (pp_b.weights as f64 * passes) / n_prompt as f64 + (pp_b.small + pp_b.kv) as f64;
     let est = |t: &Target, packets: f64, mm: f64, bytes: f64| {
         let compute = t.clock_hz / packets;
         let all_ctx = t.clock_hz / (packets - mm + mm / f64::from(t.hvx_contexts));
@@ -334,8 +348,8 @@ fn report(a: &Args, run: &serde_json::Value, c: &Counts) -> Result<()> {
             "prompt_batches": c.prompt.batches, "decode_batches": c.decode.batches, "decode_steps": decode_steps, "setup_packets": c.setup,
             "prompt_packets_per_token": pp_tot, "decode_packets_per_token": tg_tot,
             "prompt_hvx_kernel_packets_per_token": pp_hvx, "decode_hvx_kernel_packets_per_token": tg_hvx,
-            "prompt_ops": ops(&pp), "decode_ops": ops(&tg), "device_weight_bytes": weights,
-            "prompt_weight_bytes_per_token": pp_bytes, "decode_weight_bytes_per_token": tg_bytes,
+            "prompt_ops": ops(&pp), "decode_ops": ops(&tg), "device_model_bytes": device_bytes,
+            "prompt_bytes_per_token": pp_bytes, "decode_bytes_per_token": tg_bytes, "prompt_passes": passes,
             "decode_over_prompt": tg_tot / pp_tot, "targets": targets, "assumptions": ASSUMPTIONS});
         println!("{j}");
         return Ok(());
@@ -344,7 +358,7 @@ fn report(a: &Args, run: &serde_json::Value, c: &Counts) -> Result<()> {
         "executed packets under qemu-hexagon -cpu {} ({model}): prompt {n_prompt} tokens in {} batches, {n_gen} generated ({} decode batches, {decode_steps} decode steps)",
         a.cpu, c.prompt.batches, c.decode.batches
     );
-    println!("| per token | {} | other | total | of which HVX kernels | weight bytes |", OPS.join(" | "));
+    println!("| per token | {} | other | total | of which HVX kernels | bytes read |", OPS.join(" | "));
     println!("|---|{}---|---|---|---|", "---|".repeat(OPS.len()));
     let row = |name: &str, v: &[f64], tot: f64, hvx: f64, bytes: f64| {
         let cells: Vec<String> = v.iter().map(|x| format!("{x:.0}")).collect();
