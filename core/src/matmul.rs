@@ -8,7 +8,7 @@
 use crate::ggml_type::GgmlType;
 use crate::model::Tensor;
 use crate::parallel::{split_range, Parallel};
-use crate::quant::{DotPairsFn, DotRowsFn, DotFn, Kernels, DOT_PAIRS_MAX, DOT_ROWS, DOT_TILE_MAX_ROWS, DOT_TILE_MAX_TOKENS};
+use crate::quant::{DotFn, DotPairsFn, DotRowsFn, Kernels, DOT_PAIRS_MAX, DOT_ROWS, DOT_TILE_MAX_ROWS, DOT_TILE_MAX_TOKENS};
 
 /// A pointer to a slice that several tasks write at disjoint indices.
 #[derive(Clone, Copy)]
