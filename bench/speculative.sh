@@ -8,7 +8,8 @@
 # usage: bench/speculative.sh [KEEL] [-- extra bench flags]
 #   env: THREADS (2), REPS (3), N_GEN (128; for the golden prompts), N_GEN_CODE (256; for
 #        the code-editing prompt, whose copying starts after some prose), SWEEP_LOOKUP (1..8), SWEEP_DRAFT (1..4),
-#        DRAFTERS ("lookup draft"), OUT (a scratch dir for the
+#        DRAFTERS ("lookup draft"), PROMPTS (all; code: bench/code-edit.txt only; golden:
+#        the golden prompts only), OUT (a scratch dir for the
 #        quantized files; default a temp dir, removed at exit)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -36,7 +37,11 @@ import json, sys
 for i, line in enumerate(open(sys.argv[1])):
     open(f"{sys.argv[2]}/prompt{i}.txt", "w").write(json.loads(line)["prompt"])
 PY
-prompts=("$root/bench/code-edit.txt" "$out"/prompt*.txt)
+case "${PROMPTS:-all}" in
+  code) prompts=("$root/bench/code-edit.txt") ;;
+  golden) prompts=("$out"/prompt*.txt) ;;
+  *) prompts=("$root/bench/code-edit.txt" "$out"/prompt*.txt) ;;
+esac
 for p in "${prompts[@]}"; do
   for drafter in ${DRAFTERS:-lookup draft}; do
     echo

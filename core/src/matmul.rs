@@ -8,7 +8,7 @@
 use crate::ggml_type::GgmlType;
 use crate::model::Tensor;
 use crate::parallel::{split_range, Parallel};
-use crate::quant::{Kernels, DOT_ROWS, DOT_TILE_MAX_ROWS, DOT_TILE_MAX_TOKENS};
+use crate::quant::{DotFn, DotPairsFn, DotRowsFn, Kernels, DOT_PAIRS_MAX, DOT_ROWS, DOT_TILE_MAX_ROWS, DOT_TILE_MAX_TOKENS};
 
 /// A pointer to a slice that several tasks write at disjoint indices.
 #[derive(Clone, Copy)]
@@ -116,6 +116,12 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
     // Groups of DOT_ROWS rows per token where no tile applies (decode, short batches),
     // each output the bits of `dot` (see `Kernels::dot_rows_fn`).
     let rows_fn = k.dot_rows_fn(w.ty);
+    // Short batches (4..=9 tokens: speculative verification) where the type has a pairs
+    // kernel: the weights read once for every token, as decode reads them.
+    if let (Some(pairs_fn), Some(rows_fn), true) = (k.dot_pairs_fn(w.ty), rows_fn, (SHORT_MIN..=2 * DOT_PAIRS_MAX + 1).contains(&n) && !no_pairs()) {
+        let short = Short { pairs_fn, rows_fn, dot, w, xq, rb, n };
+        return par.run(tasks, &|t| short.rows(split_range(rows, tasks, t), &out));
+    }
     par.run(tasks, &|t| {
         let range = split_range(rows, tasks, t);
         let mut i0 = 0;
@@ -187,6 +193,69 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
             i0 = i1;
         }
     });
+}
+
+/// Benchmarks compare the short-batch path with the general one (`quant::bench`).
+#[cfg(test)]
+pub(crate) static NO_PAIRS: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+#[inline]
+fn no_pairs() -> bool {
+    #[cfg(test)]
+    return NO_PAIRS.load(core::sync::atomic::Ordering::Relaxed);
+    #[cfg(not(test))]
+    false
+}
+
+/// The fewest tokens that take the pairs kernel: with one pair it is no faster than the
+/// 8-row kernel once per token (`quant::bench::bench_matmul_short`).
+const SHORT_MIN: usize = 4;
+
+/// A short batch's kernels and operands (see [`matmul_as`]).
+struct Short<'s, 'w> {
+    pairs_fn: DotPairsFn,
+    rows_fn: DotRowsFn,
+    dot: DotFn,
+    w: &'s Tensor<'w>,
+    xq: &'s [u8],
+    rb: usize,
+    n: usize,
+}
+
+impl Short<'_, '_> {
+    /// Weight rows `range` against every token: groups of [`DOT_ROWS`] rows by the pairs
+    /// kernel (the next group prefetched) and, for an odd last token, the 8-row kernel;
+    /// rows after the last whole group pair by pair. Each output is `dot`'s bits.
+    fn rows(&self, range: core::ops::Range<usize>, out: &SharedMut<f32>) {
+        let (w, xq, rb, n) = (self.w, self.xq, self.rb, self.n);
+        let (rows, wrb, cols, pairs) = (w.rows, w.row_bytes(), w.cols, n / 2);
+        let nr = range.len() - range.len() % DOT_ROWS;
+        let mut o = [0.0f32; 2 * DOT_PAIRS_MAX * DOT_ROWS];
+        for r in (range.start..range.start + nr).step_by(DOT_ROWS) {
+            prefetch(w.data.as_ptr().wrapping_add((r + DOT_ROWS) * wrb), DOT_ROWS * wrb);
+            let g = &w.data[r * wrb..(r + DOT_ROWS) * wrb];
+            (self.pairs_fn)(cols, g, wrb, DOT_ROWS, &xq[..2 * pairs * rb], rb, pairs, &mut o[..2 * pairs * DOT_ROWS], DOT_ROWS);
+            for (i, orow) in o[..2 * pairs * DOT_ROWS].chunks_exact(DOT_ROWS).enumerate() {
+                // SAFETY: elements (i, r..r + DOT_ROWS) are written by the one task owning
+                // those rows.
+                unsafe { out.slice(i * rows + r, DOT_ROWS) }.copy_from_slice(orow);
+            }
+            if n % 2 == 1 {
+                let mut o1 = [0.0f32; DOT_ROWS];
+                (self.rows_fn)(cols, g, wrb, &xq[(n - 1) * rb..n * rb], &mut o1);
+                // SAFETY: as above.
+                unsafe { out.slice((n - 1) * rows + r, DOT_ROWS) }.copy_from_slice(&o1);
+            }
+        }
+        for r in range.start + nr..range.end {
+            let wrow = &w.data[r * wrb..(r + 1) * wrb];
+            for i in 0..n {
+                let v = (self.dot)(cols, wrow, &xq[i * rb..(i + 1) * rb]);
+                // SAFETY: element (i, r) is written by the one task owning row r.
+                unsafe { out.slice(i * rows + r, 1)[0] = v };
+            }
+        }
+    }
 }
 
 /// [`matmul`] with llama.cpp's per-token kernel choice.

@@ -382,10 +382,13 @@ struct Recent {
     accepted: f32,
     seen: f32,
     idle: u32,
+    probe_after: u32,
 }
 
-/// Steps without drafting before a one-token probe.
+/// Steps without drafting before the first one-token probe.
 const PROBE_EVERY: u32 = 8;
+/// The most steps without drafting between probes.
+const PROBE_MAX: u32 = 64;
 /// The least expected speed-up (tokens per unit of cost over plain decoding's) for which
 /// the adaptive length drafts.
 const MIN_GAIN: f32 = 1.1;
@@ -490,11 +493,17 @@ impl<'a> Speculator<'a> {
             return 0;
         }
         if best_k == 0 {
+            // A one-token probe after PROBE_EVERY idle steps, then after twice as many each
+            // time a probe finds no gain (up to PROBE_MAX): what probing costs where
+            // drafting never pays stays within a few percent.
             self.recent.idle += 1;
-            if self.recent.idle >= PROBE_EVERY {
+            if self.recent.idle >= self.recent.probe_after.max(PROBE_EVERY) {
                 self.recent.idle = 0;
+                self.recent.probe_after = (self.recent.probe_after.max(PROBE_EVERY) * 2).min(PROBE_MAX);
                 return 1;
             }
+        } else {
+            self.recent.probe_after = PROBE_EVERY;
         }
         best_k
     }
@@ -628,16 +637,22 @@ mod tests {
     fn adaptive_length_follows_acceptance_and_cost() {
         // Free drafts: high acceptance drafts the most, low acceptance stops (then probes).
         with_speculator(SpecConfig { n_max: 6, ..SpecConfig::default() }, |sp| {
-            sp.recent = Recent { accepted: 50.0, seen: 50.0, idle: 0 };
+            sp.recent = Recent { accepted: 50.0, seen: 50.0, ..Recent::default() };
             assert_eq!(sp.draft_len(), 6);
-            sp.recent = Recent { accepted: 0.0, seen: 50.0, idle: 0 };
+            sp.recent = Recent { accepted: 0.0, seen: 50.0, ..Recent::default() };
             let lens: [usize; PROBE_EVERY as usize] = core::array::from_fn(|_| sp.draft_len());
             assert_eq!(lens.iter().filter(|&&k| k == 0).count(), PROBE_EVERY as usize - 1);
             assert_eq!(lens[PROBE_EVERY as usize - 1], 1, "a probe after {PROBE_EVERY} idle steps");
+            // Probes that find nothing come half as often each time, down to one in PROBE_MAX.
+            let mut gaps = [0usize; 4];
+            for g in gaps.iter_mut() {
+                *g = 1 + (0..1000).take_while(|_| sp.draft_len() == 0).count();
+            }
+            assert_eq!(gaps, [16, 32, 64, 64]);
         });
         // A draft nearly as slow as the target is never tried, even at full acceptance.
         with_speculator(SpecConfig { n_max: 6, draft_cost: 0.8, ..SpecConfig::default() }, |sp| {
-            sp.recent = Recent { accepted: 50.0, seen: 50.0, idle: 0 };
+            sp.recent = Recent { accepted: 50.0, seen: 50.0, ..Recent::default() };
             assert!((0..40).all(|_| sp.draft_len() == 0));
         });
         // Fixed length: always n_max.

@@ -156,3 +156,116 @@ fn bench_attention() {
         }
     }
 }
+
+/// This thread's CPU time in seconds (so that time the shared machine gives to others
+/// does not count).
+fn thread_cpu_s() -> f64 {
+    #[repr(C)]
+    struct Ts {
+        s: i64,
+        ns: i64,
+    }
+    extern "C" {
+        fn clock_gettime(clk: i32, ts: *mut Ts) -> i32;
+    }
+    let mut ts = Ts { s: 0, ns: 0 };
+    // SAFETY: a valid pointer to a timespec; CLOCK_THREAD_CPUTIME_ID is 3 on Linux.
+    unsafe { clock_gettime(3, &mut ts) };
+    ts.s as f64 + ts.ns as f64 * 1e-9
+}
+
+/// `cargo test -p keel-core --release quant::bench::bench_matmul_short -- --ignored --nocapture`:
+/// CPU time per `matmul::matmul` on one thread of short batches (1..=9 tokens, as
+/// speculative verification runs them) against a Q8_0 / Q4_0 matrix of 576 columns
+/// streamed from memory (~100 MiB, as in decode), relative to one token; batch sizes
+/// interleaved, best of 7.
+#[test]
+#[ignore]
+fn bench_matmul_short() {
+    use crate::matmul::{matmul, quantize_rows};
+    use crate::model::Tensor;
+    use crate::parallel::Sequential;
+    let mut rng = Rng::new(11);
+    for k in super::tests::fast_kernel_sets() {
+        for wtype in [Q8_0, Q4_0] {
+            let cols = 576usize;
+            let wrb = wtype.row_bytes(cols as u64).unwrap() as usize;
+            let rows = (100usize << 20) / wrb / 64 * 64;
+            let mut w = std::vec![0u8; rows * wrb];
+            let mut row = std::vec![0u8; wrb];
+            for r in 0..rows {
+                if r < 64 {
+                    quantize_row_ref(wtype, &random_row(&mut rng, cols), &mut row).unwrap();
+                }
+                w[r * wrb..(r + 1) * wrb].copy_from_slice(&row);
+            }
+            let atype = Kernels::vec_dot_type(wtype).unwrap();
+            let t = Tensor { ty: wtype, cols, rows, data: &w };
+            let x: Vec<f32> = (0..9).flat_map(|_| random_row(&mut rng, cols)).collect();
+            let mut a = std::vec![0u8; 9 * atype.row_bytes(cols as u64).unwrap() as usize];
+            quantize_rows(&k, &Sequential, atype, &x, 9, cols, &mut a);
+            let mut out = std::vec![0.0f32; 9 * rows];
+            let mut best = [[f64::MAX; 9]; 2];
+            for _ in 0..7 {
+                for n in 1..=9usize {
+                    for (j, b) in best.iter_mut().enumerate() {
+                        crate::matmul::NO_PAIRS.store(j == 1, core::sync::atomic::Ordering::Relaxed);
+                        let t0 = thread_cpu_s();
+                        matmul(&k, &Sequential, &t, black_box(&a), n, &mut out);
+                        b[n - 1] = b[n - 1].min(thread_cpu_s() - t0);
+                    }
+                }
+            }
+            crate::matmul::NO_PAIRS.store(false, core::sync::atomic::Ordering::Relaxed);
+            black_box(&out);
+            for n in 1..=9 {
+                let [p, g] = [best[0][n - 1], best[1][n - 1]];
+                println!("{:>5} {:>9} {rows}x{cols} x {n}: {:7.3} ms CPU, {:.2}x one token (general path: {:.2}x)", GgmlType::name(wtype), k.name(), p * 1e3, p / best[0][0], g / best[0][0]);
+            }
+        }
+    }
+}
+
+/// `cargo test -p keel-core --release quant::bench::bench_short_kernels -- --ignored --nocapture`:
+/// ns per (row, token, block) of the 8-row kernel and the tile kernel of Q8_0 with
+/// everything in L1, best of many short runs.
+#[test]
+#[ignore]
+fn bench_short_kernels() {
+    let mut rng = Rng::new(12);
+    let (cols, ty) = (576usize, Q8_0);
+    let nb = cols / 32;
+    let wrb = ty.row_bytes(cols as u64).unwrap() as usize;
+    let mut w = std::vec![0u8; 8 * wrb];
+    for r in 0..8 {
+        quantize_row_ref(ty, &random_row(&mut rng, cols), &mut w[r * wrb..(r + 1) * wrb]).unwrap();
+    }
+    let mut a = std::vec![0u8; 16 * wrb];
+    for t in 0..16 {
+        fast_kernels().unwrap().quantize_activations(Q8_0, &random_row(&mut rng, cols), &mut a[t * wrb..(t + 1) * wrb]).unwrap();
+    }
+    for k in super::tests::fast_kernel_sets() {
+        let best = |f: &dyn Fn()| {
+            let mut b = u128::MAX;
+            for _ in 0..2000 {
+                let t0 = Instant::now();
+                for _ in 0..20 {
+                    f();
+                }
+                b = b.min(t0.elapsed().as_nanos());
+            }
+            b as f64 / 20.0
+        };
+        if let Some(rows) = k.dot_rows_fn(ty) {
+            let mut o = [0.0f32; DOT_ROWS];
+            let t = best(&|| rows(cols, black_box(&w), wrb, black_box(&a), black_box(&mut o.clone())));
+            black_box(&mut o);
+            println!("{} rows 8x1: {:.3} ns per (row, token, block)", k.name(), t / (8 * nb) as f64);
+        }
+        if let Some(tile) = k.dot_tile_fn(ty) {
+            let o = std::vec![0.0f32; tile.tokens * tile.rows];
+            let t = best(&|| (tile.f)(cols, black_box(&w), wrb, tile.rows, black_box(&a), wrb, black_box(&mut o.clone()), tile.rows));
+            println!("{} tile {}x{}: {:.3} ns per (row, token, block)", k.name(), tile.rows, tile.tokens, t / (tile.rows * tile.tokens * nb) as f64);
+        }
+    }
+}

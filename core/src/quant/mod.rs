@@ -153,6 +153,16 @@ pub type DotFn = fn(n: usize, w: &[u8], a: &[u8]) -> f32;
 /// output and `ostride >= rows` (checked: a short slice or a bad `rows` panics).
 pub type DotTileFn = fn(n: usize, w: &[u8], wrow: usize, rows: usize, a: &[u8], arow: usize, out: &mut [f32], ostride: usize);
 
+/// Short batches (speculative verification): `out[t * ostride + r] = dot(n, w[r * wrow..],
+/// a[t * arow..])` for `r < rows` (a multiple of 4) and `t < 2·pairs` tokens, `pairs` in
+/// `1..=`[`DOT_PAIRS_MAX`], the weights read once for every token; each output the bits
+/// of [`Kernels::dot_fn`] for its pair (see [`Kernels::dot_pairs_fn`]). Contract as
+/// [`DotTileFn`] (a short slice or a bad shape panics).
+pub type DotPairsFn = fn(n: usize, w: &[u8], wrow: usize, rows: usize, a: &[u8], arow: usize, pairs: usize, out: &mut [f32], ostride: usize);
+
+/// The most token pairs a [`DotPairsFn`] takes.
+pub const DOT_PAIRS_MAX: usize = 4;
+
 /// A tile kernel and its shape.
 #[derive(Clone, Copy, Debug)]
 pub struct DotTile {
@@ -343,6 +353,8 @@ pub(crate) struct KernelTable {
     pub(crate) dot_rows: PerType<Option<DotRowsFn>>,
     /// [`Kernels::dot_tile_fn`].
     pub(crate) dot_tile: PerType<Option<DotTile>>,
+    /// [`Kernels::dot_pairs_fn`].
+    pub(crate) dot_pairs: PerType<Option<DotPairsFn>>,
     /// [`Kernels::dot_fn_in_batch`]: llama.cpp's `vec_dot` order where keel's dot follows
     /// its repacked one (Q4_0).
     pub(crate) dot_lanes: PerType<Option<DotFn>>,
@@ -406,6 +418,7 @@ pub(crate) const REFERENCE: KernelTable = KernelTable {
     },
     dot_rows: PerType::splat(None),
     dot_tile: PerType::splat(None),
+    dot_pairs: PerType::splat(None),
     dot_lanes: PerType { q4_0: Some(scalar::vec_dot_q4_0_q8_0_lanes), ..PerType::splat(None) },
     dot_gemm: PerType { q2_k: Some(scalar_k::vec_dot_q2_k_q8_k_gemm), q4_k: Some(scalar_k::vec_dot_q4_k_q8_k_gemm), ..PerType::splat(None) },
     dot_tiled: PerType {
@@ -655,6 +668,14 @@ impl Kernels {
     /// versions and larger Q4_0 and Q4_K tiles), Q4_K and Q6_K (one row × several tokens).
     pub fn dot_tile_fn(&self, wtype: GgmlType) -> Option<DotTile> {
         self.t.dot_tile.get(wtype)
+    }
+
+    /// A short-batch version of [`Kernels::dot_fn`]`(wtype)` ([`DotPairsFn`]): every
+    /// output has the bits that dot gives for its (row, token) pair, so a matmul of 2 to
+    /// 9 tokens may use it for token pairs and the 8-row kernel for an odd last token.
+    /// `None` where there is none: for now x86's Q8_0 with AVX-512 VNNI.
+    pub fn dot_pairs_fn(&self, wtype: GgmlType) -> Option<DotPairsFn> {
+        self.t.dot_pairs.get(wtype)
     }
 
     /// `gate[i] = silu(gate[i]) * up[i]` with llama.cpp's vectorized exponential

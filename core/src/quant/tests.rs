@@ -658,6 +658,99 @@ fn dot_tiles_give_each_dots_bits() {
     let _ = checked;
 }
 
+/// The short-batch kernels give every (row, token) the bits of its single dot (every
+/// pair count, 4 to 20 rows, odd strides, random lengths).
+#[test]
+fn dot_pairs_give_each_dots_bits() {
+    let sets = fast_kernel_sets();
+    let mut rng = Rng::new(23);
+    let mut checked = 0;
+    for k in &sets {
+        let Some(pairs_fn) = k.dot_pairs_fn(Q8_0) else { continue };
+        let dot = k.dot_fn(Q8_0).unwrap();
+        for i in 0..60 {
+            let n = random_n(&mut rng, Q8_0, i);
+            let (pairs, rows) = (1 + i % DOT_PAIRS_MAX, 4 * (1 + i % 5));
+            let (wrow, arow) = (bytes_of(Q8_0, n) + i % 3, bytes_of(Q8_0, n) + 2 * (i % 4));
+            let mut w = vec![0u8; rows * wrow];
+            for r in 0..rows {
+                let q = quantized(Q8_0, &random_row(&mut rng, n));
+                w[r * wrow..r * wrow + q.len()].copy_from_slice(&q);
+            }
+            let mut a = vec![0u8; 2 * pairs * arow];
+            for t in 0..2 * pairs {
+                let q = activations(k, Q8_0, &random_row(&mut rng, n));
+                a[t * arow..t * arow + q.len()].copy_from_slice(&q);
+            }
+            let ostride = rows + i % 3;
+            let mut out = vec![f32::NAN; 2 * pairs * ostride];
+            pairs_fn(n, &w, wrow, rows, &a, arow, pairs, &mut out, ostride);
+            for r in 0..rows {
+                for t in 0..2 * pairs {
+                    let want = dot(n, &w[r * wrow..], &a[t * arow..]);
+                    assert_eq!(out[t * ostride + r].to_bits(), want.to_bits(), "{} n={n} pairs={pairs} r={r} t={t}", k.name());
+                }
+            }
+            checked += 1;
+        }
+    }
+    // The AVX-512 VNNI set has them wherever this CPU has VNNI.
+    #[cfg(target_arch = "x86_64")]
+    assert_eq!(checked, 60 * (sets.len() - 1), "Q8_0 pairs kernels checked");
+    let _ = checked;
+}
+
+/// A matmul of 1 to 17 tokens gives each token the bits of that token alone, on one
+/// thread and on several (whatever path the batch takes: 8-row kernel, pairs, tiles),
+/// for the types with short-batch or tile kernels; row counts not a multiple of 8.
+#[test]
+fn matmul_rows_do_not_depend_on_the_batch() {
+    use crate::matmul::{matmul, quantize_rows};
+    use crate::model::Tensor;
+    use crate::parallel::{Parallel, Sequential};
+    /// Runs the tasks one after another in reverse (as threads may, in any order).
+    struct Reversed(usize);
+    impl Parallel for Reversed {
+        fn n_threads(&self) -> usize {
+            self.0
+        }
+        fn run(&self, n_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+            (0..n_tasks).rev().for_each(task)
+        }
+    }
+    let mut rng = Rng::new(24);
+    for k in fast_kernel_sets() {
+        for ty in [Q8_0, Q4_0, Q4_1] {
+            let (rows, cols) = (76usize, 96usize);
+            let wrb = bytes_of(ty, cols);
+            let mut w = vec![0u8; rows * wrb];
+            for r in 0..rows {
+                let q = quantized(ty, &random_row(&mut rng, cols));
+                w[r * wrb..(r + 1) * wrb].copy_from_slice(&q);
+            }
+            let t = Tensor { ty, cols, rows, data: &w };
+            let vdt = Kernels::vec_dot_type(ty).unwrap();
+            let rb = bytes_of(vdt, cols);
+            let x: Vec<f32> = (0..17).flat_map(|_| random_row(&mut rng, cols)).collect();
+            let mut a = vec![0u8; 17 * rb];
+            quantize_rows(&k, &Sequential, vdt, &x, 17, cols, &mut a);
+            let mut one = vec![0.0f32; 17 * rows];
+            for i in 0..17 {
+                matmul(&k, &Sequential, &t, &a[i * rb..(i + 1) * rb], 1, &mut one[i * rows..(i + 1) * rows]);
+            }
+            for n in 1..=17 {
+                for par in [&Sequential as &dyn Parallel, &Reversed(2), &Reversed(3)] {
+                    let mut out = vec![f32::NAN; n * rows];
+                    matmul(&k, par, &t, &a[..n * rb], n, &mut out);
+                    for (j, (o, e)) in out.iter().zip(&one).enumerate() {
+                        assert_eq!(o.to_bits(), e.to_bits(), "{} {ty} batch of {n}, token {} row {}, {} tasks", k.name(), j / rows, j % rows, par.n_threads());
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The 8-row kernels give every row the bits of its single dot (odd row strides, random
 /// lengths, every type that has one).
 #[test]

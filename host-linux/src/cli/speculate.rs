@@ -85,9 +85,9 @@ impl SpecOptions {
         Ok(Some(SpecOptions { draft_model, n_max, fixed, draft_devices: OffloadOptions { devices, policy } }))
     }
 
-    /// The core's settings; `draft_cost` is the draft's weight bytes over the target's.
-    pub fn config(&self, draft_cost: f32) -> SpecConfig {
-        SpecConfig { n_max: self.n_max, adaptive: !self.fixed, draft_cost, ..SpecConfig::default() }
+    /// The core's settings, with the costs [`measure_costs`] found.
+    pub fn config(&self, costs: &Costs) -> SpecConfig {
+        costs.config(self.n_max, !self.fixed)
     }
 
     /// `draft <file>` or `lookup`.
@@ -171,24 +171,57 @@ pub fn draft_engine<'a>(g: &Gguf<'a>, path: &Path, loaded: &'a mut Loaded, refer
     Ok(de)
 }
 
-/// The draft model's cost per token relative to the target's, for the adaptive draft
-/// length: the fastest of 5 interleaved one-token forward passes of each on the CPU
-/// (both sessions are started over afterwards).
-pub fn measure_draft_cost(e: &mut Engine<'_>, de: &mut Engine<'_>, pool: &crate::pool::ThreadPool) -> Result<f32> {
-    let time = |e: &mut Engine<'_>| -> Result<f64> {
+/// What a draft token and a verify batch cost on this machine, relative to one
+/// one-token forward pass of the target (the adaptive draft length's cost model).
+#[derive(Clone, Copy, Debug)]
+pub struct Costs {
+    /// A draft model's one-token pass (0 for prompt lookup).
+    pub draft: f32,
+    /// A verify batch of two or more tokens, beyond one pass and `verify` per draft.
+    pub verify_base: f32,
+    /// One more draft in the verify batch.
+    pub verify: f32,
+}
+
+impl Costs {
+    /// The core's settings for `n_max` drafts per step, fixed or adaptive.
+    pub fn config(&self, n_max: usize, adaptive: bool) -> SpecConfig {
+        SpecConfig { n_max, adaptive, draft_cost: self.draft, verify_base: self.verify_base, verify_cost: self.verify }
+    }
+}
+
+/// Measures [`Costs`] for drafting up to `n_max` tokens: the fastest of 3 interleaved
+/// timings each of the target's one-token pass, its verify batches of 2 and `n_max + 1`
+/// (at most 9) tokens (logits for every row) and the draft model's one-token pass; the
+/// batch costs as a line through the two batches (both sessions are started over
+/// afterwards).
+pub fn measure_costs(e: &mut Engine<'_>, mut de: Option<&mut Engine<'_>>, pool: &crate::pool::ThreadPool, n_max: usize) -> Result<Costs> {
+    let toks = [0u32; 9];
+    let time = |e: &mut Engine<'_>, n: usize| -> Result<f64> {
         e.reset();
         let t = Instant::now();
-        e.eval(&[0], Outputs::Last, pool)?;
+        e.eval(&toks[..n], if n > 1 { Outputs::All } else { Outputs::Last }, pool)?;
         Ok(t.elapsed().as_secs_f64())
     };
-    let (mut target, mut draft) = (f64::MAX, f64::MAX);
-    for _ in 0..5 {
-        target = target.min(time(e)?);
-        draft = draft.min(time(de)?);
+    let big = (n_max + 1).clamp(2, 9);
+    let (mut one, mut two, mut many, mut draft) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
+    for _ in 0..3 {
+        one = one.min(time(e, 1)?);
+        two = two.min(time(e, 2)?);
+        many = many.min(time(e, big)?);
+        if let Some(de) = de.as_deref_mut() {
+            draft = draft.min(time(de, 1)?);
+        }
     }
     e.reset();
-    de.reset();
-    Ok((draft / target.max(1e-9)) as f32)
+    if let Some(de) = de {
+        de.reset();
+    }
+    let one = one.max(1e-9);
+    let verify = if big > 2 { ((many - two) / (big - 2) as f64 / one).max(0.0) } else { 0.0 };
+    let verify_base = if big > 2 { (two / one - 1.0 - verify).max(0.0) } else { (two / one - 1.0).max(0.0) };
+    let draft = if draft == f64::MAX { 0.0 } else { draft / one };
+    Ok(Costs { draft: draft as f32, verify_base: verify_base as f32, verify: verify.min(2.0) as f32 })
 }
 
 /// Plain greedy generation of up to `n` tokens after `prompt` (stopping at the end of
@@ -278,18 +311,15 @@ pub fn sweep(a: &super::bench::BenchArgs, range: &str) -> Result<()> {
         (Some(dg), Some(o), Some(l)) => Some(draft_engine(dg, &o.path, l, opts.reference, greedy, &e, &opened.path)?),
         _ => None,
     };
-    let draft_cost = match de.as_mut() {
-        Some(de) => measure_draft_cost(&mut e, de, pool)?,
-        None => 0.0,
-    };
+    let costs = measure_costs(&mut e, de.as_mut(), pool, hi)?;
     let mut plan = keel_core::arena::Plan::empty();
     keel_core::speculative::plan(&mut plan, e.n_vocab(), opts.n_ctx, hi)?;
     let mut mem = vec![0u8; plan.total_bytes()];
 
     // Rows: plain, each fixed n_max, adaptive (up to hi).
     let configs: Vec<Option<SpecConfig>> = std::iter::once(None)
-        .chain((lo..=hi).map(|n| Some(SpecConfig { n_max: n, adaptive: false, draft_cost, ..SpecConfig::default() })))
-        .chain(std::iter::once(Some(SpecConfig { n_max: hi, adaptive: true, draft_cost, ..SpecConfig::default() })))
+        .chain((lo..=hi).map(|n| Some(costs.config(n, false))))
+        .chain(std::iter::once(Some(costs.config(hi, true))))
         .collect();
     // Each speculative run is paired with a plain run just before it, and its speed-up is
     // taken against that one (the load of a shared machine drifts); each repetition

@@ -187,6 +187,46 @@ tile_wrapper!(/// AVX2 Q4_0 · Q8_0 tile (each output as [`vec_dot_q4_0_q8_0`]).
 tile_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0 tile (each output as [`vec_dot_q4_0_q8_0`]); only handed
     /// out after [`cpu_has_avx512_vnni`].
     tile_q4_0_q8_0_vnni, panel qtile::q4_0_q8_0_zmm, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_TILE_TOKENS_VNNI, cpu_has_avx512_vnni);
+
+/// AVX-512 VNNI Q8_0 · Q8_0 for short batches ([`crate::quant::DotPairsFn`]): `rows` (a
+/// multiple of 4) × `2·pairs` tokens (1..=[`qtile::PAIRS_MAX`] pairs), each output as
+/// [`vec_dot_q8_0_q8_0`]; only handed out after [`cpu_has_avx512_vnni`]. Eight rows per
+/// call of the kernel where one or two pairs leave the registers room, else four.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn pairs_q8_0_q8_0_vnni(n: usize, w: &[u8], wrow: usize, rows: usize, a: &[u8], arow: usize, pairs: usize, out: &mut [f32], ostride: usize) {
+    let nb = n / 32;
+    debug_assert!(n % 32 == 0, "dot pairs: n = {n} is not a multiple of the block size 32");
+    let tokens = 2 * pairs;
+    assert!(
+        (1..=qtile::PAIRS_MAX).contains(&pairs)
+            && rows >= 4
+            && rows.is_multiple_of(4)
+            && w.len() >= (rows - 1) * wrow + nb * 34
+            && a.len() >= (tokens - 1) * arow + nb * 34
+            && out.len() >= (tokens - 1) * ostride + rows
+            && ostride >= rows,
+        "dot pairs: slices too short or bad shape"
+    );
+    // SAFETY: only handed out after cpu_has_avx512_vnni() (module contract); every
+    // group's blocks and outputs lie inside w, a and out (checked above).
+    unsafe {
+        let (w, a, out) = (w.as_ptr(), a.as_ptr(), out.as_mut_ptr());
+        let mut g = 0;
+        while g < rows {
+            let (wg, og) = (w.add(g * wrow), out.add(g));
+            let eight = rows - g >= 8;
+            match (pairs, eight) {
+                (1, true) => qtile::q8_0_q8_0_pairs_zmm::<8, 1>(nb, wg, wrow, a, arow, og, ostride),
+                (2, true) => qtile::q8_0_q8_0_pairs_zmm::<8, 2>(nb, wg, wrow, a, arow, og, ostride),
+                (1, false) => qtile::q8_0_q8_0_pairs_zmm::<4, 1>(nb, wg, wrow, a, arow, og, ostride),
+                (2, false) => qtile::q8_0_q8_0_pairs_zmm::<4, 2>(nb, wg, wrow, a, arow, og, ostride),
+                (3, _) => qtile::q8_0_q8_0_pairs_zmm::<4, 3>(nb, wg, wrow, a, arow, og, ostride),
+                _ => qtile::q8_0_q8_0_pairs_zmm::<4, 4>(nb, wg, wrow, a, arow, og, ostride),
+            }
+            g += if eight && pairs <= 2 { 8 } else { 4 };
+        }
+    }
+}
 pub(crate) use kdot::{KTILE_TOKENS, Q4_K_TILE_ROWS, Q4_K_TILE_TOKENS};
 pub(crate) use qtile::{Q4_0_TILE_ROWS, Q4_0_TILE_TOKENS, Q4_0_TILE_TOKENS_VNNI, TILE_ROWS, TILE_TOKENS, ZMM_TILE_TOKENS};
 
@@ -347,6 +387,7 @@ const fn build(flags: usize) -> KernelTable {
     t.dot_rows.iq4_nl = Some(rows_iq4_nl_q8_0);
     t.dot_rows.mxfp4 = Some(rows_mxfp4_q8_0);
     let (tile_tokens, tile_tokens_q4_0) = if vnni { (ZMM_TILE_TOKENS, Q4_0_TILE_TOKENS_VNNI) } else { (TILE_TOKENS, Q4_0_TILE_TOKENS) };
+    t.dot_pairs.q8_0 = if vnni { Some(pairs_q8_0_q8_0_vnni) } else { None };
     t.dot_tile.q8_0 = DotTile::entry(if vnni { tile_q8_0_q8_0_vnni } else { tile_q8_0_q8_0 }, TILE_ROWS, tile_tokens);
     t.dot_tile.q5_0 = DotTile::entry(if vnni { tile_q5_0_q8_0_vnni } else { tile_q5_0_q8_0 }, TILE_ROWS, tile_tokens);
     t.dot_tile.q4_1 = DotTile::entry(if vnni { tile_q4_1_q8_1_vnni } else { tile_q4_1_q8_1 }, TILE_ROWS, tile_tokens);

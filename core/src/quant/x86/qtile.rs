@@ -554,3 +554,57 @@ pub(super) unsafe fn q4_1_q8_1_zmm(nb: usize, w: *const u8, wrow: usize, a: *con
         lane_tile_zmm_out!(acc, summs, true, out, ostride);
     }
 }
+
+/// Most token pairs of [`q8_0_q8_0_pairs_zmm`].
+pub(crate) const PAIRS_MAX: usize = 4;
+
+/// Q8_0 · Q8_0 for short batches (speculative verification), AVX-512 VNNI: `R` weight
+/// rows × `P` token pairs (tokens `2p`, `2p + 1` in the halves of a 512-bit vector, as
+/// [`lane_tile_zmm`] holds them), the weights read once for all tokens. Per block: each
+/// token pair's activations with their sign bits flipped (`y + 128`, unsigned) and its
+/// scales `[da_2p ×8 | da_2p+1 ×8]`; per row the weight broadcast to both halves, the
+/// correction `-128·Σ x` per lane, `dw`; per (row, pair) the lanes `Σ x·(y + 128) - 128·Σ x`
+/// (the exact integer lanes of the single dot), `d = dw·da` and
+/// `acc = fma(d, f32(lanes), acc)`: the dot's operations per pair in block order, so each
+/// output has `qdot::q8_0_q8_0`'s bits (the halves summed by `hsum_ps` as in the dot).
+/// Output (row r, token t) at `out[t * ostride + r]`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn q8_0_q8_0_pairs_zmm<const R: usize, const P: usize>(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: R rows of nb blocks from w (stride wrow), 2P activation rows of nb blocks
+    // from a (stride arow), outputs (t < 2P, r < R) writable (the wrapper's checks);
+    // layout d@0 qs@2 for both.
+    unsafe {
+        let (flip, zero) = (_mm512_set1_epi8(-128), _mm512_setzero_si512());
+        // The f16 at p as f32 (F16C: exact).
+        let h = |p: *const u8| _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(core::ptr::read_unaligned(p.cast::<u16>()) as i32)));
+        let mut acc = [[_mm512_setzero_ps(); P]; R];
+        for i in 0..nb {
+            let mut y = [zero; P];
+            let mut da = [_mm512_setzero_ps(); P];
+            for p in 0..P {
+                let (a0, a1) = (a.add(2 * p * arow + i * 34), a.add((2 * p + 1) * arow + i * 34));
+                y[p] = _mm512_xor_si512(pair512(a0.add(2), a1.add(2)), flip);
+                let lo = _mm512_castps256_ps512(_mm256_set1_ps(h(a0)));
+                da[p] = _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castps_pd(lo), _mm256_castps_pd(_mm256_set1_ps(h(a1)))));
+            }
+            for r in 0..R {
+                let wb = w.add(r * wrow + i * 34);
+                let x = _mm512_broadcast_i64x4(_mm256_loadu_si256(wb.add(2).cast()));
+                let c = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, flip, x));
+                let dw = _mm512_set1_ps(h(wb));
+                for p in 0..P {
+                    acc[r][p] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da[p]), _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c, y[p], x)), acc[r][p]);
+                }
+            }
+        }
+        for r in 0..R {
+            for p in 0..P {
+                let v = acc[r][p];
+                let halves = [_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))];
+                for (hf, half) in halves.into_iter().enumerate() {
+                    *out.add((2 * p + hf) * ostride + r) = hsum_ps(half);
+                }
+            }
+        }
+    }
+}
