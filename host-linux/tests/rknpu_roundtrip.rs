@@ -5,7 +5,7 @@
 //! are the ones the shape asks for, checked field by field from the shape itself.
 
 use keel_host_linux::device::rknpu::conv::{self, Addrs, Quant, Tail, CBUF_ENTRIES_PER_BANK, CBUF_ENTRY_BYTES, TASK_ENTRIES, TASK_STRIDE};
-use keel_host_linux::device::rknpu::{gemm, pack};
+use keel_host_linux::device::rknpu::{gemm, pack, regcmd};
 
 const SHAPES: [(u32, u32, u32); 24] = [
     (1, 64, 64),
@@ -135,4 +135,43 @@ fn packed_weights_follow_the_tiles() {
     // Output channel 0, input channel 1 sits at byte 1 (the NPU's signed view: minus 0x80).
     assert_eq!(packed[1], w[1].wrapping_sub(0x80));
     assert!(gemm::pack_weights(&p, &w[1..], 0).is_err());
+}
+
+/// keel's int32 mode (the `rknpu` device's products) round-trips too, on the same 24
+/// shapes: every task decodes to itself with `out32`, writes its tile's int32 surfaces at
+/// `4·n0·m` (plus the task's rows), reads no bias, and differs from Mesa's configuration
+/// of the same task only in the registers `conv::OUT32_REGISTERS` lists.
+#[test]
+fn the_int32_mode_round_trips_and_differs_only_where_listed() {
+    let listed: Vec<u16> = conv::OUT32_REGISTERS.iter().map(|r| r.0).collect();
+    for (m, k, n) in SHAPES {
+        let ctx = format!("m={m} k={k} n={n}");
+        let p = gemm::plan_out(m, k, n, q(), &BASE, true).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        let mesa = gemm::plan(m, k, n, q(), &BASE).unwrap();
+        assert_eq!(p.tasks.len(), mesa.tasks.len(), "{ctx}: the same task split");
+        assert_eq!(p.output_len, gemm::output32_len(m, n), "{ctx}");
+        for (ti, tile) in p.tiles.iter().enumerate() {
+            let end = p.tiles.get(ti + 1).map_or(p.tasks.len(), |t| t.first_task);
+            let mut top = 0;
+            for i in tile.first_task..end {
+                let (t, c) = (&p.tasks[i], format!("{ctx} tile {ti} task {i}"));
+                let s = conv::encode(t);
+                let d = conv::decode(&s).unwrap_or_else(|e| panic!("{c}: {e}"));
+                assert_eq!(d, *t, "{c}: decoded");
+                assert!(d.out32 && d.bias_addr == 0 && d.truncate == 0, "{c}");
+                assert_eq!((d.out_offset, d.out_scale, d.out_shift, d.ow_op), (0, 1, 0, 0), "{c}: identity conversion");
+                assert_eq!(d.output_addr, BASE.output + 4 * tile.n0 * m + 16 * top, "{c}");
+                assert_eq!(d.output_addr - BASE.output, gemm::output32_at(m, top, tile.n0) as u32, "{c}");
+                let sm = conv::encode(&mesa.tasks[i]);
+                for (j, (a, b)) in s.iter().zip(&sm).enumerate() {
+                    let (_, reg, _) = regcmd::split(*a);
+                    let (_, reg_m, _) = regcmd::split(*b);
+                    assert_eq!(reg, reg_m, "{c}: entry {j} is the same register");
+                    let out_addr = reg == 0x4020;
+                    assert!(a == b || listed.contains(&reg) || out_addr, "{c}: entry {j} (0x{reg:04x}) differs but is not listed");
+                }
+                top += d.rows;
+            }
+        }
+    }
 }

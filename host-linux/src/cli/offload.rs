@@ -9,6 +9,10 @@ use keel_core::engine::Engine;
 use keel_core::ggml_type::GgmlType;
 use keel_core::placement::{CpuReason, Decision, OffloadMode, Placement, Policy, WeightKind, Where, LAYER_KINDS};
 
+/// `--offload-min-batch` when `--device` names `rknpu` and the flag is not given: the NPU
+/// takes prompt batches; single-token steps, DRAM-bound on RK3588 either way, stay on the CPU.
+pub const RKNPU_MIN_BATCH: usize = 2;
+
 /// The parsed flags.
 pub struct OffloadOptions {
     /// Devices to open, in order (`cpu` dropped: the CPU always runs what is left).
@@ -52,9 +56,9 @@ pub struct OffloadFlags {
     /// Only layers 0..N on devices (default: all); llama.cpp's -ngl is read as --n-gpu-layers
     #[arg(long = "offload-layers", visible_alias = "n-gpu-layers", value_name = "N")]
     pub offload_layers: Option<usize>,
-    /// Offload only forward passes of at least N tokens
-    #[arg(long = "offload-min-batch", value_name = "N", default_value_t = 1)]
-    pub offload_min_batch: usize,
+    /// Offload only forward passes of at least N tokens (default 1; with rknpu 2: prompt batches on the NPU, single-token steps on the CPU)
+    #[arg(long = "offload-min-batch", value_name = "N")]
+    pub offload_min_batch: Option<usize>,
     /// The output projection (lm head) on a device: on or off
     #[arg(long = "offload-output", value_name = "on|off", default_value = "on")]
     pub offload_output: String,
@@ -83,7 +87,8 @@ impl OffloadOptions {
         if let Some(n) = f.offload_layers {
             policy.max_layers = n;
         }
-        policy.min_batch = f.offload_min_batch.max(1);
+        let default_min = if devices.iter().any(|d| d == "rknpu") { RKNPU_MIN_BATCH } else { 1 };
+        policy.min_batch = f.offload_min_batch.unwrap_or(default_min).max(1);
         match f.offload_output.as_str() {
             "on" => {}
             "off" => policy.output = false,

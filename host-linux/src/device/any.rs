@@ -7,6 +7,7 @@ use keel_npu_hal::op::{Batch, OpDesc, Support, TensorDesc};
 use keel_npu_hal::{BufferId, Caps, ErrorType, Identity};
 
 use super::fastrpc::Hexagon;
+use super::rknpu::device::Rknpu;
 use super::{DeviceError, HexagonSim};
 
 /// An opened device of any kind.
@@ -15,6 +16,8 @@ pub enum AnyDevice {
     Sim(HexagonSim),
     /// A Hexagon DSP through libcdsprpc (FastRPC).
     Hexagon(Hexagon),
+    /// The RK3588 NPU through the rocket driver (or its recording double).
+    Rknpu(Rknpu),
 }
 
 macro_rules! each {
@@ -22,6 +25,7 @@ macro_rules! each {
         match $self {
             AnyDevice::Sim($d) => $e,
             AnyDevice::Hexagon($d) => $e,
+            AnyDevice::Rknpu($d) => $e,
         }
     };
 }

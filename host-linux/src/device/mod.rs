@@ -7,7 +7,9 @@
 //! - [`fastrpc`] (`hexagon`): a real DSP through the system's `libcdsprpc.so`
 //!   (dlopen), rpcmem buffers, messages over a `dspqueue`.
 //!
-//! [`any::AnyDevice`] wraps either so one engine type runs over both.
+//! - [`rknpu`]: the RK3588 NPU through the mainline `rocket` driver's ioctls.
+//!
+//! [`any::AnyDevice`] wraps any of them so one engine type runs over both.
 //!
 //! Pieces: [`config`] (what to start), [`transport`] (the process and its framed
 //! pipes), [`link`] (messages with timeouts and fatal-fault handling), [`shm`]
@@ -31,4 +33,4 @@ pub use error::DeviceError;
 pub use hexagon_sim::{HexagonSim, SelfTestReport};
 
 /// Device names `open` knows.
-pub const KNOWN: &[&str] = &["hexagon-sim", "hexagon"];
+pub const KNOWN: &[&str] = &["hexagon-sim", "hexagon", "rknpu"];

@@ -25,7 +25,29 @@ pub use keel_core::device::engine::{convert_rows, hal_dtype, hal_row_dtype, BATC
 
 use super::any::AnyDevice;
 use super::fastrpc::{FastRpcConfig, Hexagon};
+use super::rknpu::device::Rknpu;
+use super::rknpu::w8a8::Scheme;
+use keel_npu_hal::ErrorKind;
 use super::{DeviceError, HexagonSim, SimConfig};
+
+/// How long the NPU may take for one job (PREP_BO's absolute deadline): the kernel's own
+/// per-job timeout is 500 ms.
+pub const RKNPU_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The node the rocket driver makes.
+pub const RKNPU_NODE: &str = "/dev/accel/accel0";
+
+/// Opens `rknpu` on the real node, W8A8 with rotation.
+fn open_rknpu() -> Result<Rknpu, DeviceError> {
+    let node = crate::device::rknpu::ioctl::Node::open(std::path::Path::new(RKNPU_NODE)).map_err(|e| {
+        DeviceError::new(
+            "rknpu",
+            ErrorKind::DeviceLost,
+            format!("cannot open {RKNPU_NODE}: {e}; the NPU needs Linux 6.18+ with CONFIG_DRM_ACCEL_ROCKET, the rknn-core nodes enabled in the device tree, and read/write access to the node (the render group or a udev rule)"),
+        )
+    })?;
+    Rknpu::new(Box::new(node), "rknpu", Scheme::default(), RKNPU_TIMEOUT)
+}
 
 /// Microseconds between polls of a batch's completion.
 const POLL_US: u32 = 50;
@@ -127,7 +149,9 @@ impl Devices {
     pub fn open(names: &[String], cfg: &SimConfig) -> Result<Devices, DeviceError> {
         let mut slots = Vec::new();
         for (i, name) in names.iter().enumerate() {
-            let (dev, timeout) = if name == "hexagon" {
+            let (dev, timeout) = if name == "rknpu" {
+                (AnyDevice::Rknpu(open_rknpu()?), RKNPU_TIMEOUT)
+            } else if name == "hexagon" {
                 let mut fcfg = FastRpcConfig::from_env();
                 // A second `hexagon` in the list is a second session on the same DSP.
                 let nth = names[..i].iter().filter(|n| *n == "hexagon").count() as u32;
@@ -136,14 +160,27 @@ impl Devices {
             } else {
                 (AnyDevice::Sim(HexagonSim::open(cfg)?), cfg.timeout)
             };
+            slots.push(Self::slot(dev, timeout, i, name));
+        }
+        Ok(Devices { slots, error: None, load_time: Duration::ZERO, batch_work: BATCH_WORK })
+    }
+
+    /// Devices already opened (a test's, e.g. `rknpu` over the recording double), each
+    /// with its completion limit and its name in the `--device` list.
+    pub fn with(devs: Vec<(AnyDevice, Duration, &str)>) -> Devices {
+        let slots = devs.into_iter().enumerate().map(|(i, (d, t, name))| Self::slot(d, t, i, name)).collect();
+        Devices { slots, error: None, load_time: Duration::ZERO, batch_work: BATCH_WORK }
+    }
+
+    fn slot(dev: AnyDevice, timeout: Duration, i: usize, name: &str) -> Slot {
+        {
             // The device's own limit decides (its poll ends a hung session with a clear
             // error); the wait's count of delays is a lower bound of the time, a backstop.
             let timeout_us = u32::try_from(timeout.as_micros()).unwrap_or(u32::MAX);
             let policy = WaitPolicy { timeout_us: timeout_us.saturating_add(timeout_us / 2), poll_us: POLL_US };
             let engine = DeviceEngine::new(dev, i as u8, Sleep, policy, Vec::new());
-            slots.push(Slot { engine, label: format!("{name}{i}"), busy: Duration::ZERO });
+            Slot { engine, label: format!("{name}{i}"), busy: Duration::ZERO }
         }
-        Ok(Devices { slots, error: None, load_time: Duration::ZERO, batch_work: BATCH_WORK })
     }
 
     /// No devices: everything on the CPU.

@@ -67,6 +67,8 @@ pub struct Conv {
     pub n: u32,
     /// Quantization.
     pub q: Quant,
+    /// keel's int32 mode ([`Task::out32`]): raw int32 sums out, the DPU's stages bypassed.
+    pub out32: bool,
 }
 
 /// NPU addresses of the buffers one convolution uses.
@@ -146,9 +148,30 @@ pub struct Task {
     pub out_scale: u32,
     /// Out shift.
     pub out_shift: u32,
+    /// keel's int32 mode instead of Mesa's int8 output: the DPU writes each output's raw
+    /// int32 sum (BS/BN/EW stages and the output converter bypassed, no bias read) as
+    /// `[ceil(N/4)][rows][4]` int32; the scales are applied on the CPU. See [`OUT32_REGISTERS`].
+    pub out32: bool,
     /// The stream's end.
     pub tail: Tail,
 }
+
+/// The registers whose values keel's int32 mode ([`Task::out32`]) sets differently from
+/// Mesa's int8 configuration, with the value and why (register semantics; no board has run
+/// this mode yet):
+pub const OUT32_REGISTERS: [(u16, &str, &str); 11] = [
+    (0x4010, "0x80000000", "DPU_DATA_FORMAT: OUT_PRECISION (bits 31:29) = 4, int32; IN/PROC_PRECISION stay int8 (0); MC_SURF_OUT (bit 3) = 0: one 16-byte surface per pixel, 4 int32 channels per atom"),
+    (0x4040, "0x00000053", "DPU_BS_CFG: the whole BS stage bypassed (BS, ALU, MUL and ReLU bypass bits 0, 1, 4, 6): no bias is added, the sum passes unchanged"),
+    (0x4050, "0x000007fe", "DPU_BS_OW_CFG: SIZE_E_0..2 (bits 4:2, 7:5, 10:8) = 7 for 4-byte elements (Mesa: 1); OD_BYPASS (bit 1) set: the output converter is skipped"),
+    (0x4054, "0", "DPU_BS_OW_OP: no weight zero-point correction (keel's weights are symmetric)"),
+    (0x4080, "0", "DPU_OUT_CVT_OFFSET: identity conversion (no output zero point)"),
+    (0x4084, "1", "DPU_OUT_CVT_SCALE: identity (the scales are keel's per-token × per-channel floats, applied on the CPU)"),
+    (0x4088, "0", "DPU_OUT_CVT_SHIFT: identity"),
+    (0x40C0, "rows·width·8 << 4", "DPU_SURFACE_ADD: the task's own rows × width × 8 (Mesa: all rows × 2), the int32 writer's surface step"),
+    (0x301C, "0", "CORE_CLIP_TRUNCATE: no truncation of the accumulator (every bit of the sum is kept)"),
+    (0x501C, "1", "DPU_RDMA_RDMA_BRDMA_CFG: bias reads disabled (Mesa: 2, read the bias)"),
+    (0x5020, "0", "DPU_RDMA_RDMA_BS_BASE_ADDR: no bias buffer"),
+];
 
 /// Weight scales (f32 bit patterns) for which Mesa 26.2.6 truncates the accumulator by one
 /// bit (`CORE_CLIP_TRUNCATE` = 1, biases halved). An observed list, not a rule; kept so
@@ -246,9 +269,9 @@ pub fn plan_with(c: &Conv, a: &Addrs, max_rows: u32) -> Result<Vec<Task>, String
             top += r;
         }
     }
-    let t = truncate_bits(c.q.w_scale);
+    let t = if c.out32 { 0 } else { truncate_bits(c.q.w_scale) };
     let m = (c.q.in_scale * c.q.w_scale) / c.q.out_scale;
-    let (out_scale, out_shift) = out_cvt(m, t);
+    let (out_scale, out_shift) = if c.out32 { (1, 0) } else { out_cvt(m, t) };
     let zp = |z: i32| u32::from(z as u8);
     let count = spans.len();
     let amount = align((TASK_ENTRIES as u32 - 4) / 2, 2);
@@ -271,11 +294,12 @@ pub fn plan_with(c: &Conv, a: &Addrs, max_rows: u32) -> Result<Vec<Task>, String
             input_addr: a.input.wrapping_add(16 * c.h * top),
             weights_addr: a.weights,
             output_addr: a.output.wrapping_add(16 * c.h * top),
-            bias_addr: a.bias,
+            bias_addr: if c.out32 { 0 } else { a.bias },
             pad_value: zp(c.q.in_zp).wrapping_sub(0x80),
             truncate: t,
-            ow_op: 0x80u32.wrapping_sub(zp(c.q.w_zp)) & 0xffff,
-            out_offset: zp(c.q.out_zp).wrapping_sub(0x80),
+            ow_op: if c.out32 { 0 } else { 0x80u32.wrapping_sub(zp(c.q.w_zp)) & 0xffff },
+            out_offset: if c.out32 { 0 } else { zp(c.q.out_zp).wrapping_sub(0x80) },
+            out32: c.out32,
             out_scale,
             out_shift,
             tail: if count == 1 {
@@ -288,6 +312,11 @@ pub fn plan_with(c: &Conv, a: &Addrs, max_rows: u32) -> Result<Vec<Task>, String
         })
         .collect())
 }
+
+/// `DPU_DATA_FORMAT` of the int32 mode: OUT_PRECISION int32 (4 << 29).
+pub const OUT32_FORMAT: u32 = 4 << 29;
+/// `DPU_BS_OW_CFG` of the int32 mode: SIZE_E_0..2 = 7, OD_BYPASS.
+pub const OUT32_OW_CFG: u32 = (7 << 8) | (7 << 5) | (7 << 2) | (1 << 1);
 
 /// The 130-entry stream of one task.
 pub fn encode(t: &Task) -> Vec<u64> {
@@ -342,7 +371,7 @@ pub fn encode(t: &Task) -> Vec<u64> {
     r(0x301C, t.truncate); // CORE_CLIP_TRUNCATE
     r(0x3030, 0); // (unnamed CORE register Mesa clears)
     r(0x400C, 0x1e4); // DPU_FEATURE_MODE_CFG: burst 15, output to memory
-    r(0x4010, 0); // DPU_DATA_FORMAT
+    r(0x4010, if t.out32 { OUT32_FORMAT } else { 0 }); // DPU_DATA_FORMAT
     r(0x4014, 0); // DPU_OFFSET_PEND
     r(0x4020, t.output_addr); // DPU_DST_BASE_ADDR
     r(0x4024, surf << 4); // DPU_DST_SURF_STRIDE
@@ -350,11 +379,11 @@ pub fn encode(t: &Task) -> Vec<u64> {
     r(0x4034, t.rows - 1); // DPU_DATA_CUBE_HEIGHT
     r(0x4038, 0); // DPU_DATA_CUBE_NOTCH_ADDR
     r(0x403C, ((t.out_channels_real - 1) << 16) | (t.out_channels - 1)); // DPU_DATA_CUBE_CHANNEL
-    r(0x4040, 0x0002_0150); // DPU_BS_CFG: ALU adds the bias from memory; ReLU and multiplier bypassed
+    r(0x4040, if t.out32 { 0x53 } else { 0x0002_0150 }); // DPU_BS_CFG: ALU adds the bias from memory; ReLU and multiplier bypassed (int32: all bypassed)
     r(0x4044, 0); // DPU_BS_ALU_CFG
     r(0x4048, 0); // DPU_BS_MUL_CFG
     r(0x404C, 0); // DPU_BS_RELUX_CMP_VALUE
-    r(0x4050, 0x124); // DPU_BS_OW_CFG: sizes 1
+    r(0x4050, if t.out32 { OUT32_OW_CFG } else { 0x124 }); // DPU_BS_OW_CFG: sizes 1 (int32: 7, output converter bypassed)
     r(0x4054, t.ow_op); // DPU_BS_OW_OP
     r(0x4058, t.out_channels - 1); // DPU_WDMA_SIZE_0
     r(0x405C, ((t.rows - 1) << 16) | (t.width - 1)); // DPU_WDMA_SIZE_1
@@ -372,7 +401,7 @@ pub fn encode(t: &Task) -> Vec<u64> {
     for i in 0..8u16 {
         r(0x4090 + 4 * i, 0); // DPU_EW_OP_VALUE_0..7
     }
-    r(0x40C0, (surf * 2) << 4); // DPU_SURFACE_ADD
+    r(0x40C0, if t.out32 { (atomics * 8) << 4 } else { (surf * 2) << 4 }); // DPU_SURFACE_ADD
     r(0x40C4, 0); // (unnamed DPU register Mesa clears)
     for i in 0..12u16 {
         r(0x4100 + 4 * i, 0); // DPU_LUT_*: no lookup table
@@ -381,7 +410,7 @@ pub fn encode(t: &Task) -> Vec<u64> {
     r(0x5010, t.rows - 1); // DPU_RDMA_RDMA_DATA_CUBE_HEIGHT
     r(0x5014, t.out_channels - 1); // DPU_RDMA_RDMA_DATA_CUBE_CHANNEL
     r(0x5018, 0); // DPU_RDMA_RDMA_SRC_BASE_ADDR: no element-wise input
-    r(0x501C, 2); // DPU_RDMA_RDMA_BRDMA_CFG: read the bias
+    r(0x501C, if t.out32 { 1 } else { 2 }); // DPU_RDMA_RDMA_BRDMA_CFG: read the bias (int32: disabled)
     r(0x5020, t.bias_addr); // DPU_RDMA_RDMA_BS_BASE_ADDR
     r(0x5028, 0); // DPU_RDMA_RDMA_NRDMA_CFG
     r(0x502C, 0); // DPU_RDMA_RDMA_BN_BASE_ADDR
@@ -412,6 +441,22 @@ pub fn encode(t: &Task) -> Vec<u64> {
 /// The task a stream encodes: reads every field back and checks that encoding them again
 /// gives the same stream, entry for entry; the error names the first entry that differs.
 pub fn decode(s: &[u64]) -> Result<Task, String> {
+    let t = decode_fields(s)?;
+    let again = encode(&t);
+    if let Some(i) = (0..TASK_ENTRIES).find(|&i| again[i] != s[i]) {
+        let (_, reg, v) = regcmd::split(s[i]);
+        return Err(format!(
+            "entry {i} (0x{reg:04x} {}) = 0x{v:08x} is not what a 1x1 convolution task with these fields has (0x{:016x})",
+            regcmd::name(reg).unwrap_or_default(),
+            again[i]
+        ));
+    }
+    Ok(t)
+}
+
+/// The fields of a task's stream, read register by register without [`decode`]'s check
+/// that they re-encode to the same stream (allocation-free on success).
+pub fn decode_fields(s: &[u64]) -> Result<Task, String> {
     if s.len() != TASK_ENTRIES {
         return Err(format!("a convolution task has {TASK_ENTRIES} entries, this stream {}", s.len()));
     }
@@ -458,19 +503,11 @@ pub fn decode(s: &[u64]) -> Result<Task, String> {
         out_offset: get(0x4080)?,
         out_scale: get(0x4084)?,
         out_shift: get(0x4088)?,
+        out32: get(0x4010)? == OUT32_FORMAT,
         tail,
     };
     if t.width == 0 || t.rows == 0 {
         return Err("the stream's data size is empty (CNA_DATA_SIZE0)".into());
-    }
-    let again = encode(&t);
-    if let Some(i) = (0..TASK_ENTRIES).find(|&i| again[i] != s[i]) {
-        let (_, reg, v) = regcmd::split(s[i]);
-        return Err(format!(
-            "entry {i} (0x{reg:04x} {}) = 0x{v:08x} is not what a 1x1 convolution task with these fields has (0x{:016x})",
-            regcmd::name(reg).unwrap_or_default(),
-            again[i]
-        ));
     }
     Ok(t)
 }

@@ -100,6 +100,7 @@ pub fn load(dir: &Path) -> Result<Fixture> {
             w_scale: num(&m, "spec.w_scale", f)?,
             out_scale: num(&m, "spec.out_scale", f)?,
         },
+        out32: false,
     };
     let bos = field(&m, "submits.0.bos", f)?.as_array().with_context(|| format!("{}: submits[0].bos is not a list", mpath.display()))?;
     let dma = |role: &str| -> Result<u32> {

@@ -62,8 +62,24 @@ pub fn tile_width(k: u32, n: u32) -> Result<u32, String> {
     Ok(t)
 }
 
-/// Plans `Y[M,N] = X[M,K]·W[K,N]` with buffers at `base`.
+/// Plans `Y[M,N] = X[M,K]·W[K,N]` with buffers at `base` (Mesa's int8 output).
 pub fn plan(m: u32, k: u32, n: u32, q: Quant, base: &Addrs) -> Result<Plan, String> {
+    plan_out(m, k, n, q, base, false)
+}
+
+/// Bytes of the int32 output of `m` rows and `n` outputs: `[ceil(N/4)][M][4]` int32.
+pub fn output32_len(m: u32, n: u32) -> usize {
+    16 * (n.div_ceil(4) * m) as usize
+}
+
+/// Where output `(row, channel)` of the int32 output lies: byte offset of its int32.
+pub fn output32_at(m: u32, row: u32, ch: u32) -> usize {
+    16 * ((ch / 4) * m + row) as usize + 4 * (ch % 4) as usize
+}
+
+/// [`plan`], in keel's int32 mode when `out32` ([`super::conv::Task::out32`]): every tile
+/// writes its raw int32 sums at `4·n0·m` in the `[ceil(N/4)][M][4]` output, no bias.
+pub fn plan_out(m: u32, k: u32, n: u32, q: Quant, base: &Addrs, out32: bool) -> Result<Plan, String> {
     if m == 0 || n == 0 {
         return Err(format!("empty GEMM m={m} n={n}"));
     }
@@ -74,11 +90,11 @@ pub fn plan(m: u32, k: u32, n: u32, q: Quant, base: &Addrs) -> Result<Plan, Stri
     let mut n0 = 0;
     while n0 < n {
         let nt = width.min(n - n0);
-        let c = Conv { h: 1, w: m, k, n: nt, q };
+        let c = Conv { h: 1, w: m, k, n: nt, q, out32 };
         let a = Addrs {
             input: base.input,
             weights: base.weights + weights_at,
-            output: base.output + n0 * m,
+            output: base.output + if out32 { 4 * n0 * m } else { n0 * m },
             bias: base.bias + 4 * n0,
             regcmd: base.regcmd,
         };
@@ -107,7 +123,7 @@ pub fn plan(m: u32, k: u32, n: u32, q: Quant, base: &Addrs) -> Result<Plan, Stri
         weights_len: weights_at as usize,
         bias_len: 4 * n as usize,
         input_len: pack::input_len(1, m, k),
-        output_len: pack::output_len(1, m, n),
+        output_len: if out32 { output32_len(m, n) } else { pack::output_len(1, m, n) },
         regcmd_len: TASK_STRIDE as usize * count,
     })
 }

@@ -56,7 +56,8 @@ impl std::fmt::Display for RunError {
 
 impl std::error::Error for RunError {}
 
-fn explain(what: &str, e: Errno, timeout: Duration) -> RunError {
+/// An errno as a clear error naming what failed and the likely fix.
+pub fn explain(what: &str, e: Errno, timeout: Duration) -> RunError {
     let why = match e {
         libc::ETIMEDOUT => format!("the NPU did not finish within {} ms (ETIMEDOUT): the job hung or the cores are busy; outputs are not used", timeout.as_millis()),
         libc::EBUSY => "the buffer is still in use by the device (EBUSY)".to_string(),
@@ -122,12 +123,15 @@ pub fn run_gemm<I: Ioctl>(io: &mut I, m: u32, k: u32, n: u32, q: Quant, w: &[u8]
 pub struct Node {
     fd: std::fs::File,
     maps: Vec<(u32, *mut u8, usize)>,
+    /// SUBMIT's tables, kept so that a submit allocates nothing once they have grown.
+    tasks: Vec<super::uapi::drm_rocket_task>,
+    jobs: Vec<super::uapi::drm_rocket_job>,
 }
 
 impl Node {
     /// Opens the node.
     pub fn open(path: &std::path::Path) -> std::io::Result<Node> {
-        Ok(Node { fd: std::fs::OpenOptions::new().read(true).write(true).open(path)?, maps: Vec::new() })
+        Ok(Node { fd: std::fs::OpenOptions::new().read(true).write(true).open(path)?, maps: Vec::new(), tasks: Vec::new(), jobs: Vec::new() })
     }
 
     fn ioctl<T>(&self, req: u64, arg: &mut T) -> Result<(), Errno> {
@@ -185,11 +189,16 @@ impl Ioctl for Node {
     }
     fn submit(&mut self, jobs: &[Job]) -> Result<(), Errno> {
         use super::uapi::{drm_rocket_job, drm_rocket_submit, drm_rocket_task};
-        let tasks: Vec<Vec<drm_rocket_task>> = jobs.iter().map(|j| j.tasks.iter().map(|&(regcmd, regcmd_count)| drm_rocket_task { regcmd, regcmd_count }).collect()).collect();
-        let raw: Vec<drm_rocket_job> = jobs
-            .iter()
-            .zip(&tasks)
-            .map(|(j, t)| drm_rocket_job {
+        self.tasks.clear();
+        for j in jobs {
+            self.tasks.extend(j.tasks.iter().map(|&(regcmd, regcmd_count)| drm_rocket_task { regcmd, regcmd_count }));
+        }
+        self.jobs.clear();
+        let mut at = 0;
+        for j in jobs {
+            let t = &self.tasks[at..at + j.tasks.len()];
+            at += j.tasks.len();
+            self.jobs.push(drm_rocket_job {
                 tasks: t.as_ptr() as u64,
                 in_bo_handles: j.inputs.as_ptr() as u64,
                 out_bo_handles: j.outputs.as_ptr() as u64,
@@ -197,9 +206,9 @@ impl Ioctl for Node {
                 task_struct_size: std::mem::size_of::<drm_rocket_task>() as u32,
                 in_bo_handle_count: j.inputs.len() as u32,
                 out_bo_handle_count: j.outputs.len() as u32,
-            })
-            .collect();
-        let mut s = drm_rocket_submit { jobs: raw.as_ptr() as u64, job_count: raw.len() as u32, job_struct_size: std::mem::size_of::<drm_rocket_job>() as u32, reserved: 0 };
+            });
+        }
+        let mut s = drm_rocket_submit { jobs: self.jobs.as_ptr() as u64, job_count: self.jobs.len() as u32, job_struct_size: std::mem::size_of::<drm_rocket_job>() as u32, reserved: 0 };
         self.ioctl(IOCTL_SUBMIT, &mut s)
     }
     fn prep_bo(&mut self, handle: u32, deadline_ns: i64) -> Result<(), Errno> {

@@ -9,6 +9,9 @@
 //! - [`w8a8`]: keel's W8A8 scheme (per-channel/per-token scales, Hadamard rotation) and the
 //!   exact CPU emulation of the NPU's integer arithmetic.
 //! - [`ioctl`]: the driver's ioctls behind a trait, the real node, one GEMM run through them.
+//! - [`device`]: the `rknpu` device, keel's HAL over the ioctls (W8A8 products in keel's
+//!   int32 mode); [`sim`] models what the NPU computes for such a task and [`double`] is
+//!   the recording driver double whose "hardware" it is.
 //! - [`gemm`]: keel's GEMM `Y[M,N] = X[M,K]·W[K,N]`, tiled along N so that each tile's
 //!   weights stay resident in the convolution buffer.
 //!
@@ -16,11 +19,14 @@
 //! fixture, which is the strongest check available without a board.
 
 pub mod conv;
+pub mod device;
+pub mod double;
 pub mod fixture;
 pub mod gemm;
 pub mod ioctl;
 pub mod names;
 pub mod pack;
 pub mod regcmd;
+pub mod sim;
 pub mod uapi;
 pub mod w8a8;

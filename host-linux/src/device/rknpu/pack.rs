@@ -29,6 +29,20 @@ pub fn weights_packed_len(k: u32, n: u32) -> usize {
     per_row * n.div_ceil(2) as usize * 2
 }
 
+/// Byte offset of weight `(oc, ic)` in the packed weights of `k × n` (where [`weights`]
+/// puts it): a row of 32 kernels holds every stored channel of each 32-channel group in turn.
+pub fn weight_at(k: u32, n: u32, oc: u32, ic: u32) -> usize {
+    let k16 = k16(k);
+    let blocks = k16.div_ceil(32);
+    let last = if k16 % 32 == 16 { 16 } else { 32 };
+    let row = (blocks - 1) * 32 + last;
+    let n2 = n.div_ceil(2) * 2;
+    let (oc1, oc2, ic1, ic2) = (oc / 32, oc % 32, ic / 32, ic % 32);
+    let kernels = 32.min(n2 - 32 * oc1);
+    let width = if ic1 + 1 == blocks { last } else { 32 };
+    (32 * oc1 * row + ic1 * kernels * 32 + oc2 * width + ic2) as usize
+}
+
 /// Bytes of the weight buffer (Mesa's allocation: twice the kernels × channels rounded up to 32).
 pub fn weights_len(k: u32, n: u32) -> usize {
     2 * (n.div_ceil(2) * 2 * k16(k).div_ceil(32) * 32) as usize
@@ -152,6 +166,19 @@ mod tests {
             let packed = weights(&w, k, n, 0).unwrap();
             assert_eq!(packed.len(), weights_len(k, n), "k={k} n={n}");
             assert!(packed[weights_packed_len(k, n)..].iter().all(|&b| b == 0) && (n % 2 == 1 || packed[weights_packed_len(k, n) - 1] != 0), "k={k} n={n}");
+        }
+    }
+
+    #[test]
+    fn weight_at_is_where_the_packer_puts_each_weight() {
+        for (k, n) in [(64, 64), (40, 33), (48, 7), (17, 3), (100, 70), (16, 2), (8, 1), (576, 96)] {
+            let w: Vec<u8> = (0..k * n).map(|i| (i % 251) as u8).collect();
+            let packed = weights(&w, k, n, 0x80).unwrap();
+            for oc in 0..n {
+                for ic in 0..k {
+                    assert_eq!(packed[weight_at(k, n, oc, ic)], w[(oc * k + ic) as usize].wrapping_sub(0x80), "k={k} n={n} oc={oc} ic={ic}");
+                }
+            }
         }
     }
 

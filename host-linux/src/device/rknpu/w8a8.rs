@@ -179,6 +179,17 @@ impl QMatrix {
     }
 }
 
+/// Symmetric int8 of one row with its own scale (the per-token rule): `q` gets the
+/// values, the scale is returned. [`quantize`] with `fine` is this, row by row.
+pub fn quantize_row(x: &[f32], q: &mut [i8]) -> f32 {
+    let s = scale(x.iter().fold(0f32, |m, v| m.max(v.abs())));
+    let inv = 1.0 / s;
+    for (d, &v) in q.iter_mut().zip(x) {
+        *d = q8(v, inv);
+    }
+    s
+}
+
 /// Symmetric int8 of a `rows × cols` matrix: values and per-row scales.
 fn quantize(w: &[f32], rows: usize, cols: usize, fine: bool) -> (Vec<i8>, Vec<f32>) {
     let amax_row = |r: usize| w[r * cols..(r + 1) * cols].iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -279,16 +290,26 @@ impl Emu {
         Emu { scheme, threads, weights: Vec::new(), signs: HashMap::new() }
     }
 
-    /// Converts every weight `placement` puts on device 0: dequantized, rotated, quantized.
+    /// Converts every weight `placement` puts on device 0: dequantized (through the
+    /// decision's device type when the placement converts it), rotated, quantized.
     pub fn load(&mut self, model: &Model<'_>, placement: &Placement<'_>, kernels: &Kernels) -> Result<(), String> {
         let mut err = None;
         for_each_weight(model, |id, t: &Tensor<'_>| {
-            if err.is_some() || placement.decision(id).map(|d| d.place) != Some(keel_core::placement::Where::Device(0)) {
+            let Some(d) = placement.decision(id).filter(|d| d.place == keel_core::placement::Where::Device(0)) else { return };
+            if err.is_some() {
                 return;
             }
+            // A weight the placement converts (as the `rknpu` device's engine does for types
+            // other than Q8_0) goes through that type first: what the device holds.
+            let mut conv = vec![0u8; if d.converted() { d.device_ty.row_bytes(t.cols as u64).unwrap_or(0) as usize } else { 0 }];
             let mut w = vec![0f32; t.rows * t.cols];
             for r in 0..t.rows {
-                if let Err(e) = kernels.dequantize_row(t.ty, t.row(r), &mut w[r * t.cols..(r + 1) * t.cols]) {
+                let row = &mut w[r * t.cols..(r + 1) * t.cols];
+                let mut r = kernels.dequantize_row(t.ty, t.row(r), row);
+                if d.converted() && r.is_ok() {
+                    r = keel_core::quant::quantize_row_ref(d.device_ty, row, &mut conv).and_then(|_| kernels.dequantize_row(d.device_ty, &conv, row));
+                }
+                if let Err(e) = r {
                     err = Some(format!("{id:?}: {e:?}"));
                     return;
                 }
