@@ -22,6 +22,8 @@ pub fn chosen() -> Result<Isa, String> {
     match std::env::var(ENV) {
         Err(std::env::VarError::NotPresent) => Ok(detect()),
         Err(std::env::VarError::NotUnicode(_)) => Err(format!("{ENV} is not UTF-8; give extension names such as \"avx2_fma avx512\"")),
+        // (Set but empty: as if unset, so `KEEL_ISA=$X` with no X means this CPU's set.)
+        Ok(v) if v.trim().is_empty() => Ok(detect()),
         Ok(v) => limit(detect(), &v),
     }
 }
