@@ -350,3 +350,41 @@ fn softmax_scores_match_the_key_by_key_loop() {
         }
     }
 }
+
+/// The grouped value update's exact path on a sum where rounding to f32 first lands on an
+/// f16 midpoint below f16's normal range (a double-rounding trap that the f16-normal
+/// midpoint test alone would miss): `y = 17·2^-24`, `x = (1 + 2^-10)·2^-14`,
+/// `e = (1 - 2^-10)·2^-11`, so `x·e + y = 17.5·2^-24 - 2^-45`, one rounding gives
+/// `17·2^-24` and two (f32, then f16 to even) `18·2^-24`; every kernel set, 1 to 4 heads,
+/// rows of 128 and 256, keys with and without a new maximum.
+#[test]
+fn grouped_value_update_rounds_once_below_f16_normals() {
+    let (y0, x0, e0) = (f16::from_bits(17), f16::from_bits(0x0401), f16::from_f32((1.0 - 1.0 / 1024.0) / 2048.0));
+    assert_eq!(e0.to_f32(), (1.0 - 1.0 / 1024.0) / 2048.0);
+    let twice = f16::from_f32(libm::fmaf(x0.to_f32(), e0.to_f32(), y0.to_f32()));
+    // (The reference's native-path single rounding: f16_from_f64 of the f64 fma.)
+    let single = f16ops::f16_from_f64(libm::fma(x0.to_f64(), e0.to_f64(), y0.to_f64()));
+    assert_eq!((single.to_bits(), twice.to_bits()), (17, 18), "not a double-rounding case");
+    let reference = Kernels::reference();
+    for n in [128usize, 256] {
+        for heads in 1..=4usize {
+            let len = 3;
+            let kv = vec![x0; 2 * n];
+            let offs = [0, n, 0];
+            let new_max: Vec<bool> = (0..heads * len).map(|i| i % len == 0 && i / len % 2 == 1).collect();
+            let e = vec![e0.to_f32(); heads * len];
+            for k in kernel_sets() {
+                let mut y = vec![y0; heads * n];
+                let mut sums = vec![1.0f32; heads];
+                k.f16_mad_keys_heads(&mut y, n, heads, &kv, &offs, &new_max, &e, &mut sums);
+                for h in 0..heads {
+                    let mut want = vec![y0; n];
+                    reference.f16_mad_keys(&mut want, &kv, &offs, &new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
+                    for i in 0..n {
+                        assert_eq!(y[h * n + i].to_bits(), want[i].to_bits(), "{} n={n} heads={heads} h={h} element {i}", k.name());
+                    }
+                }
+            }
+        }
+    }
+}
