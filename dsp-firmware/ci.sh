@@ -35,11 +35,10 @@ if ! (qemu-hexagon -cpu help 2>/dev/null || true) | grep -qw v73; then
   export DEBIAN_FRONTEND=noninteractive
   if grep -q 'VERSION_CODENAME=bookworm' /etc/os-release; then
     src=/etc/apt/sources.list.d/bookworm-backports.sources
-    if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
-      # The mirror this machine already uses for bookworm (deb822 or one-line sources).
-      uri=$(awk '/^URIs:/ {u = $2} /^Suites:.*(^| )bookworm( |$)/ {print u; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
-      [ -n "$uri" ] || uri=$(awk '$1 == "deb" && $3 == "bookworm" {print $2; exit}' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null || true)
-      [ -n "$uri" ] || { echo "ci.sh: no bookworm apt source configured to take the backports mirror from" >&2; exit 1; }
+    if ! bash scripts/apt-mirror.sh bookworm-backports >/dev/null 2>&1; then
+      # The mirror this machine already uses for bookworm (deb822 or one-line sources;
+      # scripts/apt-mirror-test.sh tests the parsing).
+      uri=$(bash scripts/apt-mirror.sh bookworm) || { echo "ci.sh: no bookworm apt source configured to take the backports mirror from" >&2; exit 1; }
       printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' "$uri" | $sudo tee "$src" >/dev/null
     fi
     $sudo apt-get update -qq

@@ -16,11 +16,16 @@ fn cfg(n_ctx: usize, n_outputs: usize) -> SessionConfig {
 
 /// Leading greedy tokens that agree with llama.cpp, per prompt (`None`: model absent).
 fn greedy_agreement() -> Option<Vec<(usize, usize)>> {
+    greedy_agreement_with(fast_kernels())
+}
+
+/// [`greedy_agreement`] with `kernels`.
+fn greedy_agreement_with(kernels: keel::core::quant::Kernels) -> Option<Vec<(usize, usize)>> {
     let bytes = gemma3()?;
     let g = Gguf::parse(&bytes).unwrap();
     let c = cfg(256, 1);
     let mut arena = arena_for(&bytes, &c);
-    let mut e = engine(&g, &mut arena, c, fast_kernels());
+    let mut e = engine(&g, &mut arena, c, kernels);
     // llama.cpp evaluates prompts with batch-dependent kernels (repacked Q4_K GEMM groups
     // of 4, the tiled K-quant matmul for 8+ tokens); follow it.
     e.session.set_llama_cpp_batches(true);
@@ -47,12 +52,17 @@ fn greedy_meets_issue_thresholds() {
 
 /// (top-1 agreement, mean |d| of the top-10 logits, last-position KL) per prompt.
 fn logit_stats() -> Option<Vec<(f64, f64, f64)>> {
+    logit_stats_with(fast_kernels())
+}
+
+/// [`logit_stats`] with `kernels`.
+fn logit_stats_with(kernels: keel::core::quant::Kernels) -> Option<Vec<(f64, f64, f64)>> {
     let bytes = gemma3()?;
     let mut out = Vec::new();
     let g = Gguf::parse(&bytes).unwrap();
     let c = cfg(128, 128);
     let mut arena = arena_for(&bytes, &c);
-    let mut e = engine(&g, &mut arena, c, fast_kernels());
+    let mut e = engine(&g, &mut arena, c, kernels);
     // llama.cpp evaluates prompts with batch-dependent kernels (repacked Q4_K GEMM groups
     // of 4, the tiled K-quant matmul for 8+ tokens); follow it.
     e.session.set_llama_cpp_batches(true);
@@ -87,5 +97,22 @@ fn logits_meet_issue_thresholds() {
     let Some(stats) = logit_stats() else { return };
     for (t1, m10, kl) in stats {
         assert!(t1 >= 0.98 && m10 <= 0.05 && kl <= 1e-3, "top-1 {t1:.3}, mean |d| top-10 {m10:.4}, KL {kl:.2e}");
+    }
+}
+
+/// The regression guards above with every kernel set this CPU can run, the smaller
+/// machines' sets forced as `KEEL_ISA` does (AVX-512 without AVX512-FP16, as Zen 4: the
+/// f16 value accumulator of the 256-wide heads in f32 lanes; AVX2 alone): the same bits,
+/// so the same goldens.
+#[test]
+fn every_kernel_set_gives_the_golden_outputs() {
+    for (isa, kernels) in every_kernel_set() {
+        eprintln!("kernel set {} (KEEL_ISA={isa:?})", kernels.name());
+        let Some(res) = greedy_agreement_with(kernels) else { return };
+        assert!(res.iter().all(|&(a, n)| a == n), "{isa}: {res:?}");
+        let Some(stats) = logit_stats_with(kernels) else { return };
+        for (t1, m10, kl) in stats {
+            assert!(t1 == 1.0 && m10 <= 1e-5 && kl == 0.0, "{isa}: top-1 {t1:.3}, mean |d| top-10 {m10:.2e}, KL {kl:.2e}");
+        }
     }
 }

@@ -6,6 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export KEEL_REQUIRE_MODELS=1   # a missing model fails the tests instead of skipping them
 
+echo "== apt mirror derivation"
+# ci.sh takes the backports mirror from this machine's own apt sources (no mirror named
+# in the repo): its parser against made-up deb822 and one-line sources.
+bash dsp-firmware/scripts/apt-mirror-test.sh
+
 echo "== hexagon firmware"
 # Hexagon firmware: installs the pinned nightly (dsp-firmware/rust-toolchain.toml) with
 # rust-src/llvm-tools and qemu-user (bookworm-backports, apt-get update first;

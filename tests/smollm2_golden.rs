@@ -107,3 +107,17 @@ fn logits_do_not_depend_on_threads_or_batching() {
         assert!(row == &two[i * v..(i + 1) * v], "position {i}: token-by-token logits differ from the batched ones");
     }
 }
+
+/// [`logits_close_to_llama_cpp`]'s guard with every kernel set this CPU can run, the
+/// smaller machines' sets forced as `KEEL_ISA` does (AVX-512 without AVX512-FP16, as
+/// Zen 4; AVX2 alone): the same bits, so the same goldens.
+#[test]
+fn every_kernel_set_gives_the_golden_logits() {
+    for (isa, kernels) in every_kernel_set() {
+        eprintln!("kernel set {} (KEEL_ISA={isa:?})", kernels.name());
+        let Some(stats) = logit_stats(kernels) else { return };
+        for s in &stats {
+            assert!(s.top1 >= 1.0 && s.mean_top10 <= 1e-4 && s.mean_lse <= 1e-4 && s.kl_last <= 1e-7, "{isa}: top-1 {:.3}, top-10 {:.2e}, lse {:.2e}, KL {:.2e}", s.top1, s.mean_top10, s.mean_lse, s.kl_last);
+        }
+    }
+}

@@ -83,3 +83,38 @@ fn roofline_counts_the_weights_and_divides_the_bandwidth() {
     assert!(bw > 1e8, "implausible bandwidth {bw}");
     assert!((bound - bw / total as f64).abs() <= 1e-9 * bound, "{tg}");
 }
+
+/// `-d N` (llama-bench's depth): N positions are put in the KV cache before each pp and tg
+/// run; the tests are named as llama-bench names them, and with `--roofline` the bytes of
+/// a generated token include the KV rows of the depth (more than without it).
+#[test]
+fn depth_fills_the_cache_first() {
+    let p = with_output_norm(1.0);
+    let run = |depth: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_keel")).args(["bench", "-p", "8", "-n", "4", "-r", "1", "-t", "1", "-d", depth, "--roofline", "--json", "-m"]).arg(&p).output().unwrap();
+        assert!(out.status.success(), "-d {depth}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let (flat, deep) = (run("0"), run("40"));
+    assert_eq!((deep[0]["test"].as_str(), deep[1]["test"].as_str()), (Some("pp8 @ d40"), Some("tg4 @ d40")), "{deep}");
+    assert_eq!((flat[0]["test"].as_str(), deep[0]["n_depth"].as_u64()), (Some("pp8"), Some(40)));
+    let kv = |v: &serde_json::Value| v[1]["kv_bytes_per_token"].as_u64().unwrap();
+    assert!(kv(&deep) > kv(&flat), "{flat} {deep}");
+    assert!(deep[0]["tps"].as_f64().unwrap() > 0.0 && deep[1]["tps"].as_f64().unwrap() > 0.0);
+}
+
+/// `KEEL_ISA` picks a smaller kernel set (`scalar`: the reference) and refuses a name it
+/// does not know, naming the variable, before any work.
+#[test]
+fn keel_isa_limits_the_kernel_set() {
+    let p = with_output_norm(1.0);
+    let run = |isa: &str| Command::new(env!("CARGO_BIN_EXE_keel")).env("KEEL_ISA", isa).args(["bench", "-p", "8", "-n", "0", "-r", "1", "-t", "1", "--json", "-m"]).arg(&p).output().unwrap();
+    let out = run("scalar");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0]["kernels"], "reference", "{v}");
+    let out = run("avx9000");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("KEEL_ISA") && stderr.contains("avx9000") && out.stdout.is_empty(), "{stderr}");
+}

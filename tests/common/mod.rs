@@ -16,6 +16,23 @@ pub fn fast_kernels() -> Kernels {
     Kernels::new(keel_host_linux::isa::detect())
 }
 
+/// Every kernel set this CPU can run, largest first: its own, then (x86_64) the smaller
+/// machines' sets it can be limited to as `KEEL_ISA` does — AVX-512 without AVX512-FP16
+/// (Zen 4's), AVX2 alone — each with its `KEEL_ISA` spelling, so the golden tests check
+/// every set's bits on one machine.
+pub fn every_kernel_set() -> Vec<(String, Kernels)> {
+    use keel_host_linux::isa;
+    let cpu = isa::detect();
+    let mut isas = vec![cpu];
+    for list in ["avx2_fma avx512 avx512_vnni", "avx2_fma"] {
+        match isa::limit(cpu, list) {
+            Ok(smaller) if !isas.contains(&smaller) => isas.push(smaller),
+            _ => {}
+        }
+    }
+    isas.iter().map(|i| (isa::describe(i), Kernels::new(*i))).collect()
+}
+
 /// An arena for `bytes` with `cfg` (the caller keeps it alive for the engine).
 pub fn arena_for(bytes: &[u8], cfg: &SessionConfig) -> Vec<u8> {
     let g = Gguf::parse(bytes).expect("model parses");

@@ -1,5 +1,7 @@
 //! Tests of the attention f16 accumulator (`Kernels::f16_mad`, `f16_scale`): every
-//! kernel set — AVX2 (the f32 TwoSum / round-to-odd path), AVX512-FP16 (the native
+//! kernel set — AVX2 (the f32 TwoSum / round-to-odd path), AVX-512 without FP16 (the
+//! same arithmetic on 512-bit vectors, round-to-odd by per-instruction rounding),
+//! AVX512-FP16 (the native
 //! `vfmadd231ph`) where the CPU has it, NEON — against the scalar reference, bit for
 //! bit, over every length up to 640 (tails that are not whole vectors or whole 128-element
 //! steps) and over adversarial values: exact ties between f16 neighbours and values just
@@ -22,6 +24,12 @@ pub(super) fn kernel_sets() -> Vec<Kernels> {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c") {
         v.push(Kernels::new(Isa { avx2_fma: true, ..Isa::default() }));
+        // AVX-512 without AVX512-FP16 (as Zen 4: F/BW/VL and VNNI), forced on any AVX-512 CPU.
+        if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw") && std::is_x86_feature_detected!("avx512vl") {
+            v.push(Kernels::new(Isa { avx2_fma: true, avx512: true, avx512_vnni: std::is_x86_feature_detected!("avx512vnni"), ..Isa::default() }));
+        } else {
+            std::println!("note: no AVX-512 on this CPU; its f16 kernels are not tested");
+        }
         let fp16 = Kernels::new(Isa { avx2_fma: true, avx512: true, avx512_fp16: true, ..Isa::default() });
         if fp16.name() == "avx2+fp16" {
             v.push(fp16);
@@ -268,7 +276,8 @@ fn grouped_attention_ops_match_one_head_at_a_time() {
             let kv: Vec<f16> = (0..rows * stride).map(|_| val(&mut rng)).collect();
             let qs: Vec<f16> = (0..heads * n).map(|_| val(&mut rng)).collect();
             let y0: Vec<f16> = (0..heads * n).map(|_| val(&mut rng)).collect();
-            let len = 1 + rng.below(64) as usize;
+            // (Up to 100 keys: past the exact path's passes of 64.)
+            let len = 1 + rng.below(100) as usize;
             let offs: Vec<usize> = (0..len).map(|_| rng.below(rows as u64) as usize * stride).collect();
             let new_max: Vec<bool> = (0..heads * len).map(|i| i % len == 0 || rng.below(4) == 0).collect();
             let e: Vec<f32> = (0..heads * len).map(|_| (rng.below(1 << 20) as f32) / (1 << 20) as f32).collect();
@@ -337,6 +346,44 @@ fn softmax_scores_match_the_key_by_key_loop() {
                     assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{} round {round} chunk {ci} key {c}: {got} vs {want}", k.name());
                 }
                 assert!(max == want_max || (max.is_nan() && want_max.is_nan()), "{} round {round} chunk {ci}: max {max} vs {want_max}", k.name());
+            }
+        }
+    }
+}
+
+/// The grouped value update's exact path on a sum where rounding to f32 first lands on an
+/// f16 midpoint below f16's normal range (a double-rounding trap that the f16-normal
+/// midpoint test alone would miss): `y = 17·2^-24`, `x = (1 + 2^-10)·2^-14`,
+/// `e = (1 - 2^-10)·2^-11`, so `x·e + y = 17.5·2^-24 - 2^-45`, one rounding gives
+/// `17·2^-24` and two (f32, then f16 to even) `18·2^-24`; every kernel set, 1 to 4 heads,
+/// rows of 128 and 256, keys with and without a new maximum.
+#[test]
+fn grouped_value_update_rounds_once_below_f16_normals() {
+    let (y0, x0, e0) = (f16::from_bits(17), f16::from_bits(0x0401), f16::from_f32((1.0 - 1.0 / 1024.0) / 2048.0));
+    assert_eq!(e0.to_f32(), (1.0 - 1.0 / 1024.0) / 2048.0);
+    let twice = f16::from_f32(libm::fmaf(x0.to_f32(), e0.to_f32(), y0.to_f32()));
+    // (The reference's native-path single rounding: f16_from_f64 of the f64 fma.)
+    let single = f16ops::f16_from_f64(libm::fma(x0.to_f64(), e0.to_f64(), y0.to_f64()));
+    assert_eq!((single.to_bits(), twice.to_bits()), (17, 18), "not a double-rounding case");
+    let reference = Kernels::reference();
+    for n in [128usize, 256] {
+        for heads in 1..=4usize {
+            let len = 3;
+            let kv = vec![x0; 2 * n];
+            let offs = [0, n, 0];
+            let new_max: Vec<bool> = (0..heads * len).map(|i| i % len == 0 && i / len % 2 == 1).collect();
+            let e = vec![e0.to_f32(); heads * len];
+            for k in kernel_sets() {
+                let mut y = vec![y0; heads * n];
+                let mut sums = vec![1.0f32; heads];
+                k.f16_mad_keys_heads(&mut y, n, heads, &kv, &offs, &new_max, &e, &mut sums);
+                for h in 0..heads {
+                    let mut want = vec![y0; n];
+                    reference.f16_mad_keys(&mut want, &kv, &offs, &new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
+                    for i in 0..n {
+                        assert_eq!(y[h * n + i].to_bits(), want[i].to_bits(), "{} n={n} heads={heads} h={h} element {i}", k.name());
+                    }
+                }
             }
         }
     }

@@ -53,8 +53,18 @@ fn prompt_tokens(n: usize, n_vocab: usize) -> Vec<u32> {
     (0..n).map(|_| (rng.next_u64() % n_vocab as u64) as u32).collect()
 }
 
-fn run_pp(e: &mut Engine<'_>, par: &dyn Parallel, toks: &[u32]) -> Result<f64> {
+/// Starts a new sequence with `depth` positions already in the KV cache (`-d`: the
+/// deterministic prompt tokens, evaluated in batches of at most `batch`, not timed).
+fn fill_depth(e: &mut Engine<'_>, par: &dyn Parallel, depth: &[u32], batch: usize) -> Result<()> {
     e.reset();
+    for part in depth.chunks(batch.max(1)) {
+        e.eval(part, Outputs::Last, par)?;
+    }
+    Ok(())
+}
+
+fn run_pp(e: &mut Engine<'_>, par: &dyn Parallel, toks: &[u32], depth: &[u32], batch: usize) -> Result<f64> {
+    fill_depth(e, par, depth, batch)?;
     let t = Instant::now();
     let v = e.n_vocab();
     let logits = e.eval(toks, Outputs::Last, par)?;
@@ -65,8 +75,8 @@ fn run_pp(e: &mut Engine<'_>, par: &dyn Parallel, toks: &[u32]) -> Result<f64> {
 
 /// Generation speed: each step's evaluation and sampling are timed; the check of its
 /// logits (a scan of the whole row, not part of generating) is not.
-fn run_tg(e: &mut Engine<'_>, par: &dyn Parallel, first: u32, n: usize) -> Result<(f64, Vec<u32>)> {
-    e.reset();
+fn run_tg(e: &mut Engine<'_>, par: &dyn Parallel, first: u32, n: usize, depth: &[u32], batch: usize) -> Result<(f64, Vec<u32>)> {
+    fill_depth(e, par, depth, batch)?;
     let mut out = Vec::with_capacity(n);
     let mut tok = first;
     let mut secs = 0.0;
@@ -96,6 +106,10 @@ pub struct BenchArgs {
     /// Generated tokens of the tg test (0 = no tg test)
     #[arg(short = 'n', long = "n-gen", value_name = "N", default_value_t = 128)]
     pub n_gen: usize,
+    /// Positions already in the KV cache before each pp and tg measurement (llama-bench's
+    /// `-d`; filled with fixed prompt tokens, not timed)
+    #[arg(short = 'd', long = "n-depth", value_name = "N", default_value_t = 0)]
+    pub n_depth: usize,
     /// Repetitions of each test (mean ± standard deviation)
     #[arg(short = 'r', long = "repetitions", value_name = "N", default_value_t = 3)]
     pub repetitions: usize,
@@ -117,6 +131,8 @@ pub struct BenchArgs {
 #[derive(Serialize)]
 struct BenchJson<'a> {
     test: &'a str,
+    n_depth: usize,
+    kernels: &'static str,
     tps: f64,
     sd: f64,
     threads: usize,
@@ -147,31 +163,36 @@ pub fn main(a: BenchArgs) -> Result<()> {
     }
     let model = a.model.model.clone();
     let (n_prompt, n_gen, reps, as_json, roofline) = (a.n_prompt, a.n_gen, a.repetitions, a.json, a.roofline);
-    for (flag, n) in [("-p", n_prompt), ("-n", n_gen)] {
+    let depth = a.n_depth;
+    for (flag, n) in [("-p", n_prompt), ("-n", n_gen), ("-d", depth)] {
         if n >= MAX_TOKENS {
             bail!("{flag} {n}: the context would need more than {MAX_TOKENS} tokens; use a smaller {flag}");
         }
+    }
+    if depth + n_prompt.max(n_gen) >= MAX_TOKENS {
+        bail!("-d {depth} with -p {n_prompt} -n {n_gen}: the context would need more than {MAX_TOKENS} tokens; use a smaller -d");
     }
     let mut opts = a.eval.options(1)?;
     if reps == 0 || (n_prompt == 0 && n_gen == 0) {
         bail!("nothing to measure: -r must be >= 1 and -p or -n > 0");
     }
-    opts.n_ctx = opts.n_ctx.max(n_prompt.max(n_gen) + 1);
+    // The most positions a test holds: the depth, then the prompt or the generated tokens.
+    let span = depth + n_prompt.max(n_gen + 1);
+    opts.n_ctx = opts.n_ctx.max(span);
     opts.n_batch = opts.n_batch.max(n_prompt).min(opts.n_ctx);
     let opened = open(&model)?;
     let g = opened.gguf()?;
     // A speed measured past the training context is of positions the model never saw;
     // sizes beyond it are refused before any work (--force-ctx measures them anyway).
-    if let Some((key, train)) = training_context(&g).filter(|&(_, t)| !opts.force_ctx && n_prompt.max(n_gen + 1) > t) {
+    if let Some((key, train)) = training_context(&g).filter(|&(_, t)| !opts.force_ctx && span > t) {
         bail!(
-            "{}: bench -p {n_prompt} -n {n_gen} needs a {}-token context but the model's training context is {train} ({key}); use a smaller -p or -n (or --force-ctx)",
+            "{}: bench -p {n_prompt} -n {n_gen} -d {depth} needs a {span}-token context but the model's training context is {train} ({key}); use a smaller -p, -n or -d (or --force-ctx)",
             opened.path.display(),
-            n_prompt.max(n_gen + 1)
         );
     }
     if let (total, Some(mem)) = arena_beyond_memory(&g, &opened.path, &opts)? {
         bail!(
-            "{}: bench -p {n_prompt} -n {n_gen} plans a {} arena (a {}-token context, {}-token batches) but this machine has {} of physical memory; use a smaller -p or -n",
+            "{}: bench -p {n_prompt} -n {n_gen} -d {depth} plans a {} arena (a {}-token context, {}-token batches) but this machine has {} of physical memory; use a smaller -p, -n or -d",
             opened.path.display(),
             super::common::mib(total as u64),
             opts.n_ctx,
@@ -183,24 +204,29 @@ pub fn main(a: BenchArgs) -> Result<()> {
     let (mut e, pool) = engine(&g, &opened.path, &mut loaded, opts.reference, SamplerConfig { temp: 0.0, ..Default::default() })?;
     e.session.set_llama_cpp_batches(a.eval.llama_cpp());
     let toks = prompt_tokens(n_prompt.max(1), e.n_vocab());
+    // The depth's tokens: the same fixed draw, continued past the prompt's.
+    let depth_toks = prompt_tokens(n_prompt.max(1) + depth, e.n_vocab()).split_off(n_prompt.max(1));
+    let (dt, nb) = (&depth_toks[..], opts.n_batch);
+    // llama-bench's names: `pp512`, or `pp512 @ d4096` at a depth.
+    let name = |t: &str| if depth > 0 { format!("{t} @ d{depth}") } else { t.to_string() };
 
     // Warm-up: a short prompt and a few generated tokens, not measured.
-    run_pp(&mut e, pool, &toks[..toks.len().min(32)])?;
-    run_tg(&mut e, pool, toks[0], n_gen.min(4))?;
+    run_pp(&mut e, pool, &toks[..toks.len().min(32)], &[], nb)?;
+    run_tg(&mut e, pool, toks[0], n_gen.min(4), &[], nb)?;
 
     let mut results = Vec::new();
     if n_prompt > 0 {
-        let mut m = Measured { test: format!("pp{n_prompt}"), tps: Vec::new() };
+        let mut m = Measured { test: name(&format!("pp{n_prompt}")), tps: Vec::new() };
         for _ in 0..reps {
-            m.tps.push(run_pp(&mut e, pool, &toks)?);
+            m.tps.push(run_pp(&mut e, pool, &toks, dt, nb)?);
         }
         results.push(m);
     }
     if n_gen > 0 {
-        let mut m = Measured { test: format!("tg{n_gen}"), tps: Vec::new() };
+        let mut m = Measured { test: name(&format!("tg{n_gen}")), tps: Vec::new() };
         let mut reference: Option<Vec<u32>> = None;
         for r in 0..reps {
-            let (tps, out) = run_tg(&mut e, pool, toks[0], n_gen)?;
+            let (tps, out) = run_tg(&mut e, pool, toks[0], n_gen, dt, nb)?;
             match &reference {
                 None => reference = Some(out),
                 Some(want) if *want != out => {
@@ -217,7 +243,7 @@ pub fn main(a: BenchArgs) -> Result<()> {
     // The bandwidth bound of tg (measured after the runs, so it never disturbs them).
     let bound = if roofline && n_gen > 0 {
         let bw = super::roofline::read_bandwidth(opts.threads);
-        let bytes = super::roofline::bytes_per_token(&e.model, 0, n_gen);
+        let bytes = super::roofline::bytes_per_token(&e.model, depth, n_gen);
         Some((bw, bytes, bw / bytes.total() as f64))
     } else {
         None
@@ -228,6 +254,8 @@ pub fn main(a: BenchArgs) -> Result<()> {
             .iter()
             .map(|m| BenchJson {
                 test: &m.test,
+                n_depth: depth,
+                kernels: e.session.kernels().name(),
                 tps: m.mean(),
                 sd: m.sd(),
                 threads: opts.threads,

@@ -55,7 +55,8 @@ pub fn kernels(reference: bool) -> Kernels {
     if reference {
         Kernels::reference()
     } else {
-        Kernels::new(crate::isa::detect())
+        // (KEEL_ISA was checked when the command started: see `cli::main_os`.)
+        Kernels::new(crate::isa::chosen().unwrap_or_else(|_| crate::isa::detect()))
     }
 }
 

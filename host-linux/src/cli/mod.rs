@@ -145,6 +145,8 @@ pub fn main_os(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<()>
             anyhow::bail!("{}", text.trim_end().strip_prefix("error: ").unwrap_or(text.trim_end()));
         }
     };
+    // A bad KEEL_ISA is refused before any work (the kernels are chosen later).
+    crate::isa::chosen().map_err(anyhow::Error::msg)?;
     dispatch(cli.command)
 }
 

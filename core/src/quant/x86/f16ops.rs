@@ -710,3 +710,168 @@ unsafe fn mad_keys_heads64_avx2(y: *mut u16, heads: usize, x: *const u16, offs: 
         }
     }
 }
+
+/// Whether [`mad_keys_heads_exact`] takes rows of `n`: whole `F16_STEP` steps, so every
+/// element takes the native f16 path of `scale` and `mad`.
+pub(crate) fn mad_keys_heads_exact_fits(n: usize) -> bool {
+    n > 0 && n.is_multiple_of(F16_STEP)
+}
+
+/// Keys per pass of [`mad_keys_heads_exact`] (the f16-rounded exponents on the stack).
+const EXACT_KEYS: usize = 64;
+
+/// [`mad_keys`] for the heads of a GQA group at once (up to 4; `ys`: `heads` rows of `n`,
+/// `new_max` and `e`: `heads` rows of `offs.len()`), rows of whole 128-element steps
+/// ([`mad_keys_heads_exact_fits`]: Gemma 3's 256), on CPUs without AVX512-FP16: the
+/// single-rounding f16 arithmetic of `vfmadd231ph`/`vmulph` in f32 lanes. Per element and
+/// key, as the reference: on a new maximum `y = f16(y·f16(e))` (an exact f32 product
+/// rounded once) and `y = f16(x + y)` with one rounding, else `y = f16(x·f16(e) + y)` with
+/// one rounding — the f32 sum rounded to odd, then to f16 to nearest even (see the
+/// module doc). The row is taken in column slices (with AVX-512: `avx512`, the caller's
+/// flag, set only after `cpu_has_avx512()`, 64 to 128 columns; else 16 to 64), each slice of every head
+/// kept in registers through the keys, each value slice loaded once for all heads; each
+/// head's running sum `softmax_sum` beside them. Every element sees the same sequence of
+/// operations as one key and one head at a time: the same bits.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn mad_keys_heads_exact(ys: &mut [f16], n: usize, heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], sums: &mut [f32], avx512: bool) {
+    let len = offs.len();
+    assert!(mad_keys_heads_exact_fits(n) && (1..=4).contains(&heads), "mad_keys_heads_exact: {heads} heads of {n}");
+    assert!(ys.len() >= heads * n && new_max.len() >= heads * len && e.len() >= heads * len && sums.len() >= heads, "mad_keys_heads_exact: short arrays");
+    assert!(offs.iter().all(|&o| o <= x.len() && n <= x.len() - o), "mad_keys_heads_exact: value row out of bounds");
+    for (h, sum) in sums[..heads].iter_mut().enumerate() {
+        *sum = softmax_sum(*sum, &new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
+    }
+    let (yp, xp) = (ys.as_mut_ptr().cast::<u16>(), x.as_ptr().cast::<u16>());
+    let mut c0 = 0;
+    while c0 < len {
+        let m = (len - c0).min(EXACT_KEYS);
+        // Per head and key: the multiplier `f16(e)` as f32 (1 after a new maximum's
+        // scaling) and the scale `f16(e)` (0 where there is none: never read).
+        let (mut mul, mut scl) = ([0.0f32; 4 * EXACT_KEYS], [0.0f32; 4 * EXACT_KEYS]);
+        for h in 0..heads {
+            for c in 0..m {
+                let (i, eh) = (h * len + c0 + c, f16::from_f32(e[h * len + c0 + c]).to_f32());
+                (mul[h * EXACT_KEYS + c], scl[h * EXACT_KEYS + c]) = if new_max[i] { (1.0, eh) } else { (eh, 0.0) };
+            }
+        }
+        let (nm, o) = (&new_max[..], &offs[c0..c0 + m]);
+        let flags = |h: usize| &nm[h * len + c0..h * len + c0 + m];
+        // SAFETY: AVX2/FMA/F16C present (module contract), AVX-512 F where `avx512` (the
+        // caller's flag); ys holds heads rows of n, every value row's n elements lie in x
+        // (checked above); mul/scl hold heads rows of EXACT_KEYS >= m.
+        unsafe {
+            let fl = [flags(0), flags(heads.min(2) - 1), flags(heads.min(3) - 1), flags(heads - 1)];
+            // Slices as wide as the registers allow (16 vectors of accumulators with
+            // AVX-512, 8 with AVX2; n is a multiple of 128, so of every width here).
+            match (avx512, heads) {
+                (true, 1) => mad_exact_avx512::<1, 8>(yp, n, xp, o, fl, &mul, &scl),
+                (true, 2) => mad_exact_avx512::<2, 8>(yp, n, xp, o, fl, &mul, &scl),
+                (true, 3) => mad_exact_avx512::<3, 4>(yp, n, xp, o, fl, &mul, &scl),
+                (true, _) => mad_exact_avx512::<4, 4>(yp, n, xp, o, fl, &mul, &scl),
+                (false, 1) => mad_exact_heads_avx2::<1, 8>(yp, n, xp, o, fl, &mul, &scl),
+                (false, 2) => mad_exact_heads_avx2::<2, 4>(yp, n, xp, o, fl, &mul, &scl),
+                (false, 3) => mad_exact_heads_avx2::<3, 2>(yp, n, xp, o, fl, &mul, &scl),
+                (false, _) => mad_exact_heads_avx2::<4, 2>(yp, n, xp, o, fl, &mul, &scl),
+            }
+        }
+        c0 += m;
+    }
+}
+
+/// [`mad_keys_heads_exact`]'s slices of `16·V` columns on 512-bit vectors for `H` heads:
+/// `f16(x·v + y)` with one rounding as `fma` rounded toward zero, made odd where the
+/// sum is inexact (rounded down and up differ: AVX-512's per-instruction rounding), then
+/// rounded to f16 to nearest even.
+///
+/// # Safety
+/// AVX2/FMA/F16C and AVX-512 F present; `H` rows of `n` (a multiple of `16·V`) at `y`, `n`
+/// elements at `x + offs[c]` for every c; `new_max[h]` as long as `offs`, `mul`/`scl`
+/// hold `H` rows of [`EXACT_KEYS`] >= `offs.len()`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+unsafe fn mad_exact_avx512<const H: usize, const V: usize>(y: *mut u16, n: usize, x: *const u16, offs: &[usize], new_max: [&[bool]; 4], mul: &[f32], scl: &[f32]) {
+    // SAFETY: as above; unaligned loads and stores only.
+    unsafe {
+        const RZ: i32 = _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC;
+        const RD: i32 = _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC;
+        const RU: i32 = _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC;
+        let f16_round = |v: __m512| _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
+        let one = _mm512_set1_epi32(1);
+        for col in (0..n).step_by(16 * V) {
+            let mut acc: [[__m512; V]; H] = core::array::from_fn(|h| core::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(y.add(h * n + col + 16 * j).cast()))));
+            for (c, &off) in offs.iter().enumerate() {
+                let xv: [__m512; V] = core::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(x.add(off + col + 16 * j).cast())));
+                for (h, a) in acc.iter_mut().enumerate() {
+                    if new_max[h][c] {
+                        let s = _mm512_set1_ps(scl[h * EXACT_KEYS + c]);
+                        for v in a.iter_mut() {
+                            *v = f16_round(_mm512_mul_ps(*v, s));
+                        }
+                    }
+                    let vv = _mm512_set1_ps(mul[h * EXACT_KEYS + c]);
+                    for (j, v) in a.iter_mut().enumerate() {
+                        let rz = _mm512_fmadd_round_ps::<RZ>(xv[j], vv, *v);
+                        let inexact = _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(_mm512_fmadd_round_ps::<RD>(xv[j], vv, *v), _mm512_fmadd_round_ps::<RU>(xv[j], vv, *v));
+                        let odd = _mm512_mask_or_epi32(_mm512_castps_si512(rz), inexact, _mm512_castps_si512(rz), one);
+                        *v = f16_round(_mm512_castsi512_ps(odd));
+                    }
+                }
+            }
+            for (h, a) in acc.iter().enumerate() {
+                for (j, v) in a.iter().enumerate() {
+                    _mm256_storeu_si256(y.add(h * n + col + 16 * j).cast(), _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(*v));
+                }
+            }
+        }
+    }
+}
+
+/// [`mad_keys_heads_exact`]'s slices of `8·V` columns on 256-bit vectors for `H` heads
+/// (AVX2: `fma` where its f32 result cannot round twice, else TwoSum and
+/// [`round_odd_sum`] as [`mad_exact_avx2`]).
+///
+/// # Safety
+/// As [`mad_exact_avx512`], with AVX2/FMA/F16C only.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mad_exact_heads_avx2<const H: usize, const V: usize>(y: *mut u16, n: usize, x: *const u16, offs: &[usize], new_max: [&[bool]; 4], mul: &[f32], scl: &[f32]) {
+    // SAFETY: as above; unaligned loads and stores only.
+    unsafe {
+        let f16_round = |v: __m256| _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
+        let (zero, one) = (_mm256_setzero_ps(), _mm256_set1_epi32(1));
+        // f32 bit masks: the 13 bits below f16's precision, their midpoint pattern, the
+        // magnitude, and f16's smallest normal 2^-14.
+        let (low13, half, abs, min_normal) = (_mm256_set1_epi32(0x1fff), _mm256_set1_epi32(0x1000), _mm256_set1_epi32(0x7fff_ffff), _mm256_set1_epi32(0x3880_0000));
+        for col in (0..n).step_by(8 * V) {
+            let mut acc: [[__m256; V]; H] = core::array::from_fn(|h| core::array::from_fn(|j| _mm256_cvtph_ps(_mm_loadu_si128(y.add(h * n + col + 8 * j).cast()))));
+            for (c, &off) in offs.iter().enumerate() {
+                let xv: [__m256; V] = core::array::from_fn(|j| _mm256_cvtph_ps(_mm_loadu_si128(x.add(off + col + 8 * j).cast())));
+                for (h, a) in acc.iter_mut().enumerate() {
+                    if new_max[h][c] {
+                        let s = _mm256_set1_ps(scl[h * EXACT_KEYS + c]);
+                        for v in a.iter_mut() {
+                            *v = f16_round(_mm256_mul_ps(*v, s));
+                        }
+                    }
+                    let vv = _mm256_set1_ps(mul[h * EXACT_KEYS + c]);
+                    for (j, v) in a.iter_mut().enumerate() {
+                        // `fma` rounds the exact `x·v + y` to f32 once; rounding that to f16
+                        // is the one rounding of the exact sum unless it landed on an f16
+                        // midpoint (low 13 bits 0x1000 at f16-normal magnitudes, 65520
+                        // included) or below f16's normal range: then the round-to-odd
+                        // path (rare: one vector in thousands on attention values).
+                        let s = _mm256_fmadd_ps(xv[j], vv, *v);
+                        let bits = _mm256_castps_si256(s);
+                        let mid = _mm256_cmpeq_epi32(_mm256_and_si256(bits, low13), half);
+                        let tiny = _mm256_cmpgt_epi32(min_normal, _mm256_and_si256(bits, abs));
+                        let odd = _mm256_or_si256(mid, tiny);
+                        *v = if _mm256_testz_si256(odd, odd) == 1 { f16_round(s) } else { f16_round(round_odd_sum(_mm256_mul_ps(xv[j], vv), *v, zero, one)) };
+                    }
+                }
+            }
+            for (h, a) in acc.iter().enumerate() {
+                for (j, v) in a.iter().enumerate() {
+                    _mm_storeu_si128(y.add(h * n + col + 8 * j).cast(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(*v));
+                }
+            }
+        }
+    }
+}

@@ -417,7 +417,12 @@ const fn build(flags: usize) -> KernelTable {
     t.f16_dot_keys = if avx512 { entry::dot_keys::<true> } else { entry::dot_keys::<false> };
     t.f16_mad_keys = if fp16 { entry::mad_keys::<true> } else { entry::mad_keys::<false> };
     t.f16_dot_keys_heads = if avx512 { entry::dot_keys_heads::<true> } else { entry::dot_keys_heads::<false> };
-    t.f16_mad_keys_heads = if avx512 { entry::mad_keys_heads::<true> } else { entry::mad_keys_heads::<false> };
+    t.f16_mad_keys_heads = match (avx512, fp16) {
+        (true, true) => entry::mad_keys_heads::<true, true>,
+        (true, false) => entry::mad_keys_heads::<true, false>,
+        (false, true) => entry::mad_keys_heads::<false, true>,
+        (false, false) => entry::mad_keys_heads::<false, false>,
+    };
     if avx512 {
         t.softmax_scores = f16ops::softmax_scores;
     }
@@ -459,11 +464,15 @@ mod entry {
         }
     }
 
-    /// The grouped value updates for rows of 64 and up to 4 heads.
+    /// The grouped value updates for rows of 64 and up to 4 heads, and without
+    /// AVX512-FP16 for rows of whole 128-element steps (the exact f16 accumulator in f32
+    /// lanes; with it, `mad_keys`' `vfmadd231ph` head by head).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn mad_keys_heads<const AVX512: bool>(t: &KernelTable, ys: &mut [f16], n: usize, heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], sums: &mut [f32]) {
+    pub(super) fn mad_keys_heads<const AVX512: bool, const FP16: bool>(t: &KernelTable, ys: &mut [f16], n: usize, heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], sums: &mut [f32]) {
         if n == 64 && heads <= 4 {
             f16ops::mad_keys_heads64(ys, heads, x, offs, new_max, e, sums, AVX512)
+        } else if !FP16 && f16ops::mad_keys_heads_exact_fits(n) && (1..=4).contains(&heads) {
+            f16ops::mad_keys_heads_exact(ys, n, heads, x, offs, new_max, e, sums, AVX512)
         } else {
             mad_keys_by_head(t, ys, n, heads, x, offs, new_max, e, sums)
         }
