@@ -182,17 +182,20 @@ pub fn main(a: BenchArgs) -> Result<()> {
     opts.n_batch = opts.n_batch.max(n_prompt).min(opts.n_ctx);
     let opened = open(&model)?;
     let g = opened.gguf()?;
+    // The sizes as the user gave them (-d only when given).
+    let sizes = if depth > 0 { format!("-p {n_prompt} -n {n_gen} -d {depth}") } else { format!("-p {n_prompt} -n {n_gen}") };
+    let smaller = if depth > 0 { "-p, -n or -d" } else { "-p or -n" };
     // A speed measured past the training context is of positions the model never saw;
     // sizes beyond it are refused before any work (--force-ctx measures them anyway).
     if let Some((key, train)) = training_context(&g).filter(|&(_, t)| !opts.force_ctx && span > t) {
         bail!(
-            "{}: bench -p {n_prompt} -n {n_gen} -d {depth} needs a {span}-token context but the model's training context is {train} ({key}); use a smaller -p, -n or -d (or --force-ctx)",
+            "{}: bench {sizes} needs a {span}-token context but the model's training context is {train} ({key}); use a smaller {smaller} (or --force-ctx)",
             opened.path.display(),
         );
     }
     if let (total, Some(mem)) = arena_beyond_memory(&g, &opened.path, &opts)? {
         bail!(
-            "{}: bench -p {n_prompt} -n {n_gen} -d {depth} plans a {} arena (a {}-token context, {}-token batches) but this machine has {} of physical memory; use a smaller -p, -n or -d",
+            "{}: bench {sizes} plans a {} arena (a {}-token context, {}-token batches) but this machine has {} of physical memory; use a smaller {smaller}",
             opened.path.display(),
             super::common::mib(total as u64),
             opts.n_ctx,
