@@ -243,8 +243,8 @@ pub fn main(a: RunArgs) -> Result<()> {
         Some(sopts) => {
             keel_core::speculative::plan(&mut spec_plan, e.n_vocab(), opts.n_ctx, sopts.n_max)?;
             let mut carver = keel_core::arena::carve(&mut spec_arena, &spec_plan).map_err(keel_core::Error::from)?;
-            let costs = super::speculate::measure_costs(&mut e, draft_engine.as_mut(), pool, sopts.n_max)?;
-            Some(keel_core::speculative::Speculator::new(&mut carver, &spec_plan, sopts.config(&costs), sampling, e.n_vocab())?)
+            let cfg = sopts.config(|| super::speculate::measure_costs(&mut e, draft_engine.as_mut(), pool, sopts.n_max))?;
+            Some(keel_core::speculative::Speculator::new(&mut carver, &spec_plan, cfg, sampling, e.n_vocab())?)
         }
         None => None,
     };

@@ -85,9 +85,13 @@ impl SpecOptions {
         Ok(Some(SpecOptions { draft_model, n_max, fixed, draft_devices: OffloadOptions { devices, policy } }))
     }
 
-    /// The core's settings, with the costs [`measure_costs`] found.
-    pub fn config(&self, costs: &Costs) -> SpecConfig {
-        costs.config(self.n_max, !self.fixed)
+    /// The core's settings. Only the adaptive length uses costs, so `measure` (the
+    /// [`measure_costs`] timings, a fraction of a second) runs only for it.
+    pub fn config(&self, measure: impl FnOnce() -> Result<Costs>) -> Result<SpecConfig> {
+        if self.fixed {
+            return Ok(SpecConfig { n_max: self.n_max, adaptive: false, ..SpecConfig::default() });
+        }
+        Ok(measure()?.config(self.n_max, true))
     }
 
     /// `draft <file>` or `lookup`.
