@@ -3,6 +3,7 @@
 
 use super::common::mib;
 use crate::device::offload::{Breakdown, Devices};
+use crate::device::rknpu::w8a8::Scheme;
 use crate::device::SimConfig;
 use anyhow::{bail, Result};
 use keel_core::engine::Engine;
@@ -19,6 +20,8 @@ pub struct OffloadOptions {
     pub devices: Vec<String>,
     /// The placement policy.
     pub policy: Policy,
+    /// `rknpu`'s W8A8 scheme (`--rknpu-products`).
+    pub rknpu: Scheme,
 }
 
 fn parse_type(s: &str) -> Result<GgmlType> {
@@ -77,6 +80,9 @@ pub struct OffloadFlags {
     /// Weight budget per device session, in MiB
     #[arg(long = "device-mem", value_name = "MIB[,MIB..]")]
     pub device_mem: Option<String>,
+    /// rknpu: int8 products per matrix product: 4 (default: residual weights and activations, the accurate scheme), 2 (residual weights), 1 (plain W8A8, fastest); see BENCHMARKS.md for the accuracy of each
+    #[arg(long = "rknpu-products", value_name = "1|2|4", default_value_t = crate::device::rknpu::w8a8::DEFAULT_PRODUCTS, value_parser = super::rknpu::parse_products)]
+    pub rknpu_products: u32,
 }
 
 impl OffloadOptions {
@@ -120,7 +126,8 @@ impl OffloadOptions {
                 policy.devices[i].budget = Some(mb << 20);
             }
         }
-        Ok(OffloadOptions { devices, policy })
+        let rknpu = Scheme::with_products(f.rknpu_products).unwrap_or_default();
+        Ok(OffloadOptions { devices, policy, rknpu })
     }
 
     /// Opens the devices (none for `cpu` only).
@@ -128,7 +135,7 @@ impl OffloadOptions {
         if self.devices.is_empty() {
             return Ok(Devices::none());
         }
-        Devices::open(&self.devices, &SimConfig::from_env()).map_err(|e| anyhow::anyhow!("{e}"))
+        Devices::open_with(&self.devices, &SimConfig::from_env(), self.rknpu).map_err(|e| anyhow::anyhow!("{e}"))
     }
 }
 

@@ -77,12 +77,12 @@ pub struct KlArgs {
     /// Keep the output projection (lm head) on the CPU
     #[arg(long = "output-on-cpu")]
     output_on_cpu: bool,
-    /// Add int8 residual weights (2x the multiply-accumulates)
-    #[arg(long = "residual")]
-    residual: bool,
-    /// Add int8 residual activations too (with --residual: 4x the multiply-accumulates)
-    #[arg(long = "x-residual")]
-    x_residual: bool,
+    /// Int8 products per matrix product: 4 (the device's default: residual weights and activations), 2 (residual weights), 1 (plain W8A8)
+    #[arg(long = "products", value_name = "1|2|4", default_value_t = w8a8::DEFAULT_PRODUCTS, value_parser = parse_products)]
+    products: u32,
+    /// Diagnostic: no int8 rounding at all (f32 products summed in f64), i.e. how far keel's CPU path itself is from the exact product: the floor under every scheme
+    #[arg(long = "exact")]
+    exact: bool,
     /// JSON output
     #[arg(long = "json")]
     json: bool,
@@ -177,7 +177,7 @@ pub struct KlReport {
 
 /// Runs `model` over `text` in chunks of `c` tokens on the CPU and with every matrix
 /// product on the W8A8 emulation of `scheme`; at most `max_chunks` chunks.
-pub fn kl_divergence(model: &str, text: &str, c: usize, max_chunks: usize, scheme: w8a8::Scheme, output: bool, threads: usize) -> Result<KlReport> {
+pub fn kl_divergence(model: &str, text: &str, c: usize, max_chunks: usize, scheme: w8a8::Scheme, exact: bool, output: bool, threads: usize) -> Result<KlReport> {
     use crate::cli::load::{engine, open, prepare, RunOptions};
     use keel_core::placement::{weight_count, Decision, Exec, OffloadMode, Placement, Policy};
     use keel_core::session::Outputs;
@@ -188,11 +188,10 @@ pub fn kl_divergence(model: &str, text: &str, c: usize, max_chunks: usize, schem
     let sampling = keel_core::sampler::SamplerConfig::default();
     let (mut cpu, pool) = engine(&g, &opened.path, &mut l_cpu, false, sampling)?;
     let (mut dev, _) = engine(&g, &opened.path, &mut l_dev, false, sampling)?;
-    let mut emu = w8a8::Emu::new(scheme, threads);
+    let mut emu = if exact { w8a8::Emu::exact(scheme, threads) } else { w8a8::Emu::new(scheme, threads) };
     let mut decisions = vec![Decision::EMPTY; weight_count(&dev.model)];
     let mut p = Policy::all(1);
     p.mode = OffloadMode::MatMul;
-    p.convert_to = None;
     p.output = output;
     let placement = {
         let infos: [&dyn keel_core::placement::DeviceInfo; 1] = [&emu];
@@ -247,14 +246,21 @@ pub fn kl_row(p: &[f32], q: &[f32]) -> f64 {
     }).sum::<f64>().max(0.0)
 }
 
+/// `--products`: 1, 2 or 4.
+pub fn parse_products(s: &str) -> std::result::Result<u32, String> {
+    s.parse().ok().filter(|n| w8a8::Scheme::with_products(*n).is_some()).ok_or_else(|| format!("'{s}' is not 1, 2 or 4 (int8 products per matrix product: 1 plain W8A8, 2 with residual weights, 4 with residual weights and activations)"))
+}
+
 /// `keel rknpu kl`.
 fn kl(a: KlArgs) -> Result<()> {
     let (model, file, c, chunks, threads) = (a.model.model, a.file, a.ctx as usize, a.chunks.unwrap_or(usize::MAX), a.threads as usize);
-    let (rotate, fine, output, residual, x_residual, as_json) = (!a.no_rotate, !a.per_tensor, !a.output_on_cpu, a.residual, a.x_residual, a.json);
+    let (rotate, fine, output, as_json) = (!a.no_rotate, !a.per_tensor, !a.output_on_cpu, a.json);
+    let w8a8::Scheme { residual, x_residual, .. } = w8a8::Scheme::with_products(a.products).unwrap_or_default();
     let text = super::common::read_text_limited(&file, "text file", super::common::MAX_TEXT_FILE, "the most keel reads for a KL measurement; cut the text")?;
     let scheme = w8a8::Scheme { rotate, fine, residual, x_residual, ..Default::default() };
-    let r = kl_divergence(&model, &text, c, chunks, scheme, output, threads.max(1))?;
-    let name = format!("{}{}", if fine { "per-channel weights, per-token activations" } else { "per-tensor weights and activations" }, if rotate { ", Hadamard rotation" } else { ", no rotation" }) + if output { "" } else { ", output projection on the CPU" } + if residual { ", int8 residual weights" } else { "" } + if x_residual { ", int8 residual activations" } else { "" };
+    let r = kl_divergence(&model, &text, c, chunks, scheme, a.exact, output, threads.max(1))?;
+    let name = if a.exact { format!("exact f32 products, no int8 rounding{}", if rotate { ", Hadamard rotation" } else { "" }) + if output { "" } else { ", output projection on the CPU" } } else { format!("{}{}", if fine { "per-channel weights, per-token activations" } else { "per-tensor weights and activations" }, if rotate { ", Hadamard rotation" } else { ", no rotation" }) + if output { "" } else { ", output projection on the CPU" } + if residual { ", int8 residual weights" } else { "" } + if x_residual { ", int8 residual activations" } else { "" } };
+    let int8_products = if a.exact { 0 } else { scheme.products() };
     if as_json {
         #[derive(serde::Serialize)]
         struct KlJson<'a> {
@@ -265,11 +271,12 @@ fn kl(a: KlArgs) -> Result<()> {
             positions: usize,
             chunks: usize,
             products: usize,
+            int8_products: u32,
             ctx: usize,
         }
-        super::print_json(&KlJson { scheme: &name, kl: r.kl, kl_max: r.kl_max, top1: r.top1, positions: r.positions, chunks: r.chunks, products: r.products, ctx: c });
+        super::print_json(&KlJson { scheme: &name, kl: r.kl, kl_max: r.kl_max, top1: r.top1, positions: r.positions, chunks: r.chunks, products: r.products, int8_products, ctx: c });
     } else {
-        println!("W8A8 ({name}) vs keel's CPU path, {} chunks of {c}, {} positions, {} products emulated:", r.chunks, r.positions, r.products);
+        println!("W8A8 ({name}; {int8_products} int8 products each) vs keel's CPU path, {} chunks of {c}, {} positions, {} matrix products emulated:", r.chunks, r.positions, r.products);
         println!("  mean KL {:.6}  max KL {:.4}  top-1 agreement {:.4}", r.kl, r.kl_max, r.top1);
     }
     Ok(())

@@ -37,8 +37,8 @@ pub const RKNPU_TIMEOUT: Duration = Duration::from_secs(2);
 /// The node the rocket driver makes.
 pub const RKNPU_NODE: &str = "/dev/accel/accel0";
 
-/// Opens `rknpu` on the real node, W8A8 with rotation.
-fn open_rknpu() -> Result<Rknpu, DeviceError> {
+/// Opens `rknpu` on the real node with `scheme` (keel's W8A8 scheme and its products).
+fn open_rknpu(scheme: Scheme) -> Result<Rknpu, DeviceError> {
     let node = crate::device::rknpu::ioctl::Node::open(std::path::Path::new(RKNPU_NODE)).map_err(|e| {
         DeviceError::new(
             "rknpu",
@@ -46,7 +46,7 @@ fn open_rknpu() -> Result<Rknpu, DeviceError> {
             format!("cannot open {RKNPU_NODE}: {e}; the NPU needs Linux 6.18+ with CONFIG_DRM_ACCEL_ROCKET, the rknn-core nodes enabled in the device tree, and read/write access to the node (the render group or a udev rule)"),
         )
     })?;
-    Rknpu::new(Box::new(node), "rknpu", Scheme::default(), RKNPU_TIMEOUT)
+    Rknpu::new(Box::new(node), "rknpu", scheme, RKNPU_TIMEOUT)
 }
 
 /// Microseconds between polls of a batch's completion.
@@ -147,10 +147,15 @@ impl Devices {
     /// Opens each named device (each `hexagon-sim` is its own QEMU session, each
     /// `hexagon` its own FastRPC session).
     pub fn open(names: &[String], cfg: &SimConfig) -> Result<Devices, DeviceError> {
+        Self::open_with(names, cfg, Scheme::default())
+    }
+
+    /// [`Devices::open`] with `rknpu`'s scheme chosen (`--rknpu-products`).
+    pub fn open_with(names: &[String], cfg: &SimConfig, rknpu: Scheme) -> Result<Devices, DeviceError> {
         let mut slots = Vec::new();
         for (i, name) in names.iter().enumerate() {
             let (dev, timeout) = if name == "rknpu" {
-                (AnyDevice::Rknpu(open_rknpu()?), RKNPU_TIMEOUT)
+                (AnyDevice::Rknpu(open_rknpu(rknpu)?), RKNPU_TIMEOUT)
             } else if name == "hexagon" {
                 let mut fcfg = FastRpcConfig::from_env();
                 // A second `hexagon` in the list is a second session on the same DSP.

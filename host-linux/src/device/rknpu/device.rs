@@ -5,11 +5,14 @@
 //! first product of a weight dequantizes its Tiles32 rows, rotates them (randomized
 //! Hadamard, when the scheme says), quantizes them to int8 with one scale per output
 //! channel and packs them into a weight BO with two command streams (one row, and
-//! [`BATCH_ROWS`] rows), all kept; every product then rotates and quantizes each
-//! activation row on the CPU (one scale per token), packs it into the input BO, and runs
-//! one job of int32-mode tasks ([`super::conv::OUT32_REGISTERS`]): FINI_BO, SUBMIT,
-//! PREP_BO on the output with an absolute deadline, and `y = f32(sum) · (sx · sw)`, the
-//! emulation's arithmetic, so the emulation ([`super::w8a8::matmul`]) gives the same bits.
+//! [`BATCH_ROWS`] rows), all kept, and with the scheme's residual weights the same again
+//! for what the int8 matrix misses; every product then rotates and quantizes each
+//! activation row on the CPU (one scale per token; with residual activations its rounding
+//! error again), packs the rows into the input BO, and runs one job of int32-mode tasks
+//! ([`super::conv::OUT32_REGISTERS`]) per (activation pass, weight matrix): FINI_BO,
+//! SUBMIT, PREP_BO on the output with an absolute deadline, and `y (+)= f32(sum) · (sx ·
+//! sw)` in the emulation's order, so the emulation ([`super::w8a8::matmul`]) gives the
+//! same bits.
 //!
 //! Buffers the engine allocates are host memory (the NPU never reads them: activations
 //! are requantized into the input BO). Allocation: BOs and streams are made on a weight's
@@ -55,6 +58,8 @@ struct Prepared {
     scale: Vec<f32>,
     /// The jobs of one row and of a batch.
     jobs: [Job; 2],
+    /// With the scheme's residual weights: their scales and jobs (a second weight BO).
+    residual: Option<(Vec<f32>, [Job; 2])>,
 }
 
 /// An open `rknpu` device.
@@ -71,10 +76,13 @@ pub struct Rknpu {
     input: (u32, u32),
     output: (u32, u32),
     signs: Vec<(usize, Vec<f32>)>,
-    /// Scratch: one rotated row, one int8 row, the batch's activation scales.
+    /// Scratch: one rotated row, one int8 row, the batch's activation scales, and with
+    /// the scheme's residual activations their int8 rows and scales.
     row: Vec<f32>,
     qrow: Vec<i8>,
     sx: Vec<f32>,
+    qres: Vec<i8>,
+    sx2: Vec<f32>,
     done: Option<Completion>,
     seq: Seq,
     lost: Option<String>,
@@ -98,7 +106,7 @@ impl Rknpu {
                 max_in_flight: 1,
                 max_batch_ops: 1,
             },
-            scheme: Scheme { residual: false, x_residual: false, fine: true, ..scheme },
+            scheme: Scheme { fine: true, ..scheme },
             timeout,
             bufs: Vec::new(),
             weights: Vec::new(),
@@ -108,6 +116,8 @@ impl Rknpu {
             row: vec![0.0; MAX_K as usize],
             qrow: vec![0; MAX_K as usize],
             sx: vec![0.0; BATCH_ROWS as usize],
+            qres: vec![0; if scheme.x_residual { (BATCH_ROWS * MAX_K) as usize } else { 0 }],
+            sx2: vec![0.0; BATCH_ROWS as usize],
             done: None,
             seq: 0,
             lost: None,
@@ -305,9 +315,10 @@ impl Rknpu {
                 w8a8::rotate(row, s);
             }
         }
-        let qm = w8a8::QMatrix::new(&f, ru, cu, true, false);
+        let qm = w8a8::QMatrix::new(&f, ru, cu, true, self.scheme.residual);
         let jobs = self.prepare_q(&qm.q, rows, cols)?;
-        self.weights.push(Prepared { buf, offset: w.offset, rows, cols, scale: qm.scale, jobs });
+        let residual = if self.scheme.residual { Some((qm.scale2, self.prepare_q(&qm.q2, rows, cols)?)) } else { None };
+        self.weights.push(Prepared { buf, offset: w.offset, rows, cols, scale: qm.scale, jobs, residual });
         Ok(self.weights.len() - 1)
     }
 
@@ -353,11 +364,17 @@ impl Rknpu {
         r
     }
 
+    /// Runs the scheme's int8 products for `n` activation rows (f32 bytes in `x`) into
+    /// `y`: per job of up to [`BATCH_ROWS`] rows, each row rotated and quantized (and,
+    /// with residual activations, its rounding error quantized again), then one NPU job per
+    /// (activation pass, weight matrix) in the emulation's order, each job's int32 sums
+    /// scaled and added into `y` as [`w8a8::matmul`] adds them.
     fn run_rows(&mut self, wi: usize, x: &[u8], y: &mut [u8], rows: usize, cols: usize, n: usize) -> Result<(), DeviceError> {
         if x.len() < 4 * n * cols || y.len() < 4 * n * rows {
             return Err(self.err(ErrorKind::InvalidArgument, "a MatMul's activations or outputs lie outside their buffers"));
         }
-        let rotate = self.scheme.rotate;
+        let (rotate, x_res) = (self.scheme.rotate, self.scheme.x_residual);
+        let w_passes = 1 + usize::from(self.weights[wi].residual.is_some());
         let mut t0 = 0;
         while t0 < n {
             let m = if n - t0 == 1 { 1 } else { (n - t0).min(BATCH_ROWS as usize) };
@@ -372,6 +389,15 @@ impl Rknpu {
                     w8a8::rotate(&mut self.row[..cols], &self.signs[at].1);
                 }
                 self.sx[i] = w8a8::quantize_row(&self.row[..cols], &mut self.qrow[..cols]);
+                if x_res {
+                    // The row's rounding error, quantized with its own scale (the emulation's
+                    // `xr - q·sx`, then the per-token rule).
+                    let sx = self.sx[i];
+                    for (v, &q) in self.row[..cols].iter_mut().zip(&self.qrow[..cols]) {
+                        *v -= f32::from(q) * sx;
+                    }
+                    self.sx2[i] = w8a8::quantize_row(&self.row[..cols], &mut self.qres[i * cols..(i + 1) * cols]);
+                }
                 let ih = self.input.0;
                 let qrow = std::mem::take(&mut self.qrow);
                 let r = self.bytes(ih).map(|inp| Self::put_row(inp, &qrow[..cols], i, m_rows));
@@ -387,30 +413,63 @@ impl Rknpu {
                     }
                 }
             }
-            let job = std::mem::replace(&mut self.weights[wi].jobs[usize::from(m_rows > 1)], Job { tasks: Vec::new(), inputs: Vec::new(), outputs: Vec::new() });
-            let r = self.run_job(&job);
-            self.weights[wi].jobs[usize::from(m_rows > 1)] = job;
-            r?;
-            let oh = self.output.0;
-            let scale = std::mem::take(&mut self.weights[wi].scale);
-            let sx = std::mem::take(&mut self.sx);
-            let out = self.bytes(oh);
-            if let Ok(out) = out {
-                for i in 0..m {
-                    for (r, &sw) in scale.iter().enumerate() {
-                        let at = gemm::output32_at(m_rows as u32, i as u32, r as u32);
-                        let acc = i32::from_le_bytes([out[at], out[at + 1], out[at + 2], out[at + 3]]);
-                        let v = acc as f32 * (sx[i] * sw);
-                        y[4 * ((t0 + i) * rows + r)..][..4].copy_from_slice(&v.to_le_bytes());
+            for xp in 0..1 + usize::from(x_res) {
+                if xp == 1 {
+                    // The residual rows replace the first pass's in the input BO (the rows
+                    // past `m` stay zero).
+                    let ih = self.input.0;
+                    let qres = std::mem::take(&mut self.qres);
+                    let r = self.bytes(ih).map(|inp| (0..m).for_each(|i| Self::put_row(inp, &qres[i * cols..(i + 1) * cols], i, m_rows)));
+                    self.qres = qres;
+                    r?;
+                }
+                for wp in 0..w_passes {
+                    let slot = usize::from(m_rows > 1);
+                    let empty = || Job { tasks: Vec::new(), inputs: Vec::new(), outputs: Vec::new() };
+                    let job = match (wp, &mut self.weights[wi].residual) {
+                        (1, Some((_, jobs))) => std::mem::replace(&mut jobs[slot], empty()),
+                        _ => std::mem::replace(&mut self.weights[wi].jobs[slot], empty()),
+                    };
+                    let r = self.run_job(&job);
+                    match (wp, &mut self.weights[wi].residual) {
+                        (1, Some((_, jobs))) => jobs[slot] = job,
+                        _ => self.weights[wi].jobs[slot] = job,
                     }
+                    r?;
+                    let sw = match (wp, &mut self.weights[wi].residual) {
+                        (1, Some((s, _))) => std::mem::take(s),
+                        _ => std::mem::take(&mut self.weights[wi].scale),
+                    };
+                    let sx = std::mem::take(if xp == 0 { &mut self.sx } else { &mut self.sx2 });
+                    let oh = self.output.0;
+                    let r = self.bytes(oh).map(|out| Self::accumulate(out, &sx[..m], &sw, m_rows, &mut y[4 * t0 * rows..4 * (t0 + m) * rows], xp + wp == 0));
+                    *(if xp == 0 { &mut self.sx } else { &mut self.sx2 }) = sx;
+                    match (wp, &mut self.weights[wi].residual) {
+                        (1, Some((s, _))) => *s = sw,
+                        _ => self.weights[wi].scale = sw,
+                    }
+                    r?;
                 }
             }
-            self.weights[wi].scale = scale;
-            self.sx = sx;
-            self.bytes(oh)?;
             t0 += m;
         }
         Ok(())
+    }
+
+    /// `y[i·rows + r] (=|+=) f32(sum[i][r]) · (sx[i] · sw[r])` for the job's rows, from the
+    /// output BO's int32 sums: the first pass writes, later passes add.
+    fn accumulate(out: &[u8], sx: &[f32], sw: &[f32], m_rows: usize, y: &mut [u8], first: bool) {
+        let rows = sw.len();
+        for (i, &sxi) in sx.iter().enumerate() {
+            for (r, &swr) in sw.iter().enumerate() {
+                let at = gemm::output32_at(m_rows as u32, i as u32, r as u32);
+                let acc = i32::from_le_bytes([out[at], out[at + 1], out[at + 2], out[at + 3]]);
+                let v = acc as f32 * (sxi * swr);
+                let d = &mut y[4 * (i * rows + r)..][..4];
+                let v = if first { v } else { f32::from_le_bytes([d[0], d[1], d[2], d[3]]) + v };
+                d.copy_from_slice(&v.to_le_bytes());
+            }
+        }
     }
 }
 

@@ -11,9 +11,13 @@
 //!   8-bit grids lose less;
 //! - weights: symmetric int8, one scale per output channel (or one per tensor);
 //! - activations: symmetric int8, one scale per token (row) (or one per batch);
-//! - optionally a residual int8 weight matrix (N more output channels of the same product)
-//!   for the first one's rounding error;
-//! - `y[r] = f32(Σ_k qx[k]·qw[r][k]) · sx · sw[r]`: the sum is exact in int32 (|sum| ≤
+//! - residual int8 weights (a second matrix for the first one's rounding error) and
+//!   residual int8 activations (a second row per token for its rounding error): four int8
+//!   products per matrix product, the default, since the plain product alone is about as
+//!   far from keel's CPU path again as the CPU path is from the exact product
+//!   ([`Scheme::with_products`]: 1, 2 or 4);
+//! - `y[r] = f32(Σ_k qx[k]·qw[r][k]) · sx · sw[r]` (then `+=` the residual products' terms
+//!   in the order of [`matmul`]): each sum is exact in int32 (|sum| ≤
 //!   cols·127² < 2³¹ for cols < 133 000), so the emulation equals what the NPU computes,
 //!   whatever the tiling (integer sums do not depend on order).
 //!
@@ -43,9 +47,36 @@ pub struct Scheme {
     pub seed: u64,
 }
 
+/// Int8 products per matrix product the device's default scheme runs: the residual
+/// weights and the residual activations (see [`Scheme::with_products`]).
+pub const DEFAULT_PRODUCTS: u32 = 4;
+
 impl Default for Scheme {
+    /// The device's scheme: rotation, per-channel weights, per-token activations, and
+    /// [`DEFAULT_PRODUCTS`] int8 products (the plain W8A8 product alone misses the
+    /// accuracy bar: BENCHMARKS.md, "RK3588 NPU: accuracy").
     fn default() -> Scheme {
-        Scheme { rotate: true, fine: true, residual: false, x_residual: false, seed: 0x6b65656c }
+        Scheme { rotate: true, fine: true, residual: true, x_residual: true, seed: 0x6b65656c }
+    }
+}
+
+impl Scheme {
+    /// The default scheme with `n` int8 products per matrix product: 1 (plain W8A8), 2
+    /// (plus residual weights: N more output channels) or 4 (plus residual activations:
+    /// M more rows, against both weight matrices). `None` for any other `n`.
+    pub fn with_products(n: u32) -> Option<Scheme> {
+        let (residual, x_residual) = match n {
+            1 => (false, false),
+            2 => (true, false),
+            4 => (true, true),
+            _ => return None,
+        };
+        Some(Scheme { residual, x_residual, ..Scheme::default() })
+    }
+
+    /// Int8 products per matrix product (1, 2 or 4).
+    pub fn products(&self) -> u32 {
+        (1 + u32::from(self.residual)) * (1 + u32::from(self.x_residual))
     }
 }
 
@@ -274,6 +305,21 @@ pub fn matmul(w: &QMatrix, signs: Option<&[f32]>, fine: bool, x_residual: bool, 
     }
 }
 
+/// [`Emu::exact`]'s product: rotated f32 weights `w` (rows × cols) times the rotated f32
+/// activations, each output summed in f64.
+fn exact_matmul(w: &[f32], rows: usize, cols: usize, signs: Option<&[f32]>, x: &[f32], n: usize, out: &mut [f32]) {
+    let mut xr = vec![0f32; cols];
+    for i in 0..n {
+        xr.copy_from_slice(&x[i * cols..(i + 1) * cols]);
+        if let Some(s) = signs {
+            rotate(&mut xr, s);
+        }
+        for (r, o) in out[i * rows..(i + 1) * rows].iter_mut().enumerate() {
+            *o = w[r * cols..(r + 1) * cols].iter().zip(&xr).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>() as f32;
+        }
+    }
+}
+
 /// The scheme as a placement target: every product placed on it runs through [`matmul`].
 pub struct Emu {
     /// The scheme.
@@ -281,13 +327,23 @@ pub struct Emu {
     /// Threads for a product.
     pub threads: usize,
     weights: Vec<(WeightId, QMatrix)>,
+    /// With [`Emu::exact`]: each weight's rotated f32 rows, beside `weights`.
+    exact: Option<Vec<Vec<f32>>>,
     signs: HashMap<usize, Vec<f32>>,
 }
 
 impl Emu {
     /// An empty emulated NPU.
     pub fn new(scheme: Scheme, threads: usize) -> Emu {
-        Emu { scheme, threads, weights: Vec::new(), signs: HashMap::new() }
+        Emu { scheme, threads, weights: Vec::new(), exact: None, signs: HashMap::new() }
+    }
+
+    /// A diagnostic, not a scheme: the products without any int8 rounding (the rotated f32
+    /// weights times the rotated f32 activations, summed in f64), so the KL it gives is
+    /// how far keel's CPU path itself (its 8-bit activation blocks) is from the exact
+    /// product over the same weights: the floor under every scheme's figure.
+    pub fn exact(scheme: Scheme, threads: usize) -> Emu {
+        Emu { exact: Some(Vec::new()), ..Emu::new(scheme, threads) }
     }
 
     /// Converts every weight `placement` puts on device 0: dequantized (through the
@@ -321,6 +377,9 @@ impl Emu {
                 }
             }
             self.weights.push((id, QMatrix::new(&w, t.rows, t.cols, self.scheme.fine, self.scheme.residual)));
+            if let Some(e) = &mut self.exact {
+                e.push(w);
+            }
         });
         err.map_or(Ok(()), Err)
     }
@@ -332,8 +391,10 @@ impl Emu {
 }
 
 impl DeviceInfo for Emu {
-    fn matmul_weight_bytes(&self, _ty: GgmlType, rows: usize, cols: usize) -> Option<u64> {
-        Some((rows * cols + 4 * rows) as u64)
+    /// Like the `rknpu` device, Q8_0 weights only: the placement converts other types
+    /// to Q8_0 first (its default `convert_to`), so the emulation sees what the device holds.
+    fn matmul_weight_bytes(&self, ty: GgmlType, rows: usize, cols: usize) -> Option<u64> {
+        (ty == GgmlType::Q8_0).then_some((rows * cols + 4 * rows) as u64 * (1 + u64::from(self.scheme.residual)))
     }
     fn memory_budget(&self) -> u64 {
         u64::MAX / 4
@@ -342,10 +403,15 @@ impl DeviceInfo for Emu {
 
 impl Offload for Emu {
     fn matmul(&mut self, device: u8, id: WeightId, x: &[f32], n: usize, out: &mut [f32]) -> Result<(), DeviceFailed> {
-        let w = self.weights.iter().find(|(i, _)| *i == id).map(|(_, w)| w).ok_or(DeviceFailed { device })?;
+        let at = self.weights.iter().position(|(i, _)| *i == id).ok_or(DeviceFailed { device })?;
+        let w = &self.weights[at].1;
         let s = if self.scheme.rotate { self.signs.get(&w.cols).map(Vec::as_slice) } else { None };
         if self.scheme.rotate && s.is_none() {
             return Err(DeviceFailed { device });
+        }
+        if let Some(e) = &self.exact {
+            exact_matmul(&e[at], w.rows, w.cols, s, x, n, out);
+            return Ok(());
         }
         matmul(w, s, self.scheme.fine, self.scheme.x_residual, x, n, out, self.threads);
         Ok(())
