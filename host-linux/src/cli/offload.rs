@@ -19,6 +19,10 @@ pub struct OffloadOptions {
     pub devices: Vec<String>,
     /// The placement policy.
     pub policy: Policy,
+    /// `--device-in-flight`.
+    pub in_flight: Option<u8>,
+    /// `--device-batch-work`, bytes.
+    pub batch_work: Option<u64>,
 }
 
 fn parse_type(s: &str) -> Result<GgmlType> {
@@ -77,6 +81,12 @@ pub struct OffloadFlags {
     /// Weight budget per device session, in MiB
     #[arg(long = "device-mem", value_name = "MIB[,MIB..]")]
     pub device_mem: Option<String>,
+    /// Batches each device keeps in flight (1: submit one and wait for it before the next; default 2, at most what the device takes)
+    #[arg(long = "device-in-flight", value_name = "N")]
+    pub device_in_flight: Option<u8>,
+    /// Most weight MiB x tokens one batch of whole layers streams (default 32); smaller: more, shorter batches per pass
+    #[arg(long = "device-batch-work", value_name = "MIB")]
+    pub device_batch_work: Option<u64>,
 }
 
 impl OffloadOptions {
@@ -120,7 +130,14 @@ impl OffloadOptions {
                 policy.devices[i].budget = Some(mb << 20);
             }
         }
-        Ok(OffloadOptions { devices, policy })
+        if f.device_in_flight == Some(0) {
+            bail!("--device-in-flight 0: at least 1 batch must be in flight (1 = one at a time)");
+        }
+        if f.device_batch_work == Some(0) {
+            bail!("--device-batch-work 0: give at least 1 MiB (a batch always carries one layer for one token)");
+        }
+        let batch_work = f.device_batch_work.map(|m| m.checked_mul(1 << 20).ok_or_else(|| anyhow::anyhow!("--device-batch-work {m}: too large"))).transpose()?;
+        Ok(OffloadOptions { devices, policy, in_flight: f.device_in_flight, batch_work })
     }
 
     /// Opens the devices (none for `cpu` only).
@@ -128,7 +145,14 @@ impl OffloadOptions {
         if self.devices.is_empty() {
             return Ok(Devices::none());
         }
-        Devices::open(&self.devices, &SimConfig::from_env()).map_err(|e| anyhow::anyhow!("{e}"))
+        let mut d = Devices::open(&self.devices, &SimConfig::from_env()).map_err(|e| anyhow::anyhow!("{e}"))?;
+        if let Some(n) = self.in_flight {
+            d.set_in_flight(n);
+        }
+        if let Some(b) = self.batch_work {
+            d.batch_work = b;
+        }
+        Ok(d)
     }
 }
 
