@@ -49,7 +49,16 @@ fn generation_allocates_nothing() {
 #[test]
 fn generation_on_hexagon_sim_allocates_nothing() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    generation_on_device_allocates_nothing("hexagon-sim", "generation_on_hexagon_sim_allocates_nothing");
+    generation_on_device_allocates_nothing("hexagon-sim", "generation_on_hexagon_sim_allocates_nothing", false);
+}
+
+/// The same with two batches in flight and 1 MiB of batch work: a 14-token prompt in
+/// chunks alternating between the two work buffers, two batches per generated token
+/// (layers, then the logits) submitted back to back.
+#[test]
+fn generation_on_hexagon_sim_with_two_batches_in_flight_allocates_nothing() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    generation_on_device_allocates_nothing("hexagon-sim", "generation_on_hexagon_sim_with_two_batches_in_flight_allocates_nothing", true);
 }
 
 /// The `hexagon` (FastRPC) device through the libcdsprpc test double (its DSP is the same
@@ -69,7 +78,7 @@ fn generation_on_hexagon_fastrpc_allocates_nothing() {
         return eprintln!("\n*** SKIPPED generation_on_hexagon_fastrpc_allocates_nothing: {why} ***\n");
     }
     std::env::set_var("KEEL_CDSPRPC", &double);
-    generation_on_device_allocates_nothing("hexagon", "generation_on_hexagon_fastrpc_allocates_nothing");
+    generation_on_device_allocates_nothing("hexagon", "generation_on_hexagon_fastrpc_allocates_nothing", false);
 }
 
 /// The `rknpu` device over the rocket driver's recording double (calls not recorded, so
@@ -86,12 +95,13 @@ fn generation_on_rknpu_allocates_nothing() {
     let (npu, log) = RecordingNpu::new();
     log.borrow_mut().record = false;
     let dev = Rknpu::new(Box::new(npu), "rknpu (recording double)", Scheme::default(), RKNPU_TIMEOUT).unwrap();
-    run_on_devices(Devices::with(vec![(AnyDevice::Rknpu(dev), RKNPU_TIMEOUT, "rknpu")]), "rknpu", false);
+    run_on_devices(Devices::with(vec![(AnyDevice::Rknpu(dev), RKNPU_TIMEOUT, "rknpu")]), "rknpu", false, false);
     assert!(log.borrow().tasks_run > 0 && log.borrow().violation.is_none());
 }
 
-/// Generates 32 tokens with the whole forward pass on `device` and counts allocations.
-fn generation_on_device_allocates_nothing(device: &str, test: &str) {
+/// Generates 32 tokens with the whole forward pass on `device` and counts allocations
+/// (`pipelined`: two batches in flight, several per pass).
+fn generation_on_device_allocates_nothing(device: &str, test: &str, pipelined: bool) {
     use keel_host_linux::device::offload::Devices;
     use keel_host_linux::device::SimConfig;
 
@@ -102,13 +112,14 @@ fn generation_on_device_allocates_nothing(device: &str, test: &str) {
         }
         return eprintln!("\n*** SKIPPED {test}: {missing} (set KEEL_REQUIRE_DSP=1 to make this a failure) ***\n");
     }
-    run_on_devices(Devices::open(&[device.to_string()], &cfg).unwrap(), device, true);
+    run_on_devices(Devices::open(&[device.to_string()], &cfg).unwrap(), device, true, pipelined);
 }
 
 /// Generates 32 tokens of the synthetic llama with `devices` (the whole forward pass on
 /// device 0 when `whole`, else every matrix product it takes, single tokens included) and
-/// counts allocations after a warm-up.
-fn run_on_devices(mut devices: keel_host_linux::device::offload::Devices, device: &str, whole: bool) {
+/// counts allocations after a warm-up. `pipelined`: two batches in flight and 1 MiB of
+/// batch work (a 14-token prompt in chunks, two batches per generated token).
+fn run_on_devices(mut devices: keel_host_linux::device::offload::Devices, device: &str, whole: bool, pipelined: bool) {
     use keel::core::placement::{weight_count, Decision, Exec, OffloadMode, Policy};
     use keel_host_linux::cli::load::{engine, open, prepare, RunOptions};
     use keel_host_linux::device::offload::Devices;
@@ -122,6 +133,10 @@ fn run_on_devices(mut devices: keel_host_linux::device::offload::Devices, device
     let mut decisions = vec![Decision::EMPTY; weight_count(&e.model)];
     let mut policy = Policy::all(1);
     policy.mode = if whole { OffloadMode::Layers } else { OffloadMode::MatMul };
+    if pipelined {
+        devices.set_in_flight(2);
+        devices.batch_work = 1 << 20;
+    }
     let placement = devices.plan(&e.model, &policy, opts.n_ctx, &mut decisions).unwrap();
     if whole {
         assert_eq!(placement.forward_device(1), Some(0), "the whole forward pass is placed on the DSP");
@@ -129,11 +144,11 @@ fn run_on_devices(mut devices: keel_host_linux::device::offload::Devices, device
         assert!(placement.n_on_devices() > 0, "no product placed on {device}");
     }
     devices.load(&e.model, &placement, &e.session.kernels()).unwrap();
-    let prompt = [1u32, 17, 42, 99, 7];
+    let prompt: &[u32] = if pipelined { &[1, 17, 42, 99, 7, 300, 12, 5000, 8, 9, 77, 1234, 40000, 3] } else { &[1, 17, 42, 99, 7] };
     let generate = |e: &mut keel::core::engine::Engine<'_>, devices: &mut Devices, out: &mut [u32]| {
         e.reset();
         let mut exec = Exec { placement: &placement, offload: devices };
-        e.eval_on(&prompt, Outputs::Last, pool, Some(&mut exec)).unwrap();
+        e.eval_on(prompt, Outputs::Last, pool, Some(&mut exec)).unwrap();
         for slot in out.iter_mut() {
             *slot = e.sample();
             e.eval_on(&[*slot], Outputs::Last, pool, Some(&mut exec)).unwrap();
@@ -148,7 +163,10 @@ fn run_on_devices(mut devices: keel_host_linux::device::offload::Devices, device
     let after = allocations();
     assert_eq!(after - before, 0, "generating on {device} allocated {} times", after - before);
     assert!(devices.error.is_none(), "{:?}", devices.error);
-    if whole {
+    if pipelined {
+        assert_eq!(devices.in_flight(), 2);
+        assert!(devices.batches() - batches >= 3 + 2 * generated.len() as u64, "several device batches per evaluation");
+    } else if whole {
         assert_eq!(devices.batches() - batches, 1 + generated.len() as u64, "one device batch per evaluation");
     } else {
         assert!(devices.batches() - batches >= 1 + generated.len() as u64, "device batches in every evaluation");

@@ -115,3 +115,18 @@ fn pull_says_which_variant() {
         assert!(!known.variant.is_empty() && (known.variant.contains("instruction-tuned")), "{}: say whether it is instruction-tuned", known.name);
     }
 }
+
+/// `--device-in-flight 0` and `--device-batch-work 0` are refused before any device opens,
+/// naming the flag and what it takes; on the CPU alone the device flags change nothing.
+#[test]
+fn device_pipelining_flags_refuse_zero_and_leave_the_cpu_alone() {
+    for (flag, want) in [("--device-in-flight", "at least 1 batch"), ("--device-batch-work", "at least 1 MiB")] {
+        let o = run(&["run", "-m", &m(), "-p", "Hello", "-n", "1", flag, "0"], None);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(flag) && err.contains(want), "{flag} 0: {err}");
+    }
+    let plain = json(&run(&["run", "-m", &m(), "-p", "Hello", "-n", "4", "--temp", "0", "--json"], None));
+    let flagged = json(&run(&["run", "-m", &m(), "-p", "Hello", "-n", "4", "--temp", "0", "--json", "--device-in-flight", "3", "--device-batch-work", "1"], None));
+    assert_eq!(plain["logits_sha256"], flagged["logits_sha256"]);
+    assert_eq!((flagged["device_in_flight"].as_u64(), flagged["device_batches"].as_u64()), (Some(0), Some(0)), "no device: nothing in flight");
+}

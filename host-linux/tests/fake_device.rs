@@ -47,6 +47,8 @@ struct Fake {
     done: VecDeque<Completion>,
     next: Seq,
     scratch: Vec<u8>,
+    /// The batch with this sequence number fails (op 0, `Other`) without running.
+    fail: Option<Seq>,
 }
 
 const ALIGN: u32 = 4096;
@@ -68,6 +70,7 @@ impl Fake {
             done: VecDeque::new(),
             next: 0,
             scratch: vec![0u8; (1 << 20) + exec::ALIGN],
+            fail: None,
         }
     }
 
@@ -130,9 +133,13 @@ impl Queue for Fake {
         if self.done.len() >= usize::from(self.caps.max_in_flight) {
             return Err(FakeError(ErrorKind::Busy));
         }
-        let mapped = Mapped(self.bufs.iter_mut().map(|b| b.as_mut().filter(|b| b.mapped).map(|b| (b.mem[b.start..].as_mut_ptr(), b.len))).collect());
-        let status: BatchStatus = exec::run_batch(batch, &mapped, &self.caps, &mut Scratch::new(&mut self.scratch));
         let seq = self.next;
+        let mapped = Mapped(self.bufs.iter_mut().map(|b| b.as_mut().filter(|b| b.mapped).map(|b| (b.mem[b.start..].as_mut_ptr(), b.len))).collect());
+        let status: BatchStatus = if self.fail == Some(seq) {
+            BatchStatus::Failed { op: 0, kind: ErrorKind::Other }
+        } else {
+            exec::run_batch(batch, &mapped, &self.caps, &mut Scratch::new(&mut self.scratch))
+        };
         self.next = self.next.wrapping_add(1);
         self.done.push_back(Completion { seq, status });
         Ok(seq)
@@ -247,4 +254,94 @@ fn synth_gemma3_runs_whole_on_the_fake_device() {
 #[test]
 fn synth_qwen35_runs_whole_on_the_fake_device() {
     whole_forward_on_the_fake("synth-qwen35-q8_0");
+}
+
+/// What one pipelined run on the fake gave: the logits of every evaluation, the batches
+/// submitted, and the first failure's text.
+struct Pipelined {
+    logits: Vec<Vec<u32>>,
+    batches: u64,
+    depth: usize,
+    error: Option<String>,
+}
+
+/// The synthetic llama's whole forward pass on the fake with up to `in_flight` batches in
+/// flight and 1 MiB of batch work (a 20-token prompt in chunks of 6 tokens, one layer per
+/// prompt batch, each token's logits in a batch of their own), prompt then 8 greedy
+/// steps; the batch with sequence number `fail` fails.
+fn pipelined(in_flight: u8, fail: Option<Seq>) -> Pipelined {
+    let model = model_file("synth-llama-q8_0");
+    let opened = open(model.to_str().unwrap()).unwrap();
+    let g = opened.gguf().unwrap();
+    let opts = RunOptions { n_ctx: 64, n_batch: 32, n_outputs: 1, threads: 1, reference: false, force_ctx: false };
+    let mut l_dev = prepare(&g, &opened.path, &opts).unwrap();
+    let sampling = keel_core::sampler::SamplerConfig { temp: 0.0, ..Default::default() };
+    let (mut dev, pool) = engine(&g, &opened.path, &mut l_dev, false, sampling).unwrap();
+    let policy = WaitPolicy { timeout_us: 1_000_000, poll_us: 1 };
+    let mut engines = [DeviceEngine::new(Fake::new(), 0, NoDelay, policy, vec![LayerSlot::EMPTY; dev.model.layers.len()])];
+    engines[0].in_flight = in_flight;
+    engines[0].batch_work = 1 << 20;
+    engines[0].dev.fail = fail;
+    let mut decisions = vec![Decision::EMPTY; weight_count(&dev.model)];
+    let mut p = Policy::all(1);
+    p.kv_ctx = opts.n_ctx;
+    let infos: [&dyn DeviceInfo; 1] = [&engines[0]];
+    let placement = Placement::plan(&dev.model, &p, &infos, &mut decisions).unwrap();
+    assert_eq!(placement.forward_device(1), Some(0), "the whole forward pass on the fake");
+    let (floats, bytes) = engines[0].load_scratch(&placement);
+    let (mut row, mut group) = (vec![0f32; floats], vec![0u8; bytes]);
+    engines[0].load(&dev.model, &placement, &dev.session.kernels(), &mut LoadScratch { row: &mut row, group: &mut group }).unwrap();
+    let nv = dev.n_vocab();
+    let mut input: Vec<u32> = (0..20u32).map(|i| 3 + i * 97).collect();
+    let mut out = Pipelined { logits: Vec::new(), batches: 0, depth: engines[0].depth(), error: None };
+    for _ in 0..9 {
+        let mut offload = Engines(&mut engines[..]);
+        let mut exec = Exec { placement: &placement, offload: &mut offload };
+        if dev.eval_on(&input, Outputs::Last, pool, Some(&mut exec)).is_err() {
+            break;
+        }
+        let d = dev.session.last_logits(nv);
+        out.logits.push(d.iter().map(|x| x.to_bits()).collect());
+        input = vec![keel_test_support::top_two(d).0 as u32];
+    }
+    assert_eq!(engines[0].batches_in_flight(), 0, "nothing is left in flight after a call, failed or not");
+    out.batches = engines[0].stats.batches;
+    out.error = engines[0].error.as_ref().map(|e| e.to_string());
+    if out.error.is_some() {
+        // Later calls are refused at once (nothing waits for the failed session).
+        let mut offload = Engines(&mut engines[..]);
+        let mut exec = Exec { placement: &placement, offload: &mut offload };
+        assert!(dev.eval_on(&[5], Outputs::Last, pool, Some(&mut exec)).is_err(), "a failed device takes no more work");
+    }
+    out
+}
+
+/// Several batches in flight (the prompt's chunks alternating between two work buffers,
+/// each chunk's layer batches back to back) give the same logits bit for bit as one at a
+/// time, with the same batches.
+#[test]
+fn batches_in_flight_give_the_bits_of_one_at_a_time() {
+    let one = pipelined(1, None);
+    let four = pipelined(4, None);
+    assert_eq!((one.depth, four.depth), (1, 4));
+    assert_eq!(one.logits.len(), 9, "{:?}", one.error);
+    assert!(one.batches >= 9 * 2 + 4 * 3, "several batches per pass: {}", one.batches);
+    assert_eq!(one.batches, four.batches, "the same batches");
+    eprintln!("{} evaluations, {} batches, logits equal with 1 and 4 in flight", one.logits.len(), one.batches);
+    for (i, (a, b)) in one.logits.iter().zip(&four.logits).enumerate() {
+        assert!(a == b, "evaluation {i}: logits with 4 batches in flight differ from one at a time");
+    }
+}
+
+/// A batch that fails while later ones are in flight ends the call with an error naming
+/// it (whole layers, tokens, position); the later ones are collected, none is left in
+/// flight, and the device takes no more work.
+#[test]
+fn a_failed_batch_among_several_in_flight_is_named_and_nothing_is_left_in_flight() {
+    let r = pipelined(4, Some(1));
+    let e = r.error.expect("the failure is kept");
+    eprintln!("{e} ({} batches submitted)", r.batches);
+    assert!(e.contains("whole layers 1..=1") && e.contains("for 6 tokens at position 0") && e.contains("Failed"), "{e}");
+    assert!(r.logits.is_empty());
+    assert!(r.batches >= 2, "the batches after it were in flight too: {}", r.batches);
 }

@@ -69,6 +69,15 @@ fn keel_run_device_hexagon_equals_hexagon_sim_and_cpu_on_every_synthetic_model()
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
+/// Through the double, `--device hexagon --device-in-flight 2` (several batches on the
+/// dspqueue at once) gives the bits of one at a time and the CPU's.
+#[test]
+fn two_batches_in_flight_through_fastrpc_give_the_bits_of_one() {
+    let Some(double) = fastrpc::double("two_batches_in_flight_through_fastrpc_give_the_bits_of_one") else { return };
+    let m = root().join("tests/golden/synth/synth-llama-q8_0.gguf");
+    keel_test_support::check_in_flight_bits(env!("CARGO_BIN_EXE_keel"), &m, "hexagon", &[("KEEL_CDSPRPC", double.as_os_str())]);
+}
+
 /// No libcdsprpc here: `keel probe --device hexagon` exits 2 naming the library and what to
 /// do (this needs nothing built: it must hold on every machine without a DSP). Cargo puts
 /// target/release on LD_LIBRARY_PATH, where the double is named libcdsprpc.so: removed.

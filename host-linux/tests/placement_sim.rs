@@ -498,6 +498,16 @@ fn keel_run(args: &[&str]) -> (serde_json::Value, String) {
     (serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout))), err)
 }
 
+/// `--device-in-flight 2` (prompt chunks alternating between two work buffers, each
+/// chunk's batches back to back) gives the bits, tokens and batches of one at a time, and
+/// the CPU's bits.
+#[test]
+fn two_batches_in_flight_on_hexagon_sim_give_the_bits_of_one() {
+    let Some(_) = sim::config("two_batches_in_flight_on_hexagon_sim_give_the_bits_of_one") else { return };
+    let m = root().join("tests/golden/synth/synth-llama-q8_0.gguf");
+    keel_test_support::check_in_flight_bits(env!("CARGO_BIN_EXE_keel"), &m, "hexagon-sim", &[]);
+}
+
 #[test]
 fn keel_run_device_prints_the_breakdown_and_says_loudly_when_nothing_is_placed() {
     let Some(_) = sim::config("keel_run_device_prints_the_breakdown_and_says_loudly_when_nothing_is_placed") else { return };

@@ -80,7 +80,9 @@ pub trait SharedBuffers: Device {
     fn free(&mut self, id: BufferId) -> Result<(), Self::Error>;
 }
 
-/// Op batches, submitted as one message each and completed split-phase.
+/// Op batches, submitted as one message each and completed split-phase. A device
+/// runs its batches in submission order, each seeing every write of those before it
+/// (one queue, as a stream), so dependent batches may be in flight together.
 pub trait Queue: Device {
     /// Sends the batch. `Ok(seq)`: a completion for `seq` will come. `Err`:
     /// nothing was queued (`Busy` when [`Caps::max_in_flight`] batches are out).

@@ -252,6 +252,38 @@ pub fn keel_command(built: &str) -> std::process::Command {
     }
 }
 
+/// `keel run --json` of the synthetic llama `model` (a 24-token prompt, 8 greedy tokens)
+/// with `--device device`, at 1 MiB of batch work (prompt chunks of a few tokens, several
+/// batches per pass) and 1 then 2 batches in flight, and on the CPU; `env` is set for each.
+/// Checks that the runs with 2 in flight give the tokens, logits digests and batches of
+/// the one-at-a-time run, and those the CPU's bits; returns (1 in flight, 2 in flight).
+pub fn check_in_flight_bits(keel: &str, model: &std::path::Path, device: &str, env: &[(&str, &std::ffi::OsStr)]) -> (serde_json::Value, serde_json::Value) {
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut cmd = keel_command(keel);
+        cmd.arg("run").arg("-m").arg(model);
+        cmd.args(["-p", "The quick brown fox jumps over the lazy dog and then runs far away into the forest where nobody finds it", "-n", "8", "--temp", "0", "--json"]);
+        cmd.args(extra);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().expect("keel runs");
+        assert!(out.status.success(), "keel run {extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+    };
+    let one = run(&["--device", device, "--device-batch-work", "1", "--device-in-flight", "1"]);
+    let two = run(&["--device", device, "--device-batch-work", "1", "--device-in-flight", "2"]);
+    let cpu = run(&[]);
+    assert_eq!((one["device_in_flight"].as_u64(), two["device_in_flight"].as_u64()), (Some(1), Some(2)), "the depth asked for is reported");
+    assert!(one["device_batches_per_token"].as_f64().unwrap() >= 2.0, "several batches per token: {}", one["device_batches_per_token"]);
+    assert!(one["device_batches"].as_u64().unwrap() > 8 * 2 + 4, "the prompt in several chunks: {} batches", one["device_batches"]);
+    assert_eq!(one["device_batches"], two["device_batches"], "the same batches");
+    for key in ["generated", "logits_sha256", "row_sha256"] {
+        assert_eq!(one[key], two[key], "{key}: 2 batches in flight differ from 1");
+        assert_eq!(one[key], cpu[key], "{key}: the device differs from the CPU");
+    }
+    (one, two)
+}
+
 /// Writes `dst`: the model `src` with the metadata `set` (replacing keys of the same name,
 /// appending the others) and, if given, one more F32 vector tensor appended, by keel's own
 /// GGUF writer: the generator of the hostile and variant models tests need (never

@@ -15,6 +15,14 @@
 //!   one buffer, the F16 KV caches (`kv_ctx` positions per attention layer) and the
 //!   delta-net layers' conv and recurrent states; the token embedding's copy and the
 //!   output norm when the whole forward pass runs here; and the work and output buffers.
+//! - **Pipelining** ([`DeviceEngine::in_flight`], default [`DEFAULT_IN_FLIGHT`]): the
+//!   batches of a whole-layer pass go out back to back, up to that many in flight (the
+//!   HAL's queue runs them in order), and its chunks of tokens alternate between two
+//!   work buffers, so the host writes one chunk's inputs and reads another's outputs
+//!   while the device runs; it waits only for a result it needs or for room. A failed
+//!   batch is an error naming it, after the others in flight are waited for. A single
+//!   sequence's decode step cannot overlap the next (its token is sampled from this
+//!   one's logits); the products of `matmul` mode go one at a time.
 //! - **Run**: one batch (one MatMul op) per product and chunk of tokens
 //!   ([`DeviceEngine::matmul`]); batches of whole layers ([`DeviceEngine::layers`], as
 //!   many consecutive layers per batch as the device's op limit, the wire's tables and
@@ -24,7 +32,7 @@
 //! No allocation anywhere: the per-layer tables are the caller's storage (`S`, a
 //! `&mut [LayerSlot]` or anything that derefs to one, [`LayerSlot::EMPTY`] each), the
 //! batch builder lives in the engine and is reused, batches are tracked by the HAL's
-//! [`Tracker`] (up to [`IN_FLIGHT`] in flight), and nothing is formatted: errors are
+//! [`Tracker`] (up to [`DeviceEngine::depth`] in flight), and nothing is formatted: errors are
 //! [`EngineError`]s of numbers and static text that the host describes.
 
 use core::ops::{DerefMut, Range};
@@ -58,6 +66,10 @@ pub const WEIGHT_ALIGN: u64 = 128;
 
 /// Batches the engine's tracker keeps in flight at most.
 pub const IN_FLIGHT: usize = 4;
+
+/// Default of [`DeviceEngine::in_flight`]: two batches, one running while the host
+/// prepares or collects the other.
+pub const DEFAULT_IN_FLIGHT: u8 = 2;
 
 /// Most buffers the weights of one device are packed into.
 pub const MAX_WEIGHT_BUFFERS: usize = 8;
@@ -259,6 +271,13 @@ pub struct DeviceEngine<D: keel_npu_hal::ErrorType, Dl, S> {
     embd_scale: f32,
     /// Work (activations) and output buffers.
     io: Option<(BufferRef, BufferRef)>,
+    /// The second work buffer of whole-layer passes (loaded when [`DeviceEngine::depth`]
+    /// is at least 2): one chunk of tokens runs from each while the host fills the other.
+    work2: Option<BufferRef>,
+    /// Batches this engine keeps in flight at most (asked for; [`DeviceEngine::depth`]
+    /// caps it by the device's `max_in_flight` and [`IN_FLIGHT`]). 1: each batch is
+    /// submitted and waited for before the next. Set before [`DeviceEngine::load`].
+    pub in_flight: u8,
     /// Most weight bytes × tokens one batch of whole layers streams (at least one layer
     /// for one token goes in every batch): bounds a batch's run time.
     pub batch_work: u64,
@@ -291,6 +310,8 @@ where
             shape: None,
             embd_scale: 1.0,
             io: None,
+            work2: None,
+            in_flight: DEFAULT_IN_FLIGHT,
             batch_work: BATCH_WORK,
             stats: Stats::default(),
             error: None,
@@ -301,6 +322,18 @@ where
     /// [`DeviceEngine::load`].
     pub fn set_layers(&mut self, layers: S) {
         self.layers = layers;
+    }
+
+    /// Batches in flight at most: [`DeviceEngine::in_flight`] within the device's
+    /// `max_in_flight` and [`IN_FLIGHT`], at least 1.
+    pub fn depth(&self) -> usize {
+        usize::from(self.in_flight).min(usize::from(self.dev.caps().max_in_flight)).min(IN_FLIGHT).max(1)
+    }
+
+    /// Batches submitted and not yet collected (0 between calls: a call returns only
+    /// when every batch it submitted has been collected, or, after an error, waited for).
+    pub fn batches_in_flight(&self) -> usize {
+        self.inflight.in_flight()
     }
 
     /// Floats and bytes of [`LoadScratch`] that loading under `placement` needs
@@ -403,6 +436,12 @@ where
             self.dev.map(y).map_err(EngineError::Device)?;
             self.stats.compute_bytes = xs + ys;
             self.io = Some((BufferRef { id: x, size: xs }, BufferRef { id: y, size: ys }));
+            if self.shape.is_some() && self.depth() > 1 {
+                let (x2, xs2) = self.alloc(IO_BYTES)?;
+                self.dev.map(x2).map_err(EngineError::Device)?;
+                self.stats.compute_bytes += xs2;
+                self.work2 = Some(BufferRef { id: x2, size: xs2 });
+            }
         }
         Ok(())
     }
@@ -621,7 +660,7 @@ where
     fn run_pass(&mut self, layers: Range<u16>, n: usize, pos: usize, mut pass: Pass<'_>) -> Result<(), EngineError<D::Error>> {
         let sh = self.shape.ok_or(invalid("no whole layers were loaded on this device", None))?;
         let (work, out_buf) = self.io.ok_or(invalid("no work buffer was loaded", None))?;
-        let (wb, ws, ys) = (work.id, work.size, out_buf.size);
+        let (ws, ys) = (work.size.min(self.work2.map_or(work.size, |w| w.size)), out_buf.size);
         let e = sh.n_embd;
         match &pass {
             Pass::Layers { x } if x.len() < n * e => return Err(invalid("fewer residual values than the pass's tokens need", None)),
@@ -679,106 +718,197 @@ where
             Pass::Forward { out_rows, .. } => n - out_rows,
             Pass::Layers { .. } => n,
         };
-        let mut t0 = 0;
-        while t0 < n {
-            let m = per.min(n - t0);
-            // Rows of this chunk that produce logits: its last k.
-            let k = (t0 + m).saturating_sub(first_out.max(t0));
-            let w = Work::new(&sh, m).filter(|w| w.end <= ws).ok_or(invalid("one token's activations do not fit the work buffer", None))?;
-            // Residual rows (or token ids), positions and the RoPE table (keel's own angles, as the CPU).
-            let view = self.dev.host_view(wb).map_err(EngineError::Device)?;
-            match &pass {
-                Pass::Layers { x } => put_f32(&mut view[w.x() as usize..], &x[t0 * e..(t0 + m) * e]),
-                Pass::Forward { tokens, .. } => {
-                    for (i, &t) in tokens[t0..t0 + m].iter().enumerate() {
-                        let id = i32::try_from(t).map_err(|_| invalid("a token id does not fit the device's I32", None))?;
-                        view[w.tok() as usize + 4 * i..][..4].copy_from_slice(&id.to_le_bytes());
+        // Up to `depth` batches in flight. A chunk's batches go out back to back (the
+        // device runs them in order, each over the work buffer the one before left); with
+        // two work buffers the next chunk's inputs are written into the other while this
+        // one runs, and a chunk's outputs are read when its last batch is collected.
+        let depth = self.depth();
+        let works = [work, self.work2.filter(|_| depth > 1).unwrap_or(work)];
+        let n_works = if works[1].id == work.id { 1 } else { 2 };
+        let v = tail.as_ref().map_or(0, |t| t.2.rows);
+        let outs = Outs { buf: out_buf, v, first_out, e };
+        let mut fl = Flight { batches: heapless::Deque::new(), chunks: [None, None] };
+        let r = (|| -> Result<(), EngineError<D::Error>> {
+            let mut t0 = 0;
+            let mut c = 0usize;
+            while t0 < n {
+                let m = per.min(n - t0);
+                // Rows of this chunk that produce logits: its last k.
+                let k = (t0 + m).saturating_sub(first_out.max(t0));
+                let w = Work::new(&sh, m).filter(|w| w.end <= ws).ok_or(invalid("one token's activations do not fit the work buffer", None))?;
+                let slot = c % n_works;
+                c += 1;
+                let work = works[slot];
+                // The buffer's last chunk is collected first; so is any chunk with logits
+                // before one with logits (they share the output buffer).
+                while fl.chunks[slot].is_some() || (k > 0 && fl.chunks.iter().flatten().any(|c| c.k > 0)) {
+                    retire(&mut self.inflight, &mut self.dev, &mut self.delay, self.policy, &mut fl, &mut pass, &outs)?;
+                }
+                // Residual rows (or token ids), positions and the RoPE table (keel's own angles, as the CPU).
+                let view = self.dev.host_view(work.id).map_err(EngineError::Device)?;
+                match &pass {
+                    Pass::Layers { x } => put_f32(&mut view[w.x() as usize..], &x[t0 * e..(t0 + m) * e]),
+                    Pass::Forward { tokens, .. } => {
+                        for (i, &t) in tokens[t0..t0 + m].iter().enumerate() {
+                            let id = i32::try_from(t).map_err(|_| invalid("a token id does not fit the device's I32", None))?;
+                            view[w.tok() as usize + 4 * i..][..4].copy_from_slice(&id.to_le_bytes());
+                        }
                     }
                 }
-            }
-            let mut cs = [0f32; MAX_ROT];
-            let cs = &mut cs[..sh.n_rot];
-            for i in 0..m {
-                let p = pos + t0 + i;
-                let pv = i32::try_from(p).map_err(|_| invalid("a position does not fit the device's I32", None))?;
-                view[w.pos() as usize + 4 * i..][..4].copy_from_slice(&pv.to_le_bytes());
-                crate::ops::rope_angles(p, sh.rope_base, sh.n_rot, cs);
-                put_f32(&mut view[w.cs() as usize + 4 * sh.n_rot * i..], cs);
-            }
-            let mut l = layers.start;
-            let mut tail_done = k == 0;
-            let mut first = true;
-            while l < layers.end || !tail_done {
-                let b = &mut self.builder;
-                b.start(&sh, &w, work, m).map_err(|why| EngineError::Lower { layer: l, why })?;
-                if let (true, Some((table, ..))) = (first && l == layers.start, &tail) {
-                    b.add_embedding(table, &w, m, self.embd_scale).map_err(|why| EngineError::Lower { layer: l, why })?;
+                let mut cs = [0f32; MAX_ROT];
+                let cs = &mut cs[..sh.n_rot];
+                for i in 0..m {
+                    let p = pos + t0 + i;
+                    let pv = i32::try_from(p).map_err(|_| invalid("a position does not fit the device's I32", None))?;
+                    view[w.pos() as usize + 4 * i..][..4].copy_from_slice(&pv.to_le_bytes());
+                    crate::ops::rope_angles(p, sh.rope_base, sh.n_rot, cs);
+                    put_f32(&mut view[w.cs() as usize + 4 * sh.n_rot * i..], cs);
                 }
-                first = false;
-                let batch_first = l;
-                while l < layers.end {
-                    if b.layers > 0 && (b.layers as u64 + 1) * layer_bytes * m as u64 > self.batch_work {
-                        break;
+                fl.chunks[slot] = Some(Chunk { t0, m, k, work, w });
+                let mut l = layers.start;
+                let mut tail_done = k == 0;
+                let mut first = true;
+                while l < layers.end || !tail_done {
+                    let b = &mut self.builder;
+                    b.start(&sh, &w, work, m).map_err(|why| EngineError::Lower { layer: l, why })?;
+                    if let (true, Some((table, ..))) = (first && l == layers.start, &tail) {
+                        b.add_embedding(table, &w, m, self.embd_scale).map_err(|why| EngineError::Lower { layer: l, why })?;
                     }
-                    let slot = &self.layers[usize::from(l)];
-                    let whole = slot.whole.as_ref().ok_or(invalid("the layer is not resident on this device", Some(l)))?;
-                    let weights = &slot.weights;
-                    let weight = |kind: WeightKind| weights.get(kind as usize).copied().flatten();
-                    let mark = b.mark();
-                    let added = b.add_layer(&whole.shape, sh.rope_base, &whole.ops, &weight, &whole.resident, m, pos + t0);
-                    match added {
-                        Ok(()) if b.fits(max_ops) => l += 1,
-                        Ok(()) if b.layers > 1 => {
-                            b.truncate(mark);
+                    first = false;
+                    let batch_first = l;
+                    while l < layers.end {
+                        if b.layers > 0 && (b.layers as u64 + 1) * layer_bytes * m as u64 > self.batch_work {
                             break;
                         }
-                        Err(LowerError::Full) if b.layers > 0 => {
-                            b.undo(mark);
-                            break;
-                        }
-                        Ok(()) | Err(LowerError::Full) => {
-                            return Err(invalid("one layer (with the embedding lookup, if any) needs more ops, tensors or buffers than a batch carries", Some(l)));
-                        }
-                        Err(why) => return Err(EngineError::Lower { layer: l, why }),
-                    }
-                }
-                if let (false, true, Some((_, norm, out, out_bytes))) = (tail_done, l == layers.end, &tail) {
-                    // The logits join the last layer batch if it has the work and room for them.
-                    if b.layers == 0 || (b.layers as u64 * layer_bytes + out_bytes) * m as u64 <= self.batch_work {
+                        let slot = &self.layers[usize::from(l)];
+                        let whole = slot.whole.as_ref().ok_or(invalid("the layer is not resident on this device", Some(l)))?;
+                        let weights = &slot.weights;
+                        let weight = |kind: WeightKind| weights.get(kind as usize).copied().flatten();
                         let mark = b.mark();
-                        match b.add_output(&sh, &w, *norm, out, out_buf, m, k) {
-                            Ok(()) if b.fits(max_ops) => tail_done = true,
-                            Ok(()) | Err(LowerError::Full) if b.layers > 0 => b.undo(mark),
-                            Ok(()) | Err(LowerError::Full) => return Err(invalid("the final norm and output projection do not fit a batch", None)),
-                            Err(why) => return Err(EngineError::Lower { layer: OUTPUT_LAYER, why }),
+                        let added = b.add_layer(&whole.shape, sh.rope_base, &whole.ops, &weight, &whole.resident, m, pos + t0);
+                        match added {
+                            Ok(()) if b.fits(max_ops) => l += 1,
+                            Ok(()) if b.layers > 1 => {
+                                b.truncate(mark);
+                                break;
+                            }
+                            Err(LowerError::Full) if b.layers > 0 => {
+                                b.undo(mark);
+                                break;
+                            }
+                            Ok(()) | Err(LowerError::Full) => {
+                                return Err(invalid("one layer (with the embedding lookup, if any) needs more ops, tensors or buffers than a batch carries", Some(l)));
+                            }
+                            Err(why) => return Err(EngineError::Lower { layer: l, why }),
                         }
                     }
-                }
-                let in_batch = b.layers;
-                let status = submit_wait(&mut self.inflight, &mut self.dev, &mut self.delay, self.policy, &mut self.stats, self.builder.batch())?;
-                if status != BatchStatus::Done {
+                    if let (false, true, Some((_, norm, out, out_bytes))) = (tail_done, l == layers.end, &tail) {
+                        // The logits join the last layer batch if it has the work and room for them.
+                        if b.layers == 0 || (b.layers as u64 * layer_bytes + out_bytes) * m as u64 <= self.batch_work {
+                            let mark = b.mark();
+                            match b.add_output(&sh, &w, *norm, out, out_buf, m, k) {
+                                Ok(()) if b.fits(max_ops) => tail_done = true,
+                                Ok(()) | Err(LowerError::Full) if b.layers > 0 => b.undo(mark),
+                                Ok(()) | Err(LowerError::Full) => return Err(invalid("the final norm and output projection do not fit a batch", None)),
+                                Err(why) => return Err(EngineError::Lower { layer: OUTPUT_LAYER, why }),
+                            }
+                        }
+                    }
+                    let in_batch = b.layers;
                     let output = tail_done && l == layers.end && k > 0;
                     let last = if in_batch == 0 { batch_first } else { l.saturating_sub(1) };
-                    return Err(EngineError::Batch { stage: Stage::Layers { first: batch_first, last, output }, status, tokens: m, pos: pos + t0 });
+                    let stage = Stage::Layers { first: batch_first, last, output };
+                    while fl.batches.len() >= depth {
+                        retire(&mut self.inflight, &mut self.dev, &mut self.delay, self.policy, &mut fl, &mut pass, &outs)?;
+                    }
+                    let seq = self.inflight.submit(&mut self.dev, &self.builder.batch()).map_err(EngineError::Wait)?;
+                    self.stats.batches += 1;
+                    let ends_chunk = l == layers.end && tail_done;
+                    // Room: fewer than `depth` ≤ IN_FLIGHT are in flight.
+                    let _ = fl.batches.push_back(Pending { seq, stage, tokens: m, pos: pos + t0, chunk: slot, ends_chunk });
                 }
+                t0 += m;
             }
-            match &mut pass {
-                Pass::Layers { x } => {
-                    let view = self.dev.host_view(wb).map_err(EngineError::Device)?;
-                    get_f32(&mut x[t0 * e..(t0 + m) * e], &view[w.x() as usize..]);
-                }
-                Pass::Forward { logits, .. } if k > 0 => {
-                    let v = tail.as_ref().map_or(0, |t| t.2.rows);
-                    let row0 = t0 + m - k - first_out;
-                    let view = self.dev.host_view(out_buf.id).map_err(EngineError::Device)?;
-                    get_f32(&mut logits[row0 * v..(row0 + k) * v], view);
-                }
-                Pass::Forward { .. } => {}
+            while !fl.batches.is_empty() {
+                retire(&mut self.inflight, &mut self.dev, &mut self.delay, self.policy, &mut fl, &mut pass, &outs)?;
             }
-            t0 += m;
+            Ok(())
+        })();
+        if r.is_err() {
+            // Nothing is left in flight behind an error: the others are waited for (each
+            // wait bounded by the policy) and their results dropped.
+            while let Some(b) = fl.batches.pop_front() {
+                let _ = self.inflight.wait(&mut self.dev, b.seq, &mut self.delay, self.policy);
+            }
         }
-        Ok(())
+        r
     }
+}
+
+/// A pass's batches in flight, oldest first, and the chunks of tokens they run
+/// (one per work buffer).
+struct Flight {
+    batches: heapless::Deque<Pending, IN_FLIGHT>,
+    chunks: [Option<Chunk>; 2],
+}
+
+/// One batch of a pass in flight.
+#[derive(Clone, Copy)]
+struct Pending {
+    seq: keel_npu_hal::Seq,
+    /// What it runs (named when it fails).
+    stage: Stage,
+    tokens: usize,
+    pos: usize,
+    /// Its chunk's index in [`Flight::chunks`].
+    chunk: usize,
+    /// The chunk's last batch: its outputs are ready when this one completes.
+    ends_chunk: bool,
+}
+
+/// A chunk of tokens whose batches are in flight.
+#[derive(Clone, Copy)]
+struct Chunk {
+    t0: usize,
+    m: usize,
+    /// Rows of logits it produces (its last k tokens).
+    k: usize,
+    work: BufferRef,
+    w: Work,
+}
+
+/// Where a pass's outputs are: the output buffer, logits per row (`v`), the first
+/// token with logits, floats per residual row (`e`).
+struct Outs {
+    buf: BufferRef,
+    v: usize,
+    first_out: usize,
+    e: usize,
+}
+
+/// Waits for the oldest batch in flight; when it ends its chunk, reads the chunk's
+/// outputs (residual rows or logits). A failed batch is an error naming it.
+fn retire<D: SharedBuffers + Queue, Dl: DelayNs>(inflight: &mut Tracker<IN_FLIGHT>, dev: &mut D, delay: &mut Dl, policy: WaitPolicy, fl: &mut Flight, pass: &mut Pass<'_>, o: &Outs) -> Result<(), EngineError<D::Error>> {
+    let b = fl.batches.pop_front().ok_or(invalid("a chunk waits for outputs no batch in flight produces", None))?;
+    let status = inflight.wait(dev, b.seq, delay, policy).map_err(EngineError::Wait)?;
+    if status != BatchStatus::Done {
+        return Err(EngineError::Batch { stage: b.stage, status, tokens: b.tokens, pos: b.pos });
+    }
+    let Some(c) = fl.chunks[b.chunk].filter(|_| b.ends_chunk) else { return Ok(()) };
+    fl.chunks[b.chunk] = None;
+    match pass {
+        Pass::Layers { x } => {
+            let view = dev.host_view(c.work.id).map_err(EngineError::Device)?;
+            get_f32(&mut x[c.t0 * o.e..(c.t0 + c.m) * o.e], &view[c.w.x() as usize..]);
+        }
+        Pass::Forward { logits, .. } if c.k > 0 => {
+            let row0 = c.t0 + c.m - c.k - o.first_out;
+            let view = dev.host_view(o.buf.id).map_err(EngineError::Device)?;
+            get_f32(&mut logits[row0 * o.v..(row0 + c.k) * o.v], view);
+        }
+        Pass::Forward { .. } => {}
+    }
+    Ok(())
 }
 
 /// Converts whole ggml rows `src` of type `from` (each `row.len()` wide) to rows of
@@ -841,7 +971,9 @@ where
     }
 
     fn memory_budget(&self) -> u64 {
-        self.dev.caps().memory.va_budget.saturating_sub(2 * IO_BYTES)
+        // The work and output buffers, and the second work buffer when batches overlap.
+        let io = if self.depth() > 1 { 3 } else { 2 };
+        self.dev.caps().memory.va_budget.saturating_sub(io * IO_BYTES)
     }
 
     fn layer_kv_bytes(&self, shape: &LayerShape, n_ctx: usize) -> Option<u64> {

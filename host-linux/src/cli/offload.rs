@@ -22,6 +22,10 @@ pub struct OffloadOptions {
     pub policy: Policy,
     /// `rknpu`'s W8A8 scheme (`--rknpu-products`).
     pub rknpu: Scheme,
+    /// `--device-in-flight`.
+    pub in_flight: Option<u8>,
+    /// `--device-batch-work`, bytes.
+    pub batch_work: Option<u64>,
 }
 
 fn parse_type(s: &str) -> Result<GgmlType> {
@@ -83,6 +87,12 @@ pub struct OffloadFlags {
     /// rknpu: int8 products per matrix product: 4 (default: residual weights and activations, the accurate scheme), 2 (residual weights), 1 (plain W8A8, fastest); see BENCHMARKS.md for the accuracy of each
     #[arg(long = "rknpu-products", value_name = "1|2|4", default_value_t = crate::device::rknpu::w8a8::DEFAULT_PRODUCTS, value_parser = super::rknpu::parse_products)]
     pub rknpu_products: u32,
+    /// Batches each device keeps in flight (1: submit one and wait for it before the next; default 2, at most what the device takes)
+    #[arg(long = "device-in-flight", value_name = "N")]
+    pub device_in_flight: Option<u8>,
+    /// Most weight MiB x tokens one batch of whole layers streams (default 32); smaller: more, shorter batches per pass
+    #[arg(long = "device-batch-work", value_name = "MIB")]
+    pub device_batch_work: Option<u64>,
 }
 
 impl OffloadOptions {
@@ -126,8 +136,15 @@ impl OffloadOptions {
                 policy.devices[i].budget = Some(mb << 20);
             }
         }
+        if f.device_in_flight == Some(0) {
+            bail!("--device-in-flight 0: at least 1 batch must be in flight (1 = one at a time)");
+        }
+        if f.device_batch_work == Some(0) {
+            bail!("--device-batch-work 0: give at least 1 MiB (a batch always carries one layer for one token)");
+        }
+        let batch_work = f.device_batch_work.map(|m| m.checked_mul(1 << 20).ok_or_else(|| anyhow::anyhow!("--device-batch-work {m}: too large"))).transpose()?;
         let rknpu = Scheme::with_products(f.rknpu_products).unwrap_or_default();
-        Ok(OffloadOptions { devices, policy, rknpu })
+        Ok(OffloadOptions { devices, policy, rknpu, in_flight: f.device_in_flight, batch_work })
     }
 
     /// Opens the devices (none for `cpu` only).
@@ -135,7 +152,14 @@ impl OffloadOptions {
         if self.devices.is_empty() {
             return Ok(Devices::none());
         }
-        Devices::open_with(&self.devices, &SimConfig::from_env(), self.rknpu).map_err(|e| anyhow::anyhow!("{e}"))
+        let mut d = Devices::open_with(&self.devices, &SimConfig::from_env(), self.rknpu).map_err(|e| anyhow::anyhow!("{e}"))?;
+        if let Some(n) = self.in_flight {
+            d.set_in_flight(n);
+        }
+        if let Some(b) = self.batch_work {
+            d.batch_work = b;
+        }
+        Ok(d)
     }
 }
 

@@ -125,6 +125,7 @@ struct RunJson<'a> {
     matrix_weights: u64,
     device_batches: u64,
     device_batches_per_token: f64,
+    device_in_flight: u64,
     offload_mode: &'static str,
     device_layers: u64,
     device_forward: bool,
@@ -380,6 +381,7 @@ pub fn main(a: RunArgs) -> Result<()> {
             matrix_weights: placement.decisions().len() as u64,
             device_batches: devices.batches(),
             device_batches_per_token: per_token,
+            device_in_flight: devices.in_flight() as u64,
             offload_mode: super::offload::mode_name(offload.policy.mode),
             device_layers: super::offload::whole_layers(&placement, e.model.layers.len()) as u64,
             device_forward: placement.forward_device(1).is_some(),
@@ -414,7 +416,7 @@ pub fn main(a: RunArgs) -> Result<()> {
         super::speculate::report(st, &sopts.name(), g.gen_tps, false);
     }
     if use_devices {
-        eprintln!("keel: device batches: {} in all, {per_token:.1} per generated token", devices.batches());
+        eprintln!("keel: device batches: {} in all, {per_token:.1} per generated token, up to {} in flight", devices.batches(), devices.in_flight());
         super::offload::print_breakdown("at exit", &breakdown, host);
     }
     Ok(())

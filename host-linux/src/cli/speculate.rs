@@ -82,7 +82,7 @@ impl SpecOptions {
         // The device list as --device parses it; the draft model is placed whole (no --offload-* policy).
         let devices = crate::device::offload::parse_device_list(list.unwrap_or("cpu")).map_err(|e| anyhow::anyhow!("--device-draft: {e}"))?;
         let policy = keel_core::placement::Policy::all(devices.len());
-        Ok(Some(SpecOptions { draft_model, n_max, fixed, draft_devices: OffloadOptions { devices, policy, rknpu: Default::default() } }))
+        Ok(Some(SpecOptions { draft_model, n_max, fixed, draft_devices: OffloadOptions { devices, policy, rknpu: Default::default(), in_flight: None, batch_work: None } }))
     }
 
     /// The core's settings. Only the adaptive length uses costs, so `measure` (the

@@ -245,6 +245,20 @@ impl Devices {
             .collect()
     }
 
+    /// Asks every device's engine to keep up to `n` batches in flight (before
+    /// [`Devices::plan`]: the second work buffer counts against the budget); each takes
+    /// at most what its device does.
+    pub fn set_in_flight(&mut self, n: u8) {
+        for s in &mut self.slots {
+            s.engine.in_flight = n;
+        }
+    }
+
+    /// Batches in flight at most on any device (0 without devices).
+    pub fn in_flight(&self) -> usize {
+        self.slots.iter().map(|s| s.engine.depth()).max().unwrap_or(0)
+    }
+
     /// Batches submitted to all devices.
     pub fn batches(&self) -> u64 {
         self.slots.iter().map(|s| s.engine.stats.batches).sum()
