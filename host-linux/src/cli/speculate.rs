@@ -408,6 +408,7 @@ pub fn sweep(a: &super::bench::BenchArgs, range: &str) -> Result<()> {
             println!("| {what} | {} | {m:.2} | {:.2}x | {acc} | {mean} |", label(c), median(&mut ratio[i].clone()));
         }
         eprintln!("keel: {} tokens per run, {} threads, {} kernels; every run generated the plain greedy tokens", reference.len(), opts.threads, e.session.kernels().name());
+        eprintln!("keel: the adaptive length's measured costs, in one-token passes: a verify batch of k + 1 tokens {:.2} + {:.2} k, a draft token {:.2}", 1.0 + costs.verify_base, costs.verify, costs.draft);
     }
     Ok(())
 }
