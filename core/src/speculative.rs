@@ -462,6 +462,19 @@ impl<'a> Speculator<'a> {
         self.stats
     }
 
+    /// The settings in use.
+    pub fn config(&self) -> SpecConfig {
+        self.cfg
+    }
+
+    /// Replaces the draft cost the adaptive length plans with (one draft token relative
+    /// to one target pass), e.g. from timing real steps; ignored unless finite and >= 0.
+    pub fn set_draft_cost(&mut self, cost: f32) {
+        if cost.is_finite() && cost >= 0.0 {
+            self.cfg.draft_cost = cost;
+        }
+    }
+
     /// Starts a sequence: the target (whose context must be empty) evaluates all of
     /// `prompt` but its last token, which the first [`Speculator::step`] evaluates with
     /// the first drafts (so even the first generated token is speculated).
