@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Speculative decoding speed (BENCHMARKS.md): `keel bench --draft-sweep` on the SmolLM2
-# golden prompts and on bench/code-edit.txt, for the draft pair (SmolLM2 Q4_0 drafting
+# golden prompts and on the code-editing prompts bench/code-edit.txt (an edit request whose
+# answer, begun with its code fence, repeats the given code) and bench/code-edit-prose.txt
+# (the earlier one: the model answers with prose and code of its own), for the draft pair (SmolLM2 Q4_0 drafting
 # for SmolLM2 Q8_0, both made by `keel quantize` from the cached Q4_1 file) and for
 # prompt lookup. Each sweep interleaves plain and speculative runs and prints medians;
 # every run must generate the plain greedy tokens or the sweep fails.
 #
 # usage: bench/speculative.sh [KEEL] [-- extra bench flags]
 #   env: THREADS (2), REPS (3), N_GEN (128; for the golden prompts), N_GEN_CODE (256; for
-#        the code-editing prompt, whose copying starts after some prose), SWEEP_LOOKUP (1..8), SWEEP_DRAFT (1..4),
-#        DRAFTERS ("lookup draft"), PROMPTS (all; code: bench/code-edit.txt only; golden:
+#        the code-editing prompts), SWEEP_LOOKUP (1..8), SWEEP_DRAFT (1..4),
+#        DRAFTERS ("lookup draft"), PROMPTS (all; code: the code-editing prompts only; golden:
 #        the golden prompts only), OUT (a scratch dir for the
 #        quantized files; default a temp dir, removed at exit)
 set -euo pipefail
@@ -31,16 +33,16 @@ done
 target="$out/smollm2.Q8_0.gguf" draft="$out/smollm2.Q4_0.gguf"
 
 echo "# keel speculative decoding sweep: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $threads threads, medians of $reps interleaved runs"
-# The prompts: the code-editing prompt, then each golden prompt (a file each).
+# The prompts: the code-editing prompts, then each golden prompt (a file each).
 python3 - "$root/tests/golden/smollm2-135m-q4_1/greedy.jsonl" "$out" <<'PY'
 import json, sys
 for i, line in enumerate(open(sys.argv[1])):
     open(f"{sys.argv[2]}/prompt{i}.txt", "w").write(json.loads(line)["prompt"])
 PY
 case "${PROMPTS:-all}" in
-  code) prompts=("$root/bench/code-edit.txt") ;;
+  code) prompts=("$root/bench/code-edit.txt" "$root/bench/code-edit-prose.txt") ;;
   golden) prompts=("$out"/prompt*.txt) ;;
-  *) prompts=("$root/bench/code-edit.txt" "$out"/prompt*.txt) ;;
+  *) prompts=("$root/bench/code-edit.txt" "$root/bench/code-edit-prose.txt" "$out"/prompt*.txt) ;;
 esac
 for p in "${prompts[@]}"; do
   for drafter in ${DRAFTERS:-lookup draft}; do

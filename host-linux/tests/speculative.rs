@@ -346,6 +346,9 @@ enum Draft {
     Fixed,
 }
 
+/// The first-token test's prompt lookup: its prompt repeats a 2-gram (the default needs 3 tokens).
+const LOOKUP_2: Lookup = Lookup { ngram_max: 3, ngram_min: 2 };
+
 /// The sampling settings of the first-token tests: llama.cpp's defaults at 0.8.
 const WARM: SamplerConfig = SamplerConfig { temp: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, repeat_penalty: 1.0, repeat_last_n: 64, seed: 20261124 };
 
@@ -372,7 +375,7 @@ fn first_token_matches(prompt: &[u32], how: Draft, runs: u64) {
     let q: Option<Vec<f32>> = match how {
         Draft::Model => None,
         Draft::Lookup => {
-            let (from, _) = Lookup::default().find(prompt, 1).expect("the prompt repeats an n-gram");
+            let (from, _) = LOOKUP_2.find(prompt, 1).expect("the prompt repeats a 2-gram");
             let mut one = vec![0.0f32; v];
             one[prompt[from] as usize] = 1.0;
             Some(one)
@@ -401,7 +404,7 @@ fn first_token_matches(prompt: &[u32], how: Draft, runs: u64) {
     for _ in 0..runs {
         let drafter: &mut dyn Drafter = match how {
             Draft::Model => &mut model,
-            Draft::Lookup => &mut Lookup::default(),
+            Draft::Lookup => &mut Lookup { ..LOOKUP_2 },
             Draft::Fixed => &mut fixed,
         };
         let first = speculative(&mut sp, &mut target, drafter, prompt, 1, |_| false);

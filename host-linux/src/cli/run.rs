@@ -240,11 +240,13 @@ pub fn main(a: RunArgs) -> Result<()> {
 
     // Speculation's parts, made before anything is timed.
     let mut spec_plan = keel_core::arena::Plan::empty();
+    let mut calib = None;
     let mut sp = match &spec {
         Some(sopts) => {
             keel_core::speculative::plan(&mut spec_plan, e.n_vocab(), opts.n_ctx, sopts.n_max)?;
             let mut carver = keel_core::arena::carve(&mut spec_arena, &spec_plan).map_err(keel_core::Error::from)?;
-            let cfg = sopts.config(|| super::speculate::measure_costs(&mut e, draft_engine.as_mut(), pool, sopts.n_max))?;
+            let (cfg, c) = sopts.config(|| super::speculate::measure_costs(&mut e, draft_engine.as_mut(), pool, sopts.n_max))?;
+            calib = c;
             Some(keel_core::speculative::Speculator::new(&mut carver, &spec_plan, cfg, sampling, e.n_vocab())?)
         }
         None => None,
@@ -296,7 +298,7 @@ pub fn main(a: RunArgs) -> Result<()> {
         let r = sp.start(&mut target, drafter, &prompt_tokens).and_then(|_| {
             prompt_secs = t0.elapsed().as_secs_f64();
             t1 = Instant::now();
-            super::speculate::generate(sp, &mut target, drafter, n_predict, emit)
+            super::speculate::generate(sp, &mut target, drafter, n_predict, calib.take(), emit)
         });
         drop(target);
         drop(model_drafter);

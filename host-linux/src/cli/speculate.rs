@@ -85,13 +85,15 @@ impl SpecOptions {
         Ok(Some(SpecOptions { draft_model, n_max, fixed, draft_devices: OffloadOptions { devices, policy, rknpu: Default::default(), in_flight: None, batch_work: None } }))
     }
 
-    /// The core's settings. Only the adaptive length uses costs, so `measure` (the
-    /// [`measure_costs`] timings, a fraction of a second) runs only for it.
-    pub fn config(&self, measure: impl FnOnce() -> Result<Costs>) -> Result<SpecConfig> {
+    /// The core's settings, and (for the adaptive length with a draft model) the
+    /// [`Calibration`] for [`generate`]. Only the adaptive length uses costs, so `measure`
+    /// (the [`measure_costs`] timings, a fraction of a second) runs only for it.
+    pub fn config(&self, measure: impl FnOnce() -> Result<Costs>) -> Result<(SpecConfig, Option<Calibration>)> {
         if self.fixed {
-            return Ok(SpecConfig { n_max: self.n_max, adaptive: false, ..SpecConfig::default() });
+            return Ok((SpecConfig { n_max: self.n_max, adaptive: false, ..SpecConfig::default() }, None));
         }
-        Ok(measure()?.config(self.n_max, true))
+        let costs = measure()?;
+        Ok((costs.config(self.n_max, true), self.draft_model.as_ref().map(|_| Calibration::new(&costs))))
     }
 
     /// `draft <file>` or `lookup`.
@@ -103,15 +105,68 @@ impl SpecOptions {
     }
 }
 
+/// The adaptive length's draft cost learnt from the steps themselves. A draft model's
+/// cost measured at start (one pass each, from an empty context) can be far from what a
+/// step costs once the two models alternate (their weights evicting each other from the
+/// cache, the draft's catch-up batches): on the Xeon of BENCHMARKS.md a measured 0.49
+/// became ~1.5 passes, and drafting ran at 0.72x. So every step is timed: plain steps
+/// (no drafts) give the time of one target pass, drafting steps their cost in passes, and
+/// what a drafted token cost beyond the verify batch's share replaces the draft cost
+/// (averaged over steps).
+pub struct Calibration {
+    /// Seconds of a plain step (a moving average; at first the measured one-token pass).
+    plain: f64,
+    /// The verify batch's costs (measured at start).
+    verify_base: f64,
+    verify: f64,
+    /// The learnt draft cost (`None` until a drafting step was timed).
+    draft: Option<f64>,
+}
+
+impl Calibration {
+    /// Starts from the costs measured at start.
+    pub fn new(c: &Costs) -> Self {
+        Calibration { plain: c.one_secs, verify_base: c.verify_base as f64, verify: c.verify as f64, draft: None }
+    }
+
+    /// A step of `secs` that verified `k` drafts: the draft cost to plan with next, if
+    /// it changed.
+    fn observe(&mut self, secs: f64, k: u64) -> Option<f32> {
+        if !(secs.is_finite() && secs > 0.0) {
+            return None;
+        }
+        if k == 0 {
+            self.plain = 0.8 * self.plain + 0.2 * secs;
+            return None;
+        }
+        let passes = secs / self.plain.max(1e-9);
+        let per_draft = ((passes - 1.0 - self.verify_base) / k as f64 - self.verify).max(0.0);
+        let d = match self.draft {
+            Some(d) => 0.5 * d + 0.5 * per_draft,
+            None => per_draft,
+        };
+        self.draft = Some(d);
+        Some(d as f32)
+    }
+}
+
 /// Generates up to `n_predict` tokens after [`Speculator::start`]; `emit` gets each one
-/// and returns false to stop (end of generation). Returns why generation stopped.
-pub fn generate(sp: &mut Speculator<'_>, target: &mut dyn Lm, drafter: &mut dyn Drafter, n_predict: usize, mut emit: impl FnMut(u32) -> bool) -> Result<&'static str, keel_core::Error> {
+/// and returns false to stop (end of generation). With a [`Calibration`], each step is
+/// timed and the draft cost follows what steps really cost. Returns why generation
+/// stopped.
+pub fn generate(sp: &mut Speculator<'_>, target: &mut dyn Lm, drafter: &mut dyn Drafter, n_predict: usize, mut calib: Option<Calibration>, mut emit: impl FnMut(u32) -> bool) -> Result<&'static str, keel_core::Error> {
     let mut n = 0;
     while n < n_predict {
         if !sp.can_step(target) {
             return Ok("context full");
         }
-        for &t in sp.step(target, drafter)? {
+        let (t, drafted) = (Instant::now(), sp.stats().drafted);
+        let made = sp.step(target, drafter)?.len();
+        if let Some(cost) = calib.as_mut().and_then(|c| c.observe(t.elapsed().as_secs_f64(), sp.stats().drafted - drafted)) {
+            sp.set_draft_cost(cost);
+        }
+        let hist = sp.history();
+        for &t in &hist[hist.len() - made..] {
             if n == n_predict {
                 break;
             }
@@ -185,6 +240,8 @@ pub struct Costs {
     pub verify_base: f32,
     /// One more draft in the verify batch.
     pub verify: f32,
+    /// Seconds of the target's one-token pass (the fastest timing).
+    pub one_secs: f64,
 }
 
 impl Costs {
@@ -225,7 +282,7 @@ pub fn measure_costs(e: &mut Engine<'_>, mut de: Option<&mut Engine<'_>>, pool: 
     let verify = if big > 2 { ((many - two) / (big - 2) as f64 / one).max(0.0) } else { 0.0 };
     let verify_base = if big > 2 { (two / one - 1.0 - verify).max(0.0) } else { (two / one - 1.0).max(0.0) };
     let draft = if draft == f64::MAX { 0.0 } else { draft / one };
-    Ok(Costs { draft: draft as f32, verify_base: verify_base as f32, verify: verify.min(2.0) as f32 })
+    Ok(Costs { draft: draft as f32, verify_base: verify_base as f32, verify: verify.min(2.0) as f32, one_secs: one })
 }
 
 /// Plain greedy generation of up to `n` tokens after `prompt` (stopping at the end of
@@ -360,7 +417,8 @@ pub fn sweep(a: &super::bench::BenchArgs, range: &str) -> Result<()> {
             sp.start(&mut target, drafter, &toks)?;
             let t = Instant::now();
             let tokenizer = &e.tokenizer;
-            generate(&mut sp, &mut target, drafter, n_gen, |tok| {
+            let calib = (c.adaptive && draft_model.is_some()).then(|| Calibration::new(&costs));
+            generate(&mut sp, &mut target, drafter, n_gen, calib, |tok| {
                 if tokenizer.is_eog(tok) {
                     return false;
                 }
@@ -408,6 +466,7 @@ pub fn sweep(a: &super::bench::BenchArgs, range: &str) -> Result<()> {
             println!("| {what} | {} | {m:.2} | {:.2}x | {acc} | {mean} |", label(c), median(&mut ratio[i].clone()));
         }
         eprintln!("keel: {} tokens per run, {} threads, {} kernels; every run generated the plain greedy tokens", reference.len(), opts.threads, e.session.kernels().name());
+        eprintln!("keel: the adaptive length's measured costs, in one-token passes: a verify batch of k + 1 tokens {:.2} + {:.2} k, a draft token {:.2}", 1.0 + costs.verify_base, costs.verify, costs.draft);
     }
     Ok(())
 }
@@ -451,5 +510,31 @@ impl SweepFlags {
     /// The first sweep-only flag given (they need --draft-sweep).
     pub fn stray(&self) -> Option<&'static str> {
         [(self.draft_model.is_some(), "--draft-model"), (self.lookup, "--lookup"), (self.prompt.is_some(), "--prompt"), (self.file.is_some(), "-f")].into_iter().find(|(g, _)| *g).map(|(_, f)| f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calibration_learns_what_a_drafted_token_costs() {
+        // Measured at start: a 10 ms pass, verify batch 1.1 + 0.2 k, a draft token 0.3.
+        let costs = Costs { draft: 0.3, verify_base: 0.1, verify: 0.2, one_secs: 0.010 };
+        let mut c = Calibration::new(&costs);
+        // Plain steps under load take 20 ms: they become the unit.
+        for _ in 0..40 {
+            assert_eq!(c.observe(0.020, 0), None);
+        }
+        assert!((c.plain - 0.020).abs() < 1e-4, "{}", c.plain);
+        // A step drafting 2 that took 3.3 passes: (3.3 - 1.1) / 2 - 0.2 = 0.9 per draft.
+        let d = c.observe(0.066, 2).unwrap();
+        assert!((d - 0.9).abs() < 0.01, "{d}");
+        // Averaged with the next: one cheaper step (0.1 per draft) gives 0.5.
+        let d = c.observe(0.020 * 1.4, 1).unwrap();
+        assert!((d - 0.5).abs() < 0.01, "{d}");
+        // Never negative; nonsense timings are ignored.
+        assert!(c.observe(0.001, 4).unwrap() >= 0.0);
+        assert_eq!(c.observe(f64::NAN, 1), None);
     }
 }
