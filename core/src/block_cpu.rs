@@ -338,7 +338,11 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32,
     let group = hp.n_head / hp.n_head_kv;
     let threads = par.n_threads().min(max_tasks).max(1);
     // Tokens per block: as many as leave at least 4 (block, KV head) pairs per thread.
-    let qb = (n * hp.n_head_kv / (4 * threads)).clamp(1, QBLOCK);
+    // (Each task's scratch holds `qcap` tokens' heads: QBLOCK, or n_batch if smaller; see
+    // `session::plan_session`.)
+    let per_task = scratch.len() / max_tasks.max(1);
+    let qcap = per_task / (ATTN_HEADS * (hd + hdv));
+    let qb = (n * hp.n_head_kv / (4 * threads)).clamp(1, QBLOCK).min(qcap).max(1);
     let blocks = n.div_ceil(qb);
     // Items per KV head and block: its query heads in runs of at most ATTN_HEADS, fewer
     // when there are too few (block, KV head) pairs to keep the threads busy (decode),
@@ -348,7 +352,6 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32,
     let runs = group.div_ceil(per_item);
     let (rows, n_past, window) = (c.rows, c.n_past, c.window);
     let (kv_k, kv_v) = (&*c.kv_k, &*c.kv_v);
-    let per_task = QBLOCK * ATTN_HEADS * (hd + hdv);
     let items = blocks * hp.n_head_kv * runs;
     let tasks = threads.min(items).max(1);
     let scratch = SharedMut::new(scratch);
@@ -357,7 +360,7 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32,
     par.run(tasks, &|t| {
         // SAFETY: task t owns scratch slot t (tasks <= the n_threads slots planned).
         let s = unsafe { scratch.slice(t * per_task, per_task) };
-        let (qh, acc) = s.split_at_mut(QBLOCK * ATTN_HEADS * hd);
+        let (qh, acc) = s.split_at_mut(qcap * ATTN_HEADS * hd);
         // Items dealt round-robin: a later token attends to more keys, so contiguous
         // ranges would leave the last task most of a prompt's work.
         for item in (t..items).step_by(tasks) {
