@@ -45,52 +45,107 @@ pub struct KeySpan {
     pub v_stride: usize,
 }
 
+/// Queries one [`attend_block`] call computes together at most.
+pub const QBLOCK: usize = 16;
+
 /// Attention of `nh = q.len() / hd` query heads (`q`: `nh` rows of `hd` f32, at most
 /// [`MAX_HEADS`]) over the keys of `span` in `k` / `v`, into `out` (`nh` rows of `hdv`).
-/// `qh` (at least `nh·hd`) and `acc` (at least `nh·hdv`) are scratch.
+/// `qh` (at least `nh·hd`) and `acc` (at least `nh·hdv`) are scratch. One query's
+/// [`attend_block`].
 ///
 /// Panics if a row of the span lies outside `k` or `v`, or the shapes do not fit (a
 /// caller's bug, not an input error: callers check their tensors first).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_heads(kern: &Kernels, q: &[f32], hd: usize, hdv: usize, k: &[f16], v: &[f16], span: KeySpan, scale: f32, qh: &mut [f16], acc: &mut [f16], out: &mut [f32]) {
     let nh = q.len() / hd;
-    assert!(nh <= MAX_HEADS && nh * hd == q.len() && out.len() == nh * hdv, "attend_heads: {nh} heads of {hd}/{hdv}");
-    let (qh, acc) = (&mut qh[..nh * hd], &mut acc[..nh * hdv]);
-    for (src, dst) in q.chunks_exact(hd).zip(qh.chunks_exact_mut(hd)) {
-        kern.f32_to_f16(src, dst);
+    assert!(nh * hd == q.len(), "attend_heads: {nh} heads of {hd}");
+    let mut out = Some(out);
+    attend_block(kern, (hd, hdv, nh), k, v, scale, 1, |_| (q, span), qh, acc, |_| out.take().expect("attend_heads: one query"));
+}
+
+/// [`attend_heads`] for `nq` queries (at most [`QBLOCK`]) at once: query `j`'s `nh` heads
+/// (`query(j)`: their `nh·hd` f32 and its span) into `out(j)` (`nh·hdv` f32; called once
+/// per query, after its last key). The spans share the cache layout (`ring`, bases,
+/// strides) and count `first_slot` in the same positions (a causal block: `0..=pos` or
+/// a window ending at `pos`). Keys are taken in chunks of [`CHUNK`] positions over the
+/// union of the spans, and every query whose span meets a chunk computes that part of
+/// it while the chunk's key and value rows are in cache: each K/V row is read once per
+/// block, not once per query. Per query the operations are [`attend_heads`]' in key
+/// order (chunking changes no bit: the running maximum, the exponents and the
+/// accumulator steps are per key); `qh` (at least `nq·nh·hd`) and `acc` (at least
+/// `nq·nh·hdv`) are scratch.
+///
+/// Panics as [`attend_heads`], or if the spans' layouts differ.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_block<'q, 'o>(
+    kern: &Kernels,
+    (hd, hdv, nh): (usize, usize, usize),
+    k: &[f16],
+    v: &[f16],
+    scale: f32,
+    nq: usize,
+    query: impl Fn(usize) -> (&'q [f32], KeySpan),
+    qh: &mut [f16],
+    acc: &mut [f16],
+    mut out: impl FnMut(usize) -> &'o mut [f32],
+) {
+    assert!((1..=MAX_HEADS).contains(&nh) && (1..=QBLOCK).contains(&nq), "attend_block: {nq} queries of {nh} heads of {hd}/{hdv}");
+    let (qh, acc) = (&mut qh[..nq * nh * hd], &mut acc[..nq * nh * hdv]);
+    let (mut lo, mut hi) = (usize::MAX, 0);
+    let lay = query(0).1;
+    for j in 0..nq {
+        let (q, s) = query(j);
+        assert!(q.len() == nh * hd, "attend_block: query {j} has {} elements, not {nh}·{hd}", q.len());
+        assert!((s.ring, s.k_base, s.k_stride, s.v_base, s.v_stride) == (lay.ring, lay.k_base, lay.k_stride, lay.v_base, lay.v_stride), "attend_block: spans of different layouts");
+        for (src, dst) in q.chunks_exact(hd).zip(qh[j * nh * hd..(j + 1) * nh * hd].chunks_exact_mut(hd)) {
+            kern.f32_to_f16(src, dst);
+        }
+        (lo, hi) = (lo.min(s.first_slot), hi.max(s.first_slot + s.len));
     }
     acc.fill(f16::ZERO);
-    let (mut max, mut sum) = ([f32::NEG_INFINITY; MAX_HEADS], [0.0f32; MAX_HEADS]);
-    // A chunk's scores/exponents, new-maximum flags and row offsets (each chunk writes
-    // the part it reads).
+    let (mut max, mut sum) = ([[f32::NEG_INFINITY; MAX_HEADS]; QBLOCK], [[0.0f32; MAX_HEADS]; QBLOCK]);
+    // A chunk's scores/exponents, new-maximum flags (each query's pass writes the part it
+    // reads) and row offsets.
     let mut e = [0.0f32; MAX_HEADS * CHUNK];
     let mut new_max = [false; MAX_HEADS * CHUNK];
     let (mut koff, mut voff) = ([0usize; CHUNK], [0usize; CHUNK]);
-    // Keys in chunks: the chunk's scores, then every exponent the online softmax will
+    // Per query and chunk: the part's scores, then every exponent the online softmax will
     // take (the running maximum depends only on the scores), exponentiated together
     // (`expf_batch` gives `ops::expf`'s bits), then the accumulator updates in key
     // order: the same operations on the same values as one key at a time.
-    let mut slot = if span.ring == 0 { 0 } else { span.first_slot % span.ring };
-    let mut c0 = 0;
-    while c0 < span.len {
-        let len = (span.len - c0).min(CHUNK);
-        for c in 0..len {
-            (koff[c], voff[c]) = (span.k_base + slot * span.k_stride, span.v_base + slot * span.v_stride);
-            slot = if slot + 1 == span.ring { 0 } else { slot + 1 };
+    let mut p0 = lo;
+    while p0 < hi {
+        let clen = (hi - p0).min(CHUNK);
+        for c in 0..clen {
+            let slot = if lay.ring == 0 { p0 + c } else { (p0 + c) % lay.ring };
+            (koff[c], voff[c]) = (lay.k_base + slot * lay.k_stride, lay.v_base + slot * lay.v_stride);
         }
-        kern.f16_dot_keys_heads(k, &koff[..len], qh, hd, nh, &mut e[..nh * len]);
-        for g in 0..nh {
-            kern.softmax_scores(&mut e[g * len..(g + 1) * len], &mut new_max[g * len..(g + 1) * len], scale, &mut max[g]);
+        for j in 0..nq {
+            let s = query(j).1;
+            let (a, b) = (s.first_slot.max(p0), (s.first_slot + s.len).min(p0 + clen));
+            if a >= b {
+                continue;
+            }
+            let (len, r) = (b - a, a - p0..b - p0);
+            let (qh, acc) = (&qh[j * nh * hd..(j + 1) * nh * hd], &mut acc[j * nh * hdv..(j + 1) * nh * hdv]);
+            kern.f16_dot_keys_heads(k, &koff[r.clone()], qh, hd, nh, &mut e[..nh * len]);
+            for g in 0..nh {
+                kern.softmax_scores(&mut e[g * len..(g + 1) * len], &mut new_max[g * len..(g + 1) * len], scale, &mut max[j][g]);
+            }
+            kern.expf_batch(&mut e[..nh * len]);
+            kern.f16_mad_keys_heads(acc, hdv, nh, v, &voff[r], &new_max[..nh * len], &e[..nh * len], &mut sum[j][..nh]);
         }
-        kern.expf_batch(&mut e[..nh * len]);
-        kern.f16_mad_keys_heads(acc, hdv, nh, v, &voff[..len], &new_max[..nh * len], &e[..nh * len], &mut sum[..nh]);
-        c0 += len;
+        p0 += clen;
     }
-    for (g, o) in out.chunks_exact_mut(hdv).enumerate() {
-        kern.f16_to_f32(&acc[g * hdv..(g + 1) * hdv], o);
-        let inv = if sum[g] == 0.0 { 0.0 } else { 1.0 / sum[g] };
-        for v in o.iter_mut() {
-            *v *= inv;
+    for j in 0..nq {
+        let o = out(j);
+        assert!(o.len() == nh * hdv, "attend_block: output {j} has {} elements, not {nh}·{hdv}", o.len());
+        for (g, o) in o.chunks_exact_mut(hdv).enumerate() {
+            kern.f16_to_f32(&acc[(j * nh + g) * hdv..(j * nh + g + 1) * hdv], o);
+            let inv = if sum[j][g] == 0.0 { 0.0 } else { 1.0 / sum[j][g] };
+            for v in o.iter_mut() {
+                *v *= inv;
+            }
         }
     }
 }

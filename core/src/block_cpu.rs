@@ -8,7 +8,7 @@
 
 use half::f16;
 
-use crate::attention::{attend_heads, KeySpan};
+use crate::attention::{attend_block, KeySpan, QBLOCK};
 use crate::attn_tiled;
 use crate::block::{Buf, Op, Param};
 use crate::delta_net;
@@ -322,48 +322,62 @@ fn head_norm(x: &mut [f32], norm: Option<Tensor<'_>>, n: usize, w: usize, hd: us
 pub(crate) const ATTN_HEADS: usize = crate::attention::MAX_HEADS;
 
 /// Causal grouped-query attention of the `n` new tokens over one layer's cache, split
-/// by (token, heads) items — up to [`ATTN_HEADS`] query heads that share a KV head —
-/// dealt round-robin to at most `max_tasks` tasks, each with its own f16 scratch; each
-/// item is one [`crate::attention::attend_heads`] call (its doc gives the arithmetic:
-/// llama.cpp's CPU flash attention, `one_chunk` path). llama.cpp uses a different,
-/// tiled arithmetic for batches of 64 or more queries; keel always uses this one, so a
-/// position's output does not depend on the batch. With a sliding window a query at
-/// `pos` sees keys `pos - window + 1 ..= pos`.
+/// by (token block, heads) items — up to [`QBLOCK`] consecutive tokens and up to
+/// [`ATTN_HEADS`] query heads that share a KV head — dealt round-robin to at most
+/// `max_tasks` tasks, each with its own f16 scratch; each item is one
+/// [`crate::attention::attend_block`] call, which reads each key and value row once for
+/// the block (its doc and [`crate::attention::attend_heads`]' give the arithmetic:
+/// llama.cpp's CPU flash attention, `one_chunk` path, per query). llama.cpp uses a
+/// different, tiled arithmetic for batches of 64 or more queries; keel always uses this
+/// one, so a position's output does not depend on the batch (nor on the blocking). With
+/// a sliding window a query at `pos` sees keys `pos - window + 1 ..= pos`.
 #[allow(clippy::too_many_arguments)]
 fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32, out: &mut [f32], scratch: &mut [f16], max_tasks: usize, n: usize, par: &dyn Parallel) {
     let (hd, hdv) = (hp.head_dim, hp.head_dim_v);
     let (qd, kd, vd) = (hp.q_dim(), hp.k_dim(), hp.v_dim());
     let group = hp.n_head / hp.n_head_kv;
-    // Items per KV head and token: its query heads in runs of at most ATTN_HEADS, or one
-    // head per item when there are too few (token, KV head) pairs to keep the threads
-    // busy (decode): the same bits either way.
-    let per_item = if n * hp.n_head_kv >= 4 * par.n_threads() { ATTN_HEADS.min(group) } else { 1 };
+    let threads = par.n_threads().min(max_tasks).max(1);
+    // Tokens per block: as many as leave at least 4 (block, KV head) pairs per thread.
+    // (Each task's scratch holds `qcap` tokens' heads: QBLOCK, or n_batch if smaller; see
+    // `session::plan_session`.)
+    let per_task = scratch.len() / max_tasks.max(1);
+    let qcap = per_task / (ATTN_HEADS * (hd + hdv));
+    let qb = (n * hp.n_head_kv / (4 * threads)).clamp(1, QBLOCK).min(qcap).max(1);
+    let blocks = n.div_ceil(qb);
+    // Items per KV head and block: its query heads in runs of at most ATTN_HEADS, fewer
+    // when there are too few (block, KV head) pairs to keep the threads busy (decode),
+    // but as many as leave each thread one run: every run reads its KV head's rows once,
+    // and at depth decode is bound by those reads. The same bits either way.
+    let per_item = ATTN_HEADS.min(group).min((blocks * hp.n_head).div_ceil(threads)).max(1);
     let runs = group.div_ceil(per_item);
     let (rows, n_past, window) = (c.rows, c.n_past, c.window);
     let (kv_k, kv_v) = (&*c.kv_k, &*c.kv_v);
-    let per_task = ATTN_HEADS * (hd + hdv);
-    let items = n * hp.n_head_kv * runs;
-    let tasks = par.n_threads().min(max_tasks).min(items).max(1);
+    let items = blocks * hp.n_head_kv * runs;
+    let tasks = threads.min(items).max(1);
     let scratch = SharedMut::new(scratch);
     let out_w = hp.n_head * hdv;
     let out = SharedMut::new(&mut out[..n * out_w]);
     par.run(tasks, &|t| {
         // SAFETY: task t owns scratch slot t (tasks <= the n_threads slots planned).
         let s = unsafe { scratch.slice(t * per_task, per_task) };
-        let (qh, acc) = s.split_at_mut(ATTN_HEADS * hd);
+        let (qh, acc) = s.split_at_mut(qcap * ATTN_HEADS * hd);
         // Items dealt round-robin: a later token attends to more keys, so contiguous
         // ranges would leave the last task most of a prompt's work.
         for item in (t..items).step_by(tasks) {
-            let (i, rest) = (item / (hp.n_head_kv * runs), item % (hp.n_head_kv * runs));
+            let (blk, rest) = (item / (hp.n_head_kv * runs), item % (hp.n_head_kv * runs));
             let (kvh, run) = (rest / runs, rest % runs);
             let h0 = kvh * group + run * per_item;
             let nh = (group - run * per_item).min(per_item);
-            let pos = n_past + i;
-            let first = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
-            let span = KeySpan { len: pos + 1 - first, first_slot: first, ring: rows, k_base: kvh * hd, k_stride: kd, v_base: kvh * hdv, v_stride: vd };
-            // SAFETY: outputs (i, h0 .. h0 + nh) are written by exactly one task.
-            let o = unsafe { out.slice(i * out_w + h0 * hdv, nh * hdv) };
-            attend_heads(kern, &q[i * qd + h0 * hd..][..nh * hd], hd, hdv, kv_k, kv_v, span, scale, qh, acc, o);
+            let i0 = blk * qb;
+            let query = |j: usize| {
+                let pos = n_past + i0 + j;
+                let first = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
+                let span = KeySpan { len: pos + 1 - first, first_slot: first, ring: rows, k_base: kvh * hd, k_stride: kd, v_base: kvh * hdv, v_stride: vd };
+                (&q[(i0 + j) * qd + h0 * hd..][..nh * hd], span)
+            };
+            // SAFETY: outputs (i, h0 .. h0 + nh) are written by exactly one task, each once.
+            let o = |j: usize| unsafe { out.slice((i0 + j) * out_w + h0 * hdv, nh * hdv) };
+            attend_block(kern, (hd, hdv, nh), kv_k, kv_v, scale, qb.min(n - i0), query, qh, acc, o);
         }
     });
 }

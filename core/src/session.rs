@@ -107,7 +107,7 @@ fn region_sizes(hp: &HParams, act_row: usize, cfg: &SessionConfig) -> Result<[(u
         (b * hp.n_ff.max(hp.n_embd), f4),
         (b * hp.n_ff.max(hp.n_embd), f4),
         (b.max(cfg.n_outputs), act_row),
-        (cfg.n_threads * ATTN_HEADS * (hp.head_dim + hp.head_dim_v), f2),
+        (cfg.n_threads * crate::attention::QBLOCK.min(cfg.n_batch) * ATTN_HEADS * (hp.head_dim + hp.head_dim_v), f2),
         (hp.n_rot, f4),
         (2 * b * n_vh, f4),
         (b * ch, f4),

@@ -388,3 +388,57 @@ fn grouped_value_update_rounds_once_below_f16_normals() {
         }
     }
 }
+
+/// `attention::attend_block` gives every query of a block the bits of `attend_heads`
+/// for that query alone (the one-query arithmetic), for every kernel set and the
+/// reference: head sizes with and without the fast paths, 1 to 4 heads, blocks of 1 to
+/// `QBLOCK` queries, causal spans from 0 and sliding windows (spans starting at different
+/// positions, so the block's chunks cut each query's keys elsewhere than its own would),
+/// a ring cache that wraps, and scores large enough that new maxima come late.
+#[test]
+fn blocked_attention_matches_one_query_at_a_time() {
+    use crate::attention::{attend_block, attend_heads, KeySpan, MAX_HEADS, QBLOCK};
+    let mut sets = kernel_sets();
+    sets.push(Kernels::reference());
+    let mut rng = Rng::new(0xb10c);
+    for &hd in &[64usize, 128, 256, 48] {
+        for round in 0..12 {
+            let nh = 1 + round % MAX_HEADS;
+            let nq = 1 + rng.below(QBLOCK as u64) as usize;
+            let n_kvh = 2;
+            let kvh = round % n_kvh;
+            // Positions 0 ..= last; with a window, a ring of `window` slots (as keel's
+            // sliding-window cache), else one slot per position.
+            let window = [0usize, 37, 64, 100][round % 4];
+            let past = rng.below(200) as usize;
+            let last = past + nq - 1;
+            let rows = if window > 0 { window } else { last + 1 };
+            let stride = n_kvh * hd;
+            let big = if round % 3 == 2 { 8.0 } else { 1.0 };
+            let kc: Vec<f16> = (0..rows * stride).map(|_| f16::from_f32(rng.unit() * big)).collect();
+            let vc: Vec<f16> = (0..rows * stride).map(|_| f16::from_f32(rng.unit())).collect();
+            let q: Vec<f32> = (0..nq * nh * hd).map(|_| rng.unit() * big).collect();
+            let span = |j: usize| {
+                let pos = past + j;
+                let first = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
+                KeySpan { len: pos + 1 - first, first_slot: first, ring: rows, k_base: kvh * hd, k_stride: stride, v_base: kvh * hd, v_stride: stride }
+            };
+            for k in &sets {
+                let (mut qh, mut acc) = (vec![f16::ZERO; QBLOCK * nh * hd], vec![f16::ZERO; QBLOCK * nh * hd]);
+                let mut got = vec![f32::NAN; nq * nh * hd];
+                {
+                    let mut rows_out: Vec<&mut [f32]> = got.chunks_exact_mut(nh * hd).collect();
+                    let mut outs = rows_out.iter_mut().map(|r| &mut **r);
+                    attend_block(k, (hd, hd, nh), &kc, &vc, 0.125, nq, |j| (&q[j * nh * hd..(j + 1) * nh * hd], span(j)), &mut qh, &mut acc, |_| outs.next().unwrap());
+                }
+                for j in 0..nq {
+                    let mut want = vec![f32::NAN; nh * hd];
+                    attend_heads(k, &q[j * nh * hd..(j + 1) * nh * hd], hd, hd, &kc, &vc, span(j), 0.125, &mut qh, &mut acc, &mut want);
+                    for (i, (g, w)) in got[j * nh * hd..(j + 1) * nh * hd].iter().zip(&want).enumerate() {
+                        assert_eq!(g.to_bits(), w.to_bits(), "{} hd={hd} heads={nh} window={window} query {j} of {nq} element {i}", k.name());
+                    }
+                }
+            }
+        }
+    }
+}
