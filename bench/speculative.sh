@@ -8,8 +8,9 @@
 # every run must generate the plain greedy tokens or the sweep fails.
 #
 # usage: bench/speculative.sh [KEEL] [-- extra bench flags]
-#   env: THREADS (2), REPS (3), N_GEN (128; for the golden prompts), N_GEN_CODE (256; for
-#        the code-editing prompts), SWEEP_LOOKUP (1..8), SWEEP_DRAFT (1..4),
+#   env: THREADS (2), REPS (3), N_GEN (128; for the golden prompts), N_GEN_CODE ("128 256";
+#        the code-editing prompts' lengths, each swept: at 128 the answer is the edited code,
+#        at 256 it goes on with the model's prose about it), SWEEP_LOOKUP (1..8), SWEEP_DRAFT (1..4),
 #        DRAFTERS ("lookup draft"), PROMPTS (all; code: the code-editing prompts only; golden:
 #        the golden prompts only), OUT (a scratch dir for the
 #        quantized files; default a temp dir, removed at exit)
@@ -49,7 +50,10 @@ for p in "${prompts[@]}"; do
     echo
     echo "## $drafter, prompt $(basename "$p"): $(head -c 60 "$p" | tr '\n' ' ')"
     if [ "$drafter" = lookup ]; then how=(--lookup); sweep="${SWEEP_LOOKUP:-1..8}"; else how=(--draft-model "$draft"); sweep="${SWEEP_DRAFT:-1..4}"; fi
-    case "$p" in *code-edit*) n_gen="${N_GEN_CODE:-256}" ;; *) n_gen="${N_GEN:-128}" ;; esac
-    "$keel" bench -m "$target" --draft-sweep "$sweep" "${how[@]}" -f "$p" -n "$n_gen" -r "$reps" -t "$threads" "${@:2}"
+    case "$p" in *code-edit*) lengths="${N_GEN_CODE:-128 256}" ;; *) lengths="${N_GEN:-128}" ;; esac
+    for n_gen in $lengths; do
+      echo "-n $n_gen"
+      "$keel" bench -m "$target" --draft-sweep "$sweep" "${how[@]}" -f "$p" -n "$n_gen" -r "$reps" -t "$threads" "${@:2}"
+    done
   done
 done

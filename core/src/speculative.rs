@@ -415,6 +415,15 @@ const MIN_GAIN_AT_BEST: f32 = 1.25;
 /// How much of the recent acceptance carries over to the next step.
 const DECAY: f32 = 0.8;
 
+/// The repetition penalty depends on a token history that drafting would have to roll
+/// back too: refused.
+fn refuse_penalty(sampling: &SamplerConfig) -> Result<(), Error> {
+    if sampling.repeat_penalty != 1.0 {
+        return Err(Error::BadConfig("speculative decoding does not support the repetition penalty; use --repeat-penalty 1"));
+    }
+    Ok(())
+}
+
 /// Drives a target and a drafter; holds the sequence.
 pub struct Speculator<'a> {
     cfg: SpecConfig,
@@ -433,9 +442,7 @@ impl<'a> Speculator<'a> {
     /// from `carver`. The repetition penalty is refused: it depends on a token history
     /// that drafting would have to roll back too.
     pub fn new(carver: &mut Carver<'a>, plan: &Plan, cfg: SpecConfig, sampling: SamplerConfig, n_vocab: usize) -> Result<Self, Error> {
-        if sampling.repeat_penalty != 1.0 {
-            return Err(Error::BadConfig("speculative decoding does not support the repetition penalty; use --repeat-penalty 1"));
-        }
+        refuse_penalty(&sampling)?;
         let r = |name| plan.region(name).ok_or(Error::BadConfig("arena plan is missing a speculation region"));
         let hist = carver.u32s(r(HIST)?);
         let q = carver.f32s(r(Q)?);
@@ -450,6 +457,16 @@ impl<'a> Speculator<'a> {
         // SAFETY: every slot was initialised just above.
         let cands: &'a mut [Candidate] = unsafe { &mut *(cands as *mut [core::mem::MaybeUninit<Candidate>] as *mut [Candidate]) };
         Ok(Speculator { cfg, n_vocab, hist, n: 0, q, p, ch: Chooser { cfg: sampling, cands, rng: Rng::new(sampling.seed) }, stats: Stats::default(), recent: Recent::default() })
+    }
+
+    /// Samples the next sequences with `sampling` (a server's per-request temperature,
+    /// top-p and seed), its random stream started from `sampling.seed`. The repetition
+    /// penalty is refused as in [`Speculator::new`].
+    pub fn set_sampling(&mut self, sampling: SamplerConfig) -> Result<(), Error> {
+        refuse_penalty(&sampling)?;
+        self.ch.cfg = sampling;
+        self.ch.rng = Rng::new(sampling.seed);
+        Ok(())
     }
 
     /// The sequence: prompt and generated tokens.

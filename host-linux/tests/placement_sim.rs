@@ -508,6 +508,35 @@ fn two_batches_in_flight_on_hexagon_sim_give_the_bits_of_one() {
     keel_test_support::check_in_flight_bits(env!("CARGO_BIN_EXE_keel"), &m, "hexagon-sim", &[]);
 }
 
+/// Speculative decoding with the target and the draft placed independently (issue 21,
+/// deliver 4): the draft on the DSP and the target on the CPU, the reverse, and both on
+/// the DSP (two sessions); each run generates the CPU's plain greedy tokens, drafts, and
+/// its `--json` counts the batches of the device each model used.
+#[test]
+fn speculation_places_target_and_draft_independently_on_hexagon_sim() {
+    let Some(_) = sim::config("speculation_places_target_and_draft_independently_on_hexagon_sim") else { return };
+    let dir = root().join("tests/golden/synth");
+    let (target, draft) = (dir.join("synth-llama-q8_0.gguf"), dir.join("synth-llama-q4_0.gguf"));
+    let (target, draft) = (target.to_str().unwrap(), draft.to_str().unwrap());
+    let base = ["-m", target, "-p", "The capital of France is", "-n", "24", "--temp", "0", "-t", "2", "--json"];
+    let (plain, _) = keel_run(&base);
+    let spec = ["--draft-model", draft, "--draft-max", "4", "--draft-fixed"];
+    for (placed, target_on_dsp, draft_on_dsp) in [(&["--device-draft", "hexagon-sim"][..], false, true), (&["--device", "hexagon-sim"][..], true, false), (&["--device", "hexagon-sim", "--device-draft", "hexagon-sim"][..], true, true)] {
+        let args: Vec<&str> = base.iter().chain(&spec).chain(placed).copied().collect();
+        let (j, err) = keel_run(&args);
+        assert_eq!(j["generated"], plain["generated"], "{placed:?}: speculation changed the greedy tokens");
+        let s = &j["speculative"];
+        assert!(s["drafted"].as_u64().unwrap() > 0, "{placed:?}: nothing drafted: {s}");
+        assert_eq!(j["device_batches"].as_u64().unwrap() > 0, target_on_dsp, "{placed:?}: the target's device batches: {}", j["device_batches"]);
+        assert_eq!(s["draft_device_batches"].as_u64().unwrap() > 0, draft_on_dsp, "{placed:?}: the draft's device batches: {s}");
+        // The draft's device batches: at least one per drafted token (one token per pass).
+        if draft_on_dsp {
+            assert!(s["draft_device_batches"].as_u64().unwrap() >= s["drafted"].as_u64().unwrap(), "{placed:?}: {s}");
+            assert!(err.contains("draft model") && err.contains("hexagon-sim"), "{placed:?}: the draft's placement is printed: {err}");
+        }
+    }
+}
+
 #[test]
 fn keel_run_device_prints_the_breakdown_and_says_loudly_when_nothing_is_placed() {
     let Some(_) = sim::config("keel_run_device_prints_the_breakdown_and_says_loudly_when_nothing_is_placed") else { return };

@@ -332,3 +332,42 @@ fn bad_requests_get_json_errors_and_the_server_keeps_serving() {
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["usage"]["completion_tokens"], 4);
 }
+
+/// `keel serve --lookup N` and `--draft-model M` (issue 21, deliver 5), on the committed
+/// synthetic llama (Q8_0 target, Q4_0 draft): at temperature 0 each slot's speculative
+/// reply is `keel run --temp 0`'s text, the drafts show in `/metrics`, the memory plan
+/// counts the speculation arenas, and a seeded sampled request gives the same text twice
+/// (each request's seed restarts the speculator's random stream).
+#[test]
+fn speculative_slots_give_keel_runs_text() {
+    let dir = repo().join("tests/golden/synth");
+    let (model, draft) = (dir.join("synth-llama-q8_0.gguf"), dir.join("synth-llama-q4_0.gguf"));
+    let (prompt, n, ctx) = ("The capital of France is", 40, 256);
+    let want = keel_run(&model, prompt, n, ctx, false);
+    assert!(!want.is_empty());
+    let draft = draft.to_str().unwrap();
+    for flags in [&["--lookup", "4", "--draft-fixed"][..], &["--lookup", "6"][..], &["--draft-model", draft, "--draft-max", "3", "--draft-fixed"][..]] {
+        let args: Vec<&str> = ["--slots", "2", "-t", "1", "-c", "256"].iter().chain(flags).copied().collect();
+        let s = Server::start(&model, &args);
+        let body = serde_json::json!({"model": s.model, "prompt": prompt, "temperature": 0, "max_tokens": n}).to_string();
+        for _ in 0..2 {
+            let (status, v) = s.json("POST", "/v1/completions", Some(&body));
+            assert_eq!(status, 200, "{flags:?}: {v}");
+            assert_eq!(v["choices"][0]["text"].as_str(), Some(want.as_str()), "{flags:?}: speculation changed the greedy text");
+        }
+        let seeded = serde_json::json!({"model": s.model, "prompt": prompt, "temperature": 0.8, "seed": 7, "max_tokens": n}).to_string();
+        let (a, b) = (s.json("POST", "/v1/completions", Some(&seeded)), s.json("POST", "/v1/completions", Some(&seeded)));
+        assert_eq!((a.0, b.0), (200, 200));
+        assert_eq!(a.1["choices"][0]["text"], b.1["choices"][0]["text"], "{flags:?}: one seed, two texts");
+        let m = s.idle_metrics();
+        assert_eq!(m["keel_requests_completed_total"], 4.0, "{flags:?}");
+        if flags.contains(&"--draft-fixed") {
+            assert!(m["keel_speculative_drafted_tokens_total"] > 0.0, "{flags:?}: nothing drafted: {m:?}");
+        }
+        assert!(m["keel_speculative_accepted_tokens_total"] <= m["keel_speculative_drafted_tokens_total"], "{m:?}");
+    }
+    // A draft device is `keel run`'s; the server says so.
+    let out = keel().args(["serve", "-m"]).arg(&model).args(["--port", "0", "--draft-model", draft, "--device-draft", "hexagon-sim"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--device-draft") && err.contains("CPU"), "{err}");
+}

@@ -461,12 +461,13 @@ fn keel_run_speculative_flags() {
         let got = run(extra);
         assert_eq!(got["generated"], plain["generated"], "{extra:?}");
         let s = &got["speculative"];
-        for k in ["drafted", "accepted", "acceptance_rate", "mean_accepted_length", "tokens_per_second"] {
+        for k in ["drafted", "accepted", "acceptance_rate", "mean_accepted_length", "tokens_per_second", "draft_device_batches"] {
             assert!(s[k].is_number(), "{extra:?}: {k} missing in {s}");
         }
     }
     let fixed = run(&["--draft-model", draft, "--draft-max", "4", "--draft-fixed"]);
     assert!(fixed["speculative"]["drafted"].as_u64().unwrap() > 0);
+    assert_eq!(fixed["speculative"]["draft_device_batches"], 0, "the draft ran on the CPU");
     // Bad combinations are refused with the fix named.
     for (args, needle) in [(&["--draft-max", "4"][..], "--draft-model"), (&["--lookup", "0"][..], "1..="), (&["--lookup", "4", "--draft-model", draft][..], "give one"), (&["--draft-model", synth("synth-qwen35-q8_0").to_str().unwrap(), "--repeat-penalty", "1.1"][..], "repeat")] {
         let out = keel().arg("run").arg("-m").arg(&target).args(["-p", "Hi", "-n", "4"]).args(args).output().unwrap();

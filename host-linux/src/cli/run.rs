@@ -389,7 +389,7 @@ pub fn main(a: RunArgs) -> Result<()> {
             device_forward: placement.forward_device(1).is_some(),
             placement_warning: (use_devices && placement.n_on_devices() == 0).then_some("devices were given but nothing was placed on them: every op ran on the CPU"),
             speculative: match (&spec_stats, &spec) {
-                (Some(st), Some(sopts)) => super::speculate::report(st, &sopts.name(), g.gen_tps, true),
+                (Some(st), Some(sopts)) => super::speculate::report(st, &sopts.name(), g.gen_tps, draft_devices.batches(), true),
                 _ => None,
             },
             memory_breakdown: super::offload::breakdown_json(&breakdown, host),
@@ -415,7 +415,7 @@ pub fn main(a: RunArgs) -> Result<()> {
         );
     }
     if let (Some(st), Some(sopts), false) = (&spec_stats, &spec, as_json) {
-        super::speculate::report(st, &sopts.name(), g.gen_tps, false);
+        super::speculate::report(st, &sopts.name(), g.gen_tps, draft_devices.batches(), false);
     }
     if use_devices {
         eprintln!("keel: device batches: {} in all, {per_token:.1} per generated token, up to {} in flight", devices.batches(), devices.in_flight());

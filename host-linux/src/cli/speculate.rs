@@ -1,4 +1,4 @@
-//! Speculative decoding for `keel run`: the flags (`--draft-model`, `--draft-max`,
+//! Speculative decoding for `keel run` and `keel serve`: the flags (`--draft-model`, `--draft-max`,
 //! `--draft-fixed`, `--device-draft`, `--lookup`), the generation loop over keel-core's
 //! [`Speculator`], and the statistics it reports.
 
@@ -18,9 +18,9 @@ use std::time::Instant;
 /// Most tokens drafted per step that `--draft-max` / `--lookup` take.
 pub const MAX_DRAFT: usize = 64;
 
-/// `keel run`'s speculation flags.
+/// The speculation flags of `keel run` and `keel serve`.
 #[derive(clap::Args, Debug, Clone)]
-#[command(next_help_heading = "Speculative decoding (greedy output unchanged; at --temp > 0 the target's distribution; statistics at the end and in --json)")]
+#[command(next_help_heading = "Speculative decoding (greedy output unchanged; when sampling, the target's distribution; drafted and accepted tokens are reported)")]
 pub struct SpecFlags {
     /// Draft with MODEL, a smaller model of the same vocabulary; the target verifies its drafts in one batch (llama.cpp's -md is read as --draft-model)
     #[arg(long = "draft-model", visible_alias = "model-draft", value_name = "MODEL")]
@@ -34,7 +34,7 @@ pub struct SpecFlags {
     /// Always draft the most tokens (turns the adaptive draft length off)
     #[arg(long = "draft-fixed")]
     pub draft_fixed: bool,
-    /// Devices for the draft model, e.g. hexagon-sim (as --device; default cpu); llama.cpp's -devd is read as --device-draft
+    /// Devices for the draft model, e.g. hexagon-sim (as --device; default cpu; `keel run` only: keel serve runs on the CPU); llama.cpp's -devd is read as --device-draft
     #[arg(long = "device-draft", value_name = "LIST")]
     pub device_draft: Option<String>,
 }
@@ -89,11 +89,8 @@ impl SpecOptions {
     /// [`Calibration`] for [`generate`]. Only the adaptive length uses costs, so `measure`
     /// (the [`measure_costs`] timings, a fraction of a second) runs only for it.
     pub fn config(&self, measure: impl FnOnce() -> Result<Costs>) -> Result<(SpecConfig, Option<Calibration>)> {
-        if self.fixed {
-            return Ok((SpecConfig { n_max: self.n_max, adaptive: false, ..SpecConfig::default() }, None));
-        }
-        let costs = measure()?;
-        Ok((costs.config(self.n_max, true), self.draft_model.as_ref().map(|_| Calibration::new(&costs))))
+        let (cfg, costs) = configure(self.n_max, self.fixed, measure)?;
+        Ok((cfg, costs.filter(|_| self.draft_model.is_some()).map(|c| Calibration::new(&c))))
     }
 
     /// `draft <file>` or `lookup`.
@@ -103,6 +100,17 @@ impl SpecOptions {
             None => "prompt lookup".into(),
         }
     }
+}
+
+/// The core's settings for `n_max` drafts per step: fixed (`fixed`), or adaptive with
+/// the costs `measure` takes (returned too: a draft model's [`Calibration`] starts from
+/// them).
+pub fn configure(n_max: usize, fixed: bool, measure: impl FnOnce() -> Result<Costs>) -> Result<(SpecConfig, Option<Costs>)> {
+    if fixed {
+        return Ok((SpecConfig { n_max, adaptive: false, ..SpecConfig::default() }, None));
+    }
+    let costs = measure()?;
+    Ok((costs.config(n_max, true), Some(costs)))
 }
 
 /// The adaptive length's draft cost learnt from the steps themselves. A draft model's
@@ -189,10 +197,13 @@ pub struct SpecJson {
     acceptance_rate: f64,
     mean_accepted_length: f64,
     tokens_per_second: f64,
+    /// Batches the draft model's device ran (0: the draft ran on the CPU, or lookup).
+    draft_device_batches: u64,
 }
 
-/// The statistics: one line on stderr, or (`json`) the `--json` object.
-pub fn report(stats: &Stats, what: &str, tps: f64, json: bool) -> Option<SpecJson> {
+/// The statistics: one line on stderr, or (`json`) the `--json` object; `draft_batches`
+/// are the draft model's device batches (`--device-draft`).
+pub fn report(stats: &Stats, what: &str, tps: f64, draft_batches: u64, json: bool) -> Option<SpecJson> {
     if json {
         return Some(SpecJson {
             drafter: what.to_string(),
@@ -202,10 +213,12 @@ pub fn report(stats: &Stats, what: &str, tps: f64, json: bool) -> Option<SpecJso
             acceptance_rate: stats.acceptance(),
             mean_accepted_length: stats.mean_accepted(),
             tokens_per_second: tps,
+            draft_device_batches: draft_batches,
         });
     }
+    let on_device = if draft_batches > 0 { format!(", the draft in {draft_batches} device batches") } else { String::new() };
     eprintln!(
-        "keel: speculative ({what}): drafted {}, accepted {} ({:.1}%), mean accepted length {:.2} in {} verify steps, {:.1} t/s",
+        "keel: speculative ({what}): drafted {}, accepted {} ({:.1}%), mean accepted length {:.2} in {} verify steps, {:.1} t/s{on_device}",
         stats.drafted,
         stats.accepted,
         100.0 * stats.acceptance(),
@@ -224,10 +237,16 @@ pub fn prepare_draft(g: &Gguf<'_>, path: &Path, opts: &RunOptions) -> Result<Loa
 /// The draft model's engine; refused unless its vocabulary is the target's.
 pub fn draft_engine<'a>(g: &Gguf<'a>, path: &Path, loaded: &'a mut Loaded, reference: bool, sampling: SamplerConfig, target: &Engine<'_>, target_path: &Path) -> Result<Engine<'a>> {
     let (de, _) = engine(g, path, loaded, reference, sampling)?;
-    if de.n_vocab() != target.n_vocab() || de.tokenizer.eos() != target.tokenizer.eos() {
-        bail!("{}: the draft model's vocabulary ({} tokens) is not the target's ({} tokens, {}); draft with a model of the same family", path.display(), de.n_vocab(), target.n_vocab(), target_path.display());
-    }
+    check_draft_vocab(&de, path, target, target_path)?;
     Ok(de)
+}
+
+/// Refuses a draft model (`draft`, from `path`) whose vocabulary is not the target's.
+pub fn check_draft_vocab(draft: &Engine<'_>, path: &Path, target: &Engine<'_>, target_path: &Path) -> Result<()> {
+    if draft.n_vocab() != target.n_vocab() || draft.tokenizer.eos() != target.tokenizer.eos() {
+        bail!("{}: the draft model's vocabulary ({} tokens) is not the target's ({} tokens, {}); draft with a model of the same family", path.display(), draft.n_vocab(), target.n_vocab(), target_path.display());
+    }
+    Ok(())
 }
 
 /// What a draft token and a verify batch cost on this machine, relative to one

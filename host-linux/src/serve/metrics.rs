@@ -28,6 +28,10 @@ pub struct Metrics {
     pub prompt_us: AtomicU64,
     /// Admitted requests not yet finished (waiting or in a slot).
     pub in_flight: AtomicUsize,
+    /// Tokens drafted by speculative decoding (`--lookup`, `--draft-model`).
+    pub drafted_tokens: AtomicU64,
+    /// Drafted tokens the target accepted.
+    pub accepted_tokens: AtomicU64,
     /// Slots generating now.
     pub slots_busy: AtomicUsize,
 }
@@ -59,6 +63,8 @@ impl Metrics {
         put("prompt_seconds_total", "counter", "Seconds slots spent evaluating prompts, summed over slots.", format!("{prompt_s:.6}"));
         let tps = if gen_s > 0.0 { self.generated_tokens.load(Relaxed) as f64 / gen_s } else { 0.0 };
         put("generation_tokens_per_second", "gauge", "Generated tokens per second of slot time (generated_tokens_total / generation_seconds_total).", format!("{tps:.3}"));
+        put("speculative_drafted_tokens_total", "counter", "Tokens drafted by speculative decoding (--lookup, --draft-model; 0 without).", c(&self.drafted_tokens));
+        put("speculative_accepted_tokens_total", "counter", "Drafted tokens the model accepted.", c(&self.accepted_tokens));
         put("queue_depth", "gauge", "Requests waiting for a slot.", self.queue_depth().to_string());
         put("queue_capacity", "gauge", "Most requests that may wait for a slot (--queue).", queue.to_string());
         put("slots_busy", "gauge", "Slots generating now.", self.slots_busy.load(Relaxed).to_string());

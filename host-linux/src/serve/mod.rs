@@ -74,6 +74,9 @@ pub struct ServeArgs {
     /// No warning for a context beyond the model's training length.
     #[arg(long)]
     pub force_ctx: bool,
+    /// Speculative decoding in every slot (`--lookup N`, `--draft-model M`).
+    #[command(flatten)]
+    pub spec: crate::cli::speculate::SpecFlags,
 }
 
 /// A byte count: a number with an optional K/M/G (×1000) or KiB/MiB/GiB (×1024) suffix.
@@ -126,7 +129,13 @@ pub fn main(args: ServeArgs) -> Result<()> {
     if threads == 0 || threads > MAX_THREADS {
         bail!("-t {threads}: use -t 1..={MAX_THREADS} threads per slot");
     }
-    let opts = RunOptions { n_ctx: args.ctx_size, n_batch: args.batch_size, n_outputs: 1, threads, reference: args.reference, force_ctx: args.force_ctx };
+    let spec = crate::cli::speculate::SpecOptions::from_flags(&args.spec)?;
+    if let Some(list) = args.spec.device_draft.as_deref().filter(|l| !crate::device::offload::parse_device_list(l).is_ok_and(|d| d.is_empty())) {
+        bail!("--device-draft {list}: keel serve runs on the CPU so far (drop --device-draft); a draft model on a device is `keel run --device-draft`");
+    }
+    // A verify batch needs logits for the pending token and every draft.
+    let n_outputs = spec.as_ref().map_or(1, |s| (s.n_max + 1).min(args.ctx_size));
+    let opts = RunOptions { n_ctx: args.ctx_size, n_batch: args.batch_size, n_outputs, threads, reference: args.reference, force_ctx: args.force_ctx };
 
     // The server lives until the process ends: the mapped model and the arenas are kept
     // for its whole life ('static), shared by the slot threads and the HTTP tasks.
@@ -134,13 +143,35 @@ pub fn main(args: ServeArgs) -> Result<()> {
     let g: Gguf<'static> = opened.gguf()?;
     let path = &opened.path;
     let cfg = load::session_config(&opts);
-    let plan_bytes = keel_core::engine::plan(&g, &cfg).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?.total_bytes();
+    // With speculation the arena has room to rewind (a recurrent model's checkpoint).
+    let plan_bytes = keel_core::engine::plan_with(&g, &cfg, spec.is_some()).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?.total_bytes();
     let tok_bytes = Tokenizer::memory_bytes(&g).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let model_bytes = opened.file.bytes().len();
-    let arenas = plan_bytes.checked_mul(args.slots).context("the arenas' total overflows")?;
-    let total = (model_bytes as u64) + arenas as u64 + tok_bytes as u64;
+    // Speculation's own memory per slot: the speculator's arena and a draft model's.
+    let draft: Option<(&'static load::Opened, keel_core::session::SessionConfig, usize)> = match spec.as_ref().and_then(|s| s.draft_model.as_deref()) {
+        Some(m) => {
+            let o: &'static load::Opened = Box::leak(Box::new(load::open(m)?));
+            let dcfg = load::session_config(&RunOptions { n_outputs: 1, ..opts });
+            let bytes = keel_core::engine::plan_with(&o.gguf()?, &dcfg, true).map_err(|e| anyhow::anyhow!("{}: {e}", o.path.display()))?.total_bytes();
+            Some((o, dcfg, bytes))
+        }
+        None => None,
+    };
+    let spec_bytes = match &spec {
+        Some(s) => {
+            let n_vocab = keel_core::model::HParams::from_gguf(&g).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?.n_vocab;
+            let mut p = keel_core::arena::Plan::empty();
+            keel_core::speculative::plan(&mut p, n_vocab, opts.n_ctx, s.n_max)?;
+            p.total_bytes()
+        }
+        None => 0,
+    };
+    let slot_bytes = plan_bytes + spec_bytes + draft.as_ref().map_or(0, |d| d.2);
+    let draft_file_bytes = draft.as_ref().map_or(0, |d| d.0.file.bytes().len());
+    let arenas = slot_bytes.checked_mul(args.slots).context("the arenas' total overflows")?;
+    let total = (model_bytes + draft_file_bytes) as u64 + arenas as u64 + tok_bytes as u64;
     if let Some(mem) = crate::mem::physical_memory().filter(|&m| (arenas + tok_bytes) as u64 > m) {
-        bail!("{}: {} slots × {} arena for -c {} need {} but this machine has {} of physical memory; lower --slots or -c", path.display(), args.slots, mib(plan_bytes as u64), args.ctx_size, mib(arenas as u64), mib(mem));
+        bail!("{}: {} slots × {} arena for -c {} need {} but this machine has {} of physical memory; lower --slots or -c", path.display(), args.slots, mib(slot_bytes as u64), args.ctx_size, mib(arenas as u64), mib(mem));
     }
     load::warn_past_training_context(&g, &opts);
 
@@ -157,7 +188,25 @@ pub fn main(args: ServeArgs) -> Result<()> {
     for index in 0..args.slots {
         let arena = Arena::new(plan_bytes).with_context(|| format!("allocating slot {index}'s {plan_bytes} byte arena"))?;
         let gguf = opened.gguf()?;
-        let setup = slot::SlotSetup { index, gguf, arena, cfg, reference: args.reference, llama_cpp_batches: args.batches.batches.llama_cpp() };
+        let spec = match &spec {
+            Some(s) => Some(slot::SpecSetup {
+                n_max: s.n_max,
+                fixed: s.fixed,
+                arena: Arena::new(spec_bytes.max(1)).with_context(|| format!("allocating slot {index}'s {spec_bytes} byte speculation arena"))?,
+                draft: match &draft {
+                    Some((o, dcfg, bytes)) => Some(slot::DraftSetup {
+                        gguf: o.gguf()?,
+                        arena: Arena::new(*bytes).with_context(|| format!("allocating slot {index}'s {bytes} byte draft-model arena"))?,
+                        cfg: *dcfg,
+                        path: o.path.clone(),
+                        target_path: path.clone(),
+                    }),
+                    None => None,
+                },
+            }),
+            None => None,
+        };
+        let setup = slot::SlotSetup { index, gguf, arena, cfg, reference: args.reference, llama_cpp_batches: args.batches.batches.llama_cpp(), spec };
         slot::spawn(setup, jobs_rx.clone(), metrics.clone(), ready_tx.clone()).context("starting a slot thread")?;
     }
     drop(ready_tx);
@@ -175,11 +224,16 @@ pub fn main(args: ServeArgs) -> Result<()> {
         threads,
         load::kernels(args.reference).name()
     );
+    let spec_note = match (&spec, &draft) {
+        (Some(s), Some((o, _, bytes))) => format!(" (engine {} + speculation {} + draft model {} for {}, mapped {})", mib(plan_bytes as u64), mib(spec_bytes as u64), mib(*bytes as u64), o.path.display(), mib(draft_file_bytes as u64)) + &format!("; speculative decoding: draft model, up to {} tokens per step{}", s.n_max, if s.fixed { ", fixed" } else { ", adaptive" }),
+        (Some(s), None) => format!(" (engine {} + speculation {})", mib(plan_bytes as u64), mib(spec_bytes as u64)) + &format!("; speculative decoding: prompt lookup, up to {} tokens per step{}", s.n_max, if s.fixed { ", fixed" } else { ", adaptive" }),
+        _ => String::new(),
+    };
     eprintln!(
-        "keel serve: memory plan: model {} (mapped) + {} × arena {} + tokenizer {} = {} ({total} bytes); queue {}, body limit {} bytes",
-        mib(model_bytes as u64),
+        "keel serve: memory plan: model {} (mapped) + {} × arena {} + tokenizer {} = {} ({total} bytes); queue {}, body limit {} bytes{spec_note}",
+        mib(model_bytes as u64 + draft_file_bytes as u64),
         args.slots,
-        mib(plan_bytes as u64),
+        mib(slot_bytes as u64),
         mib(tok_bytes as u64),
         mib(total),
         args.queue,

@@ -6,13 +6,16 @@
 use super::api::Usage;
 use super::metrics::Metrics;
 use crate::cli::common::check_finite;
+use crate::cli::speculate::{check_draft_vocab, configure, generate, measure_costs, Calibration, Costs};
 use crate::mmap::Arena;
 use crate::pool::ThreadPool;
 use keel_core::engine::Engine;
 use keel_core::gguf::Gguf;
 use keel_core::sampler::SamplerConfig;
 use keel_core::session::{Outputs, SessionConfig};
-use keel_core::tokenizer::Utf8Stream;
+use keel_core::speculative::{Drafter, Lookup, ModelDrafter, Runner, Speculator};
+use keel_core::tokenizer::{Tokenizer, Utf8Stream};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
@@ -99,13 +102,74 @@ pub struct SlotSetup {
     pub reference: bool,
     /// llama.cpp's batch-dependent arithmetic.
     pub llama_cpp_batches: bool,
+    /// Speculative decoding (`--lookup`, `--draft-model`); the arena above then has room
+    /// to rewind (`keel_core::engine::plan_with`'s checkpoint) and logits for a verify
+    /// batch.
+    pub spec: Option<SpecSetup>,
+}
+
+/// A slot's speculative decoding, planned at start.
+pub struct SpecSetup {
+    /// Most tokens drafted per step.
+    pub n_max: usize,
+    /// `--draft-fixed`: always `n_max` (else the adaptive length, from costs measured
+    /// when the slot starts).
+    pub fixed: bool,
+    /// The speculator's arena (`keel_core::speculative::plan` for the slot's context).
+    pub arena: Arena,
+    /// The draft model (`None`: prompt lookup).
+    pub draft: Option<DraftSetup>,
+}
+
+/// A slot's draft model: the mapped file, its own arena, its session limits.
+pub struct DraftSetup {
+    /// The draft model.
+    pub gguf: Gguf<'static>,
+    /// Its arena, planned for `cfg` with room to rewind.
+    pub arena: Arena,
+    /// Its session limits (the slot's context; one logits row).
+    pub cfg: SessionConfig,
+    /// Its file and the target's (for the vocabulary check's message).
+    pub path: PathBuf,
+    /// The target's file.
+    pub target_path: PathBuf,
+}
+
+/// A running slot's speculation: the speculator (its sequence and draft buffers live in
+/// the slot's speculation arena), the costs the adaptive length plans with, the draft
+/// model's engine.
+struct SlotSpec<'a> {
+    sp: Speculator<'a>,
+    costs: Option<Costs>,
+    draft: Option<Engine<'a>>,
+}
+
+/// Builds a slot's speculation: the draft engine (checked against the target's
+/// vocabulary), the speculator, and, for the adaptive length, the costs measured on this
+/// slot's engines.
+fn start_spec<'a>(s: &'a mut SpecSetup, e: &mut Engine<'_>, pool: &ThreadPool, reference: bool, llama_cpp_batches: bool) -> anyhow::Result<SlotSpec<'a>> {
+    let mut draft = match s.draft.as_mut() {
+        Some(d) => {
+            let mut de = Engine::new_with(&d.gguf, d.arena.as_mut_slice(), d.cfg, crate::cli::load::kernels(reference), SamplerConfig::default(), true).map_err(|err| anyhow::anyhow!("{}: {err}", d.path.display()))?;
+            de.session.set_llama_cpp_batches(llama_cpp_batches);
+            check_draft_vocab(&de, &d.path, e, &d.target_path)?;
+            Some(de)
+        }
+        None => None,
+    };
+    let mut plan = keel_core::arena::Plan::empty();
+    keel_core::speculative::plan(&mut plan, e.n_vocab(), e.session.n_ctx(), s.n_max)?;
+    let mut carver = keel_core::arena::carve(s.arena.as_mut_slice(), &plan).map_err(keel_core::Error::from)?;
+    let (cfg, costs) = configure(s.n_max, s.fixed, || measure_costs(e, draft.as_mut(), pool, s.n_max))?;
+    let sp = Speculator::new(&mut carver, &plan, cfg, SamplerConfig::default(), e.n_vocab())?;
+    Ok(SlotSpec { sp, costs, draft })
 }
 
 /// Starts a slot's thread: it builds its engine and pool, reports on `ready`, then serves
 /// jobs from `jobs` until the queue closes.
 pub fn spawn(setup: SlotSetup, jobs: Arc<Mutex<Receiver<Job>>>, metrics: Arc<Metrics>, ready: std::sync::mpsc::Sender<anyhow::Result<()>>) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new().name(format!("keel-slot-{}", setup.index)).spawn(move || {
-        let SlotSetup { index, gguf, mut arena, cfg, reference, llama_cpp_batches } = setup;
+        let SlotSetup { index, gguf, mut arena, cfg, reference, llama_cpp_batches, mut spec } = setup;
         let pool = match ThreadPool::new(cfg.n_threads) {
             Ok(p) => p,
             Err(e) => {
@@ -113,7 +177,7 @@ pub fn spawn(setup: SlotSetup, jobs: Arc<Mutex<Receiver<Job>>>, metrics: Arc<Met
                 return;
             }
         };
-        let mut e = match Engine::new(&gguf, arena.as_mut_slice(), cfg, crate::cli::load::kernels(reference), SamplerConfig::default()) {
+        let mut e = match Engine::new_with(&gguf, arena.as_mut_slice(), cfg, crate::cli::load::kernels(reference), SamplerConfig::default(), spec.is_some()) {
             Ok(e) => e,
             Err(err) => {
                 let _ = ready.send(Err(anyhow::anyhow!("slot {index}: {err}")));
@@ -121,6 +185,13 @@ pub fn spawn(setup: SlotSetup, jobs: Arc<Mutex<Receiver<Job>>>, metrics: Arc<Met
             }
         };
         e.session.set_llama_cpp_batches(llama_cpp_batches);
+        let mut spec = match spec.as_mut().map(|s| start_spec(s, &mut e, &pool, reference, llama_cpp_batches)).transpose() {
+            Ok(s) => s,
+            Err(err) => {
+                let _ = ready.send(Err(anyhow::anyhow!("slot {index}: {err:#}")));
+                return;
+            }
+        };
         let _ = ready.send(Ok(()));
         let mut piece = vec![0u8; e.tokenizer.max_piece_len()];
         loop {
@@ -132,15 +203,67 @@ pub fn spawn(setup: SlotSetup, jobs: Arc<Mutex<Receiver<Job>>>, metrics: Arc<Met
                 Err(_) => return,
             };
             metrics.slots_busy.fetch_add(1, Relaxed);
-            serve_one(&mut e, &pool, &job, &mut piece, &metrics);
+            serve_one(&mut e, &pool, &job, &mut piece, &metrics, spec.as_mut());
             metrics.slots_busy.fetch_sub(1, Relaxed);
             drop(job);
         }
     })
 }
 
-/// Generates one request's reply, sending it piece by piece.
-fn serve_one(e: &mut Engine<'_>, pool: &ThreadPool, job: &Job, piece: &mut [u8], m: &Metrics) {
+/// One request's reply as it is generated: the text (held back where a stop string may
+/// begin), the count of tokens, why it ended.
+struct Reply<'j> {
+    job: &'j Job,
+    m: &'j Metrics,
+    stream: Utf8Stream,
+    stop: StopMatcher<'j>,
+    n: usize,
+    finish: &'static str,
+    /// A stop string ended it.
+    hit: bool,
+    /// The client went away.
+    gone: bool,
+}
+
+impl<'j> Reply<'j> {
+    fn new(job: &'j Job, m: &'j Metrics) -> Self {
+        Reply { job, m, stream: Utf8Stream::new(), stop: StopMatcher::new(&job.params.stop), n: 0, finish: "length", hit: false, gone: false }
+    }
+
+    /// Takes a generated token and sends its text; false when the reply ends here (an
+    /// end-of-generation token, a stop string, the client gone).
+    fn token(&mut self, tokenizer: &Tokenizer<'_>, tok: u32, piece: &mut [u8]) -> bool {
+        if tokenizer.is_eog(tok) {
+            self.finish = "stop";
+            return false;
+        }
+        self.n += 1;
+        self.m.generated_tokens.fetch_add(1, Relaxed);
+        let len = tokenizer.piece(tok, false, piece).unwrap_or(0);
+        let mut text = String::new();
+        self.stream.push(&piece[..len], |s: &str| text.push_str(s));
+        let (out, matched) = self.stop.push(&text);
+        if !out.is_empty() && self.job.tx.blocking_send(Event::Text(out)).is_err() {
+            self.gone = true;
+            return false;
+        }
+        if matched {
+            self.finish = "stop";
+            self.hit = true;
+            return false;
+        }
+        true
+    }
+
+    fn fail(&self, msg: String) {
+        self.m.requests_failed.fetch_add(1, Relaxed);
+        let _ = self.job.tx.blocking_send(Event::Error(msg));
+    }
+}
+
+/// Generates one request's reply, sending it piece by piece (with `spec`, by speculative
+/// decoding: the same greedy text, the target's distribution when sampling).
+fn serve_one(e: &mut Engine<'_>, pool: &ThreadPool, job: &Job, piece: &mut [u8], m: &Metrics, spec: Option<&mut SlotSpec<'_>>) {
     let p = &job.params;
     let cancelled = || {
         m.requests_cancelled.fetch_add(1, Relaxed);
@@ -148,81 +271,116 @@ fn serve_one(e: &mut Engine<'_>, pool: &ThreadPool, job: &Job, piece: &mut [u8],
     if job.tx.is_closed() {
         return cancelled();
     }
-    let fail = |msg: String| {
-        m.requests_failed.fetch_add(1, Relaxed);
-        let _ = job.tx.blocking_send(Event::Error(msg));
-    };
     e.reset();
-    e.sampler.set_config(SamplerConfig { temp: p.temp, top_k: 0, top_p: p.top_p, min_p: 0.0, repeat_penalty: 1.0, repeat_last_n: 0, seed: p.seed });
+    let sampling = SamplerConfig { temp: p.temp, top_k: 0, top_p: p.top_p, min_p: 0.0, repeat_penalty: 1.0, repeat_last_n: 0, seed: p.seed };
+    e.sampler.set_config(sampling);
+    let mut r = Reply::new(job, m);
     let t0 = Instant::now();
-    if let Err(err) = e.eval(&job.tokens, Outputs::Last, pool) {
-        return fail(format!("evaluating the prompt: {err}"));
+    let done = match spec {
+        None => plain(e, pool, job, piece, &mut r, t0),
+        Some(s) => speculative(e, pool, job, piece, &mut r, s, sampling, t0),
+    };
+    if r.gone {
+        return cancelled();
     }
-    m.prompt_tokens.fetch_add(job.tokens.len() as u64, Relaxed);
-    m.prompt_us.fetch_add(t0.elapsed().as_micros() as u64, Relaxed);
-    let t1 = Instant::now();
-    let n_ctx = e.session.n_ctx();
-    let mut stream = Utf8Stream::new();
-    let mut stop = StopMatcher::new(&p.stop);
-    let mut finish = "length";
-    let mut n = 0usize;
-    let mut hit = false;
-    let result: Result<(), ()> = (|| {
-        while n < p.max_tokens {
-            if let Err(err) = check_finite(e.session.last_logits(e.n_vocab()), e.session.first_non_finite(), || format!("generated token {}", n + 1)) {
-                fail(format!("{err:#}"));
-                return Err(());
-            }
-            let tok = e.sample();
-            if e.tokenizer.is_eog(tok) {
-                finish = "stop";
-                break;
-            }
-            n += 1;
-            m.generated_tokens.fetch_add(1, Relaxed);
-            let len = e.tokenizer.piece(tok, false, piece).unwrap_or(0);
-            let mut text = String::new();
-            stream.push(&piece[..len], |s: &str| text.push_str(s));
-            let (out, matched) = stop.push(&text);
-            if !out.is_empty() && job.tx.blocking_send(Event::Text(out)).is_err() {
-                cancelled();
-                return Err(());
-            }
-            if matched {
-                finish = "stop";
-                hit = true;
-                break;
-            }
-            if n >= p.max_tokens || e.session.n_past() >= n_ctx {
-                break;
-            }
-            if let Err(err) = e.eval(&[tok], Outputs::Last, pool) {
-                fail(format!("generating token {}: {err}", n + 1));
-                return Err(());
-            }
-        }
-        Ok(())
-    })();
-    m.generation_us.fetch_add(t1.elapsed().as_micros() as u64, Relaxed);
-    if result.is_err() {
+    if !done {
         return;
     }
-    if !hit {
+    if !r.hit {
         let mut text = String::new();
-        stream.finish(|s: &str| text.push_str(s));
-        let (mut out, matched) = stop.push(&text);
+        r.stream.finish(|s: &str| text.push_str(s));
+        let (mut out, matched) = r.stop.push(&text);
         if matched {
-            finish = "stop";
+            r.finish = "stop";
         } else {
-            out.push_str(&stop.held);
+            out.push_str(&r.stop.held);
         }
         if !out.is_empty() && job.tx.blocking_send(Event::Text(out)).is_err() {
             return cancelled();
         }
     }
     m.requests_completed.fetch_add(1, Relaxed);
-    let usage = Usage { prompt_tokens: job.tokens.len(), completion_tokens: n, total_tokens: job.tokens.len() + n };
-    let _ = job.tx.blocking_send(Event::Done { finish, usage });
+    let usage = Usage { prompt_tokens: job.tokens.len(), completion_tokens: r.n, total_tokens: job.tokens.len() + r.n };
+    let _ = job.tx.blocking_send(Event::Done { finish: r.finish, usage });
+}
+
+/// The prompt, then one token per forward pass; false when the model failed (reported).
+fn plain(e: &mut Engine<'_>, pool: &ThreadPool, job: &Job, piece: &mut [u8], r: &mut Reply<'_>, t0: Instant) -> bool {
+    let (p, m) = (&job.params, r.m);
+    if let Err(err) = e.eval(&job.tokens, Outputs::Last, pool) {
+        r.fail(format!("evaluating the prompt: {err}"));
+        return false;
+    }
+    m.prompt_tokens.fetch_add(job.tokens.len() as u64, Relaxed);
+    m.prompt_us.fetch_add(t0.elapsed().as_micros() as u64, Relaxed);
+    let t1 = Instant::now();
+    let n_ctx = e.session.n_ctx();
+    let ok = loop {
+        if let Err(err) = check_finite(e.session.last_logits(e.n_vocab()), e.session.first_non_finite(), || format!("generated token {}", r.n + 1)) {
+            r.fail(format!("{err:#}"));
+            break false;
+        }
+        let tok = e.sample();
+        if !r.token(&e.tokenizer, tok, piece) || r.n >= p.max_tokens || e.session.n_past() >= n_ctx {
+            break true;
+        }
+        if let Err(err) = e.eval(&[tok], Outputs::Last, pool) {
+            r.fail(format!("generating token {}: {err}", r.n + 1));
+            break false;
+        }
+    };
+    m.generation_us.fetch_add(t1.elapsed().as_micros() as u64, Relaxed);
+    ok
+}
+
+/// The prompt, then speculative steps (drafts verified in one batch); false when the
+/// model failed (reported).
+#[allow(clippy::too_many_arguments)]
+fn speculative(e: &mut Engine<'_>, pool: &ThreadPool, job: &Job, piece: &mut [u8], r: &mut Reply<'_>, s: &mut SlotSpec<'_>, sampling: SamplerConfig, t0: Instant) -> bool {
+    let m = r.m;
+    if let Err(err) = s.sp.set_sampling(sampling) {
+        r.fail(format!("{err}"));
+        return false;
+    }
+    let has_draft = s.draft.is_some();
+    let mut target = Runner { model: &e.model, session: &mut e.session, par: pool, exec: None };
+    let tokenizer = &e.tokenizer;
+    let mut lookup = Lookup::default();
+    let mut model_drafter = s.draft.as_mut().map(|de| ModelDrafter::new(Runner { model: &de.model, session: &mut de.session, par: pool, exec: None }));
+    let drafter: &mut dyn Drafter = match model_drafter.as_mut() {
+        Some(d) => d,
+        None => &mut lookup,
+    };
+    // Each request starts from the costs measured at start; a draft model's are then
+    // learnt from its timed steps.
+    let calib = match &s.costs {
+        Some(c) => {
+            s.sp.set_draft_cost(c.draft);
+            has_draft.then(|| Calibration::new(c))
+        }
+        None => None,
+    };
+    if let Err(err) = s.sp.start(&mut target, drafter, &job.tokens) {
+        r.fail(format!("evaluating the prompt: {err}"));
+        return false;
+    }
+    m.prompt_tokens.fetch_add(job.tokens.len() as u64, Relaxed);
+    m.prompt_us.fetch_add(t0.elapsed().as_micros() as u64, Relaxed);
+    let t1 = Instant::now();
+    let res = generate(&mut s.sp, &mut target, drafter, job.params.max_tokens, calib, |tok| r.token(tokenizer, tok, piece));
+    m.generation_us.fetch_add(t1.elapsed().as_micros() as u64, Relaxed);
+    let st = s.sp.stats();
+    m.drafted_tokens.fetch_add(st.drafted, Relaxed);
+    m.accepted_tokens.fetch_add(st.accepted, Relaxed);
+    match res {
+        Ok(_) => true,
+        Err(err) => {
+            if !r.gone {
+                r.fail(format!("generating token {}: {err}", r.n + 1));
+            }
+            false
+        }
+    }
 }
 
 /// Holds back text that could be the start of a stop string, and cuts the text at the
