@@ -12,6 +12,7 @@
 use core::arch::x86_64::*;
 
 use super::{hsum_epi32, hsum_ps, rd16, rd32};
+use crate::prefetch::{self, Level};
 use crate::quant::blocks::{e8m0_to_f32_half, f16_to_f32, KVALUES_IQ4NL, KVALUES_MXFP4};
 
 /// 16 bytes at `p` → 32 values 0..=15: low nibbles (elements 0..16), then high nibbles.
@@ -468,24 +469,24 @@ pub(super) unsafe fn q4_0_q8_0_rows_vnni(nb: usize, w: *const u8, wrow: usize, a
     }
 }
 
-/// Prefetches part `k` of `nb` of the [`ROWS`] rows after the group at `w` (rows `wrow`
-/// bytes apart, so the next group is the `ROWS·wrow` bytes from `w + ROWS·wrow`): called
-/// once per block, it keeps the next group's weights streaming in while this group
-/// computes, a few lines per block and each line about once. (A hint only: it cannot
-/// fault, so the rows may lie past the weights.)
+/// Groups of [`ROWS`] rows between the group being multiplied and the one
+/// [`prefetch_next_rows`] asks for. Measured on the Xeon (AVX512-FP16, `avx2+vnni+fp16`)
+/// with SmolLM2 Q8_0 and Gemma 3 270M tg at 1 and 2 threads: two groups ahead into L2 beat
+/// one group ahead into L1 (the previous choice) by 15-30% at 1 thread; L1 (`prefetcht0`)
+/// was slower at every distance, `prefetchnta` half as fast (BENCHMARKS.md, "Decode and
+/// the bandwidth bound").
+const PREFETCH_GROUPS: usize = 2;
+
+/// Prefetches part `k` of `nb` of the [`ROWS`] rows [`PREFETCH_GROUPS`] groups after the
+/// group at `w` (rows `wrow` bytes apart) into L2: called once per block, it keeps the
+/// weights streaming in while this group computes, a few lines per block and each line
+/// about once. (A hint only: it cannot fault, so the rows may lie past the weights.)
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn prefetch_next_rows(w: *const u8, wrow: usize, k: usize, nb: usize) {
-    // SAFETY: prefetch never faults and reads nothing the program sees.
-    unsafe {
-        let next = w.wrapping_add(ROWS * wrow);
-        let step = (ROWS * wrow).div_ceil(nb.max(1));
-        let mut off = k * step;
-        while off < (k + 1) * step {
-            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(off).cast());
-            off += 64;
-        }
-    }
+    let next = w.wrapping_add(PREFETCH_GROUPS * ROWS * wrow);
+    let step = (ROWS * wrow).div_ceil(nb.max(1));
+    prefetch::lines(next.wrapping_add(k * step), step, Level::L2);
 }
 
 /// The f16 scales at byte `off` of [`ROWS`] rows `wrow` bytes apart, as f32 (F16C's
