@@ -470,11 +470,13 @@ pub(super) unsafe fn q4_0_q8_0_rows_vnni(nb: usize, w: *const u8, wrow: usize, a
 }
 
 /// Groups of [`ROWS`] rows between the group being multiplied and the one
-/// [`prefetch_next_rows`] asks for. Measured on the Xeon (AVX512-FP16, `avx2+vnni+fp16`)
-/// with SmolLM2 Q8_0 and Gemma 3 270M tg at 1 and 2 threads: two groups ahead into L2 beat
-/// one group ahead into L1 (the previous choice) by 15-30% at 1 thread; L1 (`prefetcht0`)
-/// was slower at every distance, `prefetchnta` half as fast (BENCHMARKS.md, "Decode and
-/// the bandwidth bound").
+/// [`prefetch_next_rows`] asks for. Chosen by measurement on the Xeon (AVX512-FP16, kernel
+/// set `avx2+vnni+fp16`), SmolLM2 Q8_0 and Gemma 3 270M tg at 1 and 2 threads: into L2,
+/// 1 to 6 groups ahead decode at about the same speed (2 a little ahead at 2 threads);
+/// into L1 (`prefetcht0`, the previous choice: 1 group) 15-30% slower at 1 to 3 groups;
+/// `prefetchnta` half as fast (BENCHMARKS.md, "Decode: prefetch into L2"). The same
+/// choice serves the AVX2 8-row kernels (not measured apart: this machine runs the VNNI
+/// ones).
 const PREFETCH_GROUPS: usize = 2;
 
 /// Prefetches part `k` of `nb` of the [`ROWS`] rows [`PREFETCH_GROUPS`] groups after the
