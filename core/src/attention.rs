@@ -17,6 +17,7 @@
 
 use half::f16;
 
+use crate::prefetch::{self, Level};
 use crate::quant::Kernels;
 
 /// Keys per chunk of the online softmax (scores and exponentials on the stack).
@@ -119,6 +120,17 @@ pub fn attend_block<'q, 'o>(
         for c in 0..clen {
             let slot = if lay.ring == 0 { p0 + c } else { (p0 + c) % lay.ring };
             (koff[c], voff[c]) = (lay.k_base + slot * lay.k_stride, lay.v_base + slot * lay.v_stride);
+        }
+        // The chunk's value rows (read after its scores) and the next chunk's key rows,
+        // asked for into L2 now (a hint: no effect on any result) so that they arrive
+        // while this chunk's keys are read and its scores computed: without it, decode at
+        // depth waits on each value row's load.
+        for &off in &voff[..clen] {
+            prefetch::lines(v.as_ptr().wrapping_add(off).cast(), 2 * hdv, Level::L2);
+        }
+        for p in p0 + clen..(p0 + 2 * CHUNK).min(hi) {
+            let slot = if lay.ring == 0 { p } else { p % lay.ring };
+            prefetch::lines(k.as_ptr().wrapping_add(lay.k_base + slot * lay.k_stride).cast(), 2 * hd, Level::L2);
         }
         for j in 0..nq {
             let s = query(j).1;

@@ -28,6 +28,7 @@ pub mod matmul;
 pub mod model;
 pub mod ops;
 pub mod placement;
+mod prefetch;
 pub mod sampler;
 pub mod session;
 pub mod speculative;

@@ -8,6 +8,7 @@
 use crate::ggml_type::GgmlType;
 use crate::model::Tensor;
 use crate::parallel::{split_range, Parallel};
+use crate::prefetch::{self, Level};
 use crate::quant::{DotFn, DotPairsFn, DotRowsFn, Kernels, DOT_PAIRS_MAX, DOT_ROWS, DOT_TILE_MAX_ROWS, DOT_TILE_MAX_TOKENS};
 
 /// A pointer to a slice that several tasks write at disjoint indices.
@@ -42,24 +43,6 @@ impl<T> SharedMut<T> {
 
 /// How far ahead of the row being multiplied the weight stream is prefetched.
 const PREFETCH_BYTES: usize = 2048;
-
-/// Asks the cache for the lines of `bytes` bytes from `p` (a hint: no effect on any result,
-/// and no fault for any address, so `p` may point past the weights).
-#[inline(always)]
-fn prefetch(p: *const u8, bytes: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for off in (0..bytes).step_by(64) {
-        // SAFETY: prefetch never faults and reads nothing the program sees.
-        unsafe { core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.wrapping_add(off).cast()) };
-    }
-    #[cfg(target_arch = "aarch64")]
-    for off in (0..bytes).step_by(64) {
-        // SAFETY: `prfm` never faults and changes no architectural state.
-        unsafe { core::arch::asm!("prfm pldl1keep, [{0}]", in(reg) p.wrapping_add(off), options(nostack, preserves_flags, readonly)) };
-    }
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    let _ = (p, bytes);
-}
 
 /// Bytes of one activation row of `cols` values quantized for weights of type `wtype`.
 pub fn act_row_bytes(wtype: GgmlType, cols: usize) -> Option<usize> {
@@ -180,7 +163,7 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
             for r in r_first..range.end {
                 let wrow = &w.data[r * wrb..(r + 1) * wrb];
                 if i0 == 0 {
-                    prefetch(wrow.as_ptr().wrapping_add(PREFETCH_BYTES), wrb);
+                    prefetch::lines(wrow.as_ptr().wrapping_add(PREFETCH_BYTES), wrb, Level::L1);
                 }
                 // Rows done in tiles still need the tokens after the last whole tile.
                 let first = if r < r_done { i_done } else { i0 };
@@ -232,7 +215,7 @@ impl Short<'_, '_> {
         let nr = range.len() - range.len() % DOT_ROWS;
         let mut o = [0.0f32; 2 * DOT_PAIRS_MAX * DOT_ROWS];
         for r in (range.start..range.start + nr).step_by(DOT_ROWS) {
-            prefetch(w.data.as_ptr().wrapping_add((r + DOT_ROWS) * wrb), DOT_ROWS * wrb);
+            prefetch::lines(w.data.as_ptr().wrapping_add((r + DOT_ROWS) * wrb), DOT_ROWS * wrb, Level::L1);
             let g = &w.data[r * wrb..(r + DOT_ROWS) * wrb];
             (self.pairs_fn)(cols, g, wrb, DOT_ROWS, &xq[..2 * pairs * rb], rb, pairs, &mut o[..2 * pairs * DOT_ROWS], DOT_ROWS);
             for (i, orow) in o[..2 * pairs * DOT_ROWS].chunks_exact(DOT_ROWS).enumerate() {

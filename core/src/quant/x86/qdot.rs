@@ -12,6 +12,7 @@
 use core::arch::x86_64::*;
 
 use super::{hsum_epi32, hsum_ps, rd16, rd32};
+use crate::prefetch::{self, Level};
 use crate::quant::blocks::{e8m0_to_f32_half, f16_to_f32, KVALUES_IQ4NL, KVALUES_MXFP4};
 
 /// 16 bytes at `p` → 32 values 0..=15: low nibbles (elements 0..16), then high nibbles.
@@ -468,24 +469,26 @@ pub(super) unsafe fn q4_0_q8_0_rows_vnni(nb: usize, w: *const u8, wrow: usize, a
     }
 }
 
-/// Prefetches part `k` of `nb` of the [`ROWS`] rows after the group at `w` (rows `wrow`
-/// bytes apart, so the next group is the `ROWS·wrow` bytes from `w + ROWS·wrow`): called
-/// once per block, it keeps the next group's weights streaming in while this group
-/// computes, a few lines per block and each line about once. (A hint only: it cannot
-/// fault, so the rows may lie past the weights.)
+/// Groups of [`ROWS`] rows between the group being multiplied and the one
+/// [`prefetch_next_rows`] asks for. Chosen by measurement on the Xeon (AVX512-FP16, kernel
+/// set `avx2+vnni+fp16`), SmolLM2 Q8_0 and Gemma 3 270M tg at 1 and 2 threads: into L2,
+/// 1 to 6 groups ahead decode at about the same speed (2 a little ahead at 2 threads);
+/// into L1 (`prefetcht0`, the previous choice: 1 group) 15-30% slower at 1 to 3 groups;
+/// `prefetchnta` half as fast (BENCHMARKS.md, "Decode: prefetch into L2"). The same
+/// choice serves the AVX2 8-row kernels (not measured apart: this machine runs the VNNI
+/// ones).
+const PREFETCH_GROUPS: usize = 2;
+
+/// Prefetches part `k` of `nb` of the [`ROWS`] rows [`PREFETCH_GROUPS`] groups after the
+/// group at `w` (rows `wrow` bytes apart) into L2: called once per block, it keeps the
+/// weights streaming in while this group computes, a few lines per block and each line
+/// about once. (A hint only: it cannot fault, so the rows may lie past the weights.)
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn prefetch_next_rows(w: *const u8, wrow: usize, k: usize, nb: usize) {
-    // SAFETY: prefetch never faults and reads nothing the program sees.
-    unsafe {
-        let next = w.wrapping_add(ROWS * wrow);
-        let step = (ROWS * wrow).div_ceil(nb.max(1));
-        let mut off = k * step;
-        while off < (k + 1) * step {
-            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(off).cast());
-            off += 64;
-        }
-    }
+    let next = w.wrapping_add(PREFETCH_GROUPS * ROWS * wrow);
+    let step = (ROWS * wrow).div_ceil(nb.max(1));
+    prefetch::lines(next.wrapping_add(k * step), step, Level::L2);
 }
 
 /// The f16 scales at byte `off` of [`ROWS`] rows `wrow` bytes apart, as f32 (F16C's
