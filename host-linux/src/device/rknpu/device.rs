@@ -62,6 +62,14 @@ struct Prepared {
     residual: Option<(Vec<f32>, [Job; 2])>,
 }
 
+impl Prepared {
+    /// The weight matrices of a product, in the emulation's order: the int8 matrix's
+    /// scales and jobs, then the residual matrix's (with the scheme's residual weights).
+    fn passes(&self) -> impl Iterator<Item = (&[f32], &[Job; 2])> {
+        core::iter::once((&self.scale[..], &self.jobs)).chain(self.residual.as_ref().map(|(s, j)| (&s[..], j)))
+    }
+}
+
 /// An open `rknpu` device.
 pub struct Rknpu {
     io: Box<dyn Ioctl>,
@@ -358,7 +366,10 @@ impl Rknpu {
         // Take the activation and output buffers out while the device works (no copy).
         let mut xv = std::mem::take(self.buf(xb)?);
         let mut yv = std::mem::take(self.buf(yb)?);
-        let r = self.run_rows(wi, &xv[x.offset as usize..], &mut yv[y.offset as usize..], rows, cols, n);
+        // And the prepared weights (their jobs and scales are read while the device runs).
+        let weights = std::mem::take(&mut self.weights);
+        let r = self.run_rows(&weights[wi], &xv[x.offset as usize..], &mut yv[y.offset as usize..], rows, cols, n);
+        self.weights = weights;
         std::mem::swap(self.buf(xb)?, &mut xv);
         std::mem::swap(self.buf(yb)?, &mut yv);
         r
@@ -369,12 +380,11 @@ impl Rknpu {
     /// with residual activations, its rounding error quantized again), then one NPU job per
     /// (activation pass, weight matrix) in the emulation's order, each job's int32 sums
     /// scaled and added into `y` as [`w8a8::matmul`] adds them.
-    fn run_rows(&mut self, wi: usize, x: &[u8], y: &mut [u8], rows: usize, cols: usize, n: usize) -> Result<(), DeviceError> {
+    fn run_rows(&mut self, p: &Prepared, x: &[u8], y: &mut [u8], rows: usize, cols: usize, n: usize) -> Result<(), DeviceError> {
         if x.len() < 4 * n * cols || y.len() < 4 * n * rows {
             return Err(self.err(ErrorKind::InvalidArgument, "a MatMul's activations or outputs lie outside their buffers"));
         }
         let (rotate, x_res) = (self.scheme.rotate, self.scheme.x_residual);
-        let w_passes = 1 + usize::from(self.weights[wi].residual.is_some());
         let mut t0 = 0;
         while t0 < n {
             let m = if n - t0 == 1 { 1 } else { (n - t0).min(BATCH_ROWS as usize) };
@@ -423,31 +433,12 @@ impl Rknpu {
                     self.qres = qres;
                     r?;
                 }
-                for wp in 0..w_passes {
-                    let slot = usize::from(m_rows > 1);
-                    let empty = || Job { tasks: Vec::new(), inputs: Vec::new(), outputs: Vec::new() };
-                    let job = match (wp, &mut self.weights[wi].residual) {
-                        (1, Some((_, jobs))) => std::mem::replace(&mut jobs[slot], empty()),
-                        _ => std::mem::replace(&mut self.weights[wi].jobs[slot], empty()),
-                    };
-                    let r = self.run_job(&job);
-                    match (wp, &mut self.weights[wi].residual) {
-                        (1, Some((_, jobs))) => jobs[slot] = job,
-                        _ => self.weights[wi].jobs[slot] = job,
-                    }
-                    r?;
-                    let sw = match (wp, &mut self.weights[wi].residual) {
-                        (1, Some((s, _))) => std::mem::take(s),
-                        _ => std::mem::take(&mut self.weights[wi].scale),
-                    };
+                for (wp, (sw, jobs)) in p.passes().enumerate() {
+                    self.run_job(&jobs[usize::from(m_rows > 1)])?;
                     let sx = std::mem::take(if xp == 0 { &mut self.sx } else { &mut self.sx2 });
                     let oh = self.output.0;
-                    let r = self.bytes(oh).map(|out| Self::accumulate(out, &sx[..m], &sw, m_rows, &mut y[4 * t0 * rows..4 * (t0 + m) * rows], xp + wp == 0));
+                    let r = self.bytes(oh).map(|out| Self::accumulate(out, &sx[..m], sw, m_rows, &mut y[4 * t0 * rows..4 * (t0 + m) * rows], xp + wp == 0));
                     *(if xp == 0 { &mut self.sx } else { &mut self.sx2 }) = sx;
-                    match (wp, &mut self.weights[wi].residual) {
-                        (1, Some((s, _))) => *s = sw,
-                        _ => self.weights[wi].scale = sw,
-                    }
                     r?;
                 }
             }
