@@ -255,9 +255,10 @@ pub fn parse_products(s: &str) -> std::result::Result<u32, String> {
 fn kl(a: KlArgs) -> Result<()> {
     let (model, file, c, chunks, threads) = (a.model.model, a.file, a.ctx as usize, a.chunks.unwrap_or(usize::MAX), a.threads as usize);
     let (rotate, fine, output, as_json) = (!a.no_rotate, !a.per_tensor, !a.output_on_cpu, a.json);
-    let w8a8::Scheme { residual, x_residual, .. } = w8a8::Scheme::with_products(a.products).unwrap_or_default();
     let text = super::common::read_text_limited(&file, "text file", super::common::MAX_TEXT_FILE, "the most keel reads for a KL measurement; cut the text")?;
-    let scheme = w8a8::Scheme { rotate, fine, residual, x_residual, ..Default::default() };
+    // `--products` was checked by `parse_products`.
+    let scheme = w8a8::Scheme { rotate, fine, ..w8a8::Scheme::with_products(a.products).unwrap_or_default() };
+    let (residual, x_residual) = (scheme.residual, scheme.x_residual);
     let r = kl_divergence(&model, &text, c, chunks, scheme, a.exact, output, threads.max(1))?;
     let name = if a.exact { format!("exact f32 products, no int8 rounding{}", if rotate { ", Hadamard rotation" } else { "" }) + if output { "" } else { ", output projection on the CPU" } } else { format!("{}{}", if fine { "per-channel weights, per-token activations" } else { "per-tensor weights and activations" }, if rotate { ", Hadamard rotation" } else { ", no rotation" }) + if output { "" } else { ", output projection on the CPU" } + if residual { ", int8 residual weights" } else { "" } + if x_residual { ", int8 residual activations" } else { "" } };
     let int8_products = if a.exact { 0 } else { scheme.products() };
