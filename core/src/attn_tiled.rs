@@ -10,6 +10,13 @@
 //! then `acc[c] = fma-chain_t(kq[t]·v_t[c])`; finally `out = acc · (1/sum)`. Each row's
 //! arithmetic depends only on that row, so this mode is itself batch-invariant, but it
 //! differs from the one-query path in rounding.
+//!
+//! [`block`] runs that for a block of query rows that share a KV head (up to [`QB`]
+//! consecutive tokens × up to [`MAX_HEADS`] query heads): each key tile is converted
+//! from f16 once for the whole block (keys transposed, values as rows) and every row
+//! whose span meets the tile takes its step there, with its own running maximum, sum
+//! and accumulator. Per row the operations and their order are the ones above, so
+//! blocking changes no bit.
 
 use crate::ops;
 use crate::quant::Kernels;
@@ -18,9 +25,33 @@ use half::f16;
 /// Keys per tile.
 pub const TILE: usize = 64;
 
-/// f32 scratch one task needs for head sizes `hd` (keys) and `hdv` (values).
+/// Consecutive query tokens of one [`block`].
+pub const QB: usize = 16;
+
+/// Query heads (sharing one KV head) of one [`block`].
+pub const MAX_HEADS: usize = crate::attention::MAX_HEADS;
+
+/// f32 scratch one task needs for head sizes `hd` (keys) and `hdv` (values): a tile of
+/// keys (transposed) and of values, the tile's scores, and each of the block's rows'
+/// accumulator, maximum and sum.
 pub fn scratch_len(hd: usize, hdv: usize) -> usize {
-    TILE * hd + TILE + hdv
+    TILE * hd + TILE * hdv + TILE + QB * MAX_HEADS * (hdv + 2)
+}
+
+/// Where a block's keys and values are: ring rows (`rows`; position `j` is row
+/// `j % rows`), row strides `kd`/`vd`, the KV head's offsets `k_off`/`v_off`.
+#[derive(Clone, Copy, Debug)]
+pub struct Layout {
+    /// Rows of the cache (a ring when a window is shorter than the context).
+    pub rows: usize,
+    /// f16 elements per key row.
+    pub kd: usize,
+    /// f16 elements per value row.
+    pub vd: usize,
+    /// The KV head's first element in a key row.
+    pub k_off: usize,
+    /// The KV head's first element in a value row.
+    pub v_off: usize,
 }
 
 /// Sum of 16 values in the order of GCC's `_mm512_reduce_add_ps`.
@@ -36,150 +67,152 @@ fn reduce16(v: &[f32]) -> f32 {
     (t6[0] + t6[2]) + (t6[1] + t6[3])
 }
 
-/// One query row over keys `first..=last` (positions; row of position `j` is `j % rows`
-/// in `kv_k`/`kv_v`, with head offsets `k_off`/`v_off` and row strides `kd`/`vd`).
+/// One query row's running state over the tiles: its f32 accumulator, maximum and sum.
+pub(crate) struct TiledRow<'a> {
+    pub(crate) acc: &'a mut [f32],
+    pub(crate) m: &'a mut f32,
+    pub(crate) s: &'a mut f32,
+}
+
+/// `nq` query tokens (at most [`QB`]) × `nh` heads (at most [`MAX_HEADS`]) sharing the
+/// KV head of `lay`: `query(j)` gives token `j`'s `nh·hd` f32 and its visible keys
+/// `first..=last` (positions); `out(j)` (called once per token, after its last tile)
+/// receives its `nh·hdv` outputs. `scratch` holds at least [`scratch_len`] floats.
+///
+/// Panics if the shapes do not fit (a caller's bug: callers check their tensors first).
 #[allow(clippy::too_many_arguments)]
-pub fn row(
+pub fn block<'q, 'o>(
     kern: &Kernels,
-    q: &[f32],
     kv_k: &[f16],
     kv_v: &[f16],
-    (rows, kd, vd, k_off, v_off): (usize, usize, usize, usize, usize),
-    first: usize,
-    last: usize,
+    lay: Layout,
+    (hd, hdv, nh): (usize, usize, usize),
     scale: f32,
+    nq: usize,
+    query: impl Fn(usize) -> (&'q [f32], usize, usize),
     scratch: &mut [f32],
-    out: &mut [f32],
+    mut out: impl FnMut(usize) -> &'o mut [f32],
 ) {
-    let (hd, hdv) = (q.len(), out.len());
+    assert!((1..=QB).contains(&nq) && (1..=MAX_HEADS).contains(&nh), "attn_tiled::block: {nq} tokens of {nh} heads");
     let (kt, rest) = scratch.split_at_mut(TILE * hd);
+    let (vt, rest) = rest.split_at_mut(TILE * hdv);
     let (kq, rest) = rest.split_at_mut(TILE);
-    let acc = &mut rest[..hdv];
-    acc.fill(0.0);
-    let (mut m, mut s) = (f32::NEG_INFINITY, 0.0f32);
-    let mut t0 = first / TILE * TILE;
-    while t0 <= last {
-        // Visible keys of this tile: lo..hi (tile-relative).
-        let lo = first.saturating_sub(t0);
-        let hi = (last + 1 - t0).min(TILE);
+    let (accs, rest) = rest.split_at_mut(QB * MAX_HEADS * hdv);
+    let (ms, ss) = rest.split_at_mut(QB * MAX_HEADS);
+    let n_rows = nq * nh;
+    accs[..n_rows * hdv].fill(0.0);
+    ms[..n_rows].fill(f32::NEG_INFINITY);
+    ss[..n_rows].fill(0.0);
+    let (mut lo_all, mut hi_all) = (usize::MAX, 0);
+    for j in 0..nq {
+        let (q, first, last) = query(j);
+        assert!(q.len() == nh * hd && first <= last, "attn_tiled::block: token {j}");
+        (lo_all, hi_all) = (lo_all.min(first), hi_all.max(last + 1));
+    }
+    let mut t0 = lo_all / TILE * TILE;
+    while t0 < hi_all {
+        // The tile's keys any row sees: lo..hi (tile-relative), converted once.
+        let lo = lo_all.saturating_sub(t0);
+        let hi = (hi_all - t0).min(TILE);
         for t in lo..hi {
-            let r = (t0 + t) % rows;
-            let k = &kv_k[r * kd + k_off..r * kd + k_off + hd];
-            for (d, &x) in k.iter().enumerate() {
-                kt[d * TILE + t] = x.to_f32();
-            }
+            let r = (t0 + t) % lay.rows;
+            convert_key(kern, &kv_k[r * lay.kd + lay.k_off..][..hd], kt, t);
+            kern.f16_to_f32(&kv_v[r * lay.vd + lay.v_off..][..hdv], &mut vt[t * hdv..(t + 1) * hdv]);
         }
-        kq_tile(kern, q, kt, kq, lo, hi);
-        let mut tile_max = f32::NEG_INFINITY;
-        for (t, v) in kq.iter_mut().enumerate() {
-            *v = if t >= lo && t < hi { *v * scale } else { f32::NEG_INFINITY };
-            tile_max = if tile_max > *v { tile_max } else { *v };
-        }
-        if tile_max != f32::NEG_INFINITY {
-            let m_new = if m > tile_max { m } else { tile_max };
-            if m_new > m {
-                let ms = ops::expf(m - m_new);
-                for a in acc.iter_mut() {
-                    *a *= ms;
-                }
-                s *= ms;
+        for j in 0..nq {
+            let (q, first, last) = query(j);
+            if last < t0 || first >= t0 + TILE {
+                continue;
             }
-            m = m_new;
-            let mut sum = 0.0f64;
-            for g in 0..TILE / 16 {
-                for v in kq[g * 16..(g + 1) * 16].iter_mut() {
-                    *v = ops::ggml_expf(*v - m_new);
-                }
-                sum += reduce16(&kq[g * 16..(g + 1) * 16]) as f64;
-            }
-            s = (s as f64 + sum) as f32;
-            for t in lo..hi {
-                let r = (t0 + t) % rows;
-                let v = &kv_v[r * vd + v_off..r * vd + v_off + hdv];
-                vkq_mad(kern, acc, v, kq[t]);
+            let (lo, hi) = (first.saturating_sub(t0), (last + 1 - t0).min(TILE));
+            for h in 0..nh {
+                let i = j * nh + h;
+                let (m, s) = (&mut ms[i], &mut ss[i]);
+                let row = TiledRow { acc: &mut accs[i * hdv..(i + 1) * hdv], m, s };
+                kern.tiled_step(&q[h * hd..(h + 1) * hd], kt, vt, kq, lo, hi, scale, row);
             }
         }
         t0 += TILE;
     }
-    let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
-    for (o, &a) in out.iter_mut().zip(acc.iter()) {
-        *o = a * inv;
+    for j in 0..nq {
+        let o = out(j);
+        assert!(o.len() == nh * hdv, "attn_tiled::block: token {j}'s output");
+        for h in 0..nh {
+            let i = j * nh + h;
+            let s = ss[i];
+            let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
+            for (o, &a) in o[h * hdv..(h + 1) * hdv].iter_mut().zip(&accs[i * hdv..(i + 1) * hdv]) {
+                *o = a * inv;
+            }
+        }
     }
 }
 
-/// `kq[t] = fma-chain over d of q[d]·kt[d][t]` for `t` in `lo..hi`.
-fn kq_tile(kern: &Kernels, q: &[f32], kt: &[f32], kq: &mut [f32], lo: usize, hi: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if !kern.is_reference() {
-        // SAFETY: non-reference kernels exist only when CPUID confirmed AVX2 + FMA + F16C.
-        unsafe { x86::kq_tile(q, kt, kq) };
-        return;
+/// Key `k` (f16) into column `t` of the transposed tile `kt` (`kt[d·TILE + t]`).
+fn convert_key(kern: &Kernels, k: &[f16], kt: &mut [f32], t: usize) {
+    let mut buf = [0f32; 64];
+    for (c, chunk) in k.chunks(64).enumerate() {
+        let b = &mut buf[..chunk.len()];
+        kern.f16_to_f32(chunk, b);
+        for (i, &x) in b.iter().enumerate() {
+            kt[(c * 64 + i) * TILE + t] = x;
+        }
     }
-    let _ = kern;
+}
+
+/// One row's step over one tile (visible keys `lo..hi` of the tile; `kt` its keys
+/// transposed, `kt[d·TILE + t]`, `vt` its values as rows of `hdv = acc.len()`): the
+/// scores into `kq`, the online softmax, the accumulator. The reference of
+/// [`Kernels::tiled_step`]; every kernel set gives its bits.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn step_ref(q: &[f32], kt: &[f32], vt: &[f32], kq: &mut [f32], lo: usize, hi: usize, scale: f32, row: TiledRow<'_>) {
+    let hdv = row.acc.len();
+    for t in 0..TILE {
+        kq[t] = if t >= lo && t < hi {
+            let mut a = 0.0f32;
+            for (d, &x) in q.iter().enumerate() {
+                a = libm::fmaf(x, kt[d * TILE + t], a);
+            }
+            a * scale
+        } else {
+            f32::NEG_INFINITY
+        };
+    }
+    let mut tile_max = f32::NEG_INFINITY;
+    for &v in kq.iter().take(TILE) {
+        tile_max = if tile_max > v { tile_max } else { v };
+    }
+    let Some(m_new) = new_max(tile_max, row.m, row.acc, row.s) else { return };
+    let mut sum = 0.0f64;
+    for g in 0..TILE / 16 {
+        for v in kq[g * 16..(g + 1) * 16].iter_mut() {
+            *v = ops::ggml_expf(*v - m_new);
+        }
+        sum += reduce16(&kq[g * 16..(g + 1) * 16]) as f64;
+    }
+    *row.s = (*row.s as f64 + sum) as f32;
     for t in lo..hi {
-        let mut a = 0.0f32;
-        for (d, &x) in q.iter().enumerate() {
-            a = libm::fmaf(x, kt[d * TILE + t], a);
+        for (a, &x) in row.acc.iter_mut().zip(&vt[t * hdv..(t + 1) * hdv]) {
+            *a = libm::fmaf(kq[t], x, *a);
         }
-        kq[t] = a;
     }
 }
 
-/// `acc[c] = fma(p, v[c], acc[c])`.
-fn vkq_mad(kern: &Kernels, acc: &mut [f32], v: &[f16], p: f32) {
-    #[cfg(target_arch = "x86_64")]
-    if !kern.is_reference() {
-        // SAFETY: as in `kq_tile`.
-        unsafe { x86::mad(acc, v, p) };
-        return;
+/// The online softmax's maximum after a tile whose maximum score is `tile_max`: `None`
+/// if the tile has no visible key; on a new maximum the accumulator and the sum are
+/// scaled by `expf(M - M')`.
+pub(crate) fn new_max(tile_max: f32, m: &mut f32, acc: &mut [f32], s: &mut f32) -> Option<f32> {
+    if tile_max == f32::NEG_INFINITY {
+        return None;
     }
-    let _ = kern;
-    for (a, &x) in acc.iter_mut().zip(v) {
-        *a = libm::fmaf(p, x.to_f32(), *a);
+    let m_new = if *m > tile_max { *m } else { tile_max };
+    if m_new > *m {
+        let ms = ops::expf(*m - m_new);
+        for a in acc.iter_mut() {
+            *a *= ms;
+        }
+        *s *= ms;
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use super::TILE;
-    use core::arch::x86_64::*;
-    use half::f16;
-
-    /// All 64 columns (columns outside the visible range are ignored by the caller).
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn kq_tile(q: &[f32], kt: &[f32], kq: &mut [f32]) {
-        let mut acc = [_mm256_setzero_ps(); TILE / 8];
-        for (d, &x) in q.iter().enumerate() {
-            let p = _mm256_set1_ps(x);
-            let row = &kt[d * TILE..(d + 1) * TILE];
-            for (g, a) in acc.iter_mut().enumerate() {
-                // SAFETY: row has TILE = 64 floats; g*8+8 <= 64.
-                let b = unsafe { _mm256_loadu_ps(row.as_ptr().add(g * 8)) };
-                *a = _mm256_fmadd_ps(b, p, *a);
-            }
-        }
-        for (g, a) in acc.iter().enumerate() {
-            // SAFETY: kq has TILE floats.
-            unsafe { _mm256_storeu_ps(kq.as_mut_ptr().add(g * 8), *a) };
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn mad(acc: &mut [f32], v: &[f16], p: f32) {
-        let n = acc.len().min(v.len());
-        let pv = _mm256_set1_ps(p);
-        let mut i = 0;
-        while i + 8 <= n {
-            // SAFETY: i + 8 <= n for both slices.
-            unsafe {
-                let x = _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(i) as *const __m128i));
-                let a = _mm256_loadu_ps(acc.as_ptr().add(i));
-                _mm256_storeu_ps(acc.as_mut_ptr().add(i), _mm256_fmadd_ps(x, pv, a));
-            }
-            i += 8;
-        }
-        for j in i..n {
-            acc[j] = libm::fmaf(p, v[j].to_f32(), acc[j]);
-        }
-    }
+    *m = m_new;
+    Some(m_new)
 }

@@ -382,7 +382,11 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32,
     });
 }
 
-/// [`attention`] with llama.cpp's tiled arithmetic ([`attn_tiled::row`]) per query row.
+/// [`attention`] with llama.cpp's tiled arithmetic ([`attn_tiled`]): items of up to
+/// [`attn_tiled::QB`] consecutive tokens × a run of at most [`attn_tiled::MAX_HEADS`]
+/// query heads sharing a KV head, dealt round-robin to the tasks; each item is one
+/// [`attn_tiled::block`] call (each key tile converted once for the item; per row the
+/// bits of the row alone).
 #[allow(clippy::too_many_arguments)]
 fn attention_tiled(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32, out: &mut [f32], scratch: &mut [f32], max_tasks: usize, n: usize, par: &dyn Parallel) {
     let (hd, hdv) = (hp.head_dim, hp.head_dim_v);
@@ -390,22 +394,34 @@ fn attention_tiled(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale
     let group = hp.n_head / hp.n_head_kv;
     let (kv_k, kv_v) = (&*c.kv_k, &*c.kv_v);
     let per_task = attn_tiled::scratch_len(hd, hdv);
-    let tasks = par.n_threads().min(max_tasks).min(n * hp.n_head).max(1);
+    let per_item = group.min(attn_tiled::MAX_HEADS);
+    let runs = group.div_ceil(per_item);
+    let blocks = n.div_ceil(attn_tiled::QB);
+    let items = blocks * hp.n_head_kv * runs;
+    let tasks = par.n_threads().min(max_tasks).min(items).max(1);
     let scratch = SharedMut::new(scratch);
     let out_w = hp.n_head * hdv;
     let out = SharedMut::new(&mut out[..n * out_w]);
+    let (rows, n_past, window) = (c.rows, c.n_past, c.window);
     par.run(tasks, &|t| {
         // SAFETY: task t owns scratch slot t.
         let s = unsafe { scratch.slice(t * per_task, per_task) };
-        // Round-robin, as in `attention`.
-        for pair in (t..n * hp.n_head).step_by(tasks) {
-            let (i, h) = (pair / hp.n_head, pair % hp.n_head);
-            let pos = c.n_past + i;
-            let first = if c.window > 0 { (pos + 1).saturating_sub(c.window) } else { 0 };
-            let kvh = h / group;
-            // SAFETY: output (i, h) is written by exactly one task.
-            let o = unsafe { out.slice(i * out_w + h * hdv, hdv) };
-            attn_tiled::row(kern, &q[i * qd + h * hd..][..hd], kv_k, kv_v, (c.rows, kd, vd, kvh * hd, kvh * hdv), first, pos, scale, s, o);
+        // Round-robin, as in `attention`: later tokens see more keys.
+        for item in (t..items).step_by(tasks) {
+            let (blk, rest) = (item / (hp.n_head_kv * runs), item % (hp.n_head_kv * runs));
+            let (kvh, run) = (rest / runs, rest % runs);
+            let h0 = kvh * group + run * per_item;
+            let nh = (group - run * per_item).min(per_item);
+            let i0 = blk * attn_tiled::QB;
+            let lay = attn_tiled::Layout { rows, kd, vd, k_off: kvh * hd, v_off: kvh * hdv };
+            let query = |j: usize| {
+                let pos = n_past + i0 + j;
+                let first = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
+                (&q[(i0 + j) * qd + h0 * hd..][..nh * hd], first, pos)
+            };
+            // SAFETY: outputs (i, h0 .. h0 + nh) are written by exactly one task, each once.
+            let o = |j: usize| unsafe { out.slice((i0 + j) * out_w + h0 * hdv, nh * hdv) };
+            attn_tiled::block(kern, kv_k, kv_v, lay, (hd, hdv, nh), scale, attn_tiled::QB.min(n - i0), query, s, o);
         }
     });
 }

@@ -392,9 +392,14 @@ pub(crate) struct KernelTable {
     pub(crate) softmax_scores: fn(e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut f32),
     /// [`Kernels::softmax_sum`].
     pub(crate) softmax_sum: fn(sum: f32, new_max: &[bool], e: &[f32]) -> f32,
+    /// [`Kernels::tiled_step`].
+    pub(crate) tiled_step: TiledStepFn,
     /// [`Kernels::tile_sums`]: the block-sum kernels over Tiles32 weights.
     pub(crate) tiles: tiles32::TileKernels,
 }
+
+/// [`Kernels::tiled_step`]'s kernel.
+pub(crate) type TiledStepFn = fn(q: &[f32], kt: &[f32], vt: &[f32], kq: &mut [f32], lo: usize, hi: usize, scale: f32, row: crate::attn_tiled::TiledRow<'_>);
 
 impl DotTile {
     /// A tile entry for a [`KernelTable`], its shape checked against
@@ -452,6 +457,7 @@ pub(crate) const REFERENCE: KernelTable = KernelTable {
     f16_mad_keys_heads: mad_keys_by_head,
     softmax_scores: softmax_scores_by_key,
     softmax_sum: softmax_sum_by_key,
+    tiled_step: crate::attn_tiled::step_ref,
     tiles: tiles32::REFERENCE,
 };
 
@@ -766,6 +772,14 @@ impl Kernels {
     /// `dst[i] = f16(src[i])` (round to nearest even; F16C where available).
     pub fn f32_to_f16(&self, src: &[f32], dst: &mut [f16]) {
         (self.t.f32_to_f16)(src, dst)
+    }
+
+    /// One query row's step over one key tile of llama.cpp's tiled attention
+    /// ([`crate::attn_tiled`]): the bits of `attn_tiled::step_ref` (x86: 8 or 16 lanes).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub(crate) fn tiled_step(&self, q: &[f32], kt: &[f32], vt: &[f32], kq: &mut [f32], lo: usize, hi: usize, scale: f32, row: crate::attn_tiled::TiledRow<'_>) {
+        (self.t.tiled_step)(q, kt, vt, kq, lo, hi, scale, row)
     }
 
     /// `dst[i] = f32(src[i])` (exact; F16C where available).

@@ -442,3 +442,59 @@ fn blocked_attention_matches_one_query_at_a_time() {
         }
     }
 }
+
+#[test]
+fn tiled_attention_blocks_match_the_reference_one_row_at_a_time() {
+    use crate::attn_tiled::{block, scratch_len, Layout, MAX_HEADS, QB};
+    let mut sets = kernel_sets();
+    sets.push(Kernels::reference());
+    let reference = Kernels::reference();
+    let mut rng = Rng::new(0x711e);
+    for &hd in &[64usize, 128, 256, 48] {
+        for round in 0..10 {
+            let nh = 1 + round % MAX_HEADS;
+            let nq = 1 + rng.below(QB as u64) as usize;
+            let n_kvh = 2;
+            let kvh = round % n_kvh;
+            // Positions 0 ..= last over several tiles; with a window, a ring of `window`
+            // slots (as keel's sliding-window cache), else one slot per position.
+            let window = [0usize, 37, 64, 100, 0][round % 5];
+            let past = rng.below(300) as usize;
+            let last = past + nq - 1;
+            let rows = if window > 0 { window } else { last + 1 };
+            let stride = n_kvh * hd;
+            let big = if round % 3 == 2 { 8.0 } else { 1.0 };
+            let kc: Vec<f16> = (0..rows * stride).map(|_| f16::from_f32(rng.unit() * big)).collect();
+            let vc: Vec<f16> = (0..rows * stride).map(|_| f16::from_f32(rng.unit())).collect();
+            let q: Vec<f32> = (0..nq * nh * hd).map(|_| rng.unit() * big).collect();
+            let lay = Layout { rows, kd: stride, vd: stride, k_off: kvh * hd, v_off: kvh * hd };
+            let span = |j: usize| {
+                let pos = past + j;
+                ((if window > 0 { (pos + 1).saturating_sub(window) } else { 0 }), pos)
+            };
+            // Stale values in the scratch must not matter.
+            let mut scratch = vec![f32::NAN; scratch_len(hd, hd)];
+            let mut want = vec![f32::NAN; nq * nh * hd];
+            for j in 0..nq {
+                for h in 0..nh {
+                    let qr = &q[(j * nh + h) * hd..][..hd];
+                    let mut o = Some(&mut want[(j * nh + h) * hd..][..hd]);
+                    block(&reference, &kc, &vc, lay, (hd, hd, 1), 0.125, 1, |_| (qr, span(j).0, span(j).1), &mut scratch, |_| o.take().unwrap());
+                }
+            }
+            for k in &sets {
+                let mut got = vec![f32::NAN; nq * nh * hd];
+                {
+                    let mut rows_out: Vec<&mut [f32]> = got.chunks_exact_mut(nh * hd).collect();
+                    let mut outs = rows_out.iter_mut().map(|r| &mut **r);
+                    let query = |j: usize| (&q[j * nh * hd..(j + 1) * nh * hd], span(j).0, span(j).1);
+                    block(k, &kc, &vc, lay, (hd, hd, nh), 0.125, nq, query, &mut scratch, |_| outs.next().unwrap());
+                }
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(g.is_finite(), "{} hd={hd} element {i} is {g}", k.name());
+                    assert_eq!(g.to_bits(), w.to_bits(), "{} hd={hd} heads={nh} window={window} past={past} tokens={nq} element {i}", k.name());
+                }
+            }
+        }
+    }
+}

@@ -128,7 +128,7 @@ unsafe fn swiglu_avx2(n: usize, g: *mut f32, u: *const f32) {
 
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn expf8(x: __m256) -> __m256 {
+pub(super) unsafe fn expf8(x: __m256) -> __m256 {
     // SAFETY: value-only intrinsics; AVX2 and FMA available (this fn's target features).
     unsafe {
         let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));

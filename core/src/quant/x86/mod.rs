@@ -42,6 +42,7 @@ pub(crate) mod f16ops;
 mod kdot;
 mod qdot;
 mod qtile;
+mod tiled;
 
 use super::blocks::{bf16_to_f32, f16_to_f32};
 use super::{vec_dots, DotTile, Isa, KernelTable, REFERENCE};
@@ -427,6 +428,7 @@ const fn build(flags: usize) -> KernelTable {
         t.softmax_scores = f16ops::softmax_scores;
     }
     t.softmax_sum = f16ops::softmax_sum;
+    t.tiled_step = if avx512 { tiled::step_avx512 } else { tiled::step_avx2 };
     t
 }
 
