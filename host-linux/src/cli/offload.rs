@@ -90,7 +90,7 @@ pub struct OffloadFlags {
     /// rknpu: int8 products per matrix product: 4 (default: residual weights and activations, the accurate scheme), 2 (residual weights), 1 (plain W8A8, fastest); see BENCHMARKS.md for the accuracy of each
     #[arg(long = "rknpu-products", value_name = "1|2|4", default_value_t = crate::device::rknpu::w8a8::DEFAULT_PRODUCTS, value_parser = super::rknpu::parse_products)]
     pub rknpu_products: u32,
-    /// Batches each device keeps in flight (1: submit one and wait for it before the next; default 2, at most what the device takes)
+    /// Batches each device keeps in flight (1: submit one and wait for it before the next; default 2, at most what the device takes; 2+: prompt chunks pipeline over a split placement, e.g. --tensor-split 1,1)
     #[arg(long = "device-in-flight", value_name = "N")]
     pub device_in_flight: Option<u8>,
     /// Most weight MiB x tokens one batch of whole layers streams (default 32); smaller: more, shorter batches per pass
