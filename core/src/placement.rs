@@ -9,7 +9,8 @@
 //! host does that through [`Offload`], and the session calls it per product.
 //!
 //! Decisions are made in model order (layer 0's q, k, v, o, gate, up, down, layer 1's …,
-//! the output projection last); for each weight the first device in policy order that
+//! the output projection last); for each weight the first device in policy order (with a
+//! [`Policy::split`], only the device whose run of layers holds it) that
 //! supports it (natively, or after conversion to [`Policy::convert_to`]) and still has
 //! budget for its device-layout bytes gets it; otherwise it stays on the CPU, and the
 //! decision records why. A weight that goes to a device in a converted type is

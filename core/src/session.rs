@@ -4,6 +4,10 @@
 //! blocks (embedding lookup, layer by layer: on a device or op by op on the CPU through
 //! `block_cpu` from `block::layer_ops`, then the final norm and output projection).
 //! Batched prompt evaluation and single-token decode run the same per-row arithmetic.
+//! When the first layers run whole on a device and later stages elsewhere (another
+//! device, the CPU), an `eval`'s chunks run as a pipeline: the next chunk's first stage
+//! is begun on its device ([`crate::placement::Offload::layers_begin`]) before this
+//! chunk's later stages run, with the same chunks and bits as one after the other.
 //! Never allocates.
 
 use crate::arena::{Carver, Plan};

@@ -167,6 +167,23 @@ fn model_file(name: &str) -> std::path::PathBuf {
     keel_test_support::requantized(std::path::Path::new(env!("CARGO_BIN_EXE_keel")), &file, "Q8_0", &std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fake-device"))
 }
 
+/// Runs `f` on the synthetic llama Q8_0 loaded with `opts` (its engine and thread pool).
+fn with_synth_llama<T>(opts: &RunOptions, f: impl FnOnce(&mut keel_core::engine::Engine<'_>, &keel_host_linux::pool::ThreadPool) -> T) -> T {
+    let model = model_file("synth-llama-q8_0");
+    let opened = open(model.to_str().unwrap()).unwrap();
+    let g = opened.gguf().unwrap();
+    let mut loaded = prepare(&g, &opened.path, opts).unwrap();
+    let sampling = keel_core::sampler::SamplerConfig { temp: 0.0, ..Default::default() };
+    let (mut e, pool) = engine(&g, &opened.path, &mut loaded, false, sampling).unwrap();
+    f(&mut e, pool)
+}
+
+/// Fake engines `0..n`, each waiting without delay, with a layer table for `n_layer` layers.
+fn fakes(n: usize, n_layer: usize) -> Vec<DeviceEngine<Fake, NoDelay, Vec<LayerSlot>>> {
+    let policy = WaitPolicy { timeout_us: 1_000_000, poll_us: 1 };
+    (0..n).map(|i| DeviceEngine::new(Fake::new(), i as u8, NoDelay, policy, vec![LayerSlot::EMPTY; n_layer])).collect()
+}
+
 /// Runs `name`'s whole forward pass on the fake device through keel-core's engine and
 /// on the CPU, teacher-forced with the CPU's greedy tokens: 4 prompts × 32 steps, one
 /// device batch per token, logits equal bit for bit.
@@ -270,15 +287,12 @@ struct Pipelined {
 /// prompt batch, each token's logits in a batch of their own), prompt then 8 greedy
 /// steps; the batch with sequence number `fail` fails.
 fn pipelined(in_flight: u8, fail: Option<Seq>) -> Pipelined {
-    let model = model_file("synth-llama-q8_0");
-    let opened = open(model.to_str().unwrap()).unwrap();
-    let g = opened.gguf().unwrap();
     let opts = RunOptions { n_ctx: 64, n_batch: 32, n_outputs: 1, threads: 1, reference: false, force_ctx: false };
-    let mut l_dev = prepare(&g, &opened.path, &opts).unwrap();
-    let sampling = keel_core::sampler::SamplerConfig { temp: 0.0, ..Default::default() };
-    let (mut dev, pool) = engine(&g, &opened.path, &mut l_dev, false, sampling).unwrap();
-    let policy = WaitPolicy { timeout_us: 1_000_000, poll_us: 1 };
-    let mut engines = [DeviceEngine::new(Fake::new(), 0, NoDelay, policy, vec![LayerSlot::EMPTY; dev.model.layers.len()])];
+    with_synth_llama(&opts, |dev, pool| pipelined_on(dev, pool, opts, in_flight, fail))
+}
+
+fn pipelined_on(dev: &mut keel_core::engine::Engine<'_>, pool: &keel_host_linux::pool::ThreadPool, opts: RunOptions, in_flight: u8, fail: Option<Seq>) -> Pipelined {
+    let mut engines = fakes(1, dev.model.layers.len());
     engines[0].in_flight = in_flight;
     engines[0].batch_work = 1 << 20;
     engines[0].dev.fail = fail;
@@ -359,17 +373,17 @@ struct Split {
 /// fake 0 and layers 2..4 with the output projection on fake 1 (`--tensor-split 1,1`);
 /// otherwise layers 0..2 whole on fake 0 and the other layers and the output on the CPU.
 /// Each fake keeps up to `in_flight` batches in flight; fake 0's batch `fail` fails.
+/// [`split_run`]'s and [`split_cpu`]'s run limits: the prompt in chunks of 4, every row's logits.
+const SPLIT_OPTS: RunOptions = RunOptions { n_ctx: 64, n_batch: 4, n_outputs: 20, threads: 1, reference: false, force_ctx: false };
+
 fn split_run(two_devices: bool, in_flight: u8, fail: Option<Seq>) -> Split {
-    let model = model_file("synth-llama-q8_0");
-    let opened = open(model.to_str().unwrap()).unwrap();
-    let g = opened.gguf().unwrap();
-    let opts = RunOptions { n_ctx: 64, n_batch: 4, n_outputs: 20, threads: 1, reference: false, force_ctx: false };
-    let mut l_dev = prepare(&g, &opened.path, &opts).unwrap();
-    let sampling = keel_core::sampler::SamplerConfig { temp: 0.0, ..Default::default() };
-    let (mut dev, pool) = engine(&g, &opened.path, &mut l_dev, false, sampling).unwrap();
-    let policy = WaitPolicy { timeout_us: 1_000_000, poll_us: 1 };
+    with_synth_llama(&SPLIT_OPTS, |dev, pool| split_run_on(dev, pool, two_devices, in_flight, fail))
+}
+
+fn split_run_on(dev: &mut keel_core::engine::Engine<'_>, pool: &keel_host_linux::pool::ThreadPool, two_devices: bool, in_flight: u8, fail: Option<Seq>) -> Split {
+    let opts = SPLIT_OPTS;
     let n_dev = if two_devices { 2 } else { 1 };
-    let mut engines: Vec<_> = (0..n_dev).map(|i| DeviceEngine::new(Fake::new(), i as u8, NoDelay, policy, vec![LayerSlot::EMPTY; dev.model.layers.len()])).collect();
+    let mut engines = fakes(n_dev, dev.model.layers.len());
     for e in &mut engines {
         e.in_flight = in_flight;
     }
@@ -416,23 +430,18 @@ fn split_run(two_devices: bool, in_flight: u8, fail: Option<Seq>) -> Split {
 
 /// The CPU's logits for [`split_run`]'s evaluations.
 fn split_cpu() -> Vec<Vec<u32>> {
-    let model = model_file("synth-llama-q8_0");
-    let opened = open(model.to_str().unwrap()).unwrap();
-    let g = opened.gguf().unwrap();
-    let opts = RunOptions { n_ctx: 64, n_batch: 4, n_outputs: 20, threads: 1, reference: false, force_ctx: false };
-    let mut l = prepare(&g, &opened.path, &opts).unwrap();
-    let sampling = keel_core::sampler::SamplerConfig { temp: 0.0, ..Default::default() };
-    let (mut cpu, pool) = engine(&g, &opened.path, &mut l, false, sampling).unwrap();
-    let nv = cpu.n_vocab();
-    let mut input: Vec<u32> = (0..20u32).map(|i| 3 + i * 97).collect();
-    let mut out = Vec::new();
-    for step in 0..9 {
-        let outputs = if step == 0 { Outputs::All } else { Outputs::Last };
-        let l = cpu.eval(&input, outputs, pool).unwrap();
-        out.extend(l.chunks(nv).map(|r| r.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()));
-        input = vec![keel_test_support::top_two(&out[out.len() - 1].iter().map(|&b| f32::from_bits(b)).collect::<Vec<_>>()).0 as u32];
-    }
-    out
+    with_synth_llama(&SPLIT_OPTS, |cpu, pool| {
+        let nv = cpu.n_vocab();
+        let mut input: Vec<u32> = (0..20u32).map(|i| 3 + i * 97).collect();
+        let mut out = Vec::new();
+        for step in 0..9 {
+            let outputs = if step == 0 { Outputs::All } else { Outputs::Last };
+            let l = cpu.eval(&input, outputs, pool).unwrap();
+            out.extend(l.chunks(nv).map(|r| r.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()));
+            input = vec![keel_test_support::top_two(&out[out.len() - 1].iter().map(|&b| f32::from_bits(b)).collect::<Vec<_>>()).0 as u32];
+        }
+        out
+    })
 }
 
 /// Prompt chunks as a pipeline: a split placement's first stage (fake 0's layers) runs

@@ -22,7 +22,10 @@
 //!   while the device runs; it waits only for a result it needs or for room. A failed
 //!   batch is an error naming it, after the others in flight are waited for. A single
 //!   sequence's decode step cannot overlap the next (its token is sampled from this
-//!   one's logits); the products of `matmul` mode go one at a time.
+//!   one's logits); the products of `matmul` mode go one at a time. Across devices,
+//!   [`DeviceEngine::layers_begin`] leaves a one-chunk pass in flight and returns, and
+//!   [`DeviceEngine::layers_end`] collects it: the session runs the prompt's chunks as a
+//!   pipeline (this device on the next chunk while the others run this one).
 //! - **Run**: one batch (one MatMul op) per product and chunk of tokens
 //!   ([`DeviceEngine::matmul`]); batches of whole layers ([`DeviceEngine::layers`], as
 //!   many consecutive layers per batch as the device's op limit, the wire's tables and
