@@ -480,3 +480,43 @@ fn a_failed_pipelined_chunk_is_named_and_nothing_is_left_in_flight() {
     assert!(e.contains("whole layers 0..=1") && e.contains("for 4 tokens at position 8") && e.contains("Failed"), "{e}");
     assert!(r.logits.is_empty(), "the prompt failed");
 }
+
+/// The engine's asynchronous pass: `layers_begin` leaves one chunk in flight and returns
+/// (one batch at a time: refuses, nothing submitted), every other call is refused until
+/// `layers_end` collects it, whose rows equal the synchronous `layers`' bit for bit, and a
+/// second `layers_end` has nothing to collect.
+#[test]
+fn a_begun_pass_is_collected_once_and_blocks_other_calls_meanwhile() {
+    let opts = RunOptions { n_ctx: 64, n_batch: 4, n_outputs: 1, threads: 1, reference: false, force_ctx: false };
+    with_synth_llama(&opts, |dev, _| {
+        let mut engines = fakes(1, dev.model.layers.len());
+        let mut decisions = vec![Decision::EMPTY; weight_count(&dev.model)];
+        let mut p = Policy::all(1);
+        p.kv_ctx = opts.n_ctx;
+        p.max_layers = 2;
+        p.output = false;
+        let infos: [&dyn DeviceInfo; 1] = [&engines[0]];
+        let placement = Placement::plan(&dev.model, &p, &infos, &mut decisions).unwrap();
+        let (floats, bytes) = engines[0].load_scratch(&placement);
+        let (mut row, mut group) = (vec![0f32; floats], vec![0u8; bytes]);
+        engines[0].load(&dev.model, &placement, &dev.session.kernels(), &mut LoadScratch { row: &mut row, group: &mut group }).unwrap();
+        let e = dev.model.hp.n_embd;
+        let x: Vec<f32> = (0..4 * e).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+        let mut want = x.clone();
+        engines[0].layers(0..2, &mut want, 4, 0).unwrap();
+        let eng = &mut engines[0];
+        eng.in_flight = 1;
+        assert_eq!(eng.layers_begin(0..2, &x, 4, 0), Ok(false), "one at a time: nothing begun");
+        assert_eq!(eng.batches_in_flight(), 0);
+        eng.in_flight = 2;
+        assert_eq!(eng.layers_begin(0..2, &x, 4, 0), Ok(true));
+        assert_eq!((eng.batches_in_flight(), eng.stats.begun), (1, 1), "the pass is in flight");
+        let mut other = x.clone();
+        assert!(eng.layers(0..2, &mut other, 4, 0).is_err() && eng.layers_begin(0..2, &x, 4, 0).is_err(), "refused while a pass is begun");
+        let mut got = vec![0f32; 4 * e];
+        eng.layers_end(&mut got).unwrap();
+        assert_eq!(eng.batches_in_flight(), 0);
+        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "the begun pass's rows equal the synchronous pass's");
+        assert!(eng.layers_end(&mut got).is_err(), "nothing left to collect");
+    });
+}
