@@ -8,7 +8,7 @@
 #          21-token prompt;
 #   split  two sessions splitting the layers (`--device hexagon-sim,hexagon-sim
 #          --tensor-split 1,1`: two QEMU processes) and one session with the CPU's layers
-#          after it (`-ngl 2 --offload-output off`), a 96-token prompt in chunks of 16
+#          after it (`-ngl 2 --offload-output off`), an 88-token prompt in 6 chunks of up to 16
 #          (`-b 16`): with 2 in flight the prompt chunks run as a pipeline (the first
 #          stage on the next chunk while the later stages run this one).
 # Prints every run and the medians. QEMU's wall time is the emulator's, not a DSP's:
