@@ -61,6 +61,15 @@ fn generation_on_hexagon_sim_with_two_batches_in_flight_allocates_nothing() {
     generation_on_device_allocates_nothing("hexagon-sim", "generation_on_hexagon_sim_with_two_batches_in_flight_allocates_nothing", true);
 }
 
+/// Two hexagon-sim sessions splitting the layers (`--tensor-split 1,1`) with two batches
+/// in flight: the 14-token prompt in chunks of 4 runs as a pipeline (session 0 begins a
+/// chunk while session 1 and the CPU run the one before), and nothing allocates.
+#[test]
+fn pipelined_prompt_on_two_hexagon_sim_sessions_allocates_nothing() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    generation_on_device_allocates_nothing("hexagon-sim,hexagon-sim", "pipelined_prompt_on_two_hexagon_sim_sessions_allocates_nothing", true);
+}
+
 /// The `hexagon` (FastRPC) device through the libcdsprpc test double (its DSP is the same
 /// emulated firmware): keel's side of dspqueue_write/read, rpcmem and the engine allocate
 /// nothing. The double's own internal mallocs stand for the system library's and are not
@@ -112,13 +121,15 @@ fn generation_on_device_allocates_nothing(device: &str, test: &str, pipelined: b
         }
         return eprintln!("\n*** SKIPPED {test}: {missing} (set KEEL_REQUIRE_DSP=1 to make this a failure) ***\n");
     }
-    run_on_devices(Devices::open(&[device.to_string()], &cfg).unwrap(), device, true, pipelined);
+    let list: Vec<String> = device.split(',').map(String::from).collect();
+    run_on_devices(Devices::open(&list, &cfg).unwrap(), device, true, pipelined);
 }
 
 /// Generates 32 tokens of the synthetic llama with `devices` (the whole forward pass on
 /// device 0 when `whole`, else every matrix product it takes, single tokens included) and
 /// counts allocations after a warm-up. `pipelined`: two batches in flight and 1 MiB of
-/// batch work (a 14-token prompt in chunks, two batches per generated token).
+/// batch work (a 14-token prompt in chunks, two batches per generated token); with two
+/// devices, the layers split between them and the prompt in chunks of 4 pipelined.
 fn run_on_devices(mut devices: keel_host_linux::device::offload::Devices, device: &str, whole: bool, pipelined: bool) {
     use keel::core::placement::{weight_count, Decision, Exec, OffloadMode, Policy};
     use keel_host_linux::cli::load::{engine, open, prepare, RunOptions};
@@ -126,19 +137,26 @@ fn run_on_devices(mut devices: keel_host_linux::device::offload::Devices, device
     let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/synth/synth-llama-q8_0.gguf");
     let opened = open(model.to_str().unwrap()).unwrap();
     let g = opened.gguf().unwrap();
-    let opts = RunOptions { n_ctx: 128, n_batch: 16, n_outputs: 1, threads: 2, reference: false, force_ctx: false };
+    let two = devices.slots.len() == 2;
+    let opts = RunOptions { n_ctx: 128, n_batch: if two { 4 } else { 16 }, n_outputs: 1, threads: 2, reference: false, force_ctx: false };
     let mut loaded = prepare(&g, &opened.path, &opts).unwrap();
     let sampling = keel::core::sampler::SamplerConfig { temp: 0.0, ..Default::default() };
     let (mut e, pool) = engine(&g, &opened.path, &mut loaded, false, sampling).unwrap();
     let mut decisions = vec![Decision::EMPTY; weight_count(&e.model)];
-    let mut policy = Policy::all(1);
+    let mut policy = Policy::all(devices.slots.len());
     policy.mode = if whole { OffloadMode::Layers } else { OffloadMode::MatMul };
+    if two {
+        policy.split[..2].copy_from_slice(&[1, 1]);
+    }
     if pipelined {
         devices.set_in_flight(2);
         devices.batch_work = 1 << 20;
     }
     let placement = devices.plan(&e.model, &policy, opts.n_ctx, &mut decisions).unwrap();
-    if whole {
+    if two {
+        let n = e.model.layers.len();
+        assert_eq!((placement.layer_device(0), placement.layer_device(n - 1)), (Some(0), Some(1)), "the layers split between the sessions");
+    } else if whole {
         assert_eq!(placement.forward_device(1), Some(0), "the whole forward pass is placed on the DSP");
     } else {
         assert!(placement.n_on_devices() > 0, "no product placed on {device}");
@@ -157,13 +175,15 @@ fn run_on_devices(mut devices: keel_host_linux::device::offload::Devices, device
     // Warm up once: the first batches size what the device and the pool keep.
     generate(&mut e, &mut devices, &mut [0u32; 4]);
 
-    let (before, batches) = (allocations(), devices.batches());
+    let (before, batches, begun) = (allocations(), devices.batches(), devices.passes_begun());
     let mut generated = [0u32; 32];
     generate(&mut e, &mut devices, &mut generated);
     let after = allocations();
     assert_eq!(after - before, 0, "generating on {device} allocated {} times", after - before);
     assert!(devices.error.is_none(), "{:?}", devices.error);
-    if pipelined {
+    if two {
+        assert_eq!(devices.passes_begun() - begun, 3, "chunks 2..=4 of the prompt begun on session 0 while the one before ran on");
+    } else if pipelined {
         assert_eq!(devices.in_flight(), 2);
         assert!(devices.batches() - batches >= 3 + 2 * generated.len() as u64, "several device batches per evaluation");
     } else if whole {

@@ -113,6 +113,27 @@ fn policy_decides_per_weight_from_the_device_answers() {
     let p = Placement::plan(&e.model, &Policy::all(1), &[&half], &mut slots).unwrap();
     assert!(p.decisions().iter().any(|d| d.place == Where::Cpu(CpuReason::Budget)));
 
+    // A split (`--tensor-split 3,1`): layers 0..3 on device 0, layer 3 and the output on
+    // device 1, whatever the budgets; a share of 0 gets nothing; -ngl cuts first.
+    let mut pol = Policy::all(2);
+    pol.split[..2].copy_from_slice(&[3, 1]);
+    let p = Placement::plan(&e.model, &pol, &[&big, &big], &mut slots).unwrap();
+    for d in p.decisions() {
+        let want = if d.id.layer == OUTPUT_LAYER || d.id.layer >= 3 { 1 } else { 0 };
+        assert_eq!(d.place, Where::Device(want), "{:?}", d.id);
+    }
+    pol.split[..2].copy_from_slice(&[0, 1]);
+    assert!(Placement::plan(&e.model, &pol, &[&big, &big], &mut slots).unwrap().decisions().iter().all(|d| d.place == Where::Device(1)));
+    pol.split[..2].copy_from_slice(&[1, 1]);
+    pol.max_layers = 2;
+    assert_eq!((0..5).map(|l| pol.split_device(4, l)).collect::<Vec<_>>(), [Some(0), Some(1), Some(1), Some(1), Some(1)]);
+    let p = Placement::plan(&e.model, &pol, &[&big, &big], &mut slots).unwrap();
+    assert!(p.decisions().iter().all(|d| match d.id.layer {
+        0 => d.place == Where::Device(0),
+        1 | OUTPUT_LAYER => d.place == Where::Device(1),
+        _ => d.place == Where::Cpu(CpuReason::Policy),
+    }));
+
     // Minimum batch and the between-token hook.
     let mut p = Placement::plan(&e.model, &Policy::all(1), &[&big], &mut slots).unwrap();
     let q0 = WeightId { layer: 0, kind: WeightKind::Q };

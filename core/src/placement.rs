@@ -9,7 +9,8 @@
 //! host does that through [`Offload`], and the session calls it per product.
 //!
 //! Decisions are made in model order (layer 0's q, k, v, o, gate, up, down, layer 1's …,
-//! the output projection last); for each weight the first device in policy order that
+//! the output projection last); for each weight the first device in policy order (with a
+//! [`Policy::split`], only the device whose run of layers holds it) that
 //! supports it (natively, or after conversion to [`Policy::convert_to`]) and still has
 //! budget for its device-layout bytes gets it; otherwise it stays on the CPU, and the
 //! decision records why. A weight that goes to a device in a converted type is
@@ -339,6 +340,12 @@ pub struct Policy {
     /// Positions of a whole layer's device-resident KV cache (the session's `n_ctx`);
     /// 0: no whole layers.
     pub kv_ctx: usize,
+    /// Shares of the layers per device (llama.cpp's `--tensor-split`): when any is
+    /// non-zero, the layers placed (`0..max_layers`) are cut in consecutive runs in these
+    /// proportions, device `i` may hold only the weights of its run, and the output
+    /// projection goes to the last device with a share ([`Policy::split_device`]).
+    /// All 0 (the default): each weight goes to the first device with budget for it.
+    pub split: [u32; MAX_DEVICES],
 }
 
 impl Policy {
@@ -354,7 +361,28 @@ impl Policy {
             convert_to: Some(GgmlType::Q8_0),
             mode: OffloadMode::Layers,
             kv_ctx: 0,
+            split: [0; MAX_DEVICES],
         }
+    }
+
+    /// The device [`Policy::split`] gives layer `l` of a model of `n_layer` layers
+    /// (`l == n_layer` or [`OUTPUT_LAYER`]: the output projection), or `None` when no
+    /// split is set.
+    pub fn split_device(&self, n_layer: usize, l: usize) -> Option<usize> {
+        let shares = &self.split[..self.n_devices.min(MAX_DEVICES)];
+        let total: u64 = shares.iter().map(|&s| u64::from(s)).sum();
+        if total == 0 {
+            return None;
+        }
+        let n = n_layer.min(self.max_layers) as u64;
+        let mut cum = 0u64;
+        for (i, &s) in shares.iter().enumerate() {
+            cum += u64::from(s);
+            if (l as u64) < n * cum / total {
+                return Some(i);
+            }
+        }
+        shares.iter().rposition(|&s| s > 0)
     }
 }
 
@@ -529,7 +557,8 @@ impl<'a> Placement<'a> {
                     break;
                 }
                 let p = &policy.devices[i];
-                if p.kinds & id.kind.bit() == 0 || p.types & (1u64 << (t.ty as u32 & 63)) == 0 {
+                let split_out = policy.split_device(model.layers.len(), usize::from(id.layer)).is_some_and(|owner| owner != i);
+                if split_out || p.kinds & id.kind.bit() == 0 || p.types & (1u64 << (t.ty as u32 & 63)) == 0 {
                     if d.place == Where::Cpu(CpuReason::Unsupported) {
                         d.place = Where::Cpu(CpuReason::Policy);
                     }
@@ -831,6 +860,26 @@ pub trait Offload {
     /// whose devices answer `None` to [`DeviceInfo::layer_kv_bytes`] never gets this call.
     fn layers(&mut self, device: u8, layers: core::ops::Range<u16>, x: &mut [f32], n: usize, pos: usize) -> Result<(), DeviceFailed> {
         let _ = (layers, x, n, pos);
+        Err(DeviceFailed { device })
+    }
+
+    /// Starts [`Offload::layers`] for the same arguments without waiting for it: reads
+    /// `x` (`n × n_embd`), submits the pass and returns `Ok(true)`; the rows after the
+    /// last layer come back from [`Offload::layers_end`], the next call for `device`
+    /// (until then `device` gets no other call, and `x` is the caller's again). `Ok(false)`:
+    /// the pass cannot be left in flight (one batch at a time, or more tokens than the
+    /// device runs as one chunk); nothing was submitted, and the caller runs it with
+    /// [`Offload::layers`]. Optional: by default nothing runs asynchronously.
+    fn layers_begin(&mut self, device: u8, layers: core::ops::Range<u16>, x: &[f32], n: usize, pos: usize) -> Result<bool, DeviceFailed> {
+        let _ = (device, layers, x, n, pos);
+        Ok(false)
+    }
+
+    /// Waits for the pass [`Offload::layers_begin`] left in flight on `device` and writes
+    /// its rows after the last layer into `x` (`n × n_embd`, `n` as begun). After a
+    /// failure nothing is left in flight either.
+    fn layers_end(&mut self, device: u8, x: &mut [f32]) -> Result<(), DeviceFailed> {
+        let _ = x;
         Err(DeviceFailed { device })
     }
 

@@ -4,6 +4,10 @@
 //! blocks (embedding lookup, layer by layer: on a device or op by op on the CPU through
 //! `block_cpu` from `block::layer_ops`, then the final norm and output projection).
 //! Batched prompt evaluation and single-token decode run the same per-row arithmetic.
+//! When the first layers run whole on a device and later stages elsewhere (another
+//! device, the CPU), an `eval`'s chunks run as a pipeline: the next chunk's first stage
+//! is begun on its device ([`crate::placement::Offload::layers_begin`]) before this
+//! chunk's later stages run, with the same chunks and bits as one after the other.
 //! Never allocates.
 
 use crate::arena::{Carver, Plan};
@@ -16,7 +20,7 @@ use crate::block_cpu::{self, Act, Bufs, Cache, DeltaState, LayerState, Step, ATT
 use crate::delta_net;
 use crate::model::{HParams, Mixer, Model};
 use crate::ops;
-use crate::placement::{Exec, Offload, Placement, WeightKind, OUTPUT_LAYER};
+use crate::placement::{Exec, Offload, Placement, WeightKind, Where, OUTPUT_LAYER};
 use crate::parallel::Parallel;
 use crate::quant::Kernels;
 use half::f16;
@@ -403,6 +407,13 @@ impl<'a> Session<'a> {
             return Err(Error::DeviceLayersSwitched);
         }
         self.n_logits = 0;
+        // Chunks as a pipeline when the first layers run whole on a device that takes
+        // nothing else (reference mode checks every op in order: not there).
+        let stage0 = match exec.as_deref() {
+            Some(e) if !self.kernels.is_reference() => first_stage(model, e.placement),
+            _ => None,
+        };
+        let mut ahead = false;
         let mut done = 0;
         while done < tokens.len() {
             let n = (tokens.len() - done).min(self.cfg.n_batch);
@@ -413,15 +424,27 @@ impl<'a> Session<'a> {
                 Outputs::Last if last_chunk => 1,
                 Outputs::Last => 0,
             };
-            self.forward(model, chunk, out_rows, par, exec.as_deref_mut())?;
+            let next = &tokens[done + n..(done + n + self.cfg.n_batch).min(tokens.len())];
+            let pipe = Pipe { stage0, next };
+            if let Err(err) = self.forward(model, chunk, out_rows, par, exec.as_deref_mut(), pipe, &mut ahead) {
+                // Nothing stays in flight behind an error.
+                if let (true, Some((dev, _)), Some(e)) = (ahead, stage0, exec.as_deref_mut()) {
+                    let _ = e.offload.layers_end(dev, &mut self.xn[..]);
+                }
+                return Err(err);
+            }
             done += n;
         }
         Ok(())
     }
 
     /// One forward pass over `n <= n_batch` tokens; logits for the last `out_rows` of them
-    /// are appended after the rows already produced by this `eval`.
-    fn forward(&mut self, model: &Model<'_>, tokens: &[u32], out_rows: usize, par: &dyn Parallel, exec: Option<&mut Exec<'_, '_>>) -> Result<(), Error> {
+    /// are appended after the rows already produced by this `eval`. With a first stage
+    /// ([`Pipe::stage0`]): `ahead` on entry says that stage already runs for these tokens
+    /// (begun by the call before), and on return whether it runs for `pipe.next`, begun
+    /// once these tokens are through it and before their other stages.
+    #[allow(clippy::too_many_arguments)]
+    fn forward(&mut self, model: &Model<'_>, tokens: &[u32], out_rows: usize, par: &dyn Parallel, exec: Option<&mut Exec<'_, '_>>, pipe: Pipe<'_>, ahead: &mut bool) -> Result<(), Error> {
         let hp = &model.hp;
         let n = tokens.len();
         let e = hp.n_embd;
@@ -464,16 +487,27 @@ impl<'a> Session<'a> {
             }
         };
 
-        // Token embedding rows -> x (n, n_embd), scaled for Gemma.
-        for (i, &t) in tokens.iter().enumerate() {
-            let row = &mut x[i * e..(i + 1) * e];
-            let _ = kern.dequantize_row(model.tok_embd.ty, model.tok_embd.row(t as usize), row);
-            if hp.embd_scale != 1.0 {
-                ops::scale(row, hp.embd_scale);
+        // Token embedding rows -> x (n, n_embd), scaled for Gemma; unless the first stage
+        // already has them.
+        if !*ahead {
+            embed(model, &kern, tokens, x);
+            if check {
+                note(block_cpu::first_non_finite_row(x, n, e), None, "token_embd");
             }
         }
-        if check {
-            note(block_cpu::first_non_finite_row(x, n, e), None, "token_embd");
+        let mut on_device_until = 0;
+        if let (Some((dev, a)), Some(off)) = (pipe.stage0, act.offload.as_deref_mut()) {
+            // The first stage for these tokens: collected if begun, else run now.
+            let r = if core::mem::take(ahead) { off.layers_end(dev, &mut x[..n * e]) } else { off.layers(dev, 0..a, &mut x[..n * e], n, n_past) };
+            r.map_err(|_| Error::Device { device: dev })?;
+            // The next chunk's first stage runs on the device while the rest of these
+            // tokens' stages run here; its inputs go out now, so `xn` is free again.
+            if !pipe.next.is_empty() {
+                let m = pipe.next.len();
+                embed(model, &kern, pipe.next, xn);
+                *ahead = off.layers_begin(dev, 0..a, &xn[..m * e], m, n_past + n).map_err(|_| Error::Device { device: dev })?;
+            }
+            on_device_until = usize::from(a);
         }
 
         let nvh = hp.ssm.map_or(0, |s| s.n_v_heads);
@@ -497,7 +531,6 @@ impl<'a> Session<'a> {
             tile: if tiled { Some(&mut attn_tile[..]) } else { None },
         };
         let (mut kv_row0, mut recr) = (0usize, 0usize);
-        let mut on_device_until = 0;
         for (l, layer) in model.layers.iter().enumerate() {
             act.layer = l as u16;
             if l < on_device_until {
@@ -580,6 +613,42 @@ impl<'a> Session<'a> {
         match act.failed {
             Some(device) => Err(Error::Device { device }),
             None => Ok(()),
+        }
+    }
+}
+
+/// How one chunk of an `eval` takes part in a pipeline of chunks.
+#[derive(Clone, Copy)]
+struct Pipe<'t> {
+    /// The first stage: layers `0..a` whole on device `dev`, which runs nothing else.
+    stage0: Option<(u8, u16)>,
+    /// The next chunk's tokens (empty: this is the last chunk).
+    next: &'t [u32],
+}
+
+/// The first stage of a pipeline of chunks, if `placement` has one: layers `0..a` run
+/// whole on one device that holds nothing after them (no later layer, product or output
+/// projection; so between beginning a chunk there and collecting it, it gets no other
+/// call), while later stages (another device's layers, the CPU's layers or its output
+/// projection) run elsewhere.
+fn first_stage(model: &Model<'_>, placement: &Placement<'_>) -> Option<(u8, u16)> {
+    let dev = placement.layer_device(0)?;
+    let a = (0..model.layers.len()).find(|&l| placement.layer_device(l) != Some(dev)).unwrap_or(model.layers.len());
+    let later = |layer: u16| layer == OUTPUT_LAYER || usize::from(layer) >= a;
+    if placement.decisions().iter().any(|d| d.place == Where::Device(dev) && later(d.id.layer)) {
+        return None;
+    }
+    Some((dev, u16::try_from(a).ok()?))
+}
+
+/// Token embedding rows of `tokens` -> `x` (`n × n_embd`), scaled for Gemma.
+fn embed(model: &Model<'_>, kern: &Kernels, tokens: &[u32], x: &mut [f32]) {
+    let e = model.hp.n_embd;
+    for (i, &t) in tokens.iter().enumerate() {
+        let row = &mut x[i * e..(i + 1) * e];
+        let _ = kern.dequantize_row(model.tok_embd.ty, model.tok_embd.row(t as usize), row);
+        if model.hp.embd_scale != 1.0 {
+            ops::scale(row, model.hp.embd_scale);
         }
     }
 }

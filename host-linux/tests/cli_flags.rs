@@ -130,3 +130,16 @@ fn device_pipelining_flags_refuse_zero_and_leave_the_cpu_alone() {
     assert_eq!(plain["logits_sha256"], flagged["logits_sha256"]);
     assert_eq!((flagged["device_in_flight"].as_u64(), flagged["device_batches"].as_u64()), (Some(0), Some(0)), "no device: nothing in flight");
 }
+
+/// `--tensor-split` (`-ts`) needs one whole-number share per device session and one
+/// above 0: anything else is refused before a device opens, naming the flag and the fix.
+#[test]
+fn tensor_split_refuses_bad_shares_naming_the_fix() {
+    for (devices, shares, want) in [("hexagon-sim", "1,1", "2 shares for 1 device sessions"), ("hexagon-sim,hexagon-sim", "1,x", "expected a whole number share"), ("hexagon-sim,hexagon-sim", "0,0", "every share is 0"), ("cpu", "1", "1 shares for 0 device sessions")] {
+        for spelling in ["--tensor-split", "-ts"] {
+            let o = run(&["run", "-m", &m(), "-p", "Hello", "-n", "1", "--device", devices, spelling, shares], None);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(!o.status.success() && err.contains("--tensor-split") && err.contains(want), "{devices} {spelling} {shares}: {err}");
+        }
+    }
+}

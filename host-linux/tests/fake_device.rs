@@ -167,6 +167,23 @@ fn model_file(name: &str) -> std::path::PathBuf {
     keel_test_support::requantized(std::path::Path::new(env!("CARGO_BIN_EXE_keel")), &file, "Q8_0", &std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fake-device"))
 }
 
+/// Runs `f` on the synthetic llama Q8_0 loaded with `opts` (its engine and thread pool).
+fn with_synth_llama<T>(opts: &RunOptions, f: impl FnOnce(&mut keel_core::engine::Engine<'_>, &keel_host_linux::pool::ThreadPool) -> T) -> T {
+    let model = model_file("synth-llama-q8_0");
+    let opened = open(model.to_str().unwrap()).unwrap();
+    let g = opened.gguf().unwrap();
+    let mut loaded = prepare(&g, &opened.path, opts).unwrap();
+    let sampling = keel_core::sampler::SamplerConfig { temp: 0.0, ..Default::default() };
+    let (mut e, pool) = engine(&g, &opened.path, &mut loaded, false, sampling).unwrap();
+    f(&mut e, pool)
+}
+
+/// Fake engines `0..n`, each waiting without delay, with a layer table for `n_layer` layers.
+fn fakes(n: usize, n_layer: usize) -> Vec<DeviceEngine<Fake, NoDelay, Vec<LayerSlot>>> {
+    let policy = WaitPolicy { timeout_us: 1_000_000, poll_us: 1 };
+    (0..n).map(|i| DeviceEngine::new(Fake::new(), i as u8, NoDelay, policy, vec![LayerSlot::EMPTY; n_layer])).collect()
+}
+
 /// Runs `name`'s whole forward pass on the fake device through keel-core's engine and
 /// on the CPU, teacher-forced with the CPU's greedy tokens: 4 prompts × 32 steps, one
 /// device batch per token, logits equal bit for bit.
@@ -270,15 +287,12 @@ struct Pipelined {
 /// prompt batch, each token's logits in a batch of their own), prompt then 8 greedy
 /// steps; the batch with sequence number `fail` fails.
 fn pipelined(in_flight: u8, fail: Option<Seq>) -> Pipelined {
-    let model = model_file("synth-llama-q8_0");
-    let opened = open(model.to_str().unwrap()).unwrap();
-    let g = opened.gguf().unwrap();
     let opts = RunOptions { n_ctx: 64, n_batch: 32, n_outputs: 1, threads: 1, reference: false, force_ctx: false };
-    let mut l_dev = prepare(&g, &opened.path, &opts).unwrap();
-    let sampling = keel_core::sampler::SamplerConfig { temp: 0.0, ..Default::default() };
-    let (mut dev, pool) = engine(&g, &opened.path, &mut l_dev, false, sampling).unwrap();
-    let policy = WaitPolicy { timeout_us: 1_000_000, poll_us: 1 };
-    let mut engines = [DeviceEngine::new(Fake::new(), 0, NoDelay, policy, vec![LayerSlot::EMPTY; dev.model.layers.len()])];
+    with_synth_llama(&opts, |dev, pool| pipelined_on(dev, pool, opts, in_flight, fail))
+}
+
+fn pipelined_on(dev: &mut keel_core::engine::Engine<'_>, pool: &keel_host_linux::pool::ThreadPool, opts: RunOptions, in_flight: u8, fail: Option<Seq>) -> Pipelined {
+    let mut engines = fakes(1, dev.model.layers.len());
     engines[0].in_flight = in_flight;
     engines[0].batch_work = 1 << 20;
     engines[0].dev.fail = fail;
@@ -344,4 +358,165 @@ fn a_failed_batch_among_several_in_flight_is_named_and_nothing_is_left_in_flight
     assert!(e.contains("whole layers 1..=1") && e.contains("for 6 tokens at position 0") && e.contains("Failed"), "{e}");
     assert!(r.logits.is_empty());
     assert!(r.batches >= 2, "the batches after it were in flight too: {}", r.batches);
+}
+
+/// What one run of a split placement gave: every prompt row's logits then each greedy
+/// step's, the passes pipelined, and the first failure's text.
+struct Split {
+    logits: Vec<Vec<u32>>,
+    begun: u64,
+    error: Option<String>,
+}
+
+/// The synthetic llama split in two stages, its 20-token prompt in chunks of 4 tokens
+/// (logits for every row) then 8 greedy steps: with `two_devices`, layers 0..2 whole on
+/// fake 0 and layers 2..4 with the output projection on fake 1 (`--tensor-split 1,1`);
+/// otherwise layers 0..2 whole on fake 0 and the other layers and the output on the CPU.
+/// Each fake keeps up to `in_flight` batches in flight; fake 0's batch `fail` fails.
+/// [`split_run`]'s and [`split_cpu`]'s run limits: the prompt in chunks of 4, every row's logits.
+const SPLIT_OPTS: RunOptions = RunOptions { n_ctx: 64, n_batch: 4, n_outputs: 20, threads: 1, reference: false, force_ctx: false };
+
+fn split_run(two_devices: bool, in_flight: u8, fail: Option<Seq>) -> Split {
+    with_synth_llama(&SPLIT_OPTS, |dev, pool| split_run_on(dev, pool, two_devices, in_flight, fail))
+}
+
+fn split_run_on(dev: &mut keel_core::engine::Engine<'_>, pool: &keel_host_linux::pool::ThreadPool, two_devices: bool, in_flight: u8, fail: Option<Seq>) -> Split {
+    let opts = SPLIT_OPTS;
+    let n_dev = if two_devices { 2 } else { 1 };
+    let mut engines = fakes(n_dev, dev.model.layers.len());
+    for e in &mut engines {
+        e.in_flight = in_flight;
+    }
+    engines[0].dev.fail = fail;
+    let mut decisions = vec![Decision::EMPTY; weight_count(&dev.model)];
+    let mut p = Policy::all(n_dev);
+    p.kv_ctx = opts.n_ctx;
+    if two_devices {
+        p.split[..2].copy_from_slice(&[1, 1]);
+    } else {
+        p.max_layers = 2;
+        p.output = false;
+    }
+    let infos: Vec<&dyn DeviceInfo> = engines.iter().map(|e| e as &dyn DeviceInfo).collect();
+    let placement = Placement::plan(&dev.model, &p, &infos, &mut decisions).unwrap();
+    let layer_devs: Vec<_> = (0..4).map(|l| placement.layer_device(l)).collect();
+    let want = if two_devices { [Some(0), Some(0), Some(1), Some(1)] } else { [Some(0), Some(0), None, None] };
+    assert_eq!(layer_devs, want, "the layers' stages");
+    for e in &mut engines {
+        let (floats, bytes) = e.load_scratch(&placement);
+        let (mut row, mut group) = (vec![0f32; floats], vec![0u8; bytes]);
+        e.load(&dev.model, &placement, &dev.session.kernels(), &mut LoadScratch { row: &mut row, group: &mut group }).unwrap();
+    }
+    let nv = dev.n_vocab();
+    let mut input: Vec<u32> = (0..20u32).map(|i| 3 + i * 97).collect();
+    let mut out = Split { logits: Vec::new(), begun: 0, error: None };
+    for step in 0..9 {
+        let mut offload = Engines(&mut engines[..]);
+        let mut exec = Exec { placement: &placement, offload: &mut offload };
+        let outputs = if step == 0 { Outputs::All } else { Outputs::Last };
+        if dev.eval_on(&input, outputs, pool, Some(&mut exec)).is_err() {
+            break;
+        }
+        out.logits.extend(dev.session.logits(nv).chunks(nv).map(|r| r.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()));
+        input = vec![keel_test_support::top_two(dev.session.last_logits(nv)).0 as u32];
+    }
+    for (i, e) in engines.iter().enumerate() {
+        assert_eq!(e.batches_in_flight(), 0, "fake {i}: nothing is left in flight after an evaluation, failed or not");
+    }
+    out.begun = engines.iter().map(|e| e.stats.begun).sum();
+    out.error = engines.iter().find_map(|e| e.error.as_ref().map(|e| e.to_string()));
+    out
+}
+
+/// The CPU's logits for [`split_run`]'s evaluations.
+fn split_cpu() -> Vec<Vec<u32>> {
+    with_synth_llama(&SPLIT_OPTS, |cpu, pool| {
+        let nv = cpu.n_vocab();
+        let mut input: Vec<u32> = (0..20u32).map(|i| 3 + i * 97).collect();
+        let mut out = Vec::new();
+        for step in 0..9 {
+            let outputs = if step == 0 { Outputs::All } else { Outputs::Last };
+            let l = cpu.eval(&input, outputs, pool).unwrap();
+            out.extend(l.chunks(nv).map(|r| r.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()));
+            input = vec![keel_test_support::top_two(&out[out.len() - 1].iter().map(|&b| f32::from_bits(b)).collect::<Vec<_>>()).0 as u32];
+        }
+        out
+    })
+}
+
+/// Prompt chunks as a pipeline: a split placement's first stage (fake 0's layers) runs
+/// the next chunk while the later stages (fake 1's layers and output projection, or the
+/// CPU's layers and output projection) run this one. Every prompt row's logits and every
+/// greedy step's equal the CPU's and those of one batch in flight (no pipeline) bit for
+/// bit, and the pipeline ran (passes begun) only with two in flight.
+#[test]
+fn pipelined_prompt_chunks_over_a_split_give_the_bits_of_the_cpu() {
+    let cpu = split_cpu();
+    assert_eq!(cpu.len(), 20 + 8, "20 prompt rows and 8 steps");
+    for two_devices in [true, false] {
+        let what = if two_devices { "fake 0 + fake 1" } else { "fake 0 + the CPU" };
+        let one = split_run(two_devices, 1, None);
+        let two = split_run(two_devices, 2, None);
+        assert_eq!((one.error.as_deref(), two.error.as_deref()), (None, None), "{what}");
+        assert_eq!(one.begun, 0, "{what}: one in flight never pipelines");
+        assert_eq!(two.begun, 4, "{what}: chunks 2..=5 of the prompt begun while the chunk before ran its later stages");
+        assert_eq!(one.logits.len(), cpu.len(), "{what}");
+        for (i, ((a, b), c)) in one.logits.iter().zip(&two.logits).zip(&cpu).enumerate() {
+            assert!(a == c, "{what}: row {i} with one in flight differs from the CPU's");
+            assert!(b == c, "{what}: row {i} pipelined differs from the CPU's");
+        }
+        eprintln!("{what}: {} logits rows equal to the CPU's, {} passes pipelined", two.logits.len(), two.begun);
+    }
+}
+
+/// A batch of a pipelined chunk that fails is named (its layers, tokens and position)
+/// when the session collects it; nothing is left in flight on either device.
+#[test]
+fn a_failed_pipelined_chunk_is_named_and_nothing_is_left_in_flight() {
+    // Fake 0's batches: chunk 1 (sequence 0, run at once), chunk 2 (1, begun), ...
+    let r = split_run(true, 2, Some(2));
+    let e = r.error.expect("the failure is kept");
+    eprintln!("{e}");
+    assert!(e.contains("whole layers 0..=1") && e.contains("for 4 tokens at position 8") && e.contains("Failed"), "{e}");
+    assert!(r.logits.is_empty(), "the prompt failed");
+}
+
+/// The engine's asynchronous pass: `layers_begin` leaves one chunk in flight and returns
+/// (one batch at a time: refuses, nothing submitted), every other call is refused until
+/// `layers_end` collects it, whose rows equal the synchronous `layers`' bit for bit, and a
+/// second `layers_end` has nothing to collect.
+#[test]
+fn a_begun_pass_is_collected_once_and_blocks_other_calls_meanwhile() {
+    let opts = RunOptions { n_ctx: 64, n_batch: 4, n_outputs: 1, threads: 1, reference: false, force_ctx: false };
+    with_synth_llama(&opts, |dev, _| {
+        let mut engines = fakes(1, dev.model.layers.len());
+        let mut decisions = vec![Decision::EMPTY; weight_count(&dev.model)];
+        let mut p = Policy::all(1);
+        p.kv_ctx = opts.n_ctx;
+        p.max_layers = 2;
+        p.output = false;
+        let infos: [&dyn DeviceInfo; 1] = [&engines[0]];
+        let placement = Placement::plan(&dev.model, &p, &infos, &mut decisions).unwrap();
+        let (floats, bytes) = engines[0].load_scratch(&placement);
+        let (mut row, mut group) = (vec![0f32; floats], vec![0u8; bytes]);
+        engines[0].load(&dev.model, &placement, &dev.session.kernels(), &mut LoadScratch { row: &mut row, group: &mut group }).unwrap();
+        let e = dev.model.hp.n_embd;
+        let x: Vec<f32> = (0..4 * e).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+        let mut want = x.clone();
+        engines[0].layers(0..2, &mut want, 4, 0).unwrap();
+        let eng = &mut engines[0];
+        eng.in_flight = 1;
+        assert_eq!(eng.layers_begin(0..2, &x, 4, 0), Ok(false), "one at a time: nothing begun");
+        assert_eq!(eng.batches_in_flight(), 0);
+        eng.in_flight = 2;
+        assert_eq!(eng.layers_begin(0..2, &x, 4, 0), Ok(true));
+        assert_eq!((eng.batches_in_flight(), eng.stats.begun), (1, 1), "the pass is in flight");
+        let mut other = x.clone();
+        assert!(eng.layers(0..2, &mut other, 4, 0).is_err() && eng.layers_begin(0..2, &x, 4, 0).is_err(), "refused while a pass is begun");
+        let mut got = vec![0f32; 4 * e];
+        eng.layers_end(&mut got).unwrap();
+        assert_eq!(eng.batches_in_flight(), 0);
+        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "the begun pass's rows equal the synchronous pass's");
+        assert!(eng.layers_end(&mut got).is_err(), "nothing left to collect");
+    });
 }

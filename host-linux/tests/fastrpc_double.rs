@@ -195,3 +195,15 @@ fn a_model_larger_than_the_measured_budget_runs_split_not_crashing() {
     assert_eq!(s.probe_bytes, 12 << 20);
     let _ = std::fs::remove_file(&log);
 }
+
+/// Through the double, two FastRPC sessions splitting the layers (`--device hexagon,hexagon
+/// --tensor-split 1,1`) run the prompt's chunks as a pipeline with two in flight (session
+/// 0 on the next chunk while session 1 runs this one), with the bits of one in flight and
+/// the CPU's.
+#[test]
+fn pipelined_prompt_chunks_over_two_fastrpc_sessions_give_the_bits_of_one_in_flight() {
+    let Some(double) = fastrpc::double("pipelined_prompt_chunks_over_two_fastrpc_sessions_give_the_bits_of_one_in_flight") else { return };
+    let m = root().join("tests/golden/synth/synth-llama-q8_0.gguf");
+    let two = ["--device", "hexagon,hexagon", "--tensor-split", "1,1"];
+    keel_test_support::check_pipelined_bits(env!("CARGO_BIN_EXE_keel"), &m, &two, &[], true, &[("KEEL_CDSPRPC", double.as_os_str())]);
+}

@@ -508,6 +508,28 @@ fn two_batches_in_flight_on_hexagon_sim_give_the_bits_of_one() {
     keel_test_support::check_in_flight_bits(env!("CARGO_BIN_EXE_keel"), &m, "hexagon-sim", &[]);
 }
 
+/// Prompt chunks as a pipeline on hexagon-sim (issue 24, deliver 3): two device sessions
+/// splitting the layers (`--tensor-split 1,1`: session 0 runs chunk c+1 while session 1
+/// runs chunk c) and one session with the CPU's layers and output projection after it
+/// (`-ngl 2 --offload-output off`); with `-b 4` the prompt is 6 chunks. Pipelined (two in
+/// flight) gives the bits and batches of one in flight and the CPU's, also with
+/// `--batches llama-cpp` (whose CPU arithmetic depends on the batch: chunks stay as they were).
+#[test]
+fn pipelined_prompt_chunks_on_hexagon_sim_give_the_bits_of_one_in_flight() {
+    let Some(_) = sim::config("pipelined_prompt_chunks_on_hexagon_sim_give_the_bits_of_one_in_flight") else { return };
+    let m = root().join("tests/golden/synth/synth-llama-q8_0.gguf");
+    let keel = env!("CARGO_BIN_EXE_keel");
+    let two = ["--device", "hexagon-sim,hexagon-sim", "--tensor-split", "1,1"];
+    let (one, _) = keel_test_support::check_pipelined_bits(keel, &m, &two, &[], true, &[]);
+    assert_eq!(one["device_layers"], 4, "every layer whole on a session");
+    let (a, b) = (&one["memory_breakdown"][0], &one["memory_breakdown"][1]);
+    assert!(a["context"].as_u64().unwrap() > 0 && b["context"].as_u64().unwrap() > 0, "each session holds layers: {a} {b}");
+    let with_cpu = ["--device", "hexagon-sim", "-ngl", "2", "--offload-output", "off"];
+    let (one, _) = keel_test_support::check_pipelined_bits(keel, &m, &with_cpu, &[], true, &[]);
+    assert_eq!(one["device_layers"], 2, "layers 0 and 1 on the session, 2 and 3 on the CPU");
+    keel_test_support::check_pipelined_bits(keel, &m, &two, &["--batches", "llama-cpp"], false, &[]);
+}
+
 /// Speculative decoding with the target and the draft placed independently (issue 21,
 /// deliver 4): the draft on the DSP and the target on the CPU, the reverse, and both on
 /// the DSP (two sessions); each run generates the CPU's plain greedy tokens, drafts, and

@@ -252,24 +252,32 @@ pub fn keel_command(built: &str) -> std::process::Command {
     }
 }
 
+/// The prompt of [`check_in_flight_bits`] and [`check_pipelined_bits`] (24 tokens of the
+/// synthetic llama).
+pub const IN_FLIGHT_PROMPT: &str = "The quick brown fox jumps over the lazy dog and then runs far away into the forest where nobody finds it";
+
+/// `keel run --json` of `model` with [`IN_FLIGHT_PROMPT`], 8 greedy tokens, and `extra`
+/// flags; `env` is set. Fails the test when keel fails.
+pub fn keel_run_json(keel: &str, model: &std::path::Path, extra: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> serde_json::Value {
+    let mut cmd = keel_command(keel);
+    cmd.arg("run").arg("-m").arg(model);
+    cmd.args(["-p", IN_FLIGHT_PROMPT, "-n", "8", "--temp", "0", "--json"]);
+    cmd.args(extra);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("keel runs");
+    assert!(out.status.success(), "keel run {extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
 /// `keel run --json` of the synthetic llama `model` (a 24-token prompt, 8 greedy tokens)
 /// with `--device device`, at 1 MiB of batch work (prompt chunks of a few tokens, several
 /// batches per pass) and 1 then 2 batches in flight, and on the CPU; `env` is set for each.
 /// Checks that the runs with 2 in flight give the tokens, logits digests and batches of
 /// the one-at-a-time run, and those the CPU's bits; returns (1 in flight, 2 in flight).
 pub fn check_in_flight_bits(keel: &str, model: &std::path::Path, device: &str, env: &[(&str, &std::ffi::OsStr)]) -> (serde_json::Value, serde_json::Value) {
-    let run = |extra: &[&str]| -> serde_json::Value {
-        let mut cmd = keel_command(keel);
-        cmd.arg("run").arg("-m").arg(model);
-        cmd.args(["-p", "The quick brown fox jumps over the lazy dog and then runs far away into the forest where nobody finds it", "-n", "8", "--temp", "0", "--json"]);
-        cmd.args(extra);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let out = cmd.output().expect("keel runs");
-        assert!(out.status.success(), "keel run {extra:?}: {}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
-    };
+    let run = |extra: &[&str]| keel_run_json(keel, model, extra, env);
     let one = run(&["--device", device, "--device-batch-work", "1", "--device-in-flight", "1"]);
     let two = run(&["--device", device, "--device-batch-work", "1", "--device-in-flight", "2"]);
     let cpu = run(&[]);
@@ -280,6 +288,35 @@ pub fn check_in_flight_bits(keel: &str, model: &std::path::Path, device: &str, e
     for key in ["generated", "logits_sha256", "row_sha256"] {
         assert_eq!(one[key], two[key], "{key}: 2 batches in flight differ from 1");
         assert_eq!(one[key], cpu[key], "{key}: the device differs from the CPU");
+    }
+    (one, two)
+}
+
+/// Prompt chunks as a pipeline: `keel run --json` of the synthetic llama `model` placed
+/// by `placement` (flags whose first stage is whole layers on a device, with later stages
+/// elsewhere) with `-b 4` (the 24-token prompt in 6 chunks) and `extra`, at 1 then 2
+/// batches in flight; and on the CPU with `-b 4` and `extra` when `vs_cpu`. Checks that
+/// one in flight pipelines nothing, two pipeline chunks 2..=6 (`device_pipelined`), and
+/// that the tokens, logits digests and batches agree bit for bit; returns (1, 2 in flight).
+pub fn check_pipelined_bits(keel: &str, model: &std::path::Path, placement: &[&str], extra: &[&str], vs_cpu: bool, env: &[(&str, &std::ffi::OsStr)]) -> (serde_json::Value, serde_json::Value) {
+    let run = |depth: Option<&str>| {
+        let mut args: Vec<&str> = vec!["-b", "4"];
+        if let Some(d) = depth {
+            args.extend(placement);
+            args.extend(["--device-in-flight", d]);
+        }
+        args.extend(extra);
+        keel_run_json(keel, model, &args, env)
+    };
+    let (one, two) = (run(Some("1")), run(Some("2")));
+    assert_eq!((one["device_pipelined"].as_u64(), two["device_pipelined"].as_u64()), (Some(0), Some(5)), "{placement:?}: passes pipelined with 1 and 2 in flight");
+    assert_eq!(one["device_batches"], two["device_batches"], "{placement:?}: the same batches");
+    let cpu = vs_cpu.then(|| run(None));
+    for key in ["generated", "logits_sha256", "row_sha256"] {
+        assert_eq!(one[key], two[key], "{placement:?} {extra:?}: {key}: pipelined differs from one in flight");
+        if let Some(cpu) = &cpu {
+            assert_eq!(one[key], cpu[key], "{placement:?} {extra:?}: {key}: the devices differ from the CPU");
+        }
     }
     (one, two)
 }

@@ -22,7 +22,10 @@
 //!   while the device runs; it waits only for a result it needs or for room. A failed
 //!   batch is an error naming it, after the others in flight are waited for. A single
 //!   sequence's decode step cannot overlap the next (its token is sampled from this
-//!   one's logits); the products of `matmul` mode go one at a time.
+//!   one's logits); the products of `matmul` mode go one at a time. Across devices,
+//!   [`DeviceEngine::layers_begin`] leaves a one-chunk pass in flight and returns, and
+//!   [`DeviceEngine::layers_end`] collects it: the session runs the prompt's chunks as a
+//!   pipeline (this device on the next chunk while the others run this one).
 //! - **Run**: one batch (one MatMul op) per product and chunk of tokens
 //!   ([`DeviceEngine::matmul`]); batches of whole layers ([`DeviceEngine::layers`], as
 //!   many consecutive layers per batch as the device's op limit, the wire's tables and
@@ -145,6 +148,8 @@ pub struct Stats {
     pub converted: usize,
     /// Batches submitted.
     pub batches: u64,
+    /// Passes [`DeviceEngine::layers_begin`] left in flight (chunks pipelined).
+    pub begun: u64,
 }
 
 impl Stats {
@@ -285,6 +290,9 @@ pub struct DeviceEngine<D: keel_npu_hal::ErrorType, Dl, S> {
     pub stats: Stats,
     /// The first failure of an [`Offload`] call (later calls are refused).
     pub error: Option<EngineError<D::Error>>,
+    /// A pass [`DeviceEngine::layers_begin`] left in flight, until
+    /// [`DeviceEngine::layers_end`] collects it.
+    begun: Option<Begun>,
 }
 
 impl<D, Dl, S> DeviceEngine<D, Dl, S>
@@ -315,6 +323,7 @@ where
             batch_work: BATCH_WORK,
             stats: Stats::default(),
             error: None,
+            begun: None,
         }
     }
 
@@ -331,7 +340,8 @@ where
     }
 
     /// Batches submitted and not yet collected (0 between calls: a call returns only
-    /// when every batch it submitted has been collected, or, after an error, waited for).
+    /// when every batch it submitted has been collected, or, after an error, waited for;
+    /// except a pass [`DeviceEngine::layers_begin`] left in flight).
     pub fn batches_in_flight(&self) -> usize {
         self.inflight.in_flight()
     }
@@ -616,6 +626,7 @@ where
     /// weight `id` held here: one batch per chunk of tokens the activation buffers hold.
     pub fn matmul(&mut self, id: WeightId, x: &[f32], n: usize, out: &mut [f32]) -> Result<(), EngineError<D::Error>> {
         let layer = Some(id.layer);
+        self.idle()?;
         let w = *self.slot(id).ok_or(invalid("the weight is not on this device", layer))?;
         let (xb, yb) = self.io.ok_or(invalid("no activation buffers were loaded", None))?;
         let (rows, cols) = (w.rows, w.cols);
@@ -642,28 +653,83 @@ where
     /// Runs layers `layers` (whole here) for `n` tokens at positions `pos ..` over the
     /// residual rows `x` (`n × n_embd`, replaced by the rows after the last layer).
     pub fn layers(&mut self, layers: Range<u16>, x: &mut [f32], n: usize, pos: usize) -> Result<(), EngineError<D::Error>> {
-        self.run_pass(layers, n, pos, Pass::Layers { x })
+        self.run_pass(layers, n, pos, Pass::Layers { x }, false).map(|_| ())
+    }
+
+    /// [`DeviceEngine::layers`] without waiting: writes the inputs from `x`, submits the
+    /// pass's batches and returns `Ok(true)`, the pass in flight until
+    /// [`DeviceEngine::layers_end`] (every other call is refused until then). `Ok(false)`,
+    /// nothing submitted: one batch at a time ([`DeviceEngine::depth`] 1) or more tokens
+    /// than one chunk of the work buffer. A failure waits for what it submitted.
+    pub fn layers_begin(&mut self, layers: Range<u16>, x: &[f32], n: usize, pos: usize) -> Result<bool, EngineError<D::Error>> {
+        if self.depth() < 2 {
+            self.idle()?;
+            return Ok(false);
+        }
+        self.run_pass(layers, n, pos, Pass::Begin { x }, true)
+    }
+
+    /// Waits for the pass [`DeviceEngine::layers_begin`] left in flight and reads its
+    /// residual rows into `x`; a failed batch is an error naming it, after the rest of
+    /// the pass is waited for.
+    pub fn layers_end(&mut self, x: &mut [f32]) -> Result<(), EngineError<D::Error>> {
+        let Begun { fl, outs, n } = self.begun.take().ok_or(invalid("no pass was begun on this device", None))?;
+        if x.len() < n * outs.e {
+            self.begun = Some(Begun { fl, outs, n });
+            return Err(invalid("fewer residual values than the pass's tokens need", None));
+        }
+        self.finish(fl, Pass::Layers { x }, &outs)
+    }
+
+    /// Refuses a call while a begun pass is in flight.
+    fn idle(&self) -> Result<(), EngineError<D::Error>> {
+        match self.begun {
+            Some(_) => Err(invalid("a pass begun with layers_begin is still in flight; end it first", None)),
+            None => Ok(()),
+        }
+    }
+
+    /// Collects every batch of `fl`, reading its chunks' outputs into `pass`; after a
+    /// failure the rest are waited for (each wait bounded by the policy) and dropped.
+    fn finish(&mut self, mut fl: Flight, mut pass: Pass<'_>, outs: &Outs) -> Result<(), EngineError<D::Error>> {
+        let mut r = Ok(());
+        while r.is_ok() && !fl.batches.is_empty() {
+            r = retire(&mut self.inflight, &mut self.dev, &mut self.delay, self.policy, &mut fl, &mut pass, outs);
+        }
+        self.abandon(fl);
+        r
+    }
+
+    /// Waits for every batch of `fl` (each wait bounded by the policy) and drops its results.
+    fn abandon(&mut self, mut fl: Flight) {
+        while let Some(b) = fl.batches.pop_front() {
+            let _ = self.inflight.wait(&mut self.dev, b.seq, &mut self.delay, self.policy);
+        }
     }
 
     /// Runs the whole forward pass here for `tokens` at positions `pos ..`: the logits of
     /// the last `out_rows` tokens into `logits` (`out_rows × n_vocab`).
     pub fn forward(&mut self, tokens: &[u32], pos: usize, out_rows: usize, logits: &mut [f32]) -> Result<(), EngineError<D::Error>> {
         let n_layers = self.layers.iter().rposition(|s| s.whole.is_some()).map_or(0, |l| l as u16 + 1);
-        self.run_pass(0..n_layers, tokens.len(), pos, Pass::Forward { tokens, out_rows, logits })
+        self.run_pass(0..n_layers, tokens.len(), pos, Pass::Forward { tokens, out_rows, logits }, false).map(|_| ())
     }
 
     /// Runs layers `layers` for `n` tokens at positions `pos..`: with [`Pass::Layers`]
     /// over the residual rows given, with [`Pass::Forward`] from the tokens to the logits
     /// (the embedding lookup in the first batch of each chunk of tokens, the final norm
     /// and output projection in the last one when it still fits the batch work and
-    /// tables, else in a batch of their own).
-    fn run_pass(&mut self, layers: Range<u16>, n: usize, pos: usize, mut pass: Pass<'_>) -> Result<(), EngineError<D::Error>> {
+    /// tables, else in a batch of their own). With `keep` (a [`Pass::Begin`]), the
+    /// pass's one chunk is left in flight in [`DeviceEngine::begun`] (`Ok(true)`), or
+    /// nothing is submitted if it takes more than one chunk (`Ok(false)`).
+    fn run_pass(&mut self, layers: Range<u16>, n: usize, pos: usize, mut pass: Pass<'_>, keep: bool) -> Result<bool, EngineError<D::Error>> {
+        self.idle()?;
         let sh = self.shape.ok_or(invalid("no whole layers were loaded on this device", None))?;
         let (work, out_buf) = self.io.ok_or(invalid("no work buffer was loaded", None))?;
         let (ws, ys) = (work.size.min(self.work2.map_or(work.size, |w| w.size)), out_buf.size);
         let e = sh.n_embd;
         match &pass {
             Pass::Layers { x } if x.len() < n * e => return Err(invalid("fewer residual values than the pass's tokens need", None)),
+            Pass::Begin { x } if x.len() < n * e => return Err(invalid("fewer residual values than the pass's tokens need", None)),
             _ => {}
         }
         // Weight bytes one layer streams per token: the most of any layer of the range.
@@ -713,10 +779,14 @@ where
         while per > 1 && Work::new(&sh, per).is_none_or(|w| w.end > ws) {
             per = per.div_ceil(2);
         }
+        if keep && per < n {
+            // A begun pass is one chunk: its outputs are read once, at the end.
+            return Ok(false);
+        }
         let max_ops = usize::from(self.dev.caps().max_batch_ops);
         let first_out = match &pass {
             Pass::Forward { out_rows, .. } => n - out_rows,
-            Pass::Layers { .. } => n,
+            Pass::Layers { .. } | Pass::Begin { .. } => n,
         };
         // Up to `depth` batches in flight. A chunk's batches go out back to back (the
         // device runs them in order, each over the work buffer the one before left); with
@@ -748,6 +818,7 @@ where
                 let view = self.dev.host_view(work.id).map_err(EngineError::Device)?;
                 match &pass {
                     Pass::Layers { x } => put_f32(&mut view[w.x() as usize..], &x[t0 * e..(t0 + m) * e]),
+                    Pass::Begin { x } => put_f32(&mut view[w.x() as usize..], &x[t0 * e..(t0 + m) * e]),
                     Pass::Forward { tokens, .. } => {
                         for (i, &t) in tokens[t0..t0 + m].iter().enumerate() {
                             let id = i32::try_from(t).map_err(|_| invalid("a token id does not fit the device's I32", None))?;
@@ -829,20 +900,31 @@ where
                 }
                 t0 += m;
             }
-            while !fl.batches.is_empty() {
-                retire(&mut self.inflight, &mut self.dev, &mut self.delay, self.policy, &mut fl, &mut pass, &outs)?;
-            }
             Ok(())
         })();
-        if r.is_err() {
-            // Nothing is left in flight behind an error: the others are waited for (each
-            // wait bounded by the policy) and their results dropped.
-            while let Some(b) = fl.batches.pop_front() {
-                let _ = self.inflight.wait(&mut self.dev, b.seq, &mut self.delay, self.policy);
+        match r {
+            Ok(()) if keep => {
+                self.stats.begun += 1;
+                self.begun = Some(Begun { fl, outs, n });
+                Ok(true)
+            }
+            Ok(()) => self.finish(fl, pass, &outs).map(|()| false),
+            Err(e) => {
+                // Nothing is left in flight behind an error: the others are waited for
+                // and their results dropped.
+                self.abandon(fl);
+                Err(e)
             }
         }
-        r
     }
+}
+
+/// A pass [`DeviceEngine::layers_begin`] left in flight: its batches, where its outputs
+/// are, and its tokens.
+struct Begun {
+    fl: Flight,
+    outs: Outs,
+    n: usize,
 }
 
 /// A pass's batches in flight, oldest first, and the chunks of tokens they run
@@ -907,6 +989,7 @@ fn retire<D: SharedBuffers + Queue, Dl: DelayNs>(inflight: &mut Tracker<IN_FLIGH
             get_f32(&mut logits[row0 * o.v..(row0 + c.k) * o.v], view);
         }
         Pass::Forward { .. } => {}
+        Pass::Begin { .. } => return Err(invalid("a begun pass's outputs are read by layers_end", None)),
     }
     Ok(())
 }
@@ -1024,13 +1107,21 @@ where
         offload_call(self.0, device, |e| e.layers(layers, x, n, pos))
     }
 
+    fn layers_begin(&mut self, device: u8, layers: Range<u16>, x: &[f32], n: usize, pos: usize) -> Result<bool, DeviceFailed> {
+        offload_call(self.0, device, |e| e.layers_begin(layers, x, n, pos))
+    }
+
+    fn layers_end(&mut self, device: u8, x: &mut [f32]) -> Result<(), DeviceFailed> {
+        offload_call(self.0, device, |e| e.layers_end(x))
+    }
+
     fn forward(&mut self, device: u8, tokens: &[u32], pos: usize, out_rows: usize, logits: &mut [f32]) -> Result<(), DeviceFailed> {
         offload_call(self.0, device, |e| e.forward(tokens, pos, out_rows, logits))
     }
 }
 
 /// Runs `f` on engine `device` unless it failed before; keeps its first failure.
-pub fn offload_call<D, Dl, S>(engines: &mut [DeviceEngine<D, Dl, S>], device: u8, f: impl FnOnce(&mut DeviceEngine<D, Dl, S>) -> Result<(), EngineError<D::Error>>) -> Result<(), DeviceFailed>
+pub fn offload_call<D, Dl, S, T>(engines: &mut [DeviceEngine<D, Dl, S>], device: u8, f: impl FnOnce(&mut DeviceEngine<D, Dl, S>) -> Result<T, EngineError<D::Error>>) -> Result<T, DeviceFailed>
 where
     D: Device + SharedBuffers + Queue,
     Dl: DelayNs,
@@ -1050,6 +1141,8 @@ where
 enum Pass<'a> {
     /// Residual rows in, residual rows out.
     Layers { x: &'a mut [f32] },
+    /// Residual rows in; the rows out are read later, by [`DeviceEngine::layers_end`].
+    Begin { x: &'a [f32] },
     /// Token ids in, the logits of the last `out_rows` tokens out.
     Forward { tokens: &'a [u32], out_rows: usize, logits: &'a mut [f32] },
 }

@@ -19,7 +19,7 @@ pub fn from_os(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Vec
 
 /// llama.cpp's single-dash spellings of long flags, which `clap` cannot declare (a short
 /// flag is one letter): each is read as the long flag beside it. Help texts name them.
-pub const LLAMA_SPELLINGS: &[(&str, &str)] = &[("-ngl", "--n-gpu-layers"), ("-dev", "--device"), ("-md", "--draft-model"), ("-devd", "--device-draft")];
+pub const LLAMA_SPELLINGS: &[(&str, &str)] = &[("-ngl", "--n-gpu-layers"), ("-dev", "--device"), ("-md", "--draft-model"), ("-devd", "--device-draft"), ("-ts", "--tensor-split")];
 
 /// `argv` (after the program name) with [`LLAMA_SPELLINGS`] rewritten to their long flags.
 pub fn llama_spellings(argv: Vec<String>) -> Vec<String> {

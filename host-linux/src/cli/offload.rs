@@ -84,10 +84,13 @@ pub struct OffloadFlags {
     /// Weight budget per device session, in MiB
     #[arg(long = "device-mem", value_name = "MIB[,MIB..]")]
     pub device_mem: Option<String>,
+    /// Shares of the layers per device session, e.g. 1,1: consecutive runs of layers in these proportions, the output projection on the last (default: each weight to the first device with budget); llama.cpp's -ts is read as --tensor-split
+    #[arg(long = "tensor-split", value_name = "N0,N1,..")]
+    pub tensor_split: Option<String>,
     /// rknpu: int8 products per matrix product: 4 (default: residual weights and activations, the accurate scheme), 2 (residual weights), 1 (plain W8A8, fastest); see BENCHMARKS.md for the accuracy of each
     #[arg(long = "rknpu-products", value_name = "1|2|4", default_value_t = crate::device::rknpu::w8a8::DEFAULT_PRODUCTS, value_parser = super::rknpu::parse_products)]
     pub rknpu_products: u32,
-    /// Batches each device keeps in flight (1: submit one and wait for it before the next; default 2, at most what the device takes)
+    /// Batches each device keeps in flight (1: submit one and wait for it before the next; default 2, at most what the device takes; 2+: prompt chunks pipeline over a split placement, e.g. --tensor-split 1,1)
     #[arg(long = "device-in-flight", value_name = "N")]
     pub device_in_flight: Option<u8>,
     /// Most weight MiB x tokens one batch of whole layers streams (default 32); smaller: more, shorter batches per pass
@@ -134,6 +137,18 @@ impl OffloadOptions {
             for (i, v) in m.split(',').enumerate().take(policy.devices.len()) {
                 let mb: u64 = v.trim().parse().map_err(|_| anyhow::anyhow!("--device-mem {v:?}: expected MiB"))?;
                 policy.devices[i].budget = Some(mb << 20);
+            }
+        }
+        if let Some(t) = &f.tensor_split {
+            let shares: Vec<&str> = t.split(',').map(str::trim).collect();
+            if shares.len() > policy.n_devices {
+                bail!("--tensor-split {t:?}: {} shares for {} device sessions; give one per --device entry (cpu excluded)", shares.len(), policy.n_devices);
+            }
+            for (i, v) in shares.iter().enumerate() {
+                policy.split[i] = v.parse().map_err(|_| anyhow::anyhow!("--tensor-split {v:?}: expected a whole number share per device, e.g. 1,1"))?;
+            }
+            if policy.split.iter().all(|&s| s == 0) {
+                bail!("--tensor-split {t:?}: every share is 0; give at least one device a share");
             }
         }
         if f.device_in_flight == Some(0) {

@@ -264,8 +264,14 @@ impl Devices {
         self.slots.iter().map(|s| s.engine.stats.batches).sum()
     }
 
+    /// Passes of whole layers left in flight while the session ran other stages (prompt
+    /// chunks pipelined), on all devices.
+    pub fn passes_begun(&self) -> u64 {
+        self.slots.iter().map(|s| s.engine.stats.begun).sum()
+    }
+
     /// Hands one call to device `device`'s engine, timing it; keeps the first failure.
-    fn call(&mut self, device: u8, f: impl FnOnce(&mut SimEngine) -> Result<(), EngineError<DeviceError>>) -> Result<(), DeviceFailed> {
+    fn call<T>(&mut self, device: u8, f: impl FnOnce(&mut SimEngine) -> Result<T, EngineError<DeviceError>>) -> Result<T, DeviceFailed> {
         if self.error.is_some() {
             return Err(DeviceFailed { device });
         }
@@ -287,6 +293,14 @@ impl Offload for Devices {
 
     fn layers(&mut self, device: u8, layers: std::ops::Range<u16>, x: &mut [f32], n: usize, pos: usize) -> Result<(), DeviceFailed> {
         self.call(device, |e| e.layers(layers, x, n, pos))
+    }
+
+    fn layers_begin(&mut self, device: u8, layers: std::ops::Range<u16>, x: &[f32], n: usize, pos: usize) -> Result<bool, DeviceFailed> {
+        self.call(device, |e| e.layers_begin(layers, x, n, pos))
+    }
+
+    fn layers_end(&mut self, device: u8, x: &mut [f32]) -> Result<(), DeviceFailed> {
+        self.call(device, |e| e.layers_end(x))
     }
 
     fn forward(&mut self, device: u8, tokens: &[u32], pos: usize, out_rows: usize, logits: &mut [f32]) -> Result<(), DeviceFailed> {
