@@ -49,7 +49,7 @@ const COMMANDS: &[&str] = &["run", "chat", "tokenize", "eval", "perplexity", "in
 const FLAGS: &[&str] = &[
     "-m", "--model", "-p", "--prompt", "-f", "--file", "-n", "--n-predict", "-c", "--ctx-size", "-b", "--batch-size", "-t", "--threads", "--reference", "--force-ctx", "--temp",
     "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n", "-s", "--seed", "--chat", "--system", "--json", "--device", "-dev", "--offload-layers", "-ngl",
-    "--n-gpu-layers", "--offload-min-batch", "--offload-output", "--offload-kinds", "--offload-types", "--offload-convert", "--offload-mode", "--device-mem", "--device-in-flight", "--device-batch-work", "--add-special",
+    "--n-gpu-layers", "--offload-min-batch", "--offload-output", "--offload-kinds", "--offload-types", "--offload-convert", "--offload-mode", "--device-mem", "--tensor-split", "-ts", "--device-in-flight", "--device-batch-work", "--add-special",
     "--parse-special", "--tokens-file", "--dump-last", "--batch-invariant", "--placement", "-r", "--repetitions", "--roofline", "--allow-requantize", "--n-prompt", "--n-gen",
     "--batches", "--ignore-eos", "-r", "--reverse-prompt", "--stop", "--rknpu-products", "-e", "--escape", "-h", "--help", "--version", "-", "--", "-x", "--nope", "---m",
 ];
