@@ -116,7 +116,8 @@ fn region_sizes(hp: &HParams, act_row: usize, cfg: &SessionConfig) -> Result<[(u
         (2 * b * n_vh, f4),
         (b * ch, f4),
         (if d_state > 0 { cfg.n_threads * (delta_net::chunk_scratch_len(DELTA_CHUNK, d_state) + DELTA_CHUNK * d_state) } else { 0 }, f4),
-        (cfg.n_threads * attn_tiled::scratch_len(hp.head_dim, hp.head_dim_v), f4),
+        // (Tiled attention runs only for batches of TILE or more tokens.)
+        (if cfg.n_batch >= attn_tiled::TILE { cfg.n_threads * attn_tiled::scratch_len(hp.head_dim, hp.head_dim_v) } else { 0 }, f4),
         (logits, f4),
     ])
 }
