@@ -408,10 +408,11 @@ impl<'a> Session<'a> {
             return Err(Error::DeviceLayersSwitched);
         }
         self.n_logits = 0;
-        // Chunks as a pipeline when the first layers run whole on a device that takes
-        // nothing else (reference mode checks every op in order: not there).
+        // Chunks as a pipeline when there are several and the first layers run whole on a
+        // device that takes nothing else (reference mode checks every op in order: not
+        // there). A one-chunk eval (every decode step) does not look.
         let stage0 = match exec.as_deref() {
-            Some(e) if !self.kernels.is_reference() => first_stage(model, e.placement),
+            Some(e) if tokens.len() > self.cfg.n_batch && !self.kernels.is_reference() => first_stage(model, e.placement),
             _ => None,
         };
         let mut ahead = false;

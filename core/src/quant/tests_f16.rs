@@ -395,6 +395,18 @@ fn grouped_value_update_rounds_once_below_f16_normals() {
 /// `QBLOCK` queries, causal spans from 0 and sliding windows (spans starting at different
 /// positions, so the block's chunks cut each query's keys elsewhere than its own would),
 /// a ring cache that wraps, and scores large enough that new maxima come late.
+/// A KV cache of `n_kvh` KV heads of `hd` for positions `0 ..= past + nq - 1` (a ring of
+/// `window` slots when windowed, as keel's sliding-window cache) and `nq × nh` query rows,
+/// from `rng` (keys and queries times `big`): `(rows, row stride, keys, values, queries)`.
+fn random_attention(rng: &mut Rng, (hd, n_kvh, nh, nq): (usize, usize, usize, usize), window: usize, past: usize, big: f32) -> (usize, usize, Vec<f16>, Vec<f16>, Vec<f32>) {
+    let rows = if window > 0 { window } else { past + nq };
+    let stride = n_kvh * hd;
+    let kc = (0..rows * stride).map(|_| f16::from_f32(rng.unit() * big)).collect();
+    let vc = (0..rows * stride).map(|_| f16::from_f32(rng.unit())).collect();
+    let q = (0..nq * nh * hd).map(|_| rng.unit() * big).collect();
+    (rows, stride, kc, vc, q)
+}
+
 #[test]
 fn blocked_attention_matches_one_query_at_a_time() {
     use crate::attention::{attend_block, attend_heads, KeySpan, MAX_HEADS, QBLOCK};
@@ -407,17 +419,12 @@ fn blocked_attention_matches_one_query_at_a_time() {
             let nq = 1 + rng.below(QBLOCK as u64) as usize;
             let n_kvh = 2;
             let kvh = round % n_kvh;
-            // Positions 0 ..= last; with a window, a ring of `window` slots (as keel's
+            // Positions 0 ..= past + nq - 1; with a window, a ring of `window` slots (as keel's
             // sliding-window cache), else one slot per position.
             let window = [0usize, 37, 64, 100][round % 4];
             let past = rng.below(200) as usize;
-            let last = past + nq - 1;
-            let rows = if window > 0 { window } else { last + 1 };
-            let stride = n_kvh * hd;
             let big = if round % 3 == 2 { 8.0 } else { 1.0 };
-            let kc: Vec<f16> = (0..rows * stride).map(|_| f16::from_f32(rng.unit() * big)).collect();
-            let vc: Vec<f16> = (0..rows * stride).map(|_| f16::from_f32(rng.unit())).collect();
-            let q: Vec<f32> = (0..nq * nh * hd).map(|_| rng.unit() * big).collect();
+            let (rows, stride, kc, vc, q) = random_attention(&mut rng, (hd, n_kvh, nh, nq), window, past, big);
             let span = |j: usize| {
                 let pos = past + j;
                 let first = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
@@ -456,17 +463,12 @@ fn tiled_attention_blocks_match_the_reference_one_row_at_a_time() {
             let nq = 1 + rng.below(QB as u64) as usize;
             let n_kvh = 2;
             let kvh = round % n_kvh;
-            // Positions 0 ..= last over several tiles; with a window, a ring of `window`
+            // Positions 0 ..= past + nq - 1 over several tiles; with a window, a ring of `window`
             // slots (as keel's sliding-window cache), else one slot per position.
             let window = [0usize, 37, 64, 100, 0][round % 5];
             let past = rng.below(300) as usize;
-            let last = past + nq - 1;
-            let rows = if window > 0 { window } else { last + 1 };
-            let stride = n_kvh * hd;
             let big = if round % 3 == 2 { 8.0 } else { 1.0 };
-            let kc: Vec<f16> = (0..rows * stride).map(|_| f16::from_f32(rng.unit() * big)).collect();
-            let vc: Vec<f16> = (0..rows * stride).map(|_| f16::from_f32(rng.unit())).collect();
-            let q: Vec<f32> = (0..nq * nh * hd).map(|_| rng.unit() * big).collect();
+            let (rows, stride, kc, vc, q) = random_attention(&mut rng, (hd, n_kvh, nh, nq), window, past, big);
             let lay = Layout { rows, kd: stride, vd: stride, k_off: kvh * hd, v_off: kvh * hd };
             let span = |j: usize| {
                 let pos = past + j;
