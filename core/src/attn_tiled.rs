@@ -171,7 +171,7 @@ pub(crate) fn step_ref(q: &[f32], kt: &[f32], vt: &[f32], kq: &mut [f32], lo: us
         kq[t] = if t >= lo && t < hi {
             let mut a = 0.0f32;
             for (d, &x) in q.iter().enumerate() {
-                a = libm::fmaf(x, kt[d * TILE + t], a);
+                a = crate::fused::fmaf(x, kt[d * TILE + t], a);
             }
             a * scale
         } else {
@@ -193,7 +193,7 @@ pub(crate) fn step_ref(q: &[f32], kt: &[f32], vt: &[f32], kq: &mut [f32], lo: us
     *row.s = (*row.s as f64 + sum) as f32;
     for t in lo..hi {
         for (a, &x) in row.acc.iter_mut().zip(&vt[t * hdv..(t + 1) * hdv]) {
-            *a = libm::fmaf(kq[t], x, *a);
+            *a = crate::fused::fmaf(kq[t], x, *a);
         }
     }
 }

@@ -21,7 +21,7 @@
 //! `S_C = e^{G_C} S_0 + sum_s e^{G_C - G_s} k_s u_s^T`. Every decay ratio is <= 1, so
 //! nothing grows. It agrees with [`step`] to float rounding (tested to 1e-5 relative).
 
-use libm::fmaf;
+use crate::fused::fmaf;
 
 use crate::ops;
 

@@ -24,6 +24,7 @@ pub mod device;
 pub mod engine;
 pub mod error;
 pub mod exec;
+pub mod fused;
 pub mod matmul;
 pub mod model;
 pub mod ops;

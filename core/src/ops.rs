@@ -109,7 +109,7 @@ impl RopeScale {
         let high = libm::ceilf(dim(beta_slow)).min(n_rot as f32 - 1.0);
         let mut mscale = attn_factor;
         if ext_factor != 0.0 {
-            mscale *= libm::fmaf(0.1, logf(1.0 / freq_scale), 1.0);
+            mscale *= crate::fused::fmaf(0.1, logf(1.0 / freq_scale), 1.0);
         }
         RopeScale { freq_scale, ext_factor, mscale, corr_dims: [low, high] }
     }
@@ -141,7 +141,7 @@ pub fn rope_angles_scaled(pos: usize, base: f32, n_rot: usize, sc: &RopeScale, f
         if sc.ext_factor != 0.0 {
             let y = (i as f32 - low) / (high - low).max(0.001);
             let mix = (1.0 - y.clamp(0.0, 1.0)) * sc.ext_factor;
-            t = libm::fmaf(interp, 1.0 - mix, extrap * mix);
+            t = crate::fused::fmaf(interp, 1.0 - mix, extrap * mix);
         }
         let (s, c) = sincosf(t);
         cs[2 * i] = c * sc.mscale;
@@ -218,7 +218,7 @@ pub fn sincosf(y: f32) -> (f32, f32) {
 /// rotated tensors with `llama-eval-callback`).
 #[inline]
 fn rotate(x0: f32, x1: f32, c: f32, s: f32) -> (f32, f32) {
-    (libm::fmaf(x0, c, -(x1 * s)), libm::fmaf(x0, s, x1 * c))
+    (crate::fused::fmaf(x0, c, -(x1 * s)), crate::fused::fmaf(x0, s, x1 * c))
 }
 
 /// Rotates adjacent pairs `(2i, 2i+1)` of the first `n_rot` dims of one head.
@@ -250,10 +250,10 @@ pub fn expf(x: f32) -> f32 {
 /// `e^x` by llama.cpp's vectorized `ggml_v_expf` (AVX-512 build), the exponential its
 /// SiLU uses: `n = round(x·log2 e)` by the 1.5·2^23 shift, `b = x - n·ln2` in two fma
 /// steps, a degree-5 polynomial in `b` by fma, scaled by `2^n` (0 or ∞ when |n| > 192).
-/// Every fma is `libm::fmaf`, so this is exact on every target; the AVX2 version in
+/// Every fma is [`crate::fused::fmaf`], so this is exact on every target; the AVX2 version in
 /// `quant/x86/act.rs` gives the same bits.
 pub fn ggml_expf(x: f32) -> f32 {
-    use libm::fmaf;
+    use crate::fused::fmaf;
     let r = f32::from_bits(0x4B40_0000); // 0x1.8p23
     let z = fmaf(x, f32::from_bits(0x3FB8_AA3B), r); // 0x1.715476p+0
     let n = z - r;
@@ -318,7 +318,7 @@ pub fn softplus(x: f32) -> f32 {
 pub fn gelu_tanh(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     const COEF_A: f32 = 0.044715;
-    0.5 * x * (1.0 + libm::tanhf(SQRT_2_OVER_PI * x * libm::fmaf(COEF_A * x, x, 1.0)))
+    0.5 * x * (1.0 + libm::tanhf(SQRT_2_OVER_PI * x * crate::fused::fmaf(COEF_A * x, x, 1.0)))
 }
 
 /// `gate[i] = gelu(gate[i]) * up[i]` (GeGLU) as ggml's CPU `geglu`: 0 below -10, the

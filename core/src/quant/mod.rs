@@ -524,11 +524,11 @@ fn softmax_scores_by_key(e: &mut [f32], new_max: &mut [bool], scale: f32, max: &
     }
 }
 
-/// [`Kernels::softmax_sum`] key by key (`libm::fmaf`).
+/// [`Kernels::softmax_sum`] key by key ([`crate::fused::fmaf`]).
 fn softmax_sum_by_key(mut sum: f32, new_max: &[bool], e: &[f32]) -> f32 {
     for (&nm, &ec) in new_max.iter().zip(e) {
         let (ms, vs) = if nm { (ec, 1.0) } else { (1.0, ec) };
-        sum = libm::fmaf(sum, ms, vs);
+        sum = crate::fused::fmaf(sum, ms, vs);
     }
     sum
 }

@@ -178,7 +178,7 @@ pub(crate) fn vec_dot_q4_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     for (cw, ca) in w.chunks_exact(18).zip(a.chunks_exact(34)).take(n / QK) {
         let (Some(x), Some(y)) = (read_block::<BlockQ4_0>(cw), read_block::<BlockQ8_0>(ca)) else { break };
         let sumi = nibble_sumi(&x.qs, &y.qs, |q, _| ((q & 0x0F) as i32 - 8, (q >> 4) as i32 - 8));
-        acc = libm::fmaf(sumi as f32, x.d.to_f32() * y.d.to_f32(), acc);
+        acc = crate::fused::fmaf(sumi as f32, x.d.to_f32() * y.d.to_f32(), acc);
     }
     acc
 }
@@ -208,7 +208,7 @@ pub(crate) fn vec_dot_q4_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut summs = 0.0f32;
     for (cw, ca) in w.chunks_exact(20).zip(a.chunks_exact(36)).take(n / QK) {
         let (Some(x), Some(y)) = (read_block::<BlockQ4_1>(cw), read_block::<BlockQ8_1>(ca)) else { break };
-        summs = libm::fmaf(x.m.to_f32(), y.s.to_f32(), summs);
+        summs = crate::fused::fmaf(x.m.to_f32(), y.s.to_f32(), summs);
         let d = x.d.to_f32() * y.d.to_f32();
         let lanes = lane_sums_i8(&decode(&x.qs, |q, _| ((q & 0x0F) as i8, (q >> 4) as i8)), &y.qs);
         fma_lanes(d, lanes_f32(lanes), &mut acc);
@@ -265,7 +265,7 @@ pub(crate) fn lanes_f32(l: [i32; 8]) -> [f32; 8] {
 
 /// `acc[l] = fma(d, s[l], acc[l])` for the 8 lanes, one rounding each. wasm32 (simd128)
 /// has no fused multiply-add, so there it is computed exactly in f64 lanes
-/// ([`fma_via_f64`]'s method, two lanes per `f64x2`); elsewhere `libm::fmaf` (the
+/// ([`fma_via_f64`]'s method, two lanes per `f64x2`); elsewhere [`crate::fused::fmaf`] (the
 /// hardware instruction where the target has one).
 #[inline(always)]
 pub(crate) fn fma_lanes(d: f32, s: [f32; 8], acc: &mut [f32; 8]) {
@@ -273,7 +273,7 @@ pub(crate) fn fma_lanes(d: f32, s: [f32; 8], acc: &mut [f32; 8]) {
     super::wasm32::fma_lanes(d, s, acc);
     #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
     for (a, s) in acc.iter_mut().zip(s) {
-        *a = libm::fmaf(d, s, *a);
+        *a = crate::fused::fmaf(d, s, *a);
     }
 }
 
@@ -339,7 +339,7 @@ pub(crate) fn vec_dot_q5_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut summs = 0.0f32;
     for (cw, ca) in w.chunks_exact(24).zip(a.chunks_exact(36)).take(n / QK) {
         let (Some(x), Some(y)) = (read_block::<BlockQ5_1>(cw), read_block::<BlockQ8_1>(ca)) else { break };
-        summs = libm::fmaf(x.m.to_f32(), y.s.to_f32(), summs);
+        summs = crate::fused::fmaf(x.m.to_f32(), y.s.to_f32(), summs);
         let d = x.d.to_f32() * y.d.to_f32();
         let qh = qh_u32(x.qh);
         let lanes = lane_sums_i8(&decode(&x.qs, |q, j| {
@@ -384,7 +384,7 @@ pub(crate) fn vec_dot_iq4_nl_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     for (cw, ca) in w.chunks_exact(18).zip(a.chunks_exact(34)).take(n / QK) {
         let (Some(x), Some(y)) = (read_block::<BlockIq4Nl>(cw), read_block::<BlockQ8_0>(ca)) else { break };
         let sumi = table_sumi(&x.qs, &y.qs, &KVALUES_IQ4NL);
-        acc = libm::fmaf(sumi as f32, x.d.to_f32() * y.d.to_f32(), acc);
+        acc = crate::fused::fmaf(sumi as f32, x.d.to_f32() * y.d.to_f32(), acc);
     }
     acc
 }
@@ -397,7 +397,7 @@ pub(crate) fn vec_dot_mxfp4_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     for (cw, ca) in w.chunks_exact(17).zip(a.chunks_exact(34)).take(n / QK) {
         let (Some(x), Some(y)) = (read_block::<BlockMxfp4>(cw), read_block::<BlockQ8_0>(ca)) else { break };
         let sumi = table_sumi(&x.qs, &y.qs, &KVALUES_MXFP4);
-        acc = libm::fmaf(sumi as f32, e8m0_to_f32_half(x.e) * y.d.to_f32(), acc);
+        acc = crate::fused::fmaf(sumi as f32, e8m0_to_f32_half(x.e) * y.d.to_f32(), acc);
     }
     acc
 }

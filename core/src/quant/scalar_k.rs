@@ -227,8 +227,8 @@ fn q2_k_dot<const STEPS: usize>(n: usize, w: &[u8], a: &[u8]) -> f32 {
                 sumi += (x.scales[j] & 0xF) as i32 * s;
                 summ += (x.scales[j] >> 4) as i32 * y.bsums[j] as i32;
             }
-            acc = libm::fmaf(sumi as f32, dd, acc);
-            accm = libm::fmaf(summ as f32, dm, accm);
+            acc = crate::fused::fmaf(sumi as f32, dd, acc);
+            accm = crate::fused::fmaf(summ as f32, dm, accm);
         }
     }
     acc - accm
@@ -272,8 +272,8 @@ fn q4_k_dot<const STEPS: usize>(n: usize, w: &[u8], a: &[u8]) -> f32 {
                 sumi += sc[j] * s;
                 summ += m[j] * (y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32);
             }
-            acc = libm::fmaf(sumi as f32, dd, acc);
-            accm = libm::fmaf(summ as f32, dm, accm);
+            acc = crate::fused::fmaf(sumi as f32, dd, acc);
+            accm = crate::fused::fmaf(summ as f32, dm, accm);
         }
     }
     acc - accm
@@ -287,7 +287,7 @@ pub(crate) fn vec_dot_q5_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     for (x, y) in blocks::<BlockQ5K>(n, w, 176, a) {
         let (sc, m) = scales_mins_k4(&x.scales);
         let summ: i32 = (0..8).map(|j| m[j] * (y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32)).sum();
-        summs = libm::fmaf(-y.d * x.dmin.to_f32(), summ as f32, summs);
+        summs = crate::fused::fmaf(-y.d * x.dmin.to_f32(), summ as f32, summs);
         let lanes = k_lanes(&q45_k_levels(&x.qs, Some(&x.qh)), &y.qs, |g, _| sc[g]);
         let d = y.d * x.d.to_f32();
         super::scalar::fma_lanes(d, super::scalar::lanes_f32(lanes), &mut acc);
@@ -372,10 +372,10 @@ pub(crate) fn vec_dot_k_tiled(ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f32
         let Some((s1, s2, dw, dmin)) = tiled_parts(ty, cw, &y) else { break };
         let mut r = s1 as f32 * dw;
         if has_min {
-            r = libm::fmaf(-dmin, s2 as f32, r);
+            r = crate::fused::fmaf(-dmin, s2 as f32, r);
         }
         // `buf + r·da` in the source; GCC contracts it into one fma (checked in the binary).
-        acc = libm::fmaf(r, y.d, acc);
+        acc = crate::fused::fmaf(r, y.d, acc);
     }
     acc
 }
