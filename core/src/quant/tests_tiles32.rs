@@ -36,7 +36,7 @@ fn tile_products_equal_row_dots() {
     let types = [(GgmlType::Q8_0, DType::Q8_0), (GgmlType::Q4_0, DType::Q4_0), (GgmlType::IQ4_NL, DType::IQ4NL)];
     let mut cases = 0;
     for (ty, dt) in types {
-        for (rows, k) in [(1, 32), (31, 64), (32, 32), (33, 96), (100, 256), (130, 512)] {
+        for (rows, k) in [(1, 32), (31, 64), (32, 32), (33, 96), (100, 256), (130, 512), (40, 1088)] {
             let w: Vec<u8> = (0..rows).flat_map(|_| quantized(ty, &random_row(&mut rng, k))).collect();
             let x = random_row(&mut rng, k);
             let (packed, off) = tiled(ty, dt, &w, rows, k);
@@ -52,7 +52,7 @@ fn tile_products_equal_row_dots() {
                 assert_eq!(back, a, "{ty}: activation blocks");
                 // Scratch for 1 group's block sums (Q8_0: the one-lane-at-a-time path),
                 // a few groups' lane sums, and plenty.
-                for scratch_len in [128, 1024 * 2, 1 << 16] {
+                for scratch_len in [128, 1024 * 2, 1024 * 5, 1 << 16] {
                     let (mut scratch, soff) = aligned(scratch_len);
                     let mut out = vec![f32::NAN; rows];
                     let mut sums = vec![0i32; rows * k / 32];
@@ -68,7 +68,7 @@ fn tile_products_equal_row_dots() {
                 let xs: Vec<f32> = (0..cols).flat_map(|c| if c == 1 { x.clone() } else { random_row(&mut rng, k) }).collect();
                 let mut acts = vec![ActBlock::default(); cols * k / 32];
                 quantize_act(kern, &xs, &mut acts).unwrap();
-                for scratch_len in [128, 1024 * 2, 1 << 16] {
+                for scratch_len in [128, 1024 * 2, 1024 * 5, 1 << 16] {
                     let (mut scratch, soff) = aligned(scratch_len);
                     let mut outs = vec![f32::NAN; cols * rows];
                     tiles32::matmul(kern, &weights, &acts, cols, &mut scratch[soff..soff + scratch_len], &mut outs).unwrap();
@@ -83,7 +83,7 @@ fn tile_products_equal_row_dots() {
             }
         }
     }
-    assert!(cases >= 3 * 6 * 3, "{cases} cases");
+    assert!(cases >= 3 * 7 * 4, "{cases} cases");
 }
 
 #[test]

@@ -22,6 +22,7 @@ use keel_npu_hal::tile;
 
 use super::blocks::KVALUES_IQ4NL;
 use super::Kernels;
+use crate::fused::fmaf as fma;
 use crate::ggml_type::GgmlType;
 
 /// Alignment of packed weights and of the kernels' scratch (one HVX vector).
@@ -70,6 +71,14 @@ pub type TileSumsFn = fn(tiles: &[u8], n_groups: usize, a: &[u32; 8], out: &mut 
 /// accumulate separately. Alignment as [`TileSumsFn`]; `out` holds `256·n_groups`.
 pub type LaneSumsFn = fn(tiles: &[u8], n_groups: usize, a: &[u32; 8], out: &mut [i32]);
 
+/// Raw sums to the f32 values the scale pass multiplies, in place: word `i` of `sums`
+/// (a whole number of 32-word vectors, [`ALIGN`]-aligned) becomes the bits of
+/// `f32(sums[i] + corr[(i / 32) % 8])` (the weight-bias correction of its vector: a Q8_0
+/// lane's, or a block's repeated). Exact: the contract is `|sums[i] + corr| < 2^24`,
+/// which every tile type's sums keep (a Q8_0 lane is below 2^17, an IQ4_NL block below
+/// 2^20).
+pub type SumsToF32Fn = fn(sums: &mut [i32], corr: &[i32; 8]);
+
 /// The kernels of one kernel set for Tiles32 weights.
 #[derive(Clone, Copy, Debug)]
 pub struct TileKernels {
@@ -81,10 +90,12 @@ pub struct TileKernels {
     pub q4_0: TileSumsFn,
     /// Block sums of IQ4_NL tiles.
     pub iq4_nl: TileSumsFn,
+    /// Sums to f32, corrected.
+    pub to_f32: SumsToF32Fn,
 }
 
 /// The scalar reference kernels (the same integers as every other set).
-pub const REFERENCE: TileKernels = TileKernels { q8_0: ref_q8_0_sums, q8_0_lanes: ref_q8_0_lane_sums, q4_0: ref_q4_0_sums, iq4_nl: ref_iq4_nl_sums };
+pub const REFERENCE: TileKernels = TileKernels { q8_0: ref_q8_0_sums, q8_0_lanes: ref_q8_0_lane_sums, q4_0: ref_q4_0_sums, iq4_nl: ref_iq4_nl_sums, to_f32: ref_to_f32 };
 
 /// One Q8_0 activation block in the form the kernels take.
 #[derive(Copy, Clone, Debug, Default, PartialEq)]
@@ -172,23 +183,10 @@ fn scratch_words(scratch: &mut [u8]) -> &mut [i32] {
     words
 }
 
-/// `fma(a, b, c)` with one rounding: the hardware's on Hexagon (`sffma`), `libm`'s
-/// elsewhere (the same bits).
-#[inline(always)]
-fn fma(a: f32, b: f32, c: f32) -> f32 {
-    #[cfg(target_arch = "hexagon")]
-    {
-        core::intrinsics::fmaf32(a, b, c)
-    }
-    #[cfg(not(target_arch = "hexagon"))]
-    {
-        libm::fmaf(a, b, c)
-    }
-}
-
 /// `out[r] = Σ_k w[r][k]·x[k]` with `x` given as Q8_0 activation blocks (`k/32` of
-/// them), with the integer sums from `kern`'s tile kernels and, in scalar code, the
-/// weight-bias correction and the scales in the order of keel's row dot for the type
+/// them), with the integer sums from `kern`'s tile kernels (weight-bias corrected and
+/// made f32 by its [`SumsToF32Fn`]) and, in scalar code, the scales in the order of
+/// keel's row dot for the type
 /// (so `out[r]` is [`Kernels::dot_fn`]'s result for row `r` bit for bit):
 /// - Q4_0 and IQ4_NL: `y = fma(f32(sumi_b), dw_b·da_b, y)` over the blocks ascending
 ///   from 0 (llama.cpp's repacked q4_0_8x8 / iq4_nl_8x8 gemv order);
@@ -240,6 +238,10 @@ fn scales<'a>(w: &TiledWeights<'a>) -> Result<&'a [f32], TileError> {
     Ok(&f[..n])
 }
 
+/// Blocks whose Q8_0 lane sums one pass of the scale loop holds (their activation
+/// scales live on the stack).
+const PASS_BLOCKS: usize = 32;
+
 fn matmul_checked(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols: usize, scratch: &mut [u8], out: &mut [f32], mut sums: Option<&mut [i32]>) -> Result<(), TileError> {
     let tk = kern.tile_sums();
     let (f, bias, tile_bytes) = match w.dtype {
@@ -258,24 +260,25 @@ fn matmul_checked(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols:
     if cols > 1 {
         chunk = chunk.min((REUSE_BYTES / (nb * tile_bytes)).max(1));
     }
-    out.fill(0.0);
     let mut g0 = 0;
     while g0 < g_count {
         let n = chunk.min(g_count - g0);
         let n_rows = (rows - g0 * 32).min(n * 32);
         for c in 0..cols {
             let o = &mut out[c * rows + g0 * 32..][..n_rows];
+            o.fill(0.0);
             for (b, a) in acts[c * nb..][..nb].iter().enumerate() {
                 let corr = -bias * a.sum;
                 f(&w.packed[(b * g_count + g0) * tile_bytes..][..n * tile_bytes], n, &a.words, &mut buf[..32 * n]);
-                let sc = &scales[(b * g_count + g0) * 32..][..n_rows];
-                for ((y, &raw), &dw) in o.iter_mut().zip(&buf[..n_rows]).zip(sc) {
-                    *y = fma((raw + corr) as f32, dw * a.d, *y);
-                }
                 if let Some(sums) = sums.as_deref_mut() {
                     for (i, &raw) in buf[..n_rows].iter().enumerate() {
                         sums[b * rows + g0 * 32 + i] = raw + corr;
                     }
+                }
+                (tk.to_f32)(&mut buf[..32 * n], &[corr; 8]);
+                let sc = &scales[(b * g_count + g0) * 32..][..n_rows];
+                for ((y, &s), &dw) in o.iter_mut().zip(&buf[..n_rows]).zip(sc) {
+                    *y = fma(f32::from_bits(s as u32), dw * a.d, *y);
                 }
             }
         }
@@ -290,9 +293,11 @@ const LANE_GROUPS: usize = 4;
 /// [`matmul`] for Q8_0: row groups are the outer loop so the 8 lane accumulators of
 /// one chunk of rows stay on the stack (and the chunk's tiles in the cache across the
 /// columns). With 1024 scratch bytes per group the lane sums come from one
-/// [`LaneSumsFn`] call per block, and each row's scale is formed once for its 8 lanes;
-/// below that, one lane at a time through the block sums with the other 7 activation
-/// words zeroed (8 passes, the same integers).
+/// [`LaneSumsFn`] call per block, made f32 by the set's [`SumsToF32Fn`], for as many
+/// blocks as the scratch holds (up to [`PASS_BLOCKS`]); then each row's 8 lane
+/// accumulators run through those blocks in registers, its scale formed once per block
+/// for the 8 lanes. Below that, one lane at a time through the block sums with the other
+/// 7 activation words zeroed (8 passes, the same integers).
 fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols: usize, scratch: &mut [u8], out: &mut [f32], mut sums: Option<&mut [i32]>) -> Result<(), TileError> {
     let (rows, g_count, nb) = (w.rows, tile::groups(w.rows as u32), w.k / 32);
     let scales = scales(w)?;
@@ -310,24 +315,48 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
         let n_rows = (rows - g0 * 32).min(n * 32);
         for c in 0..cols {
             acc[..n_rows * 8].fill(0.0);
-            for (b, a) in acts[c * nb..][..nb].iter().enumerate() {
-                let tiles = &w.packed[(b * g_count + g0) * 1024..][..n * 1024];
-                let sc = &scales[(b * g_count + g0) * 32..][..n_rows];
-                // The weight-bias correction of each lane: −128 · Σ of its 4 activation quants.
-                let corr: [i32; 8] = core::array::from_fn(|l| -Q8_0_BIAS * (0..4).map(|j| i32::from((a.words[l] >> (8 * j)) as u8 as i8)).sum::<i32>());
-                if whole {
-                    (tk.q8_0_lanes)(tiles, n, &a.words, &mut buf[..256 * n]);
-                    for (i, (lanes, &dw)) in acc[..n_rows * 8].chunks_exact_mut(8).zip(sc).enumerate() {
-                        let (g, r) = (i / 32, i % 32);
-                        let d = dw * a.d;
-                        for (l, acc) in lanes.iter_mut().enumerate() {
-                            *acc = fma(d, (buf[(g * 8 + l) * 32 + r] + corr[l]) as f32, *acc);
-                        }
+            let col = &acts[c * nb..][..nb];
+            if whole {
+                let per_block = 256 * n;
+                let pass = (buf.len() / per_block).clamp(1, PASS_BLOCKS);
+                let mut b0 = 0;
+                while b0 < nb {
+                    let nbb = pass.min(nb - b0);
+                    // Each block's lane sums, corrected and made f32 by the kernel set.
+                    for (j, a) in col[b0..b0 + nbb].iter().enumerate() {
+                        let b = b0 + j;
+                        let corr = lane_corrections(a);
+                        let lanes = &mut buf[j * per_block..][..per_block];
+                        (tk.q8_0_lanes)(&w.packed[(b * g_count + g0) * 1024..][..n * 1024], n, &a.words, lanes);
                         if let Some(sums) = sums.as_deref_mut() {
-                            sums[b * rows + g0 * 32 + i] = (0..8).map(|l| buf[(g * 8 + l) * 32 + r] + corr[l]).sum();
+                            for i in 0..n_rows {
+                                let (g, r) = (i / 32, i % 32);
+                                sums[b * rows + g0 * 32 + i] = (0..8).map(|l| lanes[(g * 8 + l) * 32 + r] + corr[l]).sum();
+                            }
                         }
+                        (tk.to_f32)(lanes, &corr);
                     }
-                } else {
+                    let da: [f32; PASS_BLOCKS] = core::array::from_fn(|j| if j < nbb { col[b0 + j].d } else { 0.0 });
+                    for (i, acc8) in acc[..n_rows * 8].chunks_exact_mut(8).enumerate() {
+                        let (g, r) = (i / 32, i % 32);
+                        let mut a8: [f32; 8] = core::array::from_fn(|l| acc8[l]);
+                        for j in 0..nbb {
+                            let d = scales[((b0 + j) * g_count + g0) * 32 + i] * da[j];
+                            // Lane l of this row and block is `lanes[32·l]` (f32 bits).
+                            let lanes = &buf[j * per_block + g * 256 + r..][..7 * 32 + 1];
+                            for (l, acc) in a8.iter_mut().enumerate() {
+                                *acc = fma(d, f32::from_bits(lanes[l * 32] as u32), *acc);
+                            }
+                        }
+                        acc8.copy_from_slice(&a8);
+                    }
+                    b0 += nbb;
+                }
+            } else {
+                for (b, a) in col.iter().enumerate() {
+                    let tiles = &w.packed[(b * g_count + g0) * 1024..][..n * 1024];
+                    let sc = &scales[(b * g_count + g0) * 32..][..n_rows];
+                    let corr = lane_corrections(a);
                     for l in 0..8 {
                         let mut words = [0u32; 8];
                         words[l] = a.words[l];
@@ -353,10 +382,24 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
     Ok(())
 }
 
+/// The weight-bias correction of a Q8_0 activation block's 8 lanes: −128 · Σ of each
+/// lane's 4 quants.
+fn lane_corrections(a: &ActBlock) -> [i32; 8] {
+    core::array::from_fn(|l| -Q8_0_BIAS * (0..4).map(|j| i32::from((a.words[l] >> (8 * j)) as u8 as i8)).sum::<i32>())
+}
+
 /// Activation quant `j` of a block's words.
 #[inline(always)]
 fn aq(a: &[u32; 8], j: usize) -> i32 {
     i32::from((a[j / 4] >> (8 * (j % 4))) as u8 as i8)
+}
+
+fn ref_to_f32(sums: &mut [i32], corr: &[i32; 8]) {
+    for (v, x) in sums.chunks_mut(32).enumerate() {
+        for w in x {
+            *w = ((*w + corr[v % 8]) as f32).to_bits() as i32;
+        }
+    }
 }
 
 fn ref_q8_0_sums(tiles: &[u8], n_groups: usize, a: &[u32; 8], out: &mut [i32]) {

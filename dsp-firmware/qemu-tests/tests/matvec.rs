@@ -23,12 +23,16 @@ struct Case {
 
 fn check(c: &Case, seed: u64) {
     let mut rng = Rng(seed);
-    let (nb, rows) = (c.k / 32, c.rows);
-    let w = ggml_weights(c.t, rows, c.k, &mut rng);
+    let w = ggml_weights(c.t, c.rows, c.k, &mut rng);
     let x = activations(c.k * c.cols, &mut rng);
+    check_with(c, &w, &x);
+}
+
+fn check_with(c: &Case, w: &[u8], x: &[f32]) {
+    let (nb, rows) = (c.k / 32, c.rows);
     let mut req = MAGIC.to_vec();
     put(&mut req, &[CMD_MATMUL, u32::from(c.t.code()), rows as u32, c.k as u32, c.cols as u32, c.scratch as u32]);
-    req.extend_from_slice(&w);
+    req.extend_from_slice(w);
     req.resize(req.len().next_multiple_of(4), 0);
     x.iter().for_each(|v| req.extend_from_slice(&v.to_le_bytes()));
 
@@ -40,7 +44,7 @@ fn check(c: &Case, seed: u64) {
     assert_eq!(body.len(), act_len + c.cols * (nb + 1) * rows * 4, "{what}");
     let sums: Vec<i32> = words(&body[act_len..]).take(c.cols * nb * rows).map(|w| w as i32).collect();
     let outs = bytes_f32(&body[act_len + c.cols * nb * rows * 4..]);
-    let tiled = Tiled::new(c.t, rows, c.k, &w);
+    let tiled = Tiled::new(c.t, rows, c.k, w);
     for col in 0..c.cols {
         let want_q = e::quantize_q8_0(&x[col * c.k..][..c.k]);
         assert_same_bytes(&body[col * nb * 34..][..nb * 34], &want_q, &format!("Q8_0 activation blocks of column {col}, {what}"));
@@ -48,7 +52,7 @@ fn check(c: &Case, seed: u64) {
         assert_same_i32(&sums[col * nb * rows..][..nb * rows], &want_sums, &format!("int32 block sums [block][row], column {col}, {what}"));
         let got = &outs[col * rows..][..rows];
         assert_same_f32(got, &want_out, &format!("outputs vs host tiles32::matvec, column {col}, {what}"));
-        let cpu = e::row_dots(c.t, &w, rows, c.k, &want_q);
+        let cpu = e::row_dots(c.t, w, rows, c.k, &want_q);
         assert_same_f32(got, &cpu, &format!("outputs vs the CPU row dot (dot_fn), column {col}, {what}"));
     }
 }
@@ -88,6 +92,29 @@ fn q4_0_matvec_equals_keel_core() {
 fn iq4_nl_matvec_equals_keel_core() {
     for (i, c) in shapes(DType::IQ4NL).iter().enumerate() {
         check(c, 0x1a4e_0000 + i as u64);
+    }
+}
+
+/// Sums at the ends of their range and at zero (the HVX int32 → f32 conversion of the
+/// scale pass: zero, both signs, the largest magnitudes): blocks whose quants are all
+/// the extreme codes or all zero, against a column of zeros, one of alternating ±max
+/// activations and a random one.
+#[test]
+fn extreme_and_zero_sums_equal_keel_core() {
+    let mut rng = Rng(0xe7_7e3e);
+    for t in [DType::Q8_0, DType::Q4_0, DType::IQ4NL] {
+        let (rows, k, cols) = (70, 128, 3);
+        let mut w = ggml_weights(t, rows, k, &mut rng);
+        for (i, blk) in w.chunks_mut(t.block_bytes() as usize).enumerate() {
+            let fill = [0x00, 0xff, 0x80, 0x7f, 0x88, 0x77][i % 7 % 6];
+            if i % 7 != 6 {
+                blk[2..].fill(fill);
+            }
+        }
+        let mut x = vec![0.0f32; k * cols];
+        x[k..2 * k].iter_mut().enumerate().for_each(|(j, v)| *v = if (j / 3) % 2 == 0 { 3.0 } else { -3.0 });
+        x[2 * k..].copy_from_slice(&activations(k, &mut rng));
+        check_with(&Case { t, rows, k, cols, scratch: 1 << 20 }, &w, &x);
     }
 }
 

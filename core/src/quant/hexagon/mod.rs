@@ -19,7 +19,10 @@
 //! Feature `broken-hvx-zeros` (tests only) makes every result zero, as a fused-off unit
 //! would, so that the DSP's open-time self-test can be seen to refuse such a build.
 
-use core::arch::hexagon::v128::{HvxVector, Q6_V_vsplat_R};
+use core::arch::hexagon::v128::{
+    HvxVector, Q6_V_vand_VV, Q6_V_vor_VV, Q6_V_vsplat_R, Q6_Vuw_vcl0_Vuw, Q6_Vuw_vlsr_VuwR, Q6_Vw_vabs_Vw, Q6_Vw_vadd_VwVw, Q6_Vw_vasl_VwR,
+    Q6_Vw_vasl_VwVw, Q6_Vw_vasr_VwR, Q6_Vw_vsub_VwVw,
+};
 
 use super::tiles32::{TileKernels, ALIGN};
 use super::{Isa, KernelTable, REFERENCE};
@@ -28,7 +31,7 @@ mod iq4_nl;
 mod q4_0;
 
 /// The HVX kernels as a Tiles32 kernel set.
-const TILES: TileKernels = TileKernels { q8_0: q8_0_sums, q8_0_lanes: q8_0_lanes, q4_0: q4_0_sums, iq4_nl: iq4_nl_sums };
+const TILES: TileKernels = TileKernels { q8_0: q8_0_sums, q8_0_lanes: q8_0_lanes, q4_0: q4_0_sums, iq4_nl: iq4_nl_sums, to_f32: sums_to_f32 };
 
 /// The Hexagon table: the reference with the HVX Tiles32 kernels.
 static HVX: KernelTable = KernelTable { name: "hvx", tiles: TILES, ..REFERENCE };
@@ -68,6 +71,33 @@ fn q4_0_sums(tiles: &[u8], n_groups: usize, a: &[u32; 8], out: &mut [i32]) {
 
 fn iq4_nl_sums(tiles: &[u8], n_groups: usize, a: &[u32; 8], out: &mut [i32]) {
     call(iq4_nl::iq4_nl_block_sums, 512, 32, tiles, n_groups, a, out)
+}
+
+/// [`super::tiles32::SumsToF32Fn`] on HVX: per vector, the correction added, then the
+/// int32 → f32 conversion in integer operations (exact under the contract
+/// `|x| < 2^24`): sign, magnitude, its leading zeros `z`, the magnitude shifted up to
+/// bit 31 and down 8 (the significand with its leading 1 at bit 23, no bit lost), the
+/// exponent `157 − z` added below it (the leading 1 carries it to `158 − z` = 127 + the
+/// top bit's position), the exponent masked off where the magnitude is zero (the mask
+/// is the sign of `−|x|`: no predicate registers needed). 15 vector operations per 32
+/// values, against 2 scalar ones (add, `convert_w2sf`) per value.
+fn sums_to_f32(sums: &mut [i32], corr: &[i32; 8]) {
+    assert!(sums.len() % 32 == 0 && sums.as_ptr().align_offset(ALIGN) == 0, "HVX sums_to_f32: not whole 128-byte aligned vectors");
+    let v = sums.as_mut_ptr() as *mut HvxVector;
+    // SAFETY: `sums` is 128-byte aligned and holds `len/32` whole vectors (checked);
+    // this module is compiled only with 128-byte HVX enabled.
+    unsafe {
+        let (sign, zero, e157) = (Q6_V_vsplat_R(i32::MIN), Q6_V_vsplat_R(0), Q6_V_vsplat_R(157));
+        for i in 0..sums.len() / 32 {
+            let x = Q6_Vw_vadd_VwVw(*v.add(i), Q6_V_vsplat_R(corr[i % 8]));
+            let a = Q6_Vw_vabs_Vw(x);
+            let z = Q6_Vuw_vcl0_Vuw(a);
+            let m = Q6_Vuw_vlsr_VuwR(Q6_Vw_vasl_VwVw(a, z), 8);
+            let nonzero = Q6_Vw_vasr_VwR(Q6_Vw_vsub_VwVw(zero, a), 31);
+            let exp = Q6_V_vand_VV(Q6_Vw_vasl_VwR(Q6_Vw_vsub_VwVw(e157, z), 23), nonzero);
+            *v.add(i) = Q6_V_vor_VV(Q6_Vw_vadd_VwVw(exp, m), Q6_V_vand_VV(x, sign));
+        }
+    }
 }
 
 use core::arch::asm;
