@@ -238,8 +238,8 @@ fn scales<'a>(w: &TiledWeights<'a>) -> Result<&'a [f32], TileError> {
     Ok(&f[..n])
 }
 
-/// Blocks whose Q8_0 lane sums one pass of the scale loop holds (their activation
-/// scales live on the stack).
+/// Blocks whose sums (Q8_0: lane sums) one pass of the scale loop holds (their
+/// activation scales live on the stack).
 const PASS_BLOCKS: usize = 32;
 
 fn matmul_checked(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols: usize, scratch: &mut [u8], out: &mut [f32], mut sums: Option<&mut [i32]>) -> Result<(), TileError> {
@@ -253,10 +253,12 @@ fn matmul_checked(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols:
     let (rows, g_count, nb) = (w.rows, tile::groups(w.rows as u32), w.k / 32);
     let scales = scales(w)?;
     let buf = scratch_words(scratch);
-    let mut chunk = g_count.min(buf.len() / 32);
-    if chunk == 0 {
+    if buf.len() < 32 {
         return Err(TileError::Scratch);
     }
+    // As many groups as leave room for the sums of every block (up to PASS_BLOCKS) of
+    // one pass.
+    let mut chunk = g_count.min((buf.len() / (32 * nb.min(PASS_BLOCKS))).max(1));
     if cols > 1 {
         chunk = chunk.min((REUSE_BYTES / (nb * tile_bytes)).max(1));
     }
@@ -264,22 +266,35 @@ fn matmul_checked(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols:
     while g0 < g_count {
         let n = chunk.min(g_count - g0);
         let n_rows = (rows - g0 * 32).min(n * 32);
+        // The sums of `pass` blocks at a time (`32·n` words each), made f32; then each
+        // row's accumulator runs through them in block order in a register.
+        let pass = (buf.len() / (32 * n)).clamp(1, PASS_BLOCKS);
         for c in 0..cols {
             let o = &mut out[c * rows + g0 * 32..][..n_rows];
-            o.fill(0.0);
-            for (b, a) in acts[c * nb..][..nb].iter().enumerate() {
-                let corr = -bias * a.sum;
-                f(&w.packed[(b * g_count + g0) * tile_bytes..][..n * tile_bytes], n, &a.words, &mut buf[..32 * n]);
-                if let Some(sums) = sums.as_deref_mut() {
-                    for (i, &raw) in buf[..n_rows].iter().enumerate() {
-                        sums[b * rows + g0 * 32 + i] = raw + corr;
+            let col = &acts[c * nb..][..nb];
+            let mut b0 = 0;
+            while b0 < nb {
+                let nbb = pass.min(nb - b0);
+                for (j, a) in col[b0..b0 + nbb].iter().enumerate() {
+                    let b = b0 + j;
+                    let corr = -bias * a.sum;
+                    let part = &mut buf[j * 32 * n..][..32 * n];
+                    f(&w.packed[(b * g_count + g0) * tile_bytes..][..n * tile_bytes], n, &a.words, part);
+                    if let Some(sums) = sums.as_deref_mut() {
+                        for (i, &raw) in part[..n_rows].iter().enumerate() {
+                            sums[b * rows + g0 * 32 + i] = raw + corr;
+                        }
+                    }
+                    (tk.to_f32)(part, &[corr; 8]);
+                }
+                for (j, a) in col[b0..b0 + nbb].iter().enumerate() {
+                    let sc = &scales[((b0 + j) * g_count + g0) * 32..][..n_rows];
+                    for ((y, &x), &dw) in o.iter_mut().zip(&buf[j * 32 * n..][..n_rows]).zip(sc) {
+                        let acc = if b0 + j == 0 { 0.0 } else { *y };
+                        *y = fma(f32::from_bits(x as u32), dw * a.d, acc);
                     }
                 }
-                (tk.to_f32)(&mut buf[..32 * n], &[corr; 8]);
-                let sc = &scales[(b * g_count + g0) * 32..][..n_rows];
-                for ((y, &s), &dw) in o.iter_mut().zip(&buf[..n_rows]).zip(sc) {
-                    *y = fma(f32::from_bits(s as u32), dw * a.d, *y);
-                }
+                b0 += nbb;
             }
         }
         g0 += n;
@@ -314,7 +329,6 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
         let n = chunk.min(g_count - g0);
         let n_rows = (rows - g0 * 32).min(n * 32);
         for c in 0..cols {
-            acc[..n_rows * 8].fill(0.0);
             let col = &acts[c * nb..][..nb];
             if whole {
                 let per_block = 256 * n;
@@ -337,22 +351,34 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
                         (tk.to_f32)(lanes, &corr);
                     }
                     let da: [f32; PASS_BLOCKS] = core::array::from_fn(|j| if j < nbb { col[b0 + j].d } else { 0.0 });
+                    // Block j's scales of this chunk's rows are `scales[s0 + j·ss ..][..n_rows]`
+                    // and its lane sums `buf[j·per_block ..][..per_block]`: the reads below
+                    // stay inside both (checked here once, not per read).
+                    let (s0, ss) = ((b0 * g_count + g0) * 32, g_count * 32);
+                    assert!(nbb >= 1 && s0 + (nbb - 1) * ss + n_rows <= scales.len() && nbb * per_block <= buf.len() && n_rows <= n * 32);
                     for (i, acc8) in acc[..n_rows * 8].chunks_exact_mut(8).enumerate() {
                         let (g, r) = (i / 32, i % 32);
-                        let mut a8: [f32; 8] = core::array::from_fn(|l| acc8[l]);
-                        for j in 0..nbb {
-                            let d = scales[((b0 + j) * g_count + g0) * 32 + i] * da[j];
+                        let mut a8: [f32; 8] = if b0 == 0 { [0.0; 8] } else { core::array::from_fn(|l| acc8[l]) };
+                        let (mut sp, mut lp) = (s0 + i, g * 256 + r);
+                        for &da in &da[..nbb] {
+                            // SAFETY: for block j (0..nbb), sp = s0 + j·ss + i with i < n_rows,
+                            // and lp = j·per_block + g·256 + r, whose lane 7 is lp + 224 <
+                            // (j + 1)·per_block (g < n, r < 32): both in bounds by the
+                            // assertion above.
+                            let (dw, lanes) = unsafe { (*scales.get_unchecked(sp), buf.get_unchecked(lp..lp + 7 * 32 + 1)) };
+                            let d = dw * da;
                             // Lane l of this row and block is `lanes[32·l]` (f32 bits).
-                            let lanes = &buf[j * per_block + g * 256 + r..][..7 * 32 + 1];
                             for (l, acc) in a8.iter_mut().enumerate() {
                                 *acc = fma(d, f32::from_bits(lanes[l * 32] as u32), *acc);
                             }
+                            (sp, lp) = (sp + ss, lp + per_block);
                         }
                         acc8.copy_from_slice(&a8);
                     }
                     b0 += nbb;
                 }
             } else {
+                acc[..n_rows * 8].fill(0.0);
                 for (b, a) in col.iter().enumerate() {
                     let tiles = &w.packed[(b * g_count + g0) * 1024..][..n * 1024];
                     let sc = &scales[(b * g_count + g0) * 32..][..n_rows];
@@ -384,6 +410,7 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
 
 /// The weight-bias correction of a Q8_0 activation block's 8 lanes: −128 · Σ of each
 /// lane's 4 quants.
+#[inline]
 fn lane_corrections(a: &ActBlock) -> [i32; 8] {
     core::array::from_fn(|l| -Q8_0_BIAS * (0..4).map(|j| i32::from((a.words[l] >> (8 * j)) as u8 as i8)).sum::<i32>())
 }
