@@ -11,6 +11,7 @@
 //!   bytes (padded to 4). The harness places each buffer 128-byte aligned in its
 //!   work memory and runs the batch with the device's own executor
 //!   (`keel_core::exec::run_batch`, caps as the device reports them after its self-test).
+//! - `CMD_F16`: `n_h`, `n_f`, then `n_h` f16 (padded to 4) and `n_f` f32.
 //!
 //! Response: status word (0 ok, else 1 + error code), then
 //! - `CMD_MATMUL`: the DSP-quantized activation blocks in ggml form
@@ -20,6 +21,10 @@
 //! - `CMD_BATCH`: the batch status (0 done, else 1 + failing op index), the
 //!   error code (`error_code`, 0 when done), then every buffer's bytes after
 //!   the batch, in request order (each padded to 4).
+//! - `CMD_F16`: the halves as f32 by the device's kernel set (`Kernels::f16_to_f32`),
+//!   then the f32s as halves (`Kernels::f32_to_f16`, padded to 4); each converted in
+//!   runs of 1, 2, … 129 values from successive offsets, so every alignment and
+//!   partial tail of the vector code is taken.
 
 use keel_core::exec::{kernels, run_batch, Buffers, Scratch, ALIGN};
 use keel_core::quant::tiles32::{self, quantize_act, ActBlock, TiledWeights};
@@ -37,6 +42,8 @@ pub const CMD_MATMUL: u32 = 1;
 pub const CMD_SELFTEST: u32 = 2;
 /// An op batch over buffers in harness memory.
 pub const CMD_BATCH: u32 = 3;
+/// f16 ↔ f32 conversions command.
+pub const CMD_F16: u32 = 4;
 
 /// Memory the platform lends to one request.
 pub struct Regions<'a> {
@@ -139,6 +146,7 @@ fn dispatch(input: &[u8], work: &mut [u8], scratch: &mut [u8], w: &mut Writer<'_
             w.put(&crate::selftest::run(seed, &mut s)?.to_le_bytes())
         }
         CMD_BATCH => batch(&mut rd, work, scratch, w),
+        CMD_F16 => convert_f16(&mut rd, w),
         _ => Err(ErrorKind::Unsupported),
     }
 }
@@ -194,6 +202,47 @@ fn batch(rd: &mut Reader<'_>, work: &mut [u8], scratch: &mut [u8], w: &mut Write
         w.pad4()?;
     }
     Ok(())
+}
+
+fn convert_f16(rd: &mut Reader<'_>, w: &mut Writer<'_>) -> Result<(), ErrorKind> {
+    let (n_h, n_f) = (rd.u32()? as usize, rd.u32()? as usize);
+    let halves = rd.bytes((2 * n_h).next_multiple_of(4))?;
+    let floats = rd.bytes(4 * n_f)?;
+    let kern = kernels();
+    // Runs of 1, 2, … 129 values, so every offset and tail length is converted.
+    let runs = |n: usize, mut f: &mut dyn FnMut(usize, usize)| {
+        let (mut at, mut len) = (0, 1);
+        while at < n {
+            let m = len.min(n - at);
+            f(at, m);
+            (at, len) = (at + m, if len == 129 { 1 } else { len + 1 });
+        }
+        let _ = &mut f;
+    };
+    let mut h = [half::f16::ZERO; 129];
+    let mut f = [0f32; 129];
+    let mut status = Ok(());
+    runs(n_h, &mut |at, m| {
+        for (j, d) in h[..m].iter_mut().enumerate() {
+            *d = half::f16::from_bits(u16::from_le_bytes([halves[2 * (at + j)], halves[2 * (at + j) + 1]]));
+        }
+        kern.f16_to_f32(&h[..m], &mut f[..m]);
+        for v in &f[..m] {
+            status = status.and(w.put(&v.to_le_bytes()));
+        }
+    });
+    runs(n_f, &mut |at, m| {
+        for (j, d) in f[..m].iter_mut().enumerate() {
+            let b = &floats[4 * (at + j)..4 * (at + j) + 4];
+            *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        kern.f32_to_f16(&f[..m], &mut h[..m]);
+        for v in &h[..m] {
+            status = status.and(w.put(&v.to_bits().to_le_bytes()));
+        }
+    });
+    status?;
+    w.pad4()
 }
 
 fn matmul(rd: &mut Reader<'_>, work: &mut [u8], scratch: &mut [u8], w: &mut Writer<'_>) -> Result<(), ErrorKind> {

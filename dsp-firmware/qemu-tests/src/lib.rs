@@ -26,6 +26,8 @@ pub const MAGIC: &[u8; 4] = b"KDSP";
 pub const CMD_MATMUL: u32 = 1;
 /// Self-test command.
 pub const CMD_SELFTEST: u32 = 2;
+/// f16 ↔ f32 conversions command.
+pub const CMD_F16: u32 = 4;
 
 pub use keel_test_support::{activations, Rng};
 

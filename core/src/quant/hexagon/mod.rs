@@ -27,14 +27,25 @@ use core::arch::hexagon::v128::{
 use super::tiles32::{TileKernels, ALIGN};
 use super::{Isa, KernelTable, REFERENCE};
 
+mod f16;
 mod iq4_nl;
 mod q4_0;
 
 /// The HVX kernels as a Tiles32 kernel set.
 const TILES: TileKernels = TileKernels { q8_0: q8_0_sums, q8_0_lanes: q8_0_lanes, q4_0: q4_0_sums, iq4_nl: iq4_nl_sums, to_f32: sums_to_f32 };
 
-/// The Hexagon table: the reference with the HVX Tiles32 kernels.
-static HVX: KernelTable = KernelTable { name: "hvx", tiles: TILES, ..REFERENCE };
+/// The Hexagon table: the reference with the HVX Tiles32 kernels and HVX f16
+/// conversions under attention's f16 operations.
+static HVX: KernelTable = KernelTable {
+    name: "hvx",
+    tiles: TILES,
+    f16_dot: f16::dot,
+    f16_mad: f16::mad,
+    f16_scale: f16::scale,
+    f32_to_f16: f16::to_f16,
+    f16_to_f32: f16::to_f32,
+    ..REFERENCE
+};
 
 /// The Hexagon table if the host reports HVX.
 pub(crate) fn table(isa: Isa) -> Option<&'static KernelTable> {

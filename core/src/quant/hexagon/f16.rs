@@ -1,0 +1,217 @@
+//! The f16 operations of attention on the DSP: f16 ↔ f32 conversions on HVX, in integer
+//! operations (QEMU has no HVX float, and the conversions are bit manipulation anyway),
+//! 64 values per vector; the arithmetic between them stays scalar Hexagon float, in the
+//! reference's order (`super::super::f16ops`), so every result is the reference's bit
+//! for bit. The conversions are `half`'s (`f16ops::h2f`/`f2h`) on every input; NaNs
+//! keep `half`'s payload too.
+//!
+//! What the reference computes per element with two scalar conversions and a branchy
+//! rounding costs ~20-30 packets on Hexagon; here a row of 64 takes two vector
+//! conversions (~25 vector operations per 32 values each way) and one scalar
+//! fma/multiply per value.
+
+use core::arch::hexagon::v128::{
+    HvxVector, Q6_V_hi_W, Q6_V_lo_W, Q6_V_vand_VV, Q6_V_vnot_V, Q6_V_vor_VV, Q6_V_vsplat_R, Q6_Vh_vpacke_VwVw, Q6_Vuw_vcl0_Vuw, Q6_Vuw_vlsr_VuwR,
+    Q6_Vw_vadd_VwVw, Q6_Vw_vasl_VwR, Q6_Vw_vasl_VwVw, Q6_Vw_vasr_VwR, Q6_Vw_vlsr_VwVw, Q6_Vw_vmin_VwVw, Q6_Vw_vsub_VwVw, Q6_Wuw_vunpack_Vuh,
+};
+use core::ptr::{read_unaligned, write_unaligned};
+
+use half::f16;
+
+use super::super::f16ops::{self, DOT_STEP, F16_STEP};
+
+/// Values per vector of halves.
+const W: usize = 64;
+
+#[inline(always)]
+fn splat(x: i32) -> HvxVector {
+    // SAFETY: value-only HVX intrinsic (this module is compiled only with HVX).
+    unsafe { Q6_V_vsplat_R(x) }
+}
+
+/// All-ones in the lanes where `a < b` (both in 0..2^31), else zero: the sign of `a − b`.
+#[inline(always)]
+unsafe fn lt(a: HvxVector, b: HvxVector) -> HvxVector {
+    // SAFETY: value-only HVX intrinsics.
+    unsafe { Q6_Vw_vasr_VwR(Q6_Vw_vsub_VwVw(a, b), 31) }
+}
+
+/// 32 halves (zero-extended in word lanes) to f32 bits, as `f16ops::h2f`.
+#[inline(always)]
+unsafe fn h2f_words(h: HvxVector) -> HvxVector {
+    // SAFETY: value-only HVX intrinsics.
+    unsafe {
+        let sign = Q6_Vw_vasl_VwR(Q6_V_vand_VV(h, splat(0x8000)), 16);
+        let mag = Q6_V_vand_VV(h, splat(0x7fff));
+        let is_sub = lt(mag, splat(0x0400));
+        let is_zero = lt(mag, splat(1));
+        let is_special = lt(splat(0x7bff), mag);
+        let is_nan = lt(splat(0x7c00), mag);
+        // Normals: rebias by 112; infinities and NaNs by 224 (exponent 255), NaNs quiet.
+        let rebias = Q6_Vw_vadd_VwVw(splat(112 << 23), Q6_V_vand_VV(is_special, splat(112 << 23)));
+        let norm = Q6_V_vor_VV(Q6_Vw_vadd_VwVw(Q6_Vw_vasl_VwR(mag, 13), rebias), Q6_V_vand_VV(is_nan, splat(0x0040_0000)));
+        // Subnormals, mag·2^-24: the leading 1 (bit 31 − z) moved to bit 23, whose carry
+        // into the exponent field makes `133 − z` the exponent 127 − 24 + (31 − z).
+        let z = Q6_Vuw_vcl0_Vuw(mag);
+        let sub = Q6_Vw_vadd_VwVw(Q6_Vw_vasl_VwR(Q6_Vw_vsub_VwVw(splat(133), z), 23), Q6_Vw_vasl_VwVw(mag, Q6_Vw_vsub_VwVw(z, splat(8))));
+        let sub = Q6_V_vand_VV(sub, Q6_V_vand_VV(is_sub, Q6_V_vnot_V(is_zero)));
+        Q6_V_vor_VV(Q6_V_vor_VV(Q6_V_vand_VV(norm, Q6_V_vnot_V(is_sub)), sub), sign)
+    }
+}
+
+/// 32 f32 (bits) to halves in the low 16 bits of each word, as `f16ops::f2h`.
+#[inline(always)]
+unsafe fn f2h_words(x: HvxVector) -> HvxVector {
+    // SAFETY: value-only HVX intrinsics.
+    unsafe {
+        let sign = Q6_V_vand_VV(Q6_Vuw_vlsr_VuwR(x, 16), splat(0x8000));
+        let a = Q6_V_vand_VV(x, splat(0x7fff_ffff));
+        // f16 normals: rebias, round the 13 dropped bits to nearest even; at and above
+        // 65520 (and for infinities) the result reaches 0x7c00 and is held there.
+        let r = Q6_Vw_vsub_VwVw(a, splat(0x3800_0000));
+        let odd = Q6_V_vand_VV(Q6_Vuw_vlsr_VuwR(r, 13), splat(1));
+        let hn = Q6_Vuw_vlsr_VuwR(Q6_Vw_vadd_VwVw(Q6_Vw_vadd_VwVw(r, splat(0x0fff)), odd), 13);
+        let hn = Q6_Vw_vmin_VwVw(hn, splat(0x7c00));
+        // NaNs: quiet, the payload's top 10 bits kept.
+        let is_nan = lt(splat(0x7f80_0000), a);
+        let hn = Q6_V_vor_VV(hn, Q6_V_vand_VV(is_nan, Q6_V_vor_VV(splat(0x0200), Q6_V_vand_VV(Q6_Vuw_vlsr_VuwR(a, 13), splat(0x03ff)))));
+        // Below 2^-14: the significand (leading 1 at bit 23) shifted down by 126 − e,
+        // rounded to nearest even (at most 31: everything below 2^-25 goes to 0).
+        let e = Q6_Vuw_vlsr_VuwR(a, 23);
+        let shift = Q6_Vw_vmin_VwVw(Q6_Vw_vsub_VwVw(splat(126), e), splat(31));
+        let m = Q6_V_vor_VV(Q6_V_vand_VV(a, splat(0x007f_ffff)), splat(0x0080_0000));
+        let half_less = Q6_Vw_vsub_VwVw(Q6_Vw_vasl_VwVw(splat(1), Q6_Vw_vsub_VwVw(shift, splat(1))), splat(1));
+        let odd_s = Q6_V_vand_VV(Q6_Vw_vlsr_VwVw(m, shift), splat(1));
+        let hs = Q6_Vw_vlsr_VwVw(Q6_Vw_vadd_VwVw(Q6_Vw_vadd_VwVw(m, half_less), odd_s), shift);
+        let is_sub = lt(a, splat(0x3880_0000));
+        Q6_V_vor_VV(Q6_V_vor_VV(Q6_V_vand_VV(hn, Q6_V_vnot_V(is_sub)), Q6_V_vand_VV(hs, is_sub)), sign)
+    }
+}
+
+/// Up to 64 halves (`x.len() <= 64`) as 64 f32 (the lanes past `x.len()` are zero's):
+/// one unaligned vector load when `x` is whole, else a padded copy.
+#[inline(always)]
+fn load(x: &[f16]) -> [f32; W] {
+    let v = if x.len() == W {
+        // SAFETY: 64 halves = 128 readable bytes; unaligned vector load.
+        unsafe { read_unaligned(x.as_ptr() as *const HvxVector) }
+    } else {
+        let mut h = [f16::ZERO; W];
+        h[..x.len()].copy_from_slice(x);
+        // SAFETY: a whole stack array of 64 halves.
+        unsafe { read_unaligned(h.as_ptr() as *const HvxVector) }
+    };
+    // SAFETY: value-only HVX intrinsics; two vectors are 64 f32 (the same 256 bytes).
+    unsafe {
+        let w = Q6_Wuw_vunpack_Vuh(v);
+        core::mem::transmute::<[HvxVector; 2], [f32; W]>([h2f_words(Q6_V_lo_W(w)), h2f_words(Q6_V_hi_W(w))])
+    }
+}
+
+/// The first `y.len()` (at most 64) of `f` as halves into `y`.
+#[inline(always)]
+fn store(f: [f32; W], y: &mut [f16]) {
+    // SAFETY: value-only HVX intrinsics; 64 f32 are two vectors.
+    let packed = unsafe {
+        let [lo, hi] = core::mem::transmute::<[f32; W], [HvxVector; 2]>(f);
+        Q6_Vh_vpacke_VwVw(f2h_words(hi), f2h_words(lo))
+    };
+    if y.len() == W {
+        // SAFETY: 64 halves = 128 writable bytes; unaligned vector store.
+        unsafe { write_unaligned(y.as_mut_ptr() as *mut HvxVector, packed) };
+    } else {
+        // SAFETY: a vector is 64 halves.
+        let h = unsafe { core::mem::transmute::<HvxVector, [f16; W]>(packed) };
+        let m = y.len();
+        y.copy_from_slice(&h[..m]);
+    }
+}
+
+/// `dst[i] = f32(src[i])` (`Kernels::f16_to_f32`).
+pub(super) fn to_f32(src: &[f16], dst: &mut [f32]) {
+    let n = src.len().min(dst.len());
+    for (s, d) in src[..n].chunks(W).zip(dst[..n].chunks_mut(W)) {
+        let f = load(s);
+        let m = d.len();
+        d.copy_from_slice(&f[..m]);
+    }
+}
+
+/// `dst[i] = f16(src[i])` (`Kernels::f32_to_f16`).
+pub(super) fn to_f16(src: &[f32], dst: &mut [f16]) {
+    let n = src.len().min(dst.len());
+    for (s, d) in src[..n].chunks(W).zip(dst[..n].chunks_mut(W)) {
+        let f = if s.len() == W {
+            // SAFETY: 64 f32 = 256 readable bytes.
+            unsafe { read_unaligned(s.as_ptr() as *const [f32; W]) }
+        } else {
+            let mut f = [0f32; W];
+            f[..s.len()].copy_from_slice(s);
+            f
+        };
+        store(f, d);
+    }
+}
+
+/// `y = f16(op(f32(y), f32(x)))` element by element over chunks of 64, for the rows
+/// whose reference arithmetic is that one operation in f32 (`n <` [`F16_STEP`]).
+#[inline(always)]
+fn by_chunks(y: &mut [f16], x: Option<&[f16]>, op: impl Fn(f32, f32) -> f32) {
+    let n = y.len();
+    for c in (0..n).step_by(W) {
+        let m = (n - c).min(W);
+        let mut yf = load(&y[c..c + m]);
+        match x {
+            Some(x) => {
+                let xf = load(&x[c..c + m]);
+                for (a, &b) in yf[..m].iter_mut().zip(&xf[..m]) {
+                    *a = op(*a, b);
+                }
+            }
+            None => yf[..m].iter_mut().for_each(|a| *a = op(*a, 0.0)),
+        }
+        store(yf, &mut y[c..c + m]);
+    }
+}
+
+/// `y += x·v` (`Kernels::f16_mad`): the reference's `f16(fma(x, v, y))` below
+/// [`F16_STEP`] elements; longer rows (their native-f16 part) are the reference's code.
+pub(super) fn mad(y: &mut [f16], x: &[f16], v: f32) {
+    let n = y.len().min(x.len());
+    if n >= F16_STEP {
+        return f16ops::mad(y, x, v);
+    }
+    by_chunks(&mut y[..n], Some(&x[..n]), |y, x| crate::fused::fmaf(x, v, y));
+}
+
+/// `y *= v` (`Kernels::f16_scale`): the reference's `f16(y·v)` below [`F16_STEP`].
+pub(super) fn scale(y: &mut [f16], v: f32) {
+    if y.len() >= F16_STEP {
+        return f16ops::scale(y, v);
+    }
+    by_chunks(y, None, |y, _| y * v);
+}
+
+/// K·Q dot (`Kernels::f16_dot`), the reference's operations in its order: whole
+/// [`DOT_STEP`]s in 64 lanes of fma chains and their fixed reduction, then the leftover
+/// products added in f64.
+pub(super) fn dot(x: &[f16], y: &[f16]) -> f32 {
+    let n = x.len().min(y.len());
+    let np = n - n % DOT_STEP;
+    let mut acc = [0f32; DOT_STEP];
+    for i in (0..np).step_by(DOT_STEP) {
+        let (xf, yf) = (load(&x[i..i + DOT_STEP]), load(&y[i..i + DOT_STEP]));
+        for ((a, &p), &q) in acc.iter_mut().zip(&xf).zip(&yf) {
+            *a = crate::fused::fmaf(p, q, *a);
+        }
+    }
+    let s: [f32; 16] = core::array::from_fn(|l| (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l]));
+    let mut sum = f16ops::reduce16(&s) as f64;
+    if np < n {
+        let (xf, yf) = (load(&x[np..n]), load(&y[np..n]));
+        for (&p, &q) in xf[..n - np].iter().zip(&yf[..n - np]) {
+            sum += (p * q) as f64;
+        }
+    }
+    sum as f32
+}
