@@ -863,3 +863,28 @@ fn expf_batch_every_f32_in_range() {
     }
     println!("{n} inputs checked");
 }
+
+/// The activation quantizer's rounding (`quantize::rint_i8`) is `libm::rintf(t) as i8`
+/// on every input: each multiple of 1/4 from -160 to 160 (ties to even among them),
+/// the f32 neighbours of every half-integer there, 2^22 and around it, ±inf, NaN and
+/// 2^20 random bit patterns.
+#[test]
+fn activation_rounding_is_rintf_everywhere() {
+    let check = |t: f32| assert_eq!(super::quantize::rint_i8(t), libm::rintf(t) as i8, "rint_i8({t:e}) (bits {:#010x})", t.to_bits());
+    for i in -640..=640 {
+        let t = i as f32 / 4.0;
+        check(t);
+        for d in 1..=2 {
+            check(f32::from_bits(t.to_bits().wrapping_add(d)));
+            check(f32::from_bits(t.to_bits().wrapping_sub(d)));
+        }
+    }
+    for t in [4_194_304.0f32, 4_194_303.5, 4_194_304.5, 8_388_608.0, 1e30, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -0.0, 0.5, -0.5, 1.5, -1.5, 127.5, -128.5] {
+        check(t);
+        check(-t);
+    }
+    let mut rng = Rng::new(0x21e7);
+    for _ in 0..1 << 20 {
+        check(f32::from_bits(rng.next() as u32));
+    }
+}

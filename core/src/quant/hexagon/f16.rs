@@ -132,8 +132,13 @@ pub(super) fn to_f32(src: &[f16], dst: &mut [f32]) {
     let n = src.len().min(dst.len());
     for (s, d) in src[..n].chunks(W).zip(dst[..n].chunks_mut(W)) {
         let f = load(s);
-        let m = d.len();
-        d.copy_from_slice(&f[..m]);
+        if d.len() == W {
+            // SAFETY: 64 f32 = 256 writable bytes.
+            unsafe { write_unaligned(d.as_mut_ptr() as *mut [f32; W], f) };
+        } else {
+            let m = d.len();
+            d.copy_from_slice(&f[..m]);
+        }
     }
 }
 
