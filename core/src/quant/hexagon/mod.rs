@@ -1,13 +1,15 @@
 //! keel-core's Hexagon kernel set: HVX integer kernels over Tiles32 weights (layout and
 //! contract: [`super::tiles32`]), its [`table`] chosen by [`super::Kernels::new`] when
 //! the host reports HVX (`Isa::hvx`) on a Hexagon build with 128-byte HVX vectors (every
-//! other entry is the reference's). Everything else (scales, quantization, float ops) is
-//! keel-core's common code, so a product on the DSP equals the CPU's bit for bit.
+//! other entry is the reference's, except the f16 conversions under attention, `f16.rs`).
+//! Everything else (scales, quantization, float ops) is keel-core's common code, so a
+//! product on the DSP equals the CPU's bit for bit.
 //!
 //! One call handles one K-block for a run of 32-row groups: it holds the block's 8
 //! activation words in scalar registers and streams the groups' tiles through
 //! `vrmpy(Vu.ub, Rt.b)` (uint8×int8 → int32, one lane per row). The sums are raw (see
-//! `tiles32`): the caller subtracts `bias·Σa` in its scalar scale pass.
+//! `tiles32`); `sums_to_f32` adds the weight-bias correction and converts them to f32
+//! (exactly, in integer vector operations) for the scalar scale pass.
 //!
 //! The Q8_0 loop is hand-scheduled (inline asm): 8 packets per 1024-byte tile, each
 //! `{ vector load .cur; vrmpy }`, the store riding in the last one, which is the bound of
