@@ -404,7 +404,7 @@ fn smollm2_q8_0_vs_llama_cpp(n_prompts: usize, mode: OffloadMode) -> Vec<(usize,
 /// 211 batches per token (one MatMul per product: 30 layers × 7 + the output
 /// projection); ~0.12 generated tokens/s emulated.
 #[test]
-#[ignore = "slow under QEMU (~6 min); run by hand: cargo test --release -p keel-host-linux --test placement_sim -- --ignored"]
+#[ignore = "slow under QEMU (~2.5 min: one batch per product; the whole-layer test below runs the same claim in CI); run by hand: cargo test --release -p keel-host-linux --test placement_sim -- --ignored"]
 fn smollm2_q8_0_on_the_dsp_equals_llama_cpp_for_16_tokens() {
     for (i, first, _) in smollm2_q8_0_vs_llama_cpp(2, OffloadMode::MatMul) {
         assert_eq!(first, 16, "prompt {i}: the DSP's greedy tokens differ from llama.cpp's at token {first}");
