@@ -209,15 +209,12 @@ fn q8_1_ref_block(xb: &[f32]) -> BlockQ8_1 {
     BlockQ8_1 { d: f16::from_f32(d), s: f16::from_f32(sum as f32 * d), qs }
 }
 
-/// Activation rounding (see the module doc): `id = 127/amax`, round half to even.
-/// Every |q| <= 127, which the AVX2 dots rely on.
-#[inline]
 /// `libm::rintf(t) as i8` (round to nearest even, then the saturating cast). Below
 /// 2^22 in magnitude (every finite `x·(127/amax)`), by the 1.5·2^23 shift: the sum's
 /// ulp is 1, so the add rounds `t` to an integer, to even on a tie, and its low bits
 /// are that integer (saturated to i8 as the cast does); anything else (NaN, ±inf, huge)
-/// takes `rintf`. The DSP has no
-/// rounding instruction, and libm's `rintf` there is a software routine.
+/// takes `rintf`. The DSP has no rounding instruction, and libm's `rintf` there is a
+/// software routine.
 #[inline(always)]
 pub(super) fn rint_i8(t: f32) -> i8 {
     if libm::fabsf(t) < 4_194_304.0 {
@@ -227,6 +224,9 @@ pub(super) fn rint_i8(t: f32) -> i8 {
     }
 }
 
+/// Activation rounding (see the module doc): `id = 127/amax`, round half to even.
+/// Every |q| <= 127, which the AVX2 dots rely on.
+#[inline]
 fn q8_act(xb: &[f32]) -> (f32, [i8; 32], i32) {
     let amax = absmax(xb);
     let d = amax / 127.0;
