@@ -204,44 +204,41 @@ fn batch(rd: &mut Reader<'_>, work: &mut [u8], scratch: &mut [u8], w: &mut Write
     Ok(())
 }
 
+/// `(offset, length)` runs over `0..n` of 1, 2, … 129 values, then 1, 2, … again: every
+/// offset and tail length of the vector code gets converted.
+fn runs(n: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut state = (0, 1);
+    core::iter::from_fn(move || {
+        let (at, len) = state;
+        (at < n).then(|| {
+            let m = len.min(n - at);
+            state = (at + m, if len == 129 { 1 } else { len + 1 });
+            (at, m)
+        })
+    })
+}
+
 fn convert_f16(rd: &mut Reader<'_>, w: &mut Writer<'_>) -> Result<(), ErrorKind> {
     let (n_h, n_f) = (rd.u32()? as usize, rd.u32()? as usize);
     let halves = rd.bytes((2 * n_h).next_multiple_of(4))?;
     let floats = rd.bytes(4 * n_f)?;
     let kern = kernels();
-    // Runs of 1, 2, … 129 values, so every offset and tail length is converted.
-    let runs = |n: usize, mut f: &mut dyn FnMut(usize, usize)| {
-        let (mut at, mut len) = (0, 1);
-        while at < n {
-            let m = len.min(n - at);
-            f(at, m);
-            (at, len) = (at + m, if len == 129 { 1 } else { len + 1 });
-        }
-        let _ = &mut f;
-    };
-    let mut h = [half::f16::ZERO; 129];
-    let mut f = [0f32; 129];
-    let mut status = Ok(());
-    runs(n_h, &mut |at, m| {
+    let (mut h, mut f) = ([half::f16::ZERO; 129], [0f32; 129]);
+    for (at, m) in runs(n_h) {
         for (j, d) in h[..m].iter_mut().enumerate() {
             *d = half::f16::from_bits(u16::from_le_bytes([halves[2 * (at + j)], halves[2 * (at + j) + 1]]));
         }
         kern.f16_to_f32(&h[..m], &mut f[..m]);
-        for v in &f[..m] {
-            status = status.and(w.put(&v.to_le_bytes()));
-        }
-    });
-    runs(n_f, &mut |at, m| {
+        f[..m].iter().try_for_each(|v| w.put(&v.to_le_bytes()))?;
+    }
+    for (at, m) in runs(n_f) {
         for (j, d) in f[..m].iter_mut().enumerate() {
             let b = &floats[4 * (at + j)..4 * (at + j) + 4];
             *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         }
         kern.f32_to_f16(&f[..m], &mut h[..m]);
-        for v in &h[..m] {
-            status = status.and(w.put(&v.to_bits().to_le_bytes()));
-        }
-    });
-    status?;
+        h[..m].iter().try_for_each(|v| w.put(&v.to_bits().to_le_bytes()))?;
+    }
     w.pad4()
 }
 

@@ -35,6 +35,14 @@ pub(crate) fn reduce16(s: &[f32; 16]) -> f32 {
     super::scalar::hsum8(t)
 }
 
+/// The dot's 64 lane sums reduced: the four 16-lane sums added (0+2, 1+3, then the
+/// two), then [`reduce16`].
+#[inline]
+pub(crate) fn reduce_lanes(acc: &[f32; DOT_STEP]) -> f32 {
+    let s: [f32; 16] = core::array::from_fn(|l| (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l]));
+    reduce16(&s)
+}
+
 /// K·Q dot of two f16 rows (see the module doc).
 pub(crate) fn dot(x: &[f16], y: &[f16]) -> f32 {
     let n = x.len().min(y.len());
@@ -45,11 +53,7 @@ pub(crate) fn dot(x: &[f16], y: &[f16]) -> f32 {
             *a = crate::fused::fmaf(h2f(x[i + l]), h2f(y[i + l]), *a);
         }
     }
-    let mut s = [0.0f32; 16];
-    for (l, v) in s.iter_mut().enumerate() {
-        *v = (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l]);
-    }
-    let mut sum = reduce16(&s) as f64;
+    let mut sum = reduce_lanes(&acc) as f64;
     for i in np..n {
         sum += (h2f(x[i]) * h2f(y[i])) as f64;
     }

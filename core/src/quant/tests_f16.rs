@@ -389,12 +389,6 @@ fn grouped_value_update_rounds_once_below_f16_normals() {
     }
 }
 
-/// `attention::attend_block` gives every query of a block the bits of `attend_heads`
-/// for that query alone (the one-query arithmetic), for every kernel set and the
-/// reference: head sizes with and without the fast paths, 1 to 4 heads, blocks of 1 to
-/// `QBLOCK` queries, causal spans from 0 and sliding windows (spans starting at different
-/// positions, so the block's chunks cut each query's keys elsewhere than its own would),
-/// a ring cache that wraps, and scores large enough that new maxima come late.
 /// A KV cache of `n_kvh` KV heads of `hd` for positions `0 ..= past + nq - 1` (a ring of
 /// `window` slots when windowed, as keel's sliding-window cache) and `nq × nh` query rows,
 /// from `rng` (keys and queries times `big`): `(rows, row stride, keys, values, queries)`.
@@ -407,6 +401,12 @@ fn random_attention(rng: &mut Rng, (hd, n_kvh, nh, nq): (usize, usize, usize, us
     (rows, stride, kc, vc, q)
 }
 
+/// `attention::attend_block` gives every query of a block the bits of `attend_heads`
+/// for that query alone (the one-query arithmetic), for every kernel set and the
+/// reference: head sizes with and without the fast paths, 1 to 4 heads, blocks of 1 to
+/// `QBLOCK` queries, causal spans from 0 and sliding windows (spans starting at different
+/// positions, so the block's chunks cut each query's keys elsewhere than its own would),
+/// a ring cache that wraps, and scores large enough that new maxima come late.
 #[test]
 fn blocked_attention_matches_one_query_at_a_time() {
     use crate::attention::{attend_block, attend_heads, KeySpan, MAX_HEADS, QBLOCK};

@@ -210,8 +210,7 @@ pub(super) fn dot(x: &[f16], y: &[f16]) -> f32 {
             *a = crate::fused::fmaf(p, q, *a);
         }
     }
-    let s: [f32; 16] = core::array::from_fn(|l| (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l]));
-    let mut sum = f16ops::reduce16(&s) as f64;
+    let mut sum = f16ops::reduce_lanes(&acc) as f64;
     if np < n {
         let (xf, yf) = (load(&x[np..n]), load(&y[np..n]));
         for (&p, &q) in xf[..n - np].iter().zip(&yf[..n - np]) {
