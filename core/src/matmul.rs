@@ -241,7 +241,9 @@ impl Short<'_, '_> {
     }
 }
 
-/// [`matmul`] with llama.cpp's per-token kernel choice.
+/// [`matmul`] with llama.cpp's per-token kernel choice: whole tiles of
+/// [`Kernels::dot_tile_in_batch`] where the batch's order has one (each output the bits
+/// of its token's kernel), the per-token dot for every other (row, token) pair.
 fn matmul_per_token(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usize, out: &mut [f32]) {
     let rows = w.rows;
     let rb = act_row_bytes(w.ty, w.cols).unwrap_or(0);
@@ -249,10 +251,36 @@ fn matmul_per_token(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], 
     let out = SharedMut::new(&mut out[..n * rows]);
     let tasks = par.n_threads().min(rows).max(1);
     let cols = w.cols;
+    let tile = k.dot_tile_in_batch(w.ty, rows, n);
     par.run(tasks, &|t| {
+        let range = split_range(rows, tasks, t);
+        // Rows range.start..r_done have tokens 0..i_done done by tiles.
+        let (mut r_done, mut i_done) = (range.start, 0);
+        if let Some((tile, covered)) = tile {
+            let (tr, tt) = (tile.rows, tile.tokens);
+            let nr = range.len() - range.len() % tr;
+            let mut o = [0.0f32; DOT_TILE_MAX_TOKENS * DOT_TILE_MAX_ROWS];
+            // Token tiles of TOKEN_TILE tokens against each group of rows, so that a group's
+            // weights are reused from cache by every token tile of the chunk.
+            for i0 in (0..covered).step_by(TOKEN_TILE - TOKEN_TILE % tt) {
+                let i1 = (i0 + TOKEN_TILE - TOKEN_TILE % tt).min(covered);
+                for r in (range.start..range.start + nr).step_by(tr) {
+                    for i in (i0..i1).step_by(tt) {
+                        (tile.f)(cols, &w.data[r * wrb..(r + tr) * wrb], wrb, tr, &xq[i * rb..(i + tt) * rb], rb, &mut o[..tt * tr], tr);
+                        for (ti, orow) in o[..tt * tr].chunks_exact(tr).enumerate() {
+                            // SAFETY: elements (i + ti, r..r + tr) are written by the one
+                            // task owning those rows.
+                            unsafe { out.slice((i + ti) * rows + r, tr) }.copy_from_slice(orow);
+                        }
+                    }
+                }
+            }
+            (r_done, i_done) = (range.start + nr, covered);
+        }
         for i in 0..n {
             let Ok(dot) = k.dot_fn_in_batch(w.ty, rows, n, i) else { return };
-            for r in split_range(rows, tasks, t) {
+            let first = if i < i_done { r_done } else { range.start };
+            for r in first..range.end {
                 let v = dot(cols, &w.data[r * wrb..(r + 1) * wrb], &xq[i * rb..(i + 1) * rb]);
                 // SAFETY: element (i, r) is written by the one task owning row r.
                 unsafe { out.slice(i * rows + r, 1)[0] = v };

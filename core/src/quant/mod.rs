@@ -362,6 +362,10 @@ pub(crate) struct KernelTable {
     pub(crate) dot_gemm: PerType<Option<DotFn>>,
     /// [`Kernels::dot_fn_in_batch`]: the tiled matmul's order (Q2_K .. Q6_K).
     pub(crate) dot_tiled: PerType<Option<DotFn>>,
+    /// [`Kernels::dot_tile_in_batch`]: tiles in the `gemm` order of `dot_gemm`.
+    pub(crate) tile_gemm: PerType<Option<DotTile>>,
+    /// [`Kernels::dot_tile_in_batch`]: tiles in the tiled order of `dot_tiled`.
+    pub(crate) tile_tiled: PerType<Option<DotTile>>,
     /// [`Kernels::quantize_activations`] (the activation types).
     pub(crate) quantize: PerType<Option<QuantizeFn>>,
     /// [`Kernels::swiglu`].
@@ -434,6 +438,8 @@ pub(crate) const REFERENCE: KernelTable = KernelTable {
         q6_k: Some(scalar_k::vec_dot_q6_k_q8_k_tiled),
         ..PerType::splat(None)
     },
+    tile_gemm: PerType::splat(None),
+    tile_tiled: PerType::splat(None),
     quantize: PerType::<Option<QuantizeFn>> {
         f32: Some(|x, out| quantize::convert_row(GgmlType::F32, x, out)),
         f16: Some(|x, out| quantize::convert_row(GgmlType::F16, x, out)),
@@ -651,6 +657,30 @@ impl Kernels {
             Some(f) => Ok(f),
             None => self.dot_fn(wtype),
         }
+    }
+
+    /// A tile version of [`Kernels::dot_fn_in_batch`] for a batch of `n_tokens` against
+    /// `rows` weight rows: the tile and how many of the batch's first tokens it may take
+    /// (a multiple of its `tokens`; at least one tile), each output having the bits that
+    /// `dot_fn_in_batch(wtype, rows, n_tokens, token)` gives for its (row, token) pair.
+    /// `None` where the batch's order has no tile in this kernel set, or where every
+    /// token takes [`Kernels::dot_fn`] (then [`Kernels::dot_tile_fn`] applies). For now
+    /// x86's Q4_K in the `gemm` order (8 rows × 8 tokens with AVX-512 VNNI) and Q4_K and
+    /// Q6_K in the tiled order.
+    pub fn dot_tile_in_batch(&self, wtype: GgmlType, rows: usize, n_tokens: usize) -> Option<(DotTile, usize)> {
+        use GgmlType::*;
+        let repacked = matches!(wtype, Q4_K | Q2_K) && rows.is_multiple_of(8);
+        let (tile, covered) = if wtype == Q4_0 && !rows.is_multiple_of(8) {
+            return None;
+        } else if repacked {
+            (self.t.tile_gemm.get(wtype)?, n_tokens - n_tokens % 4)
+        } else if n_tokens >= 8 && matches!(wtype, Q2_K | Q3_K | Q4_K | Q5_K | Q6_K) {
+            (self.t.tile_tiled.get(wtype)?, n_tokens)
+        } else {
+            return None;
+        };
+        let covered = covered - covered % tile.tokens;
+        (covered > 0).then_some((tile, covered))
     }
 
     /// An 8-row version of [`Kernels::dot_fn`]`(wtype)` for one activation row: output

@@ -658,6 +658,59 @@ fn dot_tiles_give_each_dots_bits() {
     let _ = checked;
 }
 
+/// The tiles of llama.cpp's batch orders give every (row, token) they cover the bits of
+/// that token's kernel in the batch (`dot_fn_in_batch`), for batch sizes around the
+/// orders' boundaries (4-token `gemm` groups, 8 tokens for the tiled order) and row
+/// counts with and without the repacked layout.
+#[test]
+fn dot_tiles_in_batch_give_each_tokens_bits() {
+    for &k in &fast_kernel_sets() {
+        let mut rng = Rng::new(27);
+        for &ty in &[Q4_K, Q6_K, Q2_K, Q3_K, Q5_K] {
+            let mut checked = 0;
+            let vdt = Kernels::vec_dot_type(ty).unwrap();
+            for i in 0..24 {
+                let n = random_n(&mut rng, ty, i);
+                let rows = [8, 16, 9, 24][i % 4];
+                let n_tokens = [4, 8, 9, 12, 16, 17][i % 6];
+                let Some((tile, covered)) = k.dot_tile_in_batch(ty, rows, n_tokens) else { continue };
+                assert!(covered > 0 && covered <= n_tokens && covered % tile.tokens == 0, "{} {ty}: covers {covered} of {n_tokens}", k.name());
+                let tr = rows - rows % tile.rows;
+                let (wrow, arow) = (bytes_of(ty, n) + 2 * (i % 3), bytes_of(vdt, n) + i % 5);
+                let mut w = vec![0u8; rows * wrow];
+                for r in 0..rows {
+                    let q = quantized(ty, &random_row(&mut rng, n));
+                    w[r * wrow..r * wrow + q.len()].copy_from_slice(&q);
+                }
+                let mut a = vec![0u8; n_tokens * arow];
+                for t in 0..n_tokens {
+                    let q = activations(&k, vdt, &random_row(&mut rng, n));
+                    a[t * arow..t * arow + q.len()].copy_from_slice(&q);
+                }
+                let ostride = tr + i % 3;
+                for t0 in (0..covered).step_by(tile.tokens) {
+                    let mut out = vec![f32::NAN; tile.tokens * ostride];
+                    (tile.f)(n, &w, wrow, tr, &a[t0 * arow..], arow, &mut out, ostride);
+                    for r in 0..tr {
+                        for t in 0..tile.tokens {
+                            let dot = k.dot_fn_in_batch(ty, rows, n_tokens, t0 + t).unwrap();
+                            let want = dot(n, &w[r * wrow..], &a[(t0 + t) * arow..]);
+                            assert_eq!(out[t * ostride + r].to_bits(), want.to_bits(), "{} {ty} n={n} rows={rows} batch={n_tokens} r={r} t={}", k.name(), t0 + t);
+                        }
+                    }
+                }
+                checked += 1;
+            }
+            // Every x86 kernel set has Q4_K's gemm-order tile and Q4_K's and Q6_K's
+            // tiled-order ones: most of the 24 shapes take one (not the batches too short
+            // for a tile).
+            #[cfg(target_arch = "x86_64")]
+            assert!(!matches!(ty, Q4_K | Q6_K) || checked >= 16, "{} {ty}: {checked} shapes had a tile", k.name());
+            let _ = checked;
+        }
+    }
+}
+
 /// The short-batch kernels give every (row, token) the bits of its single dot (every
 /// pair count, 4 to 20 rows, odd strides, random lengths).
 #[test]
@@ -744,6 +797,58 @@ fn matmul_rows_do_not_depend_on_the_batch() {
                     matmul(&k, par, &t, &a[..n * rb], n, &mut out);
                     for (j, (o, e)) in out.iter().zip(&one).enumerate() {
                         assert_eq!(o.to_bits(), e.to_bits(), "{} {ty} batch of {n}, token {} row {}, {} tasks", k.name(), j / rows, j % rows, par.n_threads());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// With llama.cpp's batch arithmetic (`matmul_as(.., true)`), a matmul gives each (row,
+/// token) the bits of that token's kernel in the batch (`dot_fn_in_batch`), whether a
+/// tile or the per-token dot computes it: batches of 1 to 33 tokens around the 4-token
+/// `gemm` groups, the 8-token tiled threshold and the tiles' widths, 1 to 3 tasks, row
+/// counts with and without the repacked layout (K-quants, the types with such tiles).
+#[test]
+fn llama_cpp_batches_give_each_tokens_kernel_bits() {
+    use crate::matmul::{matmul_as, quantize_rows};
+    use crate::model::Tensor;
+    use crate::parallel::{Parallel, Sequential};
+    struct Reversed(usize);
+    impl Parallel for Reversed {
+        fn n_threads(&self) -> usize {
+            self.0
+        }
+        fn run(&self, n_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+            (0..n_tasks).rev().for_each(task)
+        }
+    }
+    let mut rng = Rng::new(28);
+    for k in fast_kernel_sets() {
+        for (ty, rows) in [(Q4_K, 48usize), (Q4_K, 44), (Q6_K, 44), (Q2_K, 40)] {
+            let cols = 512;
+            let wrb = bytes_of(ty, cols);
+            let mut w = vec![0u8; rows * wrb];
+            for r in 0..rows {
+                let q = quantized(ty, &random_row(&mut rng, cols));
+                w[r * wrb..(r + 1) * wrb].copy_from_slice(&q);
+            }
+            let t = Tensor { ty, cols, rows, data: &w };
+            let vdt = Kernels::vec_dot_type(ty).unwrap();
+            let rb = bytes_of(vdt, cols);
+            let x: Vec<f32> = (0..33).flat_map(|_| random_row(&mut rng, cols)).collect();
+            let mut a = vec![0u8; 33 * rb];
+            quantize_rows(&k, &Sequential, vdt, &x, 33, cols, &mut a);
+            for n in (1..=20).chain([24, 31, 33]) {
+                for par in [&Sequential as &dyn Parallel, &Reversed(2), &Reversed(3)] {
+                    let mut out = vec![f32::NAN; n * rows];
+                    matmul_as(&k, par, &t, &a[..n * rb], n, &mut out, true);
+                    for i in 0..n {
+                        let dot = k.dot_fn_in_batch(ty, rows, n, i).unwrap();
+                        for r in 0..rows {
+                            let want = dot(cols, &w[r * wrb..(r + 1) * wrb], &a[i * rb..(i + 1) * rb]);
+                            assert_eq!(out[i * rows + r].to_bits(), want.to_bits(), "{} {ty} {rows} rows, batch of {n}, token {i} row {r}, {} tasks", k.name(), par.n_threads());
+                        }
                     }
                 }
             }

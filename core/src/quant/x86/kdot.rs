@@ -462,13 +462,15 @@ pub(super) unsafe fn q6_k_q8_k<const MODE: u8>(nb: usize, w: *const u8, a: *cons
 /// Tokens of the K-quant tiles ([`q4_k_q8_k_tile`]).
 pub(crate) const KTILE_TOKENS: usize = 4;
 
-/// [`q4_k_q8_k`]`::<NATIVE>` for one weight row and [`KTILE_TOKENS`] activation rows
+/// [`q4_k_q8_k`]`::<MODE>` for one weight row and [`KTILE_TOKENS`] activation rows
 /// (`arow` bytes apart): per super-block the row's decode (levels, scales, mins) is done
 /// once and shared by the tokens, and each token's integer sums (exact, summed in any
-/// order), products and fmas are the single dot's, so each output has its bits. The
-/// output of token t goes to `out[t·ostride]`; `wrow` is unused (one row).
+/// order), products and fmas are the single dot's in its order (`NATIVE`: one fma pair
+/// per super-block; `GEMM`: one per 64-element group; `TILED`: [`tiled_step`]), so each
+/// output has its bits. The output of token t goes to `out[t·ostride]`; `wrow` is unused
+/// (one row).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4_k_q8_k_tile(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+pub(super) unsafe fn q4_k_q8_k_tile<const MODE: u8>(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
     // SAFETY: nb super-blocks of the row at w and of each token's row at a + t·arow,
     // and out[t·ostride] for t < KTILE_TOKENS, are in bounds (the wrapper checks);
     // layout d@0 dmin@2 scales@4 qs@16.
@@ -499,35 +501,54 @@ pub(super) unsafe fn q4_k_q8_k_tile(nb: usize, w: *const u8, wrow: usize, a: *co
                 let dd = _mm_mul_ps(pair, _mm_set1_ps(rdf32(ab)));
                 let dm = _mm_movehdup_ps(dd);
                 let pm = mins_lanes(sm, ab);
-                let mut sumi = _mm256_setzero_si256();
-                for j in 0..4 {
+                let group = |j: usize| {
                     let plo = _mm256_madd_epi16(ss[j].0, _mm256_maddubs_epi16(lv[j].0, ld(ab.add(A_QS + 64 * j))));
                     let phi = _mm256_madd_epi16(ss[j].1, _mm256_maddubs_epi16(lv[j].1, ld(ab.add(A_QS + 64 * j + 32))));
-                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
+                    _mm256_add_epi32(plo, phi)
+                };
+                if MODE == GEMM {
+                    let mut ms = [0i32; 4];
+                    _mm_storeu_si128(ms.as_mut_ptr().cast(), pm);
+                    for (j, &m) in ms.iter().enumerate() {
+                        acc[t] = _mm_fmadd_ss(_mm_cvtsi32_ss(acc[t], hsum_epi32(group(j))), dd, acc[t]);
+                        accm[t] = _mm_fmadd_ss(_mm_cvtsi32_ss(accm[t], m), dm, accm[t]);
+                    }
+                    continue;
+                }
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..4 {
+                    sumi = _mm256_add_epi32(sumi, group(j));
+                }
+                if MODE == TILED {
+                    acc[t] = tiled_step(acc[t], hsum_epi32(sumi), Some(hsum_epi32_128(pm)), pair, rdf32(ab));
+                    continue;
                 }
                 acc[t] = _mm_fmadd_ss(_mm_cvtsi32_ss(acc[t], hsum_epi32(sumi)), dd, acc[t]);
                 accm[t] = _mm_fmadd_ss(_mm_cvtsi32_ss(accm[t], hsum_epi32_128(pm)), dm, accm[t]);
             }
         }
         for t in 0..KTILE_TOKENS {
-            *out.add(t * ostride) = _mm_cvtss_f32(_mm_sub_ss(acc[t], accm[t]));
+            // (TILED leaves accm at zero: its mins are inside each step.)
+            *out.add(t * ostride) = if MODE == TILED { _mm_cvtss_f32(acc[t]) } else { _mm_cvtss_f32(_mm_sub_ss(acc[t], accm[t])) };
         }
     }
 }
 
-/// [`q6_k_q8_k`]`::<NATIVE>` for one weight row and [`KTILE_TOKENS`] activation rows, as
-/// [`q4_k_q8_k_tile`]: the row's levels and scale vectors are formed once per
-/// super-block, each token's integers, product `da·dw`, fma and final sum are the single
+/// [`q6_k_q8_k`]`::<MODE>` (`NATIVE` or `TILED`) for one weight row and [`KTILE_TOKENS`]
+/// activation rows, as [`q4_k_q8_k_tile`]: the row's levels and scale vectors are formed
+/// once per super-block, each token's integers, float steps and final sum are the single
 /// dot's.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q6_k_q8_k_tile(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+pub(super) unsafe fn q6_k_q8_k_tile<const MODE: u8>(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
     // SAFETY: as q4_k_q8_k_tile; layout ql@0 qh@128 scales@192 d@208.
     unsafe {
         let _ = wrow;
         let mut acc = [_mm256_setzero_ps(); KTILE_TOKENS];
+        let mut tacc = [_mm_setzero_ps(); KTILE_TOKENS];
         for i in 0..nb {
             let wb = w.add(210 * i);
-            let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(rd16u(wb.add(208)) as i32)));
+            let dwv = _mm_cvtph_ps(_mm_cvtsi32_si128(rd16u(wb.add(208)) as i32));
+            let dw = _mm_cvtss_f32(dwv);
             let scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(192).cast()));
             // Group 4h + t: its levels and its scale pair (as `lanes16`).
             let lv: [__m256i; 8] = core::array::from_fn(|g| q6_k_levels(wb, g / 4, g % 4));
@@ -541,11 +562,15 @@ pub(super) unsafe fn q6_k_q8_k_tile(nb: usize, w: *const u8, wrow: usize, a: *co
                     let p = _mm256_maddubs_epi16(lv[g], ld(ab.add(A_QS + 32 * g)));
                     sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(sc[g], p));
                 }
+                if MODE == TILED {
+                    tacc[t] = tiled_step(tacc[t], hsum_epi32(_mm256_sub_epi32(sumi, sub)), None, dwv, rdf32(ab));
+                    continue;
+                }
                 *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi, sub)), *acc);
             }
         }
         for (t, acc) in acc.iter().enumerate() {
-            *out.add(t * ostride) = hsum_ps(*acc);
+            *out.add(t * ostride) = if MODE == TILED { _mm_cvtss_f32(tacc[t]) } else { hsum_ps(*acc) };
         }
     }
 }
@@ -565,9 +590,11 @@ pub(crate) const Q4_K_TILE_TOKENS: usize = 8;
 /// (m_2j, m_2j+1) pairs with the token's pair sums of `bsums`. Integers are exact (any
 /// order gives the single dot's `sumi` and mins sum); the float steps per lane are the
 /// single dot's: `dd = [dw, dminw]·da` (one product each), `acc = fma(f32(sumi), dw·da,
-/// acc)`, `accm = fma(f32(summ), dminw·da, accm)`, result `acc - accm`.
+/// acc)`, `accm = fma(f32(summ), dminw·da, accm)`, result `acc - accm`. With `MODE` =
+/// `GEMM` (llama.cpp's repacked `gemm` order) the same two fmas are taken per 64-element
+/// group j, with that group's sums, in group order.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn q4_k_q8_k_tile_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+pub(super) unsafe fn q4_k_q8_k_tile_vnni<const MODE: u8>(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
     // SAFETY: nb super-blocks of each of the 8 rows at w + r·wrow and of each token's row
     // at a + t·arow, and out[t·ostride + r] (ostride >= 8), are in bounds (the wrapper
     // checks); layout d@0 dmin@2 scales@4 qs@16; AVX-512 F/BW/VL/VNNI available (only
@@ -610,6 +637,15 @@ pub(super) unsafe fn q4_k_q8_k_tile_vnni(nb: usize, w: *const u8, wrow: usize, a
             });
             let dw = f16_rows(w, wrow, 144 * i);
             let dmw = f16_rows(w, wrow, 144 * i + 2);
+            // The token's sub-block sums of bsums as i16 pairs (as `mins_lanes`).
+            let q8s = |t: usize| {
+                let bs = ld(a.add(t * arow + 292 * i + A_BSUMS));
+                let mut q8s = [0i32; 4];
+                _mm_storeu_si128(q8s.as_mut_ptr().cast(), _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256::<1>(bs)));
+                q8s
+            };
+            let da = |t: usize| _mm256_set1_ps(rdf32(a.add(t * arow + 292 * i)));
+            let gemm_q8s: [[i32; 4]; T] = if MODE == GEMM { core::array::from_fn(q8s) } else { [[0; 4]; T] };
             let mut sumi = [zero; T];
             for j in 0..4 {
                 // Rows' qs bytes 32j.. transposed by dwords (8×8).
@@ -638,20 +674,26 @@ pub(super) unsafe fn q4_k_q8_k_tile_vnni(nb: usize, w: *const u8, wrow: usize, a
                         sl = _mm256_dpbusd_epi32(sl, xl[m], b(m));
                         sh = _mm256_dpbusd_epi32(sh, xh[m], b(8 + m));
                     }
-                    *s = _mm256_add_epi32(*s, _mm256_add_epi32(_mm256_mullo_epi32(sc[2 * j], sl), _mm256_mullo_epi32(sc[2 * j + 1], sh)));
+                    let sj = _mm256_add_epi32(_mm256_mullo_epi32(sc[2 * j], sl), _mm256_mullo_epi32(sc[2 * j + 1], sh));
+                    if MODE == GEMM {
+                        let (da, summ) = (da(t), _mm256_madd_epi16(mp[j], _mm256_set1_epi32(gemm_q8s[t][j])));
+                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sj), _mm256_mul_ps(dw, da), acc[t]);
+                        accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(dmw, da), accm[t]);
+                    } else {
+                        *s = _mm256_add_epi32(*s, sj);
+                    }
                 }
             }
+            if MODE == GEMM {
+                continue;
+            }
             for t in 0..T {
-                let ab = a.add(t * arow + 292 * i);
-                // The token's sub-block sums of bsums as i16 pairs (as `mins_lanes`).
-                let bs = ld(ab.add(A_BSUMS));
-                let mut q8s = [0i32; 4];
-                _mm_storeu_si128(q8s.as_mut_ptr().cast(), _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256::<1>(bs)));
+                let q8s = q8s(t);
                 let mut summ = zero;
                 for (j, mpj) in mp.iter().enumerate() {
                     summ = _mm256_add_epi32(summ, _mm256_madd_epi16(*mpj, _mm256_set1_epi32(q8s[j])));
                 }
-                let da = _mm256_set1_ps(rdf32(ab));
+                let da = da(t);
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_mul_ps(dw, da), acc[t]);
                 accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(dmw, da), accm[t]);
             }

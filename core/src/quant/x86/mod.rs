@@ -176,13 +176,26 @@ tile_wrapper!(/// AVX-512 VNNI Q4_1 · Q8_1 tile (each output as [`vec_dot_q4_1_
     tile_q4_1_q8_1_vnni, qtile::q4_1_q8_1_zmm, 32, 20, 36, qtile::TILE_ROWS, qtile::ZMM_TILE_TOKENS, cpu_has_avx512_vnni);
 tile_wrapper!(/// AVX2 Q4_K · Q8_K tile, one row × [`kdot::KTILE_TOKENS`] tokens (each output as
     /// [`vec_dot_q4_k_q8_k`]).
-    tile_q4_k_q8_k, kdot::q4_k_q8_k_tile, 256, 144, 292, 1, kdot::KTILE_TOKENS, cpu_has_avx2_fma);
+    tile_q4_k_q8_k, kdot::q4_k_q8_k_tile::<NATIVE>, 256, 144, 292, 1, kdot::KTILE_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// AVX2 Q4_K · Q8_K tile in llama.cpp's `gemm` order, one row × [`kdot::KTILE_TOKENS`]
+    /// tokens (each output as [`vec_dot_q4_k_q8_k_gemm`]).
+    tile_q4_k_q8_k_gemm, kdot::q4_k_q8_k_tile::<GEMM>, 256, 144, 292, 1, kdot::KTILE_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// AVX2 Q4_K · Q8_K tile in llama.cpp's tiled order, one row × [`kdot::KTILE_TOKENS`]
+    /// tokens (each output as [`vec_dot_q4_k_q8_k_tiled`]).
+    tile_q4_k_q8_k_tiled, kdot::q4_k_q8_k_tile::<TILED>, 256, 144, 292, 1, kdot::KTILE_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// AVX-512 VNNI Q4_K · Q8_K tile, 8 rows × [`kdot::Q4_K_TILE_TOKENS`] tokens (each
     /// output as [`vec_dot_q4_k_q8_k`]); only handed out after [`cpu_has_avx512_vnni`].
-    tile_q4_k_q8_k_vnni, kdot::q4_k_q8_k_tile_vnni, 256, 144, 292, kdot::Q4_K_TILE_ROWS, kdot::Q4_K_TILE_TOKENS, cpu_has_avx512_vnni);
+    tile_q4_k_q8_k_vnni, kdot::q4_k_q8_k_tile_vnni::<NATIVE>, 256, 144, 292, kdot::Q4_K_TILE_ROWS, kdot::Q4_K_TILE_TOKENS, cpu_has_avx512_vnni);
+tile_wrapper!(/// AVX-512 VNNI Q4_K · Q8_K tile in llama.cpp's `gemm` order, 8 rows ×
+    /// [`kdot::Q4_K_TILE_TOKENS`] tokens (each output as [`vec_dot_q4_k_q8_k_gemm`]); only
+    /// handed out after [`cpu_has_avx512_vnni`].
+    tile_q4_k_q8_k_gemm_vnni, kdot::q4_k_q8_k_tile_vnni::<GEMM>, 256, 144, 292, kdot::Q4_K_TILE_ROWS, kdot::Q4_K_TILE_TOKENS, cpu_has_avx512_vnni);
 tile_wrapper!(/// AVX2 Q6_K · Q8_K tile, one row × [`kdot::KTILE_TOKENS`] tokens (each output as
     /// [`vec_dot_q6_k_q8_k`]).
-    tile_q6_k_q8_k, kdot::q6_k_q8_k_tile, 256, 210, 292, 1, kdot::KTILE_TOKENS, cpu_has_avx2_fma);
+    tile_q6_k_q8_k, kdot::q6_k_q8_k_tile::<NATIVE>, 256, 210, 292, 1, kdot::KTILE_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// AVX2 Q6_K · Q8_K tile in llama.cpp's tiled order, one row × [`kdot::KTILE_TOKENS`]
+    /// tokens (each output as [`vec_dot_q6_k_q8_k_tiled`]).
+    tile_q6_k_q8_k_tiled, kdot::q6_k_q8_k_tile::<TILED>, 256, 210, 292, 1, kdot::KTILE_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// AVX2 Q4_0 · Q8_0 tile (each output as [`vec_dot_q4_0_q8_0`]).
     tile_q4_0_q8_0, panel qtile::q4_0_q8_0, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_TILE_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0 tile (each output as [`vec_dot_q4_0_q8_0`]); only handed
@@ -399,6 +412,14 @@ const fn build(flags: usize) -> KernelTable {
         DotTile::entry(tile_q4_k_q8_k, 1, KTILE_TOKENS)
     };
     t.dot_tile.q6_k = DotTile::entry(tile_q6_k_q8_k, 1, KTILE_TOKENS);
+    // Tiles in llama.cpp's batch orders (`Kernels::dot_tile_in_batch`).
+    t.tile_gemm.q4_k = if vnni {
+        DotTile::entry(tile_q4_k_q8_k_gemm_vnni, Q4_K_TILE_ROWS, Q4_K_TILE_TOKENS)
+    } else {
+        DotTile::entry(tile_q4_k_q8_k_gemm, 1, KTILE_TOKENS)
+    };
+    t.tile_tiled.q4_k = DotTile::entry(tile_q4_k_q8_k_tiled, 1, KTILE_TOKENS);
+    t.tile_tiled.q6_k = DotTile::entry(tile_q6_k_q8_k_tiled, 1, KTILE_TOKENS);
 
     // (F32 and BF16 activations: the reference's conversion.)
     t.quantize.f16 = Some(convert_f16);
