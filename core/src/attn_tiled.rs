@@ -32,10 +32,10 @@ pub const QB: usize = 32;
 pub const MAX_HEADS: usize = crate::attention::MAX_HEADS;
 
 /// f32 scratch one task needs for head sizes `hd` (keys) and `hdv` (values): a tile of
-/// keys (transposed) and of values, the tile's scores, and each of the block's rows'
-/// accumulator, maximum and sum.
+/// keys (transposed) and of values, the tile's scores for each head of a token, and
+/// each of the block's rows' accumulator, maximum and sum.
 pub fn scratch_len(hd: usize, hdv: usize) -> usize {
-    TILE * hd + TILE * hdv + TILE + QB * MAX_HEADS * (hdv + 2)
+    TILE * hd + TILE * hdv + TILE * MAX_HEADS + QB * MAX_HEADS * (hdv + 2)
 }
 
 /// Where a block's keys and values are: ring rows (`rows`; position `j` is row
@@ -96,7 +96,7 @@ pub fn block<'q, 'o>(
     assert!((1..=QB).contains(&nq) && (1..=MAX_HEADS).contains(&nh), "attn_tiled::block: {nq} tokens of {nh} heads");
     let (kt, rest) = scratch.split_at_mut(TILE * hd);
     let (vt, rest) = rest.split_at_mut(TILE * hdv);
-    let (kq, rest) = rest.split_at_mut(TILE);
+    let (kq, rest) = rest.split_at_mut(TILE * MAX_HEADS);
     let (accs, rest) = rest.split_at_mut(QB * MAX_HEADS * hdv);
     let (ms, ss) = rest.split_at_mut(QB * MAX_HEADS);
     let n_rows = nq * nh;
@@ -125,12 +125,10 @@ pub fn block<'q, 'o>(
                 continue;
             }
             let (lo, hi) = (first.saturating_sub(t0), (last + 1 - t0).min(TILE));
-            for h in 0..nh {
-                let i = j * nh + h;
-                let (m, s) = (&mut ms[i], &mut ss[i]);
-                let row = TiledRow { acc: &mut accs[i * hdv..(i + 1) * hdv], m, s };
-                kern.tiled_step(&q[h * hd..(h + 1) * hd], kt, vt, kq, lo, hi, scale, row);
-            }
+            // The token's heads together (they see the same keys).
+            let rows = j * nh..(j + 1) * nh;
+            let accs = &mut accs[rows.start * hdv..rows.end * hdv];
+            kern.tiled_step_heads(q, kt, vt, kq, lo, hi, scale, accs, &mut ms[rows.clone()], &mut ss[rows]);
         }
         t0 += TILE;
     }

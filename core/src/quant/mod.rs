@@ -398,9 +398,14 @@ pub(crate) struct KernelTable {
     pub(crate) softmax_sum: fn(sum: f32, new_max: &[bool], e: &[f32]) -> f32,
     /// [`Kernels::tiled_step`].
     pub(crate) tiled_step: TiledStepFn,
+    /// [`Kernels::tiled_step_heads`] (`None`: `tiled_step` per row).
+    pub(crate) tiled_step_heads: Option<TiledStepHeadsFn>,
     /// [`Kernels::tile_sums`]: the block-sum kernels over Tiles32 weights.
     pub(crate) tiles: tiles32::TileKernels,
 }
+
+/// [`Kernels::tiled_step_heads`]'s kernel.
+pub(crate) type TiledStepHeadsFn = fn(qs: &[f32], kt: &[f32], vt: &[f32], kq: &mut [f32], lo: usize, hi: usize, scale: f32, accs: &mut [f32], ms: &mut [f32], ss: &mut [f32]);
 
 /// [`Kernels::tiled_step`]'s kernel.
 pub(crate) type TiledStepFn = fn(q: &[f32], kt: &[f32], vt: &[f32], kq: &mut [f32], lo: usize, hi: usize, scale: f32, row: crate::attn_tiled::TiledRow<'_>);
@@ -464,6 +469,7 @@ pub(crate) const REFERENCE: KernelTable = KernelTable {
     softmax_scores: softmax_scores_by_key,
     softmax_sum: softmax_sum_by_key,
     tiled_step: crate::attn_tiled::step_ref,
+    tiled_step_heads: None,
     tiles: tiles32::REFERENCE,
 };
 
@@ -810,6 +816,25 @@ impl Kernels {
     #[inline]
     pub(crate) fn tiled_step(&self, q: &[f32], kt: &[f32], vt: &[f32], kq: &mut [f32], lo: usize, hi: usize, scale: f32, row: crate::attn_tiled::TiledRow<'_>) {
         (self.t.tiled_step)(q, kt, vt, kq, lo, hi, scale, row)
+    }
+
+    /// [`Kernels::tiled_step`] for the `ms.len()` (1 to 4) query rows of one token that
+    /// share a KV head (so the same keys `lo..hi`): `qs` their queries (rows of
+    /// `qs.len() / ms.len()`), `accs` their accumulators (rows of `accs.len() / ms.len()`),
+    /// `ms`/`ss` their maxima and sums, `kq` at least `ms.len()·TILE` scratch floats.
+    /// Each row gets `tiled_step`'s bits; a kernel set may share each key and value
+    /// load between the rows.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn tiled_step_heads(&self, qs: &[f32], kt: &[f32], vt: &[f32], kq: &mut [f32], lo: usize, hi: usize, scale: f32, accs: &mut [f32], ms: &mut [f32], ss: &mut [f32]) {
+        if let Some(f) = self.t.tiled_step_heads {
+            return f(qs, kt, vt, kq, lo, hi, scale, accs, ms, ss);
+        }
+        let nh = ms.len();
+        let (hd, hdv) = (qs.len() / nh, accs.len() / nh);
+        for (h, ((acc, m), s)) in accs.chunks_exact_mut(hdv).zip(ms.iter_mut()).zip(ss.iter_mut()).enumerate() {
+            let row = crate::attn_tiled::TiledRow { acc, m, s };
+            self.tiled_step(&qs[h * hd..(h + 1) * hd], kt, vt, &mut kq[..crate::attn_tiled::TILE], lo, hi, scale, row);
+        }
     }
 
     /// `dst[i] = f32(src[i])` (exact; F16C where available).

@@ -450,6 +450,63 @@ fn blocked_attention_matches_one_query_at_a_time() {
     }
 }
 
+/// `tiled_step_heads` gives every head the bits of the reference's `tiled_step` for that
+/// row alone: 1 to 4 heads, key and value sizes with and without whole vectors, random
+/// visible ranges and running states (a first tile, later tiles with and without a new
+/// maximum), and a head whose every score is -inf (no visible key: its state must stay
+/// untouched while the others update).
+#[test]
+fn tiled_step_heads_give_each_row_the_steps_bits() {
+    use crate::attn_tiled::{TiledRow, TILE};
+    let reference = Kernels::reference();
+    let mut sets = kernel_sets();
+    sets.push(Kernels::reference());
+    let mut rng = Rng::new(0x4ead);
+    let mut f = |scale: f32| (rng.next() as u32 as f32 / u32::MAX as f32 * 2.0 - 1.0) * scale;
+    for (round, &(hd, hdv)) in [(64usize, 64usize), (256, 256), (48, 80), (128, 200)].iter().cycle().take(40).enumerate() {
+        let nh = 1 + round % 4;
+        let mut kt: Vec<f32> = (0..hd * TILE).map(|_| f(1.0)).collect();
+        let vt: Vec<f32> = (0..TILE * hdv).map(|_| f(2.0)).collect();
+        let mut qs: Vec<f32> = (0..nh * hd).map(|_| f(1.5)).collect();
+        let (lo, hi) = match round % 4 {
+            0 => (0, TILE),
+            1 => (round % 7, TILE - round % 5),
+            2 => (0, 1 + round % 63),
+            _ => (round % 60, round % 60 + 1),
+        };
+        // Head 1 of every fifth round sees only -inf scores (-3e38·4 overflows, then
+        // fma(k, 0, -inf) keeps it).
+        if round % 5 == 3 && nh > 1 {
+            for d in 0..hd {
+                qs[hd + d] = if d == 0 { -3.0e38 } else { 0.0 };
+            }
+            kt[..TILE].fill(4.0);
+        }
+        let accs0: Vec<f32> = (0..nh * hdv).map(|_| if round % 3 == 0 { 0.0 } else { f(3.0) }).collect();
+        let ms0: Vec<f32> = (0..nh).map(|h| if round % 3 == 0 { f32::NEG_INFINITY } else if h % 2 == 0 { f(0.5) } else { 40.0 }).collect();
+        let ss0: Vec<f32> = (0..nh).map(|_| if round % 3 == 0 { 0.0 } else { 1.0 + f(0.5).abs() }).collect();
+        let (mut wa, mut wm, mut ws) = (accs0.clone(), ms0.clone(), ss0.clone());
+        let mut kq = vec![f32::NAN; 4 * TILE];
+        for h in 0..nh {
+            let row = TiledRow { acc: &mut wa[h * hdv..(h + 1) * hdv], m: &mut wm[h], s: &mut ws[h] };
+            reference.tiled_step(&qs[h * hd..(h + 1) * hd], &kt, &vt, &mut kq[..TILE], lo, hi, 0.125, row);
+        }
+        if round % 5 == 3 && nh > 1 {
+            assert_eq!((wm[1].to_bits(), ws[1].to_bits()), (ms0[1].to_bits(), ss0[1].to_bits()), "the -inf head's state changed");
+        }
+        for k in &sets {
+            let (mut ga, mut gm, mut gs) = (accs0.clone(), ms0.clone(), ss0.clone());
+            let mut kq = vec![f32::NAN; 4 * TILE];
+            k.tiled_step_heads(&qs, &kt, &vt, &mut kq, lo, hi, 0.125, &mut ga, &mut gm, &mut gs);
+            let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same(&gm, &wm) && same(&gs, &ws), "{} round {round} ({nh} heads, {hd}/{hdv}, {lo}..{hi}): maxima {gm:?} vs {wm:?}, sums {gs:?} vs {ws:?}", k.name());
+            for (i, (g, w)) in ga.iter().zip(&wa).enumerate() {
+                assert_eq!(g.to_bits(), w.to_bits(), "{} round {round} ({nh} heads, {hd}/{hdv}, {lo}..{hi}): head {} column {}", k.name(), i / hdv, i % hdv);
+            }
+        }
+    }
+}
+
 #[test]
 fn tiled_attention_blocks_match_the_reference_one_row_at_a_time() {
     use crate::attn_tiled::{block, scratch_len, Layout, MAX_HEADS, QB};

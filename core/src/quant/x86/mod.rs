@@ -450,6 +450,7 @@ const fn build(flags: usize) -> KernelTable {
     }
     t.softmax_sum = f16ops::softmax_sum;
     t.tiled_step = if avx512 { tiled::step_avx512 } else { tiled::step_avx2 };
+    t.tiled_step_heads = if avx512 { Some(tiled::step_heads_avx512) } else { None };
     t
 }
 
