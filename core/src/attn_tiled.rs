@@ -114,9 +114,13 @@ pub fn block<'q, 'o>(
         // The tile's keys any row sees: lo..hi (tile-relative), converted once.
         let lo = lo_all.saturating_sub(t0);
         let hi = (hi_all - t0).min(TILE);
+        for t in (lo..hi).step_by(KEYS) {
+            let n = KEYS.min(hi - t);
+            let key = |j: usize| &kv_k[(t0 + t + j) % lay.rows * lay.kd + lay.k_off..][..hd];
+            convert_keys(kern, key, n, kt, t);
+        }
         for t in lo..hi {
             let r = (t0 + t) % lay.rows;
-            convert_key(kern, &kv_k[r * lay.kd + lay.k_off..][..hd], kt, t);
             kern.f16_to_f32(&kv_v[r * lay.vd + lay.v_off..][..hdv], &mut vt[t * hdv..(t + 1) * hdv]);
         }
         for j in 0..nq {
@@ -146,14 +150,25 @@ pub fn block<'q, 'o>(
     }
 }
 
-/// Key `k` (f16) into column `t` of the transposed tile `kt` (`kt[d·TILE + t]`).
-fn convert_key(kern: &Kernels, k: &[f16], kt: &mut [f32], t: usize) {
-    let mut buf = [0f32; 64];
-    for (c, chunk) in k.chunks(64).enumerate() {
-        let b = &mut buf[..chunk.len()];
-        kern.f16_to_f32(chunk, b);
-        for (i, &x) in b.iter().enumerate() {
-            kt[(c * 64 + i) * TILE + t] = x;
+/// Keys converted together by [`convert_keys`].
+const KEYS: usize = 8;
+
+/// Keys `key(0..n)` (f16, `n <= KEYS`) into columns `t..t + n` of the transposed tile `kt`
+/// (`kt[d·TILE + t]`), 64 elements of the `n` keys at a time: each written run of `n`
+/// columns is contiguous (one key at a time would store to a new cache line per element).
+fn convert_keys<'k>(kern: &Kernels, key: impl Fn(usize) -> &'k [f16], n: usize, kt: &mut [f32], t: usize) {
+    let hd = key(0).len();
+    let mut buf = [[0f32; 64]; KEYS];
+    for c in (0..hd).step_by(64) {
+        let w = 64.min(hd - c);
+        for (j, b) in buf[..n].iter_mut().enumerate() {
+            kern.f16_to_f32(&key(j)[c..c + w], &mut b[..w]);
+        }
+        for d in 0..w {
+            let dst = &mut kt[(c + d) * TILE + t..][..n];
+            for (j, o) in dst.iter_mut().enumerate() {
+                *o = buf[j][d];
+            }
         }
     }
 }
