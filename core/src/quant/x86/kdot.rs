@@ -649,21 +649,7 @@ pub(super) unsafe fn q4_k_q8_k_tile_vnni<const MODE: u8>(nb: usize, w: *const u8
             let mut sumi = [zero; T];
             for j in 0..4 {
                 // Rows' qs bytes 32j.. transposed by dwords (8×8).
-                let rows: [__m256i; R] = core::array::from_fn(|r| ld(wb(r).add(16 + 32 * j)));
-                let t0: [__m256i; 4] = core::array::from_fn(|k| _mm256_unpacklo_epi32(rows[2 * k], rows[2 * k + 1]));
-                let t1: [__m256i; 4] = core::array::from_fn(|k| _mm256_unpackhi_epi32(rows[2 * k], rows[2 * k + 1]));
-                // u[q]: dwords (q / 2 * 2 .. ) of rows; then 64-bit unpacks and lane swaps.
-                let u = [
-                    _mm256_unpacklo_epi64(t0[0], t0[1]), _mm256_unpackhi_epi64(t0[0], t0[1]),
-                    _mm256_unpacklo_epi64(t1[0], t1[1]), _mm256_unpackhi_epi64(t1[0], t1[1]),
-                    _mm256_unpacklo_epi64(t0[2], t0[3]), _mm256_unpackhi_epi64(t0[2], t0[3]),
-                    _mm256_unpacklo_epi64(t1[2], t1[3]), _mm256_unpackhi_epi64(t1[2], t1[3]),
-                ];
-                // v[m]: lane r = dword m of row r (m < 4 from the low 128 bits of each row).
-                let v: [__m256i; 8] = core::array::from_fn(|m| {
-                    let (x, y) = (u[m % 4], u[4 + m % 4]);
-                    if m < 4 { _mm256_permute2x128_si256::<0x20>(x, y) } else { _mm256_permute2x128_si256::<0x31>(x, y) }
-                });
+                let v = transpose_dwords(core::array::from_fn(|r| ld(wb(r).add(16 + 32 * j))));
                 let xl: [__m256i; 8] = core::array::from_fn(|m| _mm256_and_si256(v[m], m4));
                 let xh: [__m256i; 8] = core::array::from_fn(|m| _mm256_and_si256(_mm256_srli_epi16::<4>(v[m]), m4));
                 for (t, s) in sumi.iter_mut().enumerate() {
@@ -700,6 +686,101 @@ pub(super) unsafe fn q4_k_q8_k_tile_vnni<const MODE: u8>(nb: usize, w: *const u8
         }
         for t in 0..T {
             _mm256_storeu_ps(out.add(t * ostride), _mm256_sub_ps(acc[t], accm[t]));
+        }
+    }
+}
+
+/// The 8×8 dword transpose of 8 rows of 32 bytes: vector m holds, in lane r, dword m
+/// of row r.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn transpose_dwords(rows: [__m256i; 8]) -> [__m256i; 8] {
+    // SAFETY: value-only intrinsics (this fn's target features).
+    unsafe {
+        let t0: [__m256i; 4] = core::array::from_fn(|k| _mm256_unpacklo_epi32(rows[2 * k], rows[2 * k + 1]));
+        let t1: [__m256i; 4] = core::array::from_fn(|k| _mm256_unpackhi_epi32(rows[2 * k], rows[2 * k + 1]));
+        // u[q]: dwords (q / 2 * 2 .. ) of rows; then 64-bit unpacks and lane swaps.
+        let u = [
+            _mm256_unpacklo_epi64(t0[0], t0[1]), _mm256_unpackhi_epi64(t0[0], t0[1]),
+            _mm256_unpacklo_epi64(t1[0], t1[1]), _mm256_unpackhi_epi64(t1[0], t1[1]),
+            _mm256_unpacklo_epi64(t0[2], t0[3]), _mm256_unpackhi_epi64(t0[2], t0[3]),
+            _mm256_unpacklo_epi64(t1[2], t1[3]), _mm256_unpackhi_epi64(t1[2], t1[3]),
+        ];
+        // Lane r = dword m of row r (m < 4 from the low 128 bits of each row).
+        core::array::from_fn(|m| {
+            let (x, y) = (u[m % 4], u[4 + m % 4]);
+            if m < 4 { _mm256_permute2x128_si256::<0x20>(x, y) } else { _mm256_permute2x128_si256::<0x31>(x, y) }
+        })
+    }
+}
+
+/// Weight rows of the AVX-512 VNNI Q6_K tile (tiled order): one per lane of a vector.
+pub(crate) const Q6_K_TILE_ROWS: usize = 8;
+/// Tokens of the AVX-512 VNNI Q6_K tile.
+pub(crate) const Q6_K_TILE_TOKENS: usize = 8;
+
+/// [`q6_k_q8_k`]`::<TILED>` for [`Q6_K_TILE_ROWS`] rows in the lanes of a vector ×
+/// [`Q6_K_TILE_TOKENS`] tokens, AVX-512 VNNI on 256-bit vectors. Per super-block and
+/// 32-element group g (sub-blocks 2g, 2g + 1), the 8 rows' unsigned levels
+/// ([`q6_k_levels`]) are transposed by dwords; per token, `vpdpbusd` with the activation's
+/// matching 4 bytes broadcast, started from `-32·bsum` of the sub-block, gives every
+/// row's exact `Σ (q - 32)·a` of each sub-block, multiplied by the rows' scales
+/// (`vpmulld`) into `s1`. The integer `s1` is the single dot's (exact, any order); the
+/// float steps per lane are its [`tiled_step`]: `r = f32(s1)·dw`, `acc = fma(r, da, acc)`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn q6_k_q8_k_tile_tiled_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: nb super-blocks of each of the 8 rows at w + r·wrow and of each token's row
+    // at a + t·arow, and out[t·ostride + r] (ostride >= 8), are in bounds (the wrapper
+    // checks); layout ql@0 qh@128 scales@192 d@208; AVX-512 F/BW/VL/VNNI available (only
+    // handed out after cpu_has_avx512_vnni()).
+    unsafe {
+        const R: usize = Q6_K_TILE_ROWS;
+        const T: usize = Q6_K_TILE_TOKENS;
+        let zero = _mm256_setzero_si256();
+        let mut acc = [_mm256_setzero_ps(); T];
+        for i in 0..nb {
+            let wb = |r: usize| w.add(r * wrow + 210 * i);
+            let ab = |t: usize| a.add(t * arow + 292 * i);
+            // The 16 i8 scales of each row, 4 per dword: wv[k] lane r = dword k of row r's.
+            let wv: [__m256i; 4] = core::array::from_fn(|k| {
+                let words: [i32; R] = core::array::from_fn(|r| rd32(wb(r).add(192 + 4 * k)));
+                _mm256_loadu_si256(words.as_ptr().cast())
+            });
+            // Lane r = scale s of row r (sign-extended).
+            let scale = |s: usize| {
+                let v = wv[s / 4];
+                match s % 4 {
+                    0 => _mm256_srai_epi32::<24>(_mm256_slli_epi32::<24>(v)),
+                    1 => _mm256_srai_epi32::<24>(_mm256_slli_epi32::<16>(v)),
+                    2 => _mm256_srai_epi32::<24>(_mm256_slli_epi32::<8>(v)),
+                    _ => _mm256_srai_epi32::<24>(v),
+                }
+            };
+            // -32·bsums of each token, as i32.
+            let bias: [[i32; 16]; T] = core::array::from_fn(|t| core::array::from_fn(|s| -32 * i32::from(core::ptr::read_unaligned(ab(t).add(A_BSUMS + 2 * s).cast::<i16>()))));
+            let mut s1 = [zero; T];
+            for g in 0..8 {
+                let v = transpose_dwords(core::array::from_fn(|r| q6_k_levels(wb(r), g / 4, g % 4)));
+                let (sa, sb) = (scale(2 * g), scale(2 * g + 1));
+                for (t, s1) in s1.iter_mut().enumerate() {
+                    let y = ab(t).add(A_QS + 32 * g);
+                    let b = |k: usize| _mm256_set1_epi32(rd32(y.add(4 * k)));
+                    let (mut sl, mut sh) = (_mm256_set1_epi32(bias[t][2 * g]), _mm256_set1_epi32(bias[t][2 * g + 1]));
+                    for m in 0..4 {
+                        sl = _mm256_dpbusd_epi32(sl, v[m], b(m));
+                        sh = _mm256_dpbusd_epi32(sh, v[4 + m], b(4 + m));
+                    }
+                    *s1 = _mm256_add_epi32(*s1, _mm256_add_epi32(_mm256_mullo_epi32(sa, sl), _mm256_mullo_epi32(sb, sh)));
+                }
+            }
+            let dw = f16_rows(w, wrow, 210 * i + 208);
+            for t in 0..T {
+                let r = _mm256_mul_ps(_mm256_cvtepi32_ps(s1[t]), dw);
+                acc[t] = _mm256_fmadd_ps(r, _mm256_set1_ps(rdf32(ab(t))), acc[t]);
+            }
+        }
+        for t in 0..T {
+            _mm256_storeu_ps(out.add(t * ostride), acc[t]);
         }
     }
 }

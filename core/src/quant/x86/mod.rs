@@ -193,6 +193,10 @@ tile_wrapper!(/// AVX-512 VNNI Q4_K · Q8_K tile in llama.cpp's `gemm` order, 8 
 tile_wrapper!(/// AVX2 Q6_K · Q8_K tile, one row × [`kdot::KTILE_TOKENS`] tokens (each output as
     /// [`vec_dot_q6_k_q8_k`]).
     tile_q6_k_q8_k, kdot::q6_k_q8_k_tile::<NATIVE>, 256, 210, 292, 1, kdot::KTILE_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// AVX-512 VNNI Q6_K · Q8_K tile in llama.cpp's tiled order, 8 rows ×
+    /// [`kdot::Q6_K_TILE_TOKENS`] tokens (each output as [`vec_dot_q6_k_q8_k_tiled`]); only
+    /// handed out after [`cpu_has_avx512_vnni`].
+    tile_q6_k_q8_k_tiled_vnni, kdot::q6_k_q8_k_tile_tiled_vnni, 256, 210, 292, kdot::Q6_K_TILE_ROWS, kdot::Q6_K_TILE_TOKENS, cpu_has_avx512_vnni);
 tile_wrapper!(/// AVX2 Q6_K · Q8_K tile in llama.cpp's tiled order, one row × [`kdot::KTILE_TOKENS`]
     /// tokens (each output as [`vec_dot_q6_k_q8_k_tiled`]).
     tile_q6_k_q8_k_tiled, kdot::q6_k_q8_k_tile::<TILED>, 256, 210, 292, 1, kdot::KTILE_TOKENS, cpu_has_avx2_fma);
@@ -419,7 +423,11 @@ const fn build(flags: usize) -> KernelTable {
         DotTile::entry(tile_q4_k_q8_k_gemm, 1, KTILE_TOKENS)
     };
     t.tile_tiled.q4_k = DotTile::entry(tile_q4_k_q8_k_tiled, 1, KTILE_TOKENS);
-    t.tile_tiled.q6_k = DotTile::entry(tile_q6_k_q8_k_tiled, 1, KTILE_TOKENS);
+    t.tile_tiled.q6_k = if vnni {
+        DotTile::entry(tile_q6_k_q8_k_tiled_vnni, kdot::Q6_K_TILE_ROWS, kdot::Q6_K_TILE_TOKENS)
+    } else {
+        DotTile::entry(tile_q6_k_q8_k_tiled, 1, KTILE_TOKENS)
+    };
 
     // (F32 and BF16 activations: the reference's conversion.)
     t.quantize.f16 = Some(convert_f16);
