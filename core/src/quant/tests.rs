@@ -614,6 +614,24 @@ fn lane_sums_i8_equal_the_closure_form() {
     assert_eq!(lane_sums_i8(&x, &y), [65536; 8]);
 }
 
+/// A tile's operands: `rows` random weight rows of `n` quantized as `ty`, `wrow` bytes
+/// apart, and `tokens` activation rows quantized for it by `k`, `arow` bytes apart (the
+/// gaps zero).
+fn strided_operands(k: &Kernels, rng: &mut Rng, ty: GgmlType, n: usize, (rows, wrow): (usize, usize), (tokens, arow): (usize, usize)) -> (Vec<u8>, Vec<u8>) {
+    let vdt = Kernels::vec_dot_type(ty).unwrap();
+    let mut w = vec![0u8; rows * wrow];
+    for r in 0..rows {
+        let q = quantized(ty, &random_row(rng, n));
+        w[r * wrow..r * wrow + q.len()].copy_from_slice(&q);
+    }
+    let mut a = vec![0u8; tokens * arow];
+    for t in 0..tokens {
+        let q = activations(k, vdt, &random_row(rng, n));
+        a[t * arow..t * arow + q.len()].copy_from_slice(&q);
+    }
+    (w, a)
+}
+
 #[test]
 fn dot_tiles_give_each_dots_bits() {
     let (sets, mut checked) = (fast_kernel_sets(), 0);
@@ -629,16 +647,7 @@ fn dot_tiles_give_each_dots_bits() {
                 // One to three groups of rows per call.
                 let tr = tile_rows * (1 + i % 3);
                 let (wrow, arow) = (bytes_of(ty, n) + 2 * (i % 3), bytes_of(vdt, n) + i % 5);
-                let mut w = vec![0u8; tr * wrow];
-                for r in 0..tr {
-                    let q = quantized(ty, &random_row(&mut rng, n));
-                    w[r * wrow..r * wrow + q.len()].copy_from_slice(&q);
-                }
-                let mut a = vec![0u8; tt * arow];
-                for t in 0..tt {
-                    let q = activations(&k, vdt, &random_row(&mut rng, n));
-                    a[t * arow..t * arow + q.len()].copy_from_slice(&q);
-                }
+                let (w, a) = strided_operands(&k, &mut rng, ty, n, (tr, wrow), (tt, arow));
                 let ostride = tr + i % 3;
                 let mut out = vec![f32::NAN; tt * ostride];
                 tile(n, &w, wrow, tr, &a, arow, &mut out, ostride);
@@ -677,16 +686,7 @@ fn dot_tiles_in_batch_give_each_tokens_bits() {
                 assert!(covered > 0 && covered <= n_tokens && covered % tile.tokens == 0, "{} {ty}: covers {covered} of {n_tokens}", k.name());
                 let tr = rows - rows % tile.rows;
                 let (wrow, arow) = (bytes_of(ty, n) + 2 * (i % 3), bytes_of(vdt, n) + i % 5);
-                let mut w = vec![0u8; rows * wrow];
-                for r in 0..rows {
-                    let q = quantized(ty, &random_row(&mut rng, n));
-                    w[r * wrow..r * wrow + q.len()].copy_from_slice(&q);
-                }
-                let mut a = vec![0u8; n_tokens * arow];
-                for t in 0..n_tokens {
-                    let q = activations(&k, vdt, &random_row(&mut rng, n));
-                    a[t * arow..t * arow + q.len()].copy_from_slice(&q);
-                }
+                let (w, a) = strided_operands(&k, &mut rng, ty, n, (rows, wrow), (n_tokens, arow));
                 let ostride = tr + i % 3;
                 for t0 in (0..covered).step_by(tile.tokens) {
                     let mut out = vec![f32::NAN; tile.tokens * ostride];
@@ -753,40 +753,52 @@ fn dot_pairs_give_each_dots_bits() {
     let _ = checked;
 }
 
+/// Runs the tasks one after another in reverse (as threads may, in any order).
+struct Reversed(usize);
+
+impl crate::parallel::Parallel for Reversed {
+    fn n_threads(&self) -> usize {
+        self.0
+    }
+    fn run(&self, n_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+        (0..n_tasks).rev().for_each(task)
+    }
+}
+
+/// A matmul's operands: `rows` random rows of `cols` weights quantized as `ty`, and `n`
+/// random activation rows quantized for it by `k`; with their row sizes in bytes
+/// (weights, activations).
+fn matmul_operands(k: &Kernels, rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize, n: usize) -> (Vec<u8>, Vec<u8>, usize, usize) {
+    use crate::matmul::quantize_rows;
+    use crate::parallel::Sequential;
+    let wrb = bytes_of(ty, cols);
+    let mut w = vec![0u8; rows * wrb];
+    for r in 0..rows {
+        let q = quantized(ty, &random_row(rng, cols));
+        w[r * wrb..(r + 1) * wrb].copy_from_slice(&q);
+    }
+    let vdt = Kernels::vec_dot_type(ty).unwrap();
+    let rb = bytes_of(vdt, cols);
+    let x: Vec<f32> = (0..n).flat_map(|_| random_row(rng, cols)).collect();
+    let mut a = vec![0u8; n * rb];
+    quantize_rows(k, &Sequential, vdt, &x, n, cols, &mut a);
+    (w, a, wrb, rb)
+}
+
 /// A matmul of 1 to 17 tokens gives each token the bits of that token alone, on one
 /// thread and on several (whatever path the batch takes: 8-row kernel, pairs, tiles),
 /// for the types with short-batch or tile kernels; row counts not a multiple of 8.
 #[test]
 fn matmul_rows_do_not_depend_on_the_batch() {
-    use crate::matmul::{matmul, quantize_rows};
+    use crate::matmul::matmul;
     use crate::model::Tensor;
     use crate::parallel::{Parallel, Sequential};
-    /// Runs the tasks one after another in reverse (as threads may, in any order).
-    struct Reversed(usize);
-    impl Parallel for Reversed {
-        fn n_threads(&self) -> usize {
-            self.0
-        }
-        fn run(&self, n_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
-            (0..n_tasks).rev().for_each(task)
-        }
-    }
     let mut rng = Rng::new(24);
     for k in fast_kernel_sets() {
         for ty in [Q8_0, Q4_0, Q4_1] {
             let (rows, cols) = (76usize, 96usize);
-            let wrb = bytes_of(ty, cols);
-            let mut w = vec![0u8; rows * wrb];
-            for r in 0..rows {
-                let q = quantized(ty, &random_row(&mut rng, cols));
-                w[r * wrb..(r + 1) * wrb].copy_from_slice(&q);
-            }
+            let (w, a, _, rb) = matmul_operands(&k, &mut rng, ty, rows, cols, 17);
             let t = Tensor { ty, cols, rows, data: &w };
-            let vdt = Kernels::vec_dot_type(ty).unwrap();
-            let rb = bytes_of(vdt, cols);
-            let x: Vec<f32> = (0..17).flat_map(|_| random_row(&mut rng, cols)).collect();
-            let mut a = vec![0u8; 17 * rb];
-            quantize_rows(&k, &Sequential, vdt, &x, 17, cols, &mut a);
             let mut one = vec![0.0f32; 17 * rows];
             for i in 0..17 {
                 matmul(&k, &Sequential, &t, &a[i * rb..(i + 1) * rb], 1, &mut one[i * rows..(i + 1) * rows]);
@@ -811,34 +823,15 @@ fn matmul_rows_do_not_depend_on_the_batch() {
 /// counts with and without the repacked layout (K-quants, the types with such tiles).
 #[test]
 fn llama_cpp_batches_give_each_tokens_kernel_bits() {
-    use crate::matmul::{matmul_as, quantize_rows};
+    use crate::matmul::matmul_as;
     use crate::model::Tensor;
     use crate::parallel::{Parallel, Sequential};
-    struct Reversed(usize);
-    impl Parallel for Reversed {
-        fn n_threads(&self) -> usize {
-            self.0
-        }
-        fn run(&self, n_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
-            (0..n_tasks).rev().for_each(task)
-        }
-    }
     let mut rng = Rng::new(28);
     for k in fast_kernel_sets() {
         for (ty, rows) in [(Q4_K, 48usize), (Q4_K, 44), (Q6_K, 44), (Q2_K, 40)] {
             let cols = 512;
-            let wrb = bytes_of(ty, cols);
-            let mut w = vec![0u8; rows * wrb];
-            for r in 0..rows {
-                let q = quantized(ty, &random_row(&mut rng, cols));
-                w[r * wrb..(r + 1) * wrb].copy_from_slice(&q);
-            }
+            let (w, a, wrb, rb) = matmul_operands(&k, &mut rng, ty, rows, cols, 33);
             let t = Tensor { ty, cols, rows, data: &w };
-            let vdt = Kernels::vec_dot_type(ty).unwrap();
-            let rb = bytes_of(vdt, cols);
-            let x: Vec<f32> = (0..33).flat_map(|_| random_row(&mut rng, cols)).collect();
-            let mut a = vec![0u8; 33 * rb];
-            quantize_rows(&k, &Sequential, vdt, &x, 33, cols, &mut a);
             for n in (1..=20).chain([24, 31, 33]) {
                 for par in [&Sequential as &dyn Parallel, &Reversed(2), &Reversed(3)] {
                     let mut out = vec![f32::NAN; n * rows];

@@ -774,13 +774,13 @@ pub(super) unsafe fn q6_k_q8_k_tile_tiled_vnni(nb: usize, w: *const u8, wrow: us
                 }
             }
             let dw = f16_rows(w, wrow, 210 * i + 208);
-            for t in 0..T {
-                let r = _mm256_mul_ps(_mm256_cvtepi32_ps(s1[t]), dw);
-                acc[t] = _mm256_fmadd_ps(r, _mm256_set1_ps(rdf32(ab(t))), acc[t]);
+            for (t, (acc, s1)) in acc.iter_mut().zip(s1).enumerate() {
+                let r = _mm256_mul_ps(_mm256_cvtepi32_ps(s1), dw);
+                *acc = _mm256_fmadd_ps(r, _mm256_set1_ps(rdf32(ab(t))), *acc);
             }
         }
-        for t in 0..T {
-            _mm256_storeu_ps(out.add(t * ostride), acc[t]);
+        for (t, acc) in acc.iter().enumerate() {
+            _mm256_storeu_ps(out.add(t * ostride), *acc);
         }
     }
 }
