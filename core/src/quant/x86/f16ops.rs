@@ -468,6 +468,43 @@ unsafe fn softmax_sum_fma(sum: f32, new_max: &[bool], e: &[f32]) -> f32 {
     }
 }
 
+/// [`softmax_sum`] for the rows of up to 4 heads at once (`sums[h]` over row h of
+/// `new_max` and `e`, rows of `e.len() / sums.len()`): the heads' fma chains interleaved
+/// key by key (one chain waits 4 cycles per key on its previous fma), each chain's
+/// operations and their order those of `softmax_sum`.
+pub(crate) fn softmax_sums(sums: &mut [f32], new_max: &[bool], e: &[f32]) {
+    let heads = sums.len();
+    assert!((1..=4).contains(&heads) && e.len().is_multiple_of(heads) && new_max.len() == e.len(), "softmax_sums: {heads} heads of {} keys", e.len());
+    // SAFETY: AVX2/FMA/F16C present (module contract); lengths checked above.
+    unsafe {
+        match heads {
+            1 => softmax_sums_fma::<1>(sums, new_max, e),
+            2 => softmax_sums_fma::<2>(sums, new_max, e),
+            3 => softmax_sums_fma::<3>(sums, new_max, e),
+            _ => softmax_sums_fma::<4>(sums, new_max, e),
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn softmax_sums_fma<const H: usize>(sums: &mut [f32], new_max: &[bool], e: &[f32]) {
+    // SAFETY: value-only intrinsics.
+    unsafe {
+        let len = e.len() / H;
+        let rows: [(&[bool], &[f32]); H] = core::array::from_fn(|h| (&new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]));
+        let mut s: [__m128; H] = core::array::from_fn(|h| _mm_set_ss(sums[h]));
+        for c in 0..len {
+            for (s, (nm, e)) in s.iter_mut().zip(&rows) {
+                let (ms, vs) = if nm[c] { (e[c], 1.0) } else { (1.0, e[c]) };
+                *s = _mm_fmadd_ss(*s, _mm_set_ss(ms), _mm_set_ss(vs));
+            }
+        }
+        for (sum, s) in sums.iter_mut().zip(s) {
+            *sum = _mm_cvtss_f32(s);
+        }
+    }
+}
+
 /// Whether [`dot_keys_heads`] takes rows of `n` with or without AVX-512.
 pub(crate) fn dot_keys_heads_fits(n: usize, avx512: bool) -> bool {
     n == DOT_STEP || (avx512 && (n == 2 * DOT_STEP || n == 4 * DOT_STEP))
@@ -613,9 +650,7 @@ pub(crate) fn mad_keys_heads64(ys: &mut [f16], heads: usize, x: &[f16], offs: &[
             (true, 4) => mad_keys_heads64_avx512::<4>(yp, xp, offs, new_max, e, sums),
             _ => {
                 mad_keys_heads64_avx2(yp, heads, xp, offs, new_max, e);
-                for (h, sum) in sums[..heads].iter_mut().enumerate() {
-                    *sum = softmax_sum_fma(*sum, &new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
-                }
+                softmax_sums(&mut sums[..heads], &new_max[..heads * len], &e[..heads * len]);
             }
         }
     }
@@ -738,9 +773,7 @@ pub(crate) fn mad_keys_heads_exact(ys: &mut [f16], n: usize, heads: usize, x: &[
     assert!(mad_keys_heads_exact_fits(n) && (1..=4).contains(&heads), "mad_keys_heads_exact: {heads} heads of {n}");
     assert!(ys.len() >= heads * n && new_max.len() >= heads * len && e.len() >= heads * len && sums.len() >= heads, "mad_keys_heads_exact: short arrays");
     assert!(offs.iter().all(|&o| o <= x.len() && n <= x.len() - o), "mad_keys_heads_exact: value row out of bounds");
-    for (h, sum) in sums[..heads].iter_mut().enumerate() {
-        *sum = softmax_sum(*sum, &new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
-    }
+    softmax_sums(&mut sums[..heads], &new_max[..heads * len], &e[..heads * len]);
     let (yp, xp) = (ys.as_mut_ptr().cast::<u16>(), x.as_ptr().cast::<u16>());
     let mut c0 = 0;
     while c0 < len {

@@ -505,6 +505,14 @@ mod entry {
             f16ops::mad_keys_heads64(ys, heads, x, offs, new_max, e, sums, AVX512)
         } else if !FP16 && f16ops::mad_keys_heads_exact_fits(n) && (1..=4).contains(&heads) {
             f16ops::mad_keys_heads_exact(ys, n, heads, x, offs, new_max, e, sums, AVX512)
+        } else if (1..=4).contains(&heads) {
+            // Head by head with this table's kernel; the sums' chains interleaved.
+            let len = offs.len();
+            for h in 0..heads {
+                let r = h * len..(h + 1) * len;
+                (t.f16_mad_keys)(t, &mut ys[h * n..(h + 1) * n], x, offs, &new_max[r.clone()], &e[r]);
+            }
+            f16ops::softmax_sums(&mut sums[..heads], &new_max[..heads * len], &e[..heads * len]);
         } else {
             mad_keys_by_head(t, ys, n, heads, x, offs, new_max, e, sums)
         }
