@@ -396,6 +396,9 @@ pub(crate) struct KernelTable {
     pub(crate) softmax_scores: fn(e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut f32),
     /// [`Kernels::softmax_sum`].
     pub(crate) softmax_sum: fn(sum: f32, new_max: &[bool], e: &[f32]) -> f32,
+    /// `softmax_sum` for the heads of a KV head at once (`sums[h]` over row h of `new_max`
+    /// and `e`, rows of `e.len() / sums.len()`), each head's bits those of `softmax_sum`.
+    pub(crate) softmax_sums: fn(t: &KernelTable, sums: &mut [f32], new_max: &[bool], e: &[f32]),
     /// [`Kernels::tiled_step`].
     pub(crate) tiled_step: TiledStepFn,
     /// [`Kernels::tiled_step_heads`] (`None`: `tiled_step` per row).
@@ -468,6 +471,7 @@ pub(crate) const REFERENCE: KernelTable = KernelTable {
     f16_mad_keys_heads: mad_keys_by_head,
     softmax_scores: softmax_scores_by_key,
     softmax_sum: softmax_sum_by_key,
+    softmax_sums: softmax_sums_by_head,
     tiled_step: crate::attn_tiled::step_ref,
     tiled_step_heads: None,
     tiles: tiles32::REFERENCE,
@@ -518,8 +522,17 @@ pub(crate) fn mad_keys_by_head(t: &KernelTable, ys: &mut [f16], n: usize, heads:
     let len = offs.len();
     for h in 0..heads {
         let r = h * len..(h + 1) * len;
-        (t.f16_mad_keys)(t, &mut ys[h * n..(h + 1) * n], x, offs, &new_max[r.clone()], &e[r.clone()]);
-        sums[h] = (t.softmax_sum)(sums[h], &new_max[r.clone()], &e[r]);
+        (t.f16_mad_keys)(t, &mut ys[h * n..(h + 1) * n], x, offs, &new_max[r.clone()], &e[r]);
+    }
+    (t.softmax_sums)(t, &mut sums[..heads], &new_max[..heads * len], &e[..heads * len]);
+}
+
+/// `KernelTable::softmax_sums` head by head with `t`'s `softmax_sum`.
+fn softmax_sums_by_head(t: &KernelTable, sums: &mut [f32], new_max: &[bool], e: &[f32]) {
+    let len = e.len() / sums.len().max(1);
+    for (h, sum) in sums.iter_mut().enumerate() {
+        let r = h * len..(h + 1) * len;
+        *sum = (t.softmax_sum)(*sum, &new_max[r.clone()], &e[r]);
     }
 }
 

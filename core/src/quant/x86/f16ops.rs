@@ -468,20 +468,29 @@ unsafe fn softmax_sum_fma(sum: f32, new_max: &[bool], e: &[f32]) -> f32 {
     }
 }
 
-/// [`softmax_sum`] for the rows of up to 4 heads at once (`sums[h]` over row h of
-/// `new_max` and `e`, rows of `e.len() / sums.len()`): the heads' fma chains interleaved
-/// key by key (one chain waits 4 cycles per key on its previous fma), each chain's
-/// operations and their order those of `softmax_sum`.
+/// [`softmax_sum`] for the rows of several heads (`sums[h]` over row h of `new_max` and
+/// `e`, rows of `e.len() / sums.len()`): up to 4 heads' fma chains interleaved key by key
+/// (one chain waits 4 cycles per key on its previous fma), each chain's operations and
+/// their order those of `softmax_sum`.
 pub(crate) fn softmax_sums(sums: &mut [f32], new_max: &[bool], e: &[f32]) {
     let heads = sums.len();
-    assert!((1..=4).contains(&heads) && e.len().is_multiple_of(heads) && new_max.len() == e.len(), "softmax_sums: {heads} heads of {} keys", e.len());
-    // SAFETY: AVX2/FMA/F16C present (module contract); lengths checked above.
-    unsafe {
-        match heads {
-            1 => softmax_sums_fma::<1>(sums, new_max, e),
-            2 => softmax_sums_fma::<2>(sums, new_max, e),
-            3 => softmax_sums_fma::<3>(sums, new_max, e),
-            _ => softmax_sums_fma::<4>(sums, new_max, e),
+    if heads == 0 {
+        return;
+    }
+    assert!(e.len().is_multiple_of(heads) && new_max.len() == e.len(), "softmax_sums: {heads} heads of {} keys", e.len());
+    let len = e.len() / heads;
+    for (g, sums) in sums.chunks_mut(4).enumerate() {
+        let r = 4 * g * len..(4 * g + sums.len()) * len;
+        let (new_max, e) = (&new_max[r.clone()], &e[r]);
+        // SAFETY: AVX2/FMA/F16C present (module contract); value-only intrinsics and
+        // slice indexing inside.
+        unsafe {
+            match sums.len() {
+                1 => softmax_sums_fma::<1>(sums, new_max, e),
+                2 => softmax_sums_fma::<2>(sums, new_max, e),
+                3 => softmax_sums_fma::<3>(sums, new_max, e),
+                _ => softmax_sums_fma::<4>(sums, new_max, e),
+            }
         }
     }
 }

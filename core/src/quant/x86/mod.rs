@@ -457,6 +457,7 @@ const fn build(flags: usize) -> KernelTable {
         t.softmax_scores = f16ops::softmax_scores;
     }
     t.softmax_sum = f16ops::softmax_sum;
+    t.softmax_sums = |_, sums, new_max, e| f16ops::softmax_sums(sums, new_max, e);
     t.tiled_step = if avx512 { tiled::step_avx512 } else { tiled::step_avx2 };
     t.tiled_step_heads = if avx512 { Some(tiled::step_heads_avx512) } else { None };
     t
@@ -505,14 +506,6 @@ mod entry {
             f16ops::mad_keys_heads64(ys, heads, x, offs, new_max, e, sums, AVX512)
         } else if !FP16 && f16ops::mad_keys_heads_exact_fits(n) && (1..=4).contains(&heads) {
             f16ops::mad_keys_heads_exact(ys, n, heads, x, offs, new_max, e, sums, AVX512)
-        } else if (1..=4).contains(&heads) {
-            // Head by head with this table's kernel; the sums' chains interleaved.
-            let len = offs.len();
-            for h in 0..heads {
-                let r = h * len..(h + 1) * len;
-                (t.f16_mad_keys)(t, &mut ys[h * n..(h + 1) * n], x, offs, &new_max[r.clone()], &e[r]);
-            }
-            f16ops::softmax_sums(&mut sums[..heads], &new_max[..heads * len], &e[..heads * len]);
         } else {
             mad_keys_by_head(t, ys, n, heads, x, offs, new_max, e, sums)
         }
