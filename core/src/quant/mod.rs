@@ -424,6 +424,39 @@ impl DotTile {
     }
 }
 
+/// The order llama.cpp's kernel for one token of a batch follows (see
+/// [`Kernels::dot_fn_in_batch`]).
+#[derive(Clone, Copy)]
+enum BatchOrder {
+    /// `vec_dot`'s lanes where keel's dot follows the repacked order (Q4_0, rows not a
+    /// multiple of 8).
+    Lanes,
+    /// The repacked `gemm` (Q4_K, Q2_K in whole groups of 4 tokens).
+    Gemm,
+    /// The tiled K-quant matmul (batches of 8 or more, weights not repacked).
+    Tiled,
+    /// [`Kernels::dot_fn`]'s.
+    Dot,
+}
+
+impl BatchOrder {
+    /// Token `token` of a batch of `n_tokens` against `rows` rows of `wtype`.
+    fn of(wtype: GgmlType, rows: usize, n_tokens: usize, token: usize) -> BatchOrder {
+        use GgmlType::*;
+        if wtype == Q4_0 && !rows.is_multiple_of(8) {
+            return BatchOrder::Lanes;
+        }
+        let repacked = matches!(wtype, Q4_K | Q2_K) && rows.is_multiple_of(8);
+        if repacked && token < n_tokens - n_tokens % 4 {
+            BatchOrder::Gemm
+        } else if !repacked && n_tokens >= 8 && matches!(wtype, Q2_K | Q3_K | Q4_K | Q5_K | Q6_K) {
+            BatchOrder::Tiled
+        } else {
+            BatchOrder::Dot
+        }
+    }
+}
+
 /// The scalar reference's table: bit-identical on every target, and what every ISA's
 /// table starts from.
 pub(crate) const REFERENCE: KernelTable = KernelTable {
@@ -658,18 +691,11 @@ impl Kernels {
     /// Opt-in: a caller using it gives up keel's rule that a row's dot does not depend
     /// on the batch the row is in.
     pub fn dot_fn_in_batch(&self, wtype: GgmlType, rows: usize, n_tokens: usize, token: usize) -> Result<DotFn, Unsupported> {
-        use GgmlType::*;
-        let order = if wtype == Q4_0 && !rows.is_multiple_of(8) {
-            &self.t.dot_lanes
-        } else {
-            let repacked = matches!(wtype, Q4_K | Q2_K) && rows.is_multiple_of(8);
-            if repacked && token < n_tokens - n_tokens % 4 {
-                &self.t.dot_gemm
-            } else if !repacked && n_tokens >= 8 && matches!(wtype, Q2_K | Q3_K | Q4_K | Q5_K | Q6_K) {
-                &self.t.dot_tiled
-            } else {
-                return self.dot_fn(wtype);
-            }
+        let order = match BatchOrder::of(wtype, rows, n_tokens, token) {
+            BatchOrder::Lanes => &self.t.dot_lanes,
+            BatchOrder::Gemm => &self.t.dot_gemm,
+            BatchOrder::Tiled => &self.t.dot_tiled,
+            BatchOrder::Dot => return self.dot_fn(wtype),
         };
         // (Every table has these orders for these types: the reference's.)
         match order.get(wtype) {
@@ -687,16 +713,12 @@ impl Kernels {
     /// x86's Q4_K in the `gemm` order (8 rows × 8 tokens with AVX-512 VNNI) and Q4_K and
     /// Q6_K in the tiled order.
     pub fn dot_tile_in_batch(&self, wtype: GgmlType, rows: usize, n_tokens: usize) -> Option<(DotTile, usize)> {
-        use GgmlType::*;
-        let repacked = matches!(wtype, Q4_K | Q2_K) && rows.is_multiple_of(8);
-        let (tile, covered) = if wtype == Q4_0 && !rows.is_multiple_of(8) {
-            return None;
-        } else if repacked {
-            (self.t.tile_gemm.get(wtype)?, n_tokens - n_tokens % 4)
-        } else if n_tokens >= 8 && matches!(wtype, Q2_K | Q3_K | Q4_K | Q5_K | Q6_K) {
-            (self.t.tile_tiled.get(wtype)?, n_tokens)
-        } else {
-            return None;
+        // Token 0's order is that of every token up to the last whole `gemm` group (the
+        // tiled order is the whole batch's).
+        let (tile, covered) = match BatchOrder::of(wtype, rows, n_tokens, 0) {
+            BatchOrder::Gemm => (self.t.tile_gemm.get(wtype)?, n_tokens - n_tokens % 4),
+            BatchOrder::Tiled => (self.t.tile_tiled.get(wtype)?, n_tokens),
+            BatchOrder::Lanes | BatchOrder::Dot => return None,
         };
         let covered = covered - covered % tile.tokens;
         (covered > 0).then_some((tile, covered))
