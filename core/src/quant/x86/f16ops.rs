@@ -451,21 +451,11 @@ unsafe fn softmax_scores_avx512(e: &mut [f32], new_max: &mut [bool], scale: f32,
 
 /// See `Kernels::softmax_sum`.
 pub(crate) fn softmax_sum(sum: f32, new_max: &[bool], e: &[f32]) -> f32 {
+    let n = new_max.len().min(e.len());
+    let mut s = [sum];
     // SAFETY: AVX2/FMA/F16C present (module contract).
-    unsafe { softmax_sum_fma(sum, new_max, e) }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn softmax_sum_fma(sum: f32, new_max: &[bool], e: &[f32]) -> f32 {
-    // SAFETY: value-only intrinsics.
-    unsafe {
-        let mut s = _mm_set_ss(sum);
-        for (&nm, &ec) in new_max.iter().zip(e) {
-            let (ms, vs) = if nm { (ec, 1.0) } else { (1.0, ec) };
-            s = _mm_fmadd_ss(s, _mm_set_ss(ms), _mm_set_ss(vs));
-        }
-        _mm_cvtss_f32(s)
-    }
+    unsafe { softmax_sums_fma::<1>(&mut s, &new_max[..n], &e[..n]) };
+    s[0]
 }
 
 /// [`softmax_sum`] for the rows of several heads (`sums[h]` over row h of `new_max` and

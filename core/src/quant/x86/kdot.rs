@@ -645,7 +645,14 @@ pub(super) unsafe fn q4_k_q8_k_tile_vnni<const MODE: u8>(nb: usize, w: *const u8
                 q8s
             };
             let da = |t: usize| _mm256_set1_ps(rdf32(a.add(t * arow + 292 * i)));
+            // `gemm` order: each token's bsum pairs and products `[dw·da, dminw·da]`, once
+            // per super-block for its four groups.
             let gemm_q8s: [[i32; 4]; T] = if MODE == GEMM { core::array::from_fn(q8s) } else { [[0; 4]; T] };
+            let gemm_d: [(__m256, __m256); T] = if MODE == GEMM {
+                core::array::from_fn(|t| (_mm256_mul_ps(dw, da(t)), _mm256_mul_ps(dmw, da(t))))
+            } else {
+                [(_mm256_setzero_ps(), _mm256_setzero_ps()); T]
+            };
             let mut sumi = [zero; T];
             for j in 0..4 {
                 // Rows' qs bytes 32j.. transposed by dwords (8×8).
@@ -662,9 +669,9 @@ pub(super) unsafe fn q4_k_q8_k_tile_vnni<const MODE: u8>(nb: usize, w: *const u8
                     }
                     let sj = _mm256_add_epi32(_mm256_mullo_epi32(sc[2 * j], sl), _mm256_mullo_epi32(sc[2 * j + 1], sh));
                     if MODE == GEMM {
-                        let (da, summ) = (da(t), _mm256_madd_epi16(mp[j], _mm256_set1_epi32(gemm_q8s[t][j])));
-                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sj), _mm256_mul_ps(dw, da), acc[t]);
-                        accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(dmw, da), accm[t]);
+                        let ((dd, dm), summ) = (gemm_d[t], _mm256_madd_epi16(mp[j], _mm256_set1_epi32(gemm_q8s[t][j])));
+                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sj), dd, acc[t]);
+                        accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(summ), dm, accm[t]);
                     } else {
                         *s = _mm256_add_epi32(*s, sj);
                     }

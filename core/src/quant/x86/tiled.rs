@@ -143,13 +143,8 @@ pub(super) fn step_avx512(q: &[f32], kt: &[f32], vt: &[f32], kq: &mut [f32], lo:
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl")]
 unsafe fn avx512(q: &[f32], kt: &[f32], vt: &[f32], kq: &mut [f32], lo: usize, hi: usize, scale: f32, row: TiledRow<'_>) {
     let hdv = row.acc.len();
-    // SAFETY: as in `avx2` (checked by `step_avx512`).
-    unsafe {
-        let [acc] = scores_avx512::<1>(q, q.len(), kt);
-        if softmax_avx512(&acc, kq, lo, hi, scale, row.m, row.acc, row.s) {
-            acc_update_avx512(kq, vt, lo, hi, row.acc.as_mut_ptr(), hdv, 0);
-        }
-    }
+    // SAFETY: as in `avx2` (checked by `step_avx512`): one row of the heads' step.
+    unsafe { heads_avx512::<1>(q, q.len(), kt, vt, kq, lo, hi, scale, row.acc, hdv, core::slice::from_mut(row.m), core::slice::from_mut(row.s)) }
 }
 
 /// The 64 keys' dots with `H` query rows of `hd` (`qs`: row h at `h·hd`), one fma per
