@@ -1,11 +1,14 @@
 //! The device ELF's command line, as the host's hexagon-sim shim passes it:
 //!
-//! `keel-dsp-device --shm PATH [--vtcm BYTES] [--fault MODE]`
+//! `keel-dsp-device --shm PATH [--vtcm BYTES] [--threads N] [--fault MODE]`
 //!
 //! - `--shm PATH`: the shared-memory file (`/dev/shm/…`, or a memfd as
 //!   `/proc/PID/fd/N`) holding every host buffer; `MapBuffer` maps pieces of it.
 //! - `--vtcm BYTES`: scratch the platform grants (VTCM: 4 MiB on v68, 8 MiB on
 //!   v69–v75); capped at the static region the ELF reserves.
+//! - `--threads N`: hardware threads a matrix product's row groups are split over
+//!   (1 to [`MAX_THREADS`](crate::threads::MAX_THREADS); default 1), as a cDSP's HVX
+//!   contexts; the outputs are the same bits whatever N.
 //! - `--fault MODE`: misbehave on purpose, for the host's fault tests
 //!   ([`Fault`]). Never used outside tests.
 
@@ -42,6 +45,8 @@ pub struct Config<'a> {
     pub shm: &'a [u8],
     /// Scratch bytes granted (0: not given).
     pub vtcm: usize,
+    /// Threads for the products (`--threads`, default 1).
+    pub threads: usize,
     /// The fault mode.
     pub fault: Fault,
     /// The platform's page size, from the auxiliary vector (`AT_PAGESZ`): shared
@@ -86,7 +91,7 @@ pub unsafe fn from_stack<'a>(sp: *const u32) -> Result<Config<'a>, &'static str>
     let argc = unsafe { *sp } as usize;
     // SAFETY: as above; argv strings live for the whole process.
     let arg = |i: usize| unsafe { c_str(*sp.add(1 + i) as usize as *const u8) };
-    let mut cfg = Config { shm: &[], vtcm: 0, fault: Fault::None, page_size: 4096 };
+    let mut cfg = Config { shm: &[], vtcm: 0, threads: 1, fault: Fault::None, page_size: 4096 };
     // After argv's NULL come envp, its NULL, then (type, value) pairs up to AT_NULL.
     let mut p = 1 + argc + 1;
     // SAFETY: the kernel terminates envp with NULL and auxv with AT_NULL.
@@ -111,8 +116,11 @@ pub unsafe fn from_stack<'a>(sp: *const u32) -> Result<Config<'a>, &'static str>
         match name {
             b"--shm\0" => cfg.shm = value,
             b"--vtcm\0" => cfg.vtcm = parse_usize(value).ok_or("--vtcm wants a byte count")?,
+            b"--threads\0" => {
+                cfg.threads = parse_usize(value).filter(|n| (1..=crate::threads::MAX_THREADS).contains(n)).ok_or("--threads wants 1 to 8")?
+            }
             b"--fault\0" => cfg.fault = Fault::parse(value.strip_suffix(&[0]).unwrap_or(value)).ok_or("unknown --fault mode")?,
-            _ => return Err("unknown option (usage: keel-dsp-device --shm PATH [--vtcm BYTES] [--fault MODE])"),
+            _ => return Err("unknown option (usage: keel-dsp-device --shm PATH [--vtcm BYTES] [--threads N] [--fault MODE])"),
         }
         i += 2;
     }

@@ -188,7 +188,7 @@ fn batch(rd: &mut Reader<'_>, work: &mut [u8], scratch: &mut [u8], w: &mut Write
         Ok(d) if keel_npu_hal::selftest::check(1, d).is_ok() => UnitState::Verified,
         _ => UnitState::Failed,
     };
-    let m = Measured { scratch_bytes, shared_bytes: work.len() as u64, page: ALIGN as u32, hvx };
+    let m = Measured { scratch_bytes, shared_bytes: work.len() as u64, page: ALIGN as u32, hvx, threads: 1 };
     let placed = Placed { work: work.as_mut_ptr(), bufs, n };
     let status = run_batch(&msg.batch(), &placed, &caps(&m), &mut Scratch::new(scratch));
     let (op, kind) = match status {

@@ -8,6 +8,7 @@
 //! - [`cost`]: markers of batches and ops for the executed-packet cost model
 //! - [`harness`]: the qemu-hexagon test-vector protocol
 //! - [`sys`]: Linux system calls under qemu-hexagon
+//! - [`threads`]: hardware threads that share a product's row groups (`--threads`)
 //!
 //! Every float op, quantization rule and integer kernel is keel-core's
 //! (`keel_core::ops`, `keel_core::attention`, `keel_core::quant`, run by
@@ -26,3 +27,4 @@ pub mod msgloop;
 pub mod selftest;
 pub mod shm;
 pub mod sys;
+pub mod threads;

@@ -15,6 +15,7 @@ use keel_npu_hal::wire::{self, DeviceMsg, HostMsg, MAX_MESSAGE, MAX_OPS, PROTOCO
 use keel_npu_hal::{BufferRules, ErrorKind};
 
 use keel_core::exec::{run_batch_observed, Buffers, Scratch};
+use keel_core::parallel::Parallel;
 use keel_npu_hal::BufferId;
 
 use crate::args::Fault;
@@ -52,12 +53,14 @@ pub struct Measured {
     pub page: u32,
     /// Result of the start-up self-test of the HVX path.
     pub hvx: UnitState,
+    /// Hardware threads running the products (reported as HVX contexts).
+    pub threads: u8,
 }
 
 /// The capabilities this firmware reports.
 pub fn caps(m: &Measured) -> Caps {
     Caps {
-        units: Units { hvx_contexts: 1, hvx: m.hvx, hmx: UnitState::Absent, npu_cores: 0, npu: UnitState::Absent },
+        units: Units { hvx_contexts: m.threads.max(1), hvx: m.hvx, hmx: UnitState::Absent, npu_cores: 0, npu: UnitState::Absent },
         memory: MemoryLimits {
             va_budget: m.shared_bytes,
             scratch_bytes: m.scratch_bytes as u32,
@@ -99,6 +102,8 @@ pub struct Device<'a, R: Mapper = SharedRegion> {
     pub scratch: &'a mut [u8],
     /// Reported capabilities.
     pub caps: Caps,
+    /// The threads a batch's products are split over.
+    pub par: &'a dyn Parallel,
     greeted: bool,
 }
 
@@ -109,8 +114,8 @@ enum Reply {
 
 impl<'a, R: Mapper> Device<'a, R> {
     /// A device that has not been greeted yet.
-    pub fn new(fault: Fault, region: R, scratch: &'a mut [u8], caps: Caps) -> Self {
-        Device { fault, region, scratch, caps, greeted: false }
+    pub fn new(fault: Fault, region: R, scratch: &'a mut [u8], caps: Caps, par: &'a dyn Parallel) -> Self {
+        Device { fault, region, scratch, caps, par, greeted: false }
     }
 
     /// Answers one message (`input`) into `out`; the answer's length.
@@ -212,7 +217,7 @@ impl<'a, R: Mapper> Device<'a, R> {
                 }
                 let batch = b.batch();
                 crate::cost::batch(&batch);
-                let status = run_batch_observed(&batch, &self.region, &self.caps, &mut Scratch::new(self.scratch), |op| crate::cost::op(batch.tensors, op));
+                let status = run_batch_observed(&batch, &self.region, &self.caps, &mut Scratch::new(self.scratch), self.par, |op| crate::cost::op(batch.tensors, op));
                 let seq = if self.fault == Fault::WrongSeq { b.seq.wrapping_add(1000) } else { b.seq };
                 DeviceMsg::BatchDone { seq, status }
             }

@@ -34,6 +34,11 @@ fn syscall6(nr: i32, a: [i32; 6]) -> i32 {
     ret
 }
 
+/// System call `nr` with six arguments, for the modules that make their own (futex).
+pub(crate) fn syscall(nr: i32, a: [i32; 6]) -> i32 {
+    syscall6(nr, a)
+}
+
 fn syscall3(nr: i32, a: i32, b: i32, c: i32) -> i32 {
     syscall6(nr, [a, b, c, 0, 0, 0])
 }
@@ -113,9 +118,19 @@ pub fn mmap_shared(fd: i32, offset: u64, len: u32) -> Option<usize> {
 /// Maps `len` bytes of zeroed private memory, readable, writable and executable (where
 /// the FastRPC shell stand-in loads a skel); the address, or `None`.
 pub fn mmap_anon_rwx(len: u32) -> Option<usize> {
-    const PROT_RWX: i32 = 1 | 2 | 4;
+    mmap_anon_prot(len, PROT_READ_WRITE | 4)
+}
+
+/// Maps `len` bytes of zeroed private memory, readable and writable (a thread's
+/// stack); the address, or `None`.
+pub fn mmap_anon(len: u32) -> Option<usize> {
+    mmap_anon_prot(len, PROT_READ_WRITE)
+}
+
+fn mmap_anon_prot(len: u32, prot: i32) -> Option<usize> {
     const MAP_PRIVATE_ANON: i32 = 0x02 | 0x20;
-    let r = syscall6(SYS_MMAP2, [0, len as i32, PROT_RWX, MAP_PRIVATE_ANON, -1, 0]);
+    let r = syscall6(SYS_MMAP2, [0, len as i32, prot, MAP_PRIVATE_ANON, -1, 0]);
+    // Addresses in the top 4 KiB are error codes (-4095..-1).
     ((r as u32) < (-4095i32) as u32).then_some(r as u32 as usize)
 }
 

@@ -13,11 +13,15 @@ fn tool() -> Command {
     c
 }
 
-#[test]
-fn the_cost_model_attributes_packets_to_batches_and_op_kinds() {
-    let Some(_) = sim::config("the_cost_model_attributes_packets_to_batches_and_op_kinds") else { return };
+/// Runs the tool on the synthetic llama with `threads` hardware threads and checks the
+/// attribution; (threads seen, decode packets per token, its critical path).
+fn attributed(threads: Option<&str>) -> (u64, f64, f64) {
     let model = keel_test_support::golden_path("synth/synth-llama-q8_0.gguf");
-    let out = tool().arg("-m").arg(&model).args(["-p", "8", "-n", "2", "--json"]).output().expect("keel-dsp-cost runs");
+    let mut cmd = tool();
+    if let Some(t) = threads {
+        cmd.env("KEEL_DSP_THREADS", t);
+    }
+    let out = cmd.arg("-m").arg(&model).args(["-p", "8", "-n", "2", "--json"]).output().expect("keel-dsp-cost runs");
     assert!(out.status.success(), "keel-dsp-cost failed: {}", String::from_utf8_lossy(&out.stderr));
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     assert!(j["prompt_batches"].as_u64().unwrap() >= 1 && j["decode_batches"].as_u64().unwrap() >= 1, "{j}");
@@ -48,7 +52,25 @@ fn the_cost_model_attributes_packets_to_batches_and_op_kinds() {
     for t in targets {
         let tps = t["decode_tps"].as_f64().unwrap();
         assert!(tps.is_finite() && tps > 0.0 && tps <= t["decode_tps_bandwidth_bound"].as_f64().unwrap(), "{t}");
+        assert!(t["decode_tps_as_run"].as_f64().unwrap() >= tps, "the threads' critical path is no longer than one thread's work: {t}");
     }
+    (j["threads"].as_u64().unwrap(), j["decode_packets_per_token"].as_f64().unwrap(), j["decode_critical_packets_per_token"].as_f64().unwrap())
+}
+
+#[test]
+fn the_cost_model_attributes_packets_to_batches_and_op_kinds() {
+    let Some(_) = sim::config("the_cost_model_attributes_packets_to_batches_and_op_kinds") else { return };
+    // One hardware thread: the critical path is all of the work.
+    let (n, total, critical) = attributed(Some("1"));
+    assert_eq!(n, 1);
+    assert_eq!(critical, total, "one thread: the critical path is every packet");
+    // Four (what a v68 runs): the products' row groups are shared, so the busiest
+    // thread's packets are well under the total, which stays about one thread's (the
+    // hand-offs add some; smaller shares of rows change the chunking a little).
+    let (n4, total4, critical4) = attributed(Some("4"));
+    assert_eq!(n4, 4, "the firmware's workers execute and are seen");
+    assert!(critical4 < 0.6 * total4, "4 threads: critical path {critical4} of {total4} packets");
+    assert!((total4 - total).abs() < 0.1 * total, "4 threads: {total4} packets against one thread's {total}");
 }
 
 #[test]

@@ -27,6 +27,7 @@ fn open_handshake_and_measured_capabilities() {
     assert_eq!(caps.units.hvx, UnitState::Verified, "HVX verified by the start-up self-test");
     assert_eq!(caps.memory.scratch_bytes, cfg.vtcm_bytes, "VTCM granted is what the firmware reports");
     assert_eq!(caps.memory.va_budget, dev.shared_bytes(), "the firmware measured the shared region");
+    assert_eq!(caps.units.hvx_contexts, cfg.threads, "the firmware runs the threads it was given");
     assert!(dev.self_test().passed());
     assert_eq!(dev.self_test().digest, keel_npu_hal::selftest::expected_digest(dev.self_test().seed));
     assert!(dev.name().contains("hexagon-sim") && dev.name().contains(&format!("pid {}", dev.pid())));
@@ -67,6 +68,46 @@ fn q8_0_and_q4_0_products_match_the_cpu_reference() {
     ps.push(Product::random(DType::Q4_0, 576, 1536, 1, 2));
     run_and_check(&mut dev, &ps[..9], false);
     run_and_check(&mut dev, &ps[9..], false);
+}
+
+/// The products' row groups split over 1, 2, 3, 4 and 8 hardware threads (uneven shares,
+/// and more threads than a small product has row groups): the integer products equal
+/// the CPU reference bit for bit, and every output equals one thread's, bit for bit.
+#[test]
+fn products_split_over_hardware_threads_keep_their_bits() {
+    let Some(base) = config("products_split_over_hardware_threads_keep_their_bits") else { return };
+    let integer = products(DType::Q8_0, true, 0x7e4d);
+    let mut ps = products(DType::Q8_0, false, 0x7e4e);
+    ps.extend(products(DType::Q4_0, false, 0x7e4f));
+    ps.push(Product::random(DType::Q8_0, 576, 576, 3, 3));
+    ps.push(Product::random(DType::Q4_0, 1536, 576, 2, 4));
+    let mut one: Option<Vec<Vec<u32>>> = None;
+    for threads in [1, 2, 3, 4, 8] {
+        let cfg = keel_host_linux::device::SimConfig { threads, ..base.clone() };
+        let mut dev = HexagonSim::open(&cfg).unwrap();
+        assert_eq!(dev.caps().units.hvx_contexts, threads);
+        run_and_check(&mut dev, &integer, true);
+        let mut outs = Vec::new();
+        for chunk in ps.chunks(6) {
+            let s = stage(&mut dev, chunk);
+            let seq = dev.submit(&s.batch()).unwrap();
+            assert_eq!(dev.wait(seq).unwrap(), BatchStatus::Done);
+            outs.extend(chunk.iter().enumerate().map(|(i, p)| s.output(&mut dev, i, p.rows * p.cols)));
+            s.free(&mut dev);
+        }
+        match &one {
+            None => one = Some(outs),
+            Some(want) => {
+                for (i, (g, w)) in outs.iter().zip(want).enumerate() {
+                    let p = &ps[i];
+                    assert!(g == w, "{threads} threads: {:?} {}x{} ({} columns) differs from one thread's", p.t, p.rows, p.k, p.cols);
+                }
+            }
+        }
+    }
+    let bad = keel_host_linux::device::SimConfig { threads: 9, ..base };
+    let e = HexagonSim::open(&bad).err().expect("9 threads refused").to_string();
+    assert!(e.contains("KEEL_DSP_THREADS") && e.contains("1 to 8"), "{e}");
 }
 
 #[test]

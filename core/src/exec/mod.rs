@@ -42,6 +42,7 @@ use keel_npu_hal::caps::OpSet;
 use keel_npu_hal::{BatchStatus, BufferId, Caps, ErrorKind};
 
 use crate::ops;
+use crate::parallel::{Parallel, Sequential};
 use crate::quant::{Isa, Kernels};
 pub use scratch::{Scratch, ALIGN};
 use view::Tensors;
@@ -111,13 +112,15 @@ pub fn op_set() -> OpSet {
 /// `MAX_TENSORS`, `MAX_OPS`); at op `i` with `Unsupported` if `check_op` refuses it,
 /// else with the op's own error.
 pub fn run_batch(batch: &Batch<'_>, buffers: &impl Buffers, caps: &Caps, scratch: &mut Scratch<'_>) -> BatchStatus {
-    run_batch_observed(batch, buffers, caps, scratch, |_| {})
+    run_batch_observed(batch, buffers, caps, scratch, &Sequential, |_| {})
 }
 
-/// [`run_batch`], calling `on_op` with each op just before it runs (after its checks):
-/// the Hexagon firmware marks op boundaries there for its executed-packet cost model
-/// (`dsp-firmware/src/cost.rs`). Allocates nothing.
-pub fn run_batch_observed(batch: &Batch<'_>, buffers: &impl Buffers, caps: &Caps, scratch: &mut Scratch<'_>, mut on_op: impl FnMut(&OpDesc)) -> BatchStatus {
+/// [`run_batch`] with the matrix products' row groups split over `par`'s tasks (the
+/// same bits whatever the number: [`tiles32::matmul_par`](crate::quant::tiles32::matmul_par)),
+/// calling `on_op` with each op just before it runs (after its checks): the Hexagon
+/// firmware runs its hardware threads as `par` and marks op boundaries in `on_op` for
+/// its executed-packet cost model (`dsp-firmware/src/cost.rs`). Allocates nothing.
+pub fn run_batch_observed(batch: &Batch<'_>, buffers: &impl Buffers, caps: &Caps, scratch: &mut Scratch<'_>, par: &dyn Parallel, mut on_op: impl FnMut(&OpDesc)) -> BatchStatus {
     let failed = |op: usize, kind| BatchStatus::Failed { op: op as u16, kind };
     if batch.buffers.len() > MAX_BUFFERS || batch.tensors.len() > MAX_TENSORS || batch.ops.len() > MAX_OPS {
         return failed(0, ErrorKind::Unsupported);
@@ -141,7 +144,7 @@ pub fn run_batch_observed(batch: &Batch<'_>, buffers: &impl Buffers, caps: &Caps
         on_op(op);
         let s = &mut scratch.scope();
         let r = match op.kind {
-            OpKind::MatMul => products::matmul(op, &ts, s),
+            OpKind::MatMul => products::matmul(op, &ts, s, par),
             OpKind::Quantize => products::quantize(op, &ts),
             OpKind::GetRows => products::get_rows(op, &ts),
             OpKind::Copy => products::copy(op, &ts),

@@ -9,11 +9,12 @@ use keel_npu_hal::ErrorKind;
 use super::view::{contiguous, words, words_mut, Tensors};
 use super::{kernels, Scratch, ALIGN};
 use crate::ggml_type::GgmlType;
+use crate::parallel::Parallel;
 use crate::quant::tiles32::{self, quantize_act, ActBlock, TiledWeights};
 
 /// `dst[col] = W · x[col]`: W in Tiles32 (Q8_0, Q4_0, IQ4_NL); x F32 (each column
 /// quantized to Q8_0 here, into scratch, by keel-core's rule) or Q8_0 ggml blocks.
-pub fn matmul(op: &OpDesc, ts: &Tensors<'_>, scratch: &mut Scratch<'_>) -> Result<(), ErrorKind> {
+pub fn matmul(op: &OpDesc, ts: &Tensors<'_>, scratch: &mut Scratch<'_>, par: &dyn Parallel) -> Result<(), ErrorKind> {
     let (w, x, d) = (ts.src(op, 0)?, ts.src(op, 1)?, ts.dst(op)?);
     if !contiguous(x) || !contiguous(d) {
         return Err(ErrorKind::Unsupported);
@@ -52,8 +53,9 @@ pub fn matmul(op: &OpDesc, ts: &Tensors<'_>, scratch: &mut Scratch<'_>) -> Resul
     let out = words_mut::<f32>(unsafe { ts.bytes_mut(d)? })?;
     let weights = TiledWeights { dtype: w.dtype, rows, k, packed };
     let free = scratch.take(scratch.remaining())?;
-    // All columns in one pass over the weights: each chunk of tiles serves every column.
-    tiles32::matmul(&kern, &weights, &acts[..cols * nb], cols, free, out.get_mut(..cols * rows).ok_or(ErrorKind::InvalidArgument)?)?;
+    // All columns in one pass over the weights: each chunk of tiles serves every column;
+    // the row groups are split over par's tasks.
+    tiles32::matmul_par(&kern, &weights, &acts[..cols * nb], cols, free, out.get_mut(..cols * rows).ok_or(ErrorKind::InvalidArgument)?, par)?;
     Ok(())
 }
 

@@ -754,7 +754,7 @@ fn dot_pairs_give_each_dots_bits() {
 }
 
 /// Runs the tasks one after another in reverse (as threads may, in any order).
-struct Reversed(usize);
+pub(crate) struct Reversed(pub(crate) usize);
 
 impl crate::parallel::Parallel for Reversed {
     fn n_threads(&self) -> usize {

@@ -8,7 +8,7 @@ use std::{vec, vec::Vec};
 use keel_npu_hal::op::DType;
 use keel_npu_hal::tile;
 
-use super::tests::{activations, fast_kernel_sets, quantized, random_row, Rng};
+use super::tests::{activations, fast_kernel_sets, quantized, random_row, Reversed, Rng};
 use super::tiles32::{self, quantize_act, ActBlock, TileError, TiledWeights, ALIGN, REFERENCE};
 use super::*;
 use crate::ggml_type::GgmlType;
@@ -78,6 +78,21 @@ fn tile_products_equal_row_dots() {
                             let want = dot(k, &w[r * rb..(r + 1) * rb], &a);
                             assert_eq!(outs[c * rows + r].to_bits(), want.to_bits(), "{ty} {rows}x{k} column {c} row {r} scratch {scratch_len} ({})", kern.name());
                         }
+                    }
+                    // Row groups split over tasks (each with its share of the scratch),
+                    // run in reverse: the same bits; a share too small for one group is
+                    // refused, not miscomputed.
+                    for tasks in [2, 3, 5] {
+                        let mut par_outs = vec![f32::NAN; cols * rows];
+                        let r = tiles32::matmul_par(kern, &weights, &acts, cols, &mut scratch[soff..soff + scratch_len], &mut par_outs, &Reversed(tasks));
+                        let groups = tile::groups(rows as u32);
+                        if scratch_len / tasks.min(groups) < 128 && groups > 1 {
+                            assert_eq!(r, Err(TileError::Scratch), "{ty} {rows}x{k} {tasks} tasks, scratch {scratch_len}");
+                            continue;
+                        }
+                        r.unwrap();
+                        let same = par_outs.iter().zip(&outs).all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{ty} {rows}x{k} {tasks} tasks, scratch {scratch_len} ({}): not matmul's bits", kern.name());
                     }
                 }
             }

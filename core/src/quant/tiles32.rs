@@ -20,10 +20,15 @@ use half::f16;
 use keel_npu_hal::op::DType;
 use keel_npu_hal::tile;
 
+use core::mem::MaybeUninit;
+use core::ops::Range;
+use core::sync::atomic::{AtomicU32, Ordering};
+
 use super::blocks::KVALUES_IQ4NL;
 use super::Kernels;
 use crate::fused::fmaf as fma;
 use crate::ggml_type::GgmlType;
+use crate::parallel::{split_range, Parallel};
 
 /// Alignment of packed weights and of the kernels' scratch (one HVX vector).
 pub const ALIGN: usize = 128;
@@ -200,7 +205,8 @@ fn scratch_words(scratch: &mut [u8]) -> &mut [i32] {
 /// One column of [`matmul`].
 pub fn matvec(kern: &Kernels, w: &TiledWeights<'_>, act: &[ActBlock], scratch: &mut [u8], out: &mut [f32], sums: Option<&mut [i32]>) -> Result<(), TileError> {
     w.check(act, out, &sums)?;
-    matmul_checked(kern, w, act, 1, scratch, out, sums)
+    let groups = 0..tile::groups(w.rows as u32);
+    matmul_checked(kern, w, act, 1, groups, scratch, &Out::new(out, w.rows), sums)
 }
 
 /// Weight bytes of one chunk of row groups (all its blocks) that a product of several
@@ -220,7 +226,97 @@ pub fn matmul(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols: usi
         return Err(TileError::Shape);
     }
     w.check(&acts[..nb], &out[..w.rows], &None)?;
-    matmul_checked(kern, w, acts, cols, scratch, out, None)
+    let groups = 0..tile::groups(w.rows as u32);
+    matmul_checked(kern, w, acts, cols, groups, scratch, &Out::new(out, w.rows), None)
+}
+
+/// [`matmul`] with its row groups split over `par`'s tasks (contiguous ranges of
+/// 32-row groups, one per task, each with an equal, [`ALIGN`]ed share of `scratch`):
+/// every output is computed by the same operations in the same order as by
+/// [`matmul`], so the result is the same bit for bit whatever the number of tasks.
+/// Allocates nothing.
+pub fn matmul_par(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols: usize, scratch: &mut [u8], out: &mut [f32], par: &dyn Parallel) -> Result<(), TileError> {
+    let nb = w.k / 32;
+    if cols == 0 || acts.len() != cols * nb || out.len() != cols * w.rows {
+        return Err(TileError::Shape);
+    }
+    w.check(&acts[..nb], &out[..w.rows], &None)?;
+    let g_count = tile::groups(w.rows as u32);
+    let tasks = par.n_threads().clamp(1, g_count.max(1));
+    let out = Out::new(out, w.rows);
+    if tasks == 1 {
+        return matmul_checked(kern, w, acts, cols, 0..g_count, scratch, &out, None);
+    }
+    let pad = scratch.as_ptr().align_offset(ALIGN).min(scratch.len());
+    let scratch = &mut scratch[pad..];
+    let share = scratch.len() / tasks / ALIGN * ALIGN;
+    let pieces = Pieces { ptr: scratch.as_mut_ptr(), share };
+    // The first error any task met (a TileError's code + 1; 0: none).
+    let failed = AtomicU32::new(0);
+    par.run(tasks, &|i| {
+        // SAFETY: task i alone uses share bytes at i·share (i < tasks, tasks·share ≤
+        // the scratch's length), and writes only the rows of its own groups.
+        let scratch = unsafe { pieces.get(i) };
+        if let Err(e) = matmul_checked(kern, w, acts, cols, split_range(g_count, tasks, i), scratch, &out, None) {
+            failed.store(e as u32 + 1, Ordering::Relaxed);
+        }
+    });
+    match failed.load(Ordering::Relaxed) {
+        0 => Ok(()),
+        1 => Err(TileError::Unsupported),
+        2 => Err(TileError::Shape),
+        _ => Err(TileError::Scratch),
+    }
+}
+
+/// Equal shares of one scratch region, one per task.
+struct Pieces {
+    ptr: *mut u8,
+    share: usize,
+}
+
+// SAFETY: tasks take disjoint shares (see `get`).
+unsafe impl Sync for Pieces {}
+
+impl Pieces {
+    /// Share `i`.
+    ///
+    /// # Safety
+    /// The region holds share `i`, and no other live reference covers it.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn get(&self, i: usize) -> &mut [u8] {
+        // SAFETY: as the caller guarantees.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr.add(i * self.share), self.share) }
+    }
+}
+
+/// A product's outputs `[col][row]`, written by row range: tasks of one product own
+/// disjoint row groups, so each writes elements no other touches.
+struct Out {
+    ptr: *mut f32,
+    rows: usize,
+    len: usize,
+}
+
+// SAFETY: the writers of one product take disjoint rows (see `rows`).
+unsafe impl Sync for Out {}
+
+impl Out {
+    fn new(out: &mut [f32], rows: usize) -> Out {
+        Out { ptr: out.as_mut_ptr(), rows, len: out.len() }
+    }
+
+    /// Column `c`'s outputs of rows `r0 .. r0 + n` (checked to lie inside).
+    ///
+    /// # Safety
+    /// No other live reference covers those elements.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn rows(&self, c: usize, r0: usize, n: usize) -> &mut [f32] {
+        let at = c * self.rows + r0;
+        assert!(r0 + n <= self.rows && at + n <= self.len);
+        // SAFETY: in bounds (asserted), exclusive as the caller guarantees.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr.add(at), n) }
+    }
 }
 
 /// The scale section of `w` as f32, `[block][group][row in group]` (so block `b`'s
@@ -242,10 +338,10 @@ fn scales<'a>(w: &TiledWeights<'a>) -> Result<&'a [f32], TileError> {
 /// activation scales live on the stack).
 const PASS_BLOCKS: usize = 32;
 
-fn matmul_checked(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols: usize, scratch: &mut [u8], out: &mut [f32], mut sums: Option<&mut [i32]>) -> Result<(), TileError> {
+fn matmul_checked(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols: usize, groups: Range<usize>, scratch: &mut [u8], out: &Out, mut sums: Option<&mut [i32]>) -> Result<(), TileError> {
     let tk = kern.tile_sums();
     let (f, bias, tile_bytes) = match w.dtype {
-        DType::Q8_0 => return matmul_q8_0_lanes(&tk, w, acts, cols, scratch, out, sums),
+        DType::Q8_0 => return matmul_q8_0_lanes(&tk, w, acts, cols, groups, scratch, out, sums),
         DType::Q4_0 => (tk.q4_0, Q4_0_BIAS, 512),
         DType::IQ4NL => (tk.iq4_nl, IQ4_NL_BIAS, 512),
         _ => return Err(TileError::Unsupported),
@@ -258,19 +354,20 @@ fn matmul_checked(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols:
     }
     // As many groups as leave room for the sums of every block (up to PASS_BLOCKS) of
     // one pass.
-    let mut chunk = g_count.min((buf.len() / (32 * nb.min(PASS_BLOCKS))).max(1));
+    let mut chunk = groups.len().min((buf.len() / (32 * nb.min(PASS_BLOCKS))).max(1));
     if cols > 1 {
         chunk = chunk.min((REUSE_BYTES / (nb * tile_bytes)).max(1));
     }
-    let mut g0 = 0;
-    while g0 < g_count {
-        let n = chunk.min(g_count - g0);
+    let mut g0 = groups.start;
+    while g0 < groups.end {
+        let n = chunk.min(groups.end - g0);
         let n_rows = (rows - g0 * 32).min(n * 32);
         // The sums of `pass` blocks at a time (`32·n` words each), made f32; then each
         // row's accumulator runs through them in block order in a register.
         let pass = (buf.len() / (32 * n)).clamp(1, PASS_BLOCKS);
         for c in 0..cols {
-            let o = &mut out[c * rows + g0 * 32..][..n_rows];
+            // SAFETY: this call's groups are its own (matmul_par gives each task others).
+            let o = unsafe { out.rows(c, g0 * 32, n_rows) };
             let col = &acts[c * nb..][..nb];
             let mut b0 = 0;
             while b0 < nb {
@@ -313,20 +410,22 @@ const LANE_GROUPS: usize = 4;
 /// accumulators run through those blocks in registers, its scale formed once per block
 /// for the 8 lanes. Below that, one lane at a time through the block sums with the other
 /// 7 activation words zeroed (8 passes, the same integers).
-fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols: usize, scratch: &mut [u8], out: &mut [f32], mut sums: Option<&mut [i32]>) -> Result<(), TileError> {
+fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols: usize, groups: Range<usize>, scratch: &mut [u8], out: &Out, mut sums: Option<&mut [i32]>) -> Result<(), TileError> {
     let (rows, g_count, nb) = (w.rows, tile::groups(w.rows as u32), w.k / 32);
     let scales = scales(w)?;
     let buf = scratch_words(scratch);
     let whole = buf.len() >= 256;
     let per_group = if whole { 256 } else { 32 };
-    let chunk = g_count.min(buf.len() / per_group).min(LANE_GROUPS);
+    let chunk = groups.len().min(buf.len() / per_group).min(LANE_GROUPS);
     if chunk == 0 {
-        return Err(TileError::Scratch);
+        return if groups.is_empty() { Ok(()) } else { Err(TileError::Scratch) };
     }
-    let mut acc = [0f32; LANE_GROUPS * 32 * 8];
-    let mut g0 = 0;
-    while g0 < g_count {
-        let n = chunk.min(g_count - g0);
+    // The chunk's lane accumulators, never zeroed as a whole (16 KiB per call, per task):
+    // each column's first pass writes the ones it then reads (below).
+    let mut acc_mem = [MaybeUninit::<f32>::uninit(); LANE_GROUPS * 32 * 8];
+    let mut g0 = groups.start;
+    while g0 < groups.end {
+        let n = chunk.min(groups.end - g0);
         let n_rows = (rows - g0 * 32).min(n * 32);
         for c in 0..cols {
             let col = &acts[c * nb..][..nb];
@@ -356,9 +455,10 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
                     // stay inside both (checked here once, not per read).
                     let (s0, ss) = ((b0 * g_count + g0) * 32, g_count * 32);
                     assert!(nbb >= 1 && s0 + (nbb - 1) * ss + n_rows <= scales.len() && nbb * per_block <= buf.len() && n_rows <= n * 32);
-                    for (i, acc8) in acc[..n_rows * 8].chunks_exact_mut(8).enumerate() {
+                    for (i, acc8) in acc_mem[..n_rows * 8].chunks_exact_mut(8).enumerate() {
                         let (g, r) = (i / 32, i % 32);
-                        let mut a8: [f32; 8] = if b0 == 0 { [0.0; 8] } else { core::array::from_fn(|l| acc8[l]) };
+                        // SAFETY: past this column's first pass (b0 > 0), which wrote acc8.
+                        let mut a8: [f32; 8] = if b0 == 0 { [0.0; 8] } else { core::array::from_fn(|l| unsafe { acc8[l].assume_init() }) };
                         let (mut sp, mut lp) = (s0 + i, g * 256 + r);
                         for &da in &da[..nbb] {
                             // SAFETY: for block j (0..nbb), sp = s0 + j·ss + i with i < n_rows,
@@ -373,12 +473,14 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
                             }
                             (sp, lp) = (sp + ss, lp + per_block);
                         }
-                        acc8.copy_from_slice(&a8);
+                        acc8.iter_mut().zip(a8).for_each(|(m, v)| _ = m.write(v));
                     }
                     b0 += nbb;
                 }
             } else {
-                acc[..n_rows * 8].fill(0.0);
+                acc_mem[..n_rows * 8].iter_mut().for_each(|m| _ = m.write(0.0));
+                // SAFETY: just written.
+                let acc = unsafe { assume_init(&mut acc_mem[..n_rows * 8]) };
                 for (b, a) in col.iter().enumerate() {
                     let tiles = &w.packed[(b * g_count + g0) * 1024..][..n * 1024];
                     let sc = &scales[(b * g_count + g0) * 32..][..n_rows];
@@ -398,14 +500,27 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
                     }
                 }
             }
-            for (i, a) in acc[..n_rows * 8].chunks_exact(8).enumerate() {
+            // SAFETY: this call's groups are its own (matmul_par gives each task others).
+            let o = unsafe { out.rows(c, g0 * 32, n_rows) };
+            // SAFETY: either path above wrote all n_rows·8 accumulators for this column.
+            let acc = unsafe { assume_init(&mut acc_mem[..n_rows * 8]) };
+            for (y, a) in o.iter_mut().zip(acc.chunks_exact(8)) {
                 let r = [a[4] + a[0], a[5] + a[1], a[6] + a[2], a[7] + a[3]];
-                out[c * rows + g0 * 32 + i] = (r[0] + r[2]) + (r[1] + r[3]);
+                *y = (r[0] + r[2]) + (r[1] + r[3]);
             }
         }
         g0 += n;
     }
     Ok(())
+}
+
+/// `m` as the floats it holds.
+///
+/// # Safety
+/// Every element of `m` has been written.
+unsafe fn assume_init(m: &mut [MaybeUninit<f32>]) -> &mut [f32] {
+    // SAFETY: MaybeUninit<f32> has f32's layout; initialized as the caller guarantees.
+    unsafe { &mut *(core::ptr::from_mut(m) as *mut [f32]) }
 }
 
 /// The weight-bias correction of a Q8_0 activation block's 8 lanes: −128 · Σ of each

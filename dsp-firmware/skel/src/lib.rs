@@ -23,6 +23,7 @@ use core::cell::UnsafeCell;
 use core::ffi::c_void;
 
 use keel_core::exec::{Buffers, Scratch};
+use keel_core::parallel::Sequential;
 use keel_dsp_firmware::args::Fault;
 use keel_dsp_firmware::msgloop::{caps, Device, Mapper, Measured};
 use keel_npu_hal::wire::{MAX_BUFFERS, MAX_MESSAGE};
@@ -201,9 +202,11 @@ unsafe fn start(queue_id: u64) -> i32 {
             _ => UnitState::Failed,
         };
         qurt_hvx_unlock();
-        let m = Measured { scratch_bytes: Scratch::new(scratch).remaining(), shared_bytes: VA_BUDGET, page: PAGE, hvx };
+        // One thread: the skel does not start QuRT worker threads (each would need its own
+        // HVX lock); the products run on the caller's.
+        let m = Measured { scratch_bytes: Scratch::new(scratch).remaining(), shared_bytes: VA_BUDGET, page: PAGE, hvx, threads: 1 };
         let bufs = PacketBufs { refs: [DspqueueBuffer { fd: 0, size: 0, offset: 0, flags: 0, ptr: 0 }; MAX_BUFFERS], n: 0 };
-        s.device = Some(Device::new(Fault::None, bufs, scratch, caps(&m)));
+        s.device = Some(Device::new(Fault::None, bufs, scratch, caps(&m), &Sequential));
         let r = dspqueue_import(queue_id, on_packet, on_error, core::ptr::null_mut(), &mut s.queue);
         if r != AEE_SUCCESS {
             s.device = None;

@@ -14,6 +14,8 @@ use keel_dsp_firmware::args;
 use keel_dsp_firmware::msgloop::{caps, Device, Measured};
 use keel_dsp_firmware::shm::SharedRegion;
 use keel_dsp_firmware::sys;
+use keel_dsp_firmware::threads::Threads;
+use keel_core::parallel::Parallel;
 use keel_npu_hal::wire::MAX_MESSAGE;
 use keel_npu_hal::{selftest, UnitState};
 
@@ -55,9 +57,11 @@ extern "C" fn keel_device_main(sp: *const u32) -> ! {
         Ok(d) if selftest::check(seed, d).is_ok() => UnitState::Verified,
         _ => UnitState::Failed,
     };
-    let m = Measured { scratch_bytes: Scratch::new(scratch).remaining(), shared_bytes: region.size(), page: region.page(), hvx };
+    // The workers start after the self-test (which runs on this thread alone).
+    let threads = Threads::start(cfg.threads);
+    let m = Measured { scratch_bytes: Scratch::new(scratch).remaining(), shared_bytes: region.size(), page: region.page(), hvx, threads: threads.n_threads() as u8 };
     let caps = caps(&m);
-    Device::new(cfg.fault, region, scratch, caps).serve(inbuf, outbuf)
+    Device::new(cfg.fault, region, scratch, caps, &threads).serve(inbuf, outbuf)
 }
 
 #[panic_handler]

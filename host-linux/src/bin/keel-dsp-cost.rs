@@ -45,16 +45,23 @@ const TARGETS: [Target; 2] = [
 ];
 
 const ASSUMPTIONS: &str = "\
-assumptions: one packet per cycle on the one hardware thread the firmware uses (an upper bound: \
-stalls, cache misses and the issue rules of several threads are not modelled); compute bound = clock / packets per token; \
-bandwidth bound = DDR read bandwidth / weight bytes per token; estimate = the smaller. \
+assumptions: one packet per cycle on each hardware thread (an upper bound: stalls, cache misses and the issue \
+rules of several threads sharing a core are not modelled); \"1 thread\" = clock / all packets per token (every \
+thread's work done by one); \"as run\" = clock / the critical path per token (for every stretch between two op \
+markers, the busiest thread's packets: the firmware's threads share each product's row groups and the caller waits \
+for all of them), with the threads the firmware ran (`--threads`, KEEL_DSP_THREADS, no more than the target's HVX \
+contexts); bandwidth bound = DDR read bandwidth / bytes read per token; each estimate is capped by it. \
 v68 (QCS6490): cDSP clock 1.5 GHz (assumed, no public figure found), 4 HVX contexts (v68 parts have 4 or more), \
 DDR 12 GB/s usable by the DSP (assumed; llama.cpp's CPU decode on a QCS6490 board implies at least 8.9 GB/s for the CPU); \
-v73: 1.8 GHz, 4 HVX contexts, 40 GB/s (assumed). \"×ctx\" = the matmul packets split evenly over every HVX context, the rest on one thread.";
+v73: 1.8 GHz, 4 HVX contexts, 40 GB/s (assumed).";
 
 #[derive(Default, Clone)]
 struct Tally {
     packets: [u64; OPS.len() + 1],
+    /// The critical path: for every stretch between two markers, the packets of the
+    /// busiest hardware thread (the firmware's threads share a product's row groups and
+    /// the caller waits for all of them before the next op).
+    critical: [u64; OPS.len() + 1],
     hvx: u64,
     batches: u64,
     /// Forward passes run whole on the device (their embedding lookups).
@@ -69,6 +76,26 @@ struct Counts {
     prompt: Tally,
     /// Executed packets by the symbol their block starts in (the top ones are printed with --symbols).
     by_symbol: HashMap<String, u64>,
+    /// Hardware threads seen executing (QEMU's CPU indices).
+    threads: usize,
+}
+
+/// The packets of each hardware thread since the last marker.
+#[derive(Default)]
+struct Stretch {
+    by_thread: HashMap<u32, u64>,
+}
+
+impl Stretch {
+    /// Ends the stretch: the busiest thread's packets go to `op` of `phase`'s critical path.
+    fn close(&mut self, c: &mut Counts, phase: Option<bool>, op: usize) {
+        let max = self.by_thread.drain().map(|(_, n)| n).max().unwrap_or(0);
+        match phase {
+            None => {}
+            Some(true) => c.prompt.critical[op] += max,
+            Some(false) => c.decode.critical[op] += max,
+        }
+    }
 }
 
 /// Whether a symbol is one of the HVX block-sum kernels (`core/src/quant/hexagon/`).
@@ -76,12 +103,16 @@ fn is_hvx_kernel(sym: &str) -> bool {
     sym.contains("block_sums") || sym.contains("lane_sums")
 }
 
-/// Reads the `in_asm,exec,nochain` log: `IN:` blocks (one `{` per packet) then `Trace`
-/// lines `Trace N: HOSTPTR [flags/PC/…] SYMBOL`.
+/// Reads the `in_asm,exec,nochain` log: `IN:` blocks (`0xPC: word {…` lines, one `{`
+/// per packet) then `Trace` lines `Trace CPU: HOSTPTR [cs_base/PC/flags/cflags] SYMBOL`.
+/// Blocks are known by their guest PC: with several threads QEMU flushes its code cache
+/// (host pointers are reused) and one thread's `IN:` block may be followed by another
+/// thread's `Trace` lines, but a block is always logged whole, before its first run.
 fn count(log: impl BufRead) -> Result<Counts> {
     let mut c = Counts::default();
     let mut tb_packets: HashMap<u64, u64> = HashMap::new();
-    let (mut in_block, mut pending): (bool, Option<u64>) = (false, None);
+    // The block being read: its PC (from its first line) and packets so far.
+    let mut block: Option<(Option<u64>, u64)> = None;
     let mut phase: Option<bool> = None; // Some(true) = prompt
     // Once a forward pass is marked, its batches keep its phase (the prompt's output
     // projection alone has one column).
@@ -91,37 +122,49 @@ fn count(log: impl BufRead) -> Result<Counts> {
     let mut pending_batch = false;
     let mut op = OPS.len(); // "other" until the first op marker
     let mut sym_cache: HashMap<u64, (String, bool)> = HashMap::new();
+    let mut stretch = Stretch::default();
+    let mut threads = std::collections::HashSet::new();
+    let hex = |s: &str| u64::from_str_radix(s.trim().trim_start_matches("0x"), 16);
     for line in log.split(b'\n') {
         let line = line.context("reading the qemu log")?;
         if line.starts_with(b"IN:") {
-            in_block = true;
-            pending = Some(0);
+            block = Some((None, 0));
             continue;
         }
-        if in_block {
+        if let Some((pc, n)) = block.as_mut() {
             if line.is_empty() {
-                in_block = false;
-            } else if line.contains(&b'{') {
-                *pending.get_or_insert(0) += 1;
+                if let Some(pc) = *pc {
+                    tb_packets.insert(pc, (*n).max(1));
+                    sym_cache.remove(&pc);
+                }
+                block = None;
+            } else {
+                if pc.is_none() {
+                    let head = std::str::from_utf8(&line).ok().and_then(|l| l.split_once(':')).map(|(a, _)| a);
+                    *pc = Some(head.and_then(|a| hex(a).ok()).context("qemu log: an IN: block whose first line has no address")?);
+                }
+                if line.contains(&b'{') {
+                    *n += 1;
+                }
             }
             continue;
         }
         let Some(rest) = line.strip_prefix(b"Trace ") else { continue };
         let rest = std::str::from_utf8(rest).context("qemu log: a Trace line is not UTF-8")?;
-        let (_, rest) = rest.split_once(": ").context("qemu log: a Trace line without ': '")?;
-        let (host, rest) = rest.split_once(' ').context("qemu log: a Trace line without its block address")?;
-        let host = u64::from_str_radix(host.trim_start_matches("0x"), 16).context("qemu log: a block address that is not hex")?;
-        if let Some(n) = pending.take() {
-            tb_packets.insert(host, n.max(1));
-            sym_cache.remove(&host);
-        }
-        let n = tb_packets.get(&host).copied().unwrap_or(1);
-        let (sym, hvx) = sym_cache.entry(host).or_insert_with(|| {
-            let s = rest.split_once("] ").map_or("", |(_, s)| s).trim().to_string();
+        let (cpu, rest) = rest.split_once(": ").context("qemu log: a Trace line without ': '")?;
+        let cpu: u32 = cpu.parse().context("qemu log: a Trace line whose CPU index is not a number")?;
+        threads.insert(cpu);
+        let (_, rest) = rest.split_once('[').context("qemu log: a Trace line without its [cs_base/PC/…]")?;
+        let (fields, rest) = rest.split_once(']').context("qemu log: a Trace line without its [cs_base/PC/…]")?;
+        let pc = fields.split('/').nth(1).map(hex).context("qemu log: a Trace line without its PC")?.context("qemu log: a PC that is not hex")?;
+        let n = *tb_packets.get(&pc).with_context(|| format!("qemu log: block {pc:#x} ran before it was logged (QEMU_LOG must include in_asm)"))?;
+        let (sym, hvx) = sym_cache.entry(pc).or_insert_with(|| {
+            let s = rest.trim().to_string();
             let h = is_hvx_kernel(&s);
             (s, h)
         });
         if let Some(m) = sym.strip_prefix("keel_cost_") {
+            stretch.close(&mut c, phase, op);
             match m {
                 "batch_one" | "batch_many" => {
                     if !by_forward {
@@ -146,6 +189,7 @@ fn count(log: impl BufRead) -> Result<Counts> {
             }
         }
         *c.by_symbol.entry(sym.clone()).or_insert(0) += n;
+        *stretch.by_thread.entry(cpu).or_insert(0) += n;
         match phase {
             None => c.setup += n,
             Some(p) => {
@@ -157,6 +201,8 @@ fn count(log: impl BufRead) -> Result<Counts> {
             }
         }
     }
+    stretch.close(&mut c, phase, op);
+    c.threads = threads.len();
     Ok(c)
 }
 
@@ -311,10 +357,12 @@ fn report(a: &Args, run: &serde_json::Value, c: &Counts) -> Result<()> {
     // Decode steps: the forward passes of one token when the whole pass runs on the
     // device (its embedding lookups), else the prompt's batches as one pass's worth.
     let decode_steps = if c.decode.forwards > 0 { c.decode.forwards as f64 } else { c.decode.batches as f64 / c.prompt.batches as f64 };
-    let per_tok = |t: &Tally, n: f64| -> Vec<f64> { t.packets.iter().map(|&p| p as f64 / n).collect() };
-    let pp = per_tok(&c.prompt, n_prompt as f64);
-    let tg = per_tok(&c.decode, decode_steps);
+    let per_tok = |t: &[u64], n: f64| -> Vec<f64> { t.iter().map(|&p| p as f64 / n).collect() };
+    let pp = per_tok(&c.prompt.packets, n_prompt as f64);
+    let tg = per_tok(&c.decode.packets, decode_steps);
     let (pp_tot, tg_tot) = (pp.iter().sum::<f64>(), tg.iter().sum::<f64>());
+    let pp_crit = per_tok(&c.prompt.critical, n_prompt as f64).iter().sum::<f64>();
+    let tg_crit = per_tok(&c.decode.critical, decode_steps).iter().sum::<f64>();
     let (pp_hvx, tg_hvx) = (c.prompt.hvx as f64 / n_prompt as f64, c.decode.hvx as f64 / decode_steps);
     // Bytes read from memory per token (`keel bench --roofline`'s count: matrix weights,
     // norms, one embedding row, the KV rows attention reads at these positions). A forward
@@ -325,11 +373,13 @@ fn report(a: &Args, run: &serde_json::Value, c: &Counts) -> Result<()> {
     let tg_bytes = tg_b.total() as f64;
     let passes = c.prompt.forwards.max(1) as f64;
     let pp_bytes = (pp_b.weights as f64 * passes) / n_prompt as f64 + (pp_b.small + pp_b.kv) as f64;
-    let est = |t: &Target, packets: f64, mm: f64, bytes: f64| {
-        let compute = t.clock_hz / packets;
-        let all_ctx = t.clock_hz / (packets - mm + mm / f64::from(t.hvx_contexts));
+    if c.threads > TARGETS.iter().map(|t| t.hvx_contexts as usize).min().unwrap_or(1) {
+        bail!("the firmware ran {} hardware threads, more than a target's HVX contexts: set KEEL_DSP_THREADS to at most 4", c.threads);
+    }
+    // (1 thread, as run, bandwidth bound) tokens/s.
+    let est = |t: &Target, packets: f64, critical: f64, bytes: f64| {
         let bw = t.ddr_bytes_s / bytes;
-        (compute.min(bw), all_ctx.min(bw), bw)
+        ((t.clock_hz / packets).min(bw), (t.clock_hz / critical).min(bw), bw)
     };
     let model = a.model.display().to_string();
     if a.json {
@@ -337,16 +387,17 @@ fn report(a: &Args, run: &serde_json::Value, c: &Counts) -> Result<()> {
         let targets: Vec<_> = TARGETS
             .iter()
             .map(|t| {
-                let (pc, pa, pb) = est(t, pp_tot, pp[0], pp_bytes);
-                let (gc, ga, gb) = est(t, tg_tot, tg[0], tg_bytes);
+                let (pc, pa, pb) = est(t, pp_tot, pp_crit, pp_bytes);
+                let (gc, ga, gb) = est(t, tg_tot, tg_crit, tg_bytes);
                 serde_json::json!({"target": t.name, "clock_hz": t.clock_hz, "hvx_contexts": t.hvx_contexts, "ddr_bytes_s": t.ddr_bytes_s,
-                    "prompt_tps": pc, "prompt_tps_all_contexts": pa, "prompt_tps_bandwidth_bound": pb,
-                    "decode_tps": gc, "decode_tps_all_contexts": ga, "decode_tps_bandwidth_bound": gb})
+                    "prompt_tps": pc, "prompt_tps_as_run": pa, "prompt_tps_bandwidth_bound": pb,
+                    "decode_tps": gc, "decode_tps_as_run": ga, "decode_tps_bandwidth_bound": gb})
             })
             .collect();
         let j = serde_json::json!({"model": model, "cpu": a.cpu, "prompt_tokens": n_prompt, "generated": n_gen,
             "prompt_batches": c.prompt.batches, "decode_batches": c.decode.batches, "decode_steps": decode_steps, "setup_packets": c.setup,
-            "prompt_packets_per_token": pp_tot, "decode_packets_per_token": tg_tot,
+            "prompt_packets_per_token": pp_tot, "decode_packets_per_token": tg_tot, "threads": c.threads,
+            "prompt_critical_packets_per_token": pp_crit, "decode_critical_packets_per_token": tg_crit,
             "prompt_hvx_kernel_packets_per_token": pp_hvx, "decode_hvx_kernel_packets_per_token": tg_hvx,
             "prompt_ops": ops(&pp), "decode_ops": ops(&tg), "device_model_bytes": device_bytes,
             "prompt_bytes_per_token": pp_bytes, "decode_bytes_per_token": tg_bytes, "prompt_passes": passes,
@@ -367,12 +418,18 @@ fn report(a: &Args, run: &serde_json::Value, c: &Counts) -> Result<()> {
     row("prompt", &pp, pp_tot, pp_hvx, pp_bytes);
     row("decode", &tg, tg_tot, tg_hvx, tg_bytes);
     println!("decode / prompt packets per token: {:.2}×  (start-up, not counted above: {} packets)", tg_tot / pp_tot, c.setup);
+    println!(
+        "critical path per token on {} hardware thread(s): prompt {pp_crit:.0}, decode {tg_crit:.0} (decode / prompt {:.2}×)",
+        c.threads,
+        tg_crit / pp_crit
+    );
     println!();
-    println!("| estimate | prompt t/s (1 thread / ×ctx / bandwidth bound) | decode t/s (1 thread / ×ctx / bandwidth bound) |");
+    let n = c.threads;
+    println!("| estimate | prompt t/s (1 thread / as run, {n} threads / bandwidth bound) | decode t/s (1 thread / as run, {n} threads / bandwidth bound) |");
     println!("|---|---|---|");
     for t in &TARGETS {
-        let (pc, pa, pb) = est(t, pp_tot, pp[0], pp_bytes);
-        let (gc, ga, gb) = est(t, tg_tot, tg[0], tg_bytes);
+        let (pc, pa, pb) = est(t, pp_tot, pp_crit, pp_bytes);
+        let (gc, ga, gb) = est(t, tg_tot, tg_crit, tg_bytes);
         println!("| {} | {pc:.1} / {pa:.1} / {pb:.0} | {gc:.1} / {ga:.1} / {gb:.0} |", t.name);
     }
     println!("{ASSUMPTIONS}");

@@ -8,6 +8,7 @@
 //! | `KEEL_QEMU_CPU` | `v68` |
 //! | `KEEL_DSP_ELF` | `dsp-firmware/target/<cpu>/hexagon-unknown-none-elf/release/keel-dsp-device` (what `dsp-firmware/ci.sh` builds) |
 //! | `KEEL_DSP_TIMEOUT_MS` | 10000 |
+//! | `KEEL_DSP_THREADS` | 4 (the HVX contexts of a v68 or v73 cDSP; 1 to 8) |
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -27,10 +28,16 @@ pub struct SimConfig {
     pub pool_bytes: u64,
     /// Longest wait for any reply, and for a batch from its submission.
     pub timeout: Duration,
+    /// Hardware threads the firmware splits each matrix product over (`--threads`).
+    pub threads: u8,
     /// A firmware fault mode (`hang-on-batch`, `malformed-reply`, `wrong-seq`,
     /// `other-version`), for fault tests only.
     pub fault: Option<String>,
 }
+
+/// Threads the firmware runs unless `KEEL_DSP_THREADS` says otherwise: the HVX
+/// contexts of the v68 (QCS6490) and v73 cDSPs.
+pub const DEFAULT_THREADS: u8 = 4;
 
 /// VTCM size of a Hexagon generation, bytes.
 pub fn vtcm_for(cpu: &str) -> u32 {
@@ -63,6 +70,7 @@ impl SimConfig {
         let qemu_name = var("KEEL_QEMU").unwrap_or_else(|| "qemu-hexagon".into());
         let cpu = var("KEEL_QEMU_CPU").unwrap_or_else(|| "v68".into());
         let timeout_ms = var("KEEL_DSP_TIMEOUT_MS").and_then(|v| v.parse().ok()).unwrap_or(10_000);
+        let threads = var("KEEL_DSP_THREADS").map_or(Ok(DEFAULT_THREADS), |v| v.parse::<u8>().ok().filter(|n| (1..=8).contains(n)).ok_or(v));
         SimConfig {
             qemu: find_program(&qemu_name).unwrap_or_else(|| PathBuf::from(qemu_name)),
             elf: var("KEEL_DSP_ELF").map_or_else(|| default_elf(&cpu), PathBuf::from),
@@ -70,12 +78,17 @@ impl SimConfig {
             cpu,
             pool_bytes: 256 << 20,
             timeout: Duration::from_millis(timeout_ms),
+            threads: threads.unwrap_or(0),
             fault: None,
         }
     }
 
     /// What is missing to start the device, said so a user can fix it; `None` if nothing.
     pub fn missing(&self) -> Option<String> {
+        if !(1..=8).contains(&self.threads) {
+            let env = std::env::var("KEEL_DSP_THREADS").unwrap_or_default();
+            return Some(format!("{} hardware threads asked for (KEEL_DSP_THREADS={env:?}): the firmware runs 1 to 8; set KEEL_DSP_THREADS to one of those", self.threads));
+        }
         if !self.qemu.is_file() {
             return Some(format!(
                 "{} not found: install qemu-user (Debian bookworm-backports has qemu-hexagon with v68/v73; \

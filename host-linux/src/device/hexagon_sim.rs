@@ -95,7 +95,7 @@ impl HexagonSim {
         let mut pool = ShmPool::create(cfg.pool_bytes)
             .map_err(|e| DeviceError::new(&short, ErrorKind::OutOfMemory, format!("cannot create the shared-memory file: {e}")))?;
         let mut cmd = Command::new(&cfg.qemu);
-        cmd.args(["-cpu", cpu]).arg(&cfg.elf).arg("--shm").arg(pool.path()).args(["--vtcm", &cfg.vtcm_bytes.to_string()]);
+        cmd.args(["-cpu", cpu]).arg(&cfg.elf).arg("--shm").arg(pool.path()).args(["--vtcm", &cfg.vtcm_bytes.to_string()]).args(["--threads", &cfg.threads.to_string()]);
         if let Some(f) = &cfg.fault {
             cmd.args(["--fault", f]);
         }
