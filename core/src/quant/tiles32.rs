@@ -206,7 +206,7 @@ fn scratch_words(scratch: &mut [u8]) -> &mut [i32] {
 pub fn matvec(kern: &Kernels, w: &TiledWeights<'_>, act: &[ActBlock], scratch: &mut [u8], out: &mut [f32], sums: Option<&mut [i32]>) -> Result<(), TileError> {
     w.check(act, out, &sums)?;
     let groups = 0..tile::groups(w.rows as u32);
-    matmul_checked(kern, w, act, 1, groups, scratch, &Out::new(out, w.rows), sums)
+    matmul_checked(kern, w, act, groups, scratch, &Out::new(out, w.rows), sums)
 }
 
 /// Weight bytes of one chunk of row groups (all its blocks) that a product of several
@@ -227,7 +227,7 @@ pub fn matmul(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols: usi
     }
     w.check(&acts[..nb], &out[..w.rows], &None)?;
     let groups = 0..tile::groups(w.rows as u32);
-    matmul_checked(kern, w, acts, cols, groups, scratch, &Out::new(out, w.rows), None)
+    matmul_checked(kern, w, acts, groups, scratch, &Out::new(out, w.rows), None)
 }
 
 /// [`matmul`] with its row groups split over `par`'s tasks (contiguous ranges of
@@ -245,7 +245,7 @@ pub fn matmul_par(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols:
     let tasks = par.n_threads().clamp(1, g_count.max(1));
     let out = Out::new(out, w.rows);
     if tasks == 1 {
-        return matmul_checked(kern, w, acts, cols, 0..g_count, scratch, &out, None);
+        return matmul_checked(kern, w, acts, 0..g_count, scratch, &out, None);
     }
     let pad = scratch.as_ptr().align_offset(ALIGN).min(scratch.len());
     let scratch = &mut scratch[pad..];
@@ -257,7 +257,7 @@ pub fn matmul_par(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols:
         // SAFETY: task i alone uses share bytes at i·share (i < tasks, tasks·share ≤
         // the scratch's length), and writes only the rows of its own groups.
         let scratch = unsafe { pieces.get(i) };
-        if let Err(e) = matmul_checked(kern, w, acts, cols, split_range(g_count, tasks, i), scratch, &out, None) {
+        if let Err(e) = matmul_checked(kern, w, acts, split_range(g_count, tasks, i), scratch, &out, None) {
             failed.store(e as u32 + 1, Ordering::Relaxed);
         }
     });
@@ -338,10 +338,12 @@ fn scales<'a>(w: &TiledWeights<'a>) -> Result<&'a [f32], TileError> {
 /// activation scales live on the stack).
 const PASS_BLOCKS: usize = 32;
 
-fn matmul_checked(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols: usize, groups: Range<usize>, scratch: &mut [u8], out: &Out, mut sums: Option<&mut [i32]>) -> Result<(), TileError> {
+/// The products of `groups` (32-row groups) for every column of `acts` (`k/32` blocks each).
+fn matmul_checked(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], groups: Range<usize>, scratch: &mut [u8], out: &Out, mut sums: Option<&mut [i32]>) -> Result<(), TileError> {
+    let cols = acts.len() / (w.k / 32).max(1);
     let tk = kern.tile_sums();
     let (f, bias, tile_bytes) = match w.dtype {
-        DType::Q8_0 => return matmul_q8_0_lanes(&tk, w, acts, cols, groups, scratch, out, sums),
+        DType::Q8_0 => return matmul_q8_0_lanes(&tk, w, acts, groups, scratch, out, sums),
         DType::Q4_0 => (tk.q4_0, Q4_0_BIAS, 512),
         DType::IQ4NL => (tk.iq4_nl, IQ4_NL_BIAS, 512),
         _ => return Err(TileError::Unsupported),
@@ -410,7 +412,8 @@ const LANE_GROUPS: usize = 4;
 /// accumulators run through those blocks in registers, its scale formed once per block
 /// for the 8 lanes. Below that, one lane at a time through the block sums with the other
 /// 7 activation words zeroed (8 passes, the same integers).
-fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols: usize, groups: Range<usize>, scratch: &mut [u8], out: &Out, mut sums: Option<&mut [i32]>) -> Result<(), TileError> {
+fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], groups: Range<usize>, scratch: &mut [u8], out: &Out, mut sums: Option<&mut [i32]>) -> Result<(), TileError> {
+    let cols = acts.len() / (w.k / 32).max(1);
     let (rows, g_count, nb) = (w.rows, tile::groups(w.rows as u32), w.k / 32);
     let scales = scales(w)?;
     let buf = scratch_words(scratch);
