@@ -388,10 +388,7 @@ fn matmul_checked(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], group
                 }
                 for (j, a) in col[b0..b0 + nbb].iter().enumerate() {
                     let sc = &scales[((b0 + j) * g_count + g0) * 32..][..n_rows];
-                    for ((y, &x), &dw) in o.iter_mut().zip(&buf[j * 32 * n..][..n_rows]).zip(sc) {
-                        let acc = if b0 + j == 0 { 0.0 } else { *y };
-                        *y = fma(f32::from_bits(x as u32), dw * a.d, acc);
-                    }
+                    scale_block(o, &buf[j * 32 * n..][..n_rows], sc, a.d, b0 + j == 0);
                 }
                 b0 += nbb;
             }
@@ -399,6 +396,18 @@ fn matmul_checked(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], group
         g0 += n;
     }
     Ok(())
+}
+
+/// One block's scale pass over a chunk's rows: `o[r] = fma(x[r], dw[r]·da, o[r])` (0
+/// for `o[r]` in the first block), `x` the block sums as f32 bits. A function of its own
+/// so that the outputs, which come from a raw pointer when a product is split over tasks,
+/// are known not to alias the sums and scales (the loop is software-pipelined only then).
+#[inline(never)]
+fn scale_block(o: &mut [f32], x: &[i32], dw: &[f32], da: f32, first: bool) {
+    for ((y, &x), &dw) in o.iter_mut().zip(x).zip(dw) {
+        let acc = if first { 0.0 } else { *y };
+        *y = fma(f32::from_bits(x as u32), dw * da, acc);
+    }
 }
 
 /// Row groups whose Q8_0 lane accumulators one pass keeps (on the stack: 4 KiB).
