@@ -12,6 +12,8 @@ use super::view::{contiguous, scratch_f32, words, words_mut, Tensors};
 use super::{kernels, Scratch};
 use crate::attention::{attend_heads, KeySpan};
 use crate::ops;
+use crate::parallel::{split_range, Disjoint, Parallel};
+use core::sync::atomic::{AtomicU32, Ordering};
 
 /// The destination as F32, holding a copy of source `a` (or being it).
 ///
@@ -149,7 +151,7 @@ pub fn rope(op: &OpDesc, ts: &Tensors<'_>, n_dims: u16, mode: u8, base: f32, s: 
 /// `p = n_kv − n_tokens + t`) sees positions `0 ..= p`, or `p + 1 − window ..= p` with a
 /// sliding window (the keys in position order: keel's CPU ring cache gives the same).
 #[allow(clippy::too_many_arguments)]
-pub fn attention(op: &OpDesc, ts: &Tensors<'_>, n_head: u16, n_head_kv: u16, scale: f32, window: u32, s: &mut Scratch<'_>) -> Result<(), ErrorKind> {
+pub fn attention(op: &OpDesc, ts: &Tensors<'_>, n_head: u16, n_head_kv: u16, scale: f32, window: u32, s: &mut Scratch<'_>, par: &dyn Parallel) -> Result<(), ErrorKind> {
     let (q, k, v, d) = (ts.src(op, 0)?, ts.src(op, 1)?, ts.src(op, 2)?, ts.dst(op)?);
     let (head_dim, n_tokens, n_kv) = (q.ne[0] as usize, q.ne[2] as usize, k.ne[1] as usize);
     // A cache as f16 elements with its position and head strides (in elements).
@@ -170,24 +172,35 @@ pub fn attention(op: &OpDesc, ts: &Tensors<'_>, n_head: u16, n_head_kv: u16, sca
         return Err(ErrorKind::Unsupported);
     }
     let same = ts.same_or_disjoint(d, q)?;
-    let (qbuf, obuf) = (scratch_f32(s, head_dim)?, scratch_f32(s, head_dim)?);
-    let (qh, acc) = (scratch_f16(s, head_dim)?, scratch_f16(s, head_dim)?);
+    // The (token, head) pairs split over par's tasks, each with its own work rows.
+    let pairs = n_tokens * usize::from(n_head);
+    let tasks = par.n_threads().clamp(1, pairs.max(1));
+    let (qbufs, obufs) = (scratch_f32(s, tasks * head_dim)?, scratch_f32(s, tasks * head_dim)?);
+    let (qhs, accs) = (scratch_f16(s, tasks * head_dim)?, scratch_f16(s, tasks * head_dim)?);
+    let (qbufs, obufs, qhs, accs) = (Disjoint::new(qbufs), Disjoint::new(obufs), Disjoint::new(qhs), Disjoint::new(accs));
     // Q, when it is not the destination: copied head by head into qbuf below.
     // SAFETY: disjoint from the destination (checked by same_or_disjoint).
     let qbytes = if same { None } else { Some(unsafe { ts.bytes(q)? }) };
     // SAFETY: the destination overlaps neither cache (checked) and Q only if it is Q.
-    let out = words_mut::<f32>(unsafe { ts.bytes_mut(d)? })?;
+    let out = Disjoint::new(words_mut::<f32>(unsafe { ts.bytes_mut(d)? })?);
     let (group, kern) = (usize::from(n_head / n_head_kv), kernels());
-    for t in 0..n_tokens {
-        let n_pos = n_kv - n_tokens + t + 1;
-        for h in 0..usize::from(n_head) {
-            let o = (t * usize::from(n_head) + h) * head_dim;
+    let task = |i: usize| -> Result<(), ErrorKind> {
+        // SAFETY: task i alone uses row i of each work buffer (i < tasks).
+        let (qbuf, obuf, qh, acc) = unsafe { (qbufs.part(i * head_dim, head_dim), obufs.part(i * head_dim, head_dim), qhs.part(i * head_dim, head_dim), accs.part(i * head_dim, head_dim)) };
+        for p in split_range(pairs, tasks, i) {
+            let (t, h) = (p / usize::from(n_head), p % usize::from(n_head));
+            let n_pos = n_kv - n_tokens + t + 1;
+            let o = p * head_dim;
+            if o + head_dim > out.len() {
+                return Err(ErrorKind::InvalidArgument);
+            }
             match qbytes {
                 Some(qb) => {
                     let at = t * q.nb[2] as usize + h * q.nb[1] as usize;
                     qbuf.copy_from_slice(words::<f32>(qb.get(at..at + 4 * head_dim).ok_or(ErrorKind::InvalidArgument)?)?);
                 }
-                None => qbuf.copy_from_slice(out.get(o..o + head_dim).ok_or(ErrorKind::InvalidArgument)?),
+                // SAFETY: pair p's row of the destination is this task's alone.
+                None => qbuf.copy_from_slice(unsafe { out.part(o, head_dim) }),
             }
             let kvh = h / group;
             let first = if window > 0 { n_pos.saturating_sub(window as usize) } else { 0 };
@@ -197,8 +210,20 @@ pub fn attention(op: &OpDesc, ts: &Tensors<'_>, n_head: u16, n_head_kv: u16, sca
                 return Err(ErrorKind::InvalidArgument);
             }
             attend_heads(&kern, qbuf, head_dim, head_dim, kc, vc, span, scale, qh, acc, obuf);
-            out[o..o + head_dim].copy_from_slice(obuf);
+            // SAFETY: as above.
+            unsafe { out.part(o, head_dim) }.copy_from_slice(obuf);
         }
+        Ok(())
+    };
+    // Every error a task can meet is an InvalidArgument (a row outside its tensor).
+    let invalid = AtomicU32::new(0);
+    par.run(tasks, &|i| {
+        if task(i).is_err() {
+            invalid.store(1, Ordering::Relaxed);
+        }
+    });
+    if invalid.load(Ordering::Relaxed) != 0 {
+        return Err(ErrorKind::InvalidArgument);
     }
     Ok(())
 }

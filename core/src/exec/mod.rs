@@ -115,8 +115,9 @@ pub fn run_batch(batch: &Batch<'_>, buffers: &impl Buffers, caps: &Caps, scratch
     run_batch_observed(batch, buffers, caps, scratch, &Sequential, |_| {})
 }
 
-/// [`run_batch`] with the matrix products' row groups split over `par`'s tasks (the
-/// same bits whatever the number: [`tiles32::matmul_par`](crate::quant::tiles32::matmul_par)),
+/// [`run_batch`] with the matrix products' row groups and attention's (token, head)
+/// pairs split over `par`'s tasks (the same bits whatever the number: each output row is
+/// one task's, e.g. [`tiles32::matmul_par`](crate::quant::tiles32::matmul_par)),
 /// calling `on_op` with each op just before it runs (after its checks): the Hexagon
 /// firmware runs its hardware threads as `par` and marks op boundaries in `on_op` for
 /// its executed-packet cost model (`dsp-firmware/src/cost.rs`). Allocates nothing.
@@ -160,7 +161,7 @@ pub fn run_batch_observed(batch: &Batch<'_>, buffers: &impl Buffers, caps: &Caps
             OpKind::GatedDeltaRule { n_k_heads, chunk, scale } => recurrent::gated_delta_rule(op, &ts, n_k_heads, chunk, scale, s),
             OpKind::SwiGlu | OpKind::GeGlu | OpKind::Add | OpKind::Mul => layer::binary(op, &ts),
             OpKind::Rope { n_dims, mode, freq_base } => layer::rope(op, &ts, n_dims, mode, freq_base, s),
-            OpKind::Attention { n_head, n_head_kv, scale, window } => layer::attention(op, &ts, n_head, n_head_kv, scale, window, s),
+            OpKind::Attention { n_head, n_head_kv, scale, window } => layer::attention(op, &ts, n_head, n_head_kv, scale, window, s, par),
             _ => Err(ErrorKind::Unsupported),
         };
         if let Err(kind) = r {

@@ -11,7 +11,9 @@ use keel_npu_hal::op::{Batch, BufferRef, DType, Layout, OpDesc, OpKind, TensorDe
 use keel_npu_hal::wire::MAX_BUFFERS;
 use keel_npu_hal::{tile, BatchStatus, BufferId, BufferRules, Caps, ErrorKind};
 
-use super::{run_batch, Buffers, Scratch, ALIGN};
+use super::{run_batch, run_batch_observed, Buffers, Scratch, ALIGN};
+use crate::parallel::{Parallel, Sequential};
+use crate::quant::tests::Reversed;
 use crate::ggml_type::GgmlType;
 use crate::ops;
 use crate::quant::tests::{activations, quantized, random_row, Rng};
@@ -56,9 +58,17 @@ impl Mem {
     }
 
     fn run_with(&mut self, batch: &Batch<'_>, caps: &Caps) -> BatchStatus {
+        self.run_par(batch, caps, &Sequential)
+    }
+
+    /// Runs `batch` with its work split over `par`'s tasks.
+    fn run_par(&mut self, batch: &Batch<'_>, caps: &Caps, par: &dyn Parallel) -> BatchStatus {
         let mut scratch = vec![0u8; 256 << 10];
         let placed = Placed(self.bufs.iter_mut().map(|(v, off, len)| (v[*off..].as_mut_ptr(), *len)).collect());
-        run_batch(batch, &placed, caps, &mut Scratch::new(&mut scratch))
+        if par.n_threads() == 1 {
+            return run_batch(batch, &placed, caps, &mut Scratch::new(&mut scratch));
+        }
+        run_batch_observed(batch, &placed, caps, &mut Scratch::new(&mut scratch), par, |_| {})
     }
 }
 
@@ -166,6 +176,55 @@ fn norm_matmul_add_batch_equals_keel_core_calls() {
     assert_bits(&floats(&mem.buf(3)[..at as usize]), &h, "rms_norm");
     assert_bits(&floats(&mem.buf(3)[at as usize..]), &want, "matmul + add");
     assert_eq!(mem.buf(0), &[f32s(&x), f32s(&resid)].concat()[..], "sources untouched");
+}
+
+/// A batch's products (row groups) and attention ((token, head) pairs, GQA, a separate
+/// destination and in place over Q with a window) split over 2, 3 and 16 tasks run in
+/// reverse: every byte of every buffer as with one task.
+#[test]
+fn work_split_over_tasks_keeps_every_bit() {
+    let (k, rows, cols) = (64usize, 100usize, 3usize);
+    let (hd, n_head, n_kv_head, n_tok, n_kv) = (32usize, 4usize, 2usize, 3usize, 5usize);
+    let mut rng = Rng::new(0x7a5c);
+    let x: Vec<f32> = (0..cols).flat_map(|_| random_row(&mut rng, k)).collect();
+    let w: Vec<u8> = (0..rows).flat_map(|_| quantized(GgmlType::Q4_0, &random_row(&mut rng, k))).collect();
+    let size = tile::packed_size(DType::Q4_0, rows as u32, k as u32).unwrap();
+    let mut packed = vec![0u8; size];
+    tile::repack(DType::Q4_0, rows as u32, k as u32, &w, &mut packed).unwrap();
+    let q = random_row(&mut rng, hd * n_head * n_tok);
+    let f16s = |v: Vec<f32>| -> Vec<u8> { v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect() };
+    let (kc, vc) = (f16s(random_row(&mut rng, hd * n_kv * n_kv_head)), f16s(random_row(&mut rng, hd * n_kv * n_kv_head)));
+    // Buffers: 0 x, 1 weights, 2 the product's output, 3 Q (attended in place too),
+    // 4 K, 5 V, 6 attention's separate output.
+    let contents: [&[u8]; 7] = [&f32s(&x), &packed, &vec![0u8; 4 * rows * cols], &f32s(&q), &kc, &vc, &vec![0u8; 4 * q.len()]];
+    let qt = f32_tensor([hd as u32, n_head as u32, n_tok as u32, 1], 3, 0);
+    let cache = |b| TensorDesc::contiguous(DType::F16, [hd as u32, n_kv as u32, n_kv_head as u32, 1], b, 0).unwrap();
+    let tensors = [
+        f32_tensor([k as u32, cols as u32, 1, 1], 0, 0),
+        TensorDesc { dtype: DType::Q4_0, layout: Layout::Tiles32, ne: [k as u32, rows as u32, 1, 1], nb: [0; 4], buffer: 1, offset: 0 },
+        f32_tensor([rows as u32, cols as u32, 1, 1], 2, 0),
+        qt,
+        cache(4),
+        cache(5),
+        f32_tensor([hd as u32, n_head as u32, n_tok as u32, 1], 6, 0),
+    ];
+    let attn = |window| OpKind::Attention { n_head: n_head as u16, n_head_kv: n_kv_head as u16, scale: 0.17, window };
+    let ops = [
+        op(OpKind::MatMul, [Some(1), Some(0), None], 2),
+        op(attn(0), [Some(3), Some(4), Some(5)], 6),
+        op(attn(2), [Some(3), Some(4), Some(5)], 3),
+    ];
+    let mut one = Mem::new(&contents);
+    assert_eq!(one.run(&tensors, &ops, &caps()), BatchStatus::Done);
+    for tasks in [2, 3, 16] {
+        let mut split = Mem::new(&contents);
+        let refs = split.refs();
+        assert_eq!(split.run_par(&Batch { buffers: &refs, tensors: &tensors, ops: &ops }, &caps(), &Reversed(tasks)), BatchStatus::Done);
+        for b in [2, 3, 6] {
+            assert!(split.buf(b) == one.buf(b), "{tasks} tasks: buffer {b} differs from one task's");
+        }
+    }
+    assert_ne!(one.buf(3), &f32s(&q)[..], "attention in place wrote Q");
 }
 
 #[test]

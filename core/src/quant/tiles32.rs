@@ -28,7 +28,7 @@ use super::blocks::KVALUES_IQ4NL;
 use super::Kernels;
 use crate::fused::fmaf as fma;
 use crate::ggml_type::GgmlType;
-use crate::parallel::{split_range, Parallel};
+use crate::parallel::{split_range, Disjoint, Parallel};
 
 /// Alignment of packed weights and of the kernels' scratch (one HVX vector).
 pub const ALIGN: usize = 128;
@@ -250,13 +250,13 @@ pub fn matmul_par(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols:
     let pad = scratch.as_ptr().align_offset(ALIGN).min(scratch.len());
     let scratch = &mut scratch[pad..];
     let share = scratch.len() / tasks / ALIGN * ALIGN;
-    let pieces = Pieces { ptr: scratch.as_mut_ptr(), share };
+    let pieces = Disjoint::new(scratch);
     // The first error any task met (a TileError's code + 1; 0: none).
     let failed = AtomicU32::new(0);
     par.run(tasks, &|i| {
         // SAFETY: task i alone uses share bytes at i·share (i < tasks, tasks·share ≤
         // the scratch's length), and writes only the rows of its own groups.
-        let scratch = unsafe { pieces.get(i) };
+        let scratch = unsafe { pieces.part(i * share, share) };
         if let Err(e) = matmul_checked(kern, w, acts, split_range(g_count, tasks, i), scratch, &out, None) {
             failed.store(e as u32 + 1, Ordering::Relaxed);
         }
@@ -269,41 +269,16 @@ pub fn matmul_par(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols:
     }
 }
 
-/// Equal shares of one scratch region, one per task.
-struct Pieces {
-    ptr: *mut u8,
-    share: usize,
-}
-
-// SAFETY: tasks take disjoint shares (see `get`).
-unsafe impl Sync for Pieces {}
-
-impl Pieces {
-    /// Share `i`.
-    ///
-    /// # Safety
-    /// The region holds share `i`, and no other live reference covers it.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn get(&self, i: usize) -> &mut [u8] {
-        // SAFETY: as the caller guarantees.
-        unsafe { core::slice::from_raw_parts_mut(self.ptr.add(i * self.share), self.share) }
-    }
-}
-
 /// A product's outputs `[col][row]`, written by row range: tasks of one product own
 /// disjoint row groups, so each writes elements no other touches.
-struct Out {
-    ptr: *mut f32,
+struct Out<'a> {
+    all: Disjoint<'a, f32>,
     rows: usize,
-    len: usize,
 }
 
-// SAFETY: the writers of one product take disjoint rows (see `rows`).
-unsafe impl Sync for Out {}
-
-impl Out {
-    fn new(out: &mut [f32], rows: usize) -> Out {
-        Out { ptr: out.as_mut_ptr(), rows, len: out.len() }
+impl<'a> Out<'a> {
+    fn new(out: &'a mut [f32], rows: usize) -> Out<'a> {
+        Out { all: Disjoint::new(out), rows }
     }
 
     /// Column `c`'s outputs of rows `r0 .. r0 + n` (checked to lie inside).
@@ -312,10 +287,9 @@ impl Out {
     /// No other live reference covers those elements.
     #[allow(clippy::mut_from_ref)]
     unsafe fn rows(&self, c: usize, r0: usize, n: usize) -> &mut [f32] {
-        let at = c * self.rows + r0;
-        assert!(r0 + n <= self.rows && at + n <= self.len);
-        // SAFETY: in bounds (asserted), exclusive as the caller guarantees.
-        unsafe { core::slice::from_raw_parts_mut(self.ptr.add(at), n) }
+        assert!(r0 + n <= self.rows);
+        // SAFETY: exclusive as the caller guarantees.
+        unsafe { self.all.part(c * self.rows + r0, n) }
     }
 }
 

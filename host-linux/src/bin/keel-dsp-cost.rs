@@ -14,6 +14,8 @@
 //!
 //! usage: keel-dsp-cost -m MODEL [-p PROMPT_TOKENS] [-n GEN_TOKENS] [--cpu v68|v73]
 //!        [--keel PATH] [--json] [-- KEEL_RUN_ARGS...]
+//! (`KEEL_DSP_THREADS`: the firmware's hardware threads; the "as run" estimate follows
+//! their critical path.)
 //! (`bench/dsp-cost.sh` runs it for the tables in BENCHMARKS.md.)
 
 use std::collections::HashMap;
@@ -217,7 +219,8 @@ struct Args {
     extra: Vec<String>,
 }
 
-const USAGE: &str = "usage: keel-dsp-cost -m MODEL [-p PROMPT_TOKENS (default 8)] [-n GEN_TOKENS (default 3)] [--cpu v68|v73] [--keel PATH] [--json] [--symbols N] [-- KEEL_RUN_ARGS...]";
+const USAGE: &str = "usage: keel-dsp-cost -m MODEL [-p PROMPT_TOKENS (default 8)] [-n GEN_TOKENS (default 3)] [--cpu v68|v73] [--keel PATH] [--json] [--symbols N] [-- KEEL_RUN_ARGS...]
+env: KEEL_DSP_THREADS (the firmware's hardware threads, 1 to 4 here; default 4), KEEL_DSP_ELF, KEEL_QEMU";
 
 fn args() -> Result<Args> {
     let mut it = std::env::args().skip(1);
