@@ -132,7 +132,8 @@ unsafe fn spawn(entry: extern "C" fn(usize) -> !, arg: usize, stack_top: usize) 
     ret
 }
 
-/// The device's threads: the caller plus `n - 1` parked workers.
+/// The device's threads: the caller plus `n - 1` parked workers. One run at a time: only
+/// the thread that started them (the message loop) calls [`Parallel::run`].
 pub struct Threads {
     n: usize,
 }
@@ -157,11 +158,6 @@ impl Threads {
         }
         SHARED.workers.store(started, Ordering::Relaxed);
         Threads { n: started as usize + 1 }
-    }
-
-    /// One thread, the caller's: no workers.
-    pub const fn single() -> Threads {
-        Threads { n: 1 }
     }
 }
 
