@@ -17,8 +17,13 @@
 # usage: bench/in-flight.sh
 #   env: ROWS ("one split"), ROUNDS (5), N_GEN (64),
 #        MODEL (tests/golden/synth/synth-llama-q8_0.gguf),
-#        KEEL_DSP_ELF (the firmware; default what dsp-firmware/ci.sh builds)
+#        KEEL_DSP_ELF (the firmware; default what dsp-firmware/ci.sh builds),
+#        KEEL_DSP_THREADS (the firmware's hardware threads; 1 here unless set: the
+#        figures in BENCHMARKS.md were taken before the firmware had threads, and with
+#        two sessions of 4 threads each the QEMU processes share the host's cores)
 set -euo pipefail
+export KEEL_DSP_THREADS="${KEEL_DSP_THREADS:-1}"
+
 root="$(cd "$(dirname "$0")/.." && pwd)"
 keel="$root/target/release/keel"
 [ -x "$keel" ] || { echo "no $keel; cargo build --release -p keel-host-linux" >&2; exit 1; }
