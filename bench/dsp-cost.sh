@@ -11,7 +11,9 @@
 # usage: bench/dsp-cost.sh [--json]
 #   env: CPU (v68), P_SYNTH (32), P_SMOLLM2 (4), N_GEN (2), MODELS ("synth smollm2"),
 #        OUT (a scratch dir for the quantized files; default a temp dir, removed at exit),
-#        KEEL_DSP_ELF (the firmware; default what dsp-firmware/ci.sh builds)
+#        KEEL_DSP_ELF (the firmware; default what dsp-firmware/ci.sh builds),
+#        KEEL_DSP_THREADS (the firmware's hardware threads, default 4; the tables give
+#        1 and 4: `for t in 1 4; do KEEL_DSP_THREADS=$t N_GEN=3 bench/dsp-cost.sh; done`)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bin="$root/target/release"
