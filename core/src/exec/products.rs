@@ -9,7 +9,8 @@ use keel_npu_hal::ErrorKind;
 use super::view::{contiguous, words, words_mut, Tensors};
 use super::{kernels, Scratch, ALIGN};
 use crate::ggml_type::GgmlType;
-use crate::parallel::Parallel;
+use crate::parallel::{split_range, Disjoint, Parallel};
+use core::sync::atomic::{AtomicU32, Ordering};
 use crate::quant::tiles32::{self, quantize_act, ActBlock, TiledWeights};
 
 /// `dst[col] = W · x[col]`: W in Tiles32 (Q8_0, Q4_0, IQ4_NL); x F32 (each column
@@ -38,8 +39,23 @@ pub fn matmul(op: &OpDesc, ts: &Tensors<'_>, scratch: &mut Scratch<'_>, par: &dy
     let (xb, packed) = unsafe { (ts.bytes(x)?, ts.bytes(w)?) };
     match x.dtype {
         DType::F32 => {
-            for (col, a) in words::<f32>(xb)?.chunks_exact(k).zip(acts.chunks_exact_mut(nb.max(1))) {
-                quantize_act(&kern, col, a)?;
+            // Block by block (each block's scale is its own), the blocks split over par's
+            // tasks: the same bytes whatever the split.
+            let xs = words::<f32>(xb)?.get(..cols * k).filter(|_| k % 32 == 0).ok_or(ErrorKind::InvalidArgument)?;
+            let n = cols * nb;
+            let tasks = par.n_threads().clamp(1, n.max(1));
+            let blocks = Disjoint::new(acts);
+            let failed = AtomicU32::new(0);
+            par.run(tasks, &|i| {
+                let r = split_range(n, tasks, i);
+                // SAFETY: task i alone writes blocks r (the tasks' ranges are disjoint).
+                let out = unsafe { blocks.part(r.start, r.len()) };
+                if quantize_act(&kern, &xs[32 * r.start..32 * r.end], out).is_err() {
+                    failed.store(1, Ordering::Relaxed);
+                }
+            });
+            if failed.load(Ordering::Relaxed) != 0 {
+                return Err(ErrorKind::InvalidArgument);
             }
         }
         DType::Q8_0 => {

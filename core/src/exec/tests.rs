@@ -178,7 +178,8 @@ fn norm_matmul_add_batch_equals_keel_core_calls() {
     assert_eq!(mem.buf(0), &[f32s(&x), f32s(&resid)].concat()[..], "sources untouched");
 }
 
-/// A batch's products (row groups) and attention ((token, head) pairs, GQA, a separate
+/// A batch's products (the activations' blocks, then the row groups) and attention
+/// ((token, head) pairs, GQA, a separate
 /// destination and in place over Q with a window) split over 2, 3 and 16 tasks run in
 /// reverse: every byte of every buffer as with one task.
 #[test]
