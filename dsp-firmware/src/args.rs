@@ -6,7 +6,7 @@
 //!   `/proc/PID/fd/N`) holding every host buffer; `MapBuffer` maps pieces of it.
 //! - `--vtcm BYTES`: scratch the platform grants (VTCM: 4 MiB on v68, 8 MiB on
 //!   v69–v75); capped at the static region the ELF reserves.
-//! - `--threads N`: hardware threads a matrix product's row groups are split over
+//! - `--threads N`: hardware threads a batch's matrix products and attention are split over
 //!   (1 to [`MAX_THREADS`](crate::threads::MAX_THREADS); default 1), as a cDSP's HVX
 //!   contexts; the outputs are the same bits whatever N.
 //! - `--fault MODE`: misbehave on purpose, for the host's fault tests
@@ -45,7 +45,7 @@ pub struct Config<'a> {
     pub shm: &'a [u8],
     /// Scratch bytes granted (0: not given).
     pub vtcm: usize,
-    /// Threads for the products (`--threads`, default 1).
+    /// Hardware threads (`--threads`, default 1).
     pub threads: usize,
     /// The fault mode.
     pub fault: Fault,

@@ -28,7 +28,7 @@ pub struct SimConfig {
     pub pool_bytes: u64,
     /// Longest wait for any reply, and for a batch from its submission.
     pub timeout: Duration,
-    /// Hardware threads the firmware splits each matrix product over (`--threads`).
+    /// Hardware threads the firmware splits a batch's products and attention over (`--threads`).
     pub threads: u8,
     /// A firmware fault mode (`hang-on-batch`, `malformed-reply`, `wrong-seq`,
     /// `other-version`), for fault tests only.
@@ -70,7 +70,8 @@ impl SimConfig {
         let qemu_name = var("KEEL_QEMU").unwrap_or_else(|| "qemu-hexagon".into());
         let cpu = var("KEEL_QEMU_CPU").unwrap_or_else(|| "v68".into());
         let timeout_ms = var("KEEL_DSP_TIMEOUT_MS").and_then(|v| v.parse().ok()).unwrap_or(10_000);
-        let threads = var("KEEL_DSP_THREADS").map_or(Ok(DEFAULT_THREADS), |v| v.parse::<u8>().ok().filter(|n| (1..=8).contains(n)).ok_or(v));
+        // Not a count from 1 to 8: 0, which `missing` reports with the variable's value.
+        let threads = var("KEEL_DSP_THREADS").map_or(Some(DEFAULT_THREADS), |v| v.parse::<u8>().ok().filter(|n| (1..=8).contains(n)));
         SimConfig {
             qemu: find_program(&qemu_name).unwrap_or_else(|| PathBuf::from(qemu_name)),
             elf: var("KEEL_DSP_ELF").map_or_else(|| default_elf(&cpu), PathBuf::from),
@@ -86,8 +87,10 @@ impl SimConfig {
     /// What is missing to start the device, said so a user can fix it; `None` if nothing.
     pub fn missing(&self) -> Option<String> {
         if !(1..=8).contains(&self.threads) {
-            let env = std::env::var("KEEL_DSP_THREADS").unwrap_or_default();
-            return Some(format!("{} hardware threads asked for (KEEL_DSP_THREADS={env:?}): the firmware runs 1 to 8; set KEEL_DSP_THREADS to one of those", self.threads));
+            return Some(match std::env::var("KEEL_DSP_THREADS") {
+                Ok(v) if !v.is_empty() => format!("KEEL_DSP_THREADS={v:?} is not a thread count from 1 to 8 (the firmware's hardware threads): set it to one of those or unset it (4)"),
+                _ => format!("{} hardware threads asked for: the firmware runs 1 to 8 (KEEL_DSP_THREADS)", self.threads),
+            });
         }
         if !self.qemu.is_file() {
             return Some(format!(
