@@ -30,47 +30,6 @@ impl Parallel for Sequential {
     }
 }
 
-/// A mutable slice shared by the tasks of one [`Parallel::run`], each of which writes
-/// only parts no other task touches (its rows of a product, its heads of an attention).
-pub struct Disjoint<'a, T> {
-    ptr: *mut T,
-    len: usize,
-    _borrow: core::marker::PhantomData<&'a mut [T]>,
-}
-
-// SAFETY: tasks reach the elements only through `part`, whose callers guarantee that no
-// two live parts overlap; sending `T`s between threads that way needs `T: Send`.
-unsafe impl<T: Send> Sync for Disjoint<'_, T> {}
-
-impl<'a, T> Disjoint<'a, T> {
-    /// Shares `s` (borrowed for as long as the `Disjoint` lives).
-    pub fn new(s: &'a mut [T]) -> Self {
-        Disjoint { ptr: s.as_mut_ptr(), len: s.len(), _borrow: core::marker::PhantomData }
-    }
-
-    /// Elements in the slice.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the slice is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Elements `at .. at + n` (panics if they are not all inside).
-    ///
-    /// # Safety
-    /// No other live reference covers any of those elements.
-    #[allow(clippy::mut_from_ref)]
-    pub unsafe fn part(&self, at: usize, n: usize) -> &mut [T] {
-        assert!(at <= self.len && n <= self.len - at, "part {at}+{n} of {}", self.len);
-        // SAFETY: in bounds (asserted) of a slice borrowed mutably for 'a; exclusive as
-        // the caller guarantees.
-        unsafe { core::slice::from_raw_parts_mut(self.ptr.add(at), n) }
-    }
-}
-
 /// Splits `0..n` into `parts` contiguous ranges of nearly equal length (the first
 /// `n % parts` get one more) and returns range `i`.
 pub fn split_range(n: usize, parts: usize, i: usize) -> core::ops::Range<usize> {

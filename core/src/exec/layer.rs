@@ -12,7 +12,8 @@ use super::view::{contiguous, scratch_f32, words, words_mut, Tensors};
 use super::{kernels, Scratch};
 use crate::attention::{attend_heads, KeySpan};
 use crate::ops;
-use crate::parallel::{split_range, Disjoint, Parallel};
+use crate::matmul::SharedMut;
+use crate::parallel::{split_range, Parallel};
 use core::sync::atomic::{AtomicU32, Ordering};
 
 /// The destination as F32, holding a copy of source `a` (or being it).
@@ -177,21 +178,22 @@ pub fn attention(op: &OpDesc, ts: &Tensors<'_>, n_head: u16, n_head_kv: u16, sca
     let tasks = par.n_threads().clamp(1, pairs.max(1));
     let (qbufs, obufs) = (scratch_f32(s, tasks * head_dim)?, scratch_f32(s, tasks * head_dim)?);
     let (qhs, accs) = (scratch_f16(s, tasks * head_dim)?, scratch_f16(s, tasks * head_dim)?);
-    let (qbufs, obufs, qhs, accs) = (Disjoint::new(qbufs), Disjoint::new(obufs), Disjoint::new(qhs), Disjoint::new(accs));
+    let (qbufs, obufs, qhs, accs) = (SharedMut::new(qbufs), SharedMut::new(obufs), SharedMut::new(qhs), SharedMut::new(accs));
     // Q, when it is not the destination: copied head by head into qbuf below.
     // SAFETY: disjoint from the destination (checked by same_or_disjoint).
     let qbytes = if same { None } else { Some(unsafe { ts.bytes(q)? }) };
     // SAFETY: the destination overlaps neither cache (checked) and Q only if it is Q.
-    let out = Disjoint::new(words_mut::<f32>(unsafe { ts.bytes_mut(d)? })?);
+    let out = words_mut::<f32>(unsafe { ts.bytes_mut(d)? })?;
+    let (out_len, out) = (out.len(), SharedMut::new(out));
     let (group, kern) = (usize::from(n_head / n_head_kv), kernels());
     let task = |i: usize| -> Result<(), ErrorKind> {
         // SAFETY: task i alone uses row i of each work buffer (i < tasks).
-        let (qbuf, obuf, qh, acc) = unsafe { (qbufs.part(i * head_dim, head_dim), obufs.part(i * head_dim, head_dim), qhs.part(i * head_dim, head_dim), accs.part(i * head_dim, head_dim)) };
+        let (qbuf, obuf, qh, acc) = unsafe { (qbufs.slice(i * head_dim, head_dim), obufs.slice(i * head_dim, head_dim), qhs.slice(i * head_dim, head_dim), accs.slice(i * head_dim, head_dim)) };
         for p in split_range(pairs, tasks, i) {
             let (t, h) = (p / usize::from(n_head), p % usize::from(n_head));
             let n_pos = n_kv - n_tokens + t + 1;
             let o = p * head_dim;
-            if o + head_dim > out.len() {
+            if o + head_dim > out_len {
                 return Err(ErrorKind::InvalidArgument);
             }
             match qbytes {
@@ -200,7 +202,7 @@ pub fn attention(op: &OpDesc, ts: &Tensors<'_>, n_head: u16, n_head_kv: u16, sca
                     qbuf.copy_from_slice(words::<f32>(qb.get(at..at + 4 * head_dim).ok_or(ErrorKind::InvalidArgument)?)?);
                 }
                 // SAFETY: pair p's row of the destination is this task's alone.
-                None => qbuf.copy_from_slice(unsafe { out.part(o, head_dim) }),
+                None => qbuf.copy_from_slice(unsafe { out.slice(o, head_dim) }),
             }
             let kvh = h / group;
             let first = if window > 0 { n_pos.saturating_sub(window as usize) } else { 0 };
@@ -211,7 +213,7 @@ pub fn attention(op: &OpDesc, ts: &Tensors<'_>, n_head: u16, n_head_kv: u16, sca
             }
             attend_heads(&kern, qbuf, head_dim, head_dim, kc, vc, span, scale, qh, acc, obuf);
             // SAFETY: as above.
-            unsafe { out.part(o, head_dim) }.copy_from_slice(obuf);
+            unsafe { out.slice(o, head_dim) }.copy_from_slice(obuf);
         }
         Ok(())
     };

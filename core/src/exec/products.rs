@@ -9,7 +9,8 @@ use keel_npu_hal::ErrorKind;
 use super::view::{contiguous, words, words_mut, Tensors};
 use super::{kernels, Scratch, ALIGN};
 use crate::ggml_type::GgmlType;
-use crate::parallel::{split_range, Disjoint, Parallel};
+use crate::matmul::SharedMut;
+use crate::parallel::{split_range, Parallel};
 use core::sync::atomic::{AtomicU32, Ordering};
 use crate::quant::tiles32::{self, quantize_act, ActBlock, TiledWeights};
 
@@ -44,12 +45,12 @@ pub fn matmul(op: &OpDesc, ts: &Tensors<'_>, scratch: &mut Scratch<'_>, par: &dy
             let xs = words::<f32>(xb)?.get(..cols * k).filter(|_| k % 32 == 0).ok_or(ErrorKind::InvalidArgument)?;
             let n = cols * nb;
             let tasks = par.n_threads().clamp(1, n.max(1));
-            let blocks = Disjoint::new(acts);
+            let blocks = SharedMut::new(acts);
             let failed = AtomicU32::new(0);
             par.run(tasks, &|i| {
                 let r = split_range(n, tasks, i);
                 // SAFETY: task i alone writes blocks r (the tasks' ranges are disjoint).
-                let out = unsafe { blocks.part(r.start, r.len()) };
+                let out = unsafe { blocks.slice(r.start, r.len()) };
                 if quantize_act(&kern, &xs[32 * r.start..32 * r.end], out).is_err() {
                     failed.store(1, Ordering::Relaxed);
                 }

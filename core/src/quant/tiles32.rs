@@ -28,7 +28,8 @@ use super::blocks::KVALUES_IQ4NL;
 use super::Kernels;
 use crate::fused::fmaf as fma;
 use crate::ggml_type::GgmlType;
-use crate::parallel::{split_range, Disjoint, Parallel};
+use crate::matmul::SharedMut;
+use crate::parallel::{split_range, Parallel, Sequential};
 
 /// Alignment of packed weights and of the kernels' scratch (one HVX vector).
 pub const ALIGN: usize = 128;
@@ -221,13 +222,7 @@ pub const REUSE_BYTES: usize = 256 * 1024;
 /// `cols > 1`) serve every column of the batch per load from memory instead of being
 /// streamed again for each token.
 pub fn matmul(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols: usize, scratch: &mut [u8], out: &mut [f32]) -> Result<(), TileError> {
-    let nb = w.k / 32;
-    if cols == 0 || acts.len() != cols * nb || out.len() != cols * w.rows {
-        return Err(TileError::Shape);
-    }
-    w.check(&acts[..nb], &out[..w.rows], &None)?;
-    let groups = 0..tile::groups(w.rows as u32);
-    matmul_checked(kern, w, acts, groups, scratch, &Out::new(out, w.rows), None)
+    matmul_par(kern, w, acts, cols, scratch, out, &Sequential)
 }
 
 /// [`matmul`] with its row groups split over `par`'s tasks (contiguous ranges of
@@ -250,13 +245,13 @@ pub fn matmul_par(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols:
     let pad = scratch.as_ptr().align_offset(ALIGN).min(scratch.len());
     let scratch = &mut scratch[pad..];
     let share = scratch.len() / tasks / ALIGN * ALIGN;
-    let pieces = Disjoint::new(scratch);
+    let pieces = SharedMut::new(scratch);
     // The first error any task met (a TileError's code + 1; 0: none).
     let failed = AtomicU32::new(0);
     par.run(tasks, &|i| {
         // SAFETY: task i alone uses share bytes at i·share (i < tasks, tasks·share ≤
         // the scratch's length), and writes only the rows of its own groups.
-        let scratch = unsafe { pieces.part(i * share, share) };
+        let scratch = unsafe { pieces.slice(i * share, share) };
         if let Err(e) = matmul_checked(kern, w, acts, split_range(g_count, tasks, i), scratch, &out, None) {
             failed.store(e as u32 + 1, Ordering::Relaxed);
         }
@@ -271,14 +266,14 @@ pub fn matmul_par(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols:
 
 /// A product's outputs `[col][row]`, written by row range: tasks of one product own
 /// disjoint row groups, so each writes elements no other touches.
-struct Out<'a> {
-    all: Disjoint<'a, f32>,
+struct Out {
+    all: SharedMut<f32>,
     rows: usize,
 }
 
-impl<'a> Out<'a> {
-    fn new(out: &'a mut [f32], rows: usize) -> Out<'a> {
-        Out { all: Disjoint::new(out), rows }
+impl Out {
+    fn new(out: &mut [f32], rows: usize) -> Out {
+        Out { all: SharedMut::new(out), rows }
     }
 
     /// Column `c`'s outputs of rows `r0 .. r0 + n` (checked to lie inside).
@@ -289,7 +284,7 @@ impl<'a> Out<'a> {
     unsafe fn rows(&self, c: usize, r0: usize, n: usize) -> &mut [f32] {
         assert!(r0 + n <= self.rows);
         // SAFETY: exclusive as the caller guarantees.
-        unsafe { self.all.part(c * self.rows + r0, n) }
+        unsafe { self.all.slice(c * self.rows + r0, n) }
     }
 }
 
