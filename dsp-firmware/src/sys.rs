@@ -10,6 +10,7 @@ const SYS_LLSEEK: i32 = 62;
 const SYS_READ: i32 = 63;
 const SYS_WRITE: i32 = 64;
 const SYS_EXIT: i32 = 93;
+const SYS_EXIT_GROUP: i32 = 94;
 const SYS_NANOSLEEP: i32 = 101;
 const SYS_MUNMAP: i32 = 215;
 const SYS_MMAP2: i32 = 222;
@@ -145,11 +146,25 @@ pub fn sleep_ms(ms: u32) {
     syscall3(SYS_NANOSLEEP, ts.as_ptr() as i32, 0, 0);
 }
 
-/// Ends the process.
+/// Ends the process (every thread: `exit_group`).
 pub fn exit(code: i32) -> ! {
-    syscall3(SYS_EXIT, code, 0, 0);
+    syscall3(SYS_EXIT_GROUP, code, 0, 0);
     // exit does not return; if it somehow did, trap forever rather than run on.
     loop {
         core::hint::spin_loop();
     }
+}
+
+/// Ends the calling thread only (`exit`).
+pub fn exit_thread() -> ! {
+    syscall3(SYS_EXIT, 0, 0, 0);
+    loop {
+        core::hint::spin_loop();
+    }
+}
+
+/// The calling thread's id (`gettid`).
+pub fn gettid() -> u32 {
+    const SYS_GETTID: i32 = 178;
+    syscall6(SYS_GETTID, [0; 6]) as u32
 }

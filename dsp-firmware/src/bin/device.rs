@@ -14,7 +14,7 @@ use keel_dsp_firmware::args;
 use keel_dsp_firmware::msgloop::{caps, Device, Measured};
 use keel_dsp_firmware::shm::SharedRegion;
 use keel_dsp_firmware::sys;
-use keel_dsp_firmware::threads::Threads;
+use keel_dsp_firmware::threads::{Linux, Threads};
 use keel_core::parallel::Parallel;
 use keel_npu_hal::wire::MAX_MESSAGE;
 use keel_npu_hal::{selftest, UnitState};
@@ -58,7 +58,7 @@ extern "C" fn keel_device_main(sp: *const u32) -> ! {
         _ => UnitState::Failed,
     };
     // The workers start after the self-test (which runs on this thread alone).
-    let threads = Threads::start(cfg.threads);
+    let threads = Threads::<Linux>::start(cfg.threads);
     let m = Measured { scratch_bytes: Scratch::new(scratch).remaining(), shared_bytes: region.size(), page: region.page(), hvx, threads: threads.n_threads() as u8 };
     let caps = caps(&m);
     Device::new(cfg.fault, region, scratch, caps, &threads).serve(inbuf, outbuf)
