@@ -207,3 +207,65 @@ fn pipelined_prompt_chunks_over_two_fastrpc_sessions_give_the_bits_of_one_in_fli
     let two = ["--device", "hexagon,hexagon", "--tensor-split", "1,1"];
     keel_test_support::check_pipelined_bits(env!("CARGO_BIN_EXE_keel"), &m, &two, &[], true, &[("KEEL_CDSPRPC", double.as_os_str())]);
 }
+
+/// The skel sizes itself from the chip, as the double's chip says: it runs the products on
+/// every 128-byte HVX context (`qurt_hvx_get_units`) with QuRT worker threads that each
+/// hold a context only while they run their share (the shell stops if more are held at
+/// once than the chip has, or a thread exits holding one), ended and joined at close (the
+/// shell stops if one is left); it takes the VTCM it finds free (`HAP_query_avail_VTCM`)
+/// as its scratch and refuses to start below 256 KiB, the reason and the fix named. Every
+/// thread count gives the same tokens and logits bits.
+#[test]
+fn the_skel_runs_on_every_hvx_context_and_takes_the_vtcm_it_finds() {
+    let Some(double) = fastrpc::double("the_skel_runs_on_every_hvx_context_and_takes_the_vtcm_it_finds") else { return };
+    let m = root().join("tests/golden/synth/synth-llama-q8_0.gguf");
+    let chip = |cmd: &mut std::process::Command, units: u32, vtcm: u32| {
+        cmd.env("KEEL_CDSPRPC", &double)
+            .env("KEEL_CDSPRPC_HVX_UNITS", units.to_string())
+            .env("KEEL_CDSPRPC_VTCM", vtcm.to_string())
+            .env("KEEL_CDSPRPC_STDERR", "1")
+            .env_remove("KEEL_CDSPRPC_FAULT");
+    };
+    let mut first: Option<serde_json::Value> = None;
+    for (units, vtcm) in [(1u32, 4u32 << 20), (2, 1 << 20), (4, 4 << 20), (6, 8 << 20)] {
+        let mut probe = keel_test_support::keel_command(env!("CARGO_BIN_EXE_keel"));
+        probe.args(["probe", "--device", "hexagon", "--json"]);
+        chip(&mut probe, units, vtcm);
+        let out = probe.output().unwrap();
+        assert!(out.status.success(), "probe with {units} HVX contexts: {}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!((v["hvx_contexts"].as_u64(), v["hvx_threads"].as_u64()), (Some(units.into()), Some(units.into())), "{v}");
+        assert_eq!(v["scratch_bytes"].as_u64(), Some(vtcm.into()), "the skel's scratch is the VTCM found free: {v}");
+
+        let mut run = keel_test_support::keel_command(env!("CARGO_BIN_EXE_keel"));
+        run.arg("run").arg("-m").arg(&m).args(["-p", "Hello world", "-n", "8", "--temp", "0", "--json", "--device", "hexagon"]);
+        chip(&mut run, units, vtcm);
+        let out = run.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "run with {units} HVX contexts: {err}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(v["device_batches"].as_u64().unwrap() > 0);
+        let report = err.lines().find(|l| l.starts_with("keel-dsp-shell: close:")).unwrap_or_else(|| panic!("no close report from the shell (the skel's close did not run or failed): {err}"));
+        assert!(report.contains(&format!(": {} worker thread(s) started and joined;", units - 1)), "{report}");
+        let took: u64 = report.split("workers took an HVX context ").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse().ok()).unwrap();
+        assert_eq!(took > 0, units > 1, "workers ran shares only when there are workers: {report}");
+        assert!(report.ends_with(&format!("at most {units} of {units} held at once")), "every context in use at once: {report}");
+        match &first {
+            None => first = Some(v),
+            Some(f) => {
+                assert_eq!(v["generated"], f["generated"], "{units} HVX contexts: tokens differ from one");
+                assert_eq!(v["logits_sha256"], f["logits_sha256"], "{units} HVX contexts: logits bits differ from one");
+            }
+        }
+    }
+
+    let mut probe = keel_test_support::keel_command(env!("CARGO_BIN_EXE_keel"));
+    probe.args(["probe", "--device", "hexagon"]);
+    chip(&mut probe, 4, 128 << 10);
+    let out = probe.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "128 KiB of VTCM must be refused");
+    for want in ["AEE_ENOMEMORY", "less than 256 KiB of VTCM free", "HAP_query_avail_VTCM", "--device cpu"] {
+        assert!(err.contains(want), "{want:?} not in: {err}");
+    }
+}

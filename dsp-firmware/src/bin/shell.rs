@@ -1,4 +1,4 @@
-//! `keel-dsp-shell --shm PATH --skel PATH [--vtcm BYTES]`: a stand-in for the FastRPC
+//! `keel-dsp-shell --shm PATH --skel PATH [--vtcm BYTES] [--hvx-units N]`: a stand-in for the FastRPC
 //! shell, for the libcdsprpc test double only. Runs under qemu-hexagon: loads keel's skel
 //! shared object (`libkeel_skel.so`) the way the DSP's loader does (maps its PT_LOAD
 //! segments, applies its relocations, resolves its imports against the stand-ins below),
@@ -7,8 +7,16 @@
 //! Stand-ins: `dspqueue_import/read_noblock/write/close` over the frames; buffer
 //! references arrive as (fd, size, offset in the shared `--shm` pool, flags) and reach the
 //! skel as pool addresses, as dspqueue hands DSP addresses of `fastrpc_mmap`ed buffers;
-//! `HAP_request_VTCM/HAP_release_VTCM` give a static region; `qurt_hvx_lock/unlock` do
-//! nothing (QEMU's HVX is always there).
+//! `HAP_query_avail_VTCM` reports `--vtcm` bytes (default 4 MiB, a v68's; at most 8 MiB)
+//! as one free page until `HAP_request_VTCM` takes it (a larger request is refused),
+//! `HAP_release_VTCM` gives it back; `qurt_hvx_get_units` reports `--hvx-units` 128-byte
+//! contexts (default 4); `qurt_hvx_lock/unlock` count the contexts held, per thread, and
+//! stop the shell if more are held at once than the chip has (QEMU's HVX is always
+//! there: the count is the check); `qurt_thread_create` reads the documented
+//! `qurt_thread_attr_t` fields (priority at 18, stack_size at 24, stack_addr at 28; an
+//! unaligned or missing stack or a priority outside 1..=254 is refused) and starts a
+//! Linux thread on that stack; `qurt_thread_join/exit`, `qurt_futex_wait/wake` map to
+//! their Linux counterparts. After the skel's close no thread of it may be left running.
 //!
 //! Frames both ways: `u32` length, then a kind byte, a buffer count, two zero bytes, and
 //! - kind 0 (invoke), double to shell: `u32` method, `u64` argument; shell to double: `i32` result;
@@ -21,7 +29,10 @@
 use core::cell::UnsafeCell;
 use core::ffi::c_void;
 
+use core::sync::atomic::{AtomicU32, Ordering};
+
 use keel_dsp_firmware::sys;
+use keel_dsp_firmware::threads::{self as linux, MAX_THREADS};
 use keel_npu_hal::wire::{MAX_BUFFERS, MAX_MESSAGE};
 
 #[repr(C, align(128))]
@@ -70,6 +81,8 @@ struct Shell {
     pool: usize,
     pool_len: u64,
     vtcm: usize,
+    /// VTCM the chip has free (`--vtcm`).
+    vtcm_bytes: u32,
     callback: Option<(Callback, *mut c_void)>,
     /// The packet being handed to the skel: `INBUF[start..end]` (after the frame head).
     packet: Option<(usize, usize)>,
@@ -78,10 +91,27 @@ struct Shell {
 struct Global(UnsafeCell<Shell>);
 // SAFETY: single-threaded program.
 unsafe impl Sync for Global {}
-static SHELL: Global = Global(UnsafeCell::new(Shell { pool: 0, pool_len: 0, vtcm: 0, callback: None, packet: None }));
+static SHELL: Global = Global(UnsafeCell::new(Shell { pool: 0, pool_len: 0, vtcm: 0, vtcm_bytes: 4 << 20, callback: None, packet: None }));
+
+/// 128-byte HVX contexts of the chip (`--hvx-units`).
+static HVX_UNITS: AtomicU32 = AtomicU32::new(4);
+/// Contexts held now, and by which threads (Linux thread ids; 0: free).
+static HVX_HELD: AtomicU32 = AtomicU32::new(0);
+static HVX_HOLDERS: [AtomicU32; 16] = [const { AtomicU32::new(0) }; 16];
+/// Per QuRT thread the skel made (id = index + 1): non-zero while it runs.
+static THREADS: [AtomicU32; MAX_THREADS] = [const { AtomicU32::new(0) }; MAX_THREADS];
+/// For the report at close: threads the skel started, HVX contexts taken by threads
+/// other than the FastRPC one, the most held at once; that thread's id.
+static STARTED: AtomicU32 = AtomicU32::new(0);
+static WORKER_LOCKS: AtomicU32 = AtomicU32::new(0);
+static MOST_HELD: AtomicU32 = AtomicU32::new(0);
+static MAIN_TID: AtomicU32 = AtomicU32::new(0);
+
 
 fn shell() -> &'static mut Shell {
-    // SAFETY: single-threaded; no two borrows live across a call into the skel that re-enters.
+    // SAFETY: only the main thread (the FastRPC thread) reaches `SHELL` (the skel's worker
+    // threads call only the HVX, thread and futex stand-ins, which do not); no two borrows
+    // live across a call into the skel that re-enters.
     unsafe { &mut *SHELL.0.get() }
 }
 
@@ -173,9 +203,23 @@ unsafe extern "C" fn dspqueue_close(_q: *mut c_void) -> i32 {
     0
 }
 
+unsafe extern "C" fn hap_query_avail_vtcm(block: *mut u32, page: *mut u32, pages: *mut u32) -> i32 {
+    let s = shell();
+    let free = if s.vtcm != 0 { 0 } else { s.vtcm_bytes };
+    // SAFETY: the skel's out-pointers (each may be null, as documented).
+    unsafe {
+        for (p, v) in [(block, free), (page, free), (pages, u32::from(free > 0))] {
+            if !p.is_null() {
+                *p = v;
+            }
+        }
+    }
+    0
+}
+
 unsafe extern "C" fn hap_request_vtcm(size: u32, _single_page: u32) -> *mut c_void {
     let s = shell();
-    if s.vtcm != 0 || size as usize > 8 << 20 {
+    if s.vtcm != 0 || size == 0 || size > s.vtcm_bytes {
         return core::ptr::null_mut();
     }
     s.vtcm = VTCM.0.get() as usize;
@@ -187,11 +231,101 @@ unsafe extern "C" fn hap_release_vtcm(_addr: *mut c_void) -> i32 {
     0
 }
 
-unsafe extern "C" fn qurt_hvx_lock(_mode: i32) -> i32 {
+unsafe extern "C" fn qurt_hvx_lock(mode: i32) -> i32 {
+    if mode != 1 {
+        die("qurt_hvx_lock: only QURT_HVX_MODE_128B (1) exists on a v66+ cDSP");
+    }
+    let me = sys::gettid();
+    if HVX_HOLDERS.iter().any(|h| h.load(Ordering::Acquire) == me) {
+        return 0; // already held by this thread
+    }
+    let held = HVX_HELD.fetch_add(1, Ordering::AcqRel) + 1;
+    if held > HVX_UNITS.load(Ordering::Relaxed) {
+        die("qurt_hvx_lock: more HVX contexts held at once than the chip has (--hvx-units)");
+    }
+    MOST_HELD.fetch_max(held, Ordering::Relaxed);
+    if me != MAIN_TID.load(Ordering::Relaxed) {
+        WORKER_LOCKS.fetch_add(1, Ordering::Relaxed);
+    }
+    if !HVX_HOLDERS.iter().any(|h| h.compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed).is_ok()) {
+        die("qurt_hvx_lock: too many holders");
+    }
     0
 }
 
 unsafe extern "C" fn qurt_hvx_unlock() -> i32 {
+    let me = sys::gettid();
+    let Some(h) = HVX_HOLDERS.iter().find(|h| h.load(Ordering::Acquire) == me) else { die("qurt_hvx_unlock by a thread that holds no HVX context") };
+    h.store(0, Ordering::Release);
+    HVX_HELD.fetch_sub(1, Ordering::AcqRel);
+    0
+}
+
+unsafe extern "C" fn qurt_hvx_get_units() -> i32 {
+    (HVX_UNITS.load(Ordering::Relaxed) << 8) as i32
+}
+
+unsafe extern "C" fn qurt_thread_create(id: *mut u32, attr: *const u8, entry: extern "C" fn(usize) -> !, arg: usize) -> i32 {
+    const QURT_EFAILED: i32 = 12;
+    if id.is_null() || attr.is_null() {
+        return QURT_EFAILED;
+    }
+    // SAFETY: the skel's qurt_thread_attr_t (36 bytes), read at its documented offsets.
+    let (priority, size, addr) = unsafe {
+        (core::ptr::read_unaligned(attr.add(18).cast::<u16>()), core::ptr::read_unaligned(attr.add(24).cast::<u32>()), core::ptr::read_unaligned(attr.add(28).cast::<u32>()))
+    };
+    if addr == 0 || addr % 8 != 0 || size < 4096 || !(1..=254).contains(&priority) {
+        die("qurt_thread_create: the attribute has no 8-aligned stack of at least 4 KiB, or a priority outside 1..=254");
+    }
+    let Some(slot) = THREADS.iter().position(|t| t.load(Ordering::Acquire) == 0) else { return QURT_EFAILED };
+    let top = (addr as usize + size as usize) & !7;
+    // SAFETY: the stack the skel gave this thread alone; `entry` never returns (it ends
+    // with qurt_thread_exit); the word is static.
+    if unsafe { linux::spawn(entry, arg, top, &THREADS[slot]) } <= 0 {
+        return QURT_EFAILED;
+    }
+    STARTED.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: checked non-null.
+    unsafe { *id = slot as u32 + 1 };
+    0
+}
+
+unsafe extern "C" fn qurt_thread_join(id: u32, status: *mut i32) -> i32 {
+    const QURT_ENOTHREAD: i32 = 25;
+    let Some(word) = (id as usize).checked_sub(1).and_then(|i| THREADS.get(i)) else { return QURT_ENOTHREAD };
+    linux::join_word(word);
+    if !status.is_null() {
+        // SAFETY: checked non-null.
+        unsafe { *status = 0 };
+    }
+    0
+}
+
+unsafe extern "C" fn qurt_thread_exit(_status: i32) -> ! {
+    if HVX_HOLDERS.iter().any(|h| h.load(Ordering::Acquire) == sys::gettid()) {
+        die("qurt_thread_exit with an HVX context still held");
+    }
+    sys::exit_thread()
+}
+
+unsafe extern "C" fn qurt_thread_get_id() -> u32 {
+    sys::gettid()
+}
+
+unsafe extern "C" fn qurt_thread_get_priority(_id: u32) -> i32 {
+    // The FastRPC thread's priority in this stand-in (QuRT: 1 highest .. 254).
+    128
+}
+
+unsafe extern "C" fn qurt_futex_wait(lock: *mut c_void, val: i32) -> i32 {
+    // SAFETY: the skel passes a live, aligned 32-bit word.
+    linux::futex_wait(unsafe { &*lock.cast::<AtomicU32>() }, val as u32);
+    0
+}
+
+unsafe extern "C" fn qurt_futex_wake(lock: *mut c_void, n: i32) -> i32 {
+    // SAFETY: as qurt_futex_wait.
+    linux::futex_wake(unsafe { &*lock.cast::<AtomicU32>() }, n);
     0
 }
 
@@ -201,10 +335,19 @@ fn stand_in(name: &[u8]) -> Option<usize> {
         b"dspqueue_read_noblock" => dspqueue_read_noblock as *const () as usize,
         b"dspqueue_write" => dspqueue_write as *const () as usize,
         b"dspqueue_close" => dspqueue_close as *const () as usize,
+        b"HAP_query_avail_VTCM" => hap_query_avail_vtcm as *const () as usize,
         b"HAP_request_VTCM" => hap_request_vtcm as *const () as usize,
         b"HAP_release_VTCM" => hap_release_vtcm as *const () as usize,
         b"qurt_hvx_lock" => qurt_hvx_lock as *const () as usize,
         b"qurt_hvx_unlock" => qurt_hvx_unlock as *const () as usize,
+        b"qurt_hvx_get_units" => qurt_hvx_get_units as *const () as usize,
+        b"qurt_thread_create" => qurt_thread_create as *const () as usize,
+        b"qurt_thread_join" => qurt_thread_join as *const () as usize,
+        b"qurt_thread_exit" => qurt_thread_exit as *const () as usize,
+        b"qurt_thread_get_id" => qurt_thread_get_id as *const () as usize,
+        b"qurt_thread_get_priority" => qurt_thread_get_priority as *const () as usize,
+        b"qurt_futex_wait" => qurt_futex_wait as *const () as usize,
+        b"qurt_futex_wake" => qurt_futex_wake as *const () as usize,
         _ => return None,
     })
 }
@@ -350,6 +493,43 @@ fn load(path: &[u8]) -> Image {
     img
 }
 
+/// `n` in decimal.
+fn decimal(n: u32, buf: &mut [u8; 10]) -> &[u8] {
+    let mut i = buf.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
+/// On stderr at the skel's close (after its threads were found ended): what its threads did.
+fn report_close() {
+    let mut b = [0u8; 10];
+    sys::write_all(2, b"keel-dsp-shell: close: ");
+    sys::write_all(2, decimal(STARTED.load(Ordering::Relaxed), &mut b));
+    sys::write_all(2, b" worker thread(s) started and joined; workers took an HVX context ");
+    sys::write_all(2, decimal(WORKER_LOCKS.load(Ordering::Relaxed), &mut b));
+    sys::write_all(2, b" time(s); at most ");
+    sys::write_all(2, decimal(MOST_HELD.load(Ordering::Relaxed), &mut b));
+    sys::write_all(2, b" of ");
+    sys::write_all(2, decimal(HVX_UNITS.load(Ordering::Relaxed), &mut b));
+    sys::write_all(2, b" held at once\n");
+}
+
+/// A decimal argument (as `arg` returns it, NUL-terminated).
+fn number(v: &[u8]) -> Option<u32> {
+    let digits = v.strip_suffix(b"\0").unwrap_or(v);
+    if digits.is_empty() || digits.len() > 9 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(digits.iter().fold(0, |n, d| n * 10 + u32::from(d - b'0')))
+}
+
 fn arg<'a>(sp: *const u32, name: &[u8]) -> Option<&'a [u8]> {
     // SAFETY: the initial stack: argc, then argc NUL-terminated strings.
     unsafe {
@@ -385,6 +565,13 @@ extern "C" fn keel_shell_main(sp: *const u32) -> ! {
     let s = shell();
     s.pool = pool;
     s.pool_len = size;
+    if let Some(v) = arg(sp, b"--vtcm") {
+        s.vtcm_bytes = number(v).filter(|&n| n <= 8 << 20).unwrap_or_else(|| die("--vtcm takes a byte count of at most 8 MiB (8388608)"));
+    }
+    if let Some(v) = arg(sp, b"--hvx-units") {
+        HVX_UNITS.store(number(v).filter(|n| (1..=16).contains(n)).unwrap_or_else(|| die("--hvx-units takes 1 to 16")), Ordering::Relaxed);
+    }
+    MAIN_TID.store(sys::gettid(), Ordering::Relaxed);
     let img = load(skel);
     let invoke = img.find(b"keel_skel_handle_invoke").unwrap_or_else(|| die("the skel exports no keel_skel_handle_invoke"));
     // SAFETY: the skel's entry point, resolved and relocated above.
@@ -417,6 +604,12 @@ extern "C" fn keel_shell_main(sp: *const u32) -> ! {
                 let sc = method << 24 | if method == 2 { 1 << 16 } else { 0 };
                 // SAFETY: the skel's entry point and its argument as the scalars say.
                 let r = unsafe { invoke(handle, sc, args.as_mut_ptr()) };
+                if method == 1 {
+                    if THREADS.iter().any(|t| t.load(Ordering::Acquire) != 0) {
+                        die("the skel's close left a worker thread running (its code may be unloaded after close)");
+                    }
+                    report_close();
+                }
                 let mut out = [0u8; 12];
                 out[..4].copy_from_slice(&8u32.to_le_bytes());
                 out[8..].copy_from_slice(&r.to_le_bytes());

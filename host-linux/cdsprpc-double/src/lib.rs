@@ -22,6 +22,11 @@
 //!   3 GiB as a v73 CDSP; `keel_double_set_va_budget`): a
 //!   mapping past it fails with `AEE_EFAILED`, the code the library gives when the
 //!   driver's MEM_MAP is refused.
+//! - The chip: `KEEL_CDSPRPC_HVX_UNITS` 128-byte HVX contexts (default 6 on v73, 4 before)
+//!   and `KEEL_CDSPRPC_VTCM` bytes of free VTCM (default 8 MiB on v69+, 4 MiB before),
+//!   answered to the capability queries and given to the shell (`--hvx-units`, `--vtcm`),
+//!   whose QuRT/HAP stand-ins hold the skel to them.
+//! - `remote_handle64_close` relays the skel's close (method 1) before ending the process.
 //! - `remote_handle64_open` needs the unsigned PD enabled first (`remote_session_control`)
 //!   and starts the emulator; the skel's method 2 (`start`) is relayed to the skel, which
 //!   imports the exported queue.
@@ -195,6 +200,16 @@ fn cpu() -> String {
     env("KEEL_QEMU_CPU").unwrap_or_else(|| "v68".into())
 }
 
+/// The DSP's 128-byte HVX contexts: `KEEL_CDSPRPC_HVX_UNITS`, else 6 on v73+, 4 before.
+fn hvx_units() -> u32 {
+    env("KEEL_CDSPRPC_HVX_UNITS").and_then(|v| v.parse().ok()).unwrap_or(if arch_number(&cpu()) >= 73 { 6 } else { 4 })
+}
+
+/// VTCM free for the skel: `KEEL_CDSPRPC_VTCM` (bytes), else 8 MiB on v69+, 4 MiB before.
+fn vtcm_bytes() -> u32 {
+    env("KEEL_CDSPRPC_VTCM").and_then(|v| v.parse().ok()).unwrap_or(if arch_number(&cpu()) >= 69 { 8 << 20 } else { 4 << 20 })
+}
+
 fn arch_number(cpu: &str) -> u32 {
     cpu.trim_start_matches('v').parse().unwrap_or(68)
 }
@@ -233,10 +248,10 @@ fn qemu() -> PathBuf {
 impl Session {
     fn start(pool_fd: RawFd, skel: &std::path::Path) -> std::io::Result<Session> {
         let cpu = cpu();
-        let vtcm: u32 = if arch_number(&cpu) >= 69 { 8 << 20 } else { 4 << 20 };
         let mut cmd = Command::new(qemu());
         cmd.args(["-cpu", &cpu]).arg(shell_elf()).arg("--shm").arg(format!("/proc/{}/fd/{pool_fd}", std::process::id()));
-        cmd.arg("--skel").arg(skel).args(["--vtcm", &vtcm.to_string()]);
+        cmd.arg("--skel").arg(skel).args(["--vtcm", &vtcm_bytes().to_string()]);
+        cmd.args(["--hvx-units", &hvx_units().to_string()]);
         // The shell's own complaints (a skel it cannot load) with KEEL_CDSPRPC_STDERR=1.
         let err = if env("KEEL_CDSPRPC_STDERR").is_some() { Stdio::inherit() } else { Stdio::null() };
         let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(err).spawn()?;
@@ -372,8 +387,8 @@ pub unsafe extern "C" fn remote_handle_control(req: u32, data: *mut c_void, len:
             let v = arch_number(&cpu());
             let value = match c.attribute_ID {
                 sys::DOMAIN_SUPPORT | sys::UNSIGNED_PD_SUPPORT => Some(1),
-                sys::HVX_SUPPORT_128B => Some(if v >= 73 { 6 } else { 4 }),
-                sys::VTCM_PAGE => Some(if v >= 69 { 8 << 20 } else { 4 << 20 }),
+                sys::HVX_SUPPORT_128B => Some(hvx_units()),
+                sys::VTCM_PAGE => Some(vtcm_bytes()),
                 sys::VTCM_COUNT => Some(1),
                 sys::ARCH_VER => Some((v / 10) << 4 | v % 10),
                 sys::HMX_SUPPORT_DEPTH | sys::HMX_SUPPORT_SPATIAL => Some(u32::from(v >= 73)),
@@ -468,9 +483,13 @@ pub unsafe extern "C" fn remote_handle64_close(h: u64) -> c_int {
     with(|st| {
         let rc = match st.sessions.remove(&h) {
             Some(mut s) => {
+                // The skel's close (method 1) runs first, as on the DSP: it ends and joins
+                // its worker threads and gives its VTCM back (the shell checks no thread is
+                // left); then the process (the PD) ends.
+                let r = if s.dead { OK } else { s.invoke(1, 0).unwrap_or_else(|e| e) };
                 s.kill();
                 st.queues.values_mut().filter(|q| q.session == Some(h)).for_each(|q| q.session = None);
-                OK
+                r
             }
             None => sys::AEE_EBADPARM as c_int,
         };

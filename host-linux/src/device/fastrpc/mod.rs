@@ -353,7 +353,12 @@ impl Hexagon {
         // SAFETY: one input buffer of 8 bytes, as the skel's `start` method takes.
         let r = unsafe { (api.invoke.unwrap())(h, sc, &mut arg) };
         if r != 0 {
-            return Err(step_error(&name, ErrorKind::Protocol, "the skel's start method (dspqueue_import on the DSP)", r, ""));
+            let advice = if r as u32 == sys::AEE_ENOMEMORY {
+                "the skel found less than 256 KiB of VTCM free (HAP_query_avail_VTCM) or was refused it: another client holds the DSP's VTCM; stop it, or place nothing on the DSP (--device cpu)"
+            } else {
+                ""
+            };
+            return Err(step_error(&name, ErrorKind::Protocol, "the skel's start method (VTCM, HVX self-test, dspqueue_import on the DSP)", r, advice));
         }
         let mut dev = Hexagon {
             name,
@@ -401,9 +406,8 @@ impl Hexagon {
                 return Err(self.fail(ErrorKind::Unsupported, format!("the DSP is v{lib} (ARCH_VER) but the skel was built for v{version}: copy the skel built for v{lib}")));
             }
         }
-        if let Some(n) = self.info.hvx_contexts {
-            caps.units.hvx_contexts = n.min(255) as u8;
-        }
+        // caps.units.hvx_contexts stays the skel's: the threads it runs the products on
+        // (one per HVX context it found); the chip's count is `info.hvx_contexts`.
         if self.info.hmx_depth.is_some_and(|d| d > 0) && caps.units.hmx == UnitState::Absent {
             caps.units.hmx = UnitState::Present;
         }

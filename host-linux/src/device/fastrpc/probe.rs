@@ -71,8 +71,10 @@ pub fn run(as_json: bool) -> anyhow::Result<()> {
             arch: &'a str,
             emulated: bool,
             hvx_contexts: u64,
+            hvx_threads: u64,
             hmx: String,
             vtcm_bytes: u64,
+            scratch_bytes: u64,
             va_budget: u64,
             va_budget_source: &'static str,
             va_budget_probe: Budget,
@@ -84,9 +86,11 @@ pub fn run(as_json: bool) -> anyhow::Result<()> {
             name: dev.name(),
             arch: &arch,
             emulated: id.emulated,
-            hvx_contexts: c.units.hvx_contexts.into(),
+            hvx_contexts: info.hvx_contexts.map_or(c.units.hvx_contexts.into(), u64::from),
+            hvx_threads: c.units.hvx_contexts.into(),
             hmx: format!("{:?}", c.units.hmx).to_lowercase(),
             vtcm_bytes: info.vtcm_bytes.unwrap_or(c.memory.scratch_bytes.into()),
+            scratch_bytes: c.memory.scratch_bytes.into(),
             va_budget: c.memory.va_budget,
             va_budget_source: "measured",
             va_budget_probe: Budget { cap: bp.cap, calls: bp.calls, limit: format!("{:?}", bp.limit).to_lowercase(), detail: bp.describe() },
@@ -97,9 +101,16 @@ pub fn run(as_json: bool) -> anyhow::Result<()> {
     }
     println!("device     {}", dev.name());
     println!("arch       Hexagon {arch}{}", if id.emulated { " (emulated: numbers are real, timings are not)" } else { "" });
-    println!("units      {} HVX context(s), HVX {:?}, HMX {:?}", c.units.hvx_contexts, c.units.hvx, c.units.hmx);
+    let contexts = info.hvx_contexts.map_or(c.units.hvx_contexts.into(), u64::from);
+    println!("units      {contexts} HVX context(s), the skel runs the products on {} thread(s); HVX {:?}, HMX {:?}", c.units.hvx_contexts, c.units.hvx, c.units.hmx);
     let vtcm = info.vtcm_bytes.unwrap_or(c.memory.scratch_bytes.into());
-    println!("memory     VTCM {} KiB, DSP address budget {} MiB ({})", vtcm >> 10, c.memory.va_budget >> 20, bp.describe());
+    println!(
+        "memory     VTCM {} KiB (the skel's scratch: {} KiB, probed free at start), DSP address budget {} MiB ({})",
+        vtcm >> 10,
+        c.memory.scratch_bytes >> 10,
+        c.memory.va_budget >> 20,
+        bp.describe()
+    );
     println!(
         "self-test  {}: seed {:#010x} digest {:#010x} (expected {:#010x})",
         if st.passed() { "passed" } else { "FAILED" },
