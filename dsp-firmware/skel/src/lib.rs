@@ -36,10 +36,9 @@
 
 use core::cell::UnsafeCell;
 use core::ffi::c_void;
-
-use keel_core::exec::{Buffers, Scratch};
 use core::sync::atomic::AtomicU32;
 
+use keel_core::exec::{Buffers, Scratch};
 use keel_core::parallel::Parallel;
 use keel_dsp_firmware::args::Fault;
 use keel_dsp_firmware::msgloop::{caps, Device, Mapper, Measured};

@@ -37,7 +37,8 @@ use keel_npu_hal::wire::{MAX_BUFFERS, MAX_MESSAGE};
 
 #[repr(C, align(128))]
 struct Region<const N: usize>(UnsafeCell<[u8; N]>);
-// SAFETY: single-threaded program.
+// SAFETY: only the main (FastRPC) thread touches the regions; the skel's worker threads
+// reach only the HVX, thread and futex stand-ins, which use atomics.
 unsafe impl<const N: usize> Sync for Region<N> {}
 
 static VTCM: Region<{ 8 << 20 }> = Region(UnsafeCell::new([0; 8 << 20]));
@@ -89,7 +90,7 @@ struct Shell {
 }
 
 struct Global(UnsafeCell<Shell>);
-// SAFETY: single-threaded program.
+// SAFETY: as `Region`: only the main thread touches `SHELL`.
 unsafe impl Sync for Global {}
 static SHELL: Global = Global(UnsafeCell::new(Shell { pool: 0, pool_len: 0, vtcm: 0, vtcm_bytes: 4 << 20, callback: None, packet: None }));
 
