@@ -304,7 +304,8 @@ fn bad_requests_get_json_errors_and_the_server_keeps_serving() {
     assert_eq!(error(st, &v, "model_not_found"), 404);
     let (st, v) = post("/v1/chat/completions", &serde_json::json!({"model": id, "messages": [{"role": "assistant", "content": "Hi"}]}).to_string());
     assert_eq!(st, 400, "{v}");
-    // A 10 MB body: refused by the body limit (1 MiB by default) without reading it whole.
+    // A 10 MB body: refused by the body limit (1 MiB by default), never kept; the rest is
+    // drained before the 413, so the client reads the answer instead of a reset.
     let dir = std::env::temp_dir().join(format!("keel-serve-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let big = dir.join("big.json");

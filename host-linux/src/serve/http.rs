@@ -5,14 +5,14 @@ use super::api::*;
 use super::metrics::Metrics;
 use super::slot::{admit, Event, Job, Params, Queue, CHANNEL_DEPTH};
 use crate::cli::common::{tokenize_all, ChatText};
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use futures_util::StreamExt;
 use keel_core::chat::{ChatFormat, Role};
 use keel_core::tokenizer::Tokenizer;
 use std::convert::Infallible;
@@ -43,9 +43,8 @@ pub struct AppState {
     pub body_limit: usize,
 }
 
-/// The routes, with the body limit.
+/// The routes (the handlers read bodies themselves, to `AppState::body_limit`: [`read_body`]).
 pub fn router(state: Arc<AppState>) -> Router {
-    let body_limit = state.body_limit;
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
@@ -53,7 +52,6 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)
-        .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
 }
 
@@ -73,15 +71,49 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], st.metrics.render(st.slots, st.queue)).into_response()
 }
 
-/// The body, or a JSON error: 413 beyond the limit, 400 when it cannot be read.
-fn body(b: Result<Bytes, BytesRejection>, limit_hint: &str) -> Result<Bytes, ApiError> {
-    b.map_err(|r| {
-        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", format!("the request body is larger than the server's limit ({limit_hint}); send a shorter prompt or restart keel serve with a larger --body-limit"), None, Some("body_too_large"))
-        } else {
-            ApiError::new(r.status(), "invalid_request_error", format!("reading the request body: {}", r.body_text()), None, None)
+/// Most bytes of a body past the limit read and dropped before the 413 goes out, and the
+/// longest time spent on it. A server that answers and closes while the client is still
+/// sending leaves unread bytes behind, the kernel then resets the connection, and the
+/// client may lose the answer (curl: an empty reply): so the rest is drained first, never
+/// kept. A body longer than this (or slower) gets the 413 without the guarantee.
+const DRAIN_BYTES: usize = 64 << 20;
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The request body, at most `limit` bytes; beyond it, the rest drained (see
+/// [`DRAIN_BYTES`]) and a JSON 413 naming `--body-limit`; 400 when it cannot be read.
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let mut stream = body.into_data_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut over = None;
+    let deadline = tokio::time::Instant::now() + DRAIN_TIME;
+    loop {
+        let next = if over.is_some() { tokio::time::timeout_at(deadline, stream.next()).await.unwrap_or(None) } else { stream.next().await };
+        let Some(chunk) = next else { break };
+        let chunk = chunk.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", format!("reading the request body: {e}"), None, None))?;
+        match over.as_mut() {
+            Some(drained) => {
+                *drained += chunk.len();
+                if *drained > DRAIN_BYTES {
+                    break;
+                }
+            }
+            None if buf.len() + chunk.len() > limit => {
+                over = Some(buf.len() + chunk.len());
+                buf = Vec::new();
+            }
+            None => buf.extend_from_slice(&chunk),
         }
-    })
+    }
+    if over.is_some() {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("the request body is larger than the server's limit (--body-limit {limit} bytes); send a shorter prompt or restart keel serve with a larger --body-limit"),
+            None,
+            Some("body_too_large"),
+        ));
+    }
+    Ok(Bytes::from(buf))
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -169,12 +201,12 @@ fn chat_tokens(st: &AppState, messages: &[Message]) -> Result<Vec<u32>, ApiError
 }
 
 /// Reads and checks a request in a blocking task (tokenizing a long prompt is CPU work).
-async fn prepare<R, F>(st: &Arc<AppState>, b: Result<Bytes, BytesRejection>, limit: &str, f: F) -> Result<(R, Params, Vec<u32>), ApiError>
+async fn prepare<R, F>(st: &Arc<AppState>, b: Body, f: F) -> Result<(R, Params, Vec<u32>), ApiError>
 where
     R: serde::de::DeserializeOwned + Send + 'static,
     F: FnOnce(&AppState, &R) -> Result<(Params, Vec<u32>), ApiError> + Send + 'static,
 {
-    let bytes = body(b, limit)?;
+    let bytes = read_body(b, st.body_limit).await?;
     let st2 = st.clone();
     tokio::task::spawn_blocking(move || {
         let req: R = serde_json::from_slice(&bytes).map_err(|e| ApiError::from_json(&e))?;
@@ -269,18 +301,17 @@ where
 
 /// An admitted request: the parsed body, its events, its id (`prefix-keel-N`), creation
 /// time and the model's id; or the error response (counted).
-async fn admitted<R, F>(st: &Arc<AppState>, b: Result<Bytes, BytesRejection>, prefix: &str, f: F) -> Result<(R, tokio::sync::mpsc::Receiver<Event>, String, u64, String), Response>
+async fn admitted<R, F>(st: &Arc<AppState>, b: Body, prefix: &str, f: F) -> Result<(R, tokio::sync::mpsc::Receiver<Event>, String, u64, String), Response>
 where
     R: serde::de::DeserializeOwned + Send + 'static,
     F: FnOnce(&AppState, &R) -> Result<(Params, Vec<u32>), ApiError> + Send + 'static,
 {
-    let limit = format!("--body-limit {} bytes", st.body_limit);
-    let (req, params, tokens) = prepare(st, b, &limit, f).await.map_err(|e| refused(st, e))?;
+    let (req, params, tokens) = prepare(st, b, f).await.map_err(|e| refused(st, e))?;
     let rx = enqueue(st, tokens, params).map_err(IntoResponse::into_response)?;
     Ok((req, rx, format!("{prefix}-keel-{}", NEXT_ID.fetch_add(1, Relaxed)), now(), st.model_id.clone()))
 }
 
-async fn chat(State(st): State<Arc<AppState>>, b: Result<Bytes, BytesRejection>) -> Response {
+async fn chat(State(st): State<Arc<AppState>>, b: Body) -> Response {
     let started = admitted(&st, b, "chatcmpl", |st, r: &ChatRequest| {
         let tokens = chat_tokens(st, &r.messages)?;
         Ok((params(st, &r.model, &r.sampling, tokens.len())?, tokens))
@@ -314,7 +345,7 @@ async fn chat(State(st): State<Arc<AppState>>, b: Result<Bytes, BytesRejection>)
     sse(rx, Some(first), chunk, usage)
 }
 
-async fn completions(State(st): State<Arc<AppState>>, b: Result<Bytes, BytesRejection>) -> Response {
+async fn completions(State(st): State<Arc<AppState>>, b: Body) -> Response {
     let started = admitted(&st, b, "cmpl", |st, r: &CompletionRequest| {
         let text = match &r.prompt {
             Prompt::One(s) => s.as_str(),
