@@ -12,6 +12,8 @@
 //!   work memory and runs the batch with the device's own executor
 //!   (`keel_core::exec::run_batch`, caps as the device reports them after its self-test).
 //! - `CMD_F16`: `n_h`, `n_f`, then `n_h` f16 (padded to 4) and `n_f` f32.
+//! - `CMD_THREADS`: threads, tasks (at most 256), cycles: per cycle the Linux thread pool
+//!   is started, runs the tasks twice (task i adds i + 1 to its own slot) and is stopped.
 //!
 //! Response: status word (0 ok, else 1 + error code), then
 //! - `CMD_MATMUL`: the DSP-quantized activation blocks in ggml form
@@ -25,6 +27,8 @@
 //!   then the f32s as halves (`Kernels::f32_to_f16`, padded to 4); each converted in
 //!   runs of 1, 2, … 129 values from successive offsets, so every alignment and
 //!   partial tail of the vector code is taken.
+//! - `CMD_THREADS`: per cycle the threads the pool started and the slots not holding
+//!   2·(i + 1) (or 0 past the tasks): a task skipped or run an extra time shows there.
 
 use keel_core::exec::{kernels, run_batch, Buffers, Scratch, ALIGN};
 use keel_core::quant::tiles32::{self, quantize_act, ActBlock, TiledWeights};
@@ -44,6 +48,8 @@ pub const CMD_SELFTEST: u32 = 2;
 pub const CMD_BATCH: u32 = 3;
 /// f16 ↔ f32 conversions command.
 pub const CMD_F16: u32 = 4;
+/// The thread pool started, used and stopped, several times.
+pub const CMD_THREADS: u32 = 5;
 
 /// Memory the platform lends to one request.
 pub struct Regions<'a> {
@@ -147,6 +153,7 @@ fn dispatch(input: &[u8], work: &mut [u8], scratch: &mut [u8], w: &mut Writer<'_
         }
         CMD_BATCH => batch(&mut rd, work, scratch, w),
         CMD_F16 => convert_f16(&mut rd, w),
+        CMD_THREADS => threads(&mut rd, w),
         _ => Err(ErrorKind::Unsupported),
     }
 }
@@ -297,4 +304,32 @@ fn as_words<T: Word>(b: &mut [u8]) -> Result<&mut [T], ErrorKind> {
     } else {
         Err(ErrorKind::InvalidArgument)
     }
+}
+
+/// `CMD_THREADS` (see the module doc).
+fn threads(rd: &mut Reader<'_>, w: &mut Writer<'_>) -> Result<(), ErrorKind> {
+    use crate::threads::{Linux, Threads};
+    use core::sync::atomic::{AtomicU32, Ordering};
+    use keel_core::parallel::Parallel;
+    const MAX_TASKS: usize = 256;
+    let (n, tasks, cycles) = (rd.u32()? as usize, rd.u32()? as usize, rd.u32()?);
+    if tasks > MAX_TASKS {
+        return Err(ErrorKind::InvalidArgument);
+    }
+    let slots = [const { AtomicU32::new(0) }; MAX_TASKS];
+    for _ in 0..cycles {
+        slots.iter().for_each(|s| s.store(0, Ordering::Relaxed));
+        let pool = Threads::<Linux>::start(n);
+        for _ in 0..2 {
+            pool.run(tasks, &|i| {
+                slots[i].fetch_add(i as u32 + 1, Ordering::Relaxed);
+            });
+        }
+        let started = pool.n_threads() as u32;
+        pool.stop();
+        let wrong = slots.iter().enumerate().filter(|&(i, s)| s.load(Ordering::Relaxed) != if i < tasks { 2 * (i as u32 + 1) } else { 0 }).count() as u32;
+        w.put(&started.to_le_bytes())?;
+        w.put(&wrong.to_le_bytes())?;
+    }
+    Ok(())
 }

@@ -68,6 +68,9 @@ static SHARED: Shared = Shared {
     stop: AtomicBool::new(false),
 };
 static STARTED: AtomicBool = AtomicBool::new(false);
+/// The generation when the current workers were started: a worker waits for the next one
+/// (after a stop and a new start the count goes on from where it was).
+static START_GENERATION: AtomicU32 = AtomicU32::new(0);
 
 type Task<'a> = &'a (dyn Fn(usize) + Sync);
 
@@ -89,7 +92,7 @@ impl Shared {
 /// share of the tasks, count itself done; end when told to stop.
 extern "C" fn worker<O: Os>(me: usize) -> ! {
     let s = &SHARED;
-    let mut seen = 0;
+    let mut seen = START_GENERATION.load(Ordering::Acquire);
     loop {
         let mut g = s.generation.load(Ordering::Acquire);
         while g == seen {
@@ -125,6 +128,7 @@ impl<O: Os> Threads<O> {
             return Threads { n: SHARED.workers.load(Ordering::Relaxed) as usize + 1, os: PhantomData };
         }
         SHARED.stop.store(false, Ordering::Relaxed);
+        START_GENERATION.store(SHARED.generation.load(Ordering::Relaxed), Ordering::Release);
         let mut started = 0;
         for me in 1..n {
             if !O::spawn(me, worker::<O>) {

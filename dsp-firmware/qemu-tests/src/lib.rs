@@ -28,6 +28,8 @@ pub const CMD_MATMUL: u32 = 1;
 pub const CMD_SELFTEST: u32 = 2;
 /// f16 ↔ f32 conversions command.
 pub const CMD_F16: u32 = 4;
+/// Thread pool start/run/stop cycles command.
+pub const CMD_THREADS: u32 = 5;
 
 pub use keel_test_support::{activations, Rng};
 
