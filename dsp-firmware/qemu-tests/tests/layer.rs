@@ -206,7 +206,7 @@ fn cache_view(dtype: DType, head_dim: u32, n_kv: u32, n_head_kv: u32, n_ctx: u32
 fn attention_over_strided_f16_caches_equals_keel_core() {
     let mut rng = Rng(0xa77e);
     for (head_dim, n_head, n_head_kv, n_kv, n_tokens) in
-        [(64u32, 4u32, 4u32, 1u32, 1u32), (64, 4, 2, 37, 1), (32, 6, 2, 300, 3), (128, 2, 1, 129, 2), (16, 8, 8, 5, 5), (80, 3, 1, 70, 4)]
+        [(64u32, 4u32, 4u32, 1u32, 1u32), (64, 4, 2, 37, 1), (32, 6, 2, 300, 3), (128, 2, 1, 129, 2), (16, 8, 8, 5, 5), (80, 3, 1, 70, 4), (96, 2, 2, 67, 3), (48, 2, 1, 130, 2), (256, 2, 1, 40, 2)]
     {
         let n_ctx = n_kv + 3;
         let (hd, nh, nkv) = (head_dim as usize, n_head as usize, n_head_kv as usize);

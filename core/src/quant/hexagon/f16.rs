@@ -14,6 +14,7 @@ use core::arch::hexagon::v128::{
     HvxVector, Q6_V_hi_W, Q6_V_lo_W, Q6_V_vand_VV, Q6_V_vnot_V, Q6_V_vor_VV, Q6_V_vsplat_R, Q6_Vh_vpacke_VwVw, Q6_Vuw_vcl0_Vuw, Q6_Vuw_vlsr_VuwR,
     Q6_Vw_vadd_VwVw, Q6_Vw_vasl_VwR, Q6_Vw_vasl_VwVw, Q6_Vw_vasr_VwR, Q6_Vw_vlsr_VwVw, Q6_Vw_vmin_VwVw, Q6_Vw_vsub_VwVw, Q6_Wuw_vunpack_Vuh,
 };
+use core::mem::MaybeUninit;
 use core::ptr::{read_unaligned, write_unaligned};
 
 use half::f16;
@@ -218,4 +219,144 @@ pub(super) fn dot(x: &[f16], y: &[f16]) -> f32 {
         }
     }
     sum as f32
+}
+
+/// `V` vectors of f32 (`32·V` values; `V` is 1 or 2) from the halves of `base` at `off`
+/// (`m <= 32·V` of them wanted, `off + m <= base.len()`): one unaligned vector load
+/// straight from `base` when 64 halves from `off` lie inside it (the lanes past `m` are
+/// then the row's neighbours, never used), else a padded copy. A key or value row of a
+/// cache is almost always followed by more of the cache, so rows shorter than a vector
+/// cost no copy; rows of 32 convert one vector, not two.
+#[inline(always)]
+fn load_in<const V: usize>(base: &[f16], off: usize, m: usize) -> [[f32; 32]; V] {
+    let v = if base.len() - off >= W {
+        // SAFETY: 64 halves = 128 readable bytes from `off`; unaligned vector load.
+        unsafe { read_unaligned(base[off..].as_ptr() as *const HvxVector) }
+    } else {
+        let mut h = [f16::ZERO; W];
+        h[..m].copy_from_slice(&base[off..off + m]);
+        // SAFETY: a whole stack array of 64 halves.
+        unsafe { read_unaligned(h.as_ptr() as *const HvxVector) }
+    };
+    // SAFETY: value-only HVX intrinsics; a vector is 32 f32.
+    unsafe {
+        let w = Q6_Wuw_vunpack_Vuh(v);
+        core::array::from_fn(|i| core::mem::transmute::<HvxVector, [f32; 32]>(h2f_words(if i == 0 { Q6_V_lo_W(w) } else { Q6_V_hi_W(w) })))
+    }
+}
+
+/// The most elements per row [`dot_keys`] keeps in f32 on the stack; longer rows go key
+/// by key ([`super::super::dot_keys_by_key`]).
+const ROW_MAX: usize = 256;
+
+/// `Kernels::f16_dot_keys`: [`dot`] of every key row with `q`, `q` converted once for all
+/// keys and each key row converted straight from the cache. The same operations as
+/// [`dot`] in its order; with no whole [`DOT_STEP`] (rows of 32), the sum starts from
+/// 0.0, which is what reducing 64 zero lanes gives.
+pub(super) fn dot_keys(t: &super::super::KernelTable, k: &[f16], offs: &[usize], q: &[f16], out: &mut [f32]) {
+    let n = q.len();
+    if n > ROW_MAX || n == 0 {
+        return super::super::dot_keys_by_key(t, k, offs, q, out);
+    }
+    let np = n - n % DOT_STEP;
+    // q as f32, [`W`] at a time: only the chunks `n` covers are written (not zeroed
+    // first: a call per query and head) and read.
+    let mut qmem = [MaybeUninit::<[[f32; 32]; 2]>::uninit(); ROW_MAX / W];
+    for (c, qc) in qmem.iter_mut().zip(q.chunks(W)) {
+        c.write(load_in::<2>(qc, 0, qc.len()));
+    }
+    // SAFETY: the first n.div_ceil(W) chunks were written just above.
+    let qf = unsafe { &*(core::ptr::from_ref(&qmem[..n.div_ceil(W)]) as *const [[[f32; 32]; 2]]) };
+    let tail = n - np;
+    for (o, &off) in out.iter_mut().zip(offs) {
+        assert!(off <= k.len() && k.len() - off >= n, "f16 dot_keys: key row outside the cache");
+        let mut sum = 0f64;
+        if np > 0 {
+            let mut acc = [0f32; DOT_STEP];
+            for (i, qc) in qf[..np / W].iter().enumerate() {
+                let kf = load_in::<2>(k, off + i * W, W);
+                for ((a, &p), &q) in acc.iter_mut().zip(kf.as_flattened()).zip(qc.as_flattened()) {
+                    *a = crate::fused::fmaf(p, q, *a);
+                }
+            }
+            sum = f16ops::reduce_lanes(&acc) as f64;
+        }
+        let qt = if tail > 0 { qf[np / W].as_flattened() } else { &[] };
+        if tail > 32 {
+            let kf = load_in::<2>(k, off + np, tail);
+            for (&p, &q) in kf.as_flattened()[..tail].iter().zip(&qt[..tail]) {
+                sum += (p * q) as f64;
+            }
+        } else if tail > 0 {
+            let kf = load_in::<1>(k, off + np, tail);
+            for (&p, &q) in kf.as_flattened()[..tail].iter().zip(&qt[..tail]) {
+                sum += (p * q) as f64;
+            }
+        }
+        *o = sum as f32;
+    }
+}
+
+/// `V` vectors of f32 rounded to f16 and back (the accumulator's rounding after each
+/// step), in vector registers.
+#[inline(always)]
+fn round_f16<const V: usize>(f: &mut [[f32; 32]; V]) {
+    for c in f.iter_mut() {
+        // SAFETY: value-only HVX intrinsics; a vector is 32 f32.
+        unsafe { *c = core::mem::transmute::<HvxVector, [f32; 32]>(h2f_words(f2h_words(core::mem::transmute::<[f32; 32], HvxVector>(*c)))) };
+    }
+}
+
+/// `Kernels::f16_mad_keys` for rows shorter than [`F16_STEP`] (longer ones go key by
+/// key): the f16 accumulator `y` is held as f32 of f16 values across the keys (read
+/// once, written once), each step `y = f16(fma(x, v, y))` (after `y = f16(y·e)` on a
+/// new maximum, then `v = 1`), as [`scale`] and [`mad`] compute it key by key. Rows of
+/// up to 32 take one vector per conversion, longer ones chunks of 64.
+pub(super) fn mad_keys(t: &super::super::KernelTable, y: &mut [f16], x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32]) {
+    let n = y.len();
+    if n >= F16_STEP || n == 0 {
+        return super::super::mad_keys_by_key(t, y, x, offs, new_max, e);
+    }
+    if n <= 32 {
+        mad_keys_in::<1>(y, x, offs, new_max, e)
+    } else {
+        mad_keys_in::<2>(y, x, offs, new_max, e)
+    }
+}
+
+/// [`mad_keys`] in chunks of `32·V` (`y.len() < F16_STEP`).
+#[inline(always)]
+fn mad_keys_in<const V: usize>(y: &mut [f16], x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32]) {
+    let (n, cw) = (y.len(), 32 * V);
+    let chunks = n.div_ceil(cw);
+    // At most 2 chunks: `V = 1` for rows up to 32, else rows below F16_STEP = 2 × 64.
+    let mut yf = [[[0f32; 32]; V]; 2];
+    for (c, yc) in yf.iter_mut().zip(y.chunks(cw)) {
+        *c = load_in::<V>(yc, 0, yc.len());
+    }
+    for ((&off, &nm), &ec) in offs.iter().zip(new_max).zip(e) {
+        assert!(off <= x.len() && x.len() - off >= n, "f16 mad_keys: value row outside the cache");
+        for (ci, yc) in yf[..chunks].iter_mut().enumerate() {
+            let m = (n - ci * cw).min(cw);
+            let xf = load_in::<V>(x, off + ci * cw, m);
+            let v = if nm {
+                for a in yc.as_flattened_mut()[..m].iter_mut() {
+                    *a *= ec;
+                }
+                round_f16(yc);
+                1.0
+            } else {
+                ec
+            };
+            for (a, &b) in yc.as_flattened_mut()[..m].iter_mut().zip(&xf.as_flattened()[..m]) {
+                *a = crate::fused::fmaf(b, v, *a);
+            }
+            round_f16(yc);
+        }
+    }
+    for (yc, ys) in yf.iter().zip(y.chunks_mut(cw)) {
+        let mut f = [0f32; W];
+        f[..cw].copy_from_slice(yc.as_flattened());
+        store(f, ys);
+    }
 }

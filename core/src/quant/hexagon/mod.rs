@@ -46,6 +46,8 @@ static HVX: KernelTable = KernelTable {
     f16_scale: f16::scale,
     f32_to_f16: f16::to_f16,
     f16_to_f32: f16::to_f32,
+    f16_dot_keys: f16::dot_keys,
+    f16_mad_keys: f16::mad_keys,
     ..REFERENCE
 };
 
