@@ -85,6 +85,13 @@ pub type LaneSumsFn = fn(tiles: &[u8], n_groups: usize, a: &[u32; 8], out: &mut 
 /// 2^20).
 pub type SumsToF32Fn = fn(sums: &mut [i32], corr: &[i32; 8]);
 
+/// Q8_0 lane sums ([`LaneSumsFn`]'s layout) to f32 row by row, in place: in each group
+/// of 256 words (a whole number of them, [`ALIGN`]-aligned), word `32l + r` (lane `l`
+/// of row `r`) becomes word `8r + l`, the bits of `f32(sum + corr[l])` (exact, as
+/// [`SumsToF32Fn`]). A row's 8 lanes are then adjacent, so the scale pass reads them
+/// as 4 pairs instead of 8 words 128 bytes apart.
+pub type LanesToRowsFn = fn(lanes: &mut [i32], corr: &[i32; 8]);
+
 /// The kernels of one kernel set for Tiles32 weights.
 #[derive(Clone, Copy, Debug)]
 pub struct TileKernels {
@@ -98,10 +105,12 @@ pub struct TileKernels {
     pub iq4_nl: TileSumsFn,
     /// Sums to f32, corrected.
     pub to_f32: SumsToF32Fn,
+    /// Q8_0 lane sums to f32, corrected, row by row.
+    pub lanes_to_rows: LanesToRowsFn,
 }
 
 /// The scalar reference kernels (the same integers as every other set).
-pub const REFERENCE: TileKernels = TileKernels { q8_0: ref_q8_0_sums, q8_0_lanes: ref_q8_0_lane_sums, q4_0: ref_q4_0_sums, iq4_nl: ref_iq4_nl_sums, to_f32: ref_to_f32 };
+pub const REFERENCE: TileKernels = TileKernels { q8_0: ref_q8_0_sums, q8_0_lanes: ref_q8_0_lane_sums, q4_0: ref_q4_0_sums, iq4_nl: ref_iq4_nl_sums, to_f32: ref_to_f32, lanes_to_rows: ref_lanes_to_rows };
 
 /// One Q8_0 activation block in the form the kernels take.
 #[derive(Copy, Clone, Debug, Default, PartialEq)]
@@ -408,7 +417,7 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
     while g0 < groups.end {
         let n = chunk.min(groups.end - g0);
         let n_rows = (rows - g0 * 32).min(n * 32);
-        for c in 0..cols {
+        'cols: for c in 0..cols {
             let col = &acts[c * nb..][..nb];
             if whole {
                 let per_block = 256 * n;
@@ -428,7 +437,7 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
                                 sums[b * rows + g0 * 32 + i] = (0..8).map(|l| lanes[(g * 8 + l) * 32 + r] + corr[l]).sum();
                             }
                         }
-                        (tk.to_f32)(lanes, &corr);
+                        (tk.lanes_to_rows)(lanes, &corr);
                     }
                     let da: [f32; PASS_BLOCKS] = core::array::from_fn(|j| if j < nbb { col[b0 + j].d } else { 0.0 });
                     // Block j's scales of this chunk's rows are `scales[s0 + j·ss ..][..n_rows]`
@@ -436,21 +445,28 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
                     // stay inside both (checked here once, not per read).
                     let (s0, ss) = ((b0 * g_count + g0) * 32, g_count * 32);
                     assert!(nbb >= 1 && s0 + (nbb - 1) * ss + n_rows <= scales.len() && nbb * per_block <= buf.len() && n_rows <= n * 32);
+                    if b0 == 0 && nbb == nb {
+                        // One pass over every block: each row's lanes go into its output
+                        // at once (no accumulators kept between passes).
+                        // SAFETY: this call's groups are its own (matmul_par gives each task others).
+                        let o = unsafe { out.rows(c, g0 * 32, n_rows) };
+                        q8_0_rows(o, &buf[..nbb * per_block], per_block, &scales[s0..], ss, &da[..nbb]);
+                        continue 'cols;
+                    }
                     for (i, acc8) in acc_mem[..n_rows * 8].chunks_exact_mut(8).enumerate() {
                         let (g, r) = (i / 32, i % 32);
                         // SAFETY: past this column's first pass (b0 > 0), which wrote acc8.
                         let mut a8: [f32; 8] = if b0 == 0 { [0.0; 8] } else { core::array::from_fn(|l| unsafe { acc8[l].assume_init() }) };
-                        let (mut sp, mut lp) = (s0 + i, g * 256 + r);
+                        let (mut sp, mut lp) = (s0 + i, g * 256 + r * 8);
                         for &da in &da[..nbb] {
                             // SAFETY: for block j (0..nbb), sp = s0 + j·ss + i with i < n_rows,
-                            // and lp = j·per_block + g·256 + r, whose lane 7 is lp + 224 <
-                            // (j + 1)·per_block (g < n, r < 32): both in bounds by the
-                            // assertion above.
-                            let (dw, lanes) = unsafe { (*scales.get_unchecked(sp), buf.get_unchecked(lp..lp + 7 * 32 + 1)) };
+                            // and lp = j·per_block + g·256 + 8r, so lp + 8 <= (j + 1)·per_block
+                            // (g < n, r < 32): both in bounds by the assertion above.
+                            let (dw, lanes) = unsafe { (*scales.get_unchecked(sp), buf.get_unchecked(lp..lp + 8)) };
                             let d = dw * da;
-                            // Lane l of this row and block is `lanes[32·l]` (f32 bits).
+                            // Lane l of this row and block is `lanes[l]` (f32 bits).
                             for (l, acc) in a8.iter_mut().enumerate() {
-                                *acc = fma(d, f32::from_bits(lanes[l * 32] as u32), *acc);
+                                *acc = fma(d, f32::from_bits(lanes[l] as u32), *acc);
                             }
                             (sp, lp) = (sp + ss, lp + per_block);
                         }
@@ -486,13 +502,57 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
             // SAFETY: either path above wrote all n_rows·8 accumulators for this column.
             let acc = unsafe { assume_init(&mut acc_mem[..n_rows * 8]) };
             for (y, a) in o.iter_mut().zip(acc.chunks_exact(8)) {
-                let r = [a[4] + a[0], a[5] + a[1], a[6] + a[2], a[7] + a[3]];
-                *y = (r[0] + r[2]) + (r[1] + r[3]);
+                *y = lane_total(a.try_into().expect("8 lanes"));
             }
         }
         g0 += n;
     }
     Ok(())
+}
+
+/// A row's 8 lanes of one block (f32 bits), aligned as [`LanesToRowsFn`] leaves them (32
+/// bytes: the loads can be pairs).
+#[repr(C, align(32))]
+struct RowLanes([i32; 8]);
+
+/// The Q8_0 scale pass when one pass holds every block: `o[i]` = the lane total of row
+/// `i`'s 8 lane accumulators over the blocks `j` (`da[j]`), each `fma(dw·da, lane, acc)`
+/// with `dw = sc[j·ss + i]` and the lanes of row `i` at `lanes[j·per_block + 8i..][..8]`
+/// (after [`LanesToRowsFn`], row `i` of a chunk of groups starts at word `8i`). A
+/// function of its own so that its few live values stay in registers.
+#[inline(never)]
+fn q8_0_rows(o: &mut [f32], lanes: &[i32], per_block: usize, sc: &[f32], ss: usize, da: &[f32]) {
+    let (n, nbb) = (o.len(), da.len());
+    assert!(
+        nbb >= 1 && n * 8 <= per_block && (nbb - 1) * per_block + n * 8 <= lanes.len() && (nbb - 1) * ss + n <= sc.len() && per_block.is_multiple_of(8) && lanes.as_ptr().align_offset(32) == 0,
+        "q8_0_rows: lanes or scales out of range"
+    );
+    let lanes = lanes.as_ptr() as *const RowLanes;
+    let per_block = per_block / 8;
+    for (i, y) in o.iter_mut().enumerate() {
+        let mut a = [0f32; 8];
+        let (mut lp, mut sp) = (i, i);
+        for &da in da {
+            // SAFETY: lp = j·per_block/8 + i and sp = j·ss + i for block j < nbb and row
+            // i < n: inside `lanes` (as 32-byte rows: the whole slice is 32-byte aligned
+            // and per_block a multiple of 8) and `sc` by the assertion above.
+            let (l, dw) = unsafe { (&(*lanes.add(lp)).0, *sc.get_unchecked(sp)) };
+            let d = dw * da;
+            for (acc, &x) in a.iter_mut().zip(l) {
+                *acc = fma(d, f32::from_bits(x as u32), *acc);
+            }
+            (lp, sp) = (lp + per_block, sp + ss);
+        }
+        *y = lane_total(&a);
+    }
+}
+
+/// A row's 8 Q8_0 lane accumulators summed in the order of keel's (and llama.cpp's x86)
+/// horizontal sum.
+#[inline(always)]
+fn lane_total(a: &[f32; 8]) -> f32 {
+    let r = [a[4] + a[0], a[5] + a[1], a[6] + a[2], a[7] + a[3]];
+    (r[0] + r[2]) + (r[1] + r[3])
 }
 
 /// `m` as the floats it holds.
@@ -515,6 +575,16 @@ fn lane_corrections(a: &ActBlock) -> [i32; 8] {
 #[inline(always)]
 fn aq(a: &[u32; 8], j: usize) -> i32 {
     i32::from((a[j / 4] >> (8 * (j % 4))) as u8 as i8)
+}
+
+fn ref_lanes_to_rows(lanes: &mut [i32], corr: &[i32; 8]) {
+    for g in lanes.chunks_exact_mut(256) {
+        let raw: [i32; 256] = core::array::from_fn(|i| g[i]);
+        for (i, w) in g.iter_mut().enumerate() {
+            let (r, l) = (i / 8, i % 8);
+            *w = ((raw[l * 32 + r] + corr[l]) as f32).to_bits() as i32;
+        }
+    }
 }
 
 fn ref_to_f32(sums: &mut [i32], corr: &[i32; 8]) {

@@ -22,7 +22,7 @@
 //! would, so that the DSP's open-time self-test can be seen to refuse such a build.
 
 use core::arch::hexagon::v128::{
-    HvxVector, Q6_V_vand_VV, Q6_V_vor_VV, Q6_V_vsplat_R, Q6_Vuw_vcl0_Vuw, Q6_Vuw_vlsr_VuwR, Q6_Vw_vabs_Vw, Q6_Vw_vadd_VwVw, Q6_Vw_vasl_VwR,
+    HvxVector, Q6_V_hi_W, Q6_V_lo_W, Q6_V_vand_VV, Q6_V_vor_VV, Q6_V_vsplat_R, Q6_W_vshuff_VVR, Q6_Vuw_vcl0_Vuw, Q6_Vuw_vlsr_VuwR, Q6_Vw_vabs_Vw, Q6_Vw_vadd_VwVw, Q6_Vw_vasl_VwR,
     Q6_Vw_vasl_VwVw, Q6_Vw_vasr_VwR, Q6_Vw_vsub_VwVw,
 };
 
@@ -34,7 +34,7 @@ mod iq4_nl;
 mod q4_0;
 
 /// The HVX kernels as a Tiles32 kernel set.
-const TILES: TileKernels = TileKernels { q8_0: q8_0_sums, q8_0_lanes: q8_0_lanes, q4_0: q4_0_sums, iq4_nl: iq4_nl_sums, to_f32: sums_to_f32 };
+const TILES: TileKernels = TileKernels { q8_0: q8_0_sums, q8_0_lanes: q8_0_lanes, q4_0: q4_0_sums, iq4_nl: iq4_nl_sums, to_f32: sums_to_f32, lanes_to_rows };
 
 /// The Hexagon table: the reference with the HVX Tiles32 kernels and HVX f16
 /// conversions under attention's f16 operations.
@@ -102,15 +102,62 @@ fn sums_to_f32(sums: &mut [i32], corr: &[i32; 8]) {
     // SAFETY: `sums` is 128-byte aligned and holds `len/32` whole vectors (checked);
     // this module is compiled only with 128-byte HVX enabled.
     unsafe {
-        let (sign, zero, e157) = (Q6_V_vsplat_R(i32::MIN), Q6_V_vsplat_R(0), Q6_V_vsplat_R(157));
         for i in 0..sums.len() / 32 {
-            let x = Q6_Vw_vadd_VwVw(*v.add(i), Q6_V_vsplat_R(corr[i % 8]));
-            let a = Q6_Vw_vabs_Vw(x);
-            let z = Q6_Vuw_vcl0_Vuw(a);
-            let m = Q6_Vuw_vlsr_VuwR(Q6_Vw_vasl_VwVw(a, z), 8);
-            let nonzero = Q6_Vw_vasr_VwR(Q6_Vw_vsub_VwVw(zero, a), 31);
-            let exp = Q6_V_vand_VV(Q6_Vw_vasl_VwR(Q6_Vw_vsub_VwVw(e157, z), 23), nonzero);
-            *v.add(i) = Q6_V_vor_VV(Q6_Vw_vadd_VwVw(exp, m), Q6_V_vand_VV(x, sign));
+            *v.add(i) = words_to_f32(*v.add(i), corr[i % 8]);
+        }
+    }
+}
+
+/// `f32(x + corr)` of 32 words as f32 bits (exact for `|x + corr| < 2^24`): the
+/// conversion [`sums_to_f32`] describes.
+#[inline(always)]
+fn words_to_f32(x: HvxVector, corr: i32) -> HvxVector {
+    // SAFETY: value-only HVX intrinsics (this module is compiled only with HVX).
+    unsafe {
+        let (sign, zero, e157) = (Q6_V_vsplat_R(i32::MIN), Q6_V_vsplat_R(0), Q6_V_vsplat_R(157));
+        let x = Q6_Vw_vadd_VwVw(x, Q6_V_vsplat_R(corr));
+        let a = Q6_Vw_vabs_Vw(x);
+        let z = Q6_Vuw_vcl0_Vuw(a);
+        let m = Q6_Vuw_vlsr_VuwR(Q6_Vw_vasl_VwVw(a, z), 8);
+        let nonzero = Q6_Vw_vasr_VwR(Q6_Vw_vsub_VwVw(zero, a), 31);
+        let exp = Q6_V_vand_VV(Q6_Vw_vasl_VwR(Q6_Vw_vsub_VwVw(e157, z), 23), nonzero);
+        Q6_V_vor_VV(Q6_Vw_vadd_VwVw(exp, m), Q6_V_vand_VV(x, sign))
+    }
+}
+
+/// [`super::tiles32::LanesToRowsFn`] on HVX: per group, the 8 lane vectors (one word
+/// per row) made f32 as [`sums_to_f32`] does, then transposed to 8 vectors of 4 rows × 8
+/// lanes by three rounds of word interleaves (`vshuff`, element size 4): a round over
+/// the vector pairs whose index differs in bit `b` moves that index bit into the word
+/// index (bit 0) and the word index's top bit into the vector index, so after bits 2,
+/// 1, 0 vector `m` holds rows `4m..4m+4` and word `8(r % 4) + l` is lane `l` of row `r`.
+/// 12 permutes per 32 rows.
+fn lanes_to_rows(lanes: &mut [i32], corr: &[i32; 8]) {
+    assert!(lanes.len() % 256 == 0 && lanes.as_ptr().align_offset(ALIGN) == 0, "HVX lanes_to_rows: not whole 1024-byte aligned groups");
+    let v = lanes.as_mut_ptr() as *mut HvxVector;
+    for g in 0..lanes.len() / 256 {
+        // SAFETY: group g's 8 vectors are inside `lanes` (whole aligned groups, checked);
+        // value-only HVX intrinsics otherwise.
+        unsafe {
+            let p = v.add(8 * g);
+            let f = |l: usize| words_to_f32(*p.add(l), corr[l]);
+            // Written out (not a loop over an array, which the compiler keeps in memory).
+            let (x0, x1, x2, x3, x4, x5, x6, x7) = (f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7));
+            let il = |hi: HvxVector, lo: HvxVector| {
+                let w = Q6_W_vshuff_VVR(hi, lo, -4);
+                (Q6_V_lo_W(w), Q6_V_hi_W(w))
+            };
+            let ((x0, x4), (x1, x5), (x2, x6), (x3, x7)) = (il(x4, x0), il(x5, x1), il(x6, x2), il(x7, x3));
+            let ((x0, x2), (x1, x3), (x4, x6), (x5, x7)) = (il(x2, x0), il(x3, x1), il(x6, x4), il(x7, x5));
+            let ((x0, x1), (x2, x3), (x4, x5), (x6, x7)) = (il(x1, x0), il(x3, x2), il(x5, x4), il(x7, x6));
+            *p = x0;
+            *p.add(1) = x1;
+            *p.add(2) = x2;
+            *p.add(3) = x3;
+            *p.add(4) = x4;
+            *p.add(5) = x5;
+            *p.add(6) = x6;
+            *p.add(7) = x7;
         }
     }
 }
