@@ -181,9 +181,23 @@ fn q5_1_block(xb: &[f32]) -> BlockQ5_1 {
     BlockQ5_1 { d: f16::from_f32(d), m: f16::from_f32(min), qh, qs }
 }
 
+/// The largest `|v|`, NaNs skipped (`f32::max`). Four running maxima, combined at the
+/// end: the maximum does not depend on the order it is taken in, and four independent
+/// chains let an in-order DSP overlap them.
 #[inline]
 fn absmax(xb: &[f32]) -> f32 {
-    xb.iter().fold(0.0f32, |m, &v| m.max(libm::fabsf(v)))
+    let mut m = [0.0f32; 4];
+    let chunks = xb.chunks_exact(4);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (m, &v) in m.iter_mut().zip(c) {
+            *m = m.max(libm::fabsf(v));
+        }
+    }
+    for (m, &v) in m.iter_mut().zip(rest) {
+        *m = m.max(libm::fabsf(v));
+    }
+    (m[0].max(m[1])).max(m[2].max(m[3]))
 }
 
 /// llama.cpp's reference Q8 rounding: `id = 1/d`, `roundf` (ties away from zero).
@@ -212,16 +226,21 @@ fn q8_1_ref_block(xb: &[f32]) -> BlockQ8_1 {
 /// `libm::rintf(t) as i8` (round to nearest even, then the saturating cast). Below
 /// 2^22 in magnitude (every finite `x·(127/amax)`), by the 1.5·2^23 shift: the sum's
 /// ulp is 1, so the add rounds `t` to an integer, to even on a tie, and its low bits
-/// are that integer (saturated to i8 as the cast does); anything else (NaN, ±inf, huge)
-/// takes `rintf`. The DSP has no rounding instruction, and libm's `rintf` there is a
-/// software routine.
+/// are that integer (saturated to i8 as the cast does). Anything else is already an
+/// integer, ±inf or NaN, which the cast makes 127 (positive), −128 (negative) or 0
+/// (NaN). Both results are computed and one selected by masks from `t`'s bits, with no
+/// branch and no float compare: the DSP has no rounding instruction, libm's `rintf`
+/// there is a software routine, and a branch or a NaN-aware compare per value keeps the
+/// compiler from overlapping the values of a block.
 #[inline(always)]
 pub(super) fn rint_i8(t: f32) -> i8 {
-    if libm::fabsf(t) < 4_194_304.0 {
-        ((t + 12_582_912.0).to_bits() as i32 - 0x4B40_0000).clamp(-128, 127) as i8
-    } else {
-        libm::rintf(t) as i8
-    }
+    let (bits, abs) = (t.to_bits() as i32, (t.to_bits() & 0x7fff_ffff) as i32);
+    let near = ((t + 12_582_912.0).to_bits() as i32).wrapping_sub(0x4B40_0000).clamp(-128, 127);
+    // 127 or −128 by the sign; 0 for a NaN (|bits| above infinity's).
+    let far = (127 ^ (bits >> 31)) & !(0x7f80_0000i32.wrapping_sub(abs) >> 31);
+    // All ones below 2^22 (0x4A80_0000): the magnitudes of floats order as their bits.
+    let small = abs.wrapping_sub(0x4A80_0000) >> 31;
+    ((near & small) | (far & !small)) as i8
 }
 
 /// Activation rounding (see the module doc): `id = 127/amax`, round half to even.
