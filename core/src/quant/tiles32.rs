@@ -92,6 +92,13 @@ pub type SumsToF32Fn = fn(sums: &mut [i32], corr: &[i32; 8]);
 /// as 4 pairs instead of 8 words 128 bytes apart.
 pub type LanesToRowsFn = fn(lanes: &mut [i32], corr: &[i32; 8]);
 
+/// The Q8_0 scale pass over whole rows when one pass holds every block ([`LanesToRowsFn`]'s
+/// layout): `o[i]` = the lane total of row `i`'s 8 accumulators over the blocks `j <
+/// da.len()`, each step `acc = fma(dw·da[j], lane, acc)` from 0, `dw = sc[j·ss + i]`,
+/// the row's lanes (f32 bits) at `lanes[j·per_block + 8i..][..8]`. `lanes` is 32-byte
+/// aligned and `per_block` a multiple of 8; an implementation checks the ranges.
+pub type Q8RowsFn = fn(o: &mut [f32], lanes: &[i32], per_block: usize, sc: &[f32], ss: usize, da: &[f32]);
+
 /// The kernels of one kernel set for Tiles32 weights.
 #[derive(Clone, Copy, Debug)]
 pub struct TileKernels {
@@ -107,10 +114,12 @@ pub struct TileKernels {
     pub to_f32: SumsToF32Fn,
     /// Q8_0 lane sums to f32, corrected, row by row.
     pub lanes_to_rows: LanesToRowsFn,
+    /// The Q8_0 scale pass over those rows.
+    pub q8_0_rows: Q8RowsFn,
 }
 
 /// The scalar reference kernels (the same integers as every other set).
-pub const REFERENCE: TileKernels = TileKernels { q8_0: ref_q8_0_sums, q8_0_lanes: ref_q8_0_lane_sums, q4_0: ref_q4_0_sums, iq4_nl: ref_iq4_nl_sums, to_f32: ref_to_f32, lanes_to_rows: ref_lanes_to_rows };
+pub const REFERENCE: TileKernels = TileKernels { q8_0: ref_q8_0_sums, q8_0_lanes: ref_q8_0_lane_sums, q4_0: ref_q4_0_sums, iq4_nl: ref_iq4_nl_sums, to_f32: ref_to_f32, lanes_to_rows: ref_lanes_to_rows, q8_0_rows: ref_q8_0_rows };
 
 /// One Q8_0 activation block in the form the kernels take.
 #[derive(Copy, Clone, Debug, Default, PartialEq)]
@@ -450,7 +459,7 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
                         // at once (no accumulators kept between passes).
                         // SAFETY: this call's groups are its own (matmul_par gives each task others).
                         let o = unsafe { out.rows(c, g0 * 32, n_rows) };
-                        q8_0_rows(o, &buf[..nbb * per_block], per_block, &scales[s0..], ss, &da[..nbb]);
+                        (tk.q8_0_rows)(o, &buf[..nbb * per_block], per_block, &scales[s0..], ss, &da[..nbb]);
                         continue 'cols;
                     }
                     for (i, acc8) in acc_mem[..n_rows * 8].chunks_exact_mut(8).enumerate() {
@@ -515,18 +524,21 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
 #[repr(C, align(32))]
 struct RowLanes([i32; 8]);
 
-/// The Q8_0 scale pass when one pass holds every block: `o[i]` = the lane total of row
-/// `i`'s 8 lane accumulators over the blocks `j` (`da[j]`), each `fma(dw·da, lane, acc)`
-/// with `dw = sc[j·ss + i]` and the lanes of row `i` at `lanes[j·per_block + 8i..][..8]`
-/// (after [`LanesToRowsFn`], row `i` of a chunk of groups starts at word `8i`). A
-/// function of its own so that its few live values stay in registers.
-#[inline(never)]
-fn q8_0_rows(o: &mut [f32], lanes: &[i32], per_block: usize, sc: &[f32], ss: usize, da: &[f32]) {
+/// [`Q8RowsFn`]'s preconditions (the ranges every read stays in), checked once per call.
+pub(crate) fn check_q8_0_rows(o: &[f32], lanes: &[i32], per_block: usize, sc: &[f32], ss: usize, da: &[f32]) {
     let (n, nbb) = (o.len(), da.len());
     assert!(
         nbb >= 1 && n * 8 <= per_block && (nbb - 1) * per_block + n * 8 <= lanes.len() && (nbb - 1) * ss + n <= sc.len() && per_block.is_multiple_of(8) && lanes.as_ptr().align_offset(32) == 0,
         "q8_0_rows: lanes or scales out of range"
     );
+}
+
+/// [`Q8RowsFn`] (after [`LanesToRowsFn`], row `i` of a chunk of groups starts at word
+/// `8i` of each block's lanes). A function of its own so that its few live values stay
+/// in registers.
+#[inline(never)]
+fn ref_q8_0_rows(o: &mut [f32], lanes: &[i32], per_block: usize, sc: &[f32], ss: usize, da: &[f32]) {
+    check_q8_0_rows(o, lanes, per_block, sc, ss, da);
     let lanes = lanes.as_ptr() as *const RowLanes;
     let per_block = per_block / 8;
     for (i, y) in o.iter_mut().enumerate() {

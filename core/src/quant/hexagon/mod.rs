@@ -34,7 +34,7 @@ mod iq4_nl;
 mod q4_0;
 
 /// The HVX kernels as a Tiles32 kernel set.
-const TILES: TileKernels = TileKernels { q8_0: q8_0_sums, q8_0_lanes: q8_0_lanes, q4_0: q4_0_sums, iq4_nl: iq4_nl_sums, to_f32: sums_to_f32, lanes_to_rows };
+const TILES: TileKernels = TileKernels { q8_0: q8_0_sums, q8_0_lanes: q8_0_lanes, q4_0: q4_0_sums, iq4_nl: iq4_nl_sums, to_f32: sums_to_f32, lanes_to_rows, q8_0_rows };
 
 /// The Hexagon table: the reference with the HVX Tiles32 kernels and HVX f16
 /// conversions under attention's f16 operations.
@@ -163,6 +163,64 @@ fn lanes_to_rows(lanes: &mut [i32], corr: &[i32; 8]) {
 }
 
 use core::arch::asm;
+
+/// [`super::tiles32::Q8RowsFn`] with each row's block loop hand-scheduled (scalar
+/// Hexagon, no HVX): 5 packets per block, the bound of its 9 float operations (the
+/// `dw·da` product and 8 fused multiply-adds, two per packet in slots 2 and 3), the
+/// next block's scale, activation scale and 8 lanes (4 pair loads) loaded beside the
+/// current block's fmas. The operations are the reference's: `sfmpy` for `dw·da`,
+/// `Rx += sfmpy` (IEEE fused multiply-add, one rounding) per lane from +0, then the lane
+/// total `(a4 + a0 + (a6 + a2)) + (a5 + a1 + (a7 + a3))` as `sfadd`s.
+fn q8_0_rows(o: &mut [f32], lanes: &[i32], per_block: usize, sc: &[f32], ss: usize, da: &[f32]) {
+    super::tiles32::check_q8_0_rows(o, lanes, per_block, sc, ss, da);
+    let (pl, ssb, more) = (4 * per_block, 4 * ss, da.len() - 1);
+    for (i, y) in o.iter_mut().enumerate() {
+        let out: f32;
+        // SAFETY: every read is inside the ranges `check_q8_0_rows` asserted: for block
+        // j < da.len() the lanes at lanes + 4·(j·per_block + 8i) (32 bytes, 8-aligned:
+        // `lanes` is 32-byte aligned, per_block a multiple of 8), the scale at
+        // sc + 4·(j·ss + i) and da + 4j; the loop loads block j + 1 only for j + 1 <
+        // da.len() (`more` iterations, then the last block without loads). Clobbers
+        // r0-r18 and p0, declared below; no memory is written.
+        unsafe {
+            asm!(
+                "{{ r17 = memw({sp}+#0); r18 = memw({dap}++#4) }}",
+                "{{ r1:0 = memd({lp}+#0); r3:2 = memd({lp}+#8) }}",
+                "{{ r5:4 = memd({lp}+#16); r7:6 = memd({lp}+#24); r16 = sfmpy(r17, r18) }}",
+                "{{ r9:8 = combine(#0, #0); r11:10 = combine(#0, #0); {sp} = add({sp}, {ssb}); {lp} = add({lp}, {pl}) }}",
+                "{{ r13:12 = combine(#0, #0); r15:14 = combine(#0, #0); p0 = cmp.eq({n}, #0); if (p0.new) jump:nt 3f }}",
+                ".falign",
+                "2:",
+                "{{ r8 += sfmpy(r16, r0); r9 += sfmpy(r16, r1); r17 = memw({sp}+#0); r18 = memw({dap}++#4) }}",
+                "{{ r10 += sfmpy(r16, r2); r11 += sfmpy(r16, r3); r1:0 = memd({lp}+#0); r3:2 = memd({lp}+#8) }}",
+                "{{ r12 += sfmpy(r16, r4); r13 += sfmpy(r16, r5); r5:4 = memd({lp}+#16); {n} = add({n}, #-1) }}",
+                "{{ r14 += sfmpy(r16, r6); r15 += sfmpy(r16, r7); r7:6 = memd({lp}+#24); {lp} = add({lp}, {pl}) }}",
+                "{{ r16 = sfmpy(r17, r18); {sp} = add({sp}, {ssb}); p0 = cmp.gt({n}, #0); if (p0.new) jump:t 2b }}",
+                "3:",
+                "{{ r8 += sfmpy(r16, r0); r9 += sfmpy(r16, r1) }}",
+                "{{ r10 += sfmpy(r16, r2); r11 += sfmpy(r16, r3) }}",
+                "{{ r12 += sfmpy(r16, r4); r13 += sfmpy(r16, r5) }}",
+                "{{ r14 += sfmpy(r16, r6); r15 += sfmpy(r16, r7) }}",
+                "{{ r0 = sfadd(r12, r8); r1 = sfadd(r13, r9) }}",
+                "{{ r2 = sfadd(r14, r10); r3 = sfadd(r15, r11) }}",
+                "{{ r0 = sfadd(r0, r2); r1 = sfadd(r1, r3) }}",
+                "{{ {y} = sfadd(r0, r1) }}",
+                lp = inout(reg) lanes.as_ptr().add(8 * i) => _,
+                sp = inout(reg) sc.as_ptr().add(i) => _,
+                dap = inout(reg) da.as_ptr() => _,
+                n = inout(reg) more => _,
+                pl = in(reg) pl,
+                ssb = in(reg) ssb,
+                y = out(reg) out,
+                out("r0") _, out("r1") _, out("r2") _, out("r3") _, out("r4") _, out("r5") _, out("r6") _, out("r7") _,
+                out("r8") _, out("r9") _, out("r10") _, out("r11") _, out("r12") _, out("r13") _, out("r14") _, out("r15") _,
+                out("r16") _, out("r17") _, out("r18") _, out("p0") _,
+                options(nostack, readonly, pure),
+            );
+        }
+        *y = out;
+    }
+}
 
 /// With feature `broken-hvx-zeros`: zeroes the `n` result vectors at `out`, as a
 /// fused-off vector unit would leave them.
