@@ -1,9 +1,12 @@
 //! keel-core's Hexagon kernel set: HVX integer kernels over Tiles32 weights (layout and
 //! contract: [`super::tiles32`]), its [`table`] chosen by [`super::Kernels::new`] when
 //! the host reports HVX (`Isa::hvx`) on a Hexagon build with 128-byte HVX vectors (every
-//! other entry is the reference's, except the f16 conversions under attention, `f16.rs`).
-//! Everything else (scales, quantization, float ops) is keel-core's common code, so a
-//! product on the DSP equals the CPU's bit for bit.
+//! other entry is the reference's, except attention's f16 operations, `f16.rs`: the
+//! conversions on HVX, the dot and value update over a chunk of keys with the f32
+//! arithmetic in the reference's order). Everything else (quantization, float ops) is
+//! keel-core's common code, and the scale pass here (`q8_0_rows`, hand-scheduled scalar
+//! float) does the reference's operations in its order, so a product on the DSP equals
+//! the CPU's bit for bit.
 //!
 //! One call handles one K-block for a run of 32-row groups: it holds the block's 8
 //! activation words in scalar registers and streams the groups' tiles through
