@@ -397,6 +397,11 @@ fn scale_block(o: &mut [f32], x: &[i32], dw: &[f32], da: f32, first: bool) {
     }
 }
 
+/// Blocks whose Q8_0 lanes one pass of [`matmul_q8_0_lanes`] holds, scratch permitting
+/// (their activation scales live on the stack): rows up to 4096 inputs take one pass,
+/// so each row's output is written at once ([`Q8RowsFn`]).
+const LANE_PASS_BLOCKS: usize = 128;
+
 /// Row groups whose Q8_0 lane accumulators one pass keeps (on the stack: 4 KiB).
 const LANE_GROUPS: usize = 4;
 
@@ -404,7 +409,7 @@ const LANE_GROUPS: usize = 4;
 /// one chunk of rows stay on the stack (and the chunk's tiles in the cache across the
 /// columns). With 1024 scratch bytes per group the lane sums come from one
 /// [`LaneSumsFn`] call per block, made f32 by the set's [`SumsToF32Fn`], for as many
-/// blocks as the scratch holds (up to [`PASS_BLOCKS`]); then each row's 8 lane
+/// blocks as the scratch holds (up to [`LANE_PASS_BLOCKS`]); then each row's 8 lane
 /// accumulators run through those blocks in registers, its scale formed once per block
 /// for the 8 lanes. Below that, one lane at a time through the block sums with the other
 /// 7 activation words zeroed (8 passes, the same integers).
@@ -430,7 +435,7 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
             let col = &acts[c * nb..][..nb];
             if whole {
                 let per_block = 256 * n;
-                let pass = (buf.len() / per_block).clamp(1, PASS_BLOCKS);
+                let pass = (buf.len() / per_block).clamp(1, LANE_PASS_BLOCKS);
                 let mut b0 = 0;
                 while b0 < nb {
                     let nbb = pass.min(nb - b0);
@@ -448,7 +453,13 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
                         }
                         (tk.lanes_to_rows)(lanes, &corr);
                     }
-                    let da: [f32; PASS_BLOCKS] = core::array::from_fn(|j| if j < nbb { col[b0 + j].d } else { 0.0 });
+                    // The pass's activation scales (only the first nbb written and read).
+                    let mut da_mem = [MaybeUninit::<f32>::uninit(); LANE_PASS_BLOCKS];
+                    for (m, a) in da_mem.iter_mut().zip(&col[b0..b0 + nbb]) {
+                        m.write(a.d);
+                    }
+                    // SAFETY: the first nbb were written just above.
+                    let da: &[f32] = unsafe { assume_init(&mut da_mem[..nbb]) };
                     // Block j's scales of this chunk's rows are `scales[s0 + j·ss ..][..n_rows]`
                     // and its lane sums `buf[j·per_block ..][..per_block]`: the reads below
                     // stay inside both (checked here once, not per read).
@@ -459,7 +470,7 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
                         // at once (no accumulators kept between passes).
                         // SAFETY: this call's groups are its own (matmul_par gives each task others).
                         let o = unsafe { out.rows(c, g0 * 32, n_rows) };
-                        (tk.q8_0_rows)(o, &buf[..nbb * per_block], per_block, &scales[s0..], ss, &da[..nbb]);
+                        (tk.q8_0_rows)(o, &buf[..nbb * per_block], per_block, &scales[s0..], ss, da);
                         continue 'cols;
                     }
                     for (i, acc8) in acc_mem[..n_rows * 8].chunks_exact_mut(8).enumerate() {
