@@ -116,10 +116,12 @@ pub struct TileKernels {
     pub lanes_to_rows: LanesToRowsFn,
     /// The Q8_0 scale pass over those rows.
     pub q8_0_rows: Q8RowsFn,
+    /// The one-sum-per-block scale pass over whole rows.
+    pub block_rows: BlockRowsFn,
 }
 
 /// The scalar reference kernels (the same integers as every other set).
-pub const REFERENCE: TileKernels = TileKernels { q8_0: ref_q8_0_sums, q8_0_lanes: ref_q8_0_lane_sums, q4_0: ref_q4_0_sums, iq4_nl: ref_iq4_nl_sums, to_f32: ref_to_f32, lanes_to_rows: ref_lanes_to_rows, q8_0_rows: ref_q8_0_rows };
+pub const REFERENCE: TileKernels = TileKernels { q8_0: ref_q8_0_sums, q8_0_lanes: ref_q8_0_lane_sums, q4_0: ref_q4_0_sums, iq4_nl: ref_iq4_nl_sums, to_f32: ref_to_f32, lanes_to_rows: ref_lanes_to_rows, q8_0_rows: ref_q8_0_rows, block_rows: ref_block_rows };
 
 /// One Q8_0 activation block in the form the kernels take.
 #[derive(Copy, Clone, Debug, Default, PartialEq)]
@@ -321,9 +323,11 @@ fn scales<'a>(w: &TiledWeights<'a>) -> Result<&'a [f32], TileError> {
     Ok(&f[..n])
 }
 
-/// Blocks whose sums (Q8_0: lane sums) one pass of the scale loop holds (their
-/// activation scales live on the stack).
-const PASS_BLOCKS: usize = 32;
+/// Blocks whose sums (Q8_0: lane sums) one pass of the scale loop holds, scratch
+/// permitting (their activation scales live on the stack): rows of up to 4096 inputs
+/// take one pass, so each row's output is written at once ([`Q8RowsFn`],
+/// [`BlockRowsFn`]).
+const PASS_BLOCKS: usize = 128;
 
 /// The products of `groups` (32-row groups) for every column of `acts` (`k/32` blocks each).
 fn matmul_checked(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], groups: Range<usize>, scratch: &mut [u8], out: &Out, mut sums: Option<&mut [i32]>) -> Result<(), TileError> {
@@ -373,6 +377,17 @@ fn matmul_checked(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], group
                     }
                     (tk.to_f32)(part, &[corr; 8]);
                 }
+                if nbb == nb {
+                    // Every block in one pass: each row's accumulator stays in a register.
+                    let mut da_mem = [MaybeUninit::<f32>::uninit(); PASS_BLOCKS];
+                    for (m, a) in da_mem.iter_mut().zip(col) {
+                        m.write(a.d);
+                    }
+                    // SAFETY: the first nbb were written just above.
+                    let da: &[f32] = unsafe { assume_init(&mut da_mem[..nbb]) };
+                    (tk.block_rows)(o, &buf[..nbb * 32 * n], 32 * n, &scales[g0 * 32..], g_count * 32, da);
+                    break;
+                }
                 for (j, a) in col[b0..b0 + nbb].iter().enumerate() {
                     let sc = &scales[((b0 + j) * g_count + g0) * 32..][..n_rows];
                     scale_block(o, &buf[j * 32 * n..][..n_rows], sc, a.d, b0 + j == 0);
@@ -397,11 +412,6 @@ fn scale_block(o: &mut [f32], x: &[i32], dw: &[f32], da: f32, first: bool) {
     }
 }
 
-/// Blocks whose Q8_0 lanes one pass of [`matmul_q8_0_lanes`] holds, scratch permitting
-/// (their activation scales live on the stack): rows up to 4096 inputs take one pass,
-/// so each row's output is written at once ([`Q8RowsFn`]).
-const LANE_PASS_BLOCKS: usize = 128;
-
 /// Row groups whose Q8_0 lane accumulators one pass keeps (on the stack: 4 KiB).
 const LANE_GROUPS: usize = 4;
 
@@ -409,7 +419,7 @@ const LANE_GROUPS: usize = 4;
 /// one chunk of rows stay on the stack (and the chunk's tiles in the cache across the
 /// columns). With 1024 scratch bytes per group the lane sums come from one
 /// [`LaneSumsFn`] call per block, made f32 by the set's [`SumsToF32Fn`], for as many
-/// blocks as the scratch holds (up to [`LANE_PASS_BLOCKS`]); then each row's 8 lane
+/// blocks as the scratch holds (up to [`PASS_BLOCKS`]); then each row's 8 lane
 /// accumulators run through those blocks in registers, its scale formed once per block
 /// for the 8 lanes. Below that, one lane at a time through the block sums with the other
 /// 7 activation words zeroed (8 passes, the same integers).
@@ -435,7 +445,7 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
             let col = &acts[c * nb..][..nb];
             if whole {
                 let per_block = 256 * n;
-                let pass = (buf.len() / per_block).clamp(1, LANE_PASS_BLOCKS);
+                let pass = (buf.len() / per_block).clamp(1, PASS_BLOCKS);
                 let mut b0 = 0;
                 while b0 < nb {
                     let nbb = pass.min(nb - b0);
@@ -454,7 +464,7 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
                         (tk.lanes_to_rows)(lanes, &corr);
                     }
                     // The pass's activation scales (only the first nbb written and read).
-                    let mut da_mem = [MaybeUninit::<f32>::uninit(); LANE_PASS_BLOCKS];
+                    let mut da_mem = [MaybeUninit::<f32>::uninit(); PASS_BLOCKS];
                     for (m, a) in da_mem.iter_mut().zip(&col[b0..b0 + nbb]) {
                         m.write(a.d);
                     }
@@ -534,6 +544,31 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
 /// bytes: the loads can be pairs).
 #[repr(C, align(32))]
 struct RowLanes([i32; 8]);
+
+/// The one-sum-per-block scale pass (Q4_0, IQ4_NL) over whole rows when one pass holds
+/// every block: `o[i]` = the accumulator of row `i` over the blocks `j < da.len()`, each
+/// step `acc = fma(sum, dw·da[j], acc)` from 0, `sum` the f32 bits at `sums[j·per_block
+/// + i]`, `dw = sc[j·ss + i]`: the operations of [`scale_block`] block after block, with
+/// the accumulator kept in a register instead of the output.
+pub type BlockRowsFn = fn(o: &mut [f32], sums: &[i32], per_block: usize, sc: &[f32], ss: usize, da: &[f32]);
+
+/// [`BlockRowsFn`]'s preconditions (the ranges every read stays in), checked once per call.
+pub(crate) fn check_block_rows(o: &[f32], sums: &[i32], per_block: usize, sc: &[f32], ss: usize, da: &[f32]) {
+    let (n, nbb) = (o.len(), da.len());
+    assert!(nbb >= 1 && n <= per_block && (nbb - 1) * per_block + n <= sums.len() && (nbb - 1) * ss + n <= sc.len(), "block_rows: sums or scales out of range");
+}
+
+/// [`BlockRowsFn`], row by row.
+pub(crate) fn ref_block_rows(o: &mut [f32], sums: &[i32], per_block: usize, sc: &[f32], ss: usize, da: &[f32]) {
+    check_block_rows(o, sums, per_block, sc, ss, da);
+    for (i, y) in o.iter_mut().enumerate() {
+        let mut acc = 0.0;
+        for (j, &da) in da.iter().enumerate() {
+            acc = fma(f32::from_bits(sums[j * per_block + i] as u32), sc[j * ss + i] * da, acc);
+        }
+        *y = acc;
+    }
+}
 
 /// [`Q8RowsFn`]'s preconditions (the ranges every read stays in), checked once per call.
 pub(crate) fn check_q8_0_rows(o: &[f32], lanes: &[i32], per_block: usize, sc: &[f32], ss: usize, da: &[f32]) {

@@ -37,7 +37,7 @@ mod iq4_nl;
 mod q4_0;
 
 /// The HVX kernels as a Tiles32 kernel set.
-const TILES: TileKernels = TileKernels { q8_0: q8_0_sums, q8_0_lanes: q8_0_lanes, q4_0: q4_0_sums, iq4_nl: iq4_nl_sums, to_f32: sums_to_f32, lanes_to_rows, q8_0_rows };
+const TILES: TileKernels = TileKernels { q8_0: q8_0_sums, q8_0_lanes: q8_0_lanes, q4_0: q4_0_sums, iq4_nl: iq4_nl_sums, to_f32: sums_to_f32, lanes_to_rows, q8_0_rows, block_rows };
 
 /// The Hexagon table: the reference with the HVX Tiles32 kernels and HVX f16
 /// conversions under attention's f16 operations.
@@ -166,6 +166,76 @@ fn lanes_to_rows(lanes: &mut [i32], corr: &[i32; 8]) {
 }
 
 use core::arch::asm;
+
+/// [`super::tiles32::BlockRowsFn`] four rows at a time, hand-scheduled (scalar Hexagon,
+/// no HVX): per block 4 packets for the 4 rows' 8 float operations (`dw·da` and one fused
+/// multiply-add each, two per packet), their sums and scales loaded as pairs and the
+/// block's activation scale beside them. Both loops are hardware loops inside the one
+/// asm block (rows: loop1, blocks: loop0), which no Rust loop encloses; the rows past
+/// the last four are the reference's.
+#[inline(never)]
+fn block_rows(o: &mut [f32], sums: &[i32], per_block: usize, sc: &[f32], ss: usize, da: &[f32]) {
+    super::tiles32::check_block_rows(o, sums, per_block, sc, ss, da);
+    let quads = o.len() / 4;
+    // Pair loads need 8-byte alignment: the sums are vector-aligned and per_block even;
+    // the scales follow the tiles (vector-aligned) at an even offset in words.
+    if quads == 0 || per_block % 2 != 0 || ss % 2 != 0 || sums.as_ptr().align_offset(8) != 0 || sc.as_ptr().align_offset(8) != 0 {
+        return super::tiles32::ref_block_rows(o, sums, per_block, sc, ss, da);
+    }
+    // SAFETY: for row quad q < quads and block j < da.len() the reads are the sums at
+    // sums + 4·(j·per_block + 4q) and the scales at sc + 4·(j·ss + 4q) (16 bytes each,
+    // 8-aligned: checked above) and da + 4j, inside the ranges `check_block_rows`
+    // asserted (4q + 4 <= o.len()); the loop over blocks loads block j + 1 only for j + 1
+    // < da.len() (da.len() − 1 iterations, then the last block without loads); the
+    // writes are o[4q..4q + 4]. Clobbers r0-r16, p0 and hardware loops 0 and 1 (no loop
+    // of the caller is a hardware loop across this non-inlined call).
+    unsafe {
+        asm!(
+            "{{ p0 = cmp.eq({m}, #0) }}",
+            "loop1(1f, {nq})",
+            ".falign",
+            "1:",
+            "{{ {xp} = {xb}; {sp} = {sb}; {dap} = {dab} }}",
+            "{{ r5:4 = memd({sp}+#0); r16 = memw({dap}++#4) }}",
+            "{{ r1:0 = memd({xp}+#0); r3:2 = memd({xp}+#8) }}",
+            "{{ r8 = sfmpy(r4, r16); r9 = sfmpy(r5, r16); r7:6 = memd({sp}+#8); {sp} = add({sp}, {ssb}) }}",
+            "{{ r10 = sfmpy(r6, r16); r11 = sfmpy(r7, r16); r13:12 = combine(#0, #0); r15:14 = combine(#0, #0) }}",
+            "{{ {xp} = add({xp}, {xs}); if (p0) jump:nt 3f }}",
+            "loop0(2f, {m})",
+            ".falign",
+            "2:",
+            "{{ r12 += sfmpy(r0, r8); r13 += sfmpy(r1, r9); r5:4 = memd({sp}+#0); r16 = memw({dap}++#4) }}",
+            "{{ r14 += sfmpy(r2, r10); r15 += sfmpy(r3, r11); r1:0 = memd({xp}+#0); r3:2 = memd({xp}+#8) }}",
+            "{{ r8 = sfmpy(r4, r16); r9 = sfmpy(r5, r16); r7:6 = memd({sp}+#8); {sp} = add({sp}, {ssb}) }}",
+            "{{ r10 = sfmpy(r6, r16); r11 = sfmpy(r7, r16); {xp} = add({xp}, {xs}) }}:endloop0",
+            "3:",
+            "{{ r12 += sfmpy(r0, r8); r13 += sfmpy(r1, r9) }}",
+            "{{ r14 += sfmpy(r2, r10); r15 += sfmpy(r3, r11) }}",
+            "{{ memw({ob}+#0) = r12; memw({ob}+#4) = r13 }}",
+            "{{ memw({ob}+#8) = r14; memw({ob}+#12) = r15; {ob} = add({ob}, #16); {xb} = add({xb}, #16) }}",
+            "{{ {sb} = add({sb}, #16) }}:endloop1",
+            xb = inout(reg) sums.as_ptr() => _,
+            sb = inout(reg) sc.as_ptr() => _,
+            ob = inout(reg) o.as_mut_ptr() => _,
+            dab = in(reg) da.as_ptr(),
+            xs = in(reg) 4 * per_block,
+            ssb = in(reg) 4 * ss,
+            m = in(reg) da.len() - 1,
+            nq = in(reg) quads,
+            xp = out(reg) _,
+            sp = out(reg) _,
+            dap = out(reg) _,
+            out("r0") _, out("r1") _, out("r2") _, out("r3") _, out("r4") _, out("r5") _, out("r6") _, out("r7") _,
+            out("r8") _, out("r9") _, out("r10") _, out("r11") _, out("r12") _, out("r13") _, out("r14") _, out("r15") _,
+            out("r16") _, out("p0") _,
+            options(nostack),
+        );
+    }
+    let q = 4 * quads;
+    if q < o.len() {
+        super::tiles32::ref_block_rows(&mut o[q..], &sums[q..], per_block, &sc[q..], ss, da);
+    }
+}
 
 /// [`super::tiles32::Q8RowsFn`] with each row's block loop hand-scheduled (scalar
 /// Hexagon, no HVX): 5 packets per block, the bound of its 9 float operations (the
