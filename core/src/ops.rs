@@ -261,10 +261,18 @@ pub fn ggml_expf(x: f32) -> f32 {
     let u = b * b;
     let p1 = fmaf(fmaf(f32::from_bits(0x3C07_2010), b, f32::from_bits(0x3D2B_9F17)), u, fmaf(f32::from_bits(0x3E2A_AF33), b, f32::from_bits(0x3EFF_FEDB)));
     let j = fmaf(p1, u, fmaf(f32::from_bits(0x3F7F_FFF6), b, 1.0));
+    // `n` as an integer from `z`'s bits (`z = r + n` exactly while |n| < 2^22; beyond,
+    // and for a NaN, the result below is not this one, or `n as i32` = 0 is used), and
+    // both results selected rather than branched to (the same bits for every input:
+    // checked against the branching form for all 2^32 of them).
+    let ni = if n.is_nan() { 0 } else { (z.to_bits() as i32).wrapping_sub(0x4B40_0000) };
+    let over = if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    let scaled = scale_by_pow2(j, if libm::fabsf(n) > 192.0 { 0 } else { ni });
     if libm::fabsf(n) > 192.0 {
-        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+        over
+    } else {
+        scaled
     }
-    scale_by_pow2(j, n as i32)
 }
 
 /// `j · 2^n` rounded once (as `vscalefps`), for |n| <= 192 and j near 1: two exact
