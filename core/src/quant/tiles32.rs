@@ -547,9 +547,9 @@ struct RowLanes([i32; 8]);
 
 /// The one-sum-per-block scale pass (Q4_0, IQ4_NL) over whole rows when one pass holds
 /// every block: `o[i]` = the accumulator of row `i` over the blocks `j < da.len()`, each
-/// step `acc = fma(sum, dw·da[j], acc)` from 0, `sum` the f32 bits at `sums[j·per_block
-/// + i]`, `dw = sc[j·ss + i]`: the operations of [`scale_block`] block after block, with
-/// the accumulator kept in a register instead of the output.
+/// step `acc = fma(sum, dw·da[j], acc)` from 0, `sum` the f32 bits at
+/// `sums[j·per_block + i]`, `dw = sc[j·ss + i]`: the operations of [`scale_block`] block
+/// after block, with the accumulator kept in a register instead of the output.
 pub type BlockRowsFn = fn(o: &mut [f32], sums: &[i32], per_block: usize, sc: &[f32], ss: usize, da: &[f32]);
 
 /// [`BlockRowsFn`]'s preconditions (the ranges every read stays in), checked once per call.
