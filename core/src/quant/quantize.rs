@@ -247,24 +247,36 @@ pub(super) fn rint_i8(t: f32) -> i8 {
 /// Every |q| <= 127, which the AVX2 dots rely on.
 #[inline]
 fn q8_act(xb: &[f32]) -> (f32, [i8; 32], i32) {
+    let mut qs = [0u8; 32];
+    let (d, sum) = q8_act_into(xb, &mut qs);
+    (d, qs.map(|q| q as i8), sum)
+}
+
+/// [`q8_act`] with the quants written straight into `qs` (as bytes): the scale and the
+/// quants' sum returned.
+#[inline]
+fn q8_act_into(xb: &[f32], qs: &mut [u8]) -> (f32, i32) {
     let amax = absmax(xb);
     let d = amax / 127.0;
     let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-    let mut qs = [0i8; 32];
     let mut sum = 0i32;
     for (q, &v) in qs.iter_mut().zip(xb) {
-        *q = rint_i8(v * id);
-        sum += *q as i32;
+        let r = rint_i8(v * id);
+        *q = r as u8;
+        sum += i32::from(r);
     }
-    (d, qs, sum)
+    (d, sum)
 }
 
-/// Activations → Q8_0 (reference for `x86::quantize_q8_0`). Shapes prechecked.
+/// Activations → Q8_0 (reference for `x86::quantize_q8_0`). Shapes prechecked. Each
+/// block's bytes are written in place (f16 `d`, then the 32 quants), not built and
+/// copied: a copy of 34 unaligned bytes is a `memcpy` call, slow on the DSP.
 pub(crate) fn quantize_act_q8_0(x: &[f32], out: &mut [u8]) {
-    each_block(x, out, 34, |xb| {
-        let (d, qs, _) = q8_act(xb);
-        BlockQ8_0 { d: f16::from_f32(d), qs }
-    });
+    for (xb, o) in x.chunks_exact(QK).zip(out.chunks_exact_mut(34)) {
+        let (d, _) = q8_act_into(xb, &mut o[2..]);
+        let d = f16::from_f32(d).to_bits();
+        (o[0], o[1]) = (d as u8, (d >> 8) as u8);
+    }
 }
 
 /// Activations → Q8_K: llama.cpp's `quantize_row_q8_K_ref`, which its x86 build also
