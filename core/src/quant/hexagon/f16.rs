@@ -90,23 +90,11 @@ unsafe fn f2h_words(x: HvxVector) -> HvxVector {
 }
 
 /// Up to 64 halves (`x.len() <= 64`) as 64 f32 (the lanes past `x.len()` are zero's):
-/// one unaligned vector load when `x` is whole, else a padded copy.
+/// [`load_in`] of the whole slice.
 #[inline(always)]
 fn load(x: &[f16]) -> [f32; W] {
-    let v = if x.len() == W {
-        // SAFETY: 64 halves = 128 readable bytes; unaligned vector load.
-        unsafe { read_unaligned(x.as_ptr() as *const HvxVector) }
-    } else {
-        let mut h = [f16::ZERO; W];
-        h[..x.len()].copy_from_slice(x);
-        // SAFETY: a whole stack array of 64 halves.
-        unsafe { read_unaligned(h.as_ptr() as *const HvxVector) }
-    };
-    // SAFETY: value-only HVX intrinsics; two vectors are 64 f32 (the same 256 bytes).
-    unsafe {
-        let w = Q6_Wuw_vunpack_Vuh(v);
-        core::mem::transmute::<[HvxVector; 2], [f32; W]>([h2f_words(Q6_V_lo_W(w)), h2f_words(Q6_V_hi_W(w))])
-    }
+    let v = load_in::<2>(x, 0, x.len());
+    *v.as_flattened().first_chunk::<W>().expect("two vectors are 64 f32")
 }
 
 /// The first `y.len()` (at most 64) of `f` as halves into `y`.
