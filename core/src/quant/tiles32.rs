@@ -380,11 +380,7 @@ fn matmul_checked(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], group
                 if nbb == nb {
                     // Every block in one pass: each row's accumulator stays in a register.
                     let mut da_mem = [MaybeUninit::<f32>::uninit(); PASS_BLOCKS];
-                    for (m, a) in da_mem.iter_mut().zip(col) {
-                        m.write(a.d);
-                    }
-                    // SAFETY: the first nbb were written just above.
-                    let da: &[f32] = unsafe { assume_init(&mut da_mem[..nbb]) };
+                    let da = act_scales(&mut da_mem, col);
                     (tk.block_rows)(o, &buf[..nbb * 32 * n], 32 * n, &scales[g0 * 32..], g_count * 32, da);
                     break;
                 }
@@ -463,19 +459,14 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
                         }
                         (tk.lanes_to_rows)(lanes, &corr);
                     }
-                    // The pass's activation scales (only the first nbb written and read).
                     let mut da_mem = [MaybeUninit::<f32>::uninit(); PASS_BLOCKS];
-                    for (m, a) in da_mem.iter_mut().zip(&col[b0..b0 + nbb]) {
-                        m.write(a.d);
-                    }
-                    // SAFETY: the first nbb were written just above.
-                    let da: &[f32] = unsafe { assume_init(&mut da_mem[..nbb]) };
+                    let da = act_scales(&mut da_mem, &col[b0..b0 + nbb]);
                     // Block j's scales of this chunk's rows are `scales[s0 + j·ss ..][..n_rows]`
                     // and its lane sums `buf[j·per_block ..][..per_block]`: the reads below
                     // stay inside both (checked here once, not per read).
                     let (s0, ss) = ((b0 * g_count + g0) * 32, g_count * 32);
                     assert!(nbb >= 1 && s0 + (nbb - 1) * ss + n_rows <= scales.len() && nbb * per_block <= buf.len() && n_rows <= n * 32);
-                    if b0 == 0 && nbb == nb {
+                    if nbb == nb {
                         // One pass over every block: each row's lanes go into its output
                         // at once (no accumulators kept between passes).
                         // SAFETY: this call's groups are its own (matmul_par gives each task others).
@@ -603,6 +594,18 @@ fn ref_q8_0_rows(o: &mut [f32], lanes: &[i32], per_block: usize, sc: &[f32], ss:
         }
         *y = lane_total(&a);
     }
+}
+
+/// The activation scales of one pass's blocks (at most [`PASS_BLOCKS`]) in `mem`, only
+/// as many as there are blocks written (no zeroing of the rest per column and chunk).
+#[inline(always)]
+fn act_scales<'m>(mem: &'m mut [MaybeUninit<f32>; PASS_BLOCKS], blocks: &[ActBlock]) -> &'m [f32] {
+    let n = blocks.len().min(PASS_BLOCKS);
+    for (m, a) in mem.iter_mut().zip(blocks) {
+        m.write(a.d);
+    }
+    // SAFETY: the first n were written just above.
+    unsafe { assume_init(&mut mem[..n]) }
 }
 
 /// A row's 8 Q8_0 lane accumulators summed in the order of keel's (and llama.cpp's x86)

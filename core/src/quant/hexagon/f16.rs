@@ -269,20 +269,24 @@ pub(super) fn dot_keys(t: &super::super::KernelTable, k: &[f16], offs: &[usize],
             }
             sum = f16ops::reduce_lanes(&acc) as f64;
         }
-        let qt = if tail > 0 { qf[np / W].as_flattened() } else { &[] };
+        let qt = if tail > 0 { &qf[np / W].as_flattened()[..tail] } else { &[] };
         if tail > 32 {
-            let kf = load_in::<2>(k, off + np, tail);
-            for (&p, &q) in kf.as_flattened()[..tail].iter().zip(&qt[..tail]) {
-                sum += (p * q) as f64;
-            }
+            sum = add_products(sum, &load_in::<2>(k, off + np, tail), qt);
         } else if tail > 0 {
-            let kf = load_in::<1>(k, off + np, tail);
-            for (&p, &q) in kf.as_flattened()[..tail].iter().zip(&qt[..tail]) {
-                sum += (p * q) as f64;
-            }
+            sum = add_products(sum, &load_in::<1>(k, off + np, tail), qt);
         }
         *o = sum as f32;
     }
+}
+
+/// `sum` plus the products `kf[i]·q[i]` (`i < q.len()`, at most `32·V`), each added in
+/// f64 in order: the reference dot's leftover elements.
+#[inline(always)]
+fn add_products<const V: usize>(mut sum: f64, kf: &[[f32; 32]; V], q: &[f32]) -> f64 {
+    for (&p, &q) in kf.as_flattened().iter().zip(q) {
+        sum += (p * q) as f64;
+    }
+    sum
 }
 
 /// `V` vectors of f32 rounded to f16 and back (the accumulator's rounding after each
