@@ -68,7 +68,9 @@ fn tile_products_equal_row_dots() {
                 let xs: Vec<f32> = (0..cols).flat_map(|c| if c == 1 { x.clone() } else { random_row(&mut rng, k) }).collect();
                 let mut acts = vec![ActBlock::default(); cols * k / 32];
                 quantize_act(kern, &xs, &mut acts).unwrap();
-                for scratch_len in [128, 1024 * 2, 1024 * 5, 1 << 16] {
+                // The larger scratches hold a chunk's tiles staged beside its sums
+                // (`StageFn`); the smaller ones read the tiles in place.
+                for scratch_len in [128, 1024 * 2, 1024 * 5, 1 << 16, 1 << 18] {
                     let (mut scratch, soff) = aligned(scratch_len);
                     let mut outs = vec![f32::NAN; cols * rows];
                     tiles32::matmul(kern, &weights, &acts, cols, &mut scratch[soff..soff + scratch_len], &mut outs).unwrap();

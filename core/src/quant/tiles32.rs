@@ -99,6 +99,11 @@ pub type LanesToRowsFn = fn(lanes: &mut [i32], corr: &[i32; 8]);
 /// aligned and `per_block` a multiple of 8; an implementation checks the ranges.
 pub type Q8RowsFn = fn(o: &mut [f32], lanes: &[i32], per_block: usize, sc: &[f32], ss: usize, da: &[f32]);
 
+/// Stages tiles into the scratch: `dst = src`, both [`ALIGN`]-aligned, of the same
+/// length, a multiple of [`ALIGN`] (whole tiles). A product of several columns copies
+/// each chunk's tiles once and reads them from there for every column.
+pub type StageFn = fn(src: &[u8], dst: &mut [u8]);
+
 /// The kernels of one kernel set for Tiles32 weights.
 #[derive(Clone, Copy, Debug)]
 pub struct TileKernels {
@@ -118,10 +123,12 @@ pub struct TileKernels {
     pub q8_0_rows: Q8RowsFn,
     /// The one-sum-per-block scale pass over whole rows.
     pub block_rows: BlockRowsFn,
+    /// The copy of a chunk's tiles into the scratch.
+    pub stage: StageFn,
 }
 
 /// The scalar reference kernels (the same integers as every other set).
-pub const REFERENCE: TileKernels = TileKernels { q8_0: ref_q8_0_sums, q8_0_lanes: ref_q8_0_lane_sums, q4_0: ref_q4_0_sums, iq4_nl: ref_iq4_nl_sums, to_f32: ref_to_f32, lanes_to_rows: ref_lanes_to_rows, q8_0_rows: ref_q8_0_rows, block_rows: ref_block_rows };
+pub const REFERENCE: TileKernels = TileKernels { q8_0: ref_q8_0_sums, q8_0_lanes: ref_q8_0_lane_sums, q4_0: ref_q4_0_sums, iq4_nl: ref_iq4_nl_sums, to_f32: ref_to_f32, lanes_to_rows: ref_lanes_to_rows, q8_0_rows: ref_q8_0_rows, block_rows: ref_block_rows, stage: ref_stage };
 
 /// One Q8_0 activation block in the form the kernels take.
 #[derive(Copy, Clone, Debug, Default, PartialEq)]
@@ -231,8 +238,11 @@ pub fn matvec(kern: &Kernels, w: &TiledWeights<'_>, act: &[ActBlock], scratch: &
 }
 
 /// Weight bytes of one chunk of row groups (all its blocks) that a product of several
-/// columns keeps reusing before it moves on: the chunk is read from DDR once and from
-/// the cache (L2) for the other columns. A budget well inside the L2 of a v68/v73 cDSP.
+/// columns keeps reusing before it moves on: the chunk is read from DDR once, copied
+/// into the scratch ([`StageFn`]; VTCM on the DSP) when the scratch holds it beside one
+/// pass's sums, and read from there (else from the cache, L2) for every column. A
+/// budget well inside the L2 of a v68/v73 cDSP, and a quarter of a v68's 4 MiB VTCM
+/// (which four hardware threads share, each staging its own chunk).
 pub const REUSE_BYTES: usize = 256 * 1024;
 
 /// `out[c·rows + r] = Σ_k w[r][k]·x_c[k]` for `cols` columns whose Q8_0 activation
@@ -323,6 +333,69 @@ fn scales<'a>(w: &TiledWeights<'a>) -> Result<&'a [f32], TileError> {
     Ok(&f[..n])
 }
 
+/// The end of `buf` as an area of `bytes` (aligned) for staged tiles, if what is left
+/// before it still holds `keep` words; else `buf` whole and no area.
+fn stage_area(buf: &mut [i32], bytes: usize, keep: usize) -> (&mut [i32], Option<&mut [u8]>) {
+    let words = bytes.div_ceil(4);
+    if buf.len() < keep + words {
+        return (buf, None);
+    }
+    // The split on a vector boundary (buf starts on one), at or after `keep`.
+    let at = (buf.len() - words) / 32 * 32;
+    if at < keep {
+        return (buf, None);
+    }
+    let (buf, area) = buf.split_at_mut(at);
+    // SAFETY: u8 has no alignment and is valid for any bit pattern; the bytes are the
+    // area's words, whose borrow this takes over.
+    let area = unsafe { core::slice::from_raw_parts_mut(area.as_mut_ptr() as *mut u8, 4 * area.len()) };
+    (buf, Some(&mut area[..bytes]))
+}
+
+/// Where one chunk's tiles are read: block `b`'s tiles of the chunk's groups are
+/// `base[b·stride + off ..][.. bytes]`.
+struct ChunkTiles<'t> {
+    base: &'t [u8],
+    stride: usize,
+    off: usize,
+    bytes: usize,
+}
+
+impl ChunkTiles<'_> {
+    /// Block `b`'s tiles of the chunk (its groups adjacent, as the kernels take them).
+    fn block(&self, b: usize) -> &[u8] {
+        &self.base[b * self.stride + self.off..][..self.bytes]
+    }
+}
+
+/// The tiles of `groups` for every one of `nb` blocks (`tb` bytes per tile): copied by
+/// `stage` into `area` (block after block) when there is one, else where they lie in
+/// `packed` (block-major: block `b`'s tiles of every group are adjacent).
+fn chunk_tiles<'t>(stage: StageFn, packed: &'t [u8], g_count: usize, groups: Range<usize>, nb: usize, tb: usize, area: Option<&'t mut [u8]>) -> ChunkTiles<'t> {
+    let bytes = groups.len() * tb;
+    let Some(area) = area else {
+        return ChunkTiles { base: packed, stride: g_count * tb, off: groups.start * tb, bytes };
+    };
+    for b in 0..nb {
+        stage(&packed[(b * g_count + groups.start) * tb..][..bytes], &mut area[b * bytes..][..bytes]);
+    }
+    ChunkTiles { base: area, stride: bytes, off: 0, bytes }
+}
+
+/// [`StageFn`]'s preconditions.
+pub(crate) fn check_stage(src: &[u8], dst: &[u8]) {
+    assert!(
+        src.len() == dst.len() && src.len().is_multiple_of(ALIGN) && src.as_ptr().align_offset(ALIGN) == 0 && dst.as_ptr().align_offset(ALIGN) == 0,
+        "stage: tiles and area must be whole, aligned and of one length"
+    );
+}
+
+/// [`StageFn`] by a slice copy.
+fn ref_stage(src: &[u8], dst: &mut [u8]) {
+    check_stage(src, dst);
+    dst.copy_from_slice(src);
+}
+
 /// Blocks whose sums (Q8_0: lane sums) one pass of the scale loop holds, scratch
 /// permitting (their activation scales live on the stack): rows of up to 4096 inputs
 /// take one pass, so each row's output is written at once ([`Q8RowsFn`],
@@ -351,10 +424,14 @@ fn matmul_checked(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], group
     if cols > 1 {
         chunk = chunk.min((REUSE_BYTES / (nb * tile_bytes)).max(1));
     }
+    // Several columns: the chunk's tiles staged in the scratch, if it holds them beside
+    // one pass over every block (up to PASS_BLOCKS) of the chunk's sums.
+    let (buf, mut area) = if cols > 1 { stage_area(buf, chunk * nb * tile_bytes, 32 * chunk * nb.min(PASS_BLOCKS)) } else { (buf, None) };
     let mut g0 = groups.start;
     while g0 < groups.end {
         let n = chunk.min(groups.end - g0);
         let n_rows = (rows - g0 * 32).min(n * 32);
+        let tiles = chunk_tiles(tk.stage, w.packed, g_count, g0..g0 + n, nb, tile_bytes, area.as_deref_mut());
         // The sums of `pass` blocks at a time (`32·n` words each), made f32; then each
         // row's accumulator runs through them in block order in a register.
         let pass = (buf.len() / (32 * n)).clamp(1, PASS_BLOCKS);
@@ -369,7 +446,7 @@ fn matmul_checked(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], group
                     let b = b0 + j;
                     let corr = -bias * a.sum;
                     let part = &mut buf[j * 32 * n..][..32 * n];
-                    f(&w.packed[(b * g_count + g0) * tile_bytes..][..n * tile_bytes], n, &a.words, part);
+                    f(tiles.block(b), n, &a.words, part);
                     if let Some(sums) = sums.as_deref_mut() {
                         for (i, &raw) in part[..n_rows].iter().enumerate() {
                             sums[b * rows + g0 * 32 + i] = raw + corr;
@@ -430,6 +507,9 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
     if chunk == 0 {
         return if groups.is_empty() { Ok(()) } else { Err(TileError::Scratch) };
     }
+    // Several columns: the chunk's tiles staged in the scratch, if it holds them beside
+    // one pass over every block (up to PASS_BLOCKS) of the chunk's lane sums.
+    let (buf, mut area) = if cols > 1 && whole { stage_area(buf, chunk * nb * 1024, 256 * chunk * nb.min(PASS_BLOCKS)) } else { (buf, None) };
     // The chunk's lane accumulators, never zeroed as a whole (16 KiB per call, per task):
     // each column's first pass writes the ones it then reads (below).
     let mut acc_mem = [MaybeUninit::<f32>::uninit(); LANE_GROUPS * 32 * 8];
@@ -437,6 +517,7 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
     while g0 < groups.end {
         let n = chunk.min(groups.end - g0);
         let n_rows = (rows - g0 * 32).min(n * 32);
+        let tiles = chunk_tiles(tk.stage, w.packed, g_count, g0..g0 + n, nb, 1024, area.as_deref_mut());
         'cols: for c in 0..cols {
             let col = &acts[c * nb..][..nb];
             if whole {
@@ -450,7 +531,7 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
                         let b = b0 + j;
                         let corr = lane_corrections(a);
                         let lanes = &mut buf[j * per_block..][..per_block];
-                        (tk.q8_0_lanes)(&w.packed[(b * g_count + g0) * 1024..][..n * 1024], n, &a.words, lanes);
+                        (tk.q8_0_lanes)(tiles.block(b), n, &a.words, lanes);
                         if let Some(sums) = sums.as_deref_mut() {
                             for i in 0..n_rows {
                                 let (g, r) = (i / 32, i % 32);
@@ -500,7 +581,7 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
                 // SAFETY: just written.
                 let acc = unsafe { assume_init(&mut acc_mem[..n_rows * 8]) };
                 for (b, a) in col.iter().enumerate() {
-                    let tiles = &w.packed[(b * g_count + g0) * 1024..][..n * 1024];
+                    let tiles = tiles.block(b);
                     let sc = &scales[(b * g_count + g0) * 32..][..n_rows];
                     let corr = lane_corrections(a);
                     for l in 0..8 {

@@ -37,7 +37,7 @@ mod iq4_nl;
 mod q4_0;
 
 /// The HVX kernels as a Tiles32 kernel set.
-const TILES: TileKernels = TileKernels { q8_0: q8_0_sums, q8_0_lanes: q8_0_lanes, q4_0: q4_0_sums, iq4_nl: iq4_nl_sums, to_f32: sums_to_f32, lanes_to_rows, q8_0_rows, block_rows };
+const TILES: TileKernels = TileKernels { q8_0: q8_0_sums, q8_0_lanes: q8_0_lanes, q4_0: q4_0_sums, iq4_nl: iq4_nl_sums, to_f32: sums_to_f32, lanes_to_rows, q8_0_rows, block_rows, stage };
 
 /// The Hexagon table: the reference with the HVX Tiles32 kernels and HVX f16
 /// conversions under attention's f16 operations.
@@ -89,6 +89,39 @@ fn q4_0_sums(tiles: &[u8], n_groups: usize, a: &[u32; 8], out: &mut [i32]) {
 
 fn iq4_nl_sums(tiles: &[u8], n_groups: usize, a: &[u32; 8], out: &mut [i32]) {
     call(iq4_nl::iq4_nl_block_sums, 512, 32, tiles, n_groups, a, out)
+}
+
+/// [`super::tiles32::StageFn`] on HVX: one packet per vector, each loading the next
+/// vector while storing the one loaded in the packet before (a packet reads `v0`
+/// before it writes it).
+#[inline(never)]
+fn stage(src: &[u8], dst: &mut [u8]) {
+    super::tiles32::check_stage(src, dst);
+    let n = src.len() / ALIGN;
+    if n == 0 {
+        return;
+    }
+    // SAFETY: `src` and `dst` hold `n` vectors each, 128-byte aligned (checked above):
+    // the loads read vectors 0..n of src, the stores write vectors 0..n of dst. Clobbers
+    // v0 and hardware loop 0 (LC0/SA0), declared or not kept live by any caller (the
+    // asm is this non-inlined function's only loop).
+    unsafe {
+        asm!(
+            "{{ v0 = vmem({s}++#1) }}",
+            "{{ p0 = cmp.gt({m}, #0); if (!p0.new) jump:nt 3f }}",
+            "loop0(2f, {m})",
+            ".falign",
+            "2:",
+            "{{ v0 = vmem({s}++#1); vmem({d}++#1) = v0 }}:endloop0",
+            "3:",
+            "{{ vmem({d}+#0) = v0 }}",
+            s = inout(reg) src.as_ptr() => _,
+            d = inout(reg) dst.as_mut_ptr() => _,
+            m = in(reg) n - 1,
+            out("v0") _, out("p0") _,
+            options(nostack),
+        );
+    }
 }
 
 /// [`super::tiles32::SumsToF32Fn`] on HVX: per vector, the correction added, then the
