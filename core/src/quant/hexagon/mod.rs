@@ -270,62 +270,151 @@ fn block_rows(o: &mut [f32], sums: &[i32], per_block: usize, sc: &[f32], ss: usi
     }
 }
 
-/// [`super::tiles32::Q8RowsFn`] with each row's block loop hand-scheduled (scalar
-/// Hexagon, no HVX): 5 packets per block, the bound of its 9 float operations (the
-/// `dw·da` product and 8 fused multiply-adds, two per packet in slots 2 and 3), the
-/// next block's scale, activation scale and 8 lanes (4 pair loads) loaded beside the
-/// current block's fmas. The operations are the reference's: `sfmpy` for `dw·da`,
-/// `Rx += sfmpy` (IEEE fused multiply-add, one rounding) per lane from +0, then the lane
-/// total `(a4 + a0 + (a6 + a2)) + (a5 + a1 + (a7 + a3))` as `sfadd`s.
+/// [`super::tiles32::Q8RowsFn`] hand-scheduled (scalar Hexagon, no HVX), two rows at a
+/// time (an odd last row alone, [`q8_0_row`]): per block 9 packets, the bound of the two
+/// rows' 18 float operations (2 `dw·da` products and 16 fused multiply-adds; float
+/// operations issue two per packet, in slots 2 and 3), each lane pair loaded one packet
+/// before its fmas (two register pairs in turn), the next block's scales and activation
+/// scale beside them; then both lane totals in 7 packets and one packet storing them.
+/// The operations are the reference's: `sfmpy` for `dw·da`, `Rx += sfmpy` (IEEE fused
+/// multiply-add, one rounding) per lane from +0, then the lane total `(a4 + a0 + (a6 +
+/// a2)) + (a5 + a1 + (a7 + a3))` as `sfadd`s. Both loops are hardware loops inside the
+/// one asm block (row pairs: loop1, blocks: loop0), which no Rust loop encloses.
+#[inline(never)]
 fn q8_0_rows(o: &mut [f32], lanes: &[i32], per_block: usize, sc: &[f32], ss: usize, da: &[f32]) {
     super::tiles32::check_q8_0_rows(o, lanes, per_block, sc, ss, da);
-    let (pl, ssb, more) = (4 * per_block, 4 * ss, da.len() - 1);
-    for (i, y) in o.iter_mut().enumerate() {
-        let out: f32;
-        // SAFETY: every read is inside the ranges `check_q8_0_rows` asserted: for block
-        // j < da.len() the lanes at lanes + 4·(j·per_block + 8i) (32 bytes, 8-aligned:
-        // `lanes` is 32-byte aligned, per_block a multiple of 8), the scale at
-        // sc + 4·(j·ss + i) and da + 4j; the loop loads block j + 1 only for j + 1 <
-        // da.len() (`more` iterations, then the last block without loads). Clobbers
-        // r0-r18 and p0, declared below; no memory is written.
+    let (pairs, nb) = (o.len() / 2, da.len());
+    if pairs > 0 {
+        // What the loop over pairs reads from memory (inside it every register is
+        // taken): the block count − 1, the rewinds of the lane, scale and activation
+        // scale pointers to the next pair's first block, the output pointer (advanced
+        // here), the lane pointer's step from a block's last pair to the next block
+        // (it goes to M0), and M0's own value, kept here while the asm uses it.
+        let mut cfg: [usize; 7] = [nb - 1, (nb - 1) * 4 * per_block, (nb - 1) * 4 * ss - 8, 4 * nb, o.as_mut_ptr() as usize, 4 * per_block - 56, 0];
+        // SAFETY: for pair q < pairs (rows 2q and 2q + 1 < o.len()) and block j < nb the
+        // reads are the rows' 16 lanes at lanes + 4·(j·per_block + 16q) (64 bytes,
+        // 8-aligned: `lanes` is 32-byte aligned, per_block a multiple of 8), their
+        // scales at sc + 4·(j·ss + 2q) and + 4, and da + 4j, inside the ranges
+        // `check_q8_0_rows` asserted; the loop over blocks runs nb − 1 times and loads
+        // block j + 1's first lane pair, scales and activation scale only there (the
+        // last block's fmas follow without loads past it); the writes are o[2q], o[2q +
+        // 1] and `cfg`. Registers: r0-r7 the first row's accumulators (lane order),
+        // r8-r15 the second's, r17:16 and r21:20 lane pairs, r18/r22 the rows' scales
+        // and then their products with the activation scale r23. Clobbers r0-r18,
+        // r20-r23, p0 and hardware loops 0 and 1 (no loop of the caller is a hardware
+        // loop across this non-inlined call); M0 is restored.
         unsafe {
             asm!(
-                "{{ r17 = memw({sp}+#0); r18 = memw({dap}++#4) }}",
-                "{{ r1:0 = memd({lp}+#0); r3:2 = memd({lp}+#8) }}",
-                "{{ r5:4 = memd({lp}+#16); r7:6 = memd({lp}+#24); r16 = sfmpy(r17, r18) }}",
-                "{{ r9:8 = combine(#0, #0); r11:10 = combine(#0, #0); {sp} = add({sp}, {ssb}); {lp} = add({lp}, {pl}) }}",
-                "{{ r13:12 = combine(#0, #0); r15:14 = combine(#0, #0); p0 = cmp.eq({n}, #0); if (p0.new) jump:nt 3f }}",
+                "{{ r17 = m0; r18 = memw({cfg}+#20) }}",
+                "{{ memw({cfg}+#24) = r17; m0 = r18 }}",
+                "loop1(4f, r16)",
+                ".falign",
+                "4:",
+                "{{ r18 = memw({sp}+#0); r22 = memw({sp}+#4); r1:0 = combine(#0, #0); r3:2 = combine(#0, #0) }}",
+                "{{ r21:20 = memd({lp}++#8); r23 = memw({dap}++#4); r5:4 = combine(#0, #0); r7:6 = combine(#0, #0) }}",
+                "{{ r18 = sfmpy(r18, r23); r22 = sfmpy(r22, r23); r16 = memw({cfg}+#0); r9:8 = combine(#0, #0) }}",
+                "{{ r11:10 = combine(#0, #0); r13:12 = combine(#0, #0); p0 = cmp.eq(r16, #0); r15:14 = combine(#0, #0) }}",
+                "loop0(2f, r16)",
+                "{{ if (p0) jump:nt 3f }}",
                 ".falign",
                 "2:",
-                "{{ r8 += sfmpy(r16, r0); r9 += sfmpy(r16, r1); r17 = memw({sp}+#0); r18 = memw({dap}++#4) }}",
-                "{{ r10 += sfmpy(r16, r2); r11 += sfmpy(r16, r3); r1:0 = memd({lp}+#0); r3:2 = memd({lp}+#8) }}",
-                "{{ r12 += sfmpy(r16, r4); r13 += sfmpy(r16, r5); r5:4 = memd({lp}+#16); {n} = add({n}, #-1) }}",
-                "{{ r14 += sfmpy(r16, r6); r15 += sfmpy(r16, r7); r7:6 = memd({lp}+#24); {lp} = add({lp}, {pl}) }}",
-                "{{ r16 = sfmpy(r17, r18); {sp} = add({sp}, {ssb}); p0 = cmp.gt({n}, #0); if (p0.new) jump:t 2b }}",
+                "{{ r0 += sfmpy(r18, r20); r1 += sfmpy(r18, r21); r17:16 = memd({lp}++#8); r23 = memw({dap}++#4) }}",
+                "{{ r2 += sfmpy(r18, r16); r3 += sfmpy(r18, r17); r21:20 = memd({lp}++#8); {sp} = add({sp}, {ssb}) }}",
+                "{{ r4 += sfmpy(r18, r20); r5 += sfmpy(r18, r21); r17:16 = memd({lp}++#8) }}",
+                "{{ r6 += sfmpy(r18, r16); r7 += sfmpy(r18, r17); r21:20 = memd({lp}++#8) }}",
+                "{{ r8 += sfmpy(r22, r20); r9 += sfmpy(r22, r21); r17:16 = memd({lp}++#8); r18 = memw({sp}+#0) }}",
+                "{{ r10 += sfmpy(r22, r16); r11 += sfmpy(r22, r17); r21:20 = memd({lp}++#8) }}",
+                "{{ r12 += sfmpy(r22, r20); r13 += sfmpy(r22, r21); r17:16 = memd({lp}++m0) }}",
+                "{{ r14 += sfmpy(r22, r16); r15 += sfmpy(r22, r17); r22 = memw({sp}+#4) }}",
+                "{{ r18 = sfmpy(r18, r23); r22 = sfmpy(r22, r23); r21:20 = memd({lp}++#8) }}:endloop0",
                 "3:",
-                "{{ r8 += sfmpy(r16, r0); r9 += sfmpy(r16, r1) }}",
-                "{{ r10 += sfmpy(r16, r2); r11 += sfmpy(r16, r3) }}",
-                "{{ r12 += sfmpy(r16, r4); r13 += sfmpy(r16, r5) }}",
-                "{{ r14 += sfmpy(r16, r6); r15 += sfmpy(r16, r7) }}",
-                "{{ r0 = sfadd(r12, r8); r1 = sfadd(r13, r9) }}",
-                "{{ r2 = sfadd(r14, r10); r3 = sfadd(r15, r11) }}",
-                "{{ r0 = sfadd(r0, r2); r1 = sfadd(r1, r3) }}",
-                "{{ {y} = sfadd(r0, r1) }}",
-                lp = inout(reg) lanes.as_ptr().add(8 * i) => _,
-                sp = inout(reg) sc.as_ptr().add(i) => _,
+                "{{ r0 += sfmpy(r18, r20); r1 += sfmpy(r18, r21); r17:16 = memd({lp}++#8) }}",
+                "{{ r2 += sfmpy(r18, r16); r3 += sfmpy(r18, r17); r21:20 = memd({lp}++#8) }}",
+                "{{ r4 += sfmpy(r18, r20); r5 += sfmpy(r18, r21); r17:16 = memd({lp}++#8) }}",
+                "{{ r6 += sfmpy(r18, r16); r7 += sfmpy(r18, r17); r21:20 = memd({lp}++#8) }}",
+                "{{ r8 += sfmpy(r22, r20); r9 += sfmpy(r22, r21); r17:16 = memd({lp}++#8) }}",
+                "{{ r10 += sfmpy(r22, r16); r11 += sfmpy(r22, r17); r21:20 = memd({lp}++#8) }}",
+                "{{ r12 += sfmpy(r22, r20); r13 += sfmpy(r22, r21); r17:16 = memd({lp}++#8) }}",
+                "{{ r14 += sfmpy(r22, r16); r15 += sfmpy(r22, r17) }}",
+                "{{ r0 = sfadd(r4, r0); r1 = sfadd(r5, r1); r16 = memw({cfg}+#4); r17 = memw({cfg}+#8) }}",
+                "{{ r2 = sfadd(r6, r2); r3 = sfadd(r7, r3); r20 = memw({cfg}+#12); r21 = memw({cfg}+#16) }}",
+                "{{ r8 = sfadd(r12, r8); r9 = sfadd(r13, r9); {lp} = sub({lp}, r16); {sp} = sub({sp}, r17) }}",
+                "{{ r10 = sfadd(r14, r10); r11 = sfadd(r15, r11); {dap} = sub({dap}, r20); r16 = add(r21, #8) }}",
+                "{{ r0 = sfadd(r0, r2); r1 = sfadd(r1, r3); memw({cfg}+#16) = r16 }}",
+                "{{ r8 = sfadd(r8, r10); r9 = sfadd(r9, r11) }}",
+                "{{ r0 = sfadd(r0, r1); r8 = sfadd(r8, r9) }}",
+                "{{ memw(r21+#0) = r0; memw(r21+#4) = r8 }}:endloop1",
+                "{{ r17 = memw({cfg}+#24) }}",
+                "{{ m0 = r17 }}",
+                lp = inout(reg) lanes.as_ptr() => _,
+                sp = inout(reg) sc.as_ptr() => _,
                 dap = inout(reg) da.as_ptr() => _,
-                n = inout(reg) more => _,
-                pl = in(reg) pl,
-                ssb = in(reg) ssb,
-                y = out(reg) out,
+                ssb = in(reg) 4 * ss,
+                cfg = in(reg) cfg.as_mut_ptr(),
+                inout("r16") pairs => _,
                 out("r0") _, out("r1") _, out("r2") _, out("r3") _, out("r4") _, out("r5") _, out("r6") _, out("r7") _,
                 out("r8") _, out("r9") _, out("r10") _, out("r11") _, out("r12") _, out("r13") _, out("r14") _, out("r15") _,
-                out("r16") _, out("r17") _, out("r18") _, out("p0") _,
-                options(nostack, readonly, pure),
+                out("r17") _, out("r18") _, out("r20") _, out("r21") _, out("r22") _, out("r23") _, out("p0") _,
+                options(nostack),
             );
         }
-        *y = out;
     }
+    if o.len() % 2 == 1 {
+        let i = o.len() - 1;
+        o[i] = q8_0_row(lanes, i, per_block, sc, ss, da);
+    }
+}
+
+/// Row `i` of [`q8_0_rows`] alone (inside the ranges its check asserted): 5 packets
+/// per block, the bound of its 9 float operations, the next block's scale, activation
+/// scale and 8 lanes (4 pair loads) loaded beside the current block's fmas.
+#[inline(always)]
+fn q8_0_row(lanes: &[i32], i: usize, per_block: usize, sc: &[f32], ss: usize, da: &[f32]) -> f32 {
+    let (pl, ssb, more) = (4 * per_block, 4 * ss, da.len() - 1);
+    let out: f32;
+    // SAFETY: every read is inside the ranges `check_q8_0_rows` asserted: for block
+    // j < da.len() the lanes at lanes + 4·(j·per_block + 8i) (32 bytes, 8-aligned:
+    // `lanes` is 32-byte aligned, per_block a multiple of 8), the scale at
+    // sc + 4·(j·ss + i) and da + 4j; the loop loads block j + 1 only for j + 1 <
+    // da.len() (`more` iterations, then the last block without loads). Clobbers
+    // r0-r18 and p0, declared below; no memory is written.
+    unsafe {
+        asm!(
+            "{{ r17 = memw({sp}+#0); r18 = memw({dap}++#4) }}",
+            "{{ r1:0 = memd({lp}+#0); r3:2 = memd({lp}+#8) }}",
+            "{{ r5:4 = memd({lp}+#16); r7:6 = memd({lp}+#24); r16 = sfmpy(r17, r18) }}",
+            "{{ r9:8 = combine(#0, #0); r11:10 = combine(#0, #0); {sp} = add({sp}, {ssb}); {lp} = add({lp}, {pl}) }}",
+            "{{ r13:12 = combine(#0, #0); r15:14 = combine(#0, #0); p0 = cmp.eq({n}, #0); if (p0.new) jump:nt 3f }}",
+            ".falign",
+            "2:",
+            "{{ r8 += sfmpy(r16, r0); r9 += sfmpy(r16, r1); r17 = memw({sp}+#0); r18 = memw({dap}++#4) }}",
+            "{{ r10 += sfmpy(r16, r2); r11 += sfmpy(r16, r3); r1:0 = memd({lp}+#0); r3:2 = memd({lp}+#8) }}",
+            "{{ r12 += sfmpy(r16, r4); r13 += sfmpy(r16, r5); r5:4 = memd({lp}+#16); {n} = add({n}, #-1) }}",
+            "{{ r14 += sfmpy(r16, r6); r15 += sfmpy(r16, r7); r7:6 = memd({lp}+#24); {lp} = add({lp}, {pl}) }}",
+            "{{ r16 = sfmpy(r17, r18); {sp} = add({sp}, {ssb}); p0 = cmp.gt({n}, #0); if (p0.new) jump:t 2b }}",
+            "3:",
+            "{{ r8 += sfmpy(r16, r0); r9 += sfmpy(r16, r1) }}",
+            "{{ r10 += sfmpy(r16, r2); r11 += sfmpy(r16, r3) }}",
+            "{{ r12 += sfmpy(r16, r4); r13 += sfmpy(r16, r5) }}",
+            "{{ r14 += sfmpy(r16, r6); r15 += sfmpy(r16, r7) }}",
+            "{{ r0 = sfadd(r12, r8); r1 = sfadd(r13, r9) }}",
+            "{{ r2 = sfadd(r14, r10); r3 = sfadd(r15, r11) }}",
+            "{{ r0 = sfadd(r0, r2); r1 = sfadd(r1, r3) }}",
+            "{{ {y} = sfadd(r0, r1) }}",
+            lp = inout(reg) lanes.as_ptr().add(8 * i) => _,
+            sp = inout(reg) sc.as_ptr().add(i) => _,
+            dap = inout(reg) da.as_ptr() => _,
+            n = inout(reg) more => _,
+            pl = in(reg) pl,
+            ssb = in(reg) ssb,
+            y = out(reg) out,
+            out("r0") _, out("r1") _, out("r2") _, out("r3") _, out("r4") _, out("r5") _, out("r6") _, out("r7") _,
+            out("r8") _, out("r9") _, out("r10") _, out("r11") _, out("r12") _, out("r13") _, out("r14") _, out("r15") _,
+            out("r16") _, out("r17") _, out("r18") _, out("p0") _,
+            options(nostack, readonly, pure),
+        );
+    }
+    out
 }
 
 /// With feature `broken-hvx-zeros`: zeroes the `n` result vectors at `out`, as a
