@@ -25,8 +25,8 @@
 //! would, so that the DSP's open-time self-test can be seen to refuse such a build.
 
 use core::arch::hexagon::v128::{
-    HvxVector, Q6_V_hi_W, Q6_V_lo_W, Q6_V_vand_VV, Q6_V_vor_VV, Q6_V_vsplat_R, Q6_W_vshuff_VVR, Q6_Vuw_vcl0_Vuw, Q6_Vuw_vlsr_VuwR, Q6_Vw_vabs_Vw, Q6_Vw_vadd_VwVw, Q6_Vw_vasl_VwR,
-    Q6_Vw_vasl_VwVw, Q6_Vw_vasr_VwR, Q6_Vw_vsub_VwVw,
+    HvxVector, Q6_V_hi_W, Q6_V_lo_W, Q6_V_vand_VV, Q6_V_vor_VV, Q6_V_vsplat_R, Q6_W_vshuff_VVR, Q6_Vuw_vcl0_Vuw, Q6_Vw_vabs_Vw, Q6_Vw_vadd_VwVw,
+    Q6_Vw_vasl_VwR, Q6_Vw_vasl_VwVw, Q6_Vw_vmin_VwVw, Q6_Vw_vsub_VwVw,
 };
 
 use super::tiles32::{TileKernels, ALIGN};
@@ -126,12 +126,11 @@ fn stage(src: &[u8], dst: &mut [u8]) {
 
 /// [`super::tiles32::SumsToF32Fn`] on HVX: per vector, the correction added, then the
 /// int32 → f32 conversion in integer operations (exact under the contract
-/// `|x| < 2^24`): sign, magnitude, its leading zeros `z`, the magnitude shifted up to
-/// bit 31 and down 8 (the significand with its leading 1 at bit 23, no bit lost), the
-/// exponent `157 − z` added below it (the leading 1 carries it to `158 − z` = 127 + the
-/// top bit's position), the exponent masked off where the magnitude is zero (the mask
-/// is the sign of `−|x|`: no predicate registers needed). 15 vector operations per 32
-/// values, against 2 scalar ones (add, `convert_w2sf`) per value.
+/// `|x| < 2^24`): sign, magnitude, its leading zeros `z`, the magnitude shifted left by
+/// `z − 8` (the significand with its leading 1 at bit 23, no bit lost), the exponent
+/// `157 − z` added below it (the leading 1 carries it to `158 − z` = 127 + the top bit's
+/// position), masked off where the magnitude is zero (`0 − min(|x|, 1)`). 13 vector
+/// operations per 32 values, 3 of them on the shift unit, against 2 scalar ones (add, `convert_w2sf`) per value.
 fn sums_to_f32(sums: &mut [i32], corr: &[i32; 8]) {
     assert!(sums.len() % 32 == 0 && sums.as_ptr().align_offset(ALIGN) == 0, "HVX sums_to_f32: not whole 128-byte aligned vectors");
     let v = sums.as_mut_ptr() as *mut HvxVector;
@@ -145,19 +144,24 @@ fn sums_to_f32(sums: &mut [i32], corr: &[i32; 8]) {
 }
 
 /// `f32(x + corr)` of 32 words as f32 bits (exact for `|x + corr| < 2^24`): the
-/// conversion [`sums_to_f32`] describes.
+/// conversion [`sums_to_f32`] describes. Three shift-unit operations (`vcl0` and two
+/// `vasl`; HVX issues one per packet), the rest ALU operations (up to three more per
+/// packet).
 #[inline(always)]
 fn words_to_f32(x: HvxVector, corr: i32) -> HvxVector {
     // SAFETY: value-only HVX intrinsics (this module is compiled only with HVX).
     unsafe {
-        let (sign, zero, e157) = (Q6_V_vsplat_R(i32::MIN), Q6_V_vsplat_R(0), Q6_V_vsplat_R(157));
+        let (sign, zero) = (Q6_V_vsplat_R(i32::MIN), Q6_V_vsplat_R(0));
         let x = Q6_Vw_vadd_VwVw(x, Q6_V_vsplat_R(corr));
         let a = Q6_Vw_vabs_Vw(x);
         let z = Q6_Vuw_vcl0_Vuw(a);
-        let m = Q6_Vuw_vlsr_VuwR(Q6_Vw_vasl_VwVw(a, z), 8);
-        let nonzero = Q6_Vw_vasr_VwR(Q6_Vw_vsub_VwVw(zero, a), 31);
-        let exp = Q6_V_vand_VV(Q6_Vw_vasl_VwR(Q6_Vw_vsub_VwVw(e157, z), 23), nonzero);
-        Q6_V_vor_VV(Q6_Vw_vadd_VwVw(exp, m), Q6_V_vand_VV(x, sign))
+        // The leading 1 (bit 31 − z, at most 23) moved to bit 23 in one shift.
+        let m = Q6_Vw_vasl_VwVw(a, Q6_Vw_vsub_VwVw(z, Q6_V_vsplat_R(8)));
+        let exp = Q6_Vw_vasl_VwR(Q6_Vw_vsub_VwVw(Q6_V_vsplat_R(157), z), 23);
+        // All ones where a > 0 (0 − min(a, 1)); a zero has no exponent.
+        let nonzero = Q6_Vw_vsub_VwVw(zero, Q6_Vw_vmin_VwVw(a, Q6_V_vsplat_R(1)));
+        let f = Q6_V_vand_VV(Q6_Vw_vadd_VwVw(exp, m), nonzero);
+        Q6_V_vor_VV(f, Q6_V_vand_VV(x, sign))
     }
 }
 
