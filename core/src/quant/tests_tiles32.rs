@@ -103,6 +103,54 @@ fn tile_products_equal_row_dots() {
     assert!(cases >= 3 * 7 * 4, "{cases} cases");
 }
 
+/// Bytes staged by [`counting_stage`] (only `several_columns_read_staged_tiles` uses it).
+static STAGED: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
+
+/// A `StageFn` that copies and counts.
+fn counting_stage(src: &[u8], dst: &mut [u8]) {
+    STAGED.fetch_add(src.len(), core::sync::atomic::Ordering::Relaxed);
+    dst.copy_from_slice(src);
+}
+
+#[test]
+fn several_columns_read_staged_tiles() {
+    // A product of several columns copies every chunk's tiles once into the scratch
+    // when it holds them beside one pass's sums, and reads them from there (a stage
+    // that drops the last vector changes the outputs: seen to fail); one column, or a
+    // scratch too small, reads them in place. The outputs are matmul's, bit for bit.
+    let mut rng = Rng::new(24);
+    let kern = Kernels::reference();
+    let tk = tiles32::TileKernels { stage: counting_stage, ..REFERENCE };
+    let mut staged_cases = 0;
+    for (ty, dt, tile_bytes) in [(GgmlType::Q8_0, DType::Q8_0, 1024), (GgmlType::Q4_0, DType::Q4_0, 512), (GgmlType::IQ4_NL, DType::IQ4NL, 512)] {
+        let (rows, k) = (200, 256);
+        let w: Vec<u8> = (0..rows).flat_map(|_| quantized(ty, &random_row(&mut rng, k))).collect();
+        let (packed, off) = tiled(ty, dt, &w, rows, k);
+        let weights = TiledWeights { dtype: dt, rows, k, packed: &packed[off..off + packed.len() - ALIGN] };
+        let tiles = tile::groups(rows as u32) * (k / 32) * tile_bytes;
+        for cols in [1, 4] {
+            let xs = random_row(&mut rng, cols * k);
+            let mut acts = vec![ActBlock::default(); cols * k / 32];
+            quantize_act(&kern, &xs, &mut acts).unwrap();
+            for scratch_len in [1024 * 5, 1 << 18] {
+                let (mut scratch, soff) = aligned(scratch_len);
+                let mut want = vec![f32::NAN; cols * rows];
+                tiles32::matmul(&kern, &weights, &acts, cols, &mut scratch[soff..soff + scratch_len], &mut want).unwrap();
+                let mut got = vec![f32::NAN; cols * rows];
+                STAGED.store(0, core::sync::atomic::Ordering::Relaxed);
+                tiles32::matmul_with(&tk, &weights, &acts, cols, &mut scratch[soff..soff + scratch_len], &mut got).unwrap();
+                let staged = STAGED.load(core::sync::atomic::Ordering::Relaxed);
+                let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{ty} {cols} columns, scratch {scratch_len}: not matmul's bits");
+                let expect = if cols > 1 && scratch_len == 1 << 18 { tiles } else { 0 };
+                assert_eq!(staged, expect, "{ty} {cols} columns, scratch {scratch_len}: bytes staged");
+                staged_cases += usize::from(expect > 0);
+            }
+        }
+    }
+    assert_eq!(staged_cases, 3);
+}
+
 #[test]
 fn reference_block_sums_are_the_integer_dots() {
     // Raw sums minus the bias correction are Σ q·a over the block, for every type.

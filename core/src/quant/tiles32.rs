@@ -234,7 +234,7 @@ fn scratch_words(scratch: &mut [u8]) -> &mut [i32] {
 pub fn matvec(kern: &Kernels, w: &TiledWeights<'_>, act: &[ActBlock], scratch: &mut [u8], out: &mut [f32], sums: Option<&mut [i32]>) -> Result<(), TileError> {
     w.check(act, out, &sums)?;
     let groups = 0..tile::groups(w.rows as u32);
-    matmul_checked(kern, w, act, groups, scratch, &Out::new(out, w.rows), sums)
+    matmul_checked(&kern.tile_sums(), w, act, groups, scratch, &Out::new(out, w.rows), sums)
 }
 
 /// Weight bytes of one chunk of row groups (all its blocks) that a product of several
@@ -270,19 +270,20 @@ pub fn matmul_par(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols:
     let tasks = par.n_threads().clamp(1, g_count.max(1));
     let out = Out::new(out, w.rows);
     if tasks == 1 {
-        return matmul_checked(kern, w, acts, 0..g_count, scratch, &out, None);
+        return matmul_checked(&kern.tile_sums(), w, acts, 0..g_count, scratch, &out, None);
     }
     let pad = scratch.as_ptr().align_offset(ALIGN).min(scratch.len());
     let scratch = &mut scratch[pad..];
     let share = scratch.len() / tasks / ALIGN * ALIGN;
     let pieces = SharedMut::new(scratch);
+    let tk = kern.tile_sums();
     // The first error any task met (a TileError's code + 1; 0: none).
     let failed = AtomicU32::new(0);
     par.run(tasks, &|i| {
         // SAFETY: task i alone uses share bytes at i·share (i < tasks, tasks·share ≤
         // the scratch's length), and writes only the rows of its own groups.
         let scratch = unsafe { pieces.slice(i * share, share) };
-        if let Err(e) = matmul_checked(kern, w, acts, split_range(g_count, tasks, i), scratch, &out, None) {
+        if let Err(e) = matmul_checked(&tk, w, acts, split_range(g_count, tasks, i), scratch, &out, None) {
             failed.store(e as u32 + 1, Ordering::Relaxed);
         }
     });
@@ -292,6 +293,18 @@ pub fn matmul_par(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols:
         2 => Err(TileError::Shape),
         _ => Err(TileError::Scratch),
     }
+}
+
+/// [`matmul`] (shapes as it checks them) with the kernels `tk`: tests give it a set
+/// whose calls they observe.
+#[cfg(test)]
+pub(super) fn matmul_with(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols: usize, scratch: &mut [u8], out: &mut [f32]) -> Result<(), TileError> {
+    let nb = w.k / 32;
+    if cols == 0 || acts.len() != cols * nb || out.len() != cols * w.rows {
+        return Err(TileError::Shape);
+    }
+    w.check(&acts[..nb], &out[..w.rows], &None)?;
+    matmul_checked(tk, w, acts, 0..tile::groups(w.rows as u32), scratch, &Out::new(out, w.rows), None)
 }
 
 /// A product's outputs `[col][row]`, written by row range: tasks of one product own
@@ -403,11 +416,10 @@ fn ref_stage(src: &[u8], dst: &mut [u8]) {
 const PASS_BLOCKS: usize = 128;
 
 /// The products of `groups` (32-row groups) for every column of `acts` (`k/32` blocks each).
-fn matmul_checked(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], groups: Range<usize>, scratch: &mut [u8], out: &Out, mut sums: Option<&mut [i32]>) -> Result<(), TileError> {
+fn matmul_checked(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], groups: Range<usize>, scratch: &mut [u8], out: &Out, mut sums: Option<&mut [i32]>) -> Result<(), TileError> {
     let cols = acts.len() / (w.k / 32).max(1);
-    let tk = kern.tile_sums();
     let (f, bias, tile_bytes) = match w.dtype {
-        DType::Q8_0 => return matmul_q8_0_lanes(&tk, w, acts, groups, scratch, out, sums),
+        DType::Q8_0 => return matmul_q8_0_lanes(tk, w, acts, groups, scratch, out, sums),
         DType::Q4_0 => (tk.q4_0, Q4_0_BIAS, 512),
         DType::IQ4NL => (tk.iq4_nl, IQ4_NL_BIAS, 512),
         _ => return Err(TileError::Unsupported),
