@@ -85,18 +85,12 @@ pub type LaneSumsFn = fn(tiles: &[u8], n_groups: usize, a: &[u32; 8], out: &mut 
 /// 2^20).
 pub type SumsToF32Fn = fn(sums: &mut [i32], corr: &[i32; 8]);
 
-/// Q8_0 lane sums ([`LaneSumsFn`]'s layout) to f32 row by row, in place: in each group
-/// of 256 words (a whole number of them, [`ALIGN`]-aligned), word `32l + r` (lane `l`
-/// of row `r`) becomes word `8r + l`, the bits of `f32(sum + corr[l])` (exact, as
-/// [`SumsToF32Fn`]). A row's 8 lanes are then adjacent, so the scale pass reads them
-/// as 4 pairs instead of 8 words 128 bytes apart.
-pub type LanesToRowsFn = fn(lanes: &mut [i32], corr: &[i32; 8]);
-
-/// The Q8_0 scale pass over whole rows when one pass holds every block ([`LanesToRowsFn`]'s
-/// layout): `o[i]` = the lane total of row `i`'s 8 accumulators over the blocks `j <
-/// da.len()`, each step `acc = fma(dw·da[j], lane, acc)` from 0, `dw = sc[j·ss + i]`,
-/// the row's lanes (f32 bits) at `lanes[j·per_block + 8i..][..8]`. `lanes` is 32-byte
-/// aligned and `per_block` a multiple of 8; an implementation checks the ranges.
+/// The Q8_0 scale pass over whole rows when one pass holds every block: `o[i]` = the
+/// lane total of row `i`'s 8 accumulators over the blocks `j < da.len()`, each step
+/// `acc = fma(dw·da[j], lane, acc)` from 0, `dw = sc[j·ss + i]`, lane `l` of row `i`
+/// (f32 bits: [`LaneSumsFn`]'s layout made f32 by [`SumsToF32Fn`]) at
+/// `lanes[j·per_block + 256·(i / 32) + 32·l + i % 32]`. `lanes` is [`ALIGN`]-aligned and
+/// `per_block` a multiple of 256; an implementation checks the ranges.
 pub type Q8RowsFn = fn(o: &mut [f32], lanes: &[i32], per_block: usize, sc: &[f32], ss: usize, da: &[f32]);
 
 /// Stages tiles into the scratch: `dst = src`, both [`ALIGN`]-aligned, of the same
@@ -117,8 +111,6 @@ pub struct TileKernels {
     pub iq4_nl: TileSumsFn,
     /// Sums to f32, corrected.
     pub to_f32: SumsToF32Fn,
-    /// Q8_0 lane sums to f32, corrected, row by row.
-    pub lanes_to_rows: LanesToRowsFn,
     /// The Q8_0 scale pass over those rows.
     pub q8_0_rows: Q8RowsFn,
     /// The one-sum-per-block scale pass over whole rows.
@@ -128,7 +120,7 @@ pub struct TileKernels {
 }
 
 /// The scalar reference kernels (the same integers as every other set).
-pub const REFERENCE: TileKernels = TileKernels { q8_0: ref_q8_0_sums, q8_0_lanes: ref_q8_0_lane_sums, q4_0: ref_q4_0_sums, iq4_nl: ref_iq4_nl_sums, to_f32: ref_to_f32, lanes_to_rows: ref_lanes_to_rows, q8_0_rows: ref_q8_0_rows, block_rows: ref_block_rows, stage: ref_stage };
+pub const REFERENCE: TileKernels = TileKernels { q8_0: ref_q8_0_sums, q8_0_lanes: ref_q8_0_lane_sums, q4_0: ref_q4_0_sums, iq4_nl: ref_iq4_nl_sums, to_f32: ref_to_f32, q8_0_rows: ref_q8_0_rows, block_rows: ref_block_rows, stage: ref_stage };
 
 /// One Q8_0 activation block in the form the kernels take.
 #[derive(Copy, Clone, Debug, Default, PartialEq)]
@@ -550,7 +542,7 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
                                 sums[b * rows + g0 * 32 + i] = (0..8).map(|l| lanes[(g * 8 + l) * 32 + r] + corr[l]).sum();
                             }
                         }
-                        (tk.lanes_to_rows)(lanes, &corr);
+                        (tk.to_f32)(lanes, &corr);
                     }
                     let mut da_mem = [MaybeUninit::<f32>::uninit(); PASS_BLOCKS];
                     let da = act_scales(&mut da_mem, &col[b0..b0 + nbb]);
@@ -571,16 +563,18 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
                         let (g, r) = (i / 32, i % 32);
                         // SAFETY: past this column's first pass (b0 > 0), which wrote acc8.
                         let mut a8: [f32; 8] = if b0 == 0 { [0.0; 8] } else { core::array::from_fn(|l| unsafe { acc8[l].assume_init() }) };
-                        let (mut sp, mut lp) = (s0 + i, g * 256 + r * 8);
+                        let (mut sp, mut lp) = (s0 + i, g * 256 + r);
                         for &da in &da[..nbb] {
                             // SAFETY: for block j (0..nbb), sp = s0 + j·ss + i with i < n_rows,
-                            // and lp = j·per_block + g·256 + 8r, so lp + 8 <= (j + 1)·per_block
+                            // and lp = j·per_block + g·256 + r, so lp + 32·7 < (j + 1)·per_block
                             // (g < n, r < 32): both in bounds by the assertion above.
-                            let (dw, lanes) = unsafe { (*scales.get_unchecked(sp), buf.get_unchecked(lp..lp + 8)) };
+                            let dw = unsafe { *scales.get_unchecked(sp) };
                             let d = dw * da;
-                            // Lane l of this row and block is `lanes[l]` (f32 bits).
+                            // Lane l of this row and block is `buf[lp + 32l]` (f32 bits).
                             for (l, acc) in a8.iter_mut().enumerate() {
-                                *acc = fma(d, f32::from_bits(lanes[l] as u32), *acc);
+                                // SAFETY: as above.
+                                let x = unsafe { *buf.get_unchecked(lp + 32 * l) };
+                                *acc = fma(d, f32::from_bits(x as u32), *acc);
                             }
                             (sp, lp) = (sp + ss, lp + per_block);
                         }
@@ -624,11 +618,6 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
     Ok(())
 }
 
-/// A row's 8 lanes of one block (f32 bits), aligned as [`LanesToRowsFn`] leaves them (32
-/// bytes: the loads can be pairs).
-#[repr(C, align(32))]
-struct RowLanes([i32; 8]);
-
 /// The one-sum-per-block scale pass (Q4_0, IQ4_NL) over whole rows when one pass holds
 /// every block: `o[i]` = the accumulator of row `i` over the blocks `j < da.len()`, each
 /// step `acc = fma(sum, dw·da[j], acc)` from 0, `sum` the f32 bits at
@@ -658,35 +647,41 @@ pub(crate) fn ref_block_rows(o: &mut [f32], sums: &[i32], per_block: usize, sc: 
 pub(crate) fn check_q8_0_rows(o: &[f32], lanes: &[i32], per_block: usize, sc: &[f32], ss: usize, da: &[f32]) {
     let (n, nbb) = (o.len(), da.len());
     assert!(
-        nbb >= 1 && n * 8 <= per_block && (nbb - 1) * per_block + n * 8 <= lanes.len() && (nbb - 1) * ss + n <= sc.len() && per_block.is_multiple_of(8) && lanes.as_ptr().align_offset(32) == 0,
+        nbb >= 1
+            && n * 8 <= per_block
+            && (nbb - 1) * per_block + 256 * n.div_ceil(32) <= lanes.len()
+            && (nbb - 1) * ss + n <= sc.len()
+            && per_block.is_multiple_of(256)
+            && lanes.as_ptr().align_offset(ALIGN) == 0,
         "q8_0_rows: lanes or scales out of range"
     );
 }
 
-/// [`Q8RowsFn`] (after [`LanesToRowsFn`], row `i` of a chunk of groups starts at word
-/// `8i` of each block's lanes). A function of its own so that its few live values stay
+/// [`Q8RowsFn`], row by row. A function of its own so that its few live values stay
 /// in registers.
 #[inline(never)]
-fn ref_q8_0_rows(o: &mut [f32], lanes: &[i32], per_block: usize, sc: &[f32], ss: usize, da: &[f32]) {
+pub(crate) fn ref_q8_0_rows(o: &mut [f32], lanes: &[i32], per_block: usize, sc: &[f32], ss: usize, da: &[f32]) {
     check_q8_0_rows(o, lanes, per_block, sc, ss, da);
-    let lanes = lanes.as_ptr() as *const RowLanes;
-    let per_block = per_block / 8;
     for (i, y) in o.iter_mut().enumerate() {
-        let mut a = [0f32; 8];
-        let (mut lp, mut sp) = (i, i);
-        for &da in da {
-            // SAFETY: lp = j·per_block/8 + i and sp = j·ss + i for block j < nbb and row
-            // i < n: inside `lanes` (as 32-byte rows: the whole slice is 32-byte aligned
-            // and per_block a multiple of 8) and `sc` by the assertion above.
-            let (l, dw) = unsafe { (&(*lanes.add(lp)).0, *sc.get_unchecked(sp)) };
-            let d = dw * da;
-            for (acc, &x) in a.iter_mut().zip(l) {
-                *acc = fma(d, f32::from_bits(x as u32), *acc);
-            }
-            (lp, sp) = (lp + per_block, sp + ss);
-        }
-        *y = lane_total(&a);
+        *y = ref_q8_0_row(lanes, i, per_block, sc, ss, da);
     }
+}
+
+/// Row `i`'s output of [`Q8RowsFn`] (a row `check_q8_0_rows` accepted).
+#[inline(always)]
+pub(crate) fn ref_q8_0_row(lanes: &[i32], i: usize, per_block: usize, sc: &[f32], ss: usize, da: &[f32]) -> f32 {
+    let mut a = [0f32; 8];
+    let (mut lp, mut sp) = (256 * (i / 32) + i % 32, i);
+    for &da in da {
+        // Lane l of row i in block j is lanes[lp + 32l], lp = j·per_block + 256·(i / 32)
+        // + i % 32, its scale sc[sp], sp = j·ss + i.
+        let d = sc[sp] * da;
+        for (l, acc) in a.iter_mut().enumerate() {
+            *acc = fma(d, f32::from_bits(lanes[lp + 32 * l] as u32), *acc);
+        }
+        (lp, sp) = (lp + per_block, sp + ss);
+    }
+    lane_total(&a)
 }
 
 /// The activation scales of one pass's blocks (at most [`PASS_BLOCKS`]) in `mem`, only
@@ -729,16 +724,6 @@ fn lane_corrections(a: &ActBlock) -> [i32; 8] {
 #[inline(always)]
 fn aq(a: &[u32; 8], j: usize) -> i32 {
     i32::from((a[j / 4] >> (8 * (j % 4))) as u8 as i8)
-}
-
-fn ref_lanes_to_rows(lanes: &mut [i32], corr: &[i32; 8]) {
-    for g in lanes.chunks_exact_mut(256) {
-        let raw: [i32; 256] = core::array::from_fn(|i| g[i]);
-        for (i, w) in g.iter_mut().enumerate() {
-            let (r, l) = (i / 8, i % 8);
-            *w = ((raw[l * 32 + r] + corr[l]) as f32).to_bits() as i32;
-        }
-    }
 }
 
 fn ref_to_f32(sums: &mut [i32], corr: &[i32; 8]) {

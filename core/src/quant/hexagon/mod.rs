@@ -25,7 +25,7 @@
 //! would, so that the DSP's open-time self-test can be seen to refuse such a build.
 
 use core::arch::hexagon::v128::{
-    HvxVector, Q6_V_hi_W, Q6_V_lo_W, Q6_V_vand_VV, Q6_V_vor_VV, Q6_V_vsplat_R, Q6_W_vshuff_VVR, Q6_Vuw_vcl0_Vuw, Q6_Vw_vabs_Vw, Q6_Vw_vadd_VwVw,
+    HvxVector, Q6_V_vand_VV, Q6_V_vor_VV, Q6_V_vsplat_R, Q6_Vuw_vcl0_Vuw, Q6_Vw_vabs_Vw, Q6_Vw_vadd_VwVw,
     Q6_Vw_vasl_VwR, Q6_Vw_vasl_VwVw, Q6_Vw_vmin_VwVw, Q6_Vw_vsub_VwVw,
 };
 
@@ -37,7 +37,7 @@ mod iq4_nl;
 mod q4_0;
 
 /// The HVX kernels as a Tiles32 kernel set.
-const TILES: TileKernels = TileKernels { q8_0: q8_0_sums, q8_0_lanes: q8_0_lanes, q4_0: q4_0_sums, iq4_nl: iq4_nl_sums, to_f32: sums_to_f32, lanes_to_rows, q8_0_rows, block_rows, stage };
+const TILES: TileKernels = TileKernels { q8_0: q8_0_sums, q8_0_lanes: q8_0_lanes, q4_0: q4_0_sums, iq4_nl: iq4_nl_sums, to_f32: sums_to_f32, q8_0_rows, block_rows, stage };
 
 /// The Hexagon table: the reference with the HVX Tiles32 kernels and HVX f16
 /// conversions under attention's f16 operations.
@@ -137,7 +137,23 @@ fn sums_to_f32(sums: &mut [i32], corr: &[i32; 8]) {
     // SAFETY: `sums` is 128-byte aligned and holds `len/32` whole vectors (checked);
     // this module is compiled only with 128-byte HVX enabled.
     unsafe {
-        for i in 0..sums.len() / 32 {
+        let n = sums.len() / 32;
+        // Eight vectors at a time (a Q8_0 group's lanes; written out, so that the
+        // compiler interleaves eight independent conversions), then one at a time.
+        for g in 0..n / 8 {
+            let p = v.add(8 * g);
+            let f = |l: usize| words_to_f32(*p.add(l), corr[l]);
+            let (x0, x1, x2, x3, x4, x5, x6, x7) = (f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7));
+            *p = x0;
+            *p.add(1) = x1;
+            *p.add(2) = x2;
+            *p.add(3) = x3;
+            *p.add(4) = x4;
+            *p.add(5) = x5;
+            *p.add(6) = x6;
+            *p.add(7) = x7;
+        }
+        for i in n / 8 * 8..n {
             *v.add(i) = words_to_f32(*v.add(i), corr[i % 8]);
         }
     }
@@ -162,43 +178,6 @@ fn words_to_f32(x: HvxVector, corr: i32) -> HvxVector {
         let nonzero = Q6_Vw_vsub_VwVw(zero, Q6_Vw_vmin_VwVw(a, Q6_V_vsplat_R(1)));
         let f = Q6_V_vand_VV(Q6_Vw_vadd_VwVw(exp, m), nonzero);
         Q6_V_vor_VV(f, Q6_V_vand_VV(x, sign))
-    }
-}
-
-/// [`super::tiles32::LanesToRowsFn`] on HVX: per group, the 8 lane vectors (one word
-/// per row) made f32 as [`sums_to_f32`] does, then transposed to 8 vectors of 4 rows × 8
-/// lanes by three rounds of word interleaves (`vshuff`, element size 4): a round over
-/// the vector pairs whose index differs in bit `b` moves that index bit into the word
-/// index (bit 0) and the word index's top bit into the vector index, so after bits 2,
-/// 1, 0 vector `m` holds rows `4m..4m+4` and word `8(r % 4) + l` is lane `l` of row `r`.
-/// 12 permutes per 32 rows.
-fn lanes_to_rows(lanes: &mut [i32], corr: &[i32; 8]) {
-    assert!(lanes.len() % 256 == 0 && lanes.as_ptr().align_offset(ALIGN) == 0, "HVX lanes_to_rows: not whole 1024-byte aligned groups");
-    let v = lanes.as_mut_ptr() as *mut HvxVector;
-    for g in 0..lanes.len() / 256 {
-        // SAFETY: group g's 8 vectors are inside `lanes` (whole aligned groups, checked);
-        // value-only HVX intrinsics otherwise.
-        unsafe {
-            let p = v.add(8 * g);
-            let f = |l: usize| words_to_f32(*p.add(l), corr[l]);
-            // Written out (not a loop over an array, which the compiler keeps in memory).
-            let (x0, x1, x2, x3, x4, x5, x6, x7) = (f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7));
-            let il = |hi: HvxVector, lo: HvxVector| {
-                let w = Q6_W_vshuff_VVR(hi, lo, -4);
-                (Q6_V_lo_W(w), Q6_V_hi_W(w))
-            };
-            let ((x0, x4), (x1, x5), (x2, x6), (x3, x7)) = (il(x4, x0), il(x5, x1), il(x6, x2), il(x7, x3));
-            let ((x0, x2), (x1, x3), (x4, x6), (x5, x7)) = (il(x2, x0), il(x3, x1), il(x6, x4), il(x7, x5));
-            let ((x0, x1), (x2, x3), (x4, x5), (x6, x7)) = (il(x1, x0), il(x3, x2), il(x5, x4), il(x7, x6));
-            *p = x0;
-            *p.add(1) = x1;
-            *p.add(2) = x2;
-            *p.add(3) = x3;
-            *p.add(4) = x4;
-            *p.add(5) = x5;
-            *p.add(6) = x6;
-            *p.add(7) = x7;
-        }
     }
 }
 
@@ -275,150 +254,113 @@ fn block_rows(o: &mut [f32], sums: &[i32], per_block: usize, sc: &[f32], ss: usi
 }
 
 /// [`super::tiles32::Q8RowsFn`] hand-scheduled (scalar Hexagon, no HVX), two rows at a
-/// time (an odd last row alone, [`q8_0_row`]): per block 9 packets, the bound of the two
-/// rows' 18 float operations (2 `dw·da` products and 16 fused multiply-adds; float
-/// operations issue two per packet, in slots 2 and 3), each lane pair loaded one packet
-/// before its fmas (two register pairs in turn), the next block's scales and activation
-/// scale beside them; then both lane totals in 7 packets and one packet storing them.
-/// The operations are the reference's: `sfmpy` for `dw·da`, `Rx += sfmpy` (IEEE fused
-/// multiply-add, one rounding) per lane from +0, then the lane total `(a4 + a0 + (a6 +
-/// a2)) + (a5 + a1 + (a7 + a3))` as `sfadd`s. Both loops are hardware loops inside the
-/// one asm block (row pairs: loop1, blocks: loop0), which no Rust loop encloses.
+/// time, reading the lanes where the HVX lane sums leave them (made f32 in place: no
+/// transpose): per block 9 packets, the bound of the two rows' 18 float operations (2
+/// `dw·da` products and 16 fused multiply-adds; float operations issue two per packet,
+/// in slots 2 and 3), and the bound of its 18 loads too (16 lanes, 128 bytes apart, two
+/// per packet one packet before their fmas; the next block's scale pair and activation
+/// scale): the pointers advance by post-increment through M0 (lanes) and M1 (scales),
+/// so no packet needs an ALU slot. Then both lane totals in 7 packets and one packet
+/// storing them. The operations are the reference's: `sfmpy` for `dw·da`, `Rx +=
+/// sfmpy` (IEEE fused multiply-add, one rounding) per lane from +0, then the lane total
+/// `(a4 + a0 + (a6 + a2)) + (a5 + a1 + (a7 + a3))` as `sfadd`s. Both loops are hardware
+/// loops inside the one asm block (row pairs: loop1, blocks: loop0), which no Rust loop
+/// encloses. An odd last row, or scales not 8-byte aligned, go through the reference.
 #[inline(never)]
 fn q8_0_rows(o: &mut [f32], lanes: &[i32], per_block: usize, sc: &[f32], ss: usize, da: &[f32]) {
     super::tiles32::check_q8_0_rows(o, lanes, per_block, sc, ss, da);
     let (pairs, nb) = (o.len() / 2, da.len());
+    if ss % 2 != 0 || sc.as_ptr().align_offset(8) != 0 {
+        return super::tiles32::ref_q8_0_rows(o, lanes, per_block, sc, ss, da);
+    }
     if pairs > 0 {
         // What the loop over pairs reads from memory (inside it every register is
-        // taken): the block count − 1, the rewinds of the lane, scale and activation
-        // scale pointers to the next pair's first block, the output pointer (advanced
-        // here), the lane pointer's step from a block's last pair to the next block
-        // (it goes to M0), and M0's own value, kept here while the asm uses it.
-        let mut cfg: [usize; 7] = [nb - 1, (nb - 1) * 4 * per_block, (nb - 1) * 4 * ss - 8, 4 * nb, o.as_mut_ptr() as usize, 4 * per_block - 56, 0];
-        // SAFETY: for pair q < pairs (rows 2q and 2q + 1 < o.len()) and block j < nb the
-        // reads are the rows' 16 lanes at lanes + 4·(j·per_block + 16q) (64 bytes,
-        // 8-aligned: `lanes` is 32-byte aligned, per_block a multiple of 8), their
-        // scales at sc + 4·(j·ss + 2q) and + 4, and da + 4j, inside the ranges
-        // `check_q8_0_rows` asserted; the loop over blocks runs nb − 1 times and loads
-        // block j + 1's first lane pair, scales and activation scale only there (the
-        // last block's fmas follow without loads past it); the writes are o[2q], o[2q +
-        // 1] and `cfg`. Registers: r0-r7 the first row's accumulators (lane order),
-        // r8-r15 the second's, r17:16 and r21:20 lane pairs, r18/r22 the rows' scales
-        // and then their products with the activation scale r23. Clobbers r0-r18,
-        // r20-r23, p0 and hardware loops 0 and 1 (no loop of the caller is a hardware
-        // loop across this non-inlined call); M0 is restored.
+        // taken): the rewinds of the lane, scale and activation scale pointers to the
+        // next pair's first block, the output pointer and the pairs done (both advanced
+        // here), the post-increments M0 (a block's lanes) and M1 (a block's scales),
+        // and M0's and M1's own values, kept here while the asm uses them.
+        let mut cfg: [usize; 9] = [((nb - 1) * 4 * per_block).wrapping_sub(8), nb * 4 * ss - 8, 4 * nb, o.as_mut_ptr() as usize, 0, 4 * per_block, 4 * ss, 0, 0];
+        // SAFETY: for pair q < pairs (rows i = 2q and i + 1 < o.len(), in group i / 32)
+        // and block j < nb, the reads are lane l (0..8) of both rows at lanes +
+        // 4·(j·per_block + 256·(i / 32) + 32l + i % 32) and + 4, their scales at sc +
+        // 4·(j·ss + i) (8 bytes, 8-aligned: checked above) and da + 4j, inside the ranges
+        // `check_q8_0_rows` asserted. The lane pointer stands at the second row's lane 7
+        // (+900 bytes from the first row's lane 0) and reads back from it; the loop over
+        // blocks runs nb − 1 times and loads block j + 1's first two lanes, scales and
+        // activation scale only there (the last block's fmas follow without loads past
+        // it). The writes are o[2q], o[2q + 1] and `cfg`. Registers: r0-r7 the first
+        // row's accumulators (lane order), r8-r15 the second's, r16/r17 and r20/r21
+        // lanes in turn, r23:22 the rows' scales and then their products with the
+        // activation scale r18. Clobbers r0-r18, r20-r23, p0, p1 and hardware loops 0
+        // and 1 (no loop of the caller is a hardware loop across this non-inlined call);
+        // M0 and M1 are restored.
         unsafe {
             asm!(
-                "{{ r17 = m0; r18 = memw({cfg}+#20) }}",
-                "{{ memw({cfg}+#24) = r17; m0 = r18 }}",
-                "loop1(4f, r16)",
+                "{{ r16 = m0 }}",
+                "{{ r17 = m1 }}",
+                "{{ r20 = memw({cfg}+#20); r21 = memw({cfg}+#24) }}",
+                "{{ memw({cfg}+#28) = r16 }}",
+                "{{ memw({cfg}+#32) = r17 }}",
+                "{{ m0 = r20 }}",
+                "{{ m1 = r21 }}",
+                "loop1(4f, r18)",
                 ".falign",
                 "4:",
-                "{{ r18 = memw({sp}+#0); r22 = memw({sp}+#4); r1:0 = combine(#0, #0); r3:2 = combine(#0, #0) }}",
-                "{{ r21:20 = memd({lp}++#8); r23 = memw({dap}++#4); r5:4 = combine(#0, #0); r7:6 = combine(#0, #0) }}",
-                "{{ r18 = sfmpy(r18, r23); r22 = sfmpy(r22, r23); r16 = memw({cfg}+#0); r9:8 = combine(#0, #0) }}",
-                "{{ r11:10 = combine(#0, #0); r13:12 = combine(#0, #0); p0 = cmp.eq(r16, #0); r15:14 = combine(#0, #0) }}",
-                "loop0(2f, r16)",
+                "{{ r23:22 = memd({sp}++m1); r18 = memw({dap}++#4); r1:0 = combine(#0, #0); r3:2 = combine(#0, #0) }}",
+                "{{ r16 = memw({lp}+#-900); r17 = memw({lp}+#-772); r5:4 = combine(#0, #0); r7:6 = combine(#0, #0) }}",
+                "{{ r22 = sfmpy(r22, r18); r23 = sfmpy(r23, r18); r9:8 = combine(#0, #0); r11:10 = combine(#0, #0) }}",
+                "{{ r13:12 = combine(#0, #0); r15:14 = combine(#0, #0); p0 = cmp.eq({m}, #0) }}",
+                "loop0(2f, {m})",
                 "{{ if (p0) jump:nt 3f }}",
                 ".falign",
                 "2:",
-                "{{ r0 += sfmpy(r18, r20); r1 += sfmpy(r18, r21); r17:16 = memd({lp}++#8); r23 = memw({dap}++#4) }}",
-                "{{ r2 += sfmpy(r18, r16); r3 += sfmpy(r18, r17); r21:20 = memd({lp}++#8); {sp} = add({sp}, {ssb}) }}",
-                "{{ r4 += sfmpy(r18, r20); r5 += sfmpy(r18, r21); r17:16 = memd({lp}++#8) }}",
-                "{{ r6 += sfmpy(r18, r16); r7 += sfmpy(r18, r17); r21:20 = memd({lp}++#8) }}",
-                "{{ r8 += sfmpy(r22, r20); r9 += sfmpy(r22, r21); r17:16 = memd({lp}++#8); r18 = memw({sp}+#0) }}",
-                "{{ r10 += sfmpy(r22, r16); r11 += sfmpy(r22, r17); r21:20 = memd({lp}++#8) }}",
-                "{{ r12 += sfmpy(r22, r20); r13 += sfmpy(r22, r21); r17:16 = memd({lp}++m0) }}",
-                "{{ r14 += sfmpy(r22, r16); r15 += sfmpy(r22, r17); r22 = memw({sp}+#4) }}",
-                "{{ r18 = sfmpy(r18, r23); r22 = sfmpy(r22, r23); r21:20 = memd({lp}++#8) }}:endloop0",
+                "{{ r0 += sfmpy(r22, r16); r1 += sfmpy(r22, r17); r20 = memw({lp}+#-644); r21 = memw({lp}+#-516) }}",
+                "{{ r2 += sfmpy(r22, r20); r3 += sfmpy(r22, r21); r16 = memw({lp}+#-388); r17 = memw({lp}+#-260) }}",
+                "{{ r4 += sfmpy(r22, r16); r5 += sfmpy(r22, r17); r20 = memw({lp}+#-132); r21 = memw({lp}+#-4) }}",
+                "{{ r6 += sfmpy(r22, r20); r7 += sfmpy(r22, r21); r16 = memw({lp}+#-896); r17 = memw({lp}+#-768) }}",
+                "{{ r8 += sfmpy(r23, r16); r9 += sfmpy(r23, r17); r20 = memw({lp}+#-640); r21 = memw({lp}+#-512) }}",
+                "{{ r10 += sfmpy(r23, r20); r11 += sfmpy(r23, r21); r16 = memw({lp}+#-384); r17 = memw({lp}+#-256) }}",
+                "{{ r12 += sfmpy(r23, r16); r13 += sfmpy(r23, r17); r20 = memw({lp}+#-128); r21 = memw({lp}++m0) }}",
+                "{{ r14 += sfmpy(r23, r20); r15 += sfmpy(r23, r21); r23:22 = memd({sp}++m1); r18 = memw({dap}++#4) }}",
+                "{{ r22 = sfmpy(r22, r18); r23 = sfmpy(r23, r18); r16 = memw({lp}+#-900); r17 = memw({lp}+#-772) }}:endloop0",
                 "3:",
-                "{{ r0 += sfmpy(r18, r20); r1 += sfmpy(r18, r21); r17:16 = memd({lp}++#8) }}",
-                "{{ r2 += sfmpy(r18, r16); r3 += sfmpy(r18, r17); r21:20 = memd({lp}++#8) }}",
-                "{{ r4 += sfmpy(r18, r20); r5 += sfmpy(r18, r21); r17:16 = memd({lp}++#8) }}",
-                "{{ r6 += sfmpy(r18, r16); r7 += sfmpy(r18, r17); r21:20 = memd({lp}++#8) }}",
-                "{{ r8 += sfmpy(r22, r20); r9 += sfmpy(r22, r21); r17:16 = memd({lp}++#8) }}",
-                "{{ r10 += sfmpy(r22, r16); r11 += sfmpy(r22, r17); r21:20 = memd({lp}++#8) }}",
-                "{{ r12 += sfmpy(r22, r20); r13 += sfmpy(r22, r21); r17:16 = memd({lp}++#8) }}",
-                "{{ r14 += sfmpy(r22, r16); r15 += sfmpy(r22, r17) }}",
-                "{{ r0 = sfadd(r4, r0); r1 = sfadd(r5, r1); r16 = memw({cfg}+#4); r17 = memw({cfg}+#8) }}",
-                "{{ r2 = sfadd(r6, r2); r3 = sfadd(r7, r3); r20 = memw({cfg}+#12); r21 = memw({cfg}+#16) }}",
+                "{{ r0 += sfmpy(r22, r16); r1 += sfmpy(r22, r17); r20 = memw({lp}+#-644); r21 = memw({lp}+#-516) }}",
+                "{{ r2 += sfmpy(r22, r20); r3 += sfmpy(r22, r21); r16 = memw({lp}+#-388); r17 = memw({lp}+#-260) }}",
+                "{{ r4 += sfmpy(r22, r16); r5 += sfmpy(r22, r17); r20 = memw({lp}+#-132); r21 = memw({lp}+#-4) }}",
+                "{{ r6 += sfmpy(r22, r20); r7 += sfmpy(r22, r21); r16 = memw({lp}+#-896); r17 = memw({lp}+#-768) }}",
+                "{{ r8 += sfmpy(r23, r16); r9 += sfmpy(r23, r17); r20 = memw({lp}+#-640); r21 = memw({lp}+#-512) }}",
+                "{{ r10 += sfmpy(r23, r20); r11 += sfmpy(r23, r21); r16 = memw({lp}+#-384); r17 = memw({lp}+#-256) }}",
+                "{{ r12 += sfmpy(r23, r16); r13 += sfmpy(r23, r17); r20 = memw({lp}+#-128); r21 = memw({lp}+#0) }}",
+                "{{ r14 += sfmpy(r23, r20); r15 += sfmpy(r23, r21) }}",
+                "{{ r0 = sfadd(r4, r0); r1 = sfadd(r5, r1); r16 = memw({cfg}+#0); r17 = memw({cfg}+#4) }}",
+                "{{ r2 = sfadd(r6, r2); r3 = sfadd(r7, r3); r20 = memw({cfg}+#8); r21 = memw({cfg}+#12) }}",
                 "{{ r8 = sfadd(r12, r8); r9 = sfadd(r13, r9); {lp} = sub({lp}, r16); {sp} = sub({sp}, r17) }}",
-                "{{ r10 = sfadd(r14, r10); r11 = sfadd(r15, r11); {dap} = sub({dap}, r20); r16 = add(r21, #8) }}",
-                "{{ r0 = sfadd(r0, r2); r1 = sfadd(r1, r3); memw({cfg}+#16) = r16 }}",
-                "{{ r8 = sfadd(r8, r10); r9 = sfadd(r9, r11) }}",
-                "{{ r0 = sfadd(r0, r1); r8 = sfadd(r8, r9) }}",
-                "{{ memw(r21+#0) = r0; memw(r21+#4) = r8 }}:endloop1",
-                "{{ r17 = memw({cfg}+#24) }}",
-                "{{ m0 = r17 }}",
-                lp = inout(reg) lanes.as_ptr() => _,
+                "{{ r10 = sfadd(r14, r10); r11 = sfadd(r15, r11); {dap} = sub({dap}, r20); r16 = memw({cfg}+#16) }}",
+                "{{ r0 = sfadd(r0, r2); r1 = sfadd(r1, r3); r17 = add(r21, #8); r16 = add(r16, #1) }}",
+                "{{ r8 = sfadd(r8, r10); r9 = sfadd(r9, r11); memw({cfg}+#12) = r17 }}",
+                "{{ r0 = sfadd(r0, r1); r8 = sfadd(r8, r9); memw({cfg}+#16) = r16 }}",
+                "{{ memw(r21+#0) = r0; r20 = #896; p1 = bitsclr(r16, #15) }}",
+                "{{ memw(r21+#4) = r8; if (p1) {lp} = add({lp}, r20) }}:endloop1",
+                "{{ r16 = memw({cfg}+#28); r17 = memw({cfg}+#32) }}",
+                "{{ m0 = r16 }}",
+                "{{ m1 = r17 }}",
+                lp = inout(reg) lanes.as_ptr().add(225) => _,
                 sp = inout(reg) sc.as_ptr() => _,
                 dap = inout(reg) da.as_ptr() => _,
-                ssb = in(reg) 4 * ss,
+                m = in(reg) nb - 1,
                 cfg = in(reg) cfg.as_mut_ptr(),
-                inout("r16") pairs => _,
+                inout("r18") pairs => _,
                 out("r0") _, out("r1") _, out("r2") _, out("r3") _, out("r4") _, out("r5") _, out("r6") _, out("r7") _,
                 out("r8") _, out("r9") _, out("r10") _, out("r11") _, out("r12") _, out("r13") _, out("r14") _, out("r15") _,
-                out("r17") _, out("r18") _, out("r20") _, out("r21") _, out("r22") _, out("r23") _, out("p0") _,
+                out("r16") _, out("r17") _, out("r20") _, out("r21") _, out("r22") _, out("r23") _, out("p0") _, out("p1") _,
                 options(nostack),
             );
         }
     }
     if o.len() % 2 == 1 {
         let i = o.len() - 1;
-        o[i] = q8_0_row(lanes, i, per_block, sc, ss, da);
+        o[i] = super::tiles32::ref_q8_0_row(lanes, i, per_block, sc, ss, da);
     }
-}
-
-/// Row `i` of [`q8_0_rows`] alone (inside the ranges its check asserted): 5 packets
-/// per block, the bound of its 9 float operations, the next block's scale, activation
-/// scale and 8 lanes (4 pair loads) loaded beside the current block's fmas.
-#[inline(always)]
-fn q8_0_row(lanes: &[i32], i: usize, per_block: usize, sc: &[f32], ss: usize, da: &[f32]) -> f32 {
-    let (pl, ssb, more) = (4 * per_block, 4 * ss, da.len() - 1);
-    let out: f32;
-    // SAFETY: every read is inside the ranges `check_q8_0_rows` asserted: for block
-    // j < da.len() the lanes at lanes + 4·(j·per_block + 8i) (32 bytes, 8-aligned:
-    // `lanes` is 32-byte aligned, per_block a multiple of 8), the scale at
-    // sc + 4·(j·ss + i) and da + 4j; the loop loads block j + 1 only for j + 1 <
-    // da.len() (`more` iterations, then the last block without loads). Clobbers
-    // r0-r18 and p0, declared below; no memory is written.
-    unsafe {
-        asm!(
-            "{{ r17 = memw({sp}+#0); r18 = memw({dap}++#4) }}",
-            "{{ r1:0 = memd({lp}+#0); r3:2 = memd({lp}+#8) }}",
-            "{{ r5:4 = memd({lp}+#16); r7:6 = memd({lp}+#24); r16 = sfmpy(r17, r18) }}",
-            "{{ r9:8 = combine(#0, #0); r11:10 = combine(#0, #0); {sp} = add({sp}, {ssb}); {lp} = add({lp}, {pl}) }}",
-            "{{ r13:12 = combine(#0, #0); r15:14 = combine(#0, #0); p0 = cmp.eq({n}, #0); if (p0.new) jump:nt 3f }}",
-            ".falign",
-            "2:",
-            "{{ r8 += sfmpy(r16, r0); r9 += sfmpy(r16, r1); r17 = memw({sp}+#0); r18 = memw({dap}++#4) }}",
-            "{{ r10 += sfmpy(r16, r2); r11 += sfmpy(r16, r3); r1:0 = memd({lp}+#0); r3:2 = memd({lp}+#8) }}",
-            "{{ r12 += sfmpy(r16, r4); r13 += sfmpy(r16, r5); r5:4 = memd({lp}+#16); {n} = add({n}, #-1) }}",
-            "{{ r14 += sfmpy(r16, r6); r15 += sfmpy(r16, r7); r7:6 = memd({lp}+#24); {lp} = add({lp}, {pl}) }}",
-            "{{ r16 = sfmpy(r17, r18); {sp} = add({sp}, {ssb}); p0 = cmp.gt({n}, #0); if (p0.new) jump:t 2b }}",
-            "3:",
-            "{{ r8 += sfmpy(r16, r0); r9 += sfmpy(r16, r1) }}",
-            "{{ r10 += sfmpy(r16, r2); r11 += sfmpy(r16, r3) }}",
-            "{{ r12 += sfmpy(r16, r4); r13 += sfmpy(r16, r5) }}",
-            "{{ r14 += sfmpy(r16, r6); r15 += sfmpy(r16, r7) }}",
-            "{{ r0 = sfadd(r12, r8); r1 = sfadd(r13, r9) }}",
-            "{{ r2 = sfadd(r14, r10); r3 = sfadd(r15, r11) }}",
-            "{{ r0 = sfadd(r0, r2); r1 = sfadd(r1, r3) }}",
-            "{{ {y} = sfadd(r0, r1) }}",
-            lp = inout(reg) lanes.as_ptr().add(8 * i) => _,
-            sp = inout(reg) sc.as_ptr().add(i) => _,
-            dap = inout(reg) da.as_ptr() => _,
-            n = inout(reg) more => _,
-            pl = in(reg) pl,
-            ssb = in(reg) ssb,
-            y = out(reg) out,
-            out("r0") _, out("r1") _, out("r2") _, out("r3") _, out("r4") _, out("r5") _, out("r6") _, out("r7") _,
-            out("r8") _, out("r9") _, out("r10") _, out("r11") _, out("r12") _, out("r13") _, out("r14") _, out("r15") _,
-            out("r16") _, out("r17") _, out("r18") _, out("p0") _,
-            options(nostack, readonly, pure),
-        );
-    }
-    out
 }
 
 /// With feature `broken-hvx-zeros`: zeroes the `n` result vectors at `out`, as a
