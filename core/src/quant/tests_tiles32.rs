@@ -138,7 +138,7 @@ fn several_columns_read_staged_tiles() {
                 tiles32::matmul(&kern, &weights, &acts, cols, &mut scratch[soff..soff + scratch_len], &mut want).unwrap();
                 let mut got = vec![f32::NAN; cols * rows];
                 STAGED.store(0, core::sync::atomic::Ordering::Relaxed);
-                tiles32::matmul_with(&tk, &weights, &acts, cols, &mut scratch[soff..soff + scratch_len], &mut got).unwrap();
+                tiles32::matmul_par_with(&tk, &weights, &acts, cols, &mut scratch[soff..soff + scratch_len], &mut got, &crate::parallel::Sequential).unwrap();
                 let staged = STAGED.load(core::sync::atomic::Ordering::Relaxed);
                 let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(same, "{ty} {cols} columns, scratch {scratch_len}: not matmul's bits");

@@ -253,6 +253,12 @@ pub fn matmul(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols: usi
 /// [`matmul`], so the result is the same bit for bit whatever the number of tasks.
 /// Allocates nothing.
 pub fn matmul_par(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols: usize, scratch: &mut [u8], out: &mut [f32], par: &dyn Parallel) -> Result<(), TileError> {
+    matmul_par_with(&kern.tile_sums(), w, acts, cols, scratch, out, par)
+}
+
+/// [`matmul_par`] with the Tiles32 kernels `tk` (tests give it a set whose calls they
+/// observe).
+pub(super) fn matmul_par_with(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols: usize, scratch: &mut [u8], out: &mut [f32], par: &dyn Parallel) -> Result<(), TileError> {
     let nb = w.k / 32;
     if cols == 0 || acts.len() != cols * nb || out.len() != cols * w.rows {
         return Err(TileError::Shape);
@@ -262,20 +268,19 @@ pub fn matmul_par(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols:
     let tasks = par.n_threads().clamp(1, g_count.max(1));
     let out = Out::new(out, w.rows);
     if tasks == 1 {
-        return matmul_checked(&kern.tile_sums(), w, acts, 0..g_count, scratch, &out, None);
+        return matmul_checked(tk, w, acts, 0..g_count, scratch, &out, None);
     }
     let pad = scratch.as_ptr().align_offset(ALIGN).min(scratch.len());
     let scratch = &mut scratch[pad..];
     let share = scratch.len() / tasks / ALIGN * ALIGN;
     let pieces = SharedMut::new(scratch);
-    let tk = kern.tile_sums();
     // The first error any task met (a TileError's code + 1; 0: none).
     let failed = AtomicU32::new(0);
     par.run(tasks, &|i| {
         // SAFETY: task i alone uses share bytes at i·share (i < tasks, tasks·share ≤
         // the scratch's length), and writes only the rows of its own groups.
         let scratch = unsafe { pieces.slice(i * share, share) };
-        if let Err(e) = matmul_checked(&tk, w, acts, split_range(g_count, tasks, i), scratch, &out, None) {
+        if let Err(e) = matmul_checked(tk, w, acts, split_range(g_count, tasks, i), scratch, &out, None) {
             failed.store(e as u32 + 1, Ordering::Relaxed);
         }
     });
@@ -285,18 +290,6 @@ pub fn matmul_par(kern: &Kernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols:
         2 => Err(TileError::Shape),
         _ => Err(TileError::Scratch),
     }
-}
-
-/// [`matmul`] (shapes as it checks them) with the kernels `tk`: tests give it a set
-/// whose calls they observe.
-#[cfg(test)]
-pub(super) fn matmul_with(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], cols: usize, scratch: &mut [u8], out: &mut [f32]) -> Result<(), TileError> {
-    let nb = w.k / 32;
-    if cols == 0 || acts.len() != cols * nb || out.len() != cols * w.rows {
-        return Err(TileError::Shape);
-    }
-    w.check(&acts[..nb], &out[..w.rows], &None)?;
-    matmul_checked(tk, w, acts, 0..tile::groups(w.rows as u32), scratch, &Out::new(out, w.rows), None)
 }
 
 /// A product's outputs `[col][row]`, written by row range: tasks of one product own
@@ -565,17 +558,11 @@ fn matmul_q8_0_lanes(tk: &TileKernels, w: &TiledWeights<'_>, acts: &[ActBlock], 
                         let mut a8: [f32; 8] = if b0 == 0 { [0.0; 8] } else { core::array::from_fn(|l| unsafe { acc8[l].assume_init() }) };
                         let (mut sp, mut lp) = (s0 + i, g * 256 + r);
                         for &da in &da[..nbb] {
-                            // SAFETY: for block j (0..nbb), sp = s0 + j·ss + i with i < n_rows,
-                            // and lp = j·per_block + g·256 + r, so lp + 32·7 < (j + 1)·per_block
-                            // (g < n, r < 32): both in bounds by the assertion above.
+                            // SAFETY: for block j (0..nbb), sp = s0 + j·ss + i with i < n_rows:
+                            // in bounds by the assertion above. (The lanes, at lp = j·per_block
+                            // + g·256 + r, are read checked.)
                             let dw = unsafe { *scales.get_unchecked(sp) };
-                            let d = dw * da;
-                            // Lane l of this row and block is `buf[lp + 32l]` (f32 bits).
-                            for (l, acc) in a8.iter_mut().enumerate() {
-                                // SAFETY: as above.
-                                let x = unsafe { *buf.get_unchecked(lp + 32 * l) };
-                                *acc = fma(d, f32::from_bits(x as u32), *acc);
-                            }
+                            lane_step(&mut a8, buf, lp, dw * da);
                             (sp, lp) = (sp + ss, lp + per_block);
                         }
                         acc8.iter_mut().zip(a8).for_each(|(m, v)| _ = m.write(v));
@@ -673,15 +660,21 @@ pub(crate) fn ref_q8_0_row(lanes: &[i32], i: usize, per_block: usize, sc: &[f32]
     let mut a = [0f32; 8];
     let (mut lp, mut sp) = (256 * (i / 32) + i % 32, i);
     for &da in da {
-        // Lane l of row i in block j is lanes[lp + 32l], lp = j·per_block + 256·(i / 32)
-        // + i % 32, its scale sc[sp], sp = j·ss + i.
-        let d = sc[sp] * da;
-        for (l, acc) in a.iter_mut().enumerate() {
-            *acc = fma(d, f32::from_bits(lanes[lp + 32 * l] as u32), *acc);
-        }
+        // Row i's lanes in block j start at lp = j·per_block + 256·(i / 32) + i % 32, its
+        // scale is sc[sp], sp = j·ss + i.
+        lane_step(&mut a, lanes, lp, sc[sp] * da);
         (lp, sp) = (lp + per_block, sp + ss);
     }
     lane_total(&a)
+}
+
+/// One block's step of a row's 8 Q8_0 lane accumulators, `acc[l] = fma(d, lane l,
+/// acc[l])`, lane `l` the f32 bits at `lanes[lp + 32l]` ([`LaneSumsFn`]'s layout).
+#[inline(always)]
+fn lane_step(acc: &mut [f32; 8], lanes: &[i32], lp: usize, d: f32) {
+    for (l, a) in acc.iter_mut().enumerate() {
+        *a = fma(d, f32::from_bits(lanes[lp + 32 * l] as u32), *a);
+    }
 }
 
 /// The activation scales of one pass's blocks (at most [`PASS_BLOCKS`]) in `mem`, only
