@@ -98,6 +98,12 @@ pub type Q8RowsFn = fn(o: &mut [f32], lanes: &[i32], per_block: usize, sc: &[f32
 /// each chunk's tiles once and reads them from there for every column.
 pub type StageFn = fn(src: &[u8], dst: &mut [u8]);
 
+/// Quantizes activations into Q8_0 blocks in the kernels' form: `x` is `32·out.len()`
+/// values (checked by the caller), block `b` of `out` from `x[32b..32b + 32]` by
+/// [`super::Kernels::quantize_activations`]' rule (`kern`'s, the bytes every kernel set
+/// gives), its quants' sum and its scale as f16 bits and as f32.
+pub type ActQuantFn = fn(kern: &super::Kernels, x: &[f32], out: &mut [ActBlock]);
+
 /// The kernels of one kernel set for Tiles32 weights.
 #[derive(Clone, Copy, Debug)]
 pub struct TileKernels {
@@ -117,10 +123,12 @@ pub struct TileKernels {
     pub block_rows: BlockRowsFn,
     /// The copy of a chunk's tiles into the scratch.
     pub stage: StageFn,
+    /// Activation quantization into blocks.
+    pub quantize: ActQuantFn,
 }
 
 /// The scalar reference kernels (the same integers as every other set).
-pub const REFERENCE: TileKernels = TileKernels { q8_0: ref_q8_0_sums, q8_0_lanes: ref_q8_0_lane_sums, q4_0: ref_q4_0_sums, iq4_nl: ref_iq4_nl_sums, to_f32: ref_to_f32, q8_0_rows: ref_q8_0_rows, block_rows: ref_block_rows, stage: ref_stage };
+pub const REFERENCE: TileKernels = TileKernels { q8_0: ref_q8_0_sums, q8_0_lanes: ref_q8_0_lane_sums, q4_0: ref_q4_0_sums, iq4_nl: ref_iq4_nl_sums, to_f32: ref_to_f32, q8_0_rows: ref_q8_0_rows, block_rows: ref_block_rows, stage: ref_stage, quantize: ref_quantize };
 
 /// One Q8_0 activation block in the form the kernels take.
 #[derive(Copy, Clone, Debug, Default, PartialEq)]
@@ -160,17 +168,24 @@ impl ActBlock {
 }
 
 /// Quantizes `x` (`32·out.len()` values) into Q8_0 activation blocks with
-/// [`Kernels::quantize_activations`]' rule (the bytes every kernel set gives).
+/// [`Kernels::quantize_activations`]' rule (the bytes every kernel set gives), by
+/// `kern`'s [`TileKernels::quantize`].
 pub fn quantize_act(kern: &Kernels, x: &[f32], out: &mut [ActBlock]) -> Result<(), TileError> {
     if x.len() != 32 * out.len() {
         return Err(TileError::Shape);
     }
+    (kern.tile_sums().quantize)(kern, x, out);
+    Ok(())
+}
+
+/// [`ActQuantFn`] by `kern`'s ggml Q8_0 quantization, block by block, each block then
+/// parsed by [`ActBlock::from_q8_0`].
+pub fn ref_quantize(kern: &Kernels, x: &[f32], out: &mut [ActBlock]) {
     let mut b = [0u8; 34];
     for (blk, chunk) in out.iter_mut().zip(x.chunks_exact(32)) {
-        kern.quantize_activations(GgmlType::Q8_0, chunk, &mut b).map_err(|_| TileError::Shape)?;
+        kern.quantize_activations(GgmlType::Q8_0, chunk, &mut b).expect("Q8_0 activations: one block into 34 bytes");
         *blk = ActBlock::from_q8_0(&b);
     }
-    Ok(())
 }
 
 /// A weight matrix in Tiles32 layout.

@@ -78,6 +78,29 @@ fn every_f16_value_through_gelu_and_geglu_equals_keel_core() {
     assert_same_f32(&b.f32_of(&bufs, geglu), &e::geglu(&x, &up), "geglu of every f16 value");
 }
 
+/// SwiGLU where the DSP's four-at-a-time path takes its values (every gate of a step
+/// below 80 in magnitude): every exponent `n` of `ggml_expf` from −116 to 116 (odd
+/// negative ones, which the reference halves toward zero and the DSP by a shift), ±0,
+/// subnormals, values just below ±80, and steps where one gate of four is 80 or more
+/// (the reference for that step), over a length that leaves a tail of 3.
+#[test]
+fn swiglu_on_the_dsps_fast_path_equals_keel_core() {
+    let mut rng = Rng(0x5e1f);
+    let mut x: Vec<f32> = (-116..=116).map(|n| -(n as f32) * core::f32::consts::LN_2 + rng.f32() * 0.3).collect();
+    x.extend([0.0, -0.0, f32::from_bits(1), f32::from_bits(0x8000_0001), 79.99999, -79.99999, f32::from_bits(0x429f_ffff), f32::from_bits(0xc29f_ffff)]);
+    x.extend((0..3999).map(|i| if i % 97 == 0 { 80.0 + rng.f32().abs() * 10.0 } else { rng.f32() * 80.0 }));
+    x.extend((0..3).map(|_| rng.f32() * 5.0));
+    let n = x.len();
+    assert_eq!(n % 4, 3);
+    let up: Vec<f32> = (0..n).map(|_| rng.f32() * 4.0).collect();
+    let mut b = Builder::new();
+    let (xt, ut) = (b.f32s([n as u32, 1, 1, 1], &x), b.f32s([n as u32, 1, 1, 1], &up));
+    let out = b.zeros(DType::F32, [n as u32, 1, 1, 1]);
+    b.op(OpKind::SwiGlu, [Some(xt), Some(ut), None], out);
+    let bufs = b.run().unwrap();
+    assert_same_f32(&b.f32_of(&bufs, out), &e::swiglu(&x, &up), "swiglu, fast range");
+}
+
 #[test]
 fn a_large_set_through_silu_gelu_swiglu_geglu_equals_keel_core() {
     let mut rng = Rng(0xac7);

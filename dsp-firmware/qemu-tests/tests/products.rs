@@ -102,6 +102,65 @@ fn quantize_on_the_dsp_then_products_equal_keel_core() {
     assert_eq!(b.run().unwrap_err(), Failed { op: 0, code: OUT_OF_MEMORY });
 }
 
+/// F32 columns quantized inside a product on the DSP (its HVX-and-scalar quantizer)
+/// give keel-core's Q8_0 blocks on the blocks its fast path takes and on those it hands
+/// to the reference: each column one kind of block beside an ordinary one (a NaN, ±∞,
+/// subnormal values, an `amax` whose `127/amax` overflows or nearly does, rounding ties
+/// at `id = 1`, values near f32::MAX, zeros of both signs), and the same columns at a
+/// 4-byte offset (not 8-aligned: the reference for every block); and the `Quantize` op's
+/// bytes from the same blocks (which also show the quants of blocks whose f16 scale is 0,
+/// where a product cannot).
+#[test]
+fn f32_columns_quantized_in_a_product_on_edge_blocks_equal_keel_core() {
+    let mut rng = Rng(0x51ce);
+    let k = 64;
+    let mut cols: Vec<[f32; 32]> = Vec::new();
+    let ordinary = |rng: &mut Rng, scale: f32| -> [f32; 32] { core::array::from_fn(|_| rng.f32() * scale) };
+    let with = |at: usize, v: f32, rng: &mut Rng| {
+        let mut b = ordinary(rng, 2.0);
+        b[at] = v;
+        b
+    };
+    cols.push(with(5, f32::NAN, &mut rng));
+    cols.push(with(31, f32::INFINITY, &mut rng));
+    cols.push(with(0, f32::NEG_INFINITY, &mut rng));
+    cols.push(ordinary(&mut rng, 1e-40)); // subnormal amax: 127/amax = ∞
+    cols.push(ordinary(&mut rng, 1e-37)); // normal amax, 127/amax still ∞
+    cols.push(ordinary(&mut rng, 6e-37)); // 127/amax finite, near f32::MAX
+    cols.push(core::array::from_fn(|i| if i == 0 { 127.0 } else { i as f32 - 15.5 })); // ties at id = 1
+    cols.push(core::array::from_fn(|i| if i == 7 { -127.0 } else { (i as f32 - 16.0) * 0.5 + 0.25 }));
+    cols.push(ordinary(&mut rng, 3e38));
+    cols.push(core::array::from_fn(|i| if i % 2 == 0 { 0.0 } else { -0.0 }));
+    cols.push(core::array::from_fn(|i| if i == 3 { f32::MAX } else { f32::MIN_POSITIVE * i as f32 }));
+    cols.push(ordinary(&mut rng, 40.0));
+    let n = cols.len();
+    // Column c: its edge block, then an ordinary one.
+    let x: Vec<f32> = cols.iter().flat_map(|b| b.iter().copied().chain(ordinary(&mut rng, 3.0))).collect();
+    assert_eq!(x.len(), k * n);
+    for t in [DType::Q8_0, DType::Q4_0] {
+        let rows = 40;
+        let w = ggml_weights(t, rows, k, &mut rng);
+        let want = e::matmul(&Tiled::new(t, rows, k, &w), &e::quantize_q8_0(&x));
+        let mut b = Builder::new();
+        let wt = b.tiled(t, rows as u32, k as u32, &w);
+        let xt = b.f32s([k as u32, n as u32, 1, 1], &x);
+        // The same values 4 bytes into a buffer.
+        let shifted = b.buffer([0u8; 4].into_iter().chain(x.iter().flat_map(|v| v.to_le_bytes())).collect());
+        let xs = b.view(DType::F32, [k as u32, n as u32, 1, 1], shifted, 4);
+        let (d1, d2) = (b.zeros(DType::F32, [rows as u32, n as u32, 1, 1]), b.zeros(DType::F32, [rows as u32, n as u32, 1, 1]));
+        let (q1, q2) = (b.zeros(DType::Q8_0, [k as u32, n as u32, 1, 1]), b.zeros(DType::Q8_0, [k as u32, n as u32, 1, 1]));
+        b.op(OpKind::MatMul, [Some(wt), Some(xt), None], d1);
+        b.op(OpKind::MatMul, [Some(wt), Some(xs), None], d2);
+        b.op(OpKind::Quantize, [Some(xt), None, None], q1);
+        b.op(OpKind::Quantize, [Some(xs), None, None], q2);
+        let bufs = b.run().unwrap();
+        assert_same_bytes(b.tensor_bytes(&bufs, q1), &e::quantize_q8_0(&x), "Quantize of the edge blocks");
+        assert_same_bytes(b.tensor_bytes(&bufs, q2), &e::quantize_q8_0(&x), "Quantize of the edge blocks, 4-byte aligned");
+        assert_same_f32(&b.f32_of(&bufs, d1), &want, &format!("{t:?}: F32 columns with edge blocks"));
+        assert_same_f32(&b.f32_of(&bufs, d2), &want, &format!("{t:?}: the same columns, 4-byte aligned"));
+    }
+}
+
 /// A llama-style decoder layer for two tokens at positions 6 and 7, as one batch of 22
 /// ops: embedding rows (Q8_0 GetRows), RMSNorm·w, Q8_0 quantization, Q/K/V products
 /// (Q4_0, IQ4_NL, Q8_0), RoPE of Q and K (angles computed on the DSP), Copy of K and V

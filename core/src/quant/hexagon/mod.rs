@@ -30,14 +30,15 @@ use core::arch::hexagon::v128::{
 };
 
 use super::tiles32::{TileKernels, ALIGN};
-use super::{Isa, KernelTable, REFERENCE};
+use super::{Isa, KernelTable, PerType, REFERENCE};
 
+mod act;
 mod f16;
 mod iq4_nl;
 mod q4_0;
 
 /// The HVX kernels as a Tiles32 kernel set.
-const TILES: TileKernels = TileKernels { q8_0: q8_0_sums, q8_0_lanes: q8_0_lanes, q4_0: q4_0_sums, iq4_nl: iq4_nl_sums, to_f32: sums_to_f32, q8_0_rows, block_rows, stage };
+const TILES: TileKernels = TileKernels { q8_0: q8_0_sums, q8_0_lanes: q8_0_lanes, q4_0: q4_0_sums, iq4_nl: iq4_nl_sums, to_f32: sums_to_f32, q8_0_rows, block_rows, stage, quantize: act::quantize };
 
 /// The Hexagon table: the reference with the HVX Tiles32 kernels and HVX f16
 /// conversions under attention's f16 operations.
@@ -51,6 +52,8 @@ static HVX: KernelTable = KernelTable {
     f16_to_f32: f16::to_f32,
     f16_dot_keys: f16::dot_keys,
     f16_mad_keys: f16::mad_keys,
+    quantize: PerType { q8_0: Some(act::quantize_q8_0), ..REFERENCE.quantize },
+    swiglu: act::swiglu,
     ..REFERENCE
 };
 
