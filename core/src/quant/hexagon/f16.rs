@@ -14,6 +14,7 @@ use core::arch::hexagon::v128::{
     HvxVector, Q6_V_hi_W, Q6_V_lo_W, Q6_V_vand_VV, Q6_V_vnot_V, Q6_V_vor_VV, Q6_V_vsplat_R, Q6_Vh_vpacke_VwVw, Q6_Vuw_vcl0_Vuw, Q6_Vuw_vlsr_VuwR,
     Q6_Vw_vadd_VwVw, Q6_Vw_vasl_VwR, Q6_Vw_vasl_VwVw, Q6_Vw_vasr_VwR, Q6_Vw_vlsr_VwVw, Q6_Vw_vmin_VwVw, Q6_Vw_vsub_VwVw, Q6_Wuw_vunpack_Vuh,
 };
+use core::arch::asm;
 use core::mem::MaybeUninit;
 use core::ptr::{read_unaligned, write_unaligned};
 
@@ -246,6 +247,9 @@ pub(super) fn dot_keys(t: &super::super::KernelTable, k: &[f16], offs: &[usize],
     if n > ROW_MAX || n == 0 {
         return super::super::dot_keys_by_key(t, k, offs, q, out);
     }
+    if n == 32 {
+        return dot_keys_32(k, offs, q, out);
+    }
     let np = n - n % DOT_STEP;
     // q as f32, [`W`] at a time: only the chunks `n` covers are written (not zeroed
     // first: a call per query and head) and read.
@@ -279,6 +283,162 @@ pub(super) fn dot_keys(t: &super::super::KernelTable, k: &[f16], offs: &[usize],
     }
 }
 
+/// [`dot_keys`] for rows of 32 (no whole [`DOT_STEP`]: the reference's sum is `+0.0`
+/// plus each product `k·q` rounded to f32, added in f64 in element order, then rounded
+/// to f32), two keys at a time by [`dot2_32`]; an odd last key as [`dot_keys`] does.
+fn dot_keys_32(k: &[f16], offs: &[usize], q: &[f16], out: &mut [f32]) {
+    let mut qv = Vectors([splat(0); 4]);
+    qv.0[0] = as_vector(load_in::<1>(q, 0, 32)[0]);
+    let row = |off: usize| {
+        assert!(off <= k.len() && k.len() - off >= 32, "f16 dot_keys: key row outside the cache");
+        as_vector(load_in::<1>(k, off, 32)[0])
+    };
+    let mut kv = Vectors([splat(0); 4]);
+    let pairs = offs.len().min(out.len()) / 2;
+    for (o, off) in out[..2 * pairs].chunks_exact_mut(2).zip(offs.chunks_exact(2)) {
+        (kv.0[0], kv.0[1]) = (row(off[0]), row(off[1]));
+        // SAFETY: three aligned vectors of 32 f32 each.
+        let (a, b) = unsafe { dot2_32(kv.0.as_ptr() as *const f32, kv.0.as_ptr().add(1) as *const f32, qv.0.as_ptr() as *const f32) };
+        (o[0], o[1]) = (a, b);
+    }
+    if let (Some(o), Some(&off)) = (out.get_mut(2 * pairs), offs.get(2 * pairs)) {
+        kv.0[0] = row(off);
+        let (kf, qf) = (&kv.f32s()[..32], &qv.f32s()[..32]);
+        let mut sum = 0f64;
+        for (&p, &q) in kf.iter().zip(qf) {
+            sum += (p * q) as f64;
+        }
+        *o = sum as f32;
+    }
+}
+
+/// The dots of two rows of 32 f32 (`ka`, `kb`) with `q` in the reference's operations
+/// (see [`dot_keys_32`]): per element both products (`sfmpy`), their conversions to f64,
+/// both f64 additions, one packet each (the two float slots full: 96 packets for the
+/// pair), the next element pair's three `memd` loads beside them.
+///
+/// # Safety
+/// `ka`, `kb` and `q` each point to 32 f32, 8-byte aligned.
+#[inline(always)]
+unsafe fn dot2_32(ka: *const f32, kb: *const f32, q: *const f32) -> (f32, f32) {
+    let (a, b): (u32, u32);
+    // SAFETY: the caller's 3 × 128 bytes, read only; r0-r18 and r20-r23 clobbered (r19
+    // is not used).
+    unsafe {
+        asm!(
+            "{{ r5:4 = memd({ka}+#0); r7:6 = memd({kb}+#0) }}",
+            "{{ r9:8 = memd({qp}+#0); r1:0 = combine(#0, #0); r3:2 = combine(#0, #0) }}",
+            "{{ r16 = sfmpy(r4, r8); r17 = sfmpy(r6, r8) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17); r11:10 = memd({ka}+#8); r13:12 = memd({kb}+#8) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22); r15:14 = memd({qp}+#8) }}",
+            "{{ r16 = sfmpy(r5, r9); r17 = sfmpy(r7, r9) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22) }}",
+            "{{ r16 = sfmpy(r10, r14); r17 = sfmpy(r12, r14) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17); r5:4 = memd({ka}+#16); r7:6 = memd({kb}+#16) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22); r9:8 = memd({qp}+#16) }}",
+            "{{ r16 = sfmpy(r11, r15); r17 = sfmpy(r13, r15) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22) }}",
+            "{{ r16 = sfmpy(r4, r8); r17 = sfmpy(r6, r8) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17); r11:10 = memd({ka}+#24); r13:12 = memd({kb}+#24) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22); r15:14 = memd({qp}+#24) }}",
+            "{{ r16 = sfmpy(r5, r9); r17 = sfmpy(r7, r9) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22) }}",
+            "{{ r16 = sfmpy(r10, r14); r17 = sfmpy(r12, r14) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17); r5:4 = memd({ka}+#32); r7:6 = memd({kb}+#32) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22); r9:8 = memd({qp}+#32) }}",
+            "{{ r16 = sfmpy(r11, r15); r17 = sfmpy(r13, r15) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22) }}",
+            "{{ r16 = sfmpy(r4, r8); r17 = sfmpy(r6, r8) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17); r11:10 = memd({ka}+#40); r13:12 = memd({kb}+#40) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22); r15:14 = memd({qp}+#40) }}",
+            "{{ r16 = sfmpy(r5, r9); r17 = sfmpy(r7, r9) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22) }}",
+            "{{ r16 = sfmpy(r10, r14); r17 = sfmpy(r12, r14) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17); r5:4 = memd({ka}+#48); r7:6 = memd({kb}+#48) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22); r9:8 = memd({qp}+#48) }}",
+            "{{ r16 = sfmpy(r11, r15); r17 = sfmpy(r13, r15) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22) }}",
+            "{{ r16 = sfmpy(r4, r8); r17 = sfmpy(r6, r8) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17); r11:10 = memd({ka}+#56); r13:12 = memd({kb}+#56) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22); r15:14 = memd({qp}+#56) }}",
+            "{{ r16 = sfmpy(r5, r9); r17 = sfmpy(r7, r9) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22) }}",
+            "{{ r16 = sfmpy(r10, r14); r17 = sfmpy(r12, r14) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17); r5:4 = memd({ka}+#64); r7:6 = memd({kb}+#64) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22); r9:8 = memd({qp}+#64) }}",
+            "{{ r16 = sfmpy(r11, r15); r17 = sfmpy(r13, r15) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22) }}",
+            "{{ r16 = sfmpy(r4, r8); r17 = sfmpy(r6, r8) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17); r11:10 = memd({ka}+#72); r13:12 = memd({kb}+#72) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22); r15:14 = memd({qp}+#72) }}",
+            "{{ r16 = sfmpy(r5, r9); r17 = sfmpy(r7, r9) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22) }}",
+            "{{ r16 = sfmpy(r10, r14); r17 = sfmpy(r12, r14) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17); r5:4 = memd({ka}+#80); r7:6 = memd({kb}+#80) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22); r9:8 = memd({qp}+#80) }}",
+            "{{ r16 = sfmpy(r11, r15); r17 = sfmpy(r13, r15) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22) }}",
+            "{{ r16 = sfmpy(r4, r8); r17 = sfmpy(r6, r8) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17); r11:10 = memd({ka}+#88); r13:12 = memd({kb}+#88) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22); r15:14 = memd({qp}+#88) }}",
+            "{{ r16 = sfmpy(r5, r9); r17 = sfmpy(r7, r9) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22) }}",
+            "{{ r16 = sfmpy(r10, r14); r17 = sfmpy(r12, r14) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17); r5:4 = memd({ka}+#96); r7:6 = memd({kb}+#96) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22); r9:8 = memd({qp}+#96) }}",
+            "{{ r16 = sfmpy(r11, r15); r17 = sfmpy(r13, r15) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22) }}",
+            "{{ r16 = sfmpy(r4, r8); r17 = sfmpy(r6, r8) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17); r11:10 = memd({ka}+#104); r13:12 = memd({kb}+#104) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22); r15:14 = memd({qp}+#104) }}",
+            "{{ r16 = sfmpy(r5, r9); r17 = sfmpy(r7, r9) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22) }}",
+            "{{ r16 = sfmpy(r10, r14); r17 = sfmpy(r12, r14) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17); r5:4 = memd({ka}+#112); r7:6 = memd({kb}+#112) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22); r9:8 = memd({qp}+#112) }}",
+            "{{ r16 = sfmpy(r11, r15); r17 = sfmpy(r13, r15) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22) }}",
+            "{{ r16 = sfmpy(r4, r8); r17 = sfmpy(r6, r8) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17); r11:10 = memd({ka}+#120); r13:12 = memd({kb}+#120) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22); r15:14 = memd({qp}+#120) }}",
+            "{{ r16 = sfmpy(r5, r9); r17 = sfmpy(r7, r9) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22) }}",
+            "{{ r16 = sfmpy(r10, r14); r17 = sfmpy(r12, r14) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22) }}",
+            "{{ r16 = sfmpy(r11, r15); r17 = sfmpy(r13, r15) }}",
+            "{{ r21:20 = convert_sf2df(r16); r23:22 = convert_sf2df(r17) }}",
+            "{{ r1:0 = dfadd(r1:0, r21:20); r3:2 = dfadd(r3:2, r23:22) }}",
+            "{{ {a} = convert_df2sf(r1:0); {b} = convert_df2sf(r3:2) }}",
+            ka = in(reg) ka,
+            kb = in(reg) kb,
+            qp = in(reg) q,
+            a = lateout(reg) a,
+            b = lateout(reg) b,
+            out("r0") _, out("r1") _, out("r2") _, out("r3") _, out("r4") _, out("r5") _, out("r6") _, out("r7") _,
+            out("r8") _, out("r9") _, out("r10") _, out("r11") _, out("r12") _, out("r13") _, out("r14") _, out("r15") _,
+            out("r16") _, out("r17") _, out("r20") _, out("r21") _, out("r22") _, out("r23") _,
+            options(nostack, readonly),
+        );
+    }
+    (f32::from_bits(a), f32::from_bits(b))
+}
+
 /// `sum` plus the products `kf[i]·q[i]` (`i < q.len()`, at most `32·V`), each added in
 /// f64 in order: the reference dot's leftover elements.
 #[inline(always)]
@@ -289,66 +449,127 @@ fn add_products<const V: usize>(mut sum: f64, kf: &[[f32; 32]; V], q: &[f32]) ->
     sum
 }
 
-/// `V` vectors of f32 rounded to f16 and back (the accumulator's rounding after each
-/// step), in vector registers.
-#[inline(always)]
-fn round_f16<const V: usize>(f: &mut [[f32; 32]; V]) {
-    for c in f.iter_mut() {
-        // SAFETY: value-only HVX intrinsics; a vector is 32 f32.
-        unsafe { *c = core::mem::transmute::<HvxVector, [f32; 32]>(h2f_words(f2h_words(core::mem::transmute::<[f32; 32], HvxVector>(*c)))) };
-    }
-}
-
 /// `Kernels::f16_mad_keys` for rows shorter than [`F16_STEP`] (longer ones go key by
 /// key): the f16 accumulator `y` is held as f32 of f16 values across the keys (read
-/// once, written once), each step `y = f16(fma(x, v, y))` (after `y = f16(y·e)` on a
-/// new maximum, then `v = 1`), as [`scale`] and [`mad`] compute it key by key. Rows of
-/// up to 32 take one vector per conversion, longer ones chunks of 64.
+/// once, written once) in vectors of 32, each step `y = f16(fma(x, v, y))` (after `y =
+/// f16(y·e)` on a new maximum, then `v = 1`), as [`scale`] and [`mad`] compute it key by
+/// key: per key and 32 values, the value row converted on HVX into an aligned buffer,
+/// the 32 fused multiply-adds by [`fma_32`] (scalar `sffma`, pairs loaded and stored by
+/// `memd`: 25 packets, the bound of its 48 loads and stores), and the rounding to f16 and
+/// back on HVX.
 pub(super) fn mad_keys(t: &super::super::KernelTable, y: &mut [f16], x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32]) {
     let n = y.len();
     if n >= F16_STEP || n == 0 {
         return super::super::mad_keys_by_key(t, y, x, offs, new_max, e);
     }
-    if n <= 32 {
-        mad_keys_in::<1>(y, x, offs, new_max, e)
-    } else {
-        mad_keys_in::<2>(y, x, offs, new_max, e)
-    }
-}
-
-/// [`mad_keys`] in chunks of `32·V` (`y.len() < F16_STEP`).
-#[inline(always)]
-fn mad_keys_in<const V: usize>(y: &mut [f16], x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32]) {
-    let (n, cw) = (y.len(), 32 * V);
-    let chunks = n.div_ceil(cw);
-    // At most 2 chunks: `V = 1` for rows up to 32, else rows below F16_STEP = 2 × 64.
-    let mut yf = [[[0f32; 32]; V]; 2];
-    for (c, yc) in yf.iter_mut().zip(y.chunks(cw)) {
-        *c = load_in::<V>(yc, 0, yc.len());
+    // The accumulator and the key's value row as f32, 32 per vector (at most 4).
+    let nv = n.div_ceil(32);
+    let (mut acc, mut row) = (Vectors([splat(0); 4]), Vectors([splat(0); 4]));
+    for (k, yc) in y.chunks(32).enumerate() {
+        acc.0[k] = as_vector(load_in::<1>(yc, 0, yc.len())[0]);
     }
     for ((&off, &nm), &ec) in offs.iter().zip(new_max).zip(e) {
         assert!(off <= x.len() && x.len() - off >= n, "f16 mad_keys: value row outside the cache");
-        for (ci, yc) in yf[..chunks].iter_mut().enumerate() {
-            let m = (n - ci * cw).min(cw);
-            let xf = load_in::<V>(x, off + ci * cw, m);
-            let v = if nm {
-                for a in yc.as_flattened_mut()[..m].iter_mut() {
-                    *a *= ec;
-                }
-                round_f16(yc);
-                1.0
-            } else {
-                ec
-            };
-            for (a, &b) in yc.as_flattened_mut()[..m].iter_mut().zip(&xf.as_flattened()[..m]) {
-                *a = crate::fused::fmaf(b, v, *a);
-            }
-            round_f16(yc);
+        for k in 0..nv {
+            let m = (n - 32 * k).min(32);
+            row.0[k] = as_vector(load_in::<1>(x, off + 32 * k, m)[0]);
         }
+        let v = if nm {
+            for a in acc.f32s_mut()[..32 * nv].iter_mut() {
+                *a *= ec;
+            }
+            round_vectors(&mut acc.0[..nv]);
+            1.0
+        } else {
+            ec
+        };
+        for k in 0..nv {
+            // SAFETY: vector k of each buffer: 32 f32, 128-byte aligned.
+            unsafe { fma_32(acc.0.as_mut_ptr().add(k) as *mut f32, row.0.as_ptr().add(k) as *const f32, v) };
+        }
+        round_vectors(&mut acc.0[..nv]);
     }
-    for (yc, ys) in yf.iter().zip(y.chunks_mut(cw)) {
+    for (k, ys) in y.chunks_mut(32).enumerate() {
         let mut f = [0f32; W];
-        f[..cw].copy_from_slice(yc.as_flattened());
+        f[..32].copy_from_slice(&acc.f32s()[32 * k..32 * k + 32]);
         store(f, ys);
+    }
+}
+
+/// Four aligned vectors (128 f32).
+#[repr(C, align(128))]
+struct Vectors([HvxVector; 4]);
+
+impl Vectors {
+    fn f32s(&self) -> &[f32; 128] {
+        // SAFETY: four vectors are 128 f32 (any bits are valid).
+        unsafe { &*(self.0.as_ptr() as *const [f32; 128]) }
+    }
+
+    fn f32s_mut(&mut self) -> &mut [f32; 128] {
+        // SAFETY: as above.
+        unsafe { &mut *(self.0.as_mut_ptr() as *mut [f32; 128]) }
+    }
+}
+
+#[inline(always)]
+fn as_vector(f: [f32; 32]) -> HvxVector {
+    // SAFETY: 32 f32 are one vector.
+    unsafe { core::mem::transmute::<[f32; 32], HvxVector>(f) }
+}
+
+/// Each vector's 32 f32 rounded to f16 and back (the accumulator's rounding after each
+/// step).
+#[inline(always)]
+fn round_vectors(v: &mut [HvxVector]) {
+    for c in v {
+        // SAFETY: value-only HVX intrinsics.
+        unsafe { *c = h2f_words(f2h_words(*c)) };
+    }
+}
+
+/// `y[i] = fma(x[i], v, y[i])` for 32 f32 (`sffma`, one rounding), hand-scheduled:
+/// 16 pairs, each loaded by two `memd` and stored by one, two multiply-adds per packet.
+///
+/// # Safety
+/// `y` and `x` point to 32 f32 each, 8-byte aligned, `y` writable.
+#[inline(always)]
+unsafe fn fma_32(y: *mut f32, x: *const f32, v: f32) {
+    // SAFETY: the caller's 256 bytes; registers r0-r15 (four pairs for x, four for y,
+    // in turn) are declared clobbered.
+    unsafe {
+        asm!(
+            "{{ r1:0 = memd({xp}+#0); r9:8 = memd({yp}+#0) }}",
+            "{{ r8 += sfmpy(r0, {v}); r9 += sfmpy(r1, {v}); r3:2 = memd({xp}+#8); r11:10 = memd({yp}+#8) }}",
+            "{{ r10 += sfmpy(r2, {v}); r11 += sfmpy(r3, {v}); memd({yp}+#0) = r9:8; r5:4 = memd({xp}+#16) }}",
+            "{{ memd({yp}+#8) = r11:10; r13:12 = memd({yp}+#16) }}",
+            "{{ r12 += sfmpy(r4, {v}); r13 += sfmpy(r5, {v}); r7:6 = memd({xp}+#24); r15:14 = memd({yp}+#24) }}",
+            "{{ r14 += sfmpy(r6, {v}); r15 += sfmpy(r7, {v}); memd({yp}+#16) = r13:12; r1:0 = memd({xp}+#32) }}",
+            "{{ memd({yp}+#24) = r15:14; r9:8 = memd({yp}+#32) }}",
+            "{{ r8 += sfmpy(r0, {v}); r9 += sfmpy(r1, {v}); r3:2 = memd({xp}+#40); r11:10 = memd({yp}+#40) }}",
+            "{{ r10 += sfmpy(r2, {v}); r11 += sfmpy(r3, {v}); memd({yp}+#32) = r9:8; r5:4 = memd({xp}+#48) }}",
+            "{{ memd({yp}+#40) = r11:10; r13:12 = memd({yp}+#48) }}",
+            "{{ r12 += sfmpy(r4, {v}); r13 += sfmpy(r5, {v}); r7:6 = memd({xp}+#56); r15:14 = memd({yp}+#56) }}",
+            "{{ r14 += sfmpy(r6, {v}); r15 += sfmpy(r7, {v}); memd({yp}+#48) = r13:12; r1:0 = memd({xp}+#64) }}",
+            "{{ memd({yp}+#56) = r15:14; r9:8 = memd({yp}+#64) }}",
+            "{{ r8 += sfmpy(r0, {v}); r9 += sfmpy(r1, {v}); r3:2 = memd({xp}+#72); r11:10 = memd({yp}+#72) }}",
+            "{{ r10 += sfmpy(r2, {v}); r11 += sfmpy(r3, {v}); memd({yp}+#64) = r9:8; r5:4 = memd({xp}+#80) }}",
+            "{{ memd({yp}+#72) = r11:10; r13:12 = memd({yp}+#80) }}",
+            "{{ r12 += sfmpy(r4, {v}); r13 += sfmpy(r5, {v}); r7:6 = memd({xp}+#88); r15:14 = memd({yp}+#88) }}",
+            "{{ r14 += sfmpy(r6, {v}); r15 += sfmpy(r7, {v}); memd({yp}+#80) = r13:12; r1:0 = memd({xp}+#96) }}",
+            "{{ memd({yp}+#88) = r15:14; r9:8 = memd({yp}+#96) }}",
+            "{{ r8 += sfmpy(r0, {v}); r9 += sfmpy(r1, {v}); r3:2 = memd({xp}+#104); r11:10 = memd({yp}+#104) }}",
+            "{{ r10 += sfmpy(r2, {v}); r11 += sfmpy(r3, {v}); memd({yp}+#96) = r9:8; r5:4 = memd({xp}+#112) }}",
+            "{{ memd({yp}+#104) = r11:10; r13:12 = memd({yp}+#112) }}",
+            "{{ r12 += sfmpy(r4, {v}); r13 += sfmpy(r5, {v}); r7:6 = memd({xp}+#120); r15:14 = memd({yp}+#120) }}",
+            "{{ r14 += sfmpy(r6, {v}); r15 += sfmpy(r7, {v}); memd({yp}+#112) = r13:12 }}",
+            "{{ memd({yp}+#120) = r15:14 }}",
+            yp = in(reg) y,
+            xp = in(reg) x,
+            v = in(reg) v.to_bits(),
+            out("r0") _, out("r1") _, out("r2") _, out("r3") _, out("r4") _, out("r5") _, out("r6") _, out("r7") _,
+            out("r8") _, out("r9") _, out("r10") _, out("r11") _, out("r12") _, out("r13") _, out("r14") _, out("r15") _,
+            options(nostack),
+        );
     }
 }
