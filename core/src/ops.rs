@@ -57,16 +57,21 @@ pub fn rms_norm_unweighted(x: &mut [f32], eps: f32) {
 /// `x = softmax(x · scale)` of one row, in place: `m = max(x·scale)`, `e = expf(x·scale - m)`,
 /// the sum in f64 in index order, then `e · (1/sum)` (the reciprocal rounded to f32).
 pub fn softmax(x: &mut [f32], scale: f32) {
+    softmax_with(x, scale, |x| x.iter_mut().for_each(|v| *v = expf(*v)));
+}
+
+/// [`softmax`] with `exp` taking the exponentials of the whole row in place (`x·scale −
+/// m` in, [`expf`]'s bits out: e.g. `Kernels::expf_batch`); the same operations in the
+/// same order.
+pub fn softmax_with(x: &mut [f32], scale: f32, exp: impl FnOnce(&mut [f32])) {
     let mut m = f32::NEG_INFINITY;
     for v in x.iter_mut() {
         *v *= scale;
         m = m.max(*v);
     }
-    let mut sum = 0.0f64;
-    for v in x.iter_mut() {
-        *v = expf(*v - m);
-        sum += *v as f64;
-    }
+    x.iter_mut().for_each(|v| *v -= m);
+    exp(x);
+    let sum = x.iter().fold(0.0f64, |s, &v| s + v as f64);
     let inv = (1.0 / sum) as f32;
     x.iter_mut().for_each(|v| *v *= inv);
 }

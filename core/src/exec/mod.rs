@@ -150,7 +150,7 @@ pub fn run_batch_observed(batch: &Batch<'_>, buffers: &impl Buffers, caps: &Caps
             OpKind::GetRows => products::get_rows(op, &ts),
             OpKind::Copy => products::copy(op, &ts),
             OpKind::RmsNorm { eps } => layer::norm(op, &ts, eps),
-            OpKind::Softmax { scale } => layer::unary(op, &ts, |row| ops::softmax(row, scale)),
+            OpKind::Softmax { scale } => layer::unary(op, &ts, |row| ops::softmax_with(row, scale, |x| kernels().expf_batch(x))),
             OpKind::Silu => layer::unary(op, &ts, |row| row.iter_mut().for_each(|v| *v = ops::silu(*v))),
             OpKind::Gelu => layer::unary(op, &ts, |row| row.iter_mut().for_each(|v| *v = ops::gelu_tanh(*v))),
             OpKind::Scale { s } => layer::unary(op, &ts, |row| ops::scale(row, s)),

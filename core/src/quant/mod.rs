@@ -75,6 +75,8 @@
 //! out-of-bounds read.
 
 pub mod blocks;
+#[cfg(any(target_arch = "hexagon", test))]
+mod expf64;
 mod f16ops;
 mod quantize;
 mod quantize_k;

@@ -54,6 +54,7 @@ static HVX: KernelTable = KernelTable {
     f16_mad_keys: f16::mad_keys,
     quantize: PerType { q8_0: Some(act::quantize_q8_0), ..REFERENCE.quantize },
     swiglu: act::swiglu,
+    expf_batch: super::expf64::expf_batch,
     ..REFERENCE
 };
 
