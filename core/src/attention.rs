@@ -129,7 +129,11 @@ pub fn attend_block<'q, 'o>(
         (lo, hi) = (lo.min(s.first_slot), hi.max(s.first_slot + s.len));
     }
     acc.fill(f16::ZERO);
-    let (mut max, mut sum) = ([[f32::NEG_INFINITY; MAX_HEADS]; QBLOCK], [[0.0f32; MAX_HEADS]; QBLOCK]);
+    // Each (query, head)'s running maximum and sum (`j·nh + g`): only the `nq·nh` used
+    // are set (a whole-array initialization is a memset per call, slow on the DSP).
+    let (mut max_mem, mut sum_mem) = ([MaybeUninit::<f32>::uninit(); QBLOCK * MAX_HEADS], [MaybeUninit::<f32>::uninit(); QBLOCK * MAX_HEADS]);
+    let max = prefix(&mut max_mem, &mut 0, nq * nh, f32::NEG_INFINITY);
+    let sum = prefix(&mut sum_mem, &mut 0, nq * nh, 0.0);
     // A chunk's scores/exponents, new-maximum flags (the kernels write the part a query's
     // pass reads; set once per call as far as it is used) and row offsets: not zeroed as
     // a whole per call (2.3 KiB per query head on the DSP, whose memset is slow).
@@ -174,10 +178,10 @@ pub fn attend_block<'q, 'o>(
             let new_max = prefix(&mut new_max_mem, &mut new_max_done, nh * len, false);
             kern.f16_dot_keys_heads(k, &koff[r.clone()], qh, hd, nh, &mut e[..nh * len]);
             for g in 0..nh {
-                kern.softmax_scores(&mut e[g * len..(g + 1) * len], &mut new_max[g * len..(g + 1) * len], scale, &mut max[j][g]);
+                kern.softmax_scores(&mut e[g * len..(g + 1) * len], &mut new_max[g * len..(g + 1) * len], scale, &mut max[j * nh + g]);
             }
             kern.expf_batch(&mut e[..nh * len]);
-            kern.f16_mad_keys_heads(acc, hdv, nh, v, &voff[r], &new_max[..nh * len], &e[..nh * len], &mut sum[j][..nh]);
+            kern.f16_mad_keys_heads(acc, hdv, nh, v, &voff[r], &new_max[..nh * len], &e[..nh * len], &mut sum[j * nh..(j + 1) * nh]);
         }
         p0 += clen;
     }
@@ -186,7 +190,7 @@ pub fn attend_block<'q, 'o>(
         assert!(o.len() == nh * hdv, "attend_block: output {j} has {} elements, not {nh}·{hdv}", o.len());
         for (g, o) in o.chunks_exact_mut(hdv).enumerate() {
             kern.f16_to_f32(&acc[(j * nh + g) * hdv..(j * nh + g + 1) * hdv], o);
-            let inv = if sum[j][g] == 0.0 { 0.0 } else { 1.0 / sum[j][g] };
+            let inv = if sum[j * nh + g] == 0.0 { 0.0 } else { 1.0 / sum[j * nh + g] };
             for v in o.iter_mut() {
                 *v *= inv;
             }

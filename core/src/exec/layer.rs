@@ -176,10 +176,11 @@ pub fn attention(op: &OpDesc, ts: &Tensors<'_>, n_head: u16, n_head_kv: u16, sca
     // The (token, head) pairs split over par's tasks, each with its own work rows.
     let pairs = n_tokens * usize::from(n_head);
     let tasks = par.n_threads().clamp(1, pairs.max(1));
-    let (qbufs, obufs) = (scratch_f32(s, tasks * head_dim)?, scratch_f32(s, tasks * head_dim)?);
+    let qbufs = scratch_f32(s, tasks * head_dim)?;
     let (qhs, accs) = (scratch_f16(s, tasks * head_dim)?, scratch_f16(s, tasks * head_dim)?);
-    let (qbufs, obufs, qhs, accs) = (SharedMut::new(qbufs), SharedMut::new(obufs), SharedMut::new(qhs), SharedMut::new(accs));
-    // Q, when it is not the destination: copied head by head into qbuf below.
+    let (qbufs, qhs, accs) = (SharedMut::new(qbufs), SharedMut::new(qhs), SharedMut::new(accs));
+    // Q, when it is not the destination: read in place; when it is, each pair's row is
+    // copied into qbuf first.
     // SAFETY: disjoint from the destination (checked by same_or_disjoint).
     let qbytes = if same { None } else { Some(unsafe { ts.bytes(q)? }) };
     // SAFETY: the destination overlaps neither cache (checked) and Q only if it is Q.
@@ -188,21 +189,13 @@ pub fn attention(op: &OpDesc, ts: &Tensors<'_>, n_head: u16, n_head_kv: u16, sca
     let (group, kern) = (usize::from(n_head / n_head_kv), kernels());
     let task = |i: usize| -> Result<(), ErrorKind> {
         // SAFETY: task i alone uses row i of each work buffer (i < tasks).
-        let (qbuf, obuf, qh, acc) = unsafe { (qbufs.slice(i * head_dim, head_dim), obufs.slice(i * head_dim, head_dim), qhs.slice(i * head_dim, head_dim), accs.slice(i * head_dim, head_dim)) };
+        let (qbuf, qh, acc) = unsafe { (qbufs.slice(i * head_dim, head_dim), qhs.slice(i * head_dim, head_dim), accs.slice(i * head_dim, head_dim)) };
         for p in split_range(pairs, tasks, i) {
             let (t, h) = (p / usize::from(n_head), p % usize::from(n_head));
             let n_pos = n_kv - n_tokens + t + 1;
             let o = p * head_dim;
             if o + head_dim > out_len {
                 return Err(ErrorKind::InvalidArgument);
-            }
-            match qbytes {
-                Some(qb) => {
-                    let at = t * q.nb[2] as usize + h * q.nb[1] as usize;
-                    qbuf.copy_from_slice(words::<f32>(qb.get(at..at + 4 * head_dim).ok_or(ErrorKind::InvalidArgument)?)?);
-                }
-                // SAFETY: pair p's row of the destination is this task's alone.
-                None => qbuf.copy_from_slice(unsafe { out.slice(o, head_dim) }),
             }
             let kvh = h / group;
             let first = if window > 0 { n_pos.saturating_sub(window as usize) } else { 0 };
@@ -211,9 +204,19 @@ pub fn attention(op: &OpDesc, ts: &Tensors<'_>, n_head: u16, n_head_kv: u16, sca
             if last(span.k_base, kps) > kc.len() || last(span.v_base, vps) > vc.len() {
                 return Err(ErrorKind::InvalidArgument);
             }
-            attend_heads(&kern, qbuf, head_dim, head_dim, kc, vc, span, scale, qh, acc, obuf);
-            // SAFETY: as above.
-            unsafe { out.slice(o, head_dim) }.copy_from_slice(obuf);
+            // SAFETY: pair p's row of the destination is this task's alone.
+            let dst = unsafe { out.slice(o, head_dim) };
+            let qrow: &[f32] = match qbytes {
+                Some(qb) => {
+                    let at = t * q.nb[2] as usize + h * q.nb[1] as usize;
+                    words::<f32>(qb.get(at..at + 4 * head_dim).ok_or(ErrorKind::InvalidArgument)?)?
+                }
+                None => {
+                    qbuf.copy_from_slice(dst);
+                    qbuf
+                }
+            };
+            attend_heads(&kern, qrow, head_dim, head_dim, kc, vc, span, scale, qh, acc, dst);
         }
         Ok(())
     };

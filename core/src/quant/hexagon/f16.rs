@@ -117,10 +117,17 @@ fn store(f: [f32; W], y: &mut [f16]) {
     }
 }
 
-/// `dst[i] = f32(src[i])` (`Kernels::f16_to_f32`).
+/// `dst[i] = f32(src[i])` (`Kernels::f16_to_f32`): chunks of 64 by one vector load
+/// each; a chunk of 32 (a head of 32) from 8-aligned halves by [`halves_32`] and one
+/// vector store, no padded copy; shorter ones padded.
 pub(super) fn to_f32(src: &[f16], dst: &mut [f32]) {
     let n = src.len().min(dst.len());
     for (s, d) in src[..n].chunks(W).zip(dst[..n].chunks_mut(W)) {
+        if let (Some(h), 32) = (halves_32(s), d.len()) {
+            // SAFETY: value-only HVX intrinsics; `d` is 32 f32 = 128 writable bytes.
+            unsafe { write_unaligned(d.as_mut_ptr() as *mut HvxVector, h2f_words(Q6_V_lo_W(Q6_Wuw_vunpack_Vuh(h)))) };
+            continue;
+        }
         let f = load(s);
         if d.len() == W {
             // SAFETY: 64 f32 = 256 writable bytes.
@@ -132,10 +139,37 @@ pub(super) fn to_f32(src: &[f16], dst: &mut [f32]) {
     }
 }
 
-/// `dst[i] = f16(src[i])` (`Kernels::f32_to_f16`).
+/// Exactly 32 halves at an 8-byte aligned address as the low half of a vector (the
+/// rest zero), by eight word-pair loads: `None` otherwise.
+#[inline(always)]
+fn halves_32(s: &[f16]) -> Option<HvxVector> {
+    if s.len() != 32 || s.as_ptr().align_offset(8) != 0 {
+        return None;
+    }
+    let p = s.as_ptr() as *const u64;
+    // SAFETY: 32 halves = 8 aligned u64; a vector is 16 u64.
+    Some(unsafe { core::mem::transmute::<[u64; 16], HvxVector>(core::array::from_fn(|i| if i < 8 { p.add(i).read() } else { 0 })) })
+}
+
+/// `dst[i] = f16(src[i])` (`Kernels::f32_to_f16`): chunks of 64 by vector loads and a
+/// vector store; a chunk of 32 (a head of 32) by one vector load and, into 8-aligned
+/// halves, eight word-pair stores; shorter ones padded.
 pub(super) fn to_f16(src: &[f32], dst: &mut [f16]) {
     let n = src.len().min(dst.len());
     for (s, d) in src[..n].chunks(W).zip(dst[..n].chunks_mut(W)) {
+        if s.len() == 32 && d.as_ptr().align_offset(8) == 0 {
+            // SAFETY: 32 f32 = one readable vector; value-only HVX intrinsics; `d` is 32
+            // halves = 8 aligned, writable u64.
+            unsafe {
+                let h = Q6_Vh_vpacke_VwVw(splat(0), f2h_words(read_unaligned(s.as_ptr() as *const HvxVector)));
+                let w = core::mem::transmute::<HvxVector, [u64; 16]>(h);
+                let p = d.as_mut_ptr() as *mut u64;
+                for (i, &x) in w[..8].iter().enumerate() {
+                    p.add(i).write(x);
+                }
+            }
+            continue;
+        }
         let f = if s.len() == W {
             // SAFETY: 64 f32 = 256 readable bytes.
             unsafe { read_unaligned(s.as_ptr() as *const [f32; W]) }
