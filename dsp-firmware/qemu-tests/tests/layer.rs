@@ -79,8 +79,8 @@ fn every_f16_value_through_gelu_and_geglu_equals_keel_core() {
 }
 
 /// SwiGLU where the DSP's four-at-a-time path takes its values (every gate of a step
-/// below 80 in magnitude): every exponent `n` of `ggml_expf` from −116 to 116 (odd
-/// negative ones, which the reference halves toward zero and the DSP by a shift), ±0,
+/// below 80 in magnitude): every exponent `n` of `ggml_expf` from −116 to 116 (which
+/// the DSP adds to the exponent field of `j`, the reference by two multiplications), ±0,
 /// subnormals, values just below ±80, and steps where one gate of four is 80 or more
 /// (the reference for that step), over a length that leaves a tail of 3.
 #[test]

@@ -134,10 +134,10 @@ const LANES: usize = 4;
 /// with no branch, so that the four chains' float operations pair up two per packet:
 /// each step whose four gates are below 80 in magnitude (no NaN, no infinity) takes the
 /// path where `ggml_expf`'s exponent `n` lies in ±116, its `|n| > 192` cases cannot
-/// occur and `n` is `z`'s low bits; its `j·2^n` is formed as `(j·2^a)·2^(n−a)` with `a =
-/// n >> 1` (the reference halves `n` toward zero instead: both first products are exact,
-/// both second ones round `j·2^n` once, so the bits agree). Other steps and the last
-/// `n % 4` values: the reference.
+/// occur and `n` is `z`'s low bits; `j` (in [0.7, 1.5)) times `2^n` is then a normal
+/// float, so the reference's two power-of-two scalings are exact and equal `n` added to
+/// `j`'s exponent field, done so here. Other steps and the last `n % 4` values: the
+/// reference.
 pub(super) fn swiglu(gate: &mut [f32], up: &[f32]) {
     let n = gate.len().min(up.len());
     let n4 = n - n % LANES;
@@ -166,8 +166,7 @@ fn exp_small(x: f32) -> f32 {
     let u = b * b;
     let p1 = fmaf(fmaf(f32::from_bits(0x3C07_2010), b, f32::from_bits(0x3D2B_9F17)), u, fmaf(f32::from_bits(0x3E2A_AF33), b, f32::from_bits(0x3EFF_FEDB)));
     let j = fmaf(p1, u, fmaf(f32::from_bits(0x3F7F_FFF6), b, 1.0));
-    let ni = (z.to_bits() as i32).wrapping_sub(0x4B40_0000);
-    let a = ni >> 1;
-    let p = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
-    (j * p(a)) * p(ni - a)
+    // j·2^n is normal here, so the reference's two scalings are exact: n added to j's
+    // exponent field (n = z − 1.5·2^23, whose shift by 23 is z's).
+    f32::from_bits(j.to_bits().wrapping_add(z.to_bits() << 23))
 }
