@@ -158,16 +158,8 @@ pub(super) fn to_f16(src: &[f32], dst: &mut [f16]) {
     let n = src.len().min(dst.len());
     for (s, d) in src[..n].chunks(W).zip(dst[..n].chunks_mut(W)) {
         if s.len() == 32 && d.as_ptr().align_offset(8) == 0 {
-            // SAFETY: 32 f32 = one readable vector; value-only HVX intrinsics; `d` is 32
-            // halves = 8 aligned, writable u64.
-            unsafe {
-                let h = Q6_Vh_vpacke_VwVw(splat(0), f2h_words(read_unaligned(s.as_ptr() as *const HvxVector)));
-                let w = core::mem::transmute::<HvxVector, [u64; 16]>(h);
-                let p = d.as_mut_ptr() as *mut u64;
-                for (i, &x) in w[..8].iter().enumerate() {
-                    p.add(i).write(x);
-                }
-            }
+            // SAFETY: 32 f32 = one readable vector.
+            store_32(unsafe { read_unaligned(s.as_ptr() as *const HvxVector) }, d);
             continue;
         }
         let f = if s.len() == W {
@@ -500,7 +492,11 @@ pub(super) fn mad_keys(t: &super::super::KernelTable, y: &mut [f16], x: &[f16], 
     let nv = n.div_ceil(32);
     let (mut acc, mut row) = (Vectors([splat(0); 4]), Vectors([splat(0); 4]));
     for (k, yc) in y.chunks(32).enumerate() {
-        acc.0[k] = as_vector(load_in::<1>(yc, 0, yc.len())[0]);
+        acc.0[k] = match halves_32(yc) {
+            // SAFETY: value-only HVX intrinsics.
+            Some(h) => unsafe { h2f_words(Q6_V_lo_W(Q6_Wuw_vunpack_Vuh(h))) },
+            None => as_vector(load_in::<1>(yc, 0, yc.len())[0]),
+        };
     }
     for ((&off, &nm), &ec) in offs.iter().zip(new_max).zip(e) {
         assert!(off <= x.len() && x.len() - off >= n, "f16 mad_keys: value row outside the cache");
@@ -524,9 +520,27 @@ pub(super) fn mad_keys(t: &super::super::KernelTable, y: &mut [f16], x: &[f16], 
         round_vectors(&mut acc.0[..nv]);
     }
     for (k, ys) in y.chunks_mut(32).enumerate() {
-        let mut f = [0f32; W];
-        f[..32].copy_from_slice(&acc.f32s()[32 * k..32 * k + 32]);
-        store(f, ys);
+        store_32(acc.0[k], ys);
+    }
+}
+
+/// The first `y.len()` (at most 32) of the 32 f32 in `v` as halves into `y`: eight
+/// word-pair stores when `y` is 32 halves, 8-byte aligned, else a copy.
+#[inline(always)]
+fn store_32(v: HvxVector, y: &mut [f16]) {
+    // SAFETY: value-only HVX intrinsics; a vector is 16 u64.
+    let w = unsafe { core::mem::transmute::<HvxVector, [u64; 16]>(Q6_Vh_vpacke_VwVw(splat(0), f2h_words(v))) };
+    if y.len() == 32 && y.as_ptr().align_offset(8) == 0 {
+        let p = y.as_mut_ptr() as *mut u64;
+        for (i, &x) in w[..8].iter().enumerate() {
+            // SAFETY: 32 halves = 8 aligned, writable u64.
+            unsafe { p.add(i).write(x) };
+        }
+    } else {
+        // SAFETY: 16 u64 are 64 halves.
+        let h = unsafe { core::mem::transmute::<[u64; 16], [f16; W]>(w) };
+        let m = y.len();
+        y.copy_from_slice(&h[..m]);
     }
 }
 
