@@ -258,14 +258,7 @@ pub fn expf(x: f32) -> f32 {
 /// Every fma is [`crate::fused::fmaf`], so this is exact on every target; the AVX2 version in
 /// `quant/x86/act.rs` gives the same bits.
 pub fn ggml_expf(x: f32) -> f32 {
-    use crate::fused::fmaf;
-    let r = f32::from_bits(0x4B40_0000); // 0x1.8p23
-    let z = fmaf(x, f32::from_bits(0x3FB8_AA3B), r); // 0x1.715476p+0
-    let n = z - r;
-    let b = fmaf(-n, f32::from_bits(0x35BF_BE8E), fmaf(-n, f32::from_bits(0x3F31_7200), x)); // 0x1.7f7d1cp-20, 0x1.62e4p-1
-    let u = b * b;
-    let p1 = fmaf(fmaf(f32::from_bits(0x3C07_2010), b, f32::from_bits(0x3D2B_9F17)), u, fmaf(f32::from_bits(0x3E2A_AF33), b, f32::from_bits(0x3EFF_FEDB)));
-    let j = fmaf(p1, u, fmaf(f32::from_bits(0x3F7F_FFF6), b, 1.0));
+    let (z, n, j) = ggml_expf_parts(x);
     // `n` as an integer from `z`'s bits (`z = r + n` exactly while |n| < 2^22; beyond,
     // and for a NaN, the result below is not this one, or `n as i32` = 0 is used), and
     // both results selected rather than branched to (the same bits for every input:
@@ -278,6 +271,22 @@ pub fn ggml_expf(x: f32) -> f32 {
     } else {
         scaled
     }
+}
+
+/// [`ggml_expf`] before its scaling: `z = x·log2 e + 1.5·2^23` (whose low bits hold `n`
+/// while |n| < 2^22), `n = z − 1.5·2^23`, and `j ≈ e^(x − n·ln 2)`, the polynomial; the
+/// result is `j·2^n`. (The DSP's SwiGLU scales `j` itself where `j·2^n` is normal.)
+#[inline(always)]
+pub(crate) fn ggml_expf_parts(x: f32) -> (f32, f32, f32) {
+    use crate::fused::fmaf;
+    let r = f32::from_bits(0x4B40_0000); // 0x1.8p23
+    let z = fmaf(x, f32::from_bits(0x3FB8_AA3B), r); // 0x1.715476p+0
+    let n = z - r;
+    let b = fmaf(-n, f32::from_bits(0x35BF_BE8E), fmaf(-n, f32::from_bits(0x3F31_7200), x)); // 0x1.7f7d1cp-20, 0x1.62e4p-1
+    let u = b * b;
+    let p1 = fmaf(fmaf(f32::from_bits(0x3C07_2010), b, f32::from_bits(0x3D2B_9F17)), u, fmaf(f32::from_bits(0x3E2A_AF33), b, f32::from_bits(0x3EFF_FEDB)));
+    let j = fmaf(p1, u, fmaf(f32::from_bits(0x3F7F_FFF6), b, 1.0));
+    (z, n, j)
 }
 
 /// `j · 2^n` rounded once (as `vscalefps`), for |n| <= 192 and j near 1: two exact

@@ -155,18 +155,10 @@ pub(super) fn swiglu(gate: &mut [f32], up: &[f32]) {
     crate::ops::swiglu(&mut gate[n4..n], &up[n4..n]);
 }
 
-/// `ops::ggml_expf(x)` for |x| < 81 (see [`swiglu`]).
+/// `ops::ggml_expf(x)` for |x| < 81 (see [`swiglu`]): its parts, `n` added to `j`'s
+/// exponent field (`n = z − 1.5·2^23`, whose shift by 23 is `z`'s).
 #[inline(always)]
 fn exp_small(x: f32) -> f32 {
-    use crate::fused::fmaf;
-    let r = f32::from_bits(0x4B40_0000);
-    let z = fmaf(x, f32::from_bits(0x3FB8_AA3B), r);
-    let n = z - r;
-    let b = fmaf(-n, f32::from_bits(0x35BF_BE8E), fmaf(-n, f32::from_bits(0x3F31_7200), x));
-    let u = b * b;
-    let p1 = fmaf(fmaf(f32::from_bits(0x3C07_2010), b, f32::from_bits(0x3D2B_9F17)), u, fmaf(f32::from_bits(0x3E2A_AF33), b, f32::from_bits(0x3EFF_FEDB)));
-    let j = fmaf(p1, u, fmaf(f32::from_bits(0x3F7F_FFF6), b, 1.0));
-    // j·2^n is normal here, so the reference's two scalings are exact: n added to j's
-    // exponent field (n = z − 1.5·2^23, whose shift by 23 is z's).
+    let (z, _, j) = crate::ops::ggml_expf_parts(x);
     f32::from_bits(j.to_bits().wrapping_add(z.to_bits() << 23))
 }

@@ -329,12 +329,8 @@ fn dot_keys_32(k: &[f16], offs: &[usize], q: &[f16], out: &mut [f32]) {
     }
     if let (Some(o), Some(&off)) = (out.get_mut(2 * pairs), offs.get(2 * pairs)) {
         kv.0[0] = row(off);
-        let (kf, qf) = (&kv.f32s()[..32], &qv.f32s()[..32]);
-        let mut sum = 0f64;
-        for (&p, &q) in kf.iter().zip(qf) {
-            sum += (p * q) as f64;
-        }
-        *o = sum as f32;
+        let kf: &[[f32; 32]; 1] = (&kv.f32s()[..32]).try_into().map(core::array::from_ref).expect("32 values");
+        *o = add_products(0.0, kf, &qv.f32s()[..32]) as f32;
     }
 }
 
