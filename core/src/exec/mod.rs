@@ -68,8 +68,9 @@ pub unsafe trait Buffers {
 
 /// The kernel set batches run with: `Kernels::new(Isa { hvx: true, .. })`, keel-core's
 /// HVX table on a Hexagon build, the scalar reference on any other target. The HVX
-/// table is the reference's but for the Tiles32 block sums, which are the same
-/// integers, so a batch gives the same bits on every target.
+/// table's kernels (the Tiles32 sums and scale passes, activation quantization, SwiGLU,
+/// attention's f16 steps and exponentials) give the reference's bits, so a batch gives
+/// the same bits on every target.
 pub fn kernels() -> Kernels {
     Kernels::new(Isa { hvx: true, ..Isa::default() })
 }
@@ -150,7 +151,10 @@ pub fn run_batch_observed(batch: &Batch<'_>, buffers: &impl Buffers, caps: &Caps
             OpKind::GetRows => products::get_rows(op, &ts),
             OpKind::Copy => products::copy(op, &ts),
             OpKind::RmsNorm { eps } => layer::norm(op, &ts, eps),
-            OpKind::Softmax { scale } => layer::unary(op, &ts, |row| ops::softmax_with(row, scale, |x| kernels().expf_batch(x))),
+            OpKind::Softmax { scale } => {
+                let kern = kernels();
+                layer::unary(op, &ts, |row| ops::softmax_with(row, scale, |x| kern.expf_batch(x)))
+            }
             OpKind::Silu => layer::unary(op, &ts, |row| row.iter_mut().for_each(|v| *v = ops::silu(*v))),
             OpKind::Gelu => layer::unary(op, &ts, |row| row.iter_mut().for_each(|v| *v = ops::gelu_tanh(*v))),
             OpKind::Scale { s } => layer::unary(op, &ts, |row| ops::scale(row, s)),

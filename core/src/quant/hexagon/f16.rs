@@ -123,9 +123,9 @@ fn store(f: [f32; W], y: &mut [f16]) {
 pub(super) fn to_f32(src: &[f16], dst: &mut [f32]) {
     let n = src.len().min(dst.len());
     for (s, d) in src[..n].chunks(W).zip(dst[..n].chunks_mut(W)) {
-        if let (Some(h), 32) = (halves_32(s), d.len()) {
-            // SAFETY: value-only HVX intrinsics; `d` is 32 f32 = 128 writable bytes.
-            unsafe { write_unaligned(d.as_mut_ptr() as *mut HvxVector, h2f_words(Q6_V_lo_W(Q6_Wuw_vunpack_Vuh(h)))) };
+        if let (Some(f), 32) = (halves_32(s), d.len()) {
+            // SAFETY: `d` is 32 f32 = 128 writable bytes.
+            unsafe { write_unaligned(d.as_mut_ptr() as *mut HvxVector, f) };
             continue;
         }
         let f = load(s);
@@ -139,16 +139,19 @@ pub(super) fn to_f32(src: &[f16], dst: &mut [f32]) {
     }
 }
 
-/// Exactly 32 halves at an 8-byte aligned address as the low half of a vector (the
-/// rest zero), by eight word-pair loads: `None` otherwise.
+/// Exactly 32 halves at an 8-byte aligned address as one vector of 32 f32, read by
+/// eight word-pair loads (no padded copy): `None` otherwise.
 #[inline(always)]
 fn halves_32(s: &[f16]) -> Option<HvxVector> {
     if s.len() != 32 || s.as_ptr().align_offset(8) != 0 {
         return None;
     }
     let p = s.as_ptr() as *const u64;
-    // SAFETY: 32 halves = 8 aligned u64; a vector is 16 u64.
-    Some(unsafe { core::mem::transmute::<[u64; 16], HvxVector>(core::array::from_fn(|i| if i < 8 { p.add(i).read() } else { 0 })) })
+    // SAFETY: 32 halves = 8 aligned u64; a vector is 16 u64; value-only HVX intrinsics.
+    Some(unsafe {
+        let h = core::mem::transmute::<[u64; 16], HvxVector>(core::array::from_fn(|i| if i < 8 { p.add(i).read() } else { 0 }));
+        h2f_words(Q6_V_lo_W(Q6_Wuw_vunpack_Vuh(h)))
+    })
 }
 
 /// `dst[i] = f16(src[i])` (`Kernels::f32_to_f16`): chunks of 64 by vector loads and a
@@ -317,20 +320,18 @@ fn dot_keys_32(k: &[f16], offs: &[usize], q: &[f16], out: &mut [f32]) {
     qv.0[0] = as_vector(load_in::<1>(q, 0, 32)[0]);
     let row = |off: usize| {
         assert!(off <= k.len() && k.len() - off >= 32, "f16 dot_keys: key row outside the cache");
-        as_vector(load_in::<1>(k, off, 32)[0])
+        load_in::<1>(k, off, 32)
     };
     let mut kv = Vectors([splat(0); 4]);
     let pairs = offs.len().min(out.len()) / 2;
     for (o, off) in out[..2 * pairs].chunks_exact_mut(2).zip(offs.chunks_exact(2)) {
-        (kv.0[0], kv.0[1]) = (row(off[0]), row(off[1]));
+        (kv.0[0], kv.0[1]) = (as_vector(row(off[0])[0]), as_vector(row(off[1])[0]));
         // SAFETY: three aligned vectors of 32 f32 each.
         let (a, b) = unsafe { dot2_32(kv.0.as_ptr() as *const f32, kv.0.as_ptr().add(1) as *const f32, qv.0.as_ptr() as *const f32) };
         (o[0], o[1]) = (a, b);
     }
     if let (Some(o), Some(&off)) = (out.get_mut(2 * pairs), offs.get(2 * pairs)) {
-        kv.0[0] = row(off);
-        let kf: &[[f32; 32]; 1] = (&kv.f32s()[..32]).try_into().map(core::array::from_ref).expect("32 values");
-        *o = add_products(0.0, kf, &qv.f32s()[..32]) as f32;
+        *o = add_products(0.0, &row(off), &qv.f32s()[..32]) as f32;
     }
 }
 
@@ -488,11 +489,7 @@ pub(super) fn mad_keys(t: &super::super::KernelTable, y: &mut [f16], x: &[f16], 
     let nv = n.div_ceil(32);
     let (mut acc, mut row) = (Vectors([splat(0); 4]), Vectors([splat(0); 4]));
     for (k, yc) in y.chunks(32).enumerate() {
-        acc.0[k] = match halves_32(yc) {
-            // SAFETY: value-only HVX intrinsics.
-            Some(h) => unsafe { h2f_words(Q6_V_lo_W(Q6_Wuw_vunpack_Vuh(h))) },
-            None => as_vector(load_in::<1>(yc, 0, yc.len())[0]),
-        };
+        acc.0[k] = halves_32(yc).unwrap_or_else(|| as_vector(load_in::<1>(yc, 0, yc.len())[0]));
     }
     for ((&off, &nm), &ec) in offs.iter().zip(new_max).zip(e) {
         assert!(off <= x.len() && x.len() - off >= n, "f16 mad_keys: value row outside the cache");
