@@ -76,8 +76,9 @@ struct Counts {
     setup: u64,
     decode: Tally,
     prompt: Tally,
-    /// Executed packets by the symbol their block starts in (the top ones are printed with --symbols).
-    by_symbol: HashMap<String, u64>,
+    /// Executed packets by the symbol their block starts in: start-up, prompt, decode (the
+    /// top ones are printed with --symbols, per token for the prompt and decode).
+    by_symbol: HashMap<String, [u64; 3]>,
     /// Hardware threads seen executing (QEMU's CPU indices).
     threads: usize,
 }
@@ -190,7 +191,7 @@ fn count(log: impl BufRead) -> Result<Counts> {
                 }
             }
         }
-        *c.by_symbol.entry(sym.clone()).or_insert(0) += n;
+        c.by_symbol.entry(sym.clone()).or_insert([0; 3])[match phase { None => 0, Some(true) => 1, Some(false) => 2 }] += n;
         *stretch.by_thread.entry(cpu).or_insert(0) += n;
         match phase {
             None => c.setup += n,
@@ -438,10 +439,12 @@ fn report(a: &Args, run: &serde_json::Value, c: &Counts) -> Result<()> {
     println!("{ASSUMPTIONS}");
     if a.symbols > 0 {
         let mut v: Vec<_> = c.by_symbol.iter().collect();
-        v.sort_by(|x, y| y.1.cmp(x.1));
-        println!("\nexecuted packets by the symbol a block starts in (all phases):");
+        v.sort_by_key(|(_, n)| std::cmp::Reverse(n.iter().sum::<u64>()));
+        println!("\nexecuted packets by the symbol a block starts in (the top {} of {}):", a.symbols.min(v.len()), v.len());
+        println!("{:>14} {:>12} {:>12} {:>12}  symbol", "all phases", "start-up", "per prompt", "per decode");
         for (s, n) in v.into_iter().take(a.symbols) {
-            println!("{n:>14} {s}");
+            let (p, d) = (n[1] as f64 / n_prompt as f64, n[2] as f64 / decode_steps);
+            println!("{:>14} {:>12} {p:>12.0} {d:>12.0}  {s}", n.iter().sum::<u64>(), n[0]);
         }
     }
     Ok(())
