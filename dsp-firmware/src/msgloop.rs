@@ -11,7 +11,7 @@
 
 use keel_npu_hal::caps::{Arch, Caps, DTypeSet, Identity, MemoryLimits, UnitState, Units};
 use keel_npu_hal::op::DType;
-use keel_npu_hal::wire::{self, DeviceMsg, HostMsg, MAX_MESSAGE, MAX_OPS, PROTOCOL_VERSION};
+use keel_npu_hal::wire::{self, BatchMsg, DeviceMsg, HostMsg, Request, MAX_MESSAGE, MAX_OPS, PROTOCOL_VERSION};
 use keel_npu_hal::{BufferRules, ErrorKind};
 
 use keel_core::exec::{run_batch_observed, Buffers, Scratch};
@@ -104,6 +104,9 @@ pub struct Device<'a, R: Mapper = SharedRegion> {
     pub caps: Caps,
     /// The threads a batch's products are split over.
     pub par: &'a dyn Parallel,
+    /// Where each `SubmitBatch` is decoded (`wire::decode_host`): ~60 KiB kept out of
+    /// the stack and never copied.
+    batch: &'a mut BatchMsg,
     greeted: bool,
 }
 
@@ -113,15 +116,17 @@ enum Reply {
 }
 
 impl<'a, R: Mapper> Device<'a, R> {
-    /// A device that has not been greeted yet.
-    pub fn new(fault: Fault, region: R, scratch: &'a mut [u8], caps: Caps, par: &'a dyn Parallel) -> Self {
-        Device { fault, region, scratch, caps, par, greeted: false }
+    /// A device that has not been greeted yet, decoding batches into `batch`.
+    pub fn new(fault: Fault, region: R, scratch: &'a mut [u8], caps: Caps, par: &'a dyn Parallel, batch: &'a mut BatchMsg) -> Self {
+        Device { fault, region, scratch, caps, par, batch, greeted: false }
     }
 
     /// Answers one message (`input`) into `out`; the answer's length.
     pub fn answer(&mut self, input: &[u8], out: &mut [u8]) -> Result<usize, ErrorKind> {
-        let reply = match wire::decode::<HostMsg>(input) {
-            Ok(msg) => self.handle(msg),
+        let reply = match wire::decode_host(input, self.batch) {
+            Ok(Request::Batch(_)) if !self.greeted => Reply::Msg(DeviceMsg::Error { kind: ErrorKind::Protocol, detail: 0 }),
+            Ok(Request::Batch(b)) => submit(b, self.fault, &self.region, &self.caps, self.scratch, self.par),
+            Ok(Request::Other(msg)) => self.handle(msg),
             Err(kind) => Reply::Msg(DeviceMsg::Error { kind, detail: 0 }),
         };
         match reply {
@@ -207,20 +212,25 @@ impl<'a, R: Mapper> Device<'a, R> {
                 Ok(digest) => DeviceMsg::SelfTestResult { seed, digest },
                 Err(kind) => return err(kind),
             },
-            HostMsg::SubmitBatch(b) => {
-                match self.fault {
-                    Fault::HangOnBatch => loop {
-                        sys::sleep_ms(1000);
-                    },
-                    Fault::MalformedReply => return Reply::Raw(&[0xff, 0xff, 0xff, 0xff, 0x7f]),
-                    _ => {}
-                }
-                let batch = b.batch();
-                crate::cost::batch(&batch);
-                let status = run_batch_observed(&batch, &self.region, &self.caps, &mut Scratch::new(self.scratch), self.par, |op| crate::cost::op(batch.tensors, op));
-                let seq = if self.fault == Fault::WrongSeq { b.seq.wrapping_add(1000) } else { b.seq };
-                DeviceMsg::BatchDone { seq, status }
-            }
+            // `decode_host` puts batches in the slot; one given whole runs the same way.
+            HostMsg::SubmitBatch(b) => return submit(&b, self.fault, &self.region, &self.caps, self.scratch, self.par),
         })
     }
+}
+
+/// Runs a batch (after the faults asked for on the command line) and answers
+/// `BatchDone` with its status.
+fn submit<R: Mapper>(b: &BatchMsg, fault: Fault, region: &R, caps: &Caps, scratch: &mut [u8], par: &dyn Parallel) -> Reply {
+    match fault {
+        Fault::HangOnBatch => loop {
+            sys::sleep_ms(1000);
+        },
+        Fault::MalformedReply => return Reply::Raw(&[0xff, 0xff, 0xff, 0xff, 0x7f]),
+        _ => {}
+    }
+    let batch = b.batch();
+    crate::cost::batch(&batch);
+    let status = run_batch_observed(&batch, region, caps, &mut Scratch::new(scratch), par, |op| crate::cost::op(batch.tensors, op));
+    let seq = if fault == Fault::WrongSeq { b.seq.wrapping_add(1000) } else { b.seq };
+    Reply::Msg(DeviceMsg::BatchDone { seq, status })
 }

@@ -181,3 +181,85 @@ fn hello_checks_magic_and_version() {
     assert_eq!(wire::check_hello(MAGIC ^ 1, PROTOCOL_VERSION), Err(ErrorKind::Protocol));
     assert_eq!(wire::check_hello(MAGIC, PROTOCOL_VERSION + 1), Err(ErrorKind::Protocol));
 }
+
+/// `decode_host` as a `decode::<HostMsg>` result: the batch slot's contents by value.
+fn in_place(bytes: &[u8], slot: &mut BatchMsg) -> Result<HostMsg, ErrorKind> {
+    match wire::decode_host(bytes, slot)? {
+        wire::Request::Batch(b) => Ok(HostMsg::SubmitBatch(b.clone())),
+        wire::Request::Other(m) => Ok(m),
+    }
+}
+
+/// A `SubmitBatch` (seq 7) whose table `table` (0 buffers, 1 tensors, 2 ops) has `n`
+/// minimal entries and the others none, written by hand: the encoder refuses tables
+/// longer than their capacity.
+fn batch_with_table(table: usize, n: usize) -> Vec<u8> {
+    let mut bytes = vec![0x05, 0x07];
+    for k in 0..3 {
+        let len = if k == table { n } else { 0 };
+        let mut v = len;
+        while v >= 0x80 {
+            bytes.push((v as u8 & 0x7f) | 0x80);
+            v >>= 7;
+        }
+        bytes.push(v as u8);
+        for _ in 0..len {
+            match k {
+                0 => bytes.extend([0x01, 0x01]),   // BufferRef { id: 1, size: 1 }
+                1 => bytes.extend([0x00; 12]),     // TensorDesc: F32, row-major, zeros
+                _ => bytes.extend([0x00; 5]),      // OpDesc: MatMul, no sources, dst 0
+            }
+        }
+    }
+    bytes
+}
+
+/// The in-place decoder accepts and rejects exactly what `decode::<HostMsg>` does, with
+/// the same value: every golden message, a full worst-case batch and an empty one, each
+/// cut at every length and with a trailing byte, every byte of the golden batch set to
+/// values that change varints, tags and lengths, and tables at and one past their
+/// capacity. One slot serves every case, so a table left longer by an earlier batch
+/// would show.
+#[test]
+fn decode_host_equals_decode() {
+    let mut slot = BatchMsg::empty();
+    let mut check = |bytes: &[u8]| {
+        let want = wire::decode::<HostMsg>(bytes);
+        assert_eq!(in_place(bytes, &mut slot), want, "{bytes:02x?}");
+        want
+    };
+    let t = TensorDesc { dtype: DType::F32, layout: Layout::RowMajor, ne: [u32::MAX; 4], nb: [u32::MAX; 4], buffer: u16::MAX, offset: u32::MAX };
+    let o = OpDesc { kind: OpKind::Attention { n_head: 9, n_head_kv: 3, scale: 0.5, window: 70_000 }, src: [Some(1), None, Some(u16::MAX)], dst: 2 };
+    let b = BufferRef { id: BufferId(u32::MAX), size: u64::MAX };
+    let full = BatchMsg::new(u32::MAX, &Batch { buffers: &[b; wire::MAX_BUFFERS], tensors: &[t; wire::MAX_TENSORS], ops: &[o; wire::MAX_OPS] }).unwrap();
+    let mut msgs: Vec<HostMsg> = host_cases().into_iter().map(|(m, _)| m).collect();
+    msgs.push(HostMsg::SubmitBatch(full));
+    msgs.push(HostMsg::SubmitBatch(BatchMsg::empty()));
+    let mut buf = vec![0u8; wire::MAX_MESSAGE];
+    let mut accepted = 0;
+    for msg in &msgs {
+        let bytes = wire::encode(msg, &mut buf).unwrap().to_vec();
+        assert_eq!(check(&bytes).as_ref(), Ok(msg));
+        for n in 0..bytes.len() {
+            accepted += check(&bytes[..n]).is_ok() as usize;
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(check(&longer).is_err());
+    }
+    // Byte by byte through the golden batch: some variants decode (to a different
+    // message), most do not; both decoders must agree on each.
+    let golden = wire::encode(&HostMsg::SubmitBatch(batch()), &mut buf).unwrap().to_vec();
+    for i in 0..golden.len() {
+        for v in [0x00, 0x01, 0x02, 0x05, 0x06, 0x7f, 0x80, 0xff] {
+            let mut bytes = golden.clone();
+            bytes[i] = v;
+            accepted += check(&bytes).is_ok() as usize;
+        }
+    }
+    assert!(accepted > 50, "only {accepted} altered messages decoded: the comparison saw too few successes");
+    for (table, cap) in [(0, wire::MAX_BUFFERS), (1, wire::MAX_TENSORS), (2, wire::MAX_OPS)] {
+        assert!(check(&batch_with_table(table, cap)).is_ok(), "table {table} at its capacity {cap} should decode");
+        assert!(check(&batch_with_table(table, cap + 1)).is_err(), "table {table} one past its capacity {cap} decoded");
+    }
+}

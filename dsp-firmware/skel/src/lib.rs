@@ -43,7 +43,7 @@ use keel_core::parallel::Parallel;
 use keel_dsp_firmware::args::Fault;
 use keel_dsp_firmware::msgloop::{caps, Device, Mapper, Measured};
 use keel_dsp_firmware::threads::{Os, Threads, MAX_THREADS};
-use keel_npu_hal::wire::{MAX_BUFFERS, MAX_MESSAGE};
+use keel_npu_hal::wire::{BatchMsg, MAX_BUFFERS, MAX_MESSAGE};
 use keel_npu_hal::{selftest, BufferId, ErrorKind, UnitState};
 
 /// `struct dspqueue_buffer` of the public dspqueue API.
@@ -244,6 +244,13 @@ static SESSION: Global = Global(UnsafeCell::new(Session {
     outbuf: [0; MAX_MESSAGE],
 }));
 
+/// The slot the device decodes batches into (`Device`'s `batch`): ~60 KiB, static
+/// rather than on a FastRPC or dspqueue thread's stack.
+struct Slot(UnsafeCell<BatchMsg>);
+// SAFETY: borrowed only by the one device `keel_skel_start` makes (see `Global`).
+unsafe impl Sync for Slot {}
+static BATCH: Slot = Slot(UnsafeCell::new(BatchMsg::empty()));
+
 fn session() -> &'static mut Session {
     // SAFETY: see `Global`: one caller at a time.
     unsafe { &mut *SESSION.0.get() }
@@ -340,7 +347,8 @@ unsafe fn start(queue_id: u64) -> i32 {
         let threads: &'static Threads<Qurt> = &*((*POOL.0.get()).insert(Threads::start(contexts.max(1))) as *const Threads<Qurt>);
         let m = Measured { scratch_bytes: Scratch::new(scratch).remaining(), shared_bytes: VA_BUDGET, page: PAGE, hvx, threads: threads.n_threads() as u8 };
         let bufs = PacketBufs { refs: [DspqueueBuffer { fd: 0, size: 0, offset: 0, flags: 0, ptr: 0 }; MAX_BUFFERS], n: 0 };
-        s.device = Some(Device::new(Fault::None, bufs, scratch, caps(&m), threads));
+        // The batch slot's one borrow: a session has one device (`s.queue` checked above).
+        s.device = Some(Device::new(Fault::None, bufs, scratch, caps(&m), threads, &mut *BATCH.0.get()));
         let r = dspqueue_import(queue_id, on_packet, on_error, core::ptr::null_mut(), &mut s.queue);
         if r != AEE_SUCCESS {
             s.device = None;

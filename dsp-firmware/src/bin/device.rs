@@ -16,7 +16,7 @@ use keel_dsp_firmware::shm::SharedRegion;
 use keel_dsp_firmware::sys;
 use keel_dsp_firmware::threads::{Linux, Threads};
 use keel_core::parallel::Parallel;
-use keel_npu_hal::wire::MAX_MESSAGE;
+use keel_npu_hal::wire::{BatchMsg, MAX_MESSAGE};
 use keel_npu_hal::{selftest, UnitState};
 
 /// A 128-byte aligned static region.
@@ -30,6 +30,12 @@ unsafe impl<const N: usize> Sync for Region<N> {}
 static VTCM: Region<{ 8 << 20 }> = Region(UnsafeCell::new([0; 8 << 20]));
 static INBUF: Region<MAX_MESSAGE> = Region(UnsafeCell::new([0; MAX_MESSAGE]));
 static OUTBUF: Region<{ MAX_MESSAGE + 4 }> = Region(UnsafeCell::new([0; MAX_MESSAGE + 4]));
+
+/// The slot batches are decoded into (`Device`'s `batch`).
+struct Slot(UnsafeCell<BatchMsg>);
+// SAFETY: borrowed once, in `main`, as the regions are.
+unsafe impl Sync for Slot {}
+static BATCH: Slot = Slot(UnsafeCell::new(BatchMsg::empty()));
 
 // The kernel enters `_start` with the stack pointer at `argc`; hand it to Rust.
 core::arch::global_asm!(".globl _start", ".type _start, @function", "_start:", "  r0 = r29", "  jump keel_device_main");
@@ -46,7 +52,7 @@ extern "C" fn keel_device_main(sp: *const u32) -> ! {
     // SAFETY: `sp` is the initial stack pointer `_start` received from the kernel.
     let cfg = unsafe { args::from_stack(sp) }.unwrap_or_else(|e| die(2, e));
     // SAFETY: runs once, single-threaded; these are the only borrows of the regions.
-    let (vtcm, inbuf, outbuf) = unsafe { (&mut *VTCM.0.get(), &mut *INBUF.0.get(), &mut *OUTBUF.0.get()) };
+    let (vtcm, inbuf, outbuf, batch) = unsafe { (&mut *VTCM.0.get(), &mut *INBUF.0.get(), &mut *OUTBUF.0.get(), &mut *BATCH.0.get()) };
     let granted = if cfg.vtcm == 0 { vtcm.len() } else { cfg.vtcm.min(vtcm.len()) };
     let scratch = &mut vtcm[..granted];
     let region = SharedRegion::open(cfg.shm, cfg.page_size).unwrap_or_else(|_| die(3, "cannot open and size the --shm region"));
@@ -61,7 +67,7 @@ extern "C" fn keel_device_main(sp: *const u32) -> ! {
     let threads = Threads::<Linux>::start(cfg.threads);
     let m = Measured { scratch_bytes: Scratch::new(scratch).remaining(), shared_bytes: region.size(), page: region.page(), hvx, threads: threads.n_threads() as u8 };
     let caps = caps(&m);
-    Device::new(cfg.fault, region, scratch, caps, &threads).serve(inbuf, outbuf)
+    Device::new(cfg.fault, region, scratch, caps, &threads, batch).serve(inbuf, outbuf)
 }
 
 #[panic_handler]
