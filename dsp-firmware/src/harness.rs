@@ -14,6 +14,8 @@
 //! - `CMD_F16`: `n_h`, `n_f`, then `n_h` f16 (padded to 4) and `n_f` f32.
 //! - `CMD_THREADS`: threads, tasks (at most 256), cycles: per cycle the Linux thread pool
 //!   is started, runs the tasks twice (task i adds i + 1 to its own slot) and is stopped.
+//! - `CMD_DOT`: `n` (1..=256), `n_keys` (at most 512), then `n` f16 of q and `n_keys · n`
+//!   f16 of key rows, one after another (together padded to 4).
 //!
 //! Response: status word (0 ok, else 1 + error code), then
 //! - `CMD_MATMUL`: the DSP-quantized activation blocks in ggml form
@@ -29,6 +31,9 @@
 //!   partial tail of the vector code is taken.
 //! - `CMD_THREADS`: per cycle the threads the pool started and the slots not holding
 //!   2·(i + 1) (or 0 past the tasks): a task skipped or run an extra time shows there.
+//! - `CMD_DOT`: the `n_keys` scores of `Kernels::f16_dot_keys` (attention's K·Q) as f32,
+//!   twice: all keys in one call, then in runs of 1, 2, … keys (odd runs and last keys
+//!   of the kernels that take keys in pairs).
 
 use keel_core::exec::{kernels, run_batch, Buffers, Scratch, ALIGN};
 use keel_core::quant::tiles32::{self, quantize_act, ActBlock, TiledWeights};
@@ -48,6 +53,8 @@ pub const CMD_SELFTEST: u32 = 2;
 pub const CMD_BATCH: u32 = 3;
 /// f16 ↔ f32 conversions command.
 pub const CMD_F16: u32 = 4;
+/// Attention's K·Q dots command.
+pub const CMD_DOT: u32 = 6;
 /// The thread pool started, used and stopped, several times.
 pub const CMD_THREADS: u32 = 5;
 
@@ -154,6 +161,7 @@ fn dispatch(input: &[u8], work: &mut [u8], scratch: &mut [u8], w: &mut Writer<'_
         CMD_BATCH => batch(&mut rd, work, scratch, w),
         CMD_F16 => convert_f16(&mut rd, w),
         CMD_THREADS => threads(&mut rd, w),
+        CMD_DOT => dot_keys(&mut rd, work, w),
         _ => Err(ErrorKind::Unsupported),
     }
 }
@@ -247,6 +255,35 @@ fn convert_f16(rd: &mut Reader<'_>, w: &mut Writer<'_>) -> Result<(), ErrorKind>
         h[..m].iter().try_for_each(|v| w.put(&v.to_bits().to_le_bytes()))?;
     }
     w.pad4()
+}
+
+fn dot_keys(rd: &mut Reader<'_>, work: &mut [u8], w: &mut Writer<'_>) -> Result<(), ErrorKind> {
+    const MAX_KEYS: usize = 512;
+    let (n, nk) = (rd.u32()? as usize, rd.u32()? as usize);
+    if !(1..=256).contains(&n) || nk > MAX_KEYS {
+        return Err(ErrorKind::InvalidArgument);
+    }
+    let len = n * (nk + 1);
+    let raw = rd.bytes((2 * len).next_multiple_of(4))?;
+    // The halves in work memory (aligned as the KV cache is), q first.
+    // SAFETY: any bits are an f16; align_to_mut only yields correctly aligned elements.
+    let (head, halves, _) = unsafe { work.align_to_mut::<half::f16>() };
+    let halves = halves.get_mut(..len).filter(|_| head.is_empty()).ok_or(ErrorKind::OutOfMemory)?;
+    for (j, h) in halves.iter_mut().enumerate() {
+        *h = half::f16::from_bits(u16::from_le_bytes([raw[2 * j], raw[2 * j + 1]]));
+    }
+    let (q, k) = halves.split_at(n);
+    let offs: [usize; MAX_KEYS] = core::array::from_fn(|i| i * n);
+    let (kern, mut out) = (kernels(), [0f32; MAX_KEYS]);
+    kern.f16_dot_keys(k, &offs[..nk], q, &mut out[..nk]);
+    out[..nk].iter().try_for_each(|v| w.put(&v.to_le_bytes()))?;
+    let (mut at, mut run) = (0, 1);
+    while at < nk {
+        let m = run.min(nk - at);
+        kern.f16_dot_keys(k, &offs[at..at + m], q, &mut out[at..at + m]);
+        (at, run) = (at + m, run + 1);
+    }
+    out[..nk].iter().try_for_each(|v| w.put(&v.to_le_bytes()))
 }
 
 fn matmul(rd: &mut Reader<'_>, work: &mut [u8], scratch: &mut [u8], w: &mut Writer<'_>) -> Result<(), ErrorKind> {

@@ -30,6 +30,8 @@ pub const CMD_SELFTEST: u32 = 2;
 pub const CMD_F16: u32 = 4;
 /// Thread pool start/run/stop cycles command.
 pub const CMD_THREADS: u32 = 5;
+/// Attention's K·Q dots command.
+pub const CMD_DOT: u32 = 6;
 
 pub use keel_test_support::{activations, Rng};
 

@@ -266,6 +266,8 @@ fn load_in<const V: usize>(base: &[f16], off: usize, m: usize) -> [[f32; 32]; V]
 /// The most elements per row [`dot_keys`] keeps in f32 on the stack; longer rows go key
 /// by key ([`super::super::dot_keys_by_key`]).
 const ROW_MAX: usize = 256;
+// `dot_keys` takes a chunk of `W` key elements as one step of `DOT_STEP` lanes.
+const _: () = assert!(W == DOT_STEP);
 
 /// `Kernels::f16_dot_keys`: [`dot`] of every key row with `q`, `q` converted once for all
 /// keys and each key row converted straight from the cache. The same operations as
@@ -278,6 +280,9 @@ pub(super) fn dot_keys(t: &super::super::KernelTable, k: &[f16], offs: &[usize],
     }
     if n == 32 {
         return dot_keys_32(k, offs, q, out);
+    }
+    if n == DOT_STEP {
+        return dot_keys_64(k, offs, q, out);
     }
     let np = n - n % DOT_STEP;
     // q as f32, [`W`] at a time: only the chunks `n` covers are written (not zeroed
@@ -293,8 +298,11 @@ pub(super) fn dot_keys(t: &super::super::KernelTable, k: &[f16], offs: &[usize],
         assert!(off <= k.len() && k.len() - off >= n, "f16 dot_keys: key row outside the cache");
         let mut sum = 0f64;
         if np > 0 {
-            let mut acc = [0f32; DOT_STEP];
-            for (i, qc) in qf[..np / W].iter().enumerate() {
+            // The lanes start as the first chunk's `fma(k, q, +0.0)`, the reference's step
+            // from zeroed lanes (not zeroed first: a 256-byte memset per key).
+            let (kf, q0) = (load_in::<2>(k, off, W), qf[0].as_flattened());
+            let mut acc: [f32; DOT_STEP] = core::array::from_fn(|j| crate::fused::fmaf(kf.as_flattened()[j], q0[j], 0.0));
+            for (i, qc) in qf[..np / W].iter().enumerate().skip(1) {
                 let kf = load_in::<2>(k, off + i * W, W);
                 for ((a, &p), &q) in acc.iter_mut().zip(kf.as_flattened()).zip(qc.as_flattened()) {
                     *a = crate::fused::fmaf(p, q, *a);
@@ -333,6 +341,115 @@ fn dot_keys_32(k: &[f16], offs: &[usize], q: &[f16], out: &mut [f32]) {
     if let (Some(o), Some(&off)) = (out.get_mut(2 * pairs), offs.get(2 * pairs)) {
         *o = add_products(0.0, &row(off), &qv.f32s()[..32]) as f32;
     }
+}
+
+/// [`dot_keys`] for rows of one [`DOT_STEP`] (64, no tail): `q` made f32 once, each key
+/// row made f32 on HVX into an aligned buffer, then [`dot_64`].
+fn dot_keys_64(k: &[f16], offs: &[usize], q: &[f16], out: &mut [f32]) {
+    let (mut qv, mut kv) = (Vectors([splat(0); 4]), Vectors([splat(0); 4]));
+    let qf = load_in::<2>(q, 0, DOT_STEP);
+    (qv.0[0], qv.0[1]) = (as_vector(qf[0]), as_vector(qf[1]));
+    for (o, &off) in out.iter_mut().zip(offs) {
+        assert!(off <= k.len() && k.len() - off >= DOT_STEP, "f16 dot_keys: key row outside the cache");
+        let kf = load_in::<2>(k, off, DOT_STEP);
+        (kv.0[0], kv.0[1]) = (as_vector(kf[0]), as_vector(kf[1]));
+        // SAFETY: two aligned vectors (64 f32) in each buffer.
+        *o = unsafe { dot_64(kv.0.as_ptr() as *const f32, qv.0.as_ptr() as *const f32) };
+    }
+}
+
+/// The dot of a row of 64 f32 (`k`) with `q` in the reference's operations (see
+/// [`dot_keys`]: lane `l` = `fma(k[l], q[l], +0.0)`, then `f16ops::reduce_lanes`: `s[l] =
+/// (a[l] + a[32+l]) + (a[16+l] + a[48+l])`, `t[i] = s[8+i] + s[i]`, then `hsum8(t)`), lanes
+/// `l` and `l + 1` as register pairs (`memd`): 127 float operations in 65 packets (the
+/// two float slots full but for one), each lane's zeroed accumulator (`combine`) and the
+/// loads beside them. Scheduled by a list scheduler (the float and memory slots, one
+/// packet from a result to its use) with registers allocated by liveness.
+///
+/// # Safety
+/// `k` and `q` each point to 64 f32, 8-byte aligned.
+#[inline(always)]
+unsafe fn dot_64(k: *const f32, q: *const f32) -> f32 {
+    let out: u32;
+    // SAFETY: reads the caller's 256 bytes at each pointer; r0-r17 and r20-r25 are
+    // declared clobbered.
+    unsafe {
+        asm!(
+            "{{ r1:0 = memd({kp}+#0); r3:2 = memd({qp}+#0); r5:4 = combine(#0, #0); r7:6 = combine(#0, #0) }}",
+            "{{ r4 += sfmpy(r0, r2); r5 += sfmpy(r1, r3); r9:8 = memd({kp}+#128); r11:10 = memd({qp}+#128) }}",
+            "{{ r6 += sfmpy(r8, r10); r7 += sfmpy(r9, r11); r13:12 = memd({kp}+#64); r15:14 = memd({qp}+#64) }}",
+            "{{ r16 = sfadd(r4, r6); r17 = sfadd(r5, r7); r21:20 = combine(#0, #0); r23:22 = memd({kp}+#192) }}",
+            "{{ r20 += sfmpy(r12, r14); r21 += sfmpy(r13, r15); r25:24 = memd({qp}+#192); r1:0 = combine(#0, #0) }}",
+            "{{ r0 += sfmpy(r22, r24); r1 += sfmpy(r23, r25); r3:2 = memd({kp}+#32); r9:8 = memd({qp}+#32) }}",
+            "{{ r10 = sfadd(r20, r0); r11 = sfadd(r21, r1); r5:4 = combine(#0, #0); r7:6 = memd({kp}+#160) }}",
+            "{{ r12 = sfadd(r16, r10); r13 = sfadd(r17, r11); r15:14 = memd({qp}+#160); r23:22 = combine(#0, #0) }}",
+            "{{ r4 += sfmpy(r2, r8); r5 += sfmpy(r3, r9); r25:24 = memd({kp}+#96) }}",
+            "{{ r22 += sfmpy(r6, r14); r23 += sfmpy(r7, r15); r21:20 = memd({qp}+#96); r1:0 = combine(#0, #0) }}",
+            "{{ r16 = sfadd(r4, r22); r17 = sfadd(r5, r23); r11:10 = memd({kp}+#224); r3:2 = memd({qp}+#224) }}",
+            "{{ r0 += sfmpy(r24, r20); r1 += sfmpy(r25, r21); r9:8 = combine(#0, #0) }}",
+            "{{ r8 += sfmpy(r10, r2); r9 += sfmpy(r11, r3); r7:6 = memd({kp}+#8); r15:14 = memd({qp}+#8) }}",
+            "{{ r4 = sfadd(r0, r8); r5 = sfadd(r1, r9); r23:22 = combine(#0, #0); r25:24 = memd({kp}+#136) }}",
+            "{{ r20 = sfadd(r16, r4); r21 = sfadd(r17, r5); r11:10 = memd({qp}+#136); r3:2 = combine(#0, #0) }}",
+            "{{ r0 = sfadd(r20, r12); r1 = sfadd(r21, r13); r9:8 = memd({kp}+#72) }}",
+            "{{ r22 += sfmpy(r6, r14); r23 += sfmpy(r7, r15) }}",
+            "{{ r2 += sfmpy(r24, r10); r3 += sfmpy(r25, r11); r17:16 = memd({qp}+#72); r5:4 = combine(#0, #0) }}",
+            "{{ r12 = sfadd(r22, r2); r13 = sfadd(r23, r3); r21:20 = memd({kp}+#200); r7:6 = memd({qp}+#200) }}",
+            "{{ r4 += sfmpy(r8, r16); r5 += sfmpy(r9, r17); r15:14 = combine(#0, #0) }}",
+            "{{ r14 += sfmpy(r20, r6); r15 += sfmpy(r21, r7); r25:24 = memd({kp}+#40); r11:10 = memd({qp}+#40) }}",
+            "{{ r22 = sfadd(r4, r14); r23 = sfadd(r5, r15); r3:2 = combine(#0, #0); r9:8 = memd({kp}+#168) }}",
+            "{{ r16 = sfadd(r12, r22); r17 = sfadd(r13, r23); r21:20 = memd({qp}+#168); r7:6 = combine(#0, #0) }}",
+            "{{ r2 += sfmpy(r24, r10); r3 += sfmpy(r25, r11); r5:4 = memd({kp}+#104) }}",
+            "{{ r6 += sfmpy(r8, r20); r7 += sfmpy(r9, r21); r15:14 = memd({qp}+#104); r13:12 = combine(#0, #0) }}",
+            "{{ r22 = sfadd(r2, r6); r23 = sfadd(r3, r7); r25:24 = memd({kp}+#232); r11:10 = memd({qp}+#232) }}",
+            "{{ r12 += sfmpy(r4, r14); r13 += sfmpy(r5, r15); r9:8 = combine(#0, #0) }}",
+            "{{ r8 += sfmpy(r24, r10); r9 += sfmpy(r25, r11); r21:20 = memd({kp}+#16); r3:2 = memd({qp}+#16) }}",
+            "{{ r6 = sfadd(r12, r8); r7 = sfadd(r13, r9); r5:4 = combine(#0, #0); r15:14 = memd({kp}+#144) }}",
+            "{{ r24 = sfadd(r22, r6); r25 = sfadd(r23, r7); r11:10 = memd({qp}+#144); r13:12 = combine(#0, #0) }}",
+            "{{ r8 = sfadd(r24, r16); r9 = sfadd(r25, r17); r23:22 = memd({kp}+#80) }}",
+            "{{ r4 += sfmpy(r20, r2); r5 += sfmpy(r21, r3) }}",
+            "{{ r12 += sfmpy(r14, r10); r13 += sfmpy(r15, r11); r7:6 = memd({qp}+#80); r17:16 = combine(#0, #0) }}",
+            "{{ r24 = sfadd(r4, r12); r25 = sfadd(r5, r13); r21:20 = memd({kp}+#208); r3:2 = memd({qp}+#208) }}",
+            "{{ r16 += sfmpy(r22, r6); r17 += sfmpy(r23, r7); r15:14 = combine(#0, #0) }}",
+            "{{ r14 += sfmpy(r20, r2); r15 += sfmpy(r21, r3); r11:10 = memd({kp}+#48); r5:4 = memd({qp}+#48) }}",
+            "{{ r12 = sfadd(r16, r14); r13 = sfadd(r17, r15); r23:22 = combine(#0, #0); r7:6 = memd({kp}+#176) }}",
+            "{{ r20 = sfadd(r24, r12); r21 = sfadd(r25, r13); r3:2 = memd({qp}+#176); r17:16 = combine(#0, #0) }}",
+            "{{ r22 += sfmpy(r10, r4); r23 += sfmpy(r11, r5); r15:14 = memd({kp}+#112) }}",
+            "{{ r16 += sfmpy(r6, r2); r17 += sfmpy(r7, r3); r25:24 = memd({qp}+#112); r13:12 = combine(#0, #0) }}",
+            "{{ r10 = sfadd(r22, r16); r11 = sfadd(r23, r17); r5:4 = memd({kp}+#240); r7:6 = memd({qp}+#240) }}",
+            "{{ r12 += sfmpy(r14, r24); r13 += sfmpy(r15, r25); r3:2 = combine(#0, #0) }}",
+            "{{ r2 += sfmpy(r4, r6); r3 += sfmpy(r5, r7); r23:22 = memd({kp}+#24); r17:16 = memd({qp}+#24) }}",
+            "{{ r14 = sfadd(r12, r2); r15 = sfadd(r13, r3); r25:24 = combine(#0, #0); r5:4 = memd({kp}+#152) }}",
+            "{{ r6 = sfadd(r10, r14); r7 = sfadd(r11, r15); r13:12 = memd({qp}+#152); r3:2 = combine(#0, #0) }}",
+            "{{ r10 = sfadd(r6, r20); r11 = sfadd(r7, r21); r15:14 = memd({kp}+#88) }}",
+            "{{ r24 += sfmpy(r22, r16); r25 += sfmpy(r23, r17) }}",
+            "{{ r2 += sfmpy(r4, r12); r3 += sfmpy(r5, r13); r21:20 = memd({qp}+#88); r7:6 = combine(#0, #0) }}",
+            "{{ r22 = sfadd(r24, r2); r23 = sfadd(r25, r3); r17:16 = memd({kp}+#216); r5:4 = memd({qp}+#216) }}",
+            "{{ r6 += sfmpy(r14, r20); r7 += sfmpy(r15, r21); r13:12 = combine(#0, #0) }}",
+            "{{ r12 += sfmpy(r16, r4); r13 += sfmpy(r17, r5); r25:24 = memd({kp}+#56); r3:2 = memd({qp}+#56) }}",
+            "{{ r14 = sfadd(r6, r12); r15 = sfadd(r7, r13); r21:20 = combine(#0, #0); r17:16 = memd({kp}+#184) }}",
+            "{{ r4 = sfadd(r22, r14); r5 = sfadd(r23, r15); r7:6 = memd({qp}+#184); r13:12 = combine(#0, #0) }}",
+            "{{ r20 += sfmpy(r24, r2); r21 += sfmpy(r25, r3); r23:22 = memd({kp}+#120) }}",
+            "{{ r12 += sfmpy(r16, r6); r13 += sfmpy(r17, r7); r15:14 = memd({qp}+#120); r25:24 = combine(#0, #0) }}",
+            "{{ r2 = sfadd(r20, r12); r3 = sfadd(r21, r13); r17:16 = memd({kp}+#248); r7:6 = memd({qp}+#248) }}",
+            "{{ r24 += sfmpy(r22, r14); r25 += sfmpy(r23, r15); r21:20 = combine(#0, #0) }}",
+            "{{ r20 += sfmpy(r16, r6); r21 += sfmpy(r17, r7) }}",
+            "{{ r12 = sfadd(r24, r20); r13 = sfadd(r25, r21) }}",
+            "{{ r22 = sfadd(r2, r12); r23 = sfadd(r3, r13) }}",
+            "{{ r14 = sfadd(r22, r4); r15 = sfadd(r23, r5) }}",
+            "{{ r16 = sfadd(r10, r0); r17 = sfadd(r11, r1) }}",
+            "{{ r6 = sfadd(r14, r8); r7 = sfadd(r15, r9) }}",
+            "{{ r24 = sfadd(r16, r6); r25 = sfadd(r17, r7) }}",
+            "{{ {out} = sfadd(r24, r25) }}",
+            kp = in(reg) k,
+            qp = in(reg) q,
+            out = lateout(reg) out,
+            out("r0") _, out("r1") _, out("r2") _, out("r3") _, out("r4") _, out("r5") _, out("r6") _, out("r7") _,
+            out("r8") _, out("r9") _, out("r10") _, out("r11") _, out("r12") _, out("r13") _, out("r14") _, out("r15") _,
+            out("r16") _, out("r17") _, out("r20") _, out("r21") _, out("r22") _, out("r23") _, out("r24") _, out("r25") _,
+            options(nostack, readonly),
+        );
+    }
+    f32::from_bits(out)
 }
 
 /// The dots of two rows of 32 f32 (`ka`, `kb`) with `q` in the reference's operations
