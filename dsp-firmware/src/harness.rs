@@ -16,6 +16,9 @@
 //!   is started, runs the tasks twice (task i adds i + 1 to its own slot) and is stopped.
 //! - `CMD_DOT`: `n` (1..=256), `n_keys` (at most 512), then `n` f16 of q and `n_keys · n`
 //!   f16 of key rows, one after another (together padded to 4).
+//! - `CMD_MAD`: `n` (1..=256), `n_keys` (at most 512), then the keys' exponents (`n_keys`
+//!   f32) and new-maximum flags (`n_keys` words, 0 or 1), then `n` f16 of the accumulator
+//!   and `n_keys · n` f16 of value rows (together padded to 4).
 //!
 //! Response: status word (0 ok, else 1 + error code), then
 //! - `CMD_MATMUL`: the DSP-quantized activation blocks in ggml form
@@ -34,6 +37,9 @@
 //! - `CMD_DOT`: the `n_keys` scores of `Kernels::f16_dot_keys` (attention's K·Q) as f32,
 //!   twice: all keys in one call, then in runs of 1, 2, … keys (odd runs and last keys
 //!   of the kernels that take keys in pairs).
+//! - `CMD_MAD`: the accumulator after `Kernels::f16_mad_keys` (attention's value update)
+//!   over all keys in one call, then after the same keys in runs of 1, 2, … (each run
+//!   a call), as f16 (each padded to 4).
 
 use keel_core::exec::{kernels, run_batch, Buffers, Scratch, ALIGN};
 use keel_core::quant::tiles32::{self, quantize_act, ActBlock, TiledWeights};
@@ -55,6 +61,8 @@ pub const CMD_BATCH: u32 = 3;
 pub const CMD_F16: u32 = 4;
 /// Attention's K·Q dots command.
 pub const CMD_DOT: u32 = 6;
+/// Attention's value-update command.
+pub const CMD_MAD: u32 = 7;
 /// The thread pool started, used and stopped, several times.
 pub const CMD_THREADS: u32 = 5;
 
@@ -162,6 +170,7 @@ fn dispatch(input: &[u8], work: &mut [u8], scratch: &mut [u8], w: &mut Writer<'_
         CMD_F16 => convert_f16(&mut rd, w),
         CMD_THREADS => threads(&mut rd, w),
         CMD_DOT => dot_keys(&mut rd, work, w),
+        CMD_MAD => mad_keys(&mut rd, work, w),
         _ => Err(ErrorKind::Unsupported),
     }
 }
@@ -284,6 +293,47 @@ fn dot_keys(rd: &mut Reader<'_>, work: &mut [u8], w: &mut Writer<'_>) -> Result<
         (at, run) = (at + m, run + 1);
     }
     out[..nk].iter().try_for_each(|v| w.put(&v.to_le_bytes()))
+}
+
+fn mad_keys(rd: &mut Reader<'_>, work: &mut [u8], w: &mut Writer<'_>) -> Result<(), ErrorKind> {
+    const MAX_KEYS: usize = 512;
+    let (n, nk) = (rd.u32()? as usize, rd.u32()? as usize);
+    if !(1..=256).contains(&n) || nk > MAX_KEYS {
+        return Err(ErrorKind::InvalidArgument);
+    }
+    let (mut e, mut new_max) = ([0f32; MAX_KEYS], [false; MAX_KEYS]);
+    for v in e[..nk].iter_mut() {
+        *v = f32::from_bits(rd.u32()?);
+    }
+    for v in new_max[..nk].iter_mut() {
+        *v = rd.u32()? != 0;
+    }
+    let len = n * (nk + 1);
+    let raw = rd.bytes((2 * len).next_multiple_of(4))?;
+    // SAFETY: any bits are an f16; align_to_mut only yields correctly aligned elements.
+    let (head, halves, _) = unsafe { work.align_to_mut::<half::f16>() };
+    let halves = halves.get_mut(..len + n).filter(|_| head.is_empty()).ok_or(ErrorKind::OutOfMemory)?;
+    for (j, h) in halves[..len].iter_mut().enumerate() {
+        *h = half::f16::from_bits(u16::from_le_bytes([raw[2 * j], raw[2 * j + 1]]));
+    }
+    // The accumulator twice (one call; runs of calls), then the value rows.
+    let (y0, rest) = halves.split_at_mut(n);
+    let (x, y1) = rest.split_at_mut(nk * n);
+    y1.copy_from_slice(y0);
+    let offs: [usize; MAX_KEYS] = core::array::from_fn(|i| i * n);
+    let kern = kernels();
+    kern.f16_mad_keys(y0, x, &offs[..nk], &new_max[..nk], &e[..nk]);
+    let (mut at, mut run) = (0, 1);
+    while at < nk {
+        let m = run.min(nk - at);
+        kern.f16_mad_keys(y1, x, &offs[at..at + m], &new_max[at..at + m], &e[at..at + m]);
+        (at, run) = (at + m, run + 1);
+    }
+    for y in [&*y0, &*y1] {
+        y.iter().try_for_each(|v| w.put(&v.to_bits().to_le_bytes()))?;
+        w.pad4()?;
+    }
+    Ok(())
 }
 
 fn matmul(rd: &mut Reader<'_>, work: &mut [u8], scratch: &mut [u8], w: &mut Writer<'_>) -> Result<(), ErrorKind> {

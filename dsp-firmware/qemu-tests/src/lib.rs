@@ -32,6 +32,8 @@ pub const CMD_F16: u32 = 4;
 pub const CMD_THREADS: u32 = 5;
 /// Attention's K·Q dots command.
 pub const CMD_DOT: u32 = 6;
+/// Attention's value-update command.
+pub const CMD_MAD: u32 = 7;
 
 pub use keel_test_support::{activations, Rng};
 

@@ -1,6 +1,7 @@
-//! Attention's K·Q dots on the DSP (`Kernels::f16_dot_keys` of its HVX kernel set: the
-//! hand-scheduled rows of 32 and 64, the compiled rows of other lengths) against keel-core's
-//! reference on the host, bit for bit. The values span a wide range of magnitudes, so that
+//! Attention's K·Q dots and value updates on the DSP (`Kernels::f16_dot_keys` and
+//! `f16_mad_keys` of its HVX kernel set: the hand-scheduled rows of 32 and 64, the compiled
+//! rows of other lengths, the accumulator's plain rounding and its fallback) against
+//! keel-core's reference on the host, bit for bit. The values span a wide range of magnitudes, so that
 //! the products' sums round at every step of the reference's order (a dot whose partial
 //! sums are exact would hide an order changed), with signed zeros, f16 subnormals and the
 //! largest f16 among them. Every head length the models use (and some they do not), from
@@ -8,7 +9,7 @@
 
 use half::f16;
 use keel_core::quant::Kernels;
-use keel_dsp_qemu_tests::{elf, put, run_elf, words, Rng, CMD_DOT, MAGIC};
+use keel_dsp_qemu_tests::{elf, put, run_elf, words, Rng, CMD_DOT, CMD_MAD, MAGIC};
 
 /// A value whose magnitude is `2^e`-scaled for `e` in -10..=10, or now and then a special.
 fn wide(rng: &mut Rng) -> f16 {
@@ -71,4 +72,70 @@ fn k_q_dots_on_the_dsp_equal_keel_core_for_every_head_length() {
     // The data must make the order matter: were the dots exact in any order, a kernel
     // that summed in another order would pass.
     assert!(4 * order_matters > keys_seen, "only {order_matters} of {keys_seen} dots change in another order: the data cannot show an order changed");
+}
+
+/// The accumulator after `f16_mad_keys` over all keys in one call, and over the same keys
+/// in runs of calls.
+fn dsp_mad(n: usize, y: &[f16], x: &[f16], new_max: &[bool], e: &[f32]) -> (Vec<u16>, Vec<u16>) {
+    let nk = e.len();
+    let mut req = MAGIC.to_vec();
+    put(&mut req, &[CMD_MAD, n as u32, nk as u32]);
+    put(&mut req, &e.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    put(&mut req, &new_max.iter().map(|&b| b as u32).collect::<Vec<_>>());
+    y.iter().chain(x).for_each(|h| req.extend_from_slice(&h.to_bits().to_le_bytes()));
+    req.resize(req.len().next_multiple_of(4), 0);
+    let resp = run_elf(&elf(), &req);
+    assert_eq!(words(&resp[..4]).next(), Some(0), "status");
+    let body = &resp[4..];
+    let padded = (2 * n).next_multiple_of(4);
+    assert_eq!(body.len(), 2 * padded, "response length");
+    let halves = |b: &[u8]| (0..n).map(|i| u16::from_le_bytes([b[2 * i], b[2 * i + 1]])).collect::<Vec<_>>();
+    (halves(&body[..padded]), halves(&body[padded..]))
+}
+
+/// The value update in the accumulator's ranges: moderate values (every rounding a plain
+/// one), values falling below 2^-14 (f16 subnormals: the call is redone with the full
+/// conversions), and values rising to 65520 and past (to +inf), at every head length.
+#[test]
+fn value_updates_on_the_dsp_equal_keel_core_in_every_range() {
+    let mut rng = Rng(0x3ad);
+    let reference = Kernels::reference();
+    let (mut subnormals, mut infinities) = (0, 0);
+    for (n, nk) in [(64, 23), (32, 30), (64, 1), (32, 2), (128, 5), (16, 6), (48, 4), (80, 3), (96, 4), (33, 3)] {
+        for range in ["moderate", "tiny", "huge"] {
+            let (scale, exps): (f32, fn(&mut Rng) -> f32) = match range {
+                "moderate" => (1.5, |r| 0.05 + 0.95 * (r.f32() * 0.5 + 0.5)),
+                "tiny" => (1e-3, |r| (r.f32() * 0.5 + 0.5) * 1e-3),
+                // Now and then a small exponent: a value past 65520 (infinity to the
+                // reference) scaled back into range would show a rounding that missed it.
+                _ => (3e4, |r| if r.u32() % 3 == 0 { 0.05 } else { 0.5 + r.f32().abs() }),
+            };
+            // Positive values where they may reach infinity: no inf - inf (NaN bits differ
+            // between hosts, and attention's values never meet it).
+            let val = |r: &mut Rng| {
+                let v = r.f32() * scale;
+                f16::from_f32(if range == "huge" { v.abs() } else { v })
+            };
+            let y: Vec<f16> = (0..n).map(|_| val(&mut rng)).collect();
+            let x: Vec<f16> = (0..n * nk).map(|_| val(&mut rng)).collect();
+            let e: Vec<f32> = (0..nk).map(|_| exps(&mut rng)).collect();
+            let new_max: Vec<bool> = (0..nk).map(|i| i == 0 || rng.u32() % 4 == 0).collect();
+            let offs: Vec<usize> = (0..nk).map(|i| i * n).collect();
+            let mut want = y.clone();
+            reference.f16_mad_keys(&mut want, &x, &offs, &new_max, &e);
+            let want: Vec<u16> = want.iter().map(|h| h.to_bits()).collect();
+            let (all, runs) = dsp_mad(n, &y, &x, &new_max, &e);
+            assert_eq!(all, want, "n={n} keys={nk} {range} values, one call");
+            assert_eq!(runs, want, "n={n} keys={nk} {range} values, runs of calls");
+            let sub = want.iter().filter(|&&h| h & 0x7c00 == 0 && h & 0x3ff != 0).count();
+            let inf = want.iter().filter(|&&h| h & 0x7fff == 0x7c00).count();
+            match range {
+                "tiny" => subnormals += sub,
+                "huge" => infinities += inf,
+                _ => assert!(sub == 0 && inf == 0, "n={n}: the moderate case left the normals"),
+            }
+        }
+    }
+    // The fallback's cases were met: results in the f16 subnormals and at infinity.
+    assert!(subnormals > 0 && infinities > 0, "{subnormals} subnormal and {infinities} infinite results: the ranges were not reached");
 }

@@ -12,7 +12,7 @@
 
 use core::arch::hexagon::v128::{
     HvxVector, Q6_V_hi_W, Q6_V_lo_W, Q6_V_vand_VV, Q6_V_vnot_V, Q6_V_vor_VV, Q6_V_vsplat_R, Q6_Vh_vpacke_VwVw, Q6_Vuw_vcl0_Vuw, Q6_Vuw_vlsr_VuwR,
-    Q6_Vw_vadd_VwVw, Q6_Vw_vasl_VwR, Q6_Vw_vasl_VwVw, Q6_Vw_vasr_VwR, Q6_Vw_vlsr_VwVw, Q6_Vw_vmin_VwVw, Q6_Vw_vsub_VwVw, Q6_Wuw_vunpack_Vuh,
+    Q6_Vw_vadd_VwVw, Q6_Vw_vasl_VwR, Q6_Vw_vasl_VwVw, Q6_Vw_vasr_VwR, Q6_Vw_vlsr_VwVw, Q6_Vw_vmax_VwVw, Q6_Vw_vmin_VwVw, Q6_Vw_vsub_VwVw, Q6_Wuw_vunpack_Vuh,
 };
 use core::arch::asm;
 use core::mem::MaybeUninit;
@@ -596,12 +596,29 @@ fn add_products<const V: usize>(mut sum: f64, kf: &[[f32; 32]; V], q: &[f32]) ->
 /// key: per key and 32 values, the value row converted on HVX into an aligned buffer,
 /// the 32 fused multiply-adds by [`fma_32`] (scalar `sffma`, pairs loaded and stored by
 /// `memd`: 25 packets, the bound of its 48 loads and stores), and the rounding to f16 and
-/// back on HVX.
+/// back on HVX: as a 13-bit rounding of the bits ([`Plain`]) while every value stays
+/// in the f16 normals' range, else (seen at the end of the call) the whole call again
+/// with the full conversions.
 pub(super) fn mad_keys(t: &super::super::KernelTable, y: &mut [f16], x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32]) {
     let n = y.len();
     if n >= F16_STEP || n == 0 {
         return super::super::mad_keys_by_key(t, y, x, offs, new_max, e);
     }
+    // The roundings as plain 13-bit roundings of the f32 bits ([`Plain`]); if a value left
+    // their range, the call again with the full conversions (same bits, slower).
+    let mut range = Plain::new();
+    let acc = mad_keys_with(y, x, offs, new_max, e, |v| range.round(v));
+    let acc = if range.held() { acc } else { mad_keys_with(y, x, offs, new_max, e, round_vectors) };
+    for (k, ys) in y.chunks_mut(32).enumerate() {
+        store_32(acc.0[k], ys);
+    }
+}
+
+/// [`mad_keys`]' steps over every key with `round` as the rounding to f16 and back: the
+/// accumulator (`y` as f32, at most four vectors) after the last key.
+#[inline(always)]
+fn mad_keys_with(y: &[f16], x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], mut round: impl FnMut(&mut [HvxVector])) -> Vectors {
+    let n = y.len();
     // The accumulator and the key's value row as f32, 32 per vector (at most 4).
     let nv = n.div_ceil(32);
     let (mut acc, mut row) = (Vectors([splat(0); 4]), Vectors([splat(0); 4]));
@@ -618,7 +635,7 @@ pub(super) fn mad_keys(t: &super::super::KernelTable, y: &mut [f16], x: &[f16], 
             for a in acc.f32s_mut()[..32 * nv].iter_mut() {
                 *a *= ec;
             }
-            round_vectors(&mut acc.0[..nv]);
+            round(&mut acc.0[..nv]);
             1.0
         } else {
             ec
@@ -627,10 +644,51 @@ pub(super) fn mad_keys(t: &super::super::KernelTable, y: &mut [f16], x: &[f16], 
             // SAFETY: vector k of each buffer: 32 f32, 128-byte aligned.
             unsafe { fma_32(acc.0.as_mut_ptr().add(k) as *mut f32, row.0.as_ptr().add(k) as *const f32, v) };
         }
-        round_vectors(&mut acc.0[..nv]);
+        round(&mut acc.0[..nv]);
     }
-    for (k, ys) in y.chunks_mut(32).enumerate() {
-        store_32(acc.0[k], ys);
+    acc
+}
+
+/// Rounding f32 to f16 and back where that is a plain rounding of the bits: for zero and
+/// for `2^-14 <= |x| < 65520` (the f16 normals and what rounds to them), `f32(f16(x))` is
+/// `x` with its 13 low bits rounded to nearest even (`(x + 0xfff + bit 13) & !0x1fff`: a
+/// carry into the exponent is the rounding up to the next binade). 5 vector operations
+/// (one shift) against the full conversions' ~50; beside them the smallest nonzero and the
+/// largest magnitude seen, so that [`Plain::held`] can say whether every value was in
+/// that range (else the caller computes again with the full conversions).
+struct Plain {
+    /// Per lane the largest `|x|` bits.
+    hi: HvxVector,
+    /// Per lane the smallest `|x| + 0x7fff_ffff` (wrapping; zero maps to `i32::MAX`).
+    lo: HvxVector,
+}
+
+impl Plain {
+    fn new() -> Self {
+        Plain { hi: splat(0), lo: splat(i32::MAX) }
+    }
+
+    #[inline(always)]
+    fn round(&mut self, v: &mut [HvxVector]) {
+        for c in v {
+            // SAFETY: value-only HVX intrinsics.
+            unsafe {
+                let a = Q6_V_vand_VV(*c, splat(0x7fff_ffff));
+                self.hi = Q6_Vw_vmax_VwVw(self.hi, a);
+                self.lo = Q6_Vw_vmin_VwVw(self.lo, Q6_Vw_vadd_VwVw(a, splat(0x7fff_ffff)));
+                let odd = Q6_V_vand_VV(Q6_Vuw_vlsr_VuwR(*c, 13), splat(1));
+                *c = Q6_V_vand_VV(Q6_Vw_vadd_VwVw(Q6_Vw_vadd_VwVw(*c, splat(0x0fff)), odd), splat(!0x1fff));
+            }
+        }
+    }
+
+    /// Whether every value rounded was zero or in `[2^-14, 65520)` in magnitude.
+    fn held(&self) -> bool {
+        // SAFETY: a vector is 32 i32.
+        let (hi, lo) = unsafe { (core::mem::transmute::<HvxVector, [i32; 32]>(self.hi), core::mem::transmute::<HvxVector, [i32; 32]>(self.lo)) };
+        // |x| >= 2^-14 is `lo >= 0x3880_0000 − 1 + i32::MIN` for nonzero x (zero stays at
+        // i32::MAX); |x| < 65520 is `hi < 0x477f_f000` (NaN and ±inf are above).
+        hi.iter().all(|&h| h < 0x477f_f000) && lo.iter().all(|&l| l >= (0x3880_0000 - 1) + i32::MIN)
     }
 }
 
