@@ -133,180 +133,33 @@ fn stage(src: &[u8], dst: &mut [u8]) {
 /// `|x| < 2^24`): sign, magnitude, its leading zeros `z`, the magnitude shifted left by
 /// `z − 8` (the significand with its leading 1 at bit 23, no bit lost), the exponent
 /// `157 − z` added below it (the leading 1 carries it to `158 − z` = 127 + the top bit's
-/// position), masked off where the magnitude is zero (`0 − min(|x|, 1)`). Eight and
-/// sixteen vectors at a time hand-scheduled ([`convert_8s`]: ~4.4 packets per vector),
-/// the rest one at a time ([`words_to_f32`]), against 2 scalar operations (add,
-/// `convert_w2sf`) per value.
+/// position), masked off where the magnitude is zero (`0 − min(|x|, 1)`). 13 vector
+/// operations per 32 values, 3 of them on the shift unit, against 2 scalar ones (add, `convert_w2sf`) per value.
 fn sums_to_f32(sums: &mut [i32], corr: &[i32; 8]) {
     assert!(sums.len() % 32 == 0 && sums.as_ptr().align_offset(ALIGN) == 0, "HVX sums_to_f32: not whole 128-byte aligned vectors");
     let v = sums.as_mut_ptr() as *mut HvxVector;
-    let n = sums.len() / 32;
-    // SAFETY: `sums` is 128-byte aligned and holds `n` whole vectors (checked): the first
-    // n / 8 · 8 go through `convert_8s`, the rest one at a time.
+    // SAFETY: `sums` is 128-byte aligned and holds `len/32` whole vectors (checked);
+    // this module is compiled only with 128-byte HVX enabled.
     unsafe {
-        convert_8s(v, n / 16, n % 16 / 8, corr);
+        let n = sums.len() / 32;
+        // Eight vectors at a time (a Q8_0 group's lanes; written out, so that the
+        // compiler interleaves eight independent conversions), then one at a time.
+        for g in 0..n / 8 {
+            let p = v.add(8 * g);
+            let f = |l: usize| words_to_f32(*p.add(l), corr[l]);
+            let (x0, x1, x2, x3, x4, x5, x6, x7) = (f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7));
+            *p = x0;
+            *p.add(1) = x1;
+            *p.add(2) = x2;
+            *p.add(3) = x3;
+            *p.add(4) = x4;
+            *p.add(5) = x5;
+            *p.add(6) = x6;
+            *p.add(7) = x7;
+        }
         for i in n / 8 * 8..n {
             *v.add(i) = words_to_f32(*v.add(i), corr[i % 8]);
         }
-    }
-}
-
-/// [`words_to_f32`] in place of `16·n16 + 8·n8` vectors at `p` (`n8` 0 or 1), vector `l`
-/// corrected by `corr[l % 8]`, sixteen at a time in a hardware loop, then eight: the 14
-/// operations of each (|x| as `max(x, 0 − x)`, off the shift unit, which takes `vcl0` and
-/// the two `vasl`), list-scheduled with the loads and stores at most four instructions and
-/// one shift per packet: 70 packets per 16 vectors (the bound is 64: 16 instructions per
-/// vector, four per packet), 38 per 8, against 5 per vector compiled. The constants and
-/// corrections are splat once per call.
-///
-/// # Safety
-/// `p` points to `16·n16 + 8·n8` writable, 128-byte aligned vectors; HVX (128-byte mode)
-/// is enabled.
-#[inline(never)]
-unsafe fn convert_8s(p: *mut HvxVector, n16: usize, n8: usize, corr: &[i32; 8]) {
-    // SAFETY: the caller's vectors at p (q = p + 8 vectors, both advanced by 16 vectors per
-    // iteration); v0-v31, p0 and hardware loop 0 are declared clobbered (no loop of the
-    // caller is a hardware loop across this non-inlined call).
-    unsafe {
-        asm!(
-            "{{ v0 = vsplat({c0}); v1 = vsplat({c1}) }}",
-            "{{ v2 = vsplat({c2}); v3 = vsplat({c3}) }}",
-            "{{ v4 = vsplat({c4}); v5 = vsplat({c5}) }}",
-            "{{ v6 = vsplat({c6}); v7 = vsplat({c7}) }}",
-            "{{ v8 = vsplat({zero}); v9 = vsplat({one}) }}",
-            "{{ v10 = vsplat({eight}); v11 = vsplat({k157}) }}",
-            "{{ v12 = vsplat({sign}); p0 = cmp.eq({n16}, #0) }}",
-            "{{ if (p0) jump:nt 3f }}",
-            "loop0(2f, {n16})",
-            ".falign",
-            "2:",
-                "{{ v13 = vmem({p}+#0) }}",
-                "{{ v14.w = vadd(v13.w, v0.w); v15 = vmem({p}+#1) }}",
-                "{{ v16.w = vsub(v8.w, v14.w); v17 = vand(v14, v12); v18.w = vadd(v15.w, v1.w); v19 = vmem({p}+#2) }}",
-                "{{ v20.w = vmax(v14.w, v16.w); v21.w = vsub(v8.w, v18.w); v22 = vand(v18, v12); v23.w = vadd(v19.w, v2.w) }}",
-                "{{ v24.uw = vcl0(v20.uw); v25.w = vmin(v20.w, v9.w); v26.w = vmax(v18.w, v21.w); v27.w = vsub(v8.w, v23.w) }}",
-                "{{ v28.uw = vcl0(v26.uw); v29.w = vsub(v24.w, v10.w); v30.w = vsub(v11.w, v24.w); v31.w = vsub(v8.w, v25.w) }}",
-                "{{ v13.w = vasl(v20.w, v29.w); v15.w = vsub(v28.w, v10.w); v14.w = vsub(v11.w, v28.w); v16.w = vmin(v26.w, v9.w) }}",
-                "{{ v19.w = vasl(v30.w, {n23}); v18.w = vsub(v8.w, v16.w); v21.w = vmax(v23.w, v27.w); v24 = vand(v23, v12) }}",
-                "{{ v25.w = vasl(v26.w, v15.w); v20.w = vadd(v19.w, v13.w); v28.w = vmin(v21.w, v9.w); v29 = vmem({p}+#3) }}",
-                "{{ v23.w = vasl(v14.w, {n23}); v27 = vand(v20, v31); v30.w = vsub(v8.w, v28.w); v16.w = vadd(v29.w, v3.w) }}",
-                "{{ v26.uw = vcl0(v21.uw); v13 = vor(v27, v17); v15.w = vadd(v23.w, v25.w); v19.w = vsub(v8.w, v16.w) }}",
-                "{{ vmem({p}+#0) = v13; v31 = vand(v15, v18); v14.w = vsub(v26.w, v10.w); v20.w = vsub(v11.w, v26.w) }}",
-                "{{ v28.w = vasl(v21.w, v14.w); v29 = vor(v31, v22); v17.w = vmax(v16.w, v19.w); v25 = vand(v16, v12) }}",
-                "{{ v23.w = vasl(v20.w, {n23}); vmem({p}+#1) = v29; v27.w = vmin(v17.w, v9.w); v18 = vmem({p}+#4) }}",
-                "{{ v26.uw = vcl0(v17.uw); v13.w = vadd(v23.w, v28.w); v15.w = vsub(v8.w, v27.w); v22.w = vadd(v18.w, v4.w) }}",
-                "{{ v21 = vand(v13, v30); v16.w = vsub(v26.w, v10.w); v19.w = vsub(v11.w, v26.w); v31.w = vsub(v8.w, v22.w) }}",
-                "{{ v14.w = vasl(v17.w, v16.w); v20 = vor(v21, v24); v29.w = vmax(v22.w, v31.w); v28 = vand(v22, v12) }}",
-                "{{ v23.w = vasl(v19.w, {n23}); vmem({p}+#2) = v20; v27.w = vmin(v29.w, v9.w); v18 = vmem({p}+#5) }}",
-                "{{ v30.uw = vcl0(v29.uw); v26.w = vadd(v23.w, v14.w); v13.w = vsub(v8.w, v27.w); v24.w = vadd(v18.w, v5.w) }}",
-                "{{ v17 = vand(v26, v15); v22.w = vsub(v30.w, v10.w); v21.w = vsub(v11.w, v30.w); v16.w = vsub(v8.w, v24.w) }}",
-                "{{ v31.w = vasl(v29.w, v22.w); v19 = vor(v17, v25); v20.w = vmax(v24.w, v16.w); v14 = vand(v24, v12) }}",
-                "{{ v23.w = vasl(v21.w, {n23}); vmem({p}+#3) = v19; v27.w = vmin(v20.w, v9.w); v18 = vmem({p}+#6) }}",
-                "{{ v15.uw = vcl0(v20.uw); v30.w = vadd(v23.w, v31.w); v26.w = vsub(v8.w, v27.w); v25.w = vadd(v18.w, v6.w) }}",
-                "{{ v29 = vand(v30, v13); v24.w = vsub(v15.w, v10.w); v17.w = vsub(v11.w, v15.w); v22.w = vsub(v8.w, v25.w) }}",
-                "{{ v16.w = vasl(v20.w, v24.w); v21 = vor(v29, v28); v19.w = vmax(v25.w, v22.w); v31 = vand(v25, v12) }}",
-                "{{ v23.w = vasl(v17.w, {n23}); vmem({p}+#4) = v21; v27.w = vmin(v19.w, v9.w); v18 = vmem({p}+#7) }}",
-                "{{ v13.uw = vcl0(v19.uw); v15.w = vadd(v23.w, v16.w); v30.w = vsub(v8.w, v27.w); v28.w = vadd(v18.w, v7.w) }}",
-                "{{ v20 = vand(v15, v26); v25.w = vsub(v13.w, v10.w); v29.w = vsub(v11.w, v13.w); v24.w = vsub(v8.w, v28.w) }}",
-                "{{ v22.w = vasl(v19.w, v25.w); v17 = vor(v20, v14); v21.w = vmax(v28.w, v24.w); v16 = vand(v28, v12) }}",
-                "{{ v23.w = vasl(v29.w, {n23}); vmem({p}+#5) = v17; v27.w = vmin(v21.w, v9.w); v18 = vmem({q}+#0) }}",
-                "{{ v26.uw = vcl0(v21.uw); v13.w = vadd(v23.w, v22.w); v15.w = vsub(v8.w, v27.w); v14.w = vadd(v18.w, v0.w) }}",
-                "{{ v19 = vand(v13, v30); v28.w = vsub(v26.w, v10.w); v20.w = vsub(v11.w, v26.w); v25.w = vsub(v8.w, v14.w) }}",
-                "{{ v24.w = vasl(v21.w, v28.w); v29 = vor(v19, v31); v17.w = vmax(v14.w, v25.w); v22 = vand(v14, v12) }}",
-                "{{ v23.w = vasl(v20.w, {n23}); vmem({p}+#6) = v29; v27.w = vmin(v17.w, v9.w); v18 = vmem({q}+#1) }}",
-                "{{ v30.uw = vcl0(v17.uw); v26.w = vadd(v23.w, v24.w); v13.w = vsub(v8.w, v27.w); v31.w = vadd(v18.w, v1.w) }}",
-                "{{ v21 = vand(v26, v15); v14.w = vsub(v30.w, v10.w); v19.w = vsub(v11.w, v30.w); v28.w = vsub(v8.w, v31.w) }}",
-                "{{ v25.w = vasl(v17.w, v14.w); v20 = vor(v21, v16); v29.w = vmax(v31.w, v28.w); v24 = vand(v31, v12) }}",
-                "{{ v23.w = vasl(v19.w, {n23}); vmem({p}+#7) = v20; v27.w = vmin(v29.w, v9.w); v18 = vmem({q}+#2) }}",
-                "{{ v15.uw = vcl0(v29.uw); v30.w = vadd(v23.w, v25.w); v26.w = vsub(v8.w, v27.w); v16.w = vadd(v18.w, v2.w) }}",
-                "{{ v17 = vand(v30, v13); v31.w = vsub(v15.w, v10.w); v21.w = vsub(v11.w, v15.w); v14.w = vsub(v8.w, v16.w) }}",
-                "{{ v28.w = vasl(v29.w, v31.w); v19 = vor(v17, v22); v20.w = vmax(v16.w, v14.w); v25 = vand(v16, v12) }}",
-                "{{ v23.w = vasl(v21.w, {n23}); vmem({q}+#0) = v19; v27.w = vmin(v20.w, v9.w); v18 = vmem({q}+#3) }}",
-                "{{ v13.uw = vcl0(v20.uw); v15.w = vadd(v23.w, v28.w); v30.w = vsub(v8.w, v27.w); v22.w = vadd(v18.w, v3.w) }}",
-                "{{ v29 = vand(v15, v26); v16.w = vsub(v13.w, v10.w); v17.w = vsub(v11.w, v13.w); v31.w = vsub(v8.w, v22.w) }}",
-                "{{ v14.w = vasl(v20.w, v16.w); v21 = vor(v29, v24); v19.w = vmax(v22.w, v31.w); v28 = vand(v22, v12) }}",
-                "{{ v23.w = vasl(v17.w, {n23}); vmem({q}+#1) = v21; v27.w = vmin(v19.w, v9.w); v18 = vmem({q}+#4) }}",
-                "{{ v26.uw = vcl0(v19.uw); v13.w = vadd(v23.w, v14.w); v15.w = vsub(v8.w, v27.w); v24.w = vadd(v18.w, v4.w) }}",
-                "{{ v20 = vand(v13, v30); v22.w = vsub(v26.w, v10.w); v29.w = vsub(v11.w, v26.w); v16.w = vsub(v8.w, v24.w) }}",
-                "{{ v31.w = vasl(v19.w, v22.w); v17 = vor(v20, v25); v21.w = vmax(v24.w, v16.w); v14 = vand(v24, v12) }}",
-                "{{ v23.w = vasl(v29.w, {n23}); vmem({q}+#2) = v17; v27.w = vmin(v21.w, v9.w); v18 = vmem({q}+#5) }}",
-                "{{ v30.uw = vcl0(v21.uw); v26.w = vadd(v23.w, v31.w); v13.w = vsub(v8.w, v27.w); v25.w = vadd(v18.w, v5.w) }}",
-                "{{ v19 = vand(v26, v15); v24.w = vsub(v30.w, v10.w); v20.w = vsub(v11.w, v30.w); v22.w = vsub(v8.w, v25.w) }}",
-                "{{ v16.w = vasl(v21.w, v24.w); v29 = vor(v19, v28); v17.w = vmax(v25.w, v22.w); v31 = vand(v25, v12) }}",
-                "{{ v23.w = vasl(v20.w, {n23}); vmem({q}+#3) = v29; v27.w = vmin(v17.w, v9.w); v18 = vmem({q}+#6) }}",
-                "{{ v15.uw = vcl0(v17.uw); v30.w = vadd(v23.w, v16.w); v26.w = vsub(v8.w, v27.w); v28.w = vadd(v18.w, v6.w) }}",
-                "{{ v21 = vand(v30, v13); v25.w = vsub(v15.w, v10.w); v19.w = vsub(v11.w, v15.w); v24.w = vsub(v8.w, v28.w) }}",
-                "{{ v22.w = vasl(v17.w, v25.w); v20 = vor(v21, v14); v29.w = vmax(v28.w, v24.w); v16 = vand(v28, v12) }}",
-                "{{ v23.w = vasl(v19.w, {n23}); vmem({q}+#4) = v20; v27.w = vmin(v29.w, v9.w); v18 = vmem({q}+#7) }}",
-                "{{ v13.uw = vcl0(v29.uw); v15.w = vadd(v23.w, v22.w); v30.w = vsub(v8.w, v27.w); v14.w = vadd(v18.w, v7.w) }}",
-                "{{ v17 = vand(v15, v26); v28.w = vsub(v13.w, v10.w); v21.w = vsub(v11.w, v13.w); v25.w = vsub(v8.w, v14.w) }}",
-                "{{ v24.w = vasl(v29.w, v28.w); v19 = vor(v17, v31); v20.w = vmax(v14.w, v25.w); v22 = vand(v14, v12) }}",
-                "{{ v23.w = vasl(v21.w, {n23}); vmem({q}+#5) = v19; v27.w = vmin(v20.w, v9.w) }}",
-                "{{ v18.uw = vcl0(v20.uw); v26.w = vadd(v23.w, v24.w); v13.w = vsub(v8.w, v27.w) }}",
-                "{{ v15 = vand(v26, v30); v31.w = vsub(v18.w, v10.w); v29.w = vsub(v11.w, v18.w) }}",
-                "{{ v14.w = vasl(v20.w, v31.w); v17 = vor(v15, v16) }}",
-                "{{ v28.w = vasl(v29.w, {n23}); vmem({q}+#6) = v17 }}",
-                "{{ v25.w = vadd(v28.w, v14.w) }}",
-                "{{ v21 = vand(v25, v13) }}",
-                "{{ v19 = vor(v21, v22) }}",
-                "{{ vmem({q}+#7) = v19 }}",
-            "{{ {p} = add({p}, #2048); {q} = add({q}, #2048) }}:endloop0",
-            "3:",
-            "{{ p0 = cmp.eq({n8}, #0) }}",
-            "{{ if (p0) jump:nt 4f }}",
-                "{{ v13 = vmem({p}+#0) }}",
-                "{{ v14.w = vadd(v13.w, v0.w); v15 = vmem({p}+#1) }}",
-                "{{ v16.w = vsub(v8.w, v14.w); v17 = vand(v14, v12); v18.w = vadd(v15.w, v1.w); v19 = vmem({p}+#2) }}",
-                "{{ v20.w = vmax(v14.w, v16.w); v21.w = vsub(v8.w, v18.w); v22 = vand(v18, v12); v23.w = vadd(v19.w, v2.w) }}",
-                "{{ v24.uw = vcl0(v20.uw); v25.w = vmin(v20.w, v9.w); v26.w = vmax(v18.w, v21.w); v27.w = vsub(v8.w, v23.w) }}",
-                "{{ v28.uw = vcl0(v26.uw); v29.w = vsub(v24.w, v10.w); v30.w = vsub(v11.w, v24.w); v31.w = vsub(v8.w, v25.w) }}",
-                "{{ v13.w = vasl(v20.w, v29.w); v15.w = vsub(v28.w, v10.w); v14.w = vsub(v11.w, v28.w); v16.w = vmin(v26.w, v9.w) }}",
-                "{{ v19.w = vasl(v30.w, {n23}); v18.w = vsub(v8.w, v16.w); v21.w = vmax(v23.w, v27.w); v24 = vand(v23, v12) }}",
-                "{{ v25.w = vasl(v26.w, v15.w); v20.w = vadd(v19.w, v13.w); v28.w = vmin(v21.w, v9.w); v29 = vmem({p}+#3) }}",
-                "{{ v23.w = vasl(v14.w, {n23}); v27 = vand(v20, v31); v30.w = vsub(v8.w, v28.w); v16.w = vadd(v29.w, v3.w) }}",
-                "{{ v26.uw = vcl0(v21.uw); v13 = vor(v27, v17); v15.w = vadd(v23.w, v25.w); v19.w = vsub(v8.w, v16.w) }}",
-                "{{ vmem({p}+#0) = v13; v31 = vand(v15, v18); v14.w = vsub(v26.w, v10.w); v20.w = vsub(v11.w, v26.w) }}",
-                "{{ v28.w = vasl(v21.w, v14.w); v29 = vor(v31, v22); v17.w = vmax(v16.w, v19.w); v25 = vand(v16, v12) }}",
-                "{{ v23.w = vasl(v20.w, {n23}); vmem({p}+#1) = v29; v27.w = vmin(v17.w, v9.w); v18 = vmem({p}+#4) }}",
-                "{{ v26.uw = vcl0(v17.uw); v13.w = vadd(v23.w, v28.w); v15.w = vsub(v8.w, v27.w); v22.w = vadd(v18.w, v4.w) }}",
-                "{{ v21 = vand(v13, v30); v16.w = vsub(v26.w, v10.w); v19.w = vsub(v11.w, v26.w); v31.w = vsub(v8.w, v22.w) }}",
-                "{{ v14.w = vasl(v17.w, v16.w); v20 = vor(v21, v24); v29.w = vmax(v22.w, v31.w); v28 = vand(v22, v12) }}",
-                "{{ v23.w = vasl(v19.w, {n23}); vmem({p}+#2) = v20; v27.w = vmin(v29.w, v9.w); v18 = vmem({p}+#5) }}",
-                "{{ v30.uw = vcl0(v29.uw); v26.w = vadd(v23.w, v14.w); v13.w = vsub(v8.w, v27.w); v24.w = vadd(v18.w, v5.w) }}",
-                "{{ v17 = vand(v26, v15); v22.w = vsub(v30.w, v10.w); v21.w = vsub(v11.w, v30.w); v16.w = vsub(v8.w, v24.w) }}",
-                "{{ v31.w = vasl(v29.w, v22.w); v19 = vor(v17, v25); v20.w = vmax(v24.w, v16.w); v14 = vand(v24, v12) }}",
-                "{{ v23.w = vasl(v21.w, {n23}); vmem({p}+#3) = v19; v27.w = vmin(v20.w, v9.w); v18 = vmem({p}+#6) }}",
-                "{{ v15.uw = vcl0(v20.uw); v30.w = vadd(v23.w, v31.w); v26.w = vsub(v8.w, v27.w); v25.w = vadd(v18.w, v6.w) }}",
-                "{{ v29 = vand(v30, v13); v24.w = vsub(v15.w, v10.w); v17.w = vsub(v11.w, v15.w); v22.w = vsub(v8.w, v25.w) }}",
-                "{{ v16.w = vasl(v20.w, v24.w); v21 = vor(v29, v28); v19.w = vmax(v25.w, v22.w); v31 = vand(v25, v12) }}",
-                "{{ v23.w = vasl(v17.w, {n23}); vmem({p}+#4) = v21; v27.w = vmin(v19.w, v9.w); v18 = vmem({p}+#7) }}",
-                "{{ v13.uw = vcl0(v19.uw); v15.w = vadd(v23.w, v16.w); v30.w = vsub(v8.w, v27.w); v28.w = vadd(v18.w, v7.w) }}",
-                "{{ v20 = vand(v15, v26); v25.w = vsub(v13.w, v10.w); v29.w = vsub(v11.w, v13.w); v24.w = vsub(v8.w, v28.w) }}",
-                "{{ v22.w = vasl(v19.w, v25.w); v17 = vor(v20, v14); v21.w = vmax(v28.w, v24.w); v16 = vand(v28, v12) }}",
-                "{{ v23.w = vasl(v29.w, {n23}); vmem({p}+#5) = v17; v27.w = vmin(v21.w, v9.w) }}",
-                "{{ v18.uw = vcl0(v21.uw); v26.w = vadd(v23.w, v22.w); v13.w = vsub(v8.w, v27.w) }}",
-                "{{ v15 = vand(v26, v30); v14.w = vsub(v18.w, v10.w); v19.w = vsub(v11.w, v18.w) }}",
-                "{{ v28.w = vasl(v21.w, v14.w); v20 = vor(v15, v31) }}",
-                "{{ v25.w = vasl(v19.w, {n23}); vmem({p}+#6) = v20 }}",
-                "{{ v24.w = vadd(v25.w, v28.w) }}",
-                "{{ v29 = vand(v24, v13) }}",
-                "{{ v17 = vor(v29, v16) }}",
-                "{{ vmem({p}+#7) = v17 }}",
-            "4:",
-            p = inout(reg) p => _,
-            q = inout(reg) p.wrapping_add(8) => _,
-            n16 = in(reg) n16,
-            n8 = in(reg) n8,
-            c0 = in(reg) corr[0], c1 = in(reg) corr[1], c2 = in(reg) corr[2], c3 = in(reg) corr[3],
-            c4 = in(reg) corr[4], c5 = in(reg) corr[5], c6 = in(reg) corr[6], c7 = in(reg) corr[7],
-            zero = in(reg) 0, one = in(reg) 1, eight = in(reg) 8, k157 = in(reg) 157, sign = in(reg) i32::MIN, n23 = in(reg) 23,
-            out("v0") _, out("v1") _, out("v2") _, out("v3") _, out("v4") _, out("v5") _, out("v6") _, out("v7") _,
-            out("v8") _, out("v9") _, out("v10") _, out("v11") _, out("v12") _, out("v13") _, out("v14") _, out("v15") _,
-            out("v16") _, out("v17") _, out("v18") _, out("v19") _, out("v20") _, out("v21") _, out("v22") _, out("v23") _,
-            out("v24") _, out("v25") _, out("v26") _, out("v27") _, out("v28") _, out("v29") _, out("v30") _, out("v31") _,
-            out("p0") _,
-            options(nostack),
-        );
     }
 }
 
