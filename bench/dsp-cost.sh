@@ -3,13 +3,14 @@
 # `keel-dsp-cost` runs `keel run --device hexagon-sim` under qemu-hexagon's translation
 # log and prints executed packets per prompt and per generated token by op kind, weight
 # bytes per token and estimated tokens/s on a v68 (QCS6490) and a v73 cDSP, for the
-# synthetic llama (Q8_0, Q4_0; a 32-token prompt) and SmolLM2-135M (Q8_0, Q4_0 made by
-# `keel quantize` from the cached Q4_1 file; a 4-token prompt, since QEMU logs one line
-# per executed block: minutes per SmolLM2 token). Packet counts do not depend on the
-# machine or its load; only the wall time does.
+# synthetic llama (Q8_0, Q4_0) and SmolLM2-135M (Q8_0, Q4_0 made by `keel quantize` from
+# the cached Q4_1 file), each with a 32-token prompt (the batch; QEMU logs one line
+# per executed block, so a SmolLM2 model takes ~6 minutes on two cores, P_SMOLLM2=4
+# about two). Packet counts do not depend on the machine or its load; only the wall
+# time does.
 #
 # usage: bench/dsp-cost.sh [--json]
-#   env: CPU (v68), P_SYNTH (32), P_SMOLLM2 (4), N_GEN (2), MODELS ("synth smollm2"),
+#   env: CPU (v68), P_SYNTH (32), P_SMOLLM2 (32), N_GEN (2), MODELS ("synth smollm2"),
 #        OUT (a scratch dir for the quantized files; default a temp dir, removed at exit),
 #        KEEL_DSP_ELF (the firmware; default what dsp-firmware/ci.sh builds),
 #        KEEL_DSP_THREADS (the firmware's hardware threads, default 4; the tables give
@@ -40,7 +41,7 @@ for set in ${MODELS:-synth smollm2}; do
       [ -f "$src" ] || { echo "no $src; run: keel pull smollm2-135m" >&2; exit 1; }
       for ty in Q8_0 Q4_0; do
         [ -f "$out/smollm2.$ty.gguf" ] || "$bin/keel" quantize "$src" "$out/smollm2.$ty.gguf" "$ty" --allow-requantize -t 2 >/dev/null
-        cost "$out/smollm2.$ty.gguf" "${P_SMOLLM2:-4}" "$@"
+        cost "$out/smollm2.$ty.gguf" "${P_SMOLLM2:-32}" "$@"
       done ;;
     *) echo "unknown model set $set (synth, smollm2)" >&2; exit 1 ;;
   esac
