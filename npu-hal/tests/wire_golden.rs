@@ -240,6 +240,9 @@ fn decode_host_equals_decode() {
     for msg in &msgs {
         let bytes = wire::encode(msg, &mut buf).unwrap().to_vec();
         assert_eq!(check(&bytes).as_ref(), Ok(msg));
+        // A batch takes the in-place path (not merely the same answer through `Other`).
+        let mut own = BatchMsg::empty();
+        assert_eq!(matches!(wire::decode_host(&bytes, &mut own), Ok(wire::Request::Batch(_))), matches!(msg, HostMsg::SubmitBatch(_)), "{msg:?}");
         for n in 0..bytes.len() {
             accepted += check(&bytes[..n]).is_ok() as usize;
         }
