@@ -266,41 +266,47 @@ fn convert_f16(rd: &mut Reader<'_>, w: &mut Writer<'_>) -> Result<(), ErrorKind>
     w.pad4()
 }
 
-fn dot_keys(rd: &mut Reader<'_>, work: &mut [u8], w: &mut Writer<'_>) -> Result<(), ErrorKind> {
-    const MAX_KEYS: usize = 512;
+/// Most keys `CMD_DOT` and `CMD_MAD` take.
+const MAX_KEYS: usize = 512;
+
+/// The attention commands' `n` (1..=256) and `n_keys` (at most [`MAX_KEYS`]), and the key
+/// rows' offsets `i·n`.
+fn key_shape(rd: &mut Reader<'_>) -> Result<(usize, usize, [usize; MAX_KEYS]), ErrorKind> {
     let (n, nk) = (rd.u32()? as usize, rd.u32()? as usize);
     if !(1..=256).contains(&n) || nk > MAX_KEYS {
         return Err(ErrorKind::InvalidArgument);
     }
-    let len = n * (nk + 1);
+    Ok((n, nk, core::array::from_fn(|i| i * n)))
+}
+
+/// `len` halves of the request (padded to 4) at the start of work memory, aligned as the
+/// KV cache is, with `extra` more halves after them for the caller.
+fn halves_in<'w>(rd: &mut Reader<'_>, work: &'w mut [u8], len: usize, extra: usize) -> Result<&'w mut [half::f16], ErrorKind> {
     let raw = rd.bytes((2 * len).next_multiple_of(4))?;
-    // The halves in work memory (aligned as the KV cache is), q first.
     // SAFETY: any bits are an f16; align_to_mut only yields correctly aligned elements.
     let (head, halves, _) = unsafe { work.align_to_mut::<half::f16>() };
-    let halves = halves.get_mut(..len).filter(|_| head.is_empty()).ok_or(ErrorKind::OutOfMemory)?;
-    for (j, h) in halves.iter_mut().enumerate() {
+    let halves = halves.get_mut(..len + extra).filter(|_| head.is_empty()).ok_or(ErrorKind::OutOfMemory)?;
+    for (j, h) in halves[..len].iter_mut().enumerate() {
         *h = half::f16::from_bits(u16::from_le_bytes([raw[2 * j], raw[2 * j + 1]]));
     }
+    Ok(halves)
+}
+
+fn dot_keys(rd: &mut Reader<'_>, work: &mut [u8], w: &mut Writer<'_>) -> Result<(), ErrorKind> {
+    let (n, nk, offs) = key_shape(rd)?;
+    let halves = halves_in(rd, work, n * (nk + 1), 0)?;
     let (q, k) = halves.split_at(n);
-    let offs: [usize; MAX_KEYS] = core::array::from_fn(|i| i * n);
     let (kern, mut out) = (kernels(), [0f32; MAX_KEYS]);
     kern.f16_dot_keys(k, &offs[..nk], q, &mut out[..nk]);
     out[..nk].iter().try_for_each(|v| w.put(&v.to_le_bytes()))?;
-    let (mut at, mut run) = (0, 1);
-    while at < nk {
-        let m = run.min(nk - at);
+    for (at, m) in runs(nk) {
         kern.f16_dot_keys(k, &offs[at..at + m], q, &mut out[at..at + m]);
-        (at, run) = (at + m, run + 1);
     }
     out[..nk].iter().try_for_each(|v| w.put(&v.to_le_bytes()))
 }
 
 fn mad_keys(rd: &mut Reader<'_>, work: &mut [u8], w: &mut Writer<'_>) -> Result<(), ErrorKind> {
-    const MAX_KEYS: usize = 512;
-    let (n, nk) = (rd.u32()? as usize, rd.u32()? as usize);
-    if !(1..=256).contains(&n) || nk > MAX_KEYS {
-        return Err(ErrorKind::InvalidArgument);
-    }
+    let (n, nk, offs) = key_shape(rd)?;
     let (mut e, mut new_max) = ([0f32; MAX_KEYS], [false; MAX_KEYS]);
     for v in e[..nk].iter_mut() {
         *v = f32::from_bits(rd.u32()?);
@@ -308,26 +314,15 @@ fn mad_keys(rd: &mut Reader<'_>, work: &mut [u8], w: &mut Writer<'_>) -> Result<
     for v in new_max[..nk].iter_mut() {
         *v = rd.u32()? != 0;
     }
-    let len = n * (nk + 1);
-    let raw = rd.bytes((2 * len).next_multiple_of(4))?;
-    // SAFETY: any bits are an f16; align_to_mut only yields correctly aligned elements.
-    let (head, halves, _) = unsafe { work.align_to_mut::<half::f16>() };
-    let halves = halves.get_mut(..len + n).filter(|_| head.is_empty()).ok_or(ErrorKind::OutOfMemory)?;
-    for (j, h) in halves[..len].iter_mut().enumerate() {
-        *h = half::f16::from_bits(u16::from_le_bytes([raw[2 * j], raw[2 * j + 1]]));
-    }
-    // The accumulator twice (one call; runs of calls), then the value rows.
+    // The accumulator (then its copy for the runs of calls) around the value rows.
+    let halves = halves_in(rd, work, n * (nk + 1), n)?;
     let (y0, rest) = halves.split_at_mut(n);
     let (x, y1) = rest.split_at_mut(nk * n);
     y1.copy_from_slice(y0);
-    let offs: [usize; MAX_KEYS] = core::array::from_fn(|i| i * n);
     let kern = kernels();
     kern.f16_mad_keys(y0, x, &offs[..nk], &new_max[..nk], &e[..nk]);
-    let (mut at, mut run) = (0, 1);
-    while at < nk {
-        let m = run.min(nk - at);
+    for (at, m) in runs(nk) {
         kern.f16_mad_keys(y1, x, &offs[at..at + m], &new_max[at..at + m], &e[at..at + m]);
-        (at, run) = (at + m, run + 1);
     }
     for y in [&*y0, &*y1] {
         y.iter().try_for_each(|v| w.put(&v.to_bits().to_le_bytes()))?;
