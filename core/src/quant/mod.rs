@@ -177,7 +177,7 @@ pub struct DotTile {
 }
 
 /// The most weight rows any [`DotTile`] has.
-pub const DOT_TILE_MAX_ROWS: usize = 8;
+pub const DOT_TILE_MAX_ROWS: usize = 16;
 /// The most tokens any [`DotTile`] has.
 pub const DOT_TILE_MAX_TOKENS: usize = 16;
 

@@ -644,8 +644,9 @@ fn dot_tiles_give_each_dots_bits() {
             let vdt = Kernels::vec_dot_type(ty).unwrap();
             for i in 0..40 {
                 let n = random_n(&mut rng, ty, i);
-                // One to three groups of rows per call.
-                let tr = tile_rows * (1 + i % 3);
+                // One to three groups of rows per call, or nine (more than one pass of
+                // the rows-in-lanes tiles' staged groups).
+                let tr = tile_rows * [1, 2, 3, 9][i % 4];
                 let (wrow, arow) = (bytes_of(ty, n) + 2 * (i % 3), bytes_of(vdt, n) + i % 5);
                 let (w, a) = strided_operands(&k, &mut rng, ty, n, (tr, wrow), (tt, arow));
                 let ostride = tr + i % 3;

@@ -405,7 +405,7 @@ pub(super) unsafe fn add_fifth_bits(x: __m256i, p: *const u8) -> __m256i {
 /// `-k·Σ y` per lane of four bytes (`k·Σ y` by `vpdpbusd` with k in every byte).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn neg_k_sums(k: i8, y: __m256i) -> __m256i {
+pub(super) unsafe fn neg_k_sums(k: i8, y: __m256i) -> __m256i {
     // SAFETY: value-only intrinsics; AVX-512 VNNI/VL available (target features).
     unsafe {
         let zero = _mm256_setzero_si256();

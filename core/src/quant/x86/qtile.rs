@@ -9,8 +9,9 @@
 //!
 //! Types: Q8_0 · Q8_0, Q5_0 · Q8_0, Q4_1 · Q8_1 (llama.cpp's one-accumulator `vec_dot`
 //! order, which its batches also follow for these types): [`TILE_ROWS`] ×
-//! [`TILE_TOKENS`] on AVX2, [`TILE_ROWS`] × [`ZMM_TILE_TOKENS`] with AVX-512 VNNI (two
-//! tokens per 512-bit vector). Q4_0 · Q8_0 (llama.cpp's repacked order: one exact sum
+//! [`TILE_TOKENS`] on AVX2; with AVX-512 VNNI, Q4_1 [`TILE_ROWS`] × [`ZMM_TILE_TOKENS`]
+//! (two tokens per 512-bit vector), Q8_0 and Q5_0 [`LANES_TILE_ROWS`] rows in the lanes
+//! of a vector × [`LANES_TILE_TOKENS`] tokens (`lanes_tile`). Q4_0 · Q8_0 (llama.cpp's repacked order: one exact sum
 //! per block): 8 rows in the lanes of a vector × 4 tokens (AVX2), or × 16 tokens two to a
 //! 512-bit vector (AVX-512 VNNI).
 
@@ -20,7 +21,7 @@
 use core::arch::x86_64::*;
 
 use super::hsum_ps;
-use super::qdot::{add_fifth_bits, dot_u8_i8, fifth_bits, nibbles, scale_pairs};
+use super::qdot::{dot_u8_i8, fifth_bits, neg_k_sums, nibbles, scale_pairs};
 
 /// Weight rows per tile.
 pub(crate) const TILE_ROWS: usize = 4;
@@ -411,6 +412,200 @@ pub(super) unsafe fn q4_0_q8_0_zmm(nb: usize, w: *const u8, wrow: usize, rows: u
     }
 }
 
+/// Weight rows of the rows-in-lanes Q8_0/Q5_0 tiles (one per lane of a 512-bit vector).
+pub(crate) const LANES_TILE_ROWS: usize = 16;
+/// Tokens of the rows-in-lanes Q8_0/Q5_0 tiles.
+pub(crate) const LANES_TILE_TOKENS: usize = 16;
+/// Blocks per range of the rows-in-lanes tiles' staged weights and activations.
+const LANES_STAGE_BLOCKS: usize = 32;
+/// Groups of [`LANES_TILE_ROWS`] rows per pass over the staged activations (rows beyond
+/// take another pass).
+const LANES_GROUPS: usize = 8;
+
+/// 1.5·2^23: an integer s with |s| < 2^22 added to its bits (as an i32) gives the bits
+/// of `MAGIC + s`, so `f32::from_bits(MAGIC_BITS + s) - MAGIC` is `s as f32`, exactly:
+/// an integer add (folded into a sum's starting value) and a float subtraction instead of
+/// a conversion, which shares its port with `vpdpbusd`.
+const MAGIC: f32 = 12_582_912.0;
+/// The bits of [`MAGIC`].
+const MAGIC_BITS: i32 = 0x4B40_0000;
+const _: () = assert!(MAGIC.to_bits() == MAGIC_BITS as u32);
+
+/// Sixteen rows of eight dwords, `z[k]` = [row 2k | row 2k + 1], transposed: `z[j]`
+/// holds row r's dword j in lane r. Three butterfly stages, each pairing the registers
+/// that differ in one index bit and taking the even and the odd lanes of the pair.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn transpose_16x8(z: &mut [__m512i; 8]) {
+    // SAFETY: value-only intrinsics; AVX-512 F available (target features).
+    unsafe {
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        for m in [1, 2, 4] {
+            for a in (0..8).filter(|a| a & m == 0) {
+                let (x, y) = (z[a], z[a | m]);
+                z[a] = _mm512_permutex2var_epi32(x, even, y);
+                z[a | m] = _mm512_permutex2var_epi32(x, odd, y);
+            }
+        }
+    }
+}
+
+/// The 16 f16 at `p + r·stride` as f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn f16x16(p: *const u8, stride: usize) -> __m512 {
+    // SAFETY: the caller guarantees 2 readable bytes at p + r·stride, r < 16.
+    unsafe {
+        let lo = _mm512_castps256_ps512(f16x8(p, stride));
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castps_pd(lo), _mm256_castps_pd(f16x8(p.add(8 * stride), stride))))
+    }
+}
+
+/// A block of [`LANES_TILE_ROWS`] weight rows as the rows-in-lanes tiles use it: `x[j]`
+/// holds, in lane r, row r's elements `4j..4j + 4` as unsigned bytes `q + o` (o = 128
+/// for Q8_0, 16 for Q5_0: its 5-bit levels as stored), and `dw` the rows' scales.
+type LanesBlock = ([__m512i; 8], __m512);
+
+/// Q8_0 rows at `w` (`wrow` bytes apart), block `i`, for [`lanes_tile`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn lanes_block_q8_0(w: *const u8, wrow: usize, i: usize) -> LanesBlock {
+    // SAFETY: the caller guarantees block i (34 bytes) of each of 16 rows readable.
+    unsafe {
+        let p = w.add(i * 34);
+        let mut z: [__m512i; 8] = core::array::from_fn(|k| pair512(p.add(2 * k * wrow + 2), p.add((2 * k + 1) * wrow + 2)));
+        transpose_16x8(&mut z);
+        let flip = _mm512_set1_epi8(-128);
+        (z.map(|x| _mm512_xor_si512(x, flip)), f16x16(p, wrow))
+    }
+}
+
+/// Q5_0 rows at `w` (`wrow` bytes apart), block `i`, for [`lanes_tile`]: `qh` and the 16
+/// `qs` bytes (5 dwords per row) transposed, then element e's low nibble (byte e of
+/// `qs` for e < 16, its high nibble for e ≥ 16) and its fifth bit (bit e of `qh`, put in
+/// place by a 16-entry table: a nibble of `qh` to four bytes of 0 or 0x10).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn lanes_block_q5_0(w: *const u8, wrow: usize, i: usize) -> LanesBlock {
+    // SAFETY: the caller guarantees block i (22 bytes) of each of 16 rows readable; the
+    // masked loads read only its bytes 2..22.
+    unsafe {
+        let p = w.add(i * 22);
+        let row = |r: usize| _mm256_maskz_loadu_epi32(0x1F, p.add(r * wrow + 2).cast());
+        let mut z: [__m512i; 8] = core::array::from_fn(|k| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(row(2 * k)), row(2 * k + 1)));
+        transpose_16x8(&mut z);
+        let (h, low) = (z[0], _mm512_set1_epi8(0x0F));
+        let table = _mm512_setr_epi32(
+            0, 0x10, 0x1000, 0x1010, 0x10_0000, 0x10_0010, 0x10_1000, 0x10_1010,
+            0x1000_0000, 0x1000_0010, 0x1000_1000, 0x1000_1010, 0x1010_0000, 0x1010_0010, 0x1010_1000, 0x1010_1010,
+        );
+        let x: [__m512i; 8] = core::array::from_fn(|j| {
+            let q = z[1 + j % 4];
+            let nib = if j < 4 { _mm512_and_si512(q, low) } else { _mm512_and_si512(_mm512_srli_epi32::<4>(q), low) };
+            let fifth = _mm512_permutexvar_epi32(_mm512_srl_epi32(h, _mm_cvtsi32_si128(4 * j as i32)), table);
+            _mm512_or_si512(nib, fifth)
+        });
+        (x, f16x16(p, wrow))
+    }
+}
+
+/// Q8_0 / Q5_0 · Q8_0 with AVX-512 VNNI, [`LANES_TILE_ROWS`] rows in the lanes of a
+/// vector × [`LANES_TILE_TOKENS`] tokens: llama.cpp's dot for these types keeps 8 f32
+/// lanes per (row, token), lane j taking `acc_j = fma(dw·da, f32(Σ x·y over elements
+/// 4j..4j + 4), acc_j)` block by block, then `hsum_ps` of the 8. Here register j of a
+/// token holds lane j of 16 rows: per block the rows' weights transposed once
+/// (`$block`: unsigned bytes `x + o`), per token the exact `Σ x·y` of every row and lane
+/// as `vpdpbusd` of those bytes with the token's four bytes, from `-o·Σ y` (computed
+/// once per token and block; with [`MAGIC_BITS`] added, so that the float of the sum is
+/// one subtraction: |Σ x·y| ≤ 4·128·128), then the same `dw·da` product and fma; at the end the 8
+/// registers added as `hsum_ps` adds lanes (`((0+4)+(2+6)) + ((1+5)+(3+7))`). So every
+/// output has the single dot's bits. Weights and the tokens' corrections and scales are
+/// staged per range of [`LANES_STAGE_BLOCKS`] blocks, the accumulators kept between
+/// ranges.
+macro_rules! lanes_tile {
+    ($nb:expr, $w:expr, $wrow:expr, $rows:expr, $a:expr, $arow:expr, $out:expr, $ostride:expr, $o:expr, $block:ident) => {{
+        const T: usize = LANES_TILE_TOKENS;
+        const G: usize = LANES_GROUPS;
+        const SB: usize = LANES_STAGE_BLOCKS;
+        let (nb, w, wrow, rows, a, arow, out, ostride) = ($nb, $w, $wrow, $rows, $a, $arow, $out, $ostride);
+        let magic = _mm512_set1_ps(MAGIC);
+        let mut corr = core::mem::MaybeUninit::<[[[i32; 8]; T]; SB]>::uninit();
+        let mut da = core::mem::MaybeUninit::<[[f32; T]; SB]>::uninit();
+        let mut wst = core::mem::MaybeUninit::<[LanesBlock; SB]>::uninit();
+        let mut stash = core::mem::MaybeUninit::<[[[__m512; 8]; T]; G]>::uninit();
+        let (cp, dp, wp, sp) = (corr.as_mut_ptr().cast::<[[i32; 8]; T]>(), da.as_mut_ptr().cast::<[f32; T]>(), wst.as_mut_ptr().cast::<LanesBlock>(), stash.as_mut_ptr().cast::<[[__m512; 8]; T]>());
+        for g0 in (0..rows).step_by(G * LANES_TILE_ROWS) {
+            let groups = ((rows - g0) / LANES_TILE_ROWS).min(G);
+            let mut b0 = 0;
+            while b0 < nb {
+                let kb = (nb - b0).min(SB);
+                let last = b0 + kb == nb;
+                // (Entries 0..kb of corr, da and wst are written before any read.)
+                for ib in 0..kb {
+                    let i = b0 + ib;
+                    for t in 0..T {
+                        let y = _mm256_loadu_si256(a.add(t * arow + i * 34 + 2).cast());
+                        _mm256_storeu_si256((*cp.add(ib))[t].as_mut_ptr().cast(), _mm256_add_epi32(neg_k_sums($o, y), _mm256_set1_epi32(MAGIC_BITS)));
+                    }
+                    _mm256_storeu_ps((*dp.add(ib)).as_mut_ptr(), f16x8(a.add(i * 34), arow));
+                    _mm256_storeu_ps((*dp.add(ib)).as_mut_ptr().add(8), f16x8(a.add(8 * arow + i * 34), arow));
+                }
+                for g in 0..groups {
+                    let r0 = g0 + g * LANES_TILE_ROWS;
+                    for ib in 0..kb {
+                        wp.add(ib).write($block(w.add(r0 * wrow), wrow, b0 + ib));
+                    }
+                    let st = &mut *sp.add(g);
+                    for t0 in (0..T).step_by(2) {
+                        let mut acc: [[__m512; 8]; 2] = if b0 == 0 { [[_mm512_setzero_ps(); 8]; 2] } else { [st[t0], st[t0 + 1]] };
+                        for ib in 0..kb {
+                            let (x, dw) = &*wp.add(ib);
+                            for (tt, acc) in acc.iter_mut().enumerate() {
+                                let t = t0 + tt;
+                                let d = _mm512_mul_ps(*dw, _mm512_set1_ps((*dp.add(ib))[t]));
+                                let (c, y) = (&(*cp.add(ib))[t], a.add(t * arow + (b0 + ib) * 34 + 2).cast::<i32>());
+                                for j in 0..8 {
+                                    let s = _mm512_dpbusd_epi32(_mm512_set1_epi32(c[j]), x[j], _mm512_set1_epi32(core::ptr::read_unaligned(y.add(j))));
+                                    acc[j] = _mm512_fmadd_ps(d, _mm512_sub_ps(_mm512_castsi512_ps(s), magic), acc[j]);
+                                }
+                            }
+                        }
+                        for (tt, acc) in acc.iter().enumerate() {
+                            if last {
+                                let s = |p: usize, q: usize| _mm512_add_ps(acc[p], acc[q]);
+                                let v = _mm512_add_ps(_mm512_add_ps(s(0, 4), s(2, 6)), _mm512_add_ps(s(1, 5), s(3, 7)));
+                                _mm512_storeu_ps(out.add((t0 + tt) * ostride + r0), v);
+                            } else {
+                                st[t0 + tt] = *acc;
+                            }
+                        }
+                    }
+                }
+                b0 += kb;
+            }
+        }
+    }};
+}
+
+/// Q8_0 · Q8_0, rows in lanes ([`lanes_tile`]); `rows` a multiple of [`LANES_TILE_ROWS`].
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn q8_0_q8_0_lanes(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: nb blocks of each of `rows` weight rows and of LANES_TILE_TOKENS activation
+    // rows readable, out[t·ostride + r] writable (the wrapper's checks); every staged
+    // entry is written before it is read (see lanes_tile).
+    unsafe { lanes_tile!(nb, w, wrow, rows, a, arow, out, ostride, -128, lanes_block_q8_0) }
+}
+
+/// Q5_0 · Q8_0, rows in lanes ([`lanes_tile`]); `rows` a multiple of [`LANES_TILE_ROWS`].
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn q5_0_q8_0_lanes(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: as q8_0_q8_0_lanes.
+    unsafe { lanes_tile!(nb, w, wrow, rows, a, arow, out, ostride, 16, lanes_block_q5_0) }
+}
+
 // With AVX-512 VNNI: the one-accumulator tiles on 512-bit vectors, each pair's 8 lane
 // sums by `vpdpbusd` (four u8·i8 products added into each i32 lane, exactly): the same
 // exact integers as the AVX2 `maddubs`/`madd` pairs (no i16 saturation in either: see
@@ -496,47 +691,6 @@ macro_rules! lane_tile_zmm_out {
 unsafe fn pair512(p0: *const u8, p1: *const u8) -> __m512i {
     // SAFETY: the caller guarantees 32 readable bytes at p0 and at p1.
     unsafe { _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm256_loadu_si256(p0.cast())), _mm256_loadu_si256(p1.cast())) }
-}
-
-/// Q8_0 · Q8_0 tile, AVX-512 VNNI: lanes `Σ x·y` as `Σ x·(y + 128) - 128·Σ x` (the
-/// activation with its sign bits flipped is unsigned; `-128·Σ x` per lane once per row
-/// and block).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn q8_0_q8_0_zmm(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
-    // SAFETY: see above; layout d@0 qs@2 for both.
-    unsafe {
-        let (flip, zero) = (_mm512_set1_epi8(-128), _mm512_setzero_si512());
-        let mut acc = [[_mm512_setzero_ps(); ZMM_TILE_TOKENS / 2]; TILE_ROWS];
-        let mut summs = [[_mm256_setzero_ps(); ZMM_TILE_TOKENS / 4]; TILE_ROWS];
-        lane_tile_zmm!(nb, w, 34, wrow, a, 34, arow, acc, summs, false,
-            |ab0, ab1| [_mm512_xor_si512(pair512(ab0.add(2), ab1.add(2)), flip), zero],
-            |wb| {
-                let x = _mm512_broadcast_i64x4(_mm256_loadu_si256(wb.add(2).cast()));
-                (x, _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, flip, x)))
-            },
-            |x, y, _c| _mm512_dpbusd_epi32(x.1, y, x.0));
-        lane_tile_zmm_out!(acc, summs, false, out, ostride);
-    }
-}
-
-/// Q5_0 · Q8_0 tile, AVX-512 VNNI: lanes `Σ (x - 16)·y` as `Σ x·y - 16·Σ y` (`-16·Σ y`
-/// per lane once per token and block).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn q5_0_q8_0_zmm(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
-    // SAFETY: see above; layouts d@0 qh@2 qs@6 and d@0 qs@2.
-    unsafe {
-        let (off, zero) = (_mm512_set1_epi8(16), _mm512_setzero_si512());
-        let mut acc = [[_mm512_setzero_ps(); ZMM_TILE_TOKENS / 2]; TILE_ROWS];
-        let mut summs = [[_mm256_setzero_ps(); ZMM_TILE_TOKENS / 4]; TILE_ROWS];
-        lane_tile_zmm!(nb, w, 22, wrow, a, 34, arow, acc, summs, false,
-            |ab0, ab1| {
-                let y = pair512(ab0.add(2), ab1.add(2));
-                [y, _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, off, y))]
-            },
-            |wb| _mm512_broadcast_i64x4(add_fifth_bits(nibbles(wb.add(6)), wb.add(2))),
-            |x, y, c| _mm512_dpbusd_epi32(c, x, y));
-        lane_tile_zmm_out!(acc, summs, false, out, ostride);
-    }
 }
 
 /// Q4_1 · Q8_1 tile, AVX-512 VNNI: lanes `Σ x·y` (x unsigned nibbles) directly.
