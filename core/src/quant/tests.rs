@@ -786,9 +786,10 @@ fn matmul_operands(k: &Kernels, rng: &mut Rng, ty: GgmlType, rows: usize, cols: 
     (w, a, wrb, rb)
 }
 
-/// A matmul of 1 to 17 tokens gives each token the bits of that token alone, on one
+/// A matmul of 1 to 17, 31 to 33 or 40 tokens gives each token the bits of that token alone, on one
 /// thread and on several (whatever path the batch takes: 8-row kernel, pairs, tiles),
-/// for the types with short-batch or tile kernels; row counts not a multiple of 8.
+/// for the types with short-batch or tile kernels; row counts not a multiple of 8 (nor
+/// of 16).
 #[test]
 fn matmul_rows_do_not_depend_on_the_batch() {
     use crate::matmul::matmul;
@@ -796,15 +797,16 @@ fn matmul_rows_do_not_depend_on_the_batch() {
     use crate::parallel::{Parallel, Sequential};
     let mut rng = Rng::new(24);
     for k in fast_kernel_sets() {
-        for ty in [Q8_0, Q4_0, Q4_1] {
+        for ty in [Q8_0, Q5_0, Q4_0, Q4_1] {
             let (rows, cols) = (76usize, 96usize);
-            let (w, a, _, rb) = matmul_operands(&k, &mut rng, ty, rows, cols, 17);
+            let (w, a, _, rb) = matmul_operands(&k, &mut rng, ty, rows, cols, 40);
             let t = Tensor { ty, cols, rows, data: &w };
-            let mut one = vec![0.0f32; 17 * rows];
-            for i in 0..17 {
+            let mut one = vec![0.0f32; 40 * rows];
+            for i in 0..40 {
                 matmul(&k, &Sequential, &t, &a[i * rb..(i + 1) * rb], 1, &mut one[i * rows..(i + 1) * rows]);
             }
-            for n in 1..=17 {
+            // Up to two token tiles of the widest tiles and a few tokens past them.
+            for n in (1..=17).chain([31, 32, 33, 40]) {
                 for par in [&Sequential as &dyn Parallel, &Reversed(2), &Reversed(3)] {
                     let mut out = vec![f32::NAN; n * rows];
                     matmul(&k, par, &t, &a[..n * rb], n, &mut out);
