@@ -419,8 +419,10 @@ pub(crate) const LANES_TILE_TOKENS: usize = 16;
 /// Blocks per range of the rows-in-lanes tiles' staged weights and activations.
 const LANES_STAGE_BLOCKS: usize = 32;
 /// Groups of [`LANES_TILE_ROWS`] rows per pass over the staged activations (rows beyond
-/// take another pass).
-const LANES_GROUPS: usize = 8;
+/// take another pass). With 32 staged blocks a call holds 68 KB on the stack (tokens'
+/// corrections 16 KB, scales 2 KB, weights 18 KB, the accumulators between ranges
+/// 32 KB); 8 groups (100 KB) were no faster measurably (SmolLM2 Q8_0 pp512, one thread).
+const LANES_GROUPS: usize = 4;
 
 /// 1.5·2^23: an integer s with |s| < 2^22 added to its bits (as an i32) gives the bits
 /// of `MAGIC + s`, so `f32::from_bits(MAGIC_BITS + s) - MAGIC` is `s as f32`, exactly:
