@@ -11,9 +11,9 @@
 //! order, which its batches also follow for these types): [`TILE_ROWS`] ×
 //! [`TILE_TOKENS`] on AVX2; with AVX-512 VNNI, Q4_1 [`TILE_ROWS`] × [`ZMM_TILE_TOKENS`]
 //! (two tokens per 512-bit vector), Q8_0 and Q5_0 [`LANES_TILE_ROWS`] rows in the lanes
-//! of a vector × [`LANES_TILE_TOKENS`] tokens (`lanes_tile`). Q4_0 · Q8_0 (llama.cpp's repacked order: one exact sum
-//! per block): 8 rows in the lanes of a vector × 4 tokens (AVX2), or × 16 tokens two to a
-//! 512-bit vector (AVX-512 VNNI).
+//! of a vector × [`LANES_TILE_TOKENS`] tokens (`lanes_tile`). Q4_0 · Q8_0 (llama.cpp's
+//! repacked order: one exact sum per block): 8 rows in the lanes of a vector × 4 tokens
+//! (AVX2), or × 16 tokens two to a 512-bit vector (AVX-512 VNNI).
 
 // Pairs are indexed (row, token) on purpose; the per-pair hook is `()` for most types.
 #![allow(clippy::needless_range_loop, clippy::no_effect, clippy::unused_unit)]
@@ -520,11 +520,11 @@ unsafe fn lanes_block_q5_0(w: *const u8, wrow: usize, i: usize) -> LanesBlock {
 /// (`$block`: unsigned bytes `x + o`), per token the exact `Σ x·y` of every row and lane
 /// as `vpdpbusd` of those bytes with the token's four bytes, from `-o·Σ y` (computed
 /// once per token and block; with [`MAGIC_BITS`] added, so that the float of the sum is
-/// one subtraction: |Σ x·y| ≤ 4·128·128), then the same `dw·da` product and fma; at the end the 8
-/// registers added as `hsum_ps` adds lanes (`((0+4)+(2+6)) + ((1+5)+(3+7))`). So every
-/// output has the single dot's bits. Weights and the tokens' corrections and scales are
-/// staged per range of [`LANES_STAGE_BLOCKS`] blocks, the accumulators kept between
-/// ranges.
+/// one subtraction: |Σ x·y| ≤ 4·128·128), then the same `dw·da` product and fma; at the
+/// end the 8 registers added as `hsum_ps` adds lanes (`((0+4)+(2+6)) + ((1+5)+(3+7))`).
+/// So every output has the single dot's bits. Weights and the tokens' corrections and
+/// scales are staged per range of [`LANES_STAGE_BLOCKS`] blocks, the accumulators kept
+/// between ranges.
 macro_rules! lanes_tile {
     ($nb:expr, $w:expr, $wrow:expr, $rows:expr, $a:expr, $arow:expr, $out:expr, $ostride:expr, $o:expr, $block:ident) => {{
         const T: usize = LANES_TILE_TOKENS;
