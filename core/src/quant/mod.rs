@@ -176,8 +176,9 @@ pub struct DotTile {
     pub tokens: usize,
 }
 
-/// The most weight rows any [`DotTile`] has.
-pub const DOT_TILE_MAX_ROWS: usize = 16;
+/// The most weight rows any [`DotTile`] has (16: x86's rows-in-lanes tiles; 8 on the
+/// targets without them, whose callers size their tile buffers by it).
+pub const DOT_TILE_MAX_ROWS: usize = if cfg!(target_arch = "x86_64") { 16 } else { 8 };
 /// The most tokens any [`DotTile`] has.
 pub const DOT_TILE_MAX_TOKENS: usize = 16;
 
