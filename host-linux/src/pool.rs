@@ -161,6 +161,14 @@ impl ThreadPool {
         Ok(pool)
     }
 
+    /// Jobs handed to the workers so far, wrapping (the job counter `epoch`): the
+    /// difference of two readings is the number of hand-offs between them. Calls that
+    /// ran on the calling thread alone (one task, no workers, a busy pool) hand nothing
+    /// off and are not counted.
+    pub fn jobs(&self) -> u32 {
+        self.shared.job.0.epoch.load(Ordering::Relaxed)
+    }
+
     /// The number of hardware threads available to this process (at least 1).
     pub fn default_threads() -> usize {
         std::thread::available_parallelism().map_or(1, |n| n.get())

@@ -11,6 +11,7 @@ use serde::Serialize;
 use anyhow::{bail, Result};
 use keel_core::engine::Engine;
 use keel_core::parallel::Parallel;
+use crate::pool::ThreadPool;
 use keel_core::sampler::{Rng, SamplerConfig};
 use keel_core::session::Outputs;
 use std::time::Instant;
@@ -73,29 +74,38 @@ fn run_pp(e: &mut Engine<'_>, par: &dyn Parallel, toks: &[u32], depth: &[u32], b
     Ok(toks.len() as f64 / secs)
 }
 
+/// What one tg repetition measured.
+struct Generated {
+    tps: f64,
+    tokens: Vec<u32>,
+    /// The pool's hand-offs during the timed evaluations (not the depth's fill).
+    jobs: u64,
+}
+
 /// Generation speed: each step's evaluation and sampling are timed; the check of its
 /// logits (a scan of the whole row, not part of generating) is not.
-fn run_tg(e: &mut Engine<'_>, par: &dyn Parallel, first: u32, n: usize, depth: &[u32], batch: usize) -> Result<(f64, Vec<u32>)> {
-    fill_depth(e, par, depth, batch)?;
+fn run_tg(e: &mut Engine<'_>, pool: &ThreadPool, first: u32, n: usize, depth: &[u32], batch: usize) -> Result<Generated> {
+    fill_depth(e, pool, depth, batch)?;
     let mut out = Vec::with_capacity(n);
     let mut tok = first;
-    let mut secs = 0.0;
+    let (mut secs, mut jobs) = (0.0, 0u64);
     for i in 0..n {
-        let t = Instant::now();
-        e.eval(&[tok], Outputs::Last, par)?;
+        let (t, j0) = (Instant::now(), pool.jobs());
+        e.eval(&[tok], Outputs::Last, pool)?;
         let after_eval = t.elapsed().as_secs_f64();
+        jobs += u64::from(pool.jobs().wrapping_sub(j0));
         check_logits(e.session.last_logits(e.n_vocab()), &format!("tg step {i}"))?;
         let t = Instant::now();
         tok = e.sample();
         secs += after_eval + t.elapsed().as_secs_f64();
         out.push(tok);
     }
-    Ok((n as f64 / secs, out))
+    Ok(Generated { tps: n as f64 / secs, tokens: out, jobs })
 }
 
 /// `keel bench`.
 #[derive(clap::Args, Debug)]
-#[command(after_help = "JSON: [{\"test\":\"pp512\",\"tps\":x,\"sd\":y,...},...] (tg gains bound_tps, bytes_per_token, read_bytes_per_s with --roofline). A run whose logits are NaN or constant, or whose tg repetitions generate different tokens, reports no speed: it fails.")]
+#[command(after_help = "JSON: [{\"test\":\"pp512\",\"tps\":x,\"sd\":y,...},...] (tg gains bound_tps, bytes_per_token, read_bytes_per_s, pool_jobs_per_token with --roofline). A run whose logits are NaN or constant, or whose tg repetitions generate different tokens, reports no speed: it fails.")]
 pub struct BenchArgs {
     /// The model (`-m`).
     #[command(flatten)]
@@ -113,7 +123,7 @@ pub struct BenchArgs {
     /// Repetitions of each test (mean ± standard deviation)
     #[arg(short = 'r', long = "repetitions", value_name = "N", default_value_t = 3)]
     pub repetitions: usize,
-    /// Also measure the machine's read bandwidth and print the bandwidth bound of tg
+    /// Also measure the machine's read bandwidth and print the bandwidth bound of tg (and the thread pool's hand-offs per generated token)
     #[arg(long = "roofline")]
     pub roofline: bool,
     /// JSON output
@@ -151,6 +161,9 @@ struct BoundJson {
     kv_bytes_per_token: u64,
     bound_tps: f64,
     fraction_of_bound: f64,
+    /// Hand-offs to the thread pool per generated token (parallel jobs: matrix
+    /// products, attention, ...; 0 with one thread).
+    pool_jobs_per_token: f64,
 }
 
 /// Runs the subcommand.
@@ -218,6 +231,8 @@ pub fn main(a: BenchArgs) -> Result<()> {
     run_tg(&mut e, pool, toks[0], n_gen.min(4), &[], nb)?;
 
     let mut results = Vec::new();
+    // The pool's hand-offs over every timed tg step (reported per token with --roofline).
+    let mut tg_jobs = 0u64;
     if n_prompt > 0 {
         let mut m = Measured { test: name(&format!("pp{n_prompt}")), tps: Vec::new() };
         for _ in 0..reps {
@@ -229,7 +244,8 @@ pub fn main(a: BenchArgs) -> Result<()> {
         let mut m = Measured { test: name(&format!("tg{n_gen}")), tps: Vec::new() };
         let mut reference: Option<Vec<u32>> = None;
         for r in 0..reps {
-            let (tps, out) = run_tg(&mut e, pool, toks[0], n_gen, dt, nb)?;
+            let Generated { tps, tokens: out, jobs } = run_tg(&mut e, pool, toks[0], n_gen, dt, nb)?;
+            tg_jobs += jobs;
             match &reference {
                 None => reference = Some(out),
                 Some(want) if *want != out => {
@@ -247,7 +263,7 @@ pub fn main(a: BenchArgs) -> Result<()> {
     let bound = if roofline && n_gen > 0 {
         let bw = super::roofline::read_bandwidth(opts.threads);
         let bytes = super::roofline::bytes_per_token(&e.model, depth, n_gen);
-        Some((bw, bytes, bw / bytes.total() as f64))
+        Some((bw, bytes, bw / bytes.total() as f64, tg_jobs as f64 / (reps * n_gen) as f64))
     } else {
         None
     };
@@ -264,13 +280,14 @@ pub fn main(a: BenchArgs) -> Result<()> {
                 threads: opts.threads,
                 repetitions: reps,
                 batches: if a.eval.llama_cpp() { "llama-cpp" } else { "invariant" },
-                bound: bound.filter(|_| m.test.starts_with("tg")).map(|(bw, bytes, tps_max)| BoundJson {
+                bound: bound.filter(|_| m.test.starts_with("tg")).map(|(bw, bytes, tps_max, jobs)| BoundJson {
                     read_bytes_per_s: bw,
                     bytes_per_token: bytes.total(),
                     weight_bytes_per_token: bytes.weights,
                     kv_bytes_per_token: bytes.kv,
                     bound_tps: tps_max,
                     fraction_of_bound: m.mean() / tps_max,
+                    pool_jobs_per_token: jobs,
                 }),
             })
             .collect();
@@ -283,13 +300,14 @@ pub fn main(a: BenchArgs) -> Result<()> {
         for m in &results {
             println!("| {name} | {size:.1} MiB | {} | {} | {} | {:.2} ± {:.2} |", opts.threads, e.session.kernels().name(), m.test, m.mean(), m.sd());
         }
-        if let Some((bw, bytes, tps_max)) = bound {
+        if let Some((bw, bytes, tps_max, jobs)) = bound {
             let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
             let tg = results.iter().find(|m| m.test.starts_with("tg")).map_or(0.0, Measured::mean);
             println!();
             println!("read bandwidth ({} threads, {} MiB buffer, best of 5): {:.2} GB/s", opts.threads, 512, bw / 1e9);
             println!("bytes read per generated token: {:.2} MiB (weights {:.2}, KV at the mean position of tg{n_gen} {:.2}, embedding row and norms {:.3})", mib(bytes.total()), mib(bytes.weights), mib(bytes.kv), mib(bytes.small));
             println!("bandwidth bound: {tps_max:.1} t/s; tg{n_gen} reaches {:.0}% of it", 100.0 * tg / tps_max);
+            println!("thread-pool hand-offs per generated token: {jobs:.1}");
         }
     }
     Ok(())

@@ -30,6 +30,24 @@ fn every_index_runs_exactly_once() {
 }
 
 #[test]
+fn jobs_counts_hand_offs_only() {
+    let pool = ThreadPool::new(2).unwrap();
+    let j0 = pool.jobs();
+    for n in [2, 3, 64] {
+        pool.run(n, &|_| {});
+    }
+    assert_eq!(pool.jobs().wrapping_sub(j0), 3, "three calls of 2+ tasks: three hand-offs");
+    // One task runs on the caller; a call from inside a task finds the pool busy and
+    // runs its tasks in order there: neither hands anything off.
+    pool.run(1, &|_| {});
+    pool.run(2, &|_| pool.run(4, &|_| {}));
+    assert_eq!(pool.jobs().wrapping_sub(j0), 4);
+    let single = ThreadPool::new(1).unwrap();
+    single.run(8, &|_| {});
+    assert_eq!(single.jobs(), 0, "no workers: nothing handed off");
+}
+
+#[test]
 fn workers_take_part() {
     let pool = ThreadPool::with_spin(3, Duration::from_millis(5)).unwrap();
     let caller = std::thread::current().id();
