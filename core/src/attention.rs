@@ -74,6 +74,11 @@ unsafe fn filled<T: Copy>(m: &mut [MaybeUninit<T>]) -> &mut [T] {
 /// Queries one [`attend_block`] call computes together at most.
 pub const QBLOCK: usize = 16;
 
+/// Room for a chunk's scores of every query of a block ([`Kernels::f16_dot_keys_queries`]:
+/// the keys converted once for all of them). Only x86 has that kernel; elsewhere the
+/// room is not set aside (the DSP's and microcontrollers' stacks are small).
+const BLOCK_SCORES: usize = if cfg!(target_arch = "x86_64") { QBLOCK * MAX_HEADS * CHUNK } else { 0 };
+
 /// Attention of `nh = q.len() / hd` query heads (`q`: `nh` rows of `hd` f32, at most
 /// [`MAX_HEADS`]) over the keys of `span` in `k` / `v`, into `out` (`nh` rows of `hdv`).
 /// `qh` (at least `nh·hd`) and `acc` (at least `nh·hdv`) are scratch. One query's
@@ -96,7 +101,9 @@ pub fn attend_heads(kern: &Kernels, q: &[f32], hd: usize, hdv: usize, k: &[f16],
 /// a window ending at `pos`). Keys are taken in chunks of [`CHUNK`] positions over the
 /// union of the spans, and every query whose span meets a chunk computes that part of
 /// it while the chunk's key and value rows are in cache: each K/V row is read once per
-/// block, not once per query. Per query the operations are [`attend_heads`]' in key
+/// block, not once per query (and where the kernel set can, the chunk's key rows are
+/// converted once and every query's scores computed together: [`Kernels::f16_dot_keys_queries`],
+/// the same bits). Per query the operations are [`attend_heads`]' in key
 /// order (chunking changes no bit: the running maximum, the exponents and the
 /// accumulator steps are per key); `qh` (at least `nq·nh·hd`) and `acc` (at least
 /// `nq·nh·hdv`) are scratch.
@@ -140,7 +147,8 @@ pub fn attend_block<'q, 'o>(
     let mut e_mem = [MaybeUninit::<f32>::uninit(); MAX_HEADS * CHUNK];
     let mut new_max_mem = [MaybeUninit::<bool>::uninit(); MAX_HEADS * CHUNK];
     let (mut koff_mem, mut voff_mem) = ([MaybeUninit::<usize>::uninit(); CHUNK], [MaybeUninit::<usize>::uninit(); CHUNK]);
-    let (mut e_done, mut new_max_done) = (0, 0);
+    let mut eb_mem = [MaybeUninit::<f32>::uninit(); BLOCK_SCORES];
+    let (mut e_done, mut new_max_done, mut eb_done) = (0, 0, 0);
     // Per query and chunk: the part's scores, then every exponent the online softmax will
     // take (the running maximum depends only on the scores), exponentiated together
     // (`expf_batch` gives `ops::expf`'s bits), then the accumulator updates in key
@@ -166,17 +174,39 @@ pub fn attend_block<'q, 'o>(
             let slot = if lay.ring == 0 { p } else { p % lay.ring };
             prefetch::lines(k.as_ptr().wrapping_add(lay.k_base + slot * lay.k_stride).cast(), 2 * hd, Level::L2);
         }
-        for j in 0..nq {
+        // The part of the chunk some query attends to: with more than one query, every
+        // query's scores over it at once where the kernel set can (`ub > ua` then).
+        let part = |j: usize| {
             let s = query(j).1;
-            let (a, b) = (s.first_slot.max(p0), (s.first_slot + s.len).min(p0 + clen));
+            (s.first_slot.max(p0), (s.first_slot + s.len).min(p0 + clen))
+        };
+        let (ua, ub) = if nq > 1 && BLOCK_SCORES > 0 { (0..nq).map(part).filter(|(a, b)| a < b).fold((usize::MAX, 0), |(lo, hi), (a, b)| (lo.min(a), hi.max(b))) } else { (0, 0) };
+        let ulen = ub.saturating_sub(ua);
+        let eb = prefix(&mut eb_mem, &mut eb_done, (nq * nh * ulen).min(BLOCK_SCORES), 0.0);
+        let block = nq > 1 && ulen > 0 && nq * nh * ulen <= BLOCK_SCORES && kern.f16_dot_keys_queries(k, &koff[ua - p0..ub - p0], qh, hd, nh, nq, eb);
+        for j in 0..nq {
+            let (a, b) = part(j);
             if a >= b {
                 continue;
             }
             let (len, r) = (b - a, a - p0..b - p0);
             let (qh, acc) = (&qh[j * nh * hd..(j + 1) * nh * hd], &mut acc[j * nh * hdv..(j + 1) * nh * hdv]);
-            let e = prefix(&mut e_mem, &mut e_done, nh * len, 0.0);
             let new_max = prefix(&mut new_max_mem, &mut new_max_done, nh * len, false);
-            kern.f16_dot_keys_heads(k, &koff[r.clone()], qh, hd, nh, &mut e[..nh * len]);
+            // The query's scores: its rows of the block's when it attends to the whole
+            // union, a copy of their part of them when not, else its own dots.
+            let e = if block && len == ulen {
+                &mut eb[j * nh * ulen..(j + 1) * nh * ulen]
+            } else {
+                let e = prefix(&mut e_mem, &mut e_done, nh * len, 0.0);
+                if block {
+                    for g in 0..nh {
+                        e[g * len..(g + 1) * len].copy_from_slice(&eb[(j * nh + g) * ulen + (a - ua)..][..len]);
+                    }
+                } else {
+                    kern.f16_dot_keys_heads(k, &koff[r.clone()], qh, hd, nh, &mut e[..nh * len]);
+                }
+                e
+            };
             for g in 0..nh {
                 kern.softmax_scores(&mut e[g * len..(g + 1) * len], &mut new_max[g * len..(g + 1) * len], scale, &mut max[j * nh + g]);
             }

@@ -115,8 +115,10 @@ fn bench_matmul() {
 /// ns per (key, head) of the attention's chunk ops — `f16_dot_keys_heads` (K·Q) and
 /// `f16_mad_keys_heads` (value updates with the running sum) — for the query heads of one
 /// KV head (1, 3 and 4 of them) over 16 chunks of 64 keys from a 512-position cache
-/// (rows of 64 and 256 f16, in cache), for every kernel set this CPU has (the f16 sets of
-/// the attention tests); kernel sets interleaved, best of 300.
+/// (rows of 64, 128 and 256 f16, in cache), and per (query, key, head) of K·Q for a block
+/// of 16 queries (`f16_dot_keys_queries` where the set has it, else query by query), for
+/// every kernel set this CPU has (the f16 sets of the attention tests); kernel sets
+/// interleaved, best of 300.
 #[test]
 #[ignore]
 fn bench_attention() {
@@ -124,23 +126,33 @@ fn bench_attention() {
     let sets = super::tests_f16::kernel_sets();
     let mut rng = Rng::new(10);
     let (positions, len, chunks) = (512usize, 64usize, 16usize);
-    for n in [64usize, 256] {
+    const QUERIES: usize = 16;
+    for n in [64usize, 128, 256] {
         let stride = 3 * n;
         let kv: Vec<f16> = (0..positions * stride).map(|_| f16::from_f32(rng.unit())).collect();
         let offs: Vec<Vec<usize>> = (0..chunks).map(|ch| (0..len).map(|c| ((ch * len + c) % positions) * stride).collect()).collect();
         for heads in [1usize, 3, 4] {
-            let qs: Vec<f16> = (0..heads * n).map(|_| f16::from_f32(rng.unit())).collect();
+            let qs: Vec<f16> = (0..QUERIES * heads * n).map(|_| f16::from_f32(rng.unit())).collect();
             let e: Vec<f32> = (0..heads * len).map(|_| rng.unit().abs()).collect();
             let new_max: Vec<bool> = (0..heads * len).map(|i| i % len == 0).collect();
-            let mut best = std::vec![[f64::MAX; 2]; sets.len()];
-            let (mut out, mut y, mut sums) = (std::vec![0.0f32; heads * len], std::vec![f16::ZERO; heads * n], std::vec![0.0f32; heads]);
+            let mut best = std::vec![[f64::MAX; 3]; sets.len()];
+            let (mut out, mut y, mut sums) = (std::vec![0.0f32; QUERIES * heads * len], std::vec![f16::ZERO; heads * n], std::vec![0.0f32; heads]);
             for _ in 0..300 {
                 for (ki, k) in sets.iter().enumerate() {
                     let t0 = Instant::now();
                     for o in &offs {
-                        k.f16_dot_keys_heads(&kv, o, &qs, n, heads, &mut out);
+                        k.f16_dot_keys_heads(&kv, o, &qs[..heads * n], n, heads, &mut out[..heads * len]);
                     }
                     best[ki][0] = best[ki][0].min(t0.elapsed().as_secs_f64());
+                    let t0 = Instant::now();
+                    for o in &offs {
+                        if !k.f16_dot_keys_queries(&kv, o, &qs, n, heads, QUERIES, &mut out) {
+                            for (q, out) in qs.chunks_exact(heads * n).zip(out.chunks_exact_mut(heads * len)) {
+                                k.f16_dot_keys_heads(&kv, o, q, n, heads, out);
+                            }
+                        }
+                    }
+                    best[ki][2] = best[ki][2].min(t0.elapsed().as_secs_f64() / QUERIES as f64);
                     let t0 = Instant::now();
                     for o in &offs {
                         k.f16_mad_keys_heads(&mut y, n, heads, &kv, o, &new_max, &e, &mut sums);
@@ -151,7 +163,7 @@ fn bench_attention() {
             black_box((&out, &y, &sums));
             let per = (chunks * len * heads) as f64 / 1e9;
             for (k, b) in sets.iter().zip(&best) {
-                println!("rows of {n:3}, {heads} head(s), {:>10}: K·Q {:6.2} ns, value update {:6.2} ns per key and head", k.name(), b[0] / per, b[1] / per);
+                println!("rows of {n:3}, {heads} head(s), {:>10}: K·Q {:6.2} ns ({QUERIES} queries: {:6.2} ns), value update {:6.2} ns per key and head", k.name(), b[0] / per, b[2] / per, b[1] / per);
             }
         }
     }

@@ -336,6 +336,9 @@ pub(crate) type DotKeysFn = fn(t: &KernelTable, k: &[f16], offs: &[usize], q: &[
 pub(crate) type MadKeysFn = fn(t: &KernelTable, y: &mut [f16], x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32]);
 /// [`Kernels::f16_dot_keys_heads`] with the table it is an entry of.
 pub(crate) type DotKeysHeadsFn = fn(t: &KernelTable, k: &[f16], offs: &[usize], qs: &[f16], n: usize, heads: usize, out: &mut [f32]);
+/// [`Kernels::f16_dot_keys_queries`]'s kernel: `false` (nothing written) for shapes it
+/// does not take.
+pub(crate) type DotKeysQueriesFn = fn(k: &[f16], offs: &[usize], qs: &[f16], n: usize, heads: usize, queries: usize, out: &mut [f32]) -> bool;
 /// [`Kernels::f16_mad_keys_heads`] with the table it is an entry of.
 pub(crate) type MadKeysHeadsFn =
     fn(t: &KernelTable, ys: &mut [f16], n: usize, heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], sums: &mut [f32]);
@@ -393,6 +396,8 @@ pub(crate) struct KernelTable {
     pub(crate) f16_mad_keys: MadKeysFn,
     /// [`Kernels::f16_dot_keys_heads`].
     pub(crate) f16_dot_keys_heads: DotKeysHeadsFn,
+    /// [`Kernels::f16_dot_keys_queries`] (`None`: each query's `f16_dot_keys_heads`).
+    pub(crate) f16_dot_keys_queries: Option<DotKeysQueriesFn>,
     /// [`Kernels::f16_mad_keys_heads`].
     pub(crate) f16_mad_keys_heads: MadKeysHeadsFn,
     /// [`Kernels::softmax_scores`].
@@ -504,6 +509,7 @@ pub(crate) const REFERENCE: KernelTable = KernelTable {
     f16_dot_keys: dot_keys_by_key,
     f16_mad_keys: mad_keys_by_key,
     f16_dot_keys_heads: dot_keys_by_head,
+    f16_dot_keys_queries: None,
     f16_mad_keys_heads: mad_keys_by_head,
     softmax_scores: softmax_scores_by_key,
     softmax_sum: softmax_sum_by_key,
@@ -802,6 +808,17 @@ impl Kernels {
     /// the same bits.
     pub fn f16_dot_keys_heads(&self, k: &[f16], offs: &[usize], qs: &[f16], n: usize, heads: usize, out: &mut [f32]) {
         (self.t.f16_dot_keys_heads)(self.t, k, offs, qs, n, heads, out)
+    }
+
+    /// [`Kernels::f16_dot_keys_heads`] for `queries` queries against the same keys
+    /// (`qs`: `queries·heads` rows of `n`, query-major): `out[(j·heads + h)·offs.len() + c]`,
+    /// each the bits of query `j`'s own call. Where the kernel set has a kernel for the
+    /// shapes (x86 with AVX-512: rows of 64 or 128, up to 4 heads, 16 queries and 64
+    /// keys) the key rows are converted once for every query; `false` (nothing written)
+    /// elsewhere, and the caller takes each query's `f16_dot_keys_heads`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn f16_dot_keys_queries(&self, k: &[f16], offs: &[usize], qs: &[f16], n: usize, heads: usize, queries: usize, out: &mut [f32]) -> bool {
+        self.t.f16_dot_keys_queries.is_some_and(|f| f(k, offs, qs, n, heads, queries, out))
     }
 
     /// [`Kernels::f16_mad_keys`] for `heads` accumulator rows of `n` (`ys`) over the

@@ -447,6 +447,7 @@ const fn build(flags: usize) -> KernelTable {
     t.f16_dot_keys = if avx512 { entry::dot_keys::<true> } else { entry::dot_keys::<false> };
     t.f16_mad_keys = if fp16 { entry::mad_keys::<true> } else { entry::mad_keys::<false> };
     t.f16_dot_keys_heads = if avx512 { entry::dot_keys_heads::<true> } else { entry::dot_keys_heads::<false> };
+    t.f16_dot_keys_queries = if avx512 { Some(f16ops::dot_keys_queries) } else { None };
     t.f16_mad_keys_heads = match (avx512, fp16) {
         (true, true) => entry::mad_keys_heads::<true, true>,
         (true, false) => entry::mad_keys_heads::<true, false>,
