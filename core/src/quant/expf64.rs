@@ -124,4 +124,18 @@ mod tests {
             assert_eq!(expf(x), None, "{x}");
         }
     }
+
+    /// `expf_batch` (the DSP's `Kernels::expf_batch`) gives `ops::expf`'s bits for every
+    /// element, those `expf` leaves to it (out of range, NaN) included.
+    #[test]
+    fn expf_batch_gives_the_reference_bits() {
+        extern crate std;
+        let mut x: std::vec::Vec<f32> = (0..=u32::MAX).step_by(65_521).map(f32::from_bits).collect();
+        x.extend([f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 88.0, -87.0, 0.0, -0.0]);
+        let want: std::vec::Vec<u32> = x.iter().map(|&v| crate::ops::expf(v).to_bits()).collect();
+        expf_batch(&mut x);
+        for (i, (y, w)) in x.iter().zip(&want).enumerate() {
+            assert_eq!(y.to_bits(), *w, "element {i}");
+        }
+    }
 }
