@@ -118,10 +118,14 @@ pub(crate) fn run(op: Op, s: &Step<'_, '_>, b: &mut Bufs<'_>, st: &mut LayerStat
         Op::Norm { w, src, dst } => {
             let Some(w) = param(w) else { return };
             let x = core::mem::take(b.slot(src));
-            let out = b.slot(dst);
-            for i in 0..n {
-                ops::rms_norm(&x[i * e..(i + 1) * e], w.data, hp.rms_eps, &mut out[i * e..(i + 1) * e]);
-            }
+            let out = SharedMut::new(&mut b.slot(dst)[..n * e]);
+            rows_parallel(par, n, &|r| {
+                // SAFETY: the tasks' row ranges are disjoint.
+                let out = unsafe { out.slice(r.start * e, r.len() * e) };
+                for (i, o) in r.zip(out.chunks_exact_mut(e)) {
+                    ops::rms_norm(&x[i * e..(i + 1) * e], w.data, hp.rms_eps, o);
+                }
+            });
             *b.slot(src) = x;
         }
         Op::MatMul { w, src, dst } => {
@@ -189,7 +193,7 @@ pub(crate) fn run(op: Op, s: &Step<'_, '_>, b: &mut Bufs<'_>, st: &mut LayerStat
         Op::GatedNorm => gated_norm(s, b),
         Op::Residual { src, post_norm } => {
             let y = core::mem::take(b.slot(src));
-            add_residual(hp, post_norm.and_then(param), &y[..n * e], &mut b.xn[..n * e], &mut b.x[..n * e], n);
+            add_residual(hp, par, post_norm.and_then(param), &y[..n * e], &mut b.xn[..n * e], &mut b.x[..n * e], n);
             *b.slot(src) = y;
         }
         Op::FfnAct(a) => {
@@ -265,7 +269,6 @@ fn rope(hp: &HParams, l: usize, n_past: usize, freqs: Option<&[u8]>, b: &mut Buf
     }
 }
 
-/// `x += post_norm(y)` (or `x += y` without a post-norm) for `n` rows; `tmp` is scratch.
 /// `a = act(a) * b` elementwise (SwiGLU or GeGLU), split in ranges across the threads:
 /// each element's arithmetic does not depend on the split.
 fn ffn_activation(kern: &Kernels, par: &dyn Parallel, act: FfnAct, a: &mut [f32], b: &[f32]) {
@@ -283,17 +286,36 @@ fn ffn_activation(kern: &Kernels, par: &dyn Parallel, act: FfnAct, a: &mut [f32]
     });
 }
 
-fn add_residual(hp: &HParams, post_norm: Option<Tensor<'_>>, y: &[f32], tmp: &mut [f32], x: &mut [f32], n: usize) {
+/// Tokens a pass needs before its per-row ops (norms, residual adds) are split across the
+/// threads: with fewer (decode, short batches) a hand-off costs more than the rows.
+const ROWS_PARALLEL_MIN: usize = 16;
+
+/// `f(rows)` for the token rows `0..n` in ranges across the threads (one range, on the
+/// calling thread, below [`ROWS_PARALLEL_MIN`] tokens). Each row's arithmetic is its own,
+/// so the split changes no result.
+fn rows_parallel(par: &dyn Parallel, n: usize, f: &(dyn Fn(core::ops::Range<usize>) + Sync)) {
+    let tasks = if n >= ROWS_PARALLEL_MIN { par.n_threads().min(n) } else { 1 };
+    par.run(tasks, &|t| f(split_range(n, tasks, t)));
+}
+
+/// `x += post_norm(y)` (or `x += y` without a post-norm) for `n` rows; `tmp` is scratch.
+fn add_residual(hp: &HParams, par: &dyn Parallel, post_norm: Option<Tensor<'_>>, y: &[f32], tmp: &mut [f32], x: &mut [f32], n: usize) {
     let e = hp.n_embd;
-    match post_norm {
-        Some(w) => {
-            for i in 0..n {
-                ops::rms_norm(&y[i * e..(i + 1) * e], w.data, hp.rms_eps, &mut tmp[i * e..(i + 1) * e]);
+    let (tmp, x) = (SharedMut::new(&mut tmp[..n * e]), SharedMut::new(&mut x[..n * e]));
+    rows_parallel(par, n, &|r| {
+        // SAFETY: the tasks' row ranges are disjoint.
+        let (tmp, x) = unsafe { (tmp.slice(r.start * e, r.len() * e), x.slice(r.start * e, r.len() * e)) };
+        let y = &y[r.start * e..r.end * e];
+        match post_norm {
+            Some(w) => {
+                for (y, t) in y.chunks_exact(e).zip(tmp.chunks_exact_mut(e)) {
+                    ops::rms_norm(y, w.data, hp.rms_eps, t);
+                }
+                ops::add_assign(x, tmp);
             }
-            ops::add_assign(x, tmp);
+            None => ops::add_assign(x, y),
         }
-        None => ops::add_assign(x, y),
-    }
+    });
 }
 
 /// Adds an f32 bias (raw bytes) to each of `n` rows of width `w`.
