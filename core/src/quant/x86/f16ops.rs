@@ -955,9 +955,11 @@ pub(crate) fn mad_keys_heads_exact(ys: &mut [f16], n: usize, heads: usize, x: &[
 }
 
 /// [`mad_keys_heads_exact`]'s slices of `16·V` columns on 512-bit vectors for `H` heads:
-/// `f16(x·v + y)` with one rounding as `fma` rounded toward zero, made odd where the
-/// sum is inexact (rounded down and up differ: AVX-512's per-instruction rounding), then
-/// rounded to f16 to nearest even.
+/// `f16(x·v + y)` with one rounding as the f32 sum rounded to odd, then rounded to f16 to
+/// nearest even. Round to odd from two fmas (AVX-512's per-instruction rounding): the
+/// sum rounded down and rounded up are equal when it is exact, else adjacent f32 values
+/// (bit patterns one apart, ±0 and the smallest subnormal next to zero), of which
+/// exactly one has an odd significand: the one whose lowest bit is set, else the other.
 ///
 /// # Safety
 /// AVX2/FMA/F16C and AVX-512 F present; `H` rows of `n` (a multiple of `16·V`) at `y`, `n`
@@ -967,7 +969,6 @@ pub(crate) fn mad_keys_heads_exact(ys: &mut [f16], n: usize, heads: usize, x: &[
 unsafe fn mad_exact_avx512<const H: usize, const V: usize>(y: *mut u16, n: usize, x: *const u16, offs: &[usize], new_max: [&[bool]; 4], mul: &[f32], scl: &[f32]) {
     // SAFETY: as above; unaligned loads and stores only.
     unsafe {
-        const RZ: i32 = _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC;
         const RD: i32 = _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC;
         const RU: i32 = _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC;
         let f16_round = |v: __m512| _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
@@ -985,9 +986,9 @@ unsafe fn mad_exact_avx512<const H: usize, const V: usize>(y: *mut u16, n: usize
                     }
                     let vv = _mm512_set1_ps(mul[h * EXACT_KEYS + c]);
                     for (j, v) in a.iter_mut().enumerate() {
-                        let rz = _mm512_fmadd_round_ps::<RZ>(xv[j], vv, *v);
-                        let inexact = _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(_mm512_fmadd_round_ps::<RD>(xv[j], vv, *v), _mm512_fmadd_round_ps::<RU>(xv[j], vv, *v));
-                        let odd = _mm512_mask_or_epi32(_mm512_castps_si512(rz), inexact, _mm512_castps_si512(rz), one);
+                        let rd = _mm512_castps_si512(_mm512_fmadd_round_ps::<RD>(xv[j], vv, *v));
+                        let ru = _mm512_castps_si512(_mm512_fmadd_round_ps::<RU>(xv[j], vv, *v));
+                        let odd = _mm512_mask_blend_epi32(_mm512_test_epi32_mask(rd, one), ru, rd);
                         *v = f16_round(_mm512_castsi512_ps(odd));
                     }
                 }
