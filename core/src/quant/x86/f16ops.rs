@@ -925,10 +925,11 @@ pub(crate) fn mad_keys_heads_exact(ys: &mut [f16], n: usize, heads: usize, x: &[
         // scaling) and the scale `f16(e)` (0 where there is none: never read).
         let (mut mul, mut scl) = ([0.0f32; 4 * EXACT_KEYS], [0.0f32; 4 * EXACT_KEYS]);
         for h in 0..heads {
-            for c in 0..m {
-                let (i, eh) = (h * len + c0 + c, f16::from_f32(e[h * len + c0 + c]).to_f32());
-                (mul[h * EXACT_KEYS + c], scl[h * EXACT_KEYS + c]) = if new_max[i] { (1.0, eh) } else { (eh, 0.0) };
-            }
+            let r = h * len + c0..h * len + c0 + m;
+            let (mh, sh) = (&mut mul[h * EXACT_KEYS..][..m], &mut scl[h * EXACT_KEYS..][..m]);
+            // SAFETY: AVX2/FMA/F16C present (module contract); the four slices hold m
+            // elements each.
+            unsafe { exact_multipliers(&new_max[r.clone()], &e[r], mh, sh) };
         }
         let (nm, o) = (&new_max[..], &offs[c0..c0 + m]);
         let flags = |h: usize| &nm[h * len + c0..h * len + c0 + m];
@@ -951,6 +952,35 @@ pub(crate) fn mad_keys_heads_exact(ys: &mut [f16], n: usize, heads: usize, x: &[
             }
         }
         c0 += m;
+    }
+}
+
+/// Per key of one head, [`mad_keys_heads_exact`]'s multiplier and scale from `f16(e)` (to
+/// nearest even, as `f16::from_f32`, back to f32 exactly): `(1, f16(e))` after a new
+/// maximum, else `(f16(e), 0)`; 8 keys at a time by F16C, the rest one by one.
+///
+/// # Safety
+/// AVX2/FMA/F16C present; `new_max`, `e`, `mul` and `scl` of one length.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn exact_multipliers(new_max: &[bool], e: &[f32], mul: &mut [f32], scl: &mut [f32]) {
+    let m = e.len();
+    debug_assert!(new_max.len() == m && mul.len() == m && scl.len() == m);
+    let full = m - m % 8;
+    // SAFETY: unaligned loads and stores of 8 elements at c < full <= m in each slice
+    // (`bool` is one byte, 0 or 1).
+    unsafe {
+        let (zero, one) = (_mm256_setzero_ps(), _mm256_set1_ps(1.0));
+        for c in (0..full).step_by(8) {
+            let eh = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(e.as_ptr().add(c))));
+            let flags = _mm_loadl_epi64(new_max.as_ptr().add(c).cast());
+            let nm = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_cvtepu8_epi32(flags), _mm256_setzero_si256()));
+            _mm256_storeu_ps(mul.as_mut_ptr().add(c), _mm256_blendv_ps(eh, one, nm));
+            _mm256_storeu_ps(scl.as_mut_ptr().add(c), _mm256_blendv_ps(zero, eh, nm));
+        }
+    }
+    for c in full..m {
+        let eh = f16::from_f32(e[c]).to_f32();
+        (mul[c], scl[c]) = if new_max[c] { (1.0, eh) } else { (eh, 0.0) };
     }
 }
 
