@@ -111,38 +111,43 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
         while i0 < n {
             let i1 = (i0 + TOKEN_TILE).min(n);
             // Whole tiles of `tile.rows` rows × `tile.tokens` tokens, each output the
-            // bits of `dot` (see `Kernels::dot_tile_fn`); the rest pair by pair.
+            // bits of `dot` (see `Kernels::dot_tile_fn`), then whole tiles of its narrower
+            // tile where it has one; the rest pair by pair.
             let (mut r_done, mut i_done) = (range.start, i0);
             if let Some(tile) = tile {
-                let (tr, tt) = (tile.rows, tile.tokens);
-                let (nr, ni) = (range.len() - range.len() % tr, (i1 - i0) - (i1 - i0) % tt);
-                // One tile of tokens: up to PANEL_ROWS rows per call (a tile may prepare
-                // the tokens once for all of them); several: one group of rows per call,
-                // each weight block reused by every token tile while in cache.
-                let pr = if ni == tt { PANEL_ROWS - PANEL_ROWS % tr } else { tr };
-                if ni > 0 {
-                    // Tile outputs (each call writes every element it hands back).
-                    let mut o = [0.0f32; DOT_TILE_MAX_TOKENS * PANEL_ROWS];
-                    for r in (range.start..range.start + nr).step_by(pr) {
-                        let k = pr.min(range.start + nr - r);
-                        for i in (i0..i0 + ni).step_by(tt) {
-                            (tile.f)(cols, &w.data[r * wrb..(r + k) * wrb], wrb, k, &xq[i * rb..(i + tt) * rb], rb, &mut o[..tt * k], k);
-                            for (ti, orow) in o[..tt * k].chunks_exact(k).enumerate() {
-                                // SAFETY: elements (i + ti, r..r + k) are written by the
-                                // one task owning those rows.
-                                let dst = unsafe { out.slice((i + ti) * rows + r, k) };
-                                // (Fixed lengths for the usual shapes: inline moves, not a
-                                // memcpy call per 16 or 32 bytes.)
-                                match k {
-                                    4 => dst[..4].copy_from_slice(&orow[..4]),
-                                    8 => dst[..8].copy_from_slice(&orow[..8]),
-                                    _ => dst.copy_from_slice(orow),
+                let tr = tile.rows;
+                let nr = range.len() - range.len() % tr;
+                // The tile, then its narrower one (if any) for the tokens left.
+                for (f, tt) in [Some((tile.f, tile.tokens)), tile.rest].into_iter().flatten() {
+                    let ni = (i1 - i_done) - (i1 - i_done) % tt;
+                    // One tile of tokens: up to PANEL_ROWS rows per call (a tile may prepare
+                    // the tokens once for all of them); several: one group of rows per call,
+                    // each weight block reused by every token tile while in cache.
+                    let pr = if ni == tt { PANEL_ROWS - PANEL_ROWS % tr } else { tr };
+                    if ni > 0 {
+                        // Tile outputs (each call writes every element it hands back).
+                        let mut o = [0.0f32; DOT_TILE_MAX_TOKENS * PANEL_ROWS];
+                        for r in (range.start..range.start + nr).step_by(pr) {
+                            let k = pr.min(range.start + nr - r);
+                            for i in (i_done..i_done + ni).step_by(tt) {
+                                f(cols, &w.data[r * wrb..(r + k) * wrb], wrb, k, &xq[i * rb..(i + tt) * rb], rb, &mut o[..tt * k], k);
+                                for (ti, orow) in o[..tt * k].chunks_exact(k).enumerate() {
+                                    // SAFETY: elements (i + ti, r..r + k) are written by the
+                                    // one task owning those rows.
+                                    let dst = unsafe { out.slice((i + ti) * rows + r, k) };
+                                    // (Fixed lengths for the usual shapes: inline moves, not a
+                                    // memcpy call per 16 or 32 bytes.)
+                                    match k {
+                                        4 => dst[..4].copy_from_slice(&orow[..4]),
+                                        8 => dst[..8].copy_from_slice(&orow[..8]),
+                                        _ => dst.copy_from_slice(orow),
+                                    }
                                 }
                             }
                         }
+                        r_done = range.start + nr;
+                        i_done += ni;
                     }
-                    r_done = range.start + nr;
-                    i_done = i0 + ni;
                 }
             }
             let mut r_first = range.start;

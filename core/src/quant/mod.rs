@@ -174,6 +174,9 @@ pub struct DotTile {
     pub rows: usize,
     /// Activation rows (tokens) per tile (at most [`DOT_TILE_MAX_TOKENS`]).
     pub tokens: usize,
+    /// A narrower tile of the same rows for the tokens after the last whole tile (its
+    /// kernel and tokens, fewer than `tokens`), where the type has one.
+    pub rest: Option<(DotTileFn, usize)>,
 }
 
 /// The most weight rows any [`DotTile`] has (16: x86's rows-in-lanes tiles; 8 on the
@@ -428,7 +431,15 @@ impl DotTile {
     #[allow(dead_code)]
     pub(crate) const fn entry(f: DotTileFn, rows: usize, tokens: usize) -> Option<DotTile> {
         assert!(rows >= 1 && rows <= DOT_TILE_MAX_ROWS && tokens >= 1 && tokens <= DOT_TILE_MAX_TOKENS, "dot tile shape");
-        Some(DotTile { f, rows, tokens })
+        Some(DotTile { f, rows, tokens, rest: None })
+    }
+
+    /// [`DotTile::entry`] with a narrower tile of the same rows for the tokens after the
+    /// last whole tile (`rest_tokens < tokens`).
+    #[allow(dead_code)]
+    pub(crate) const fn entry_with_rest(f: DotTileFn, rows: usize, tokens: usize, rest: DotTileFn, rest_tokens: usize) -> Option<DotTile> {
+        assert!(rows >= 1 && rows <= DOT_TILE_MAX_ROWS && tokens >= 1 && tokens <= DOT_TILE_MAX_TOKENS && rest_tokens >= 1 && rest_tokens < tokens, "dot tile shape");
+        Some(DotTile { f, rows, tokens, rest: Some((rest, rest_tokens)) })
     }
 }
 

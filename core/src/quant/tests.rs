@@ -639,10 +639,15 @@ fn dot_tiles_give_each_dots_bits() {
         let mut rng = Rng::new(21);
         for &ty in &[Q8_0, Q5_0, Q4_1, Q4_0, Q4_K, Q6_K] {
             let Some(tile) = k.dot_tile_fn(ty) else { continue };
-            let (tile, tile_rows, tt) = (tile.f, tile.rows, tile.tokens);
+            let tile_rows = tile.rows;
             let dot = k.dot_fn(ty).unwrap();
             let vdt = Kernels::vec_dot_type(ty).unwrap();
+            // The tile, and its narrower tile for a chunk's last tokens where it has one.
             for i in 0..40 {
+                let (tile, tt) = match tile.rest {
+                    Some(rest) if i % 2 == 1 => rest,
+                    _ => (tile.f, tile.tokens),
+                };
                 let n = random_n(&mut rng, ty, i);
                 // One to three groups of rows per call, or nine (more than one pass of
                 // the rows-in-lanes tiles' staged groups).
@@ -787,9 +792,9 @@ fn matmul_operands(k: &Kernels, rng: &mut Rng, ty: GgmlType, rows: usize, cols: 
 }
 
 /// A matmul of 1 to 17, 31 to 33 or 40 tokens gives each token the bits of that token alone, on one
-/// thread and on several (whatever path the batch takes: 8-row kernel, pairs, tiles),
-/// for the types with short-batch or tile kernels; row counts not a multiple of 8 (nor
-/// of 16).
+/// thread and on several (whatever path the batch takes: 8-row kernel, pairs, tiles and
+/// a narrower tile for a chunk's last tokens), for the types with short-batch or tile
+/// kernels; row counts not a multiple of 8 (nor of 16).
 #[test]
 fn matmul_rows_do_not_depend_on_the_batch() {
     use crate::matmul::matmul;
@@ -797,8 +802,8 @@ fn matmul_rows_do_not_depend_on_the_batch() {
     use crate::parallel::{Parallel, Sequential};
     let mut rng = Rng::new(24);
     for k in fast_kernel_sets() {
-        for ty in [Q8_0, Q5_0, Q4_0, Q4_1] {
-            let (rows, cols) = (76usize, 96usize);
+        for (ty, cols) in [(Q8_0, 96usize), (Q5_0, 96), (Q4_0, 96), (Q4_1, 96), (Q4_K, 512), (Q6_K, 512)] {
+            let rows = 76usize;
             let (w, a, _, rb) = matmul_operands(&k, &mut rng, ty, rows, cols, 40);
             let t = Tensor { ty, cols, rows, data: &w };
             let mut one = vec![0.0f32; 40 * rows];

@@ -575,6 +575,62 @@ pub(super) unsafe fn q6_k_q8_k_tile<const MODE: u8>(nb: usize, w: *const u8, wro
     }
 }
 
+/// Tokens of the AVX-512 VNNI Q6_K tile in the native order ([`q6_k_q8_k_tile_vnni`]).
+pub(crate) const Q6_K_NATIVE_TOKENS: usize = 16;
+
+/// [`q6_k_q8_k`]`::<NATIVE>` for one weight row and [`Q6_K_NATIVE_TOKENS`] activation
+/// rows, AVX-512 BW/VNNI on 512-bit vectors: two 32-element groups per vector. Per
+/// super-block the row's unsigned levels ([`q6_k_levels`]) and scale pairs
+/// ([`pair_scales`]) are formed once for the tokens; per token and group the same
+/// `maddubs` products as the single dot (u6·i8 pairs, no i16 saturation: |2·63·128| <
+/// 2^15), and `vpdpwssd` adds `scale·(p_2l + p_2l+1)` into lane l as `madd` and the add
+/// do; the two groups' halves are added at the end (exact integers: any order gives the
+/// single dot's 8 lanes of `sumi`). Then the dot's `- 32·Σ bsum·scale` lanes (the same
+/// integers, with 32·scale formed first), `d = da·dw` and the fma per lane in
+/// super-block order, and its `hsum_ps`: each output has its bits.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn q6_k_q8_k_tile_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: nb super-blocks of the row at w and of each token's row at a + t·arow,
+    // and out[t·ostride] for t < Q6_K_NATIVE_TOKENS, are in bounds (the wrapper checks);
+    // layout ql@0 qh@128 scales@192 d@208; AVX-512 F/BW/VL/VNNI available (only handed
+    // out after cpu_has_avx512_vnni()).
+    unsafe {
+        let _ = wrow;
+        const T: usize = Q6_K_NATIVE_TOKENS;
+        let join = |lo: __m256i, hi: __m256i| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+        let mut acc = [_mm256_setzero_ps(); T];
+        for i in 0..nb {
+            let wb = w.add(210 * i);
+            let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(rd16u(wb.add(208)) as i32)));
+            let scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(192).cast()));
+            // 32·scale as i16 (|32·scale| <= 4096), so that `madd` with the bsums gives
+            // the dot's `32·Σ bsum·scale` lanes directly (|2·2048·4096| < 2^31).
+            let scales32 = _mm256_slli_epi16::<5>(scales);
+            // Vector k: groups 2k and 2k + 1 (group g = 4h + t, as `lanes16`).
+            let lv: [__m512i; 4] = core::array::from_fn(|k| join(q6_k_levels(wb, k / 2, 2 * (k % 2)), q6_k_levels(wb, k / 2, 2 * (k % 2) + 1)));
+            let sc: [__m512i; 4] = core::array::from_fn(|k| {
+                let sc8 = half_scales(scales, k / 2);
+                join(pair_scales(sc8, 4 * (k % 2) as i32), pair_scales(sc8, 4 * (k % 2) as i32 + 2))
+            });
+            for (t, acc) in acc.iter_mut().enumerate() {
+                let ab = a.add(t * arow + 292 * i);
+                let d = rdf32(ab) * dw;
+                let sub = _mm256_madd_epi16(ld(ab.add(A_BSUMS)), scales32);
+                let mut s = _mm512_setzero_si512();
+                for k in 0..4 {
+                    let y = _mm512_loadu_si512(ab.add(A_QS + 64 * k).cast());
+                    s = _mm512_dpwssd_epi32(s, sc[k], _mm512_maddubs_epi16(lv[k], y));
+                }
+                let sumi = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s));
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi, sub)), *acc);
+            }
+        }
+        for (t, acc) in acc.iter().enumerate() {
+            *out.add(t * ostride) = hsum_ps(*acc);
+        }
+    }
+}
+
 /// Weight rows of the AVX-512 VNNI Q4_K tile: one per lane of a vector.
 pub(crate) const Q4_K_TILE_ROWS: usize = 8;
 /// Tokens of the AVX-512 VNNI Q4_K tile.

@@ -193,6 +193,9 @@ tile_wrapper!(/// AVX-512 VNNI Q4_K · Q8_K tile in llama.cpp's `gemm` order, 8 
 tile_wrapper!(/// AVX2 Q6_K · Q8_K tile, one row × [`kdot::KTILE_TOKENS`] tokens (each output as
     /// [`vec_dot_q6_k_q8_k`]).
     tile_q6_k_q8_k, kdot::q6_k_q8_k_tile::<NATIVE>, 256, 210, 292, 1, kdot::KTILE_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// AVX-512 VNNI Q6_K · Q8_K tile, one row × [`kdot::Q6_K_NATIVE_TOKENS`] tokens (each
+    /// output as [`vec_dot_q6_k_q8_k`]); only handed out after [`cpu_has_avx512_vnni`].
+    tile_q6_k_q8_k_vnni, kdot::q6_k_q8_k_tile_vnni, 256, 210, 292, 1, kdot::Q6_K_NATIVE_TOKENS, cpu_has_avx512_vnni);
 tile_wrapper!(/// AVX-512 VNNI Q6_K · Q8_K tile in llama.cpp's tiled order, 8 rows ×
     /// [`kdot::Q6_K_TILE_TOKENS`] tokens (each output as [`vec_dot_q6_k_q8_k_tiled`]); only
     /// handed out after [`cpu_has_avx512_vnni`].
@@ -415,7 +418,12 @@ const fn build(flags: usize) -> KernelTable {
     } else {
         DotTile::entry(tile_q4_k_q8_k, 1, KTILE_TOKENS)
     };
-    t.dot_tile.q6_k = DotTile::entry(tile_q6_k_q8_k, 1, KTILE_TOKENS);
+    // (With VNNI, 16 tokens per tile and the AVX2 tile of 4 for the rest of a chunk.)
+    t.dot_tile.q6_k = if vnni {
+        DotTile::entry_with_rest(tile_q6_k_q8_k_vnni, 1, kdot::Q6_K_NATIVE_TOKENS, tile_q6_k_q8_k, KTILE_TOKENS)
+    } else {
+        DotTile::entry(tile_q6_k_q8_k, 1, KTILE_TOKENS)
+    };
     // Tiles in llama.cpp's batch orders (`Kernels::dot_tile_in_batch`).
     t.tile_gemm.q4_k = if vnni {
         DotTile::entry(tile_q4_k_q8_k_gemm_vnni, Q4_K_TILE_ROWS, Q4_K_TILE_TOKENS)
