@@ -15,6 +15,8 @@
 //!   rounded to odd using `e` (toward zero by one ulp if `e` points inward, then the last
 //!   bit set if `e != 0`) and that rounded to f16 to nearest even: 13 spare bits, so one
 //!   rounding of `p + y`, as the reference's f64 fma and round-to-odd give.
+//!   The grouped AVX-512 update (`mad_exact_avx512`) rounds to odd from the sum rounded
+//!   down and rounded up by two fmas instead.
 
 use core::arch::x86_64::*;
 
