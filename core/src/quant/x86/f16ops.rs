@@ -962,11 +962,11 @@ pub(crate) fn mad_keys_heads_exact(ys: &mut [f16], n: usize, heads: usize, x: &[
 /// maximum, else `(f16(e), 0)`; 8 keys at a time by F16C, the rest one by one.
 ///
 /// # Safety
-/// AVX2/FMA/F16C present; `new_max`, `e`, `mul` and `scl` of one length.
+/// AVX2/FMA/F16C present (`new_max`, `e`, `mul` and `scl` of one length: checked).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn exact_multipliers(new_max: &[bool], e: &[f32], mul: &mut [f32], scl: &mut [f32]) {
     let m = e.len();
-    debug_assert!(new_max.len() == m && mul.len() == m && scl.len() == m);
+    assert!(new_max.len() == m && mul.len() == m && scl.len() == m, "exact_multipliers: slices of different lengths");
     let full = m - m % 8;
     // SAFETY: unaligned loads and stores of 8 elements at c < full <= m in each slice
     // (`bool` is one byte, 0 or 1).
