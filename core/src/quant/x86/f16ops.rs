@@ -21,7 +21,7 @@
 use core::arch::x86_64::*;
 
 use super::super::f16ops::{self as reference, DOT_STEP, F16_STEP};
-use super::hsum_ps;
+use super::{cvtph_ps_m512, f16_round_via, hsum_ps};
 use half::f16;
 
 /// K·Q dot (see `f16ops::dot`).
@@ -643,7 +643,8 @@ const QK_ROW: usize = 2 * DOT_STEP;
 /// the dot's 64 lane sums is `fma(k_d, q_d, ·)` over the steps for 16 keys at once,
 /// starting from `fma(k, q, 0)` as the one-key dot does, and the sum tree `dot_avx2`
 /// uses (`(l + l+32) + (l+16 + l+48)`, then `8+i + i`, `4+i + i`, `(0 + 2) + (1 + 3)`)
-/// is 63 vector adds for the 16 keys; each key vector is loaded once for a set of 8 rows
+/// is 63 vector adds for the 16 keys (rows of 64: the first level's 32 adds fused into
+/// the products, see the kernel); each key vector is loaded once for a set of 8 rows
 /// (measured: 34% less time than `dot_keys_heads` query by query for 16 queries × 3 heads
 /// of 64 over 64 keys, 24% for 2 heads of 128). Every output is the one-key dot's operations on the
 /// same values: its bits. `false` (nothing written) unless `n` is 64 or 128, with 1 to 4
@@ -751,6 +752,20 @@ unsafe fn dot_keys_queries_avx512<const S: usize>(k: *const u16, offs: &[usize],
                     let kv: [[__m512; 4]; S] = core::array::from_fn(|st| core::array::from_fn(|t| _mm512_loadu_ps(kg.add((DOT_STEP * st + lanes[t]) * QK_KEYS))));
                     for c in 0..cs {
                         let q = qf.add(c * n);
+                        if S == 1 {
+                            // One step: each lane sum `fma(k, q, +0)` is the product
+                            // k·q of two f16 values, exact in f32 (22 significant bits,
+                            // magnitudes 2^-48 to 2^32) but for a -0 product made +0, so
+                            // `a0 + a1` rounds `k0·q0 + a1` once, as `fma(k0, q0, a1)`
+                            // does (a -0 product k0·q0 added to a1 gives a1 or +0, as
+                            // a0 = +0 does): the same bits, 5 operations per lane index
+                            // instead of 7.
+                            let qv = |t: usize| _mm512_set1_ps(*q.add(lanes[t]));
+                            let s01 = _mm512_fmadd_ps(kv[0][0], qv(0), _mm512_fmadd_ps(kv[0][1], qv(1), zero));
+                            let s23 = _mm512_fmadd_ps(kv[0][2], qv(2), _mm512_fmadd_ps(kv[0][3], qv(3), zero));
+                            (*s16.add(c))[i] = _mm512_add_ps(s01, s23);
+                            continue;
+                        }
                         let a: [__m512; 4] = core::array::from_fn(|t| {
                             let mut a = zero;
                             for (st, kv) in kv.iter().enumerate() {
@@ -803,7 +818,9 @@ pub(crate) fn mad_keys_heads64(ys: &mut [f16], heads: usize, x: &[f16], offs: &[
 
 /// [`mad_keys_heads64_avx2`] on 512-bit vectors for `H` heads: each head's row in four
 /// registers through the whole chunk (as f32 holding f16 values exactly), the same
-/// per-element steps `f16(f32(y)·e)` and `f16(fma(x, v, y))` in key order; each head's
+/// per-element steps `f16(f32(y)·e)` and `f16(fma(x, v, y))` in key order (the
+/// update's f16 rounding through a stack slot, [`f16_round_via`]: with 4·H chains side
+/// by side its latency hides and the conversions leave a port free); each head's
 /// running sum `sum = fma(sum, ms, vs)` (`softmax_sum`) beside them.
 ///
 /// # Safety
@@ -819,8 +836,10 @@ unsafe fn mad_keys_heads64_avx512<const H: usize>(y: *mut u16, x: *const u16, of
         let one = _mm512_set1_ps(1.0);
         let mut acc: [[__m512; 4]; H] = core::array::from_fn(|h| core::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(y.add(64 * h + 16 * j).cast()))));
         let mut sum: [__m128; H] = core::array::from_fn(|h| _mm_set_ss(sums[h]));
+        // One f16 slot per (head, vector) chain for `f16_round_via`.
+        let mut slots = [0u16; 16 * 4 * 4];
         for (c, &off) in offs.iter().enumerate() {
-            let xv: [__m512; 4] = core::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(x.add(off + 16 * j).cast())));
+            let xv: [__m512; 4] = core::array::from_fn(|j| cvtph_ps_m512(x.add(off + 16 * j)));
             for (h, a) in acc.iter_mut().enumerate() {
                 let ec = _mm512_set1_ps(e[h * len + c]);
                 let vs = if new_max[h * len + c] {
@@ -834,7 +853,7 @@ unsafe fn mad_keys_heads64_avx512<const H: usize>(y: *mut u16, x: *const u16, of
                     ec
                 };
                 for (j, v) in a.iter_mut().enumerate() {
-                    *v = f16_round(_mm512_fmadd_ps(xv[j], vs, *v));
+                    *v = f16_round_via(_mm512_fmadd_ps(xv[j], vs, *v), slots.as_mut_ptr().add(16 * (4 * h + j)));
                 }
             }
         }
@@ -1005,10 +1024,12 @@ unsafe fn mad_exact_avx512<const H: usize, const V: usize>(y: *mut u16, n: usize
         const RU: i32 = _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC;
         let f16_round = |v: __m512| _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
         let one = _mm512_set1_epi32(1);
+        // One f16 slot per (head, vector) chain for `f16_round_via`.
+        let mut slots = [0u16; 16 * 4 * 4];
         for col in (0..n).step_by(16 * V) {
             let mut acc: [[__m512; V]; H] = core::array::from_fn(|h| core::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(y.add(h * n + col + 16 * j).cast()))));
             for (c, &off) in offs.iter().enumerate() {
-                let xv: [__m512; V] = core::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(x.add(off + col + 16 * j).cast())));
+                let xv: [__m512; V] = core::array::from_fn(|j| cvtph_ps_m512(x.add(off + col + 16 * j)));
                 for (h, a) in acc.iter_mut().enumerate() {
                     if new_max[h][c] {
                         let s = _mm512_set1_ps(scl[h * EXACT_KEYS + c]);
@@ -1021,7 +1042,7 @@ unsafe fn mad_exact_avx512<const H: usize, const V: usize>(y: *mut u16, n: usize
                         let rd = _mm512_castps_si512(_mm512_fmadd_round_ps::<RD>(xv[j], vv, *v));
                         let ru = _mm512_castps_si512(_mm512_fmadd_round_ps::<RU>(xv[j], vv, *v));
                         let odd = _mm512_mask_blend_epi32(_mm512_test_epi32_mask(rd, one), ru, rd);
-                        *v = f16_round(_mm512_castsi512_ps(odd));
+                        *v = f16_round_via(_mm512_castsi512_ps(odd), slots.as_mut_ptr().add(16 * (V * h + j)));
                     }
                 }
             }
