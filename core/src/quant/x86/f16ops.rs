@@ -24,6 +24,23 @@ use super::super::f16ops::{self as reference, DOT_STEP, F16_STEP};
 use super::{cvtph_ps_m512, f16_round_via, hsum_ps};
 use half::f16;
 
+/// Whether a row of `n` elements at every offset in `offs` lies inside `len` elements
+/// (what the kernels' unchecked loads rely on): no offset past `len - n`, checked
+/// without an early exit so that it compiles to AVX2 compares of four offsets at a time
+/// (it runs once per chunk of every query: a loop of two scalar compares per offset
+/// took ~1.5% of a prompt's time at depth 4096).
+fn rows_fit(offs: &[usize], n: usize, len: usize) -> bool {
+    #[target_feature(enable = "avx2")]
+    unsafe fn none_past(offs: &[usize], last: usize) -> bool {
+        !offs.iter().fold(false, |past, &o| past | (o > last))
+    }
+    match len.checked_sub(n) {
+        // SAFETY: AVX2 present (module contract).
+        Some(last) => unsafe { none_past(offs, last) },
+        None => offs.is_empty(),
+    }
+}
+
 /// K·Q dot (see `f16ops::dot`).
 pub(crate) fn dot(x: &[f16], y: &[f16]) -> f32 {
     let n = x.len().min(y.len());
@@ -259,7 +276,7 @@ pub(crate) fn dot_keys(k: &[f16], offs: &[usize], q: &[f16], out: &mut [f32], av
         // q converted once: the one-head case of the grouped dots.
         return dot_keys_heads(k, offs, q, n, 1, out, avx512);
     }
-    assert!(out.len() >= offs.len() && offs.iter().all(|&o| o <= k.len() && n <= k.len() - o), "dot_keys: key out of bounds");
+    assert!(out.len() >= offs.len() && rows_fit(offs, n, k.len()), "dot_keys: key out of bounds");
     // SAFETY: AVX2/FMA/F16C present (module contract); every key's n elements lie in k
     // (checked above), q holds n, out one per key.
     unsafe { dot_keys_avx2(n, k.as_ptr().cast(), offs, q.as_ptr().cast(), out) }
@@ -283,7 +300,7 @@ unsafe fn dot_keys_avx2(n: usize, k: *const u16, offs: &[usize], q: *const u16, 
 pub(crate) fn mad_keys(y: &mut [f16], x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], fp16: bool) {
     let n = y.len();
     assert!(new_max.len() >= offs.len() && e.len() >= offs.len(), "mad_keys: short arrays");
-    assert!(offs.iter().all(|&o| o <= x.len() && n <= x.len() - o), "mad_keys: value row out of bounds");
+    assert!(rows_fit(offs, n, x.len()), "mad_keys: value row out of bounds");
     let (yp, xp) = (y.as_mut_ptr().cast::<u16>(), x.as_ptr().cast::<u16>());
     // SAFETY (each arm): AVX2/FMA/F16C present (module contract), AVX512-FP16 with
     // AVX-512 F/VL where `fp16` (the caller's `Kernels` flag, set only after
@@ -522,7 +539,7 @@ pub(crate) fn dot_keys_heads(k: &[f16], offs: &[usize], qs: &[f16], n: usize, he
     let len = offs.len();
     assert!(dot_keys_heads_fits(n, avx512) && (1..=4).contains(&heads), "dot_keys_heads: {heads} heads of {n}");
     assert!(qs.len() >= heads * n && out.len() >= heads * len, "dot_keys_heads: short arrays");
-    assert!(offs.iter().all(|&o| o <= k.len() && n <= k.len() - o), "dot_keys_heads: key out of bounds");
+    assert!(rows_fit(offs, n, k.len()), "dot_keys_heads: key out of bounds");
     let mut qf = [0.0f32; 4 * 4 * DOT_STEP];
     to_f32(&qs[..heads * n], &mut qf[..heads * n]);
     let (kp, qp) = (k.as_ptr().cast(), qf.as_ptr());
@@ -657,7 +674,7 @@ pub(crate) fn dot_keys_queries(k: &[f16], offs: &[usize], qs: &[f16], n: usize, 
         return false;
     }
     assert!(qs.len() >= queries * heads * n && out.len() >= queries * heads * len, "dot_keys_queries: short arrays");
-    assert!(offs.iter().all(|&o| o <= k.len() && n <= k.len() - o), "dot_keys_queries: key out of bounds");
+    assert!(rows_fit(offs, n, k.len()), "dot_keys_queries: key out of bounds");
     let (kp, qp, op) = (k.as_ptr().cast::<u16>(), qs.as_ptr().cast::<u16>(), out.as_mut_ptr());
     // SAFETY: AVX2/FMA/F16C present (module contract) and AVX-512 F (the table hands this
     // out only after cpu_has_avx512()); every key's n elements lie in k, qs holds
@@ -797,7 +814,7 @@ unsafe fn dot_keys_queries_avx512<const S: usize>(k: *const u16, offs: &[usize],
 pub(crate) fn mad_keys_heads64(ys: &mut [f16], heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], sums: &mut [f32], avx512: bool) {
     let len = offs.len();
     assert!(heads <= 4 && ys.len() >= heads * 64 && new_max.len() >= heads * len && e.len() >= heads * len && sums.len() >= heads, "mad_keys_heads64: short arrays");
-    assert!(offs.iter().all(|&o| o <= x.len() && 64 <= x.len() - o), "mad_keys_heads64: value row out of bounds");
+    assert!(rows_fit(offs, 64, x.len()), "mad_keys_heads64: value row out of bounds");
     let (yp, xp) = (ys.as_mut_ptr().cast::<u16>(), x.as_ptr().cast::<u16>());
     // SAFETY: AVX2/FMA/F16C present (module contract), AVX-512 F where `avx512` (the
     // caller's `Kernels` flag, set only after cpu_has_avx512()); ys holds heads rows of
@@ -936,7 +953,7 @@ pub(crate) fn mad_keys_heads_exact(ys: &mut [f16], n: usize, heads: usize, x: &[
     let len = offs.len();
     assert!(mad_keys_heads_exact_fits(n) && (1..=4).contains(&heads), "mad_keys_heads_exact: {heads} heads of {n}");
     assert!(ys.len() >= heads * n && new_max.len() >= heads * len && e.len() >= heads * len && sums.len() >= heads, "mad_keys_heads_exact: short arrays");
-    assert!(offs.iter().all(|&o| o <= x.len() && n <= x.len() - o), "mad_keys_heads_exact: value row out of bounds");
+    assert!(rows_fit(offs, n, x.len()), "mad_keys_heads_exact: value row out of bounds");
     softmax_sums(&mut sums[..heads], &new_max[..heads * len], &e[..heads * len]);
     let (yp, xp) = (ys.as_mut_ptr().cast::<u16>(), x.as_ptr().cast::<u16>());
     let mut c0 = 0;
@@ -1103,5 +1120,29 @@ unsafe fn mad_exact_heads_avx2<const H: usize, const V: usize>(y: *mut u16, n: u
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rows_fit;
+
+    /// `rows_fit` is "every offset leaves room for a row", whatever the lengths.
+    #[test]
+    fn rows_fit_is_every_row_inside() {
+        if !super::super::cpu_has_avx2_fma() {
+            return;
+        }
+        let offs = [0usize, 7, 3, 64, 1, 2, 5, 9, 11];
+        for len in 0..140 {
+            for n in [0usize, 1, 64, 75, 76, 139] {
+                for k in 0..=offs.len() {
+                    let want = offs[..k].iter().all(|&o| o <= len && n <= len - o);
+                    assert_eq!(rows_fit(&offs[..k], n, len), want, "offs {:?} n {n} len {len}", &offs[..k]);
+                }
+            }
+        }
+        assert!(!rows_fit(&[0, usize::MAX], 1, usize::MAX));
+        assert!(rows_fit(&[0, usize::MAX - 1], 1, usize::MAX));
     }
 }
