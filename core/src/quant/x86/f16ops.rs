@@ -21,7 +21,7 @@
 use core::arch::x86_64::*;
 
 use super::super::f16ops::{self as reference, DOT_STEP, F16_STEP};
-use super::{cvtph_ps_m512, f16_round_via, hsum_ps};
+use super::{cvtph_ps_m512, f16_round_via, hsum_ps, RoundSlots};
 use half::f16;
 
 /// Whether a row of `n` elements at every offset in `offs` lies inside `len` elements
@@ -854,7 +854,7 @@ unsafe fn mad_keys_heads64_avx512<const H: usize>(y: *mut u16, x: *const u16, of
         let mut acc: [[__m512; 4]; H] = core::array::from_fn(|h| core::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(y.add(64 * h + 16 * j).cast()))));
         let mut sum: [__m128; H] = core::array::from_fn(|h| _mm_set_ss(sums[h]));
         // One f16 slot per (head, vector) chain for `f16_round_via`.
-        let mut slots = [0u16; 16 * 4 * 4];
+        let mut slots = RoundSlots::new();
         for (c, &off) in offs.iter().enumerate() {
             let xv: [__m512; 4] = core::array::from_fn(|j| cvtph_ps_m512(x.add(off + 16 * j)));
             for (h, a) in acc.iter_mut().enumerate() {
@@ -870,7 +870,7 @@ unsafe fn mad_keys_heads64_avx512<const H: usize>(y: *mut u16, x: *const u16, of
                     ec
                 };
                 for (j, v) in a.iter_mut().enumerate() {
-                    *v = f16_round_via(_mm512_fmadd_ps(xv[j], vs, *v), slots.as_mut_ptr().add(16 * (4 * h + j)));
+                    *v = f16_round_via(_mm512_fmadd_ps(xv[j], vs, *v), slots.at(4 * h + j));
                 }
             }
         }
@@ -1042,7 +1042,7 @@ unsafe fn mad_exact_avx512<const H: usize, const V: usize>(y: *mut u16, n: usize
         let f16_round = |v: __m512| _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
         let one = _mm512_set1_epi32(1);
         // One f16 slot per (head, vector) chain for `f16_round_via`.
-        let mut slots = [0u16; 16 * 4 * 4];
+        let mut slots = RoundSlots::new();
         for col in (0..n).step_by(16 * V) {
             let mut acc: [[__m512; V]; H] = core::array::from_fn(|h| core::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(y.add(h * n + col + 16 * j).cast()))));
             for (c, &off) in offs.iter().enumerate() {
@@ -1059,7 +1059,7 @@ unsafe fn mad_exact_avx512<const H: usize, const V: usize>(y: *mut u16, n: usize
                         let rd = _mm512_castps_si512(_mm512_fmadd_round_ps::<RD>(xv[j], vv, *v));
                         let ru = _mm512_castps_si512(_mm512_fmadd_round_ps::<RU>(xv[j], vv, *v));
                         let odd = _mm512_mask_blend_epi32(_mm512_test_epi32_mask(rd, one), ru, rd);
-                        *v = f16_round_via(_mm512_castsi512_ps(odd), slots.as_mut_ptr().add(16 * (V * h + j)));
+                        *v = f16_round_via(_mm512_castsi512_ps(odd), slots.at(V * h + j));
                     }
                 }
             }
