@@ -435,7 +435,9 @@ unsafe fn softmax_scores_avx512(e: &mut [f32], new_max: &mut [bool], scale: f32,
     unsafe {
         let (sc, ninf) = (_mm512_set1_ps(scale), _mm512_set1_ps(f32::NEG_INFINITY));
         let ones = _mm_set1_epi8(1);
-        let mut m = *max;
+        // The running maximum in every lane: the only value carried from one step to the
+        // next, so each step's chain is one max and one permute long.
+        let mut mv = _mm512_set1_ps(*max);
         for c0 in (0..e.len()).step_by(16) {
             let n = (e.len() - c0).min(16);
             let k = ((1u32 << n) - 1) as u16;
@@ -448,23 +450,23 @@ unsafe fn softmax_scores_avx512(e: &mut [f32], new_max: &mut [bool], scale: f32,
                 4 => _mm512_castsi512_ps(_mm512_alignr_epi32::<12>(_mm512_castps_si512(v), _mm512_castps_si512(ninf))),
                 _ => _mm512_castsi512_ps(_mm512_alignr_epi32::<8>(_mm512_castps_si512(v), _mm512_castps_si512(ninf))),
             };
-            // (`max(s, m)` is `m` for a NaN `s`: vmaxps returns its second operand then;
-            // lanes past the end hold 0 and are never read back.)
-            let mut pm = _mm512_max_ps(s, _mm512_set1_ps(m));
+            // The step's own prefix maximum first (`max(s, -inf)` is -inf for a NaN `s`:
+            // vmaxps returns its second operand then; lanes past the end hold 0 and are
+            // never read back), then the running maximum taken into every lane.
+            let mut pm = _mm512_max_ps(s, ninf);
             for by in [1, 2, 4, 8] {
                 pm = _mm512_max_ps(pm, shift(pm, by));
             }
+            let pm = _mm512_max_ps(pm, mv);
             // The maximum before each key: the prefix shifted by one, `m` in lane 0.
-            let before = _mm512_castsi512_ps(_mm512_alignr_epi32::<15>(_mm512_castps_si512(pm), _mm512_castps_si512(_mm512_set1_ps(m))));
+            let before = _mm512_castsi512_ps(_mm512_alignr_epi32::<15>(_mm512_castps_si512(pm), _mm512_castps_si512(mv)));
             let new = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(s, before) & k;
             let r = _mm512_mask_blend_ps(new, _mm512_sub_ps(s, before), _mm512_sub_ps(before, s));
             _mm512_mask_storeu_ps(p, k, r);
             _mm_mask_storeu_epi8(new_max.as_mut_ptr().add(c0).cast(), k, _mm_maskz_mov_epi8(new, ones));
-            let mut lanes = [0.0f32; 16];
-            _mm512_storeu_ps(lanes.as_mut_ptr(), pm);
-            m = lanes[n - 1];
+            mv = _mm512_permutexvar_ps(_mm512_set1_epi32(n as i32 - 1), pm);
         }
-        *max = m;
+        *max = _mm512_cvtss_f32(mv);
     }
 }
 
