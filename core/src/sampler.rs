@@ -89,16 +89,38 @@ impl Rng {
 
 /// The index of the largest value; the lowest index among equal maxima (as llama.cpp's
 /// greedy sampler). NaN never wins.
+///
+/// Eight interleaved scans (lane `j` takes the indices `≡ j mod 8`, each keeping the
+/// first index of its largest value by `>`, as the one-pass loop does), then the lanes'
+/// winners compared by `>` with ties to the lower index: the same index as one scan,
+/// whose compare-and-select chain would otherwise cost a few cycles per logit (0.3 ms
+/// per token over Gemma 3's 262,144).
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best_v {
-            best_v = v;
-            best = i;
+    const L: usize = 8;
+    let (mut best, mut best_v) = ([0usize; L], [f32::NEG_INFINITY; L]);
+    let mut chunks = logits.chunks_exact(L);
+    for (c, chunk) in (&mut chunks).enumerate() {
+        for j in 0..L {
+            if chunk[j] > best_v[j] {
+                best_v[j] = chunk[j];
+                best[j] = c * L + j;
+            }
         }
     }
-    best as u32
+    let tail = logits.len() - chunks.remainder().len();
+    for (j, &v) in chunks.remainder().iter().enumerate() {
+        if v > best_v[j] {
+            best_v[j] = v;
+            best[j] = tail + j;
+        }
+    }
+    let mut w = 0;
+    for j in 1..L {
+        if best_v[j] > best_v[w] || (best_v[j] == best_v[w] && best[j] < best[w]) {
+            w = j;
+        }
+    }
+    best[w] as u32
 }
 
 /// A sampler: settings, history and random state, plus the candidate buffer.
@@ -237,12 +259,32 @@ fn softmax(cands: &mut [Candidate]) {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
 
     #[test]
     fn greedy_takes_lowest_index_of_ties() {
         assert_eq!(argmax(&[1.0, 3.0, 3.0, -1.0]), 1);
         assert_eq!(argmax(&[f32::NAN, 0.5]), 1);
+        // Against the one-pass loop: every length to 40 and long rows, ties, signed
+        // zeros, infinities, NaN, all -inf or all NaN.
+        let one_pass = |l: &[f32]| {
+            let (mut best, mut best_v) = (0usize, f32::NEG_INFINITY);
+            for (i, &v) in l.iter().enumerate() {
+                if v > best_v {
+                    (best, best_v) = (i, v);
+                }
+            }
+            best as u32
+        };
+        let mut rng = Rng::new(7);
+        for round in 0..4000 {
+            let len = if round % 50 == 0 { 1000 + (rng.next_u64() % 300) as usize } else { round % 41 };
+            let pick = [0.0, -0.0, 1.0, 2.0, -1.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY];
+            let kinds = 1 + (round % 8) as u64;
+            let l: std::vec::Vec<f32> = (0..len).map(|_| pick[(rng.next_u64() % kinds) as usize]).collect();
+            assert_eq!(argmax(&l), one_pass(&l), "{l:?}");
+        }
     }
 
     #[test]
