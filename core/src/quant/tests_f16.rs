@@ -262,7 +262,8 @@ fn chunked_attention_ops_match_one_key_at_a_time() {
 /// over the same keys, each key and value row read once) give each head the bits of the
 /// one-head ops (and each head's running sum that of `softmax_sum`), for every kernel
 /// set, 1 to 4 heads, row lengths with and without the fast paths (64; 128 and 256 with
-/// AVX-512) and every pattern of new maxima.
+/// AVX-512) and every pattern of new maxima, a key of zeros against negative queries
+/// among them (each dot's products -0, its first step's sums +0).
 #[test]
 fn grouped_attention_ops_match_one_head_at_a_time() {
     let reference = Kernels::reference();
@@ -273,12 +274,19 @@ fn grouped_attention_ops_match_one_head_at_a_time() {
             let heads = 1 + round % 4;
             let (rows, stride) = (24, n + (round % 3) * 8);
             let val = |rng: &mut Rng| if round % 5 == 4 { any_finite(rng) } else { f16::from_f32((rng.below(2001) as f32 - 1000.0) / 256.0) };
-            let kv: Vec<f16> = (0..rows * stride).map(|_| val(&mut rng)).collect();
-            let qs: Vec<f16> = (0..heads * n).map(|_| val(&mut rng)).collect();
+            let mut kv: Vec<f16> = (0..rows * stride).map(|_| val(&mut rng)).collect();
+            let mut qs: Vec<f16> = (0..heads * n).map(|_| val(&mut rng)).collect();
             let y0: Vec<f16> = (0..heads * n).map(|_| val(&mut rng)).collect();
             // (Up to 100 keys: past the exact path's passes of 64.)
             let len = 1 + rng.below(100) as usize;
-            let offs: Vec<usize> = (0..len).map(|_| rng.below(rows as u64) as usize * stride).collect();
+            let mut offs: Vec<usize> = (0..len).map(|_| rng.below(rows as u64) as usize * stride).collect();
+            if round % 6 == 5 {
+                // A key of zeros against negative queries: every product is -0, and the
+                // dot's first step `fma(k, q, +0)` makes it +0.
+                kv[..n].fill(f16::ZERO);
+                qs.iter_mut().for_each(|q| *q = f16::from_bits(q.to_bits() | 0x8000));
+                offs[len / 2] = 0;
+            }
             let new_max: Vec<bool> = (0..heads * len).map(|i| i % len == 0 || rng.below(4) == 0).collect();
             let e: Vec<f32> = (0..heads * len).map(|_| (rng.below(1 << 20) as f32) / (1 << 20) as f32).collect();
             for k in sets.iter().chain([&reference]) {

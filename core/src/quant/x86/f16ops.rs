@@ -577,9 +577,14 @@ unsafe fn dot_keys_heads64_avx2(k: *const u16, offs: &[usize], qf: &[f32], heads
             let kv: [__m256; 8] = core::array::from_fn(|j| _mm256_cvtph_ps(_mm_loadu_si128(kp.add(8 * j).cast())));
             for h in 0..heads {
                 let q = qf.as_ptr().add(h * DOT_STEP);
-                let p: [__m256; 8] = core::array::from_fn(|j| _mm256_fmadd_ps(kv[j], _mm256_loadu_ps(q.add(8 * j)), _mm256_setzero_ps()));
-                let lo = _mm256_add_ps(_mm256_add_ps(p[0], p[4]), _mm256_add_ps(p[2], p[6]));
-                let hi = _mm256_add_ps(_mm256_add_ps(p[1], p[5]), _mm256_add_ps(p[3], p[7]));
+                let qv = |j: usize| _mm256_loadu_ps(q.add(8 * j));
+                // `p_a + p_b` of the products `p = fma(k, q, +0)` as `fma(k_a, q_a, p_b)`:
+                // one rounding of an exact product plus p_b either way (see
+                // `dot_keys_queries_avx512`).
+                let p = |j: usize| _mm256_fmadd_ps(kv[j], qv(j), _mm256_setzero_ps());
+                let pair = |a: usize, b: usize| _mm256_fmadd_ps(kv[a], qv(a), p(b));
+                let lo = _mm256_add_ps(pair(0, 4), pair(2, 6));
+                let hi = _mm256_add_ps(pair(1, 5), pair(3, 7));
                 out[h * len + c] = hsum_ps(_mm256_add_ps(hi, lo));
             }
         }
@@ -614,6 +619,14 @@ unsafe fn dot_keys_heads_avx512<const H: usize, const S: usize>(k: *const u16, o
                 let kv: [[__m512; 4]; S] = core::array::from_fn(|s| core::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(k.add(off + DOT_STEP * s + 16 * j).cast()))));
                 for h in 0..H {
                     let qp = qf.add(h * n);
+                    if S == 1 {
+                        // One step: `p_a + p_b` of the products `p = fma(k, q, +0)` as
+                        // `fma(k_a, q_a, p_b)` (see `dot_keys_queries_avx512`).
+                        let qv = |j: usize| _mm512_loadu_ps(qp.add(16 * j));
+                        let pair = |a: usize, b: usize| _mm512_fmadd_ps(kv[0][a], qv(a), _mm512_fmadd_ps(kv[0][b], qv(b), zero));
+                        tp.add(h * 16 + c).write(_mm512_add_ps(pair(0, 2), pair(1, 3)));
+                        continue;
+                    }
                     // The four 16-lane accumulators through the S steps, as `dot_avx2`.
                     let mut p = [zero; 4];
                     for (st, kv) in kv.iter().enumerate() {
