@@ -79,6 +79,11 @@ pub const QBLOCK: usize = 16;
 /// room is not set aside (the DSP's and microcontrollers' stacks are small).
 const BLOCK_SCORES: usize = if cfg!(target_arch = "x86_64") { QBLOCK * MAX_HEADS * CHUNK } else { 0 };
 
+/// Room for a chunk's value rows in f32 when they are rows of 64 (x86 only, as
+/// [`BLOCK_SCORES`]): converted once for every query of a block
+/// ([`Kernels::f32_mad_keys_heads`], the same bits).
+const BLOCK_VALUES: usize = if cfg!(target_arch = "x86_64") { CHUNK * 64 } else { 0 };
+
 /// Attention of `nh = q.len() / hd` query heads (`q`: `nh` rows of `hd` f32, at most
 /// [`MAX_HEADS`]) over the keys of `span` in `k` / `v`, into `out` (`nh` rows of `hdv`).
 /// `qh` (at least `nh·hd`) and `acc` (at least `nh·hdv`) are scratch. One query's
@@ -103,7 +108,8 @@ pub fn attend_heads(kern: &Kernels, q: &[f32], hd: usize, hdv: usize, k: &[f16],
 /// it while the chunk's key and value rows are in cache: each K/V row is read once per
 /// block, not once per query (and where the kernel set can, the chunk's key rows are
 /// converted once and every query's scores computed together: [`Kernels::f16_dot_keys_queries`],
-/// the same bits). Per query the operations are [`attend_heads`]' in key
+/// and its value rows of 64 converted to f32 once for every query's update:
+/// [`Kernels::f32_mad_keys_heads`]; the same bits). Per query the operations are [`attend_heads`]' in key
 /// order (chunking changes no bit: the running maximum, the exponents and the
 /// accumulator steps are per key); `qh` (at least `nq·nh·hd`) and `acc` (at least
 /// `nq·nh·hdv`) are scratch.
@@ -148,7 +154,8 @@ pub fn attend_block<'q, 'o>(
     let mut new_max_mem = [MaybeUninit::<bool>::uninit(); MAX_HEADS * CHUNK];
     let (mut koff_mem, mut voff_mem) = ([MaybeUninit::<usize>::uninit(); CHUNK], [MaybeUninit::<usize>::uninit(); CHUNK]);
     let mut eb_mem = [MaybeUninit::<f32>::uninit(); BLOCK_SCORES];
-    let (mut e_done, mut new_max_done, mut eb_done) = (0, 0, 0);
+    let mut vf_mem = [MaybeUninit::<f32>::uninit(); BLOCK_VALUES];
+    let (mut e_done, mut new_max_done, mut eb_done, mut vf_done) = (0, 0, 0, 0);
     // Per query and chunk: the part's scores, then every exponent the online softmax will
     // take (the running maximum depends only on the scores), exponentiated together
     // (`expf_batch` gives `ops::expf`'s bits), then the accumulator updates in key
@@ -184,6 +191,16 @@ pub fn attend_block<'q, 'o>(
         let ulen = ub.saturating_sub(ua);
         let eb = prefix(&mut eb_mem, &mut eb_done, (nq * nh * ulen).min(BLOCK_SCORES), 0.0);
         let block = nq > 1 && ulen > 0 && nq * nh * ulen <= BLOCK_SCORES && kern.f16_dot_keys_queries(k, &koff[ua - p0..ub - p0], qh, hd, nh, nq, eb);
+        // With the block's scores, its value rows of 64 in f32 too (converted exactly).
+        let vf = if block && hdv == 64 && ulen * hdv <= BLOCK_VALUES {
+            let vf = prefix(&mut vf_mem, &mut vf_done, ulen * hdv, 0.0);
+            for (c, dst) in vf.chunks_exact_mut(hdv).enumerate() {
+                kern.f16_to_f32(&v[voff[ua - p0 + c]..][..hdv], dst);
+            }
+            Some(vf)
+        } else {
+            None
+        };
         for j in 0..nq {
             let (a, b) = part(j);
             if a >= b {
@@ -211,7 +228,10 @@ pub fn attend_block<'q, 'o>(
                 kern.softmax_scores(&mut e[g * len..(g + 1) * len], &mut new_max[g * len..(g + 1) * len], scale, &mut max[j * nh + g]);
             }
             kern.expf_batch(&mut e[..nh * len]);
-            kern.f16_mad_keys_heads(acc, hdv, nh, v, &voff[r], &new_max[..nh * len], &e[..nh * len], &mut sum[j * nh..(j + 1) * nh]);
+            let (nm, e, sm) = (&new_max[..nh * len], &e[..nh * len], &mut sum[j * nh..(j + 1) * nh]);
+            if !vf.as_deref().is_some_and(|vf| kern.f32_mad_keys_heads(acc, hdv, nh, &vf[(a - ua) * hdv..(b - ua) * hdv], nm, e, sm)) {
+                kern.f16_mad_keys_heads(acc, hdv, nh, v, &voff[r], nm, e, sm);
+            }
         }
         p0 += clen;
     }

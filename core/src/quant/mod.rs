@@ -346,6 +346,10 @@ pub(crate) type DotKeysQueriesFn = fn(k: &[f16], offs: &[usize], qs: &[f16], n: 
 pub(crate) type MadKeysHeadsFn =
     fn(t: &KernelTable, ys: &mut [f16], n: usize, heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], sums: &mut [f32]);
 
+/// [`Kernels::f32_mad_keys_heads`]'s kernel: `false` (nothing written) for shapes it
+/// does not take.
+pub(crate) type MadKeysHeadsF32Fn = fn(ys: &mut [f16], n: usize, heads: usize, xf: &[f32], new_max: &[bool], e: &[f32], sums: &mut [f32]) -> bool;
+
 /// Every kernel [`Kernels`] hands out or calls, for one ISA and set of flags: the
 /// reference's ([`REFERENCE`]), or an ISA module's (`x86::table`, `aarch64::table`, `hexagon::table`),
 /// which starts from the reference's and replaces what that ISA has. Built at compile
@@ -403,6 +407,9 @@ pub(crate) struct KernelTable {
     pub(crate) f16_dot_keys_queries: Option<DotKeysQueriesFn>,
     /// [`Kernels::f16_mad_keys_heads`].
     pub(crate) f16_mad_keys_heads: MadKeysHeadsFn,
+    /// [`Kernels::f32_mad_keys_heads`] (`None`: not taken, the caller uses
+    /// `f16_mad_keys_heads`).
+    pub(crate) f32_mad_keys_heads: Option<MadKeysHeadsF32Fn>,
     /// [`Kernels::softmax_scores`].
     pub(crate) softmax_scores: fn(e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut f32),
     /// [`Kernels::softmax_sum`].
@@ -522,6 +529,7 @@ pub(crate) const REFERENCE: KernelTable = KernelTable {
     f16_dot_keys_heads: dot_keys_by_head,
     f16_dot_keys_queries: None,
     f16_mad_keys_heads: mad_keys_by_head,
+    f32_mad_keys_heads: None,
     softmax_scores: softmax_scores_by_key,
     softmax_sum: softmax_sum_by_key,
     softmax_sums: softmax_sums_by_head,
@@ -840,6 +848,16 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub fn f16_mad_keys_heads(&self, ys: &mut [f16], n: usize, heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], sums: &mut [f32]) {
         (self.t.f16_mad_keys_heads)(self.t, ys, n, heads, x, offs, new_max, e, sums)
+    }
+
+    /// [`Kernels::f16_mad_keys_heads`] over value rows already converted to f32 (`xf`:
+    /// `xf.len() / n` rows of `n`, row c for key c, each holding f16 values exactly): the
+    /// same bits, without converting a row again for each query that reads it (x86 with
+    /// AVX-512: rows of 64, up to 4 heads). `false` (nothing written) where the kernel set
+    /// has no such kernel; the caller then takes `f16_mad_keys_heads`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn f32_mad_keys_heads(&self, ys: &mut [f16], n: usize, heads: usize, xf: &[f32], new_max: &[bool], e: &[f32], sums: &mut [f32]) -> bool {
+        self.t.f32_mad_keys_heads.is_some_and(|f| f(ys, n, heads, xf, new_max, e, sums))
     }
 
     /// The online softmax's exponents for a chunk of one head's scores, in key order:

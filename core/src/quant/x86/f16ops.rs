@@ -836,14 +836,35 @@ pub(crate) fn mad_keys_heads64(ys: &mut [f16], heads: usize, x: &[f16], offs: &[
     // 64, every value row's 64 elements lie in x (checked above).
     unsafe {
         match (avx512, heads) {
-            (true, 1) => mad_keys_heads64_avx512::<1>(yp, xp, offs, new_max, e, sums),
-            (true, 2) => mad_keys_heads64_avx512::<2>(yp, xp, offs, new_max, e, sums),
-            (true, 3) => mad_keys_heads64_avx512::<3>(yp, xp, offs, new_max, e, sums),
-            (true, 4) => mad_keys_heads64_avx512::<4>(yp, xp, offs, new_max, e, sums),
+            (true, 1) => mad_keys_heads64_avx512::<1, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
+            (true, 2) => mad_keys_heads64_avx512::<2, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
+            (true, 3) => mad_keys_heads64_avx512::<3, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
+            (true, 4) => mad_keys_heads64_avx512::<4, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
             _ => {
                 mad_keys_heads64_avx2(yp, heads, xp, offs, new_max, e);
                 softmax_sums(&mut sums[..heads], &new_max[..heads * len], &e[..heads * len]);
             }
+        }
+    }
+}
+
+/// [`mad_keys_heads64`] over value rows already in f32 (`xf`: row c's 64 elements at
+/// `64·c`, each an f16 value converted exactly; `xf.len() / 64` keys), AVX-512 only: the
+/// same operations on the same values, so the same bits. A block of queries converts a
+/// chunk's value rows once for all of them (`attention::attend_block`).
+pub(crate) fn mad_keys_heads64_f32(ys: &mut [f16], heads: usize, xf: &[f32], new_max: &[bool], e: &[f32], sums: &mut [f32]) {
+    let len = xf.len() / 64;
+    assert!((1..=4).contains(&heads) && ys.len() >= heads * 64 && new_max.len() >= heads * len && e.len() >= heads * len && sums.len() >= heads, "mad_keys_heads64_f32: short arrays");
+    let (yp, xp) = (ys.as_mut_ptr().cast::<u16>(), xf.as_ptr());
+    let nul = core::ptr::null();
+    // SAFETY: AVX-512 F present (this entry is only in tables built after
+    // cpu_has_avx512()); ys holds heads rows of 64, xf holds len rows of 64.
+    unsafe {
+        match heads {
+            1 => mad_keys_heads64_avx512::<1, true>(yp, nul, &[], xp, len, new_max, e, sums),
+            2 => mad_keys_heads64_avx512::<2, true>(yp, nul, &[], xp, len, new_max, e, sums),
+            3 => mad_keys_heads64_avx512::<3, true>(yp, nul, &[], xp, len, new_max, e, sums),
+            _ => mad_keys_heads64_avx512::<4, true>(yp, nul, &[], xp, len, new_max, e, sums),
         }
     }
 }
@@ -857,21 +878,30 @@ pub(crate) fn mad_keys_heads64(ys: &mut [f16], heads: usize, x: &[f16], offs: &[
 ///
 /// # Safety
 /// AVX2/FMA/F16C and AVX-512 F present; `H` rows of 64 at `y`, 64 elements at
-/// `x + offs[c]` for every c; `new_max` and `e` hold `H` rows of `offs.len()`, `sums`
-/// at least `H` elements.
+/// `x + offs[c]` for every c < `len` = `offs.len()` (with `F32V`: 64 f32 at `xf + 64·c`);
+/// `new_max` and `e` hold `H` rows of `len`, `sums` at least `H` elements.
+///
+/// With `F32V` the value rows are f32 instead (the f16 rows converted before, exactly):
+/// row c's 64 elements at `xf + 64·c`, for `c < len` (`x` and `offs` unused); each row is
+/// then a plain load rather than a conversion (one operation fewer on the vector ports
+/// per 16 elements and key).
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
-unsafe fn mad_keys_heads64_avx512<const H: usize>(y: *mut u16, x: *const u16, offs: &[usize], new_max: &[bool], e: &[f32], sums: &mut [f32]) {
+unsafe fn mad_keys_heads64_avx512<const H: usize, const F32V: bool>(y: *mut u16, x: *const u16, offs: &[usize], xf: *const f32, len: usize, new_max: &[bool], e: &[f32], sums: &mut [f32]) {
     // SAFETY: as above; unaligned loads and stores only.
     unsafe {
-        let len = offs.len();
         let f16_round = |v: __m512| _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
         let one = _mm512_set1_ps(1.0);
         let mut acc: [[__m512; 4]; H] = core::array::from_fn(|h| core::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(y.add(64 * h + 16 * j).cast()))));
         let mut sum: [__m128; H] = core::array::from_fn(|h| _mm_set_ss(sums[h]));
         // One f16 slot per (head, vector) chain for `f16_round_via`.
         let mut slots = RoundSlots::new();
-        for (c, &off) in offs.iter().enumerate() {
-            let xv: [__m512; 4] = core::array::from_fn(|j| cvtph_ps_m512(x.add(off + 16 * j)));
+        for c in 0..len {
+            let xv: [__m512; 4] = if F32V {
+                core::array::from_fn(|j| _mm512_loadu_ps(xf.add(64 * c + 16 * j)))
+            } else {
+                let off = *offs.get_unchecked(c);
+                core::array::from_fn(|j| cvtph_ps_m512(x.add(off + 16 * j)))
+            };
             for (h, a) in acc.iter_mut().enumerate() {
                 let ec = _mm512_set1_ps(e[h * len + c]);
                 let vs = if new_max[h * len + c] {

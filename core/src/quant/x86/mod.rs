@@ -462,6 +462,7 @@ const fn build(flags: usize) -> KernelTable {
         (false, true) => entry::mad_keys_heads::<false, true>,
         (false, false) => entry::mad_keys_heads::<false, false>,
     };
+    t.f32_mad_keys_heads = if avx512 { Some(entry::f32_mad_keys_heads) } else { None };
     if avx512 {
         t.softmax_scores = f16ops::softmax_scores;
     }
@@ -504,6 +505,16 @@ mod entry {
         } else {
             dot_keys_by_head(t, k, offs, qs, n, heads, out)
         }
+    }
+
+    /// The grouped value updates over f32 value rows: rows of 64, up to 4 heads (tables
+    /// with AVX-512 only).
+    pub(super) fn f32_mad_keys_heads(ys: &mut [f16], n: usize, heads: usize, xf: &[f32], new_max: &[bool], e: &[f32], sums: &mut [f32]) -> bool {
+        if n != 64 || !(1..=4).contains(&heads) {
+            return false;
+        }
+        f16ops::mad_keys_heads64_f32(ys, heads, xf, new_max, e, sums);
+        true
     }
 
     /// The grouped value updates for rows of 64 and up to 4 heads, and without
