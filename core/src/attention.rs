@@ -194,9 +194,7 @@ pub fn attend_block<'q, 'o>(
         // With the block's scores, its value rows of 64 in f32 too (converted exactly).
         let vf = if block && hdv == 64 && ulen * hdv <= BLOCK_VALUES {
             let vf = prefix(&mut vf_mem, &mut vf_done, ulen * hdv, 0.0);
-            for (c, dst) in vf.chunks_exact_mut(hdv).enumerate() {
-                kern.f16_to_f32(&v[voff[ua - p0 + c]..][..hdv], dst);
-            }
+            kern.f16_rows_to_f32(v, &voff[ua - p0..ub - p0], hdv, vf);
             Some(vf)
         } else {
             None

@@ -397,6 +397,8 @@ pub(crate) struct KernelTable {
     pub(crate) f32_to_f16: fn(src: &[f32], dst: &mut [f16]),
     /// [`Kernels::f16_to_f32`].
     pub(crate) f16_to_f32: fn(src: &[f16], dst: &mut [f32]),
+    /// [`Kernels::f16_rows_to_f32`] with the table it is an entry of.
+    pub(crate) f16_rows_to_f32: fn(t: &KernelTable, src: &[f16], offs: &[usize], n: usize, dst: &mut [f32]),
     /// [`Kernels::f16_dot_keys`].
     pub(crate) f16_dot_keys: DotKeysFn,
     /// [`Kernels::f16_mad_keys`].
@@ -524,6 +526,7 @@ pub(crate) const REFERENCE: KernelTable = KernelTable {
     f16_scale: f16ops::scale,
     f32_to_f16: f16ops::to_f16,
     f16_to_f32: f16ops::to_f32,
+    f16_rows_to_f32: rows_to_f32_by_row,
     f16_dot_keys: dot_keys_by_key,
     f16_mad_keys: mad_keys_by_key,
     f16_dot_keys_heads: dot_keys_by_head,
@@ -573,6 +576,14 @@ pub(crate) fn dot_keys_by_head(t: &KernelTable, k: &[f16], offs: &[usize], qs: &
     let len = offs.len();
     for h in 0..heads {
         (t.f16_dot_keys)(t, k, offs, &qs[h * n..(h + 1) * n], &mut out[h * len..(h + 1) * len]);
+    }
+}
+
+/// [`Kernels::f16_rows_to_f32`] row by row with `t`'s `f16_to_f32`.
+pub(crate) fn rows_to_f32_by_row(t: &KernelTable, src: &[f16], offs: &[usize], n: usize, dst: &mut [f32]) {
+    assert!(dst.len() >= offs.len() * n, "f16_rows_to_f32: {} rows of {n} do not fit in {}", offs.len(), dst.len());
+    for (&off, d) in offs.iter().zip(dst.chunks_exact_mut(n.max(1))) {
+        (t.f16_to_f32)(&src[off..off + n], &mut d[..n]);
     }
 }
 
@@ -924,6 +935,12 @@ impl Kernels {
     /// `dst[i] = f32(src[i])` (exact; F16C where available).
     pub fn f16_to_f32(&self, src: &[f16], dst: &mut [f32]) {
         (self.t.f16_to_f32)(src, dst)
+    }
+
+    /// Rows of `n` f16 at `src[offs[c]..]` into `dst[c·n..][..n]` as f32, exactly (one
+    /// call for a chunk's rows; panics if a row lies outside `src` or `dst` is short).
+    pub fn f16_rows_to_f32(&self, src: &[f16], offs: &[usize], n: usize, dst: &mut [f32]) {
+        (self.t.f16_rows_to_f32)(self.t, src, offs, n, dst)
     }
 
     /// Converts an activation row `x` (n floats) into `ty` (a vec dot type) in `out`,

@@ -669,3 +669,26 @@ fn f16_conversions_match_half_for_every_input() {
         check(f32::from_bits(rng.next() as u32));
     }
 }
+
+/// `f16_rows_to_f32` gives each row's exact conversion, for every kernel set and the
+/// reference: rows of whole vectors and not, offsets in any order, repeated rows.
+#[test]
+fn rows_to_f32_converts_each_row() {
+    let mut sets = kernel_sets();
+    sets.push(Kernels::reference());
+    let mut rng = Rng::new(0x0f32);
+    let src: Vec<f16> = (0..4096).map(|_| f16::from_bits(rng.next() as u16 & 0x7bff | if rng.next() & 1 == 1 { 0x8000 } else { 0 })).collect();
+    for &n in &[64usize, 128, 48, 16, 7] {
+        let offs: Vec<usize> = (0..37).map(|i| if i == 5 { 0 } else { rng.below((src.len() - n) as u64) as usize }).chain([0, src.len() - n]).collect();
+        for k in &sets {
+            let mut dst = vec![f32::NAN; offs.len() * n + 3];
+            k.f16_rows_to_f32(&src, &offs, n, &mut dst);
+            for (c, &off) in offs.iter().enumerate() {
+                for i in 0..n {
+                    assert_eq!(dst[c * n + i].to_bits(), src[off + i].to_f32().to_bits(), "{} n={n} row {c} element {i}", k.name());
+                }
+            }
+            assert!(dst[offs.len() * n..].iter().all(|x| x.is_nan()), "{} n={n}: wrote past the rows", k.name());
+        }
+    }
+}

@@ -268,6 +268,27 @@ unsafe fn to_f32_avx2(n: usize, src: *const u16, dst: *mut f32) {
     }
 }
 
+/// `Kernels::f16_rows_to_f32` for rows of a multiple of 16, AVX-512 only (the caller's
+/// table is built after cpu_has_avx512()): each 16 elements one `vcvtph2ps` from memory.
+pub(crate) fn rows_to_f32_avx512(src: &[f16], offs: &[usize], n: usize, dst: &mut [f32]) {
+    assert!(n.is_multiple_of(16) && dst.len() >= offs.len() * n && rows_fit(offs, n, src.len()), "f16_rows_to_f32: rows out of bounds");
+    // SAFETY: AVX-512 F present (above); every row's n elements lie in src and the
+    // offs.len() rows of n in dst (checked above).
+    unsafe { rows_to_f32_zmm(src.as_ptr().cast(), offs, n, dst.as_mut_ptr()) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+unsafe fn rows_to_f32_zmm(src: *const u16, offs: &[usize], n: usize, dst: *mut f32) {
+    // SAFETY: as rows_to_f32_avx512; unaligned stores only.
+    unsafe {
+        for (c, &off) in offs.iter().enumerate() {
+            for i in (0..n).step_by(16) {
+                _mm512_storeu_ps(dst.add(c * n + i), cvtph_ps_m512(src.add(off + i)));
+            }
+        }
+    }
+}
+
 /// `out[c] = dot(k[offs[c]..][..q.len()], q)` for every c (see `f16ops::dot`): one call
 /// for a chunk of keys.
 pub(crate) fn dot_keys(k: &[f16], offs: &[usize], q: &[f16], out: &mut [f32], avx512: bool) {

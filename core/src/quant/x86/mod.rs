@@ -452,6 +452,9 @@ const fn build(flags: usize) -> KernelTable {
     t.f16_scale = f16ops::scale;
     t.f32_to_f16 = f16ops::to_f16;
     t.f16_to_f32 = f16ops::to_f32;
+    if avx512 {
+        t.f16_rows_to_f32 = entry::rows_to_f32;
+    }
     t.f16_dot_keys = if avx512 { entry::dot_keys::<true> } else { entry::dot_keys::<false> };
     t.f16_mad_keys = if fp16 { entry::mad_keys::<true> } else { entry::mad_keys::<false> };
     t.f16_dot_keys_heads = if avx512 { entry::dot_keys_heads::<true> } else { entry::dot_keys_heads::<false> };
@@ -504,6 +507,15 @@ mod entry {
             f16ops::dot_keys_heads(k, offs, qs, n, heads, out, AVX512)
         } else {
             dot_keys_by_head(t, k, offs, qs, n, heads, out)
+        }
+    }
+
+    /// Rows of whole 16-element vectors by AVX-512 (tables with it only), others row by row.
+    pub(super) fn rows_to_f32(t: &KernelTable, src: &[f16], offs: &[usize], n: usize, dst: &mut [f32]) {
+        if n.is_multiple_of(16) {
+            f16ops::rows_to_f32_avx512(src, offs, n, dst)
+        } else {
+            crate::quant::rows_to_f32_by_row(t, src, offs, n, dst)
         }
     }
 
