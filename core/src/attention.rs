@@ -71,8 +71,10 @@ unsafe fn filled<T: Copy>(m: &mut [MaybeUninit<T>]) -> &mut [T] {
     unsafe { &mut *(core::ptr::from_mut(m) as *mut [T]) }
 }
 
-/// Queries one [`attend_block`] call computes together at most.
-pub const QBLOCK: usize = 16;
+/// Queries one [`attend_block`] call computes together at most: 32 on x86, whose block
+/// kernels convert a chunk's keys and values once per block (SmolLM2 Q4_0 pp512 at depth
+/// 4096: ~5% faster than blocks of 16, BENCHMARKS.md), 16 elsewhere (stacks are small).
+pub const QBLOCK: usize = if cfg!(target_arch = "x86_64") { 32 } else { 16 };
 
 /// Room for a chunk's scores of every query of a block ([`Kernels::f16_dot_keys_queries`]:
 /// the keys converted once for all of them). Only x86 has that kernel; elsewhere the

@@ -843,7 +843,7 @@ impl Kernels {
     /// [`Kernels::f16_dot_keys_heads`] for `queries` queries against the same keys
     /// (`qs`: `queries·heads` rows of `n`, query-major): `out[(j·heads + h)·offs.len() + c]`,
     /// each the bits of query `j`'s own call. Where the kernel set has a kernel for the
-    /// shapes (x86 with AVX-512: rows of 64 or 128, up to 4 heads, 16 queries and 64
+    /// shapes (x86 with AVX-512: rows of 64 or 128, up to 4 heads, 32 queries and 64
     /// keys) the key rows are converted once for every query; `false` (nothing written)
     /// elsewhere, and the caller takes each query's `f16_dot_keys_heads`.
     #[allow(clippy::too_many_arguments)]

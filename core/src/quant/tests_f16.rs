@@ -316,7 +316,7 @@ fn grouped_attention_ops_match_one_head_at_a_time() {
 
 /// `f16_dot_keys_queries` (x86 with AVX-512: keys transposed into the lanes, the dot's
 /// lane sums and sum tree 16 keys at a time) gives every (query, head, key) the bits of
-/// the reference's one-key dot, for 1 to 16 queries, 1 to 4 heads, 1 to 64 keys (whole
+/// the reference's one-key dot, for 1 to 32 queries (33: not taken), 1 to 4 heads, 1 to 64 keys (whole
 /// and partial groups of 16, repeated keys), rows of 64 and 128, with values over
 /// the whole finite f16 range (products overflowing to infinities, sums to NaN); shapes
 /// it does not take return `false` and leave `out` as it was.
@@ -328,7 +328,7 @@ fn queries_dot_matches_each_query() {
     let mut taken = 0;
     for &n in &[64usize, 128, 256, 32, 192] {
         for round in 0..60 {
-            let (heads, queries) = (1 + round % 4, 1 + rng.below(16) as usize);
+            let (heads, queries) = (1 + round % 4, if round % 12 == 11 { 33 } else { 1 + rng.below(32) as usize });
             let (rows, stride) = (80, n + (round % 3) * 8);
             let val = |rng: &mut Rng| if round % 5 == 4 { any_finite(rng) } else { f16::from_f32((rng.below(2001) as f32 - 1000.0) / 256.0) };
             let mut kv: Vec<f16> = (0..rows * stride).map(|_| val(&mut rng)).collect();
@@ -342,7 +342,7 @@ fn queries_dot_matches_each_query() {
             let len = if round % 10 == 9 { 65 } else { 1 + rng.below(64) as usize };
             let mut offs: Vec<usize> = (0..len).map(|_| rng.below(rows as u64) as usize * stride).collect();
             offs[len / 2] = 0;
-            let fits = matches!(n, 64 | 128) && len <= 64;
+            let fits = matches!(n, 64 | 128) && len <= 64 && queries <= 32;
             for k in sets.iter().chain([&reference]) {
                 let mut s = vec![f32::from_bits(0x7fc0_1234); queries * heads * len];
                 if !k.f16_dot_keys_queries(&kv, &offs, &qs, n, heads, queries, &mut s) {
@@ -367,7 +367,7 @@ fn queries_dot_matches_each_query() {
     // (On x86 with AVX-512 the AVX-512 sets take every shape that fits.)
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw") && std::is_x86_feature_detected!("avx512vl") {
-        assert!(taken >= 2 * 2 * 54, "only {taken} calls taken");
+        assert!(taken >= 2 * 2 * 50, "only {taken} calls taken");
     }
     let _ = taken;
 }

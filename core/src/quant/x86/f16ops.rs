@@ -685,7 +685,7 @@ unsafe fn dot_keys_heads_avx512<const H: usize, const S: usize>(k: *const u16, o
 
 /// The most keys, queries, heads and row length [`dot_keys_queries`] takes.
 const QK_KEYS: usize = 64;
-const QK_QUERIES: usize = 16;
+const QK_QUERIES: usize = 32;
 const QK_HEADS: usize = 4;
 const QK_ROW: usize = 2 * DOT_STEP;
 
@@ -701,7 +701,7 @@ const QK_ROW: usize = 2 * DOT_STEP;
 /// (measured: 34% less time than `dot_keys_heads` query by query for 16 queries × 3 heads
 /// of 64 over 64 keys, 24% for 2 heads of 128). Every output is the one-key dot's operations on the
 /// same values: its bits. `false` (nothing written) unless `n` is 64 or 128, with 1 to 4
-/// heads, 1 to 16 queries and 1 to 64 keys (rows of 256, Gemma 3's, measured slower this
+/// heads, 1 to 32 queries and 1 to 64 keys (rows of 256, Gemma 3's, measured slower this
 /// way than by `dot_keys_heads`: their 16 key vectors per lane index leave too few
 /// registers). Only after `cpu_has_avx512()`.
 pub(crate) fn dot_keys_queries(k: &[f16], offs: &[usize], qs: &[f16], n: usize, heads: usize, queries: usize, out: &mut [f32]) -> bool {
@@ -760,7 +760,7 @@ unsafe fn transpose_16x16(r: &[__m512; 16]) -> [__m512; 16] {
 /// # Safety
 /// AVX2/FMA/F16C and AVX-512 F present; `64·S` elements at `k + offs[c]` for every c,
 /// `1..=64` keys; `queries·heads` rows of `64·S` at `qs` and of `offs.len()` at `out`,
-/// `heads <= 4`, `queries <= 16`.
+/// `heads <= 4`, `queries <= 32`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
 unsafe fn dot_keys_queries_avx512<const S: usize>(k: *const u16, offs: &[usize], qs: *const u16, heads: usize, queries: usize, out: *mut f32) {
     // SAFETY: as above. `kt` is written for rows d < n and columns < 16·groups (keys past
