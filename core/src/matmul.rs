@@ -65,7 +65,8 @@ pub fn quantize_rows(k: &Kernels, par: &dyn Parallel, vdt: GgmlType, x: &[f32], 
     });
 }
 
-/// Tokens processed together against each weight row (keeps their activations in L1).
+/// Tokens processed together against each weight row (keeps their activations in L1); a
+/// type whose tile takes more tokens takes that many.
 const TOKEN_TILE: usize = 16;
 /// The most weight rows one tile call covers when a chunk holds a single tile of tokens
 /// (x86_64, where the tiles are: 128; elsewhere the tile's own rows, so that no target
@@ -73,7 +74,6 @@ const TOKEN_TILE: usize = 16;
 const PANEL_ROWS: usize = if cfg!(target_arch = "x86_64") { 128 } else { DOT_TILE_MAX_ROWS };
 const _: () = assert!(DOT_TILE_MAX_ROWS <= PANEL_ROWS);
 
-const _: () = assert!(DOT_TILE_MAX_TOKENS <= TOKEN_TILE);
 
 /// `out[i * w.rows + r] = dot(w row r, activation row i)` for `n` activation rows `xq`
 /// (already quantized for `w.ty`).
@@ -108,8 +108,9 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
     par.run(tasks, &|t| {
         let range = split_range(rows, tasks, t);
         let mut i0 = 0;
+        let chunk = tile.map_or(TOKEN_TILE, |t| t.tokens.max(TOKEN_TILE));
         while i0 < n {
-            let i1 = (i0 + TOKEN_TILE).min(n);
+            let i1 = (i0 + chunk).min(n);
             // Whole tiles of `tile.rows` rows × `tile.tokens` tokens, each output the
             // bits of `dot` (see `Kernels::dot_tile_fn`), then whole tiles of its narrower
             // tile where it has one; the rest pair by pair.
@@ -151,11 +152,14 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
                 }
             }
             let mut r_first = range.start;
-            // (Only in a chunk no tile touched, so every row still needs every token.)
-            if let (Some(rows_fn), true) = (rows_fn, i_done == i0) {
+            // Groups of DOT_ROWS rows for the tokens the tiles left: every token of the chunk
+            // where no tile touched it, else the tokens after the tiles' in the tiles' rows
+            // (whole groups, as the tile rows are) and every token in the rows after them.
+            if let (Some(rows_fn), true) = (rows_fn, i_done == i0 || (r_done - range.start).is_multiple_of(DOT_ROWS)) {
                 let nr = range.len() - range.len() % DOT_ROWS;
                 for r in (range.start..range.start + nr).step_by(DOT_ROWS) {
-                    for i in i0..i1 {
+                    let first = if r < r_done { i_done } else { i0 };
+                    for i in first..i1 {
                         let mut o = [0.0f32; DOT_ROWS];
                         rows_fn(cols, &w.data[r * wrb..(r + DOT_ROWS) * wrb], wrb, &xq[i * rb..(i + 1) * rb], &mut o);
                         // SAFETY: elements (i, r..r + DOT_ROWS) are written by the one task
@@ -267,8 +271,9 @@ fn matmul_per_token(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], 
             let mut o = [0.0f32; DOT_TILE_MAX_TOKENS * DOT_TILE_MAX_ROWS];
             // Token tiles of TOKEN_TILE tokens against each group of rows, so that a group's
             // weights are reused from cache by every token tile of the chunk.
-            for i0 in (0..covered).step_by(TOKEN_TILE - TOKEN_TILE % tt) {
-                let i1 = (i0 + TOKEN_TILE - TOKEN_TILE % tt).min(covered);
+            let span = TOKEN_TILE.max(tt) - TOKEN_TILE.max(tt) % tt;
+            for i0 in (0..covered).step_by(span) {
+                let i1 = (i0 + span).min(covered);
                 for r in (range.start..range.start + nr).step_by(tr) {
                     for i in (i0..i1).step_by(tt) {
                         (tile.f)(cols, &w.data[r * wrb..(r + tr) * wrb], wrb, tr, &xq[i * rb..(i + tt) * rb], rb, &mut o[..tt * tr], tr);

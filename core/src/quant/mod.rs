@@ -182,8 +182,9 @@ pub struct DotTile {
 /// The most weight rows any [`DotTile`] has (16: x86's rows-in-lanes tiles; 8 on the
 /// targets without them, whose callers size their tile buffers by it).
 pub const DOT_TILE_MAX_ROWS: usize = if cfg!(target_arch = "x86_64") { 16 } else { 8 };
-/// The most tokens any [`DotTile`] has.
-pub const DOT_TILE_MAX_TOKENS: usize = 16;
+/// The most tokens any [`DotTile`] has (32: x86's AVX-512 VNNI Q4_0 tile; 16 on the
+/// targets without it, whose callers size their tile buffers by it).
+pub const DOT_TILE_MAX_TOKENS: usize = if cfg!(target_arch = "x86_64") { 32 } else { 16 };
 
 /// [`DOT_ROWS`] weight rows (`wrow` bytes apart in `w`) · one activation row `a`: each
 /// output the bits of [`Kernels::dot_fn`] for its row (see [`Kernels::dot_rows_fn`]).

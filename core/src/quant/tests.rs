@@ -791,7 +791,7 @@ fn matmul_operands(k: &Kernels, rng: &mut Rng, ty: GgmlType, rows: usize, cols: 
     (w, a, wrb, rb)
 }
 
-/// A matmul of 1 to 17, 31 to 33 or 40 tokens gives each token the bits of that token alone, on one
+/// A matmul of 1 to 17, 31 to 33, 40, 48, 69 or 72 tokens gives each token the bits of that token alone, on one
 /// thread and on several (whatever path the batch takes: 8-row kernel, pairs, tiles and
 /// a narrower tile for a chunk's last tokens), for the types with short-batch or tile
 /// kernels; row counts not a multiple of 8 (nor of 16).
@@ -804,14 +804,15 @@ fn matmul_rows_do_not_depend_on_the_batch() {
     for k in fast_kernel_sets() {
         for (ty, cols) in [(Q8_0, 96usize), (Q5_0, 96), (Q4_0, 96), (Q4_1, 96), (Q4_K, 512), (Q6_K, 512)] {
             let rows = 76usize;
-            let (w, a, _, rb) = matmul_operands(&k, &mut rng, ty, rows, cols, 40);
+            let (w, a, _, rb) = matmul_operands(&k, &mut rng, ty, rows, cols, 72);
             let t = Tensor { ty, cols, rows, data: &w };
-            let mut one = vec![0.0f32; 40 * rows];
-            for i in 0..40 {
+            let mut one = vec![0.0f32; 72 * rows];
+            for i in 0..72 {
                 matmul(&k, &Sequential, &t, &a[i * rb..(i + 1) * rb], 1, &mut one[i * rows..(i + 1) * rows]);
             }
-            // Up to two token tiles of the widest tiles and a few tokens past them.
-            for n in (1..=17).chain([31, 32, 33, 40]) {
+            // Up to two token tiles of the widest tiles (32: Q4_0 with VNNI) and tokens
+            // past them, for its narrower tile and the 8-row kernel after it.
+            for n in (1..=17).chain([31, 32, 33, 40, 48, 69, 72]) {
                 for par in [&Sequential as &dyn Parallel, &Reversed(2), &Reversed(3)] {
                     let mut out = vec![f32::NAN; n * rows];
                     matmul(&k, par, &t, &a[..n * rb], n, &mut out);

@@ -205,9 +205,12 @@ tile_wrapper!(/// AVX2 Q6_K · Q8_K tile in llama.cpp's tiled order, one row × 
     tile_q6_k_q8_k_tiled, kdot::q6_k_q8_k_tile::<TILED>, 256, 210, 292, 1, kdot::KTILE_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// AVX2 Q4_0 · Q8_0 tile (each output as [`vec_dot_q4_0_q8_0`]).
     tile_q4_0_q8_0, panel qtile::q4_0_q8_0, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_TILE_TOKENS, cpu_has_avx2_fma);
-tile_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0 tile (each output as [`vec_dot_q4_0_q8_0`]); only handed
-    /// out after [`cpu_has_avx512_vnni`].
-    tile_q4_0_q8_0_vnni, panel qtile::q4_0_q8_0_zmm, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_TILE_TOKENS_VNNI, cpu_has_avx512_vnni);
+tile_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0 tile of 16 tokens (each output as
+    /// [`vec_dot_q4_0_q8_0`]); only handed out after [`cpu_has_avx512_vnni`].
+    tile_q4_0_q8_0_vnni, panel qtile::q4_0_q8_0_zmm::<8>, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_TILE_TOKENS_VNNI, cpu_has_avx512_vnni);
+tile_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0 tile of 32 tokens (each output as
+    /// [`vec_dot_q4_0_q8_0`]); only handed out after [`cpu_has_avx512_vnni`].
+    tile_q4_0_q8_0_vnni32, panel qtile::q4_0_q8_0_zmm::<16>, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_TILE_TOKENS_VNNI32, cpu_has_avx512_vnni);
 
 /// AVX-512 VNNI Q8_0 · Q8_0 for short batches ([`crate::quant::DotPairsFn`]): `rows` (a
 /// multiple of 4) × `2·pairs` tokens (1..=[`qtile::PAIRS_MAX`] pairs), each output as
@@ -249,7 +252,7 @@ pub(crate) fn pairs_q8_0_q8_0_vnni(n: usize, w: &[u8], wrow: usize, rows: usize,
     }
 }
 pub(crate) use kdot::{KTILE_TOKENS, Q4_K_TILE_ROWS, Q4_K_TILE_TOKENS};
-pub(crate) use qtile::{LANES_TILE_ROWS, LANES_TILE_TOKENS, Q4_0_TILE_ROWS, Q4_0_TILE_TOKENS, Q4_0_TILE_TOKENS_VNNI, TILE_ROWS, TILE_TOKENS, ZMM_TILE_TOKENS};
+pub(crate) use qtile::{LANES_TILE_ROWS, LANES_TILE_TOKENS, Q4_0_TILE_ROWS, Q4_0_TILE_TOKENS, Q4_0_TILE_TOKENS_VNNI, Q4_0_TILE_TOKENS_VNNI32, TILE_ROWS, TILE_TOKENS, ZMM_TILE_TOKENS};
 
 /// Runs 8-row body `$body` (see `qdot::table_dot_rows`) on whole blocks, after checking
 /// that the slices hold the rows (a broken contract panics; it cannot read out of bounds).
@@ -407,12 +410,17 @@ const fn build(flags: usize) -> KernelTable {
     t.dot_rows.q5_1 = Some(if vnni { rows_q5_1_q8_1_vnni } else { rows_q5_1_q8_1 });
     t.dot_rows.iq4_nl = Some(rows_iq4_nl_q8_0);
     t.dot_rows.mxfp4 = Some(rows_mxfp4_q8_0);
-    let (tile_tokens, tile_tokens_q4_0) = if vnni { (ZMM_TILE_TOKENS, Q4_0_TILE_TOKENS_VNNI) } else { (TILE_TOKENS, Q4_0_TILE_TOKENS) };
+    let tile_tokens = if vnni { ZMM_TILE_TOKENS } else { TILE_TOKENS };
     t.dot_pairs.q8_0 = if vnni { Some(pairs_q8_0_q8_0_vnni) } else { None };
     t.dot_tile.q8_0 = if vnni { DotTile::entry(tile_q8_0_q8_0_lanes, LANES_TILE_ROWS, LANES_TILE_TOKENS) } else { DotTile::entry(tile_q8_0_q8_0, TILE_ROWS, TILE_TOKENS) };
     t.dot_tile.q5_0 = if vnni { DotTile::entry(tile_q5_0_q8_0_lanes, LANES_TILE_ROWS, LANES_TILE_TOKENS) } else { DotTile::entry(tile_q5_0_q8_0, TILE_ROWS, TILE_TOKENS) };
     t.dot_tile.q4_1 = DotTile::entry(if vnni { tile_q4_1_q8_1_vnni } else { tile_q4_1_q8_1 }, TILE_ROWS, tile_tokens);
-    t.dot_tile.q4_0 = DotTile::entry(if vnni { tile_q4_0_q8_0_vnni } else { tile_q4_0_q8_0 }, Q4_0_TILE_ROWS, tile_tokens_q4_0);
+    // (With VNNI, 32 tokens per tile and the 16-token tile for the rest of a chunk.)
+    t.dot_tile.q4_0 = if vnni {
+        DotTile::entry_with_rest(tile_q4_0_q8_0_vnni32, Q4_0_TILE_ROWS, Q4_0_TILE_TOKENS_VNNI32, tile_q4_0_q8_0_vnni, Q4_0_TILE_TOKENS_VNNI)
+    } else {
+        DotTile::entry(tile_q4_0_q8_0, Q4_0_TILE_ROWS, Q4_0_TILE_TOKENS)
+    };
     t.dot_tile.q4_k = if vnni {
         DotTile::entry(tile_q4_k_q8_k_vnni, Q4_K_TILE_ROWS, Q4_K_TILE_TOKENS)
     } else {

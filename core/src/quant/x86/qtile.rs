@@ -147,9 +147,12 @@ pub(crate) const Q4_0_TILE_ROWS: usize = 8;
 /// Tokens of the AVX2 Q4_0 tile (its 16 vector registers hold the 8 decoded weight
 /// vectors and 4 accumulators).
 pub(crate) const Q4_0_TILE_TOKENS: usize = 4;
-/// Tokens of the AVX-512 VNNI Q4_0 tile (two per 512-bit vector: 8 weight vectors, 8
-/// accumulators).
+/// Tokens of the narrower AVX-512 VNNI Q4_0 tile (two per 512-bit vector: 8 weight
+/// vectors, 8 accumulators), for a chunk's tokens after its whole 32-token tiles.
 pub(crate) const Q4_0_TILE_TOKENS_VNNI: usize = 16;
+/// Tokens of the AVX-512 VNNI Q4_0 tile (8 weight vectors, 16 accumulators): each block's
+/// weights decoded once for 32 tokens.
+pub(crate) const Q4_0_TILE_TOKENS_VNNI32: usize = 32;
 
 /// The `qs` at `p` of [`Q4_0_TILE_ROWS`] Q4_0 blocks `wrow` bytes apart, transposed:
 /// `x[j]` holds, in lane r, row r's elements `4j..4j + 4` (j < 4) or `16 + 4(j - 4)..`
@@ -325,7 +328,7 @@ pub(super) unsafe fn q4_0_q8_0(nb: usize, w: *const u8, wrow: usize, rows: usize
     }
 }
 
-/// Q4_0 · Q8_0 tile, AVX-512 VNNI on 512-bit vectors ([`Q4_0_TILE_TOKENS_VNNI`] tokens):
+/// Q4_0 · Q8_0 tile, AVX-512 VNNI on 512-bit vectors (`2·P` tokens: 16 or 32):
 /// [`q4_0_tile`]'s operations, two tokens per vector. Lane `2r + h` of pair `p`'s vector
 /// is (row r, token 2p + h): the weights `x[j]` have each row's dword twice, the flipped
 /// activations of the pair are staged with their dwords interleaved (`A0 B0 A1 B1 ..`) so
@@ -333,15 +336,13 @@ pub(super) unsafe fn q4_0_q8_0(nb: usize, w: *const u8, wrow: usize, rows: usize
 /// pair's `da` are one 8-byte broadcast. Per lane: the same exact `sumi` (the correction
 /// `-128·Σ x` of its row, then `vpdpbusd` over the 8 dwords), the same `dw·da` product
 /// and the same fma, block by block, as the 256-bit tile, so each output has the single
-/// dot's bits; 8 accumulators for 16 tokens stay in registers.
+/// dot's bits; `P` accumulators (8 or 16) stay in registers beside the 8 weight vectors.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn q4_0_q8_0_zmm(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+pub(super) unsafe fn q4_0_q8_0_zmm<const P: usize>(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
     // SAFETY: see above; AVX-512 F/BW/VL/VNNI available (the wrapper is only handed out
     // after cpu_has_avx512_vnni()).
     unsafe {
-        const T: usize = Q4_0_TILE_TOKENS_VNNI;
-        const P: usize = T / 2;
         let flip = _mm256_set1_epi8(-128);
         // Lane 2r + h ← lane r (each row twice); pair (even lanes | odd lanes) and back.
         let dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
@@ -350,8 +351,9 @@ pub(super) unsafe fn q4_0_q8_0_zmm(nb: usize, w: *const u8, wrow: usize, rows: u
         // As in q4_0_tile: the tokens' blocks staged once per range for every group of
         // rows, the accumulators carried through `out` between ranges.
         let mut yu = core::mem::MaybeUninit::<[[[i32; 16]; P]; Q4_0_STAGE_BLOCKS]>::uninit();
-        let mut da = core::mem::MaybeUninit::<[[f32; T]; Q4_0_STAGE_BLOCKS]>::uninit();
-        let (yup, dap) = (yu.as_mut_ptr().cast::<[[i32; 16]; P]>(), da.as_mut_ptr().cast::<[f32; T]>());
+        // (Each block's `da`: the first 2·P of 32.)
+        let mut da = core::mem::MaybeUninit::<[[f32; Q4_0_TILE_TOKENS_VNNI32]; Q4_0_STAGE_BLOCKS]>::uninit();
+        let (yup, dap) = (yu.as_mut_ptr().cast::<[[i32; 16]; P]>(), da.as_mut_ptr().cast::<[f32; Q4_0_TILE_TOKENS_VNNI32]>());
         let mut b0 = 0;
         while b0 < nb {
             let kb = (nb - b0).min(Q4_0_STAGE_BLOCKS);
@@ -367,8 +369,9 @@ pub(super) unsafe fn q4_0_q8_0_zmm(nb: usize, w: *const u8, wrow: usize, rows: u
                     _mm256_storeu_si256(yb[p].as_mut_ptr().cast(), _mm256_permute2x128_si256::<0x20>(lo, hi));
                     _mm256_storeu_si256(yb[p].as_mut_ptr().add(8).cast(), _mm256_permute2x128_si256::<0x31>(lo, hi));
                 }
-                _mm256_storeu_ps(db.as_mut_ptr(), f16x8(a.add(i * 34), arow));
-                _mm256_storeu_ps(db.as_mut_ptr().add(8), f16x8(a.add(8 * arow + i * 34), arow));
+                for h in 0..P / 4 {
+                    _mm256_storeu_ps(db.as_mut_ptr().add(8 * h), f16x8(a.add(8 * h * arow + i * 34), arow));
+                }
             }
             for g in (0..rows).step_by(Q4_0_TILE_ROWS) {
                 let (w, out) = (w.add(g * wrow), out.add(g));
