@@ -74,7 +74,6 @@ const TOKEN_TILE: usize = 16;
 const PANEL_ROWS: usize = if cfg!(target_arch = "x86_64") { 128 } else { DOT_TILE_MAX_ROWS };
 const _: () = assert!(DOT_TILE_MAX_ROWS <= PANEL_ROWS);
 
-
 /// `out[i * w.rows + r] = dot(w row r, activation row i)` for `n` activation rows `xq`
 /// (already quantized for `w.ty`).
 pub fn matmul(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usize, out: &mut [f32]) {
@@ -269,8 +268,9 @@ fn matmul_per_token(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], 
             let (tr, tt) = (tile.rows, tile.tokens);
             let nr = range.len() - range.len() % tr;
             let mut o = [0.0f32; DOT_TILE_MAX_TOKENS * DOT_TILE_MAX_ROWS];
-            // Token tiles of TOKEN_TILE tokens against each group of rows, so that a group's
-            // weights are reused from cache by every token tile of the chunk.
+            // Spans of TOKEN_TILE tokens (or of one tile, if wider) against each group of
+            // rows, so that a group's weights are reused from cache by every token tile of
+            // the span.
             let span = TOKEN_TILE.max(tt) - TOKEN_TILE.max(tt) % tt;
             for i0 in (0..covered).step_by(span) {
                 let i1 = (i0 + span).min(covered);

@@ -342,6 +342,7 @@ pub(super) unsafe fn q4_0_q8_0(nb: usize, w: *const u8, wrow: usize, rows: usize
 pub(super) unsafe fn q4_0_q8_0_zmm<const P: usize>(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
     // SAFETY: see above; AVX-512 F/BW/VL/VNNI available (the wrapper is only handed out
     // after cpu_has_avx512_vnni()).
+    const { assert!(P == 8 || P == 16, "q4_0_q8_0_zmm: 16 or 32 tokens") };
     unsafe {
         let flip = _mm256_set1_epi8(-128);
         // Lane 2r + h ← lane r (each row twice); pair (even lanes | odd lanes) and back.
