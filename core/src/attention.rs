@@ -224,9 +224,7 @@ pub fn attend_block<'q, 'o>(
                 }
                 e
             };
-            for g in 0..nh {
-                kern.softmax_scores(&mut e[g * len..(g + 1) * len], &mut new_max[g * len..(g + 1) * len], scale, &mut max[j * nh + g]);
-            }
+            kern.softmax_scores(&mut e[..nh * len], new_max, scale, &mut max[j * nh..(j + 1) * nh]);
             kern.expf_batch(&mut e[..nh * len]);
             let (nm, e, sm) = (&new_max[..nh * len], &e[..nh * len], &mut sum[j * nh..(j + 1) * nh]);
             if !vf.as_deref().is_some_and(|vf| kern.f32_mad_keys_heads(acc, hdv, nh, &vf[(a - ua) * hdv..(b - ua) * hdv], nm, e, sm)) {

@@ -414,7 +414,7 @@ pub(crate) struct KernelTable {
     /// `f16_mad_keys_heads`).
     pub(crate) f32_mad_keys_heads: Option<MadKeysHeadsF32Fn>,
     /// [`Kernels::softmax_scores`].
-    pub(crate) softmax_scores: fn(e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut f32),
+    pub(crate) softmax_scores: fn(e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut [f32]),
     /// [`Kernels::softmax_sum`].
     pub(crate) softmax_sum: fn(sum: f32, new_max: &[bool], e: &[f32]) -> f32,
     /// `softmax_sum` for the heads of a KV head at once (`sums[h]` over row h of `new_max`
@@ -609,15 +609,18 @@ fn softmax_sums_by_head(t: &KernelTable, sums: &mut [f32], new_max: &[bool], e: 
     }
 }
 
-/// [`Kernels::softmax_scores`] key by key.
-fn softmax_scores_by_key(e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut f32) {
-    for (ec, nm) in e.iter_mut().zip(new_max.iter_mut()) {
-        let s = *ec * scale;
-        if s > *max {
-            (*ec, *nm) = (*max - s, true);
-            *max = s;
-        } else {
-            (*ec, *nm) = (s - *max, false);
+/// [`Kernels::softmax_scores`] row by row, key by key.
+fn softmax_scores_by_key(e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut [f32]) {
+    let len = e.len() / max.len().max(1);
+    for ((e, new_max), max) in e.chunks_exact_mut(len.max(1)).zip(new_max.chunks_exact_mut(len.max(1))).zip(max.iter_mut()) {
+        for (ec, nm) in e.iter_mut().zip(new_max.iter_mut()) {
+            let s = *ec * scale;
+            if s > *max {
+                (*ec, *nm) = (*max - s, true);
+                *max = s;
+            } else {
+                (*ec, *nm) = (s - *max, false);
+            }
         }
     }
 }
@@ -872,13 +875,19 @@ impl Kernels {
         self.t.f32_mad_keys_heads.is_some_and(|f| f(ys, n, heads, xf, new_max, e, sums))
     }
 
-    /// The online softmax's exponents for a chunk of one head's scores, in key order:
-    /// `s = e[c]·scale`; if `s > max` then `e[c] = max - s`, `new_max[c] = true` and
-    /// `max = s`, else `e[c] = s - max`, `new_max[c] = false` (x86 with AVX-512: 16 keys
-    /// per step by a prefix maximum; the same flags and values, up to the sign of a zero
-    /// exponent or maximum, which `expf` and the comparisons do not see).
-    pub fn softmax_scores(&self, e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut f32) {
-        (self.t.softmax_scores)(e, new_max, scale, max)
+    /// The online softmax's exponents for a chunk of the scores of `max.len()` heads
+    /// (`e`: a row of `e.len() / max.len()` keys per head, `new_max` the same shape), each
+    /// row in key order with its head's running maximum `max[h]`: `s = e[c]·scale`; if
+    /// `s > max` then `e[c] = max - s`, `new_max[c] = true` and `max = s`, else
+    /// `e[c] = s - max`, `new_max[c] = false` (x86 with AVX-512: 16 keys per step by a
+    /// prefix maximum, up to four heads side by side; the same flags and values, up to
+    /// the sign of a zero exponent or maximum, which `expf` and the comparisons do not
+    /// see).
+    ///
+    /// Panics if `e` is not whole rows or `new_max` is shorter than `e`.
+    pub fn softmax_scores(&self, e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut [f32]) {
+        assert!(!max.is_empty() && e.len().is_multiple_of(max.len()) && new_max.len() >= e.len(), "softmax_scores: {} rows of {} scores", max.len(), e.len());
+        (self.t.softmax_scores)(e, &mut new_max[..e.len()], scale, max)
     }
 
     /// The online softmax's running sum over a chunk of keys, in key order:

@@ -372,10 +372,10 @@ fn queries_dot_matches_each_query() {
     let _ = taken;
 }
 
-/// `softmax_scores` (x86 with AVX-512: a prefix maximum over 16 keys) gives the one-key
-/// loop's new-maximum flags and the bits of `expf` of every exponent, and the same
-/// running maximum, over chunks of 1 to 40 keys carried from one to the next, with ties,
-/// signed zeros, infinities and NaN scores.
+/// `softmax_scores` (x86 with AVX-512: a prefix maximum over 16 keys, up to four heads
+/// side by side) gives the one-key loop's new-maximum flags and the bits of `expf` of
+/// every exponent, and the same running maxima, for 1 to 5 heads over chunks of 1 to 40
+/// keys carried from one to the next, with ties, signed zeros, infinities and NaN scores.
 #[test]
 fn softmax_scores_match_the_key_by_key_loop() {
     let reference = Kernels::reference();
@@ -384,9 +384,10 @@ fn softmax_scores_match_the_key_by_key_loop() {
     let mut rng = Rng::new(0x5c07e);
     for round in 0..3000 {
         let scale = if round % 7 == 0 { 1.0 } else { 0.125 + rng.unit().abs() };
+        let heads = 1 + round as usize % 5;
         let chunks: Vec<Vec<f32>> = (0..1 + rng.below(4))
             .map(|_| {
-                (0..1 + rng.below(40))
+                (0..heads * (1 + rng.below(40) as usize))
                     .map(|_| match rng.below(12) {
                         0 => 0.0,
                         1 => -0.0,
@@ -400,18 +401,23 @@ fn softmax_scores_match_the_key_by_key_loop() {
             })
             .collect();
         for k in &sets {
-            let (mut max, mut want_max) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+            let (mut max, mut want_max) = (vec![f32::NEG_INFINITY; heads], vec![f32::NEG_INFINITY; heads]);
             for (ci, chunk) in chunks.iter().enumerate() {
                 let (mut e, mut want_e) = (chunk.clone(), chunk.clone());
-                let (mut nm, mut want_nm) = (vec![true; chunk.len()], vec![true; chunk.len()]);
+                // One flag more than the scores: a kernel writing past its rows is caught.
+                let (mut nm, mut want_nm) = (vec![true; chunk.len() + 1], vec![true; chunk.len() + 1]);
                 k.softmax_scores(&mut e, &mut nm, scale, &mut max);
-                reference.softmax_scores(&mut want_e, &mut want_nm, scale, &mut want_max);
+                for ((e, nm), m) in want_e.chunks_exact_mut(chunk.len() / heads).zip(want_nm.chunks_exact_mut(chunk.len() / heads)).zip(want_max.iter_mut()) {
+                    reference.softmax_scores(e, nm, scale, core::slice::from_mut(m));
+                }
                 assert_eq!(nm, want_nm, "{} round {round} chunk {ci}: new-maximum flags", k.name());
                 for c in 0..chunk.len() {
                     let (got, want) = (crate::ops::expf(e[c]), crate::ops::expf(want_e[c]));
                     assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{} round {round} chunk {ci} key {c}: {got} vs {want}", k.name());
                 }
-                assert!(max == want_max || (max.is_nan() && want_max.is_nan()), "{} round {round} chunk {ci}: max {max} vs {want_max}", k.name());
+                for (h, (m, w)) in max.iter().zip(&want_max).enumerate() {
+                    assert!(m == w || (m.is_nan() && w.is_nan()), "{} round {round} chunk {ci} head {h}: max {m} vs {w}", k.name());
+                }
             }
         }
     }

@@ -435,11 +435,25 @@ unsafe fn mad_keys_regs<const V: usize>(y: *mut u16, x: *const u16, offs: &[usiz
 }
 
 /// See `Kernels::softmax_scores`; only after `cpu_has_avx512()` (with BW and VL).
-pub(crate) fn softmax_scores(e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut f32) {
-    assert!(new_max.len() >= e.len(), "softmax_scores: short new_max");
-    // SAFETY: AVX2/FMA/F16C present (module contract) and AVX-512 F/BW/VL (the caller's
-    // `avx512` flag); e and new_max hold e.len() elements (checked above).
-    unsafe { softmax_scores_avx512(e, new_max, scale, max) }
+pub(crate) fn softmax_scores(e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut [f32]) {
+    let heads = max.len();
+    assert!(heads > 0 && e.len().is_multiple_of(heads) && new_max.len() >= e.len(), "softmax_scores: {heads} rows of {} scores", e.len());
+    let len = e.len() / heads;
+    let (ep, np) = (e.as_mut_ptr(), new_max.as_mut_ptr());
+    // Up to four rows side by side (their chains are independent); more, four at a time.
+    for (g, m) in max.chunks_mut(4).enumerate() {
+        let (ep, np) = (ep.wrapping_add(4 * g * len), np.wrapping_add(4 * g * len));
+        // SAFETY: AVX2/FMA/F16C present (module contract) and AVX-512 F/BW/VL (the
+        // caller's `avx512` flag); rows 4g.. of len elements at ep and np (checked above).
+        unsafe {
+            match m.len() {
+                1 => softmax_scores_avx512::<1>(ep, np, len, scale, m),
+                2 => softmax_scores_avx512::<2>(ep, np, len, scale, m),
+                3 => softmax_scores_avx512::<3>(ep, np, len, scale, m),
+                _ => softmax_scores_avx512::<4>(ep, np, len, scale, m),
+            }
+        }
+    }
 }
 
 /// 16 scores per step: `s = e·scale` (the same product); the maximum before each key,
@@ -448,46 +462,64 @@ pub(crate) fn softmax_scores(e: &mut [f32], new_max: &mut [bool], scale: f32, ma
 /// order of taking maxima gives the same value, and which zero a tie keeps does not
 /// matter: it only feeds `s - m` and `m - s`, whose zero results go to `expf`, and later
 /// comparisons); `new = s > m[c]`, `e = new ? m[c] - s : s - m[c]`: each key's scalar
-/// operations on the same values.
+/// operations on the same values. `H` rows of `len` (row h at `e + h·len`, flags at
+/// `new_max + h·len`, running maximum `max[h]`) step by step side by side: each row's
+/// chain (one maximum and one permute per step) waits on its own previous step only.
+///
+/// # Safety
+/// AVX2/FMA/F16C and AVX-512 F/BW/VL present; `H·len` elements at `e` and `new_max`,
+/// `max.len() >= H`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-unsafe fn softmax_scores_avx512(e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut f32) {
-    // SAFETY: masked loads and stores touch only the first e.len() elements of e and
-    // new_max (checked by the caller).
+unsafe fn softmax_scores_avx512<const H: usize>(e: *mut f32, new_max: *mut bool, len: usize, scale: f32, max: &mut [f32]) {
+    // SAFETY: masked loads and stores touch only the first len elements of each row.
     unsafe {
         let (sc, ninf) = (_mm512_set1_ps(scale), _mm512_set1_ps(f32::NEG_INFINITY));
         let ones = _mm_set1_epi8(1);
-        // The running maximum in every lane: the only value carried from one step to the
-        // next, so each step's chain is one max and one permute long.
-        let mut mv = _mm512_set1_ps(*max);
-        for c0 in (0..e.len()).step_by(16) {
-            let n = (e.len() - c0).min(16);
+        // Each row's running maximum in every lane: the only value carried from one step
+        // to the next.
+        let mut mv: [__m512; H] = core::array::from_fn(|h| _mm512_set1_ps(max[h]));
+        for c0 in (0..len).step_by(16) {
+            let n = (len - c0).min(16);
             let k = ((1u32 << n) - 1) as u16;
-            let p = e.as_mut_ptr().add(c0);
-            let s = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, p), sc);
-            // Inclusive prefix maximum (lanes shifted up by 1, 2, 4, 8 with -inf fill).
-            let shift = |v: __m512, by: usize| match by {
-                1 => _mm512_castsi512_ps(_mm512_alignr_epi32::<15>(_mm512_castps_si512(v), _mm512_castps_si512(ninf))),
-                2 => _mm512_castsi512_ps(_mm512_alignr_epi32::<14>(_mm512_castps_si512(v), _mm512_castps_si512(ninf))),
-                4 => _mm512_castsi512_ps(_mm512_alignr_epi32::<12>(_mm512_castps_si512(v), _mm512_castps_si512(ninf))),
-                _ => _mm512_castsi512_ps(_mm512_alignr_epi32::<8>(_mm512_castps_si512(v), _mm512_castps_si512(ninf))),
-            };
-            // The step's own prefix maximum first (`max(s, -inf)` is -inf for a NaN `s`:
-            // vmaxps returns its second operand then; lanes past the end hold 0 and are
-            // never read back), then the running maximum taken into every lane.
-            let mut pm = _mm512_max_ps(s, ninf);
-            for by in [1, 2, 4, 8] {
-                pm = _mm512_max_ps(pm, shift(pm, by));
+            for (h, mv) in mv.iter_mut().enumerate() {
+                let p = e.add(h * len + c0);
+                let s = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, p), sc);
+                // No score above the running maximum (the usual step once a row has seen
+                // a few keys): every prefix maximum below is `m` itself, bit for bit (a
+                // tie keeps vmaxps' second operand, `m`; a NaN drops out), so each key's
+                // `m` is the running maximum and no flag is set.
+                if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(s, *mv) & k == 0 {
+                    _mm512_mask_storeu_ps(p, k, _mm512_sub_ps(s, *mv));
+                    _mm_mask_storeu_epi8(new_max.add(h * len + c0).cast(), k, _mm_setzero_si128());
+                    continue;
+                }
+                // Inclusive prefix maximum (lanes shifted up by 1, 2, 4, 8 with -inf fill).
+                let shift = |v: __m512, by: usize| match by {
+                    1 => _mm512_castsi512_ps(_mm512_alignr_epi32::<15>(_mm512_castps_si512(v), _mm512_castps_si512(ninf))),
+                    2 => _mm512_castsi512_ps(_mm512_alignr_epi32::<14>(_mm512_castps_si512(v), _mm512_castps_si512(ninf))),
+                    4 => _mm512_castsi512_ps(_mm512_alignr_epi32::<12>(_mm512_castps_si512(v), _mm512_castps_si512(ninf))),
+                    _ => _mm512_castsi512_ps(_mm512_alignr_epi32::<8>(_mm512_castps_si512(v), _mm512_castps_si512(ninf))),
+                };
+                // The step's own prefix maximum first (`max(s, -inf)` is -inf for a NaN
+                // `s`: vmaxps returns its second operand then; lanes past the end hold 0
+                // and are never read back), then the running maximum taken into every lane.
+                let mut pm = _mm512_max_ps(s, ninf);
+                for by in [1, 2, 4, 8] {
+                    pm = _mm512_max_ps(pm, shift(pm, by));
+                }
+                let pm = _mm512_max_ps(pm, *mv);
+                // The maximum before each key: the prefix shifted by one, `m` in lane 0.
+                let before = _mm512_castsi512_ps(_mm512_alignr_epi32::<15>(_mm512_castps_si512(pm), _mm512_castps_si512(*mv)));
+                let new = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(s, before) & k;
+                let r = _mm512_mask_blend_ps(new, _mm512_sub_ps(s, before), _mm512_sub_ps(before, s));
+                _mm512_mask_storeu_ps(p, k, r);
+                _mm_mask_storeu_epi8(new_max.add(h * len + c0).cast(), k, _mm_maskz_mov_epi8(new, ones));
+                *mv = _mm512_permutexvar_ps(_mm512_set1_epi32(n as i32 - 1), pm);
             }
-            let pm = _mm512_max_ps(pm, mv);
-            // The maximum before each key: the prefix shifted by one, `m` in lane 0.
-            let before = _mm512_castsi512_ps(_mm512_alignr_epi32::<15>(_mm512_castps_si512(pm), _mm512_castps_si512(mv)));
-            let new = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(s, before) & k;
-            let r = _mm512_mask_blend_ps(new, _mm512_sub_ps(s, before), _mm512_sub_ps(before, s));
-            _mm512_mask_storeu_ps(p, k, r);
-            _mm_mask_storeu_epi8(new_max.as_mut_ptr().add(c0).cast(), k, _mm_maskz_mov_epi8(new, ones));
-            mv = _mm512_permutexvar_ps(_mm512_set1_epi32(n as i32 - 1), pm);
         }
-        *max = _mm512_cvtss_f32(mv);
+        for (m, v) in max.iter_mut().zip(&mv) {
+            *m = _mm512_cvtss_f32(*v);
+        }
     }
 }
 
