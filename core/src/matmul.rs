@@ -39,6 +39,11 @@ impl<T> SharedMut<T> {
         // SAFETY: in bounds (checked above); exclusivity is the caller's contract.
         unsafe { core::slice::from_raw_parts_mut(self.ptr.add(start), len) }
     }
+
+    /// The address of element `i` (for cache hints only: never read or written through).
+    pub(crate) fn addr(&self, i: usize) -> *const u8 {
+        self.ptr.wrapping_add(i).cast_const().cast()
+    }
 }
 
 /// How far ahead of the row being multiplied the weight stream is prefetched.
@@ -130,6 +135,13 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
                         for r in (range.start..range.start + nr).step_by(pr) {
                             let k = pr.min(range.start + nr - r);
                             for i in (i_done..i_done + ni).step_by(tt) {
+                                // The outputs' lines asked into L2 while the tile computes
+                                // (a hint, no effect on any result): a batch's outputs
+                                // outgrow the caches, and the copies below would wait on
+                                // each line's first store.
+                                for ti in 0..tt {
+                                    prefetch::lines(out.addr((i + ti) * rows + r), 4 * k, Level::L2);
+                                }
                                 f(cols, &w.data[r * wrb..(r + k) * wrb], wrb, k, &xq[i * rb..(i + tt) * rb], rb, &mut o[..tt * k], k);
                                 for (ti, orow) in o[..tt * k].chunks_exact(k).enumerate() {
                                     // SAFETY: elements (i + ti, r..r + k) are written by the
