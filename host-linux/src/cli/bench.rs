@@ -105,7 +105,7 @@ fn run_tg(e: &mut Engine<'_>, pool: &ThreadPool, first: u32, n: usize, depth: &[
 
 /// `keel bench`.
 #[derive(clap::Args, Debug)]
-#[command(after_help = "JSON: [{\"test\":\"pp512\",\"tps\":x,\"sd\":y,...},...] (tg gains bound_tps, bytes_per_token, read_bytes_per_s, pool_jobs_per_token with --roofline). A run whose logits are NaN or constant, or whose tg repetitions generate different tokens, reports no speed: it fails.")]
+#[command(after_help = "JSON: [{\"test\":\"pp512\",\"tps\":x,\"sd\":y,...},...] (tg gains bound_tps, bytes_per_token, read_bytes_per_s, read_loop, pool_jobs_per_token with --roofline). A run whose logits are NaN or constant, or whose tg repetitions generate different tokens, reports no speed: it fails.")]
 pub struct BenchArgs {
     /// The model (`-m`).
     #[command(flatten)]
@@ -156,6 +156,8 @@ struct BenchJson<'a> {
 #[derive(Serialize)]
 struct BoundJson {
     read_bytes_per_s: f64,
+    /// The read loop that reached `read_bytes_per_s` (`portable`, `avx2`, `avx512`).
+    read_loop: &'static str,
     bytes_per_token: u64,
     weight_bytes_per_token: u64,
     kv_bytes_per_token: u64,
@@ -263,7 +265,7 @@ pub fn main(a: BenchArgs) -> Result<()> {
     let bound = if roofline && n_gen > 0 {
         let bw = super::roofline::read_bandwidth(opts.threads);
         let bytes = super::roofline::bytes_per_token(&e.model, depth, n_gen);
-        Some((bw, bytes, bw / bytes.total() as f64, tg_jobs as f64 / (reps * n_gen) as f64))
+        Some((bw, bytes, bw.bytes_per_s / bytes.total() as f64, tg_jobs as f64 / (reps * n_gen) as f64))
     } else {
         None
     };
@@ -281,7 +283,8 @@ pub fn main(a: BenchArgs) -> Result<()> {
                 repetitions: reps,
                 batches: if a.eval.llama_cpp() { "llama-cpp" } else { "invariant" },
                 bound: bound.filter(|_| m.test.starts_with("tg")).map(|(bw, bytes, tps_max, jobs)| BoundJson {
-                    read_bytes_per_s: bw,
+                    read_bytes_per_s: bw.bytes_per_s,
+                    read_loop: bw.read_loop,
                     bytes_per_token: bytes.total(),
                     weight_bytes_per_token: bytes.weights,
                     kv_bytes_per_token: bytes.kv,
@@ -304,7 +307,7 @@ pub fn main(a: BenchArgs) -> Result<()> {
             let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
             let tg = results.iter().find(|m| m.test.starts_with("tg")).map_or(0.0, Measured::mean);
             println!();
-            println!("read bandwidth ({} threads, {} MiB buffer, best of 5): {:.2} GB/s", opts.threads, 512, bw / 1e9);
+            println!("read bandwidth ({} threads, {} MiB buffer, best of 5 passes of each read loop; fastest: {}): {:.2} GB/s", opts.threads, 512, bw.read_loop, bw.bytes_per_s / 1e9);
             println!("bytes read per generated token: {:.2} MiB (weights {:.2}, KV at the mean position of tg{n_gen} {:.2}, embedding row and norms {:.3})", mib(bytes.total()), mib(bytes.weights), mib(bytes.kv), mib(bytes.small));
             println!("bandwidth bound: {tps_max:.1} t/s; tg{n_gen} reaches {:.0}% of it", 100.0 * tg / tps_max);
             println!("thread-pool hand-offs per generated token: {jobs:.1}");
