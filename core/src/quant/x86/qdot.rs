@@ -318,9 +318,7 @@ macro_rules! lane_dot_rows {
             let mut acc = [_mm256_setzero_ps(); 4];
             let mut summs = _mm256_setzero_ps();
             for k in 0..nb {
-                if h == 0 {
-                    prefetch_next_rows(w0, wrow, k, nb);
-                }
+                prefetch_next_rows(w0, wrow, h * nb + k, ROWS / 4 * nb);
                 let $ab = a.add(k * $as);
                 let fa = _mm256_cvtph_ps(_mm_set1_epi32(rd32($ab))); // [da, sa, da, sa, ..]
                 let f = scale_pairs(w.add(k * $ws), wrow); // [dw0, mw0, dw1, mw1, ..]
@@ -476,19 +474,33 @@ pub(super) unsafe fn q4_0_q8_0_rows_vnni(nb: usize, w: *const u8, wrow: usize, a
 /// into L1 (`prefetcht0`, the previous choice: 1 group) 15-30% slower at 1 to 3 groups;
 /// `prefetchnta` half as fast (BENCHMARKS.md, "Decode: prefetch into L2"). The same
 /// choice serves the AVX2 8-row kernels (not measured apart: this machine runs the VNNI
-/// ones).
+/// ones). Re-checked 2026-11-26 with the hints spread over both 4-row passes, three per
+/// call: 1 to 4 groups ahead stream a 1 GiB Q8_0 product at 13.0-13.5 GB/s on one
+/// thread alike (the AVX-512 read loop: 14.3-14.7).
 const PREFETCH_GROUPS: usize = 2;
 
-/// Prefetches part `k` of `nb` of the [`ROWS`] rows [`PREFETCH_GROUPS`] groups after the
-/// group at `w` (rows `wrow` bytes apart) into L2: called once per block, it keeps the
-/// weights streaming in while this group computes, a few lines per block and each line
-/// about once. (A hint only: it cannot fault, so the rows may lie past the weights.)
+/// Prefetches part `k` of `parts` of the [`ROWS`] rows [`PREFETCH_GROUPS`] groups after
+/// the group at `w` (rows `wrow` bytes apart) into L2: called once per block of each pass
+/// over the group (`parts` calls in all), it keeps the weights streaming in while this
+/// group computes, a line or two per call and each line about once. (A hint only: it
+/// cannot fault, so the rows may lie past the weights.)
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn prefetch_next_rows(w: *const u8, wrow: usize, k: usize, nb: usize) {
+unsafe fn prefetch_next_rows(w: *const u8, wrow: usize, k: usize, parts: usize) {
     let next = w.wrapping_add(PREFETCH_GROUPS * ROWS * wrow);
-    let step = (ROWS * wrow).div_ceil(nb.max(1));
-    prefetch::lines(next.wrapping_add(k * step), step, Level::L2);
+    let step = (ROWS * wrow).div_ceil(parts.max(1));
+    let p = next.wrapping_add(k * step);
+    if step <= 192 {
+        // (The kernels' case: 80 to 144 bytes a call. Three hints, no loop: the parts
+        // [k·step, (k + 1)·step) are contiguous, so the line of each part's start and the
+        // two after it cover every line; a loop's branches and counters here cost the
+        // decode kernels 10-15% of their streaming rate on the Xeon VM.)
+        for off in [0, 64, 128] {
+            prefetch::lines(p.wrapping_add(off), 1, Level::L2);
+        }
+    } else {
+        prefetch::lines(p, step, Level::L2);
+    }
 }
 
 /// The f16 scales at byte `off` of [`ROWS`] rows `wrow` bytes apart, as f32 (F16C's
