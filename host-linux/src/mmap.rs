@@ -1,7 +1,10 @@
 //! Memory maps: the read-only map of a model file, and the anonymous [`Arena`].
 //!
-//! Owns the two `mmap(2)` uses of the host: [`ModelFile`] maps a GGUF file read-only
-//! and shared, so its weights are paged in from the page cache on demand and never
+//! Owns the `mmap(2)` uses of the host: [`ModelFile`] holds a GGUF file's bytes, either
+//! read once into private memory in transparent huge pages ([`ModelFile::load`], the
+//! CLI's default: decoding streams every weight per token, and 2 MiB pages spare the
+//! TLB a miss every 4 KiB) or mapped read-only and shared ([`ModelFile::open`],
+//! `--mmap`), so its weights are paged in from the page cache on demand and never
 //! copied; [`Arena`] is the one private anonymous mapping the core's memory plan is laid
 //! out in (KV cache, activations, logits). Pages of the arena are zero and not resident
 //! until first written, so an unused tail of a large KV cache costs no memory.
@@ -56,13 +59,16 @@ impl std::error::Error for MapError {
     }
 }
 
-/// A whole file mapped read-only. Derefs to its bytes.
+/// A whole file's bytes, read-only: mapped ([`ModelFile::open`]) or read into huge pages
+/// ([`ModelFile::load`]). Derefs to its bytes.
 pub struct ModelFile {
     ptr: NonNull<u8>,
     len: usize,
     path: PathBuf,
     /// The SIGBUS watch on the map (see `fault`).
     watch: Option<usize>,
+    /// The private copy's memory, for [`ModelFile::load`] (`None`: a map of the file).
+    copy: Option<HugeMap>,
 }
 
 // SAFETY: the mapping is read-only and owned by this value; sharing `&[u8]` views of it
@@ -106,6 +112,7 @@ impl ModelFile {
                 len: 0,
                 path: path.to_path_buf(),
                 watch: None,
+                copy: None,
             });
         }
         // SAFETY: a fresh mapping at an address the kernel picks, of a file we hold
@@ -130,7 +137,74 @@ impl ModelFile {
             len,
             path: path.to_path_buf(),
             watch,
+            copy: None,
         })
+    }
+
+    /// Reads the file at `path` into private memory of its own, in transparent huge pages
+    /// where the kernel has them (`MADV_HUGEPAGE` on a 2 MiB-aligned anonymous map), then
+    /// makes that memory read-only. Decoding reads every weight once per token: with
+    /// 4 KiB pages that is a TLB miss every 4 KiB (a two-level walk under a hypervisor),
+    /// with 2 MiB pages one per 2 MiB (BENCHMARKS.md, "Model weights in huge pages").
+    /// The memory is the file's size, resident from the start and not shared with other
+    /// processes or the page cache ([`ModelFile::open`] is the shared, lazy choice).
+    /// Without transparent huge pages (`never` in
+    /// `/sys/kernel/mm/transparent_hugepage/enabled`) the copy is in ordinary pages.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, MapError> {
+        use std::io::Read;
+        let path = path.as_ref();
+        let err = |what, source| MapError {
+            path: path.to_path_buf(),
+            what,
+            source,
+        };
+        let mut file = File::open(path).map_err(|e| err("open", e))?;
+        let meta = file.metadata().map_err(|e| err("stat", e))?;
+        if meta.is_dir() {
+            return Err(err(
+                "map",
+                io::Error::new(io::ErrorKind::InvalidInput, "is a directory"),
+            ));
+        }
+        let len = usize::try_from(meta.len()).map_err(|_| {
+            err(
+                "read",
+                io::Error::new(io::ErrorKind::InvalidInput, "larger than the address space"),
+            )
+        })?;
+        let mut copy = HugeMap::new(len).map_err(|e| err("allocate memory for", e))?;
+        let buf = copy.as_mut_slice();
+        let mut done = 0;
+        while done < len {
+            match file.read(&mut buf[done..]) {
+                Ok(0) => {
+                    return Err(err(
+                        "read",
+                        io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            format!("the file shrank to {done} of {len} bytes while it was read"),
+                        ),
+                    ))
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(err("read", e)),
+            }
+        }
+        copy.make_read_only();
+        Ok(ModelFile {
+            ptr: copy.ptr,
+            len,
+            path: path.to_path_buf(),
+            watch: None,
+            copy: Some(copy),
+        })
+    }
+
+    /// Whether the bytes are a private copy ([`ModelFile::load`]) rather than a map of
+    /// the file.
+    pub fn is_copy(&self) -> bool {
+        self.copy.is_some()
     }
 
     /// The mapped bytes.
@@ -174,11 +248,101 @@ impl fmt::Debug for ModelFile {
 impl Drop for ModelFile {
     fn drop(&mut self) {
         crate::fault::unwatch_map(self.watch.take());
-        if self.len > 0 {
+        if self.len > 0 && self.copy.is_none() {
             // SAFETY: unmaps exactly the mapping made in `open`; no borrow of it can
             // outlive `self`.
             unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
         }
+    }
+}
+
+/// Size of a transparent huge page on x86_64 and aarch64 with 4 KiB base pages.
+const HUGE_PAGE: usize = 2 << 20;
+
+/// `len` bytes of zeroed, private, anonymous memory starting on a 2 MiB boundary and
+/// advised for transparent huge pages (`MADV_HUGEPAGE`; a hint: the kernel may give
+/// ordinary pages). For memory read in long streams: a model's weights
+/// ([`ModelFile::load`]), the read-bandwidth buffer of `keel bench --roofline`.
+pub struct HugeMap {
+    /// Start of the usable memory (2 MiB-aligned).
+    ptr: NonNull<u8>,
+    len: usize,
+    /// The whole mapping (the usable memory plus the alignment slack).
+    base: NonNull<u8>,
+    map_len: usize,
+}
+
+// SAFETY: the map exclusively owns its memory, as a `Vec<u8>` does.
+unsafe impl Send for HugeMap {}
+// SAFETY: as above.
+unsafe impl Sync for HugeMap {}
+
+impl HugeMap {
+    /// Maps `len` bytes. Fails (with the size in the message) if the kernel refuses.
+    pub fn new(len: usize) -> io::Result<Self> {
+        let refused = |e: io::Error| io::Error::new(e.kind(), format!("cannot map {len} bytes: {e}"));
+        let map_len = len
+            .checked_next_multiple_of(HUGE_PAGE)
+            .and_then(|l| l.checked_add(HUGE_PAGE))
+            .ok_or_else(|| refused(io::Error::new(io::ErrorKind::InvalidInput, "too large")))?;
+        // SAFETY: a fresh anonymous mapping at an address the kernel picks; it aliases
+        // nothing in this process.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(refused(io::Error::last_os_error()));
+        }
+        let base = NonNull::new(p.cast::<u8>()).expect("mmap returned null without failing");
+        let skip = base.as_ptr().align_offset(HUGE_PAGE);
+        // SAFETY: skip < HUGE_PAGE, inside the mapping of len + slack bytes.
+        let ptr = unsafe { NonNull::new_unchecked(base.as_ptr().add(skip)) };
+        let advised = len.next_multiple_of(HUGE_PAGE);
+        // SAFETY: advice on our own fresh mapping (ptr..ptr + advised lies inside it);
+        // it changes no contents. A refusal (no THP in this kernel) leaves 4 KiB pages.
+        unsafe { libc::madvise(ptr.as_ptr().cast(), advised, libc::MADV_HUGEPAGE) };
+        Ok(HugeMap { ptr, len, base, map_len })
+    }
+
+    /// The memory, for reading.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr+len` lies in the live mapping owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The memory, for writing (while it is not [`HugeMap::make_read_only`]).
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, and `&mut self` makes this the only borrow.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Makes the memory read-only (a write through any pointer then faults), as a map of
+    /// a file opened for reading is. Private to this module: `as_mut_slice` must not be
+    /// called afterwards, and [`ModelFile::load`] owns the only `HugeMap` it is used on.
+    fn make_read_only(&mut self) {
+        // SAFETY: changes the protection of our own mapping only; no `&mut` borrow of it
+        // is live (the caller hands out only shared views from now on).
+        unsafe { libc::mprotect(self.base.as_ptr().cast(), self.map_len, libc::PROT_READ) };
+    }
+}
+
+impl Drop for HugeMap {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `new`; no borrow outlives `self`.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.map_len) };
+    }
+}
+
+impl fmt::Debug for HugeMap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HugeMap").field("len", &self.len).finish()
     }
 }
 
@@ -317,6 +481,31 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("directory"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `load` holds the same bytes as `open` (a file of several huge pages and a tail,
+    /// an empty one), read-only, and names the file it cannot read.
+    #[test]
+    fn loads_a_file_into_huge_pages() {
+        let dir = std::env::temp_dir().join(format!("keel-load-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("m.gguf");
+        let bytes: Vec<u8> = (0..(5 << 20) + 12345u32).map(|i| (i.wrapping_mul(2654435761) >> 24) as u8).collect();
+        std::fs::write(&p, &bytes).unwrap();
+        let (m, l) = (ModelFile::open(&p).unwrap(), ModelFile::load(&p).unwrap());
+        assert!(l.is_copy() && !m.is_copy());
+        assert_eq!(l.len(), bytes.len());
+        assert!(l[..] == bytes[..] && m[..] == l[..]);
+        assert_eq!(l.as_ptr() as usize % HUGE_PAGE, 0);
+        drop((m, l));
+        std::fs::write(dir.join("empty"), b"").unwrap();
+        assert!(ModelFile::load(dir.join("empty")).unwrap().is_empty());
+        let msg = ModelFile::load(dir.join("nope.gguf")).unwrap_err().to_string();
+        assert!(msg.contains("nope.gguf") && msg.contains("cannot open"), "{msg}");
+        assert!(ModelFile::load(&dir).unwrap_err().to_string().contains("directory"));
+        let h = HugeMap::new(3 << 20).unwrap();
+        assert!(h.as_slice().len() == 3 << 20 && h.as_slice().iter().all(|&b| b == 0));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

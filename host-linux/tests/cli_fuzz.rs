@@ -51,7 +51,7 @@ const FLAGS: &[&str] = &[
     "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n", "-s", "--seed", "--chat", "--system", "--json", "--device", "-dev", "--offload-layers", "-ngl",
     "--n-gpu-layers", "--offload-min-batch", "--offload-output", "--offload-kinds", "--offload-types", "--offload-convert", "--offload-mode", "--device-mem", "--tensor-split", "-ts", "--device-in-flight", "--device-batch-work", "--add-special",
     "--parse-special", "--tokens-file", "--dump-last", "--batch-invariant", "--placement", "-r", "--repetitions", "--roofline", "--allow-requantize", "--n-prompt", "--n-gen",
-    "--batches", "--ignore-eos", "-r", "--reverse-prompt", "--stop", "--rknpu-products", "-e", "--escape", "-h", "--help", "--version", "-", "--", "-x", "--nope", "---m",
+    "--batches", "--mmap", "--ignore-eos", "-r", "--reverse-prompt", "--stop", "--rknpu-products", "-e", "--escape", "-h", "--help", "--version", "-", "--", "-x", "--nope", "---m",
 ];
 
 /// Values for any flag: numbers at the edges, words the flags take, and garbage. No

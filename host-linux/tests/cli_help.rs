@@ -26,6 +26,18 @@ fn commands() -> Vec<(String, clap::Command)> {
     out
 }
 
+/// The spellings of the flags every command accepts (`global`: `--mmap`), which the
+/// parser adds to each subcommand when it builds them.
+fn global_flags() -> BTreeSet<String> {
+    let root = keel_host_linux::cli::command();
+    let mut out = BTreeSet::new();
+    for a in root.get_arguments().filter(|a| a.is_global_set()) {
+        out.extend(a.get_long_and_visible_aliases().unwrap_or_default().iter().map(|l| format!("--{l}")));
+        out.extend(a.get_short_and_visible_aliases().unwrap_or_default().iter().map(|c| format!("-{c}")));
+    }
+    out
+}
+
 /// Every spelling of every flag `cmd` accepts (`-x`, `--long`, visible aliases), and the
 /// llama.cpp spellings keel reads as one of them; plus the value names of positionals.
 fn spellings(cmd: &clap::Command) -> (BTreeSet<String>, BTreeSet<String>) {
@@ -81,7 +93,8 @@ fn every_command_help_lists_every_flag_it_accepts() {
         let help = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(out.status.success() && out.stderr.is_empty(), "keel {name} --help: {:?} {}", out.status, String::from_utf8_lossy(&out.stderr));
         assert!(help.contains(&format!("Usage: keel {name}")), "keel {name} --help:\n{help}");
-        let (flags, positionals) = spellings(cmd);
+        let (mut flags, positionals) = spellings(cmd);
+        flags.extend(global_flags());
         for f in &flags {
             assert!(names(&help, f), "keel {name} --help does not mention {f}:\n{help}");
         }
@@ -124,11 +137,18 @@ fn the_readme_command_table_matches_the_parser() {
     let in_tree: BTreeSet<&str> = cmds.iter().map(|(p, _)| p.as_str()).collect();
     let in_readme: BTreeSet<&str> = rows.iter().map(|r| r.0).collect();
     assert_eq!(in_readme, in_tree, "README command table vs the parser's commands");
+    // Each global flag has its own line under the table: "`--flag` (every command) ...".
+    for g in global_flags() {
+        assert!(readme.lines().any(|l| l.starts_with(&format!("`{g}` (every command)"))), "README does not describe the global flag {g}");
+    }
     for (name, cmd) in &cmds {
         let name = name.as_str();
         let row = rows.iter().find(|r| r.0 == name).unwrap().1;
-        let (flags, _) = spellings(cmd);
+        let (mut flags, _) = spellings(cmd);
         let named = flags_in(row);
+        // Global flags are described once, under the table (checked below), and may be
+        // named in a row too.
+        flags.extend(global_flags());
         // A family written `--offload-*` stands for every flag it prefixes.
         let prefixes: Vec<&String> = named.iter().filter(|f| f.ends_with('-')).collect();
         for f in &named {

@@ -233,8 +233,9 @@ fn a_closed_stdout_ends_quietly() {
     }
 }
 
-/// The model file truncated while keel generates from it: an error naming the file,
-/// exit 1, not a SIGBUS crash.
+/// The model file truncated while keel generates from it (mapped, `--mmap`: by default
+/// the file is read into memory before the run, so a later truncation cannot reach it):
+/// an error naming the file, exit 1, not a SIGBUS crash.
 #[test]
 fn a_model_truncated_under_keel_is_an_error() {
     use std::io::Read;
@@ -242,7 +243,7 @@ fn a_model_truncated_under_keel_is_an_error() {
     let m = dir.join("m.gguf");
     std::fs::copy(synth(), &m).unwrap();
     // Seed 1 samples ~2800 tokens before an end of generation: seconds of work.
-    let mut child = keel().args(["run", "-c", "4096", "-n", "4000", "-s", "1", "-t", "1", "-p", "hi", "-m"]).arg(&m).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = keel().args(["run", "--mmap", "-c", "4096", "-n", "4000", "-s", "1", "-t", "1", "-p", "hi", "-m"]).arg(&m).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let mut first = [0u8; 1];
     child.stdout.take().unwrap().read_exact(&mut first).unwrap();
     std::fs::OpenOptions::new().write(true).open(&m).unwrap().set_len(4096).unwrap();

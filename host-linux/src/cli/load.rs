@@ -11,7 +11,17 @@ use keel_core::sampler::SamplerConfig;
 use keel_core::session::SessionConfig;
 use std::path::PathBuf;
 
-/// The model file, mapped.
+/// Whether [`open`] maps model files (`--mmap`) instead of reading them into huge pages.
+static MMAP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Sets how [`open`] holds model files from now on: `true` maps them (`--mmap`: shared
+/// with the page cache, paged in on demand), `false` (the default) reads each into
+/// private memory in transparent huge pages ([`ModelFile::load`]).
+pub fn set_mmap(map: bool) {
+    MMAP.store(map, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The model file's bytes.
 pub struct Opened {
     /// Where it is.
     pub path: PathBuf,
@@ -19,10 +29,24 @@ pub struct Opened {
     pub file: ModelFile,
 }
 
-/// Resolves `-m` (a path or a known model name, pulled on first use) and maps it.
+/// Resolves `-m` (a path or a known model name, pulled on first use) and maps it: for
+/// the commands that read the file's header or pass over it once (`info`, `plan`,
+/// `tokenize`, `quantize`).
 pub fn open(model: &str) -> Result<Opened> {
     let path = crate::pull::resolve_model(model)?;
     let file = ModelFile::open(&path)?;
+    Ok(Opened { path, file })
+}
+
+/// [`open`] for the commands that run the model (every token reads every weight):
+/// reads it into private memory in huge pages ([`ModelFile::load`]), or maps it with
+/// `--mmap` ([`set_mmap`]).
+pub fn open_to_run(model: &str) -> Result<Opened> {
+    if MMAP.load(std::sync::atomic::Ordering::Relaxed) {
+        return open(model);
+    }
+    let path = crate::pull::resolve_model(model)?;
+    let file = ModelFile::load(&path)?;
     Ok(Opened { path, file })
 }
 

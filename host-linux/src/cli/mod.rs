@@ -35,6 +35,12 @@ pub struct Cli {
     /// The command.
     #[command(subcommand)]
     pub command: Command,
+    /// Map the model file (shared with the page cache, paged in on demand) instead of
+    /// reading it into private memory in transparent huge pages, as the commands that run
+    /// a model do by default (faster decoding; the file's size resident from the start).
+    /// `info`, `plan`, `tokenize` and `quantize` always map it
+    #[arg(long, global = true)]
+    pub mmap: bool,
 }
 
 /// Declares [`Command`] and [`dispatch`] from one list: a command is one line,
@@ -147,6 +153,7 @@ pub fn main_os(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<()>
     };
     // A bad KEEL_ISA is refused before any work (the kernels are chosen later).
     crate::isa::chosen().map_err(anyhow::Error::msg)?;
+    load::set_mmap(cli.mmap);
     dispatch(cli.command)
 }
 

@@ -1,7 +1,7 @@
 //! `keel run`: generate text from a prompt, streaming it, then report speed and memory.
 
 use super::common::{chat_prompt, check_finite, mib, report_random_seed, tokenize, ModelFlag, PromptFlags, EvalFlags};
-use super::load::{engine, open, prepare_with};
+use super::load::{engine, open_to_run, prepare_with};
 use crate::fault::stdout_ok;
 use serde::Serialize;
 use anyhow::Result;
@@ -170,7 +170,7 @@ pub fn main(a: RunArgs) -> Result<()> {
         None => crate::device::offload::Devices::none(),
     };
 
-    let opened = open(&a.model.model)?;
+    let opened = open_to_run(&a.model.model)?;
     let g = opened.gguf()?;
     let mut loaded = prepare_with(&g, &opened.path, &opts, spec.is_some())?;
     let arena_bytes = loaded.arena.len();
@@ -196,7 +196,7 @@ pub fn main(a: RunArgs) -> Result<()> {
     report_random_seed(&sampling, random_seed);
 
     // The draft model, with its own arena and placement (`--device-draft`).
-    let draft_opened = spec.as_ref().and_then(|s| s.draft_model.as_deref()).map(open).transpose()?;
+    let draft_opened = spec.as_ref().and_then(|s| s.draft_model.as_deref()).map(open_to_run).transpose()?;
     let draft_g = draft_opened.as_ref().map(|o| o.gguf()).transpose()?;
     let mut draft_loaded = match (&draft_g, &draft_opened) {
         (Some(dg), Some(o)) => Some(super::speculate::prepare_draft(dg, &o.path, &opts)?),
