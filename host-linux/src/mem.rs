@@ -75,7 +75,19 @@ pub fn physical_memory() -> Option<u64> {
 
 /// `MemTotal` (given in kB) from the text of `/proc/meminfo`, in bytes.
 pub fn parse_meminfo_total(text: &str) -> Option<u64> {
-    let rest = text.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim();
+    parse_meminfo_field(text, "MemTotal")
+}
+
+/// Memory a process can take now without swapping, in bytes: `MemAvailable` of
+/// `/proc/meminfo` (free memory plus what the kernel can reclaim, the page cache
+/// included); `None` where it does not tell.
+pub fn available_memory() -> Option<u64> {
+    std::fs::read_to_string("/proc/meminfo").ok().and_then(|t| parse_meminfo_field(&t, "MemAvailable"))
+}
+
+/// The field `name` (given in kB) from the text of `/proc/meminfo`, in bytes.
+pub fn parse_meminfo_field(text: &str, name: &str) -> Option<u64> {
+    let rest = text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))?.trim();
     let kb: u64 = rest.strip_suffix("kB").unwrap_or(rest).trim().parse().ok()?;
     kb.checked_mul(1024)
 }

@@ -11,11 +11,12 @@ use keel_core::sampler::SamplerConfig;
 use keel_core::session::SessionConfig;
 use std::path::PathBuf;
 
-/// Whether [`open`] maps model files (`--mmap`) instead of reading them into huge pages.
+/// Whether [`open_to_run`] maps model files (`--mmap`) instead of reading them into huge
+/// pages.
 static MMAP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Sets how [`open`] holds model files from now on: `true` maps them (`--mmap`: shared
-/// with the page cache, paged in on demand), `false` (the default) reads each into
+/// Sets how [`open_to_run`] holds model files from now on: `true` maps them (`--mmap`:
+/// shared with the page cache, paged in on demand), `false` (the default) reads each into
 /// private memory in transparent huge pages ([`ModelFile::load`]).
 pub fn set_mmap(map: bool) {
     MMAP.store(map, std::sync::atomic::Ordering::Relaxed);
@@ -40,14 +41,32 @@ pub fn open(model: &str) -> Result<Opened> {
 
 /// [`open`] for the commands that run the model (every token reads every weight):
 /// reads it into private memory in huge pages ([`ModelFile::load`]), or maps it with
-/// `--mmap` ([`set_mmap`]).
+/// `--mmap` ([`set_mmap`]) or when the file is larger than the memory available now (a
+/// copy would push the machine into swap or the OOM killer; a map pages in and out).
 pub fn open_to_run(model: &str) -> Result<Opened> {
-    if MMAP.load(std::sync::atomic::Ordering::Relaxed) {
-        return open(model);
-    }
     let path = crate::pull::resolve_model(model)?;
-    let file = ModelFile::load(&path)?;
+    let size = std::fs::metadata(&path).map_or(0, |m| m.len());
+    let available = crate::mem::available_memory();
+    let file = if MMAP.load(std::sync::atomic::Ordering::Relaxed) {
+        ModelFile::open(&path)?
+    } else if !fits_in_memory(size, available) {
+        eprintln!(
+            "keel: note: {} ({} MiB) is larger than the memory available now ({} MiB): mapping it, as --mmap does, instead of reading it into memory",
+            path.display(),
+            size >> 20,
+            available.unwrap_or(0) >> 20
+        );
+        ModelFile::open(&path)?
+    } else {
+        ModelFile::load(&path)?
+    };
     Ok(Opened { path, file })
+}
+
+/// Whether a file of `size` bytes may be read into memory when `available` bytes are
+/// available (`None`: not known, so yes).
+fn fits_in_memory(size: u64, available: Option<u64>) -> bool {
+    available.is_none_or(|a| size <= a)
 }
 
 impl Opened {
@@ -172,4 +191,22 @@ pub fn engine<'a>(g: &Gguf<'a>, path: &std::path::Path, loaded: &'a mut Loaded, 
     let Loaded { arena, pool, cfg, checkpoint } = loaded;
     let e = Engine::new_with(g, arena.as_mut_slice(), *cfg, kernels(reference), sampling, *checkpoint).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     Ok((e, pool))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fits_in_memory;
+
+    #[test]
+    fn a_model_larger_than_the_memory_available_is_mapped() {
+        assert!(fits_in_memory(100 << 20, Some(1 << 30)));
+        assert!(fits_in_memory(1 << 30, Some(1 << 30)));
+        assert!(!fits_in_memory((1 << 30) + 1, Some(1 << 30)));
+        assert!(fits_in_memory(u64::MAX, None));
+        let text = "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   2048 kB\n";
+        assert_eq!(crate::mem::parse_meminfo_field(text, "MemAvailable"), Some(2 << 20));
+        assert_eq!(crate::mem::parse_meminfo_field(text, "MemFree"), Some(100 << 10));
+        assert_eq!(crate::mem::parse_meminfo_total(text), Some(24_000_000 << 10));
+        assert_eq!(crate::mem::parse_meminfo_field(text, "Mem"), None);
+    }
 }

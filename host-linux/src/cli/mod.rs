@@ -38,7 +38,8 @@ pub struct Cli {
     /// Map the model file (shared with the page cache, paged in on demand) instead of
     /// reading it into private memory in transparent huge pages, as the commands that run
     /// a model do by default (faster decoding; the file's size resident from the start).
-    /// `info`, `plan`, `tokenize` and `quantize` always map it
+    /// `info`, `plan`, `tokenize` and `quantize` always map it, and so does every command
+    /// when it is larger than the memory available
     #[arg(long, global = true)]
     pub mmap: bool,
 }
