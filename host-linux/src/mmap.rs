@@ -29,7 +29,24 @@ pub struct MapError {
     source: io::Error,
 }
 
+/// `path` opened for reading, with its length in bytes: refused (as step `what`) if it
+/// is a directory or longer than the address space.
+fn open_for_reading(path: &Path, what: &'static str) -> Result<(File, usize), MapError> {
+    let file = File::open(path).map_err(|e| MapError::new(path, "open", e))?;
+    let meta = file.metadata().map_err(|e| MapError::new(path, "stat", e))?;
+    if meta.is_dir() {
+        return Err(MapError::new(path, what, io::Error::new(io::ErrorKind::InvalidInput, "is a directory")));
+    }
+    let len = usize::try_from(meta.len())
+        .map_err(|_| MapError::new(path, what, io::Error::new(io::ErrorKind::InvalidInput, "larger than the address space")))?;
+    Ok((file, len))
+}
+
 impl MapError {
+    fn new(path: &Path, what: &'static str, source: io::Error) -> Self {
+        MapError { path: path.to_path_buf(), what, source }
+    }
+
     /// The file that could not be opened or mapped.
     pub fn path(&self) -> &Path {
         &self.path
@@ -86,25 +103,8 @@ impl ModelFile {
     /// an error naming the file (`fault::watch_map`), not a crash.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, MapError> {
         let path = path.as_ref();
-        let err = |what, source| MapError {
-            path: path.to_path_buf(),
-            what,
-            source,
-        };
-        let file = File::open(path).map_err(|e| err("open", e))?;
-        let meta = file.metadata().map_err(|e| err("stat", e))?;
-        if meta.is_dir() {
-            return Err(err(
-                "map",
-                io::Error::new(io::ErrorKind::InvalidInput, "is a directory"),
-            ));
-        }
-        let len = usize::try_from(meta.len()).map_err(|_| {
-            err(
-                "map",
-                io::Error::new(io::ErrorKind::InvalidInput, "larger than the address space"),
-            )
-        })?;
+        let err = |what, source| MapError::new(path, what, source);
+        let (file, len) = open_for_reading(path, "map")?;
         if len == 0 {
             // mmap(2) rejects a length of 0; an empty map needs no memory at all.
             return Ok(ModelFile {
@@ -153,25 +153,8 @@ impl ModelFile {
     pub fn load(path: impl AsRef<Path>) -> Result<Self, MapError> {
         use std::io::Read;
         let path = path.as_ref();
-        let err = |what, source| MapError {
-            path: path.to_path_buf(),
-            what,
-            source,
-        };
-        let mut file = File::open(path).map_err(|e| err("open", e))?;
-        let meta = file.metadata().map_err(|e| err("stat", e))?;
-        if meta.is_dir() {
-            return Err(err(
-                "map",
-                io::Error::new(io::ErrorKind::InvalidInput, "is a directory"),
-            ));
-        }
-        let len = usize::try_from(meta.len()).map_err(|_| {
-            err(
-                "read",
-                io::Error::new(io::ErrorKind::InvalidInput, "larger than the address space"),
-            )
-        })?;
+        let err = |what, source| MapError::new(path, what, source);
+        let (mut file, len) = open_for_reading(path, "read")?;
         let mut copy = HugeMap::new(len).map_err(|e| err("allocate memory for", e))?;
         let buf = copy.as_mut_slice();
         let mut done = 0;
