@@ -239,6 +239,28 @@ impl Drop for ModelFile {
     }
 }
 
+/// `map_len` (> 0) bytes of fresh private anonymous read-write memory, zeroed and
+/// reserved, not touched (`MAP_NORESERVE`): what [`HugeMap`] and [`Arena`] are carved from.
+/// The caller owns the mapping and unmaps it.
+fn map_anonymous(map_len: usize) -> io::Result<NonNull<u8>> {
+    // SAFETY: a fresh anonymous mapping at an address the kernel picks; it aliases
+    // nothing in this process.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            map_len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(NonNull::new(p.cast::<u8>()).expect("mmap returned null without failing"))
+}
+
 /// Size of a transparent huge page on x86_64 and aarch64 with 4 KiB base pages.
 const HUGE_PAGE: usize = 2 << 20;
 
@@ -268,22 +290,7 @@ impl HugeMap {
             .checked_next_multiple_of(HUGE_PAGE)
             .and_then(|l| l.checked_add(HUGE_PAGE))
             .ok_or_else(|| refused(io::Error::new(io::ErrorKind::InvalidInput, "too large")))?;
-        // SAFETY: a fresh anonymous mapping at an address the kernel picks; it aliases
-        // nothing in this process.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(refused(io::Error::last_os_error()));
-        }
-        let base = NonNull::new(p.cast::<u8>()).expect("mmap returned null without failing");
+        let base = map_anonymous(map_len).map_err(refused)?;
         let skip = base.as_ptr().align_offset(HUGE_PAGE);
         // SAFETY: skip < HUGE_PAGE, inside the mapping of len + slack bytes.
         let ptr = unsafe { NonNull::new_unchecked(base.as_ptr().add(skip)) };
@@ -350,26 +357,7 @@ impl Arena {
     /// Maps `len` bytes. Fails (with the size in the message) if the kernel refuses.
     pub fn new(len: usize) -> io::Result<Self> {
         let map_len = len.max(1); // mmap(2) rejects 0
-                                  // SAFETY: a fresh anonymous mapping at an address the kernel picks; it aliases
-                                  // nothing in this process.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            let e = io::Error::last_os_error();
-            return Err(io::Error::new(
-                e.kind(),
-                format!("cannot map an arena of {len} bytes: {e}"),
-            ));
-        }
-        let ptr = NonNull::new(p.cast::<u8>()).expect("mmap returned null without failing");
+        let ptr = map_anonymous(map_len).map_err(|e| io::Error::new(e.kind(), format!("cannot map an arena of {len} bytes: {e}")))?;
         debug_assert_eq!(ptr.as_ptr() as usize % ALIGN, 0);
         Ok(Arena { ptr, len, map_len })
     }
