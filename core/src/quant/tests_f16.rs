@@ -44,6 +44,17 @@ pub(super) fn kernel_sets() -> Vec<Kernels> {
     v
 }
 
+/// How many of `sets` ([`kernel_sets`]) have AVX-512: on an x86 CPU with AVX-512 F/BW/VL,
+/// the set without AVX512-FP16, and the FP16 one where the CPU has AVX512-FP16 too.
+fn avx512_sets(sets: &[Kernels]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw") && std::is_x86_feature_detected!("avx512vl") {
+        return 1 + sets.iter().filter(|k| k.name().ends_with("+fp16")).count();
+    }
+    let _ = sets;
+    0
+}
+
 /// A finite f16 with any sign and exponent (subnormals and the largest values included).
 fn any_finite(rng: &mut Rng) -> f16 {
     loop {
@@ -314,6 +325,53 @@ fn grouped_attention_ops_match_one_head_at_a_time() {
     }
 }
 
+/// `f32_mad_keys_heads` (x86 with AVX-512: value rows of 64 already in f32, up to four
+/// heads) gives each head the bits of the reference's one-head update over the f16 rows,
+/// and each head's sum that of `softmax_sum`, for 1 to 8 heads (5 to 8 and rows of 128:
+/// not taken), every pattern of new maxima, values over the whole finite f16 range
+/// (overflows to infinities) among them; a call it does not take writes nothing.
+#[test]
+fn f32_value_update_matches_one_head_at_a_time() {
+    let reference = Kernels::reference();
+    let sets = kernel_sets();
+    let mut rng = Rng::new(0xf32a);
+    let mut taken = 0;
+    for round in 0..160 {
+        let (n, heads, rows) = (if round % 10 == 9 { 128 } else { 64 }, 1 + round % 8, 24);
+        let val = |rng: &mut Rng| if round % 5 == 4 { any_finite(rng) } else { f16::from_f32((rng.below(2001) as f32 - 1000.0) / 256.0) };
+        let kv: Vec<f16> = (0..rows * n).map(|_| val(&mut rng)).collect();
+        let y0: Vec<f16> = (0..heads * n).map(|_| val(&mut rng)).collect();
+        let len = 1 + rng.below(64) as usize;
+        let offs: Vec<usize> = (0..len).map(|_| rng.below(rows as u64) as usize * n).collect();
+        let mut xf = vec![0.0f32; len * n];
+        reference.f16_rows_to_f32(&kv, &offs, n, &mut xf);
+        let new_max: Vec<bool> = (0..heads * len).map(|i| i % len == 0 || rng.below(4) == 0).collect();
+        let e: Vec<f32> = (0..heads * len).map(|_| (rng.below(1 << 20) as f32) / (1 << 20) as f32).collect();
+        let sums0: Vec<f32> = (0..heads).map(|h| 0.25 + h as f32).collect();
+        for k in sets.iter().chain([&reference]) {
+            let (mut y, mut sums) = (y0.clone(), sums0.clone());
+            if !k.f32_mad_keys_heads(&mut y, n, heads, &xf, &new_max, &e, &mut sums) {
+                assert!(y == y0 && sums == sums0, "{}: wrote although it did not take {heads} heads of {n}", k.name());
+                continue;
+            }
+            assert!(n == 64 && heads <= 4, "{} took {heads} heads of {n}", k.name());
+            taken += 1;
+            for h in 0..heads {
+                let mut want = y0[h * n..(h + 1) * n].to_vec();
+                reference.f16_mad_keys(&mut want, &kv, &offs, &new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
+                for i in 0..n {
+                    assert_eq!(y[h * n + i].to_bits(), want[i].to_bits(), "{} round {round} heads={heads} h={h} element {i}", k.name());
+                }
+                let want_sum = reference.softmax_sum(sums0[h], &new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
+                assert_eq!(sums[h].to_bits(), want_sum.to_bits(), "{} round {round} sum heads={heads} h={h}", k.name());
+            }
+        }
+    }
+    // Rows of 64 with 1 to 4 heads: 72 of the 160 rounds, for each AVX-512 set.
+    let avx512_sets = avx512_sets(&sets);
+    assert!(taken >= avx512_sets * 72, "only {taken} calls taken by {avx512_sets} AVX-512 sets");
+}
+
 /// `f16_dot_keys_queries` (x86 with AVX-512: keys transposed into the lanes, the dot's
 /// lane sums and sum tree 16 keys at a time) gives every (query, head, key) the bits of
 /// the reference's one-key dot, for 1 to 32 queries (33: not taken), 1 to 4 heads, 1 to 64 keys (whole
@@ -364,15 +422,10 @@ fn queries_dot_matches_each_query() {
             }
         }
     }
-    // (On x86 the AVX-512 sets take every shape that fits, about 50 rounds each of rows of
-    // 64 and 128: one without AVX512-FP16 on any AVX-512 CPU, and the FP16 one where the
-    // CPU has AVX512-FP16 too.)
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw") && std::is_x86_feature_detected!("avx512vl") {
-        let avx512_sets = 1 + sets.iter().filter(|k| k.name().ends_with("+fp16")).count();
-        assert!(taken >= avx512_sets * 2 * 50, "only {taken} calls taken by {avx512_sets} AVX-512 sets");
-    }
-    let _ = taken;
+    // (The AVX-512 sets take every shape that fits: about 50 rounds each of rows of 64
+    // and 128.)
+    let avx512_sets = avx512_sets(&sets);
+    assert!(taken >= avx512_sets * 2 * 50, "only {taken} calls taken by {avx512_sets} AVX-512 sets");
 }
 
 /// `softmax_scores` (x86 with AVX-512: a prefix maximum over 16 keys, up to four heads
