@@ -345,6 +345,82 @@ macro_rules! lane_dot_rows {
     }};
 }
 
+/// [`lane_dot_rows`] with two rows per 512-bit vector: row `2p` in the low 256 bits,
+/// row `2p + 1` in the high (`$lanes` gives both rows' 8 lanes from the two weight blocks
+/// `$wa`, `$wb` and the activation `$y`, `$c` repeated in both halves), so one
+/// `vpdpbusd`, conversion and fma serve two rows. Each half is the 256-bit kernel's
+/// vector for its row, lane for lane: per block, in order, `acc_r = fma(dw_r·da,
+/// f32(lanes_r), acc_r)`, then `hsum(acc_r)` (`+ summs_r`): the same bits. (On a CPU
+/// with full-width 512-bit units, such as AMD's Zen 5, about half the vector operations
+/// per row.)
+macro_rules! lane_dot_rows_zmm {
+    ($nb:expr, $w:expr, $wrow:expr, $a:expr, $out:expr, $ws:expr, $as:expr, $min:expr,
+     |$ab:ident| $prep_a:expr, |$wa:ident, $wb:ident, $y:ident, $c:ident| $lanes:expr) => {{
+        let (nb, w0, wrow, a, out) = ($nb, $w, $wrow, $a, $out);
+        // Lanes 0-7 from element 2p of a 4-row scale vector, lanes 8-15 from 2p + 2.
+        let pick = [_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2), _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6)];
+        for h in 0..ROWS / 4 {
+            let w = w0.add(4 * h * wrow);
+            let mut acc = [_mm512_setzero_ps(); 2];
+            let mut summs = _mm256_setzero_ps();
+            for k in 0..nb {
+                prefetch_next_rows(w0, wrow, h * nb + k, ROWS / 4 * nb);
+                let $ab = a.add(k * $as);
+                let fa = _mm256_cvtph_ps(_mm_set1_epi32(rd32($ab))); // [da, sa, da, sa, ..]
+                let f = scale_pairs(w.add(k * $ws), wrow); // [dw0, mw0, dw1, mw1, ..]
+                // Lane 2r: dw_r·da; lane 2r + 1: fma(mw_r, sa, summs_r) (the other lanes unused).
+                let d = _mm512_castps256_ps512(_mm256_mul_ps(f, fa));
+                if $min {
+                    summs = _mm256_fmadd_ps(f, fa, summs);
+                }
+                let [y, c]: [__m256i; 2] = $prep_a;
+                let ($y, $c) = (_mm512_broadcast_i64x4(y), _mm512_broadcast_i64x4(c));
+                for (p, acc) in acc.iter_mut().enumerate() {
+                    let ($wa, $wb) = (w.add(2 * p * wrow + k * $ws), w.add((2 * p + 1) * wrow + k * $ws));
+                    *acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(pick[p], d), _mm512_cvtepi32_ps($lanes), *acc);
+                }
+            }
+            let mut m = [0.0f32; 8];
+            _mm256_storeu_ps(m.as_mut_ptr(), summs);
+            for (p, acc) in acc.iter().enumerate() {
+                let halves = [_mm512_castps512_ps256(*acc), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*acc)))];
+                for (i, v) in halves.into_iter().enumerate() {
+                    let r = 2 * p + i;
+                    // (No `+ 0.0` for the types without a min: it would turn -0.0 into +0.0.)
+                    *out.add(4 * h + r) = if $min { hsum_ps(v) + m[2 * r + 1] } else { hsum_ps(v) };
+                }
+            }
+        }
+    }};
+}
+
+/// Two blocks' 16 bytes at `pa` and `pb` → their 32 values 0..=15 each, as [`nibbles`]
+/// gives them: block `pa` in the low 256 bits, `pb` in the high.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn nibbles_pair(pa: *const u8, pb: *const u8) -> __m512i {
+    // SAFETY: the caller guarantees 16 readable bytes at pa and at pb; AVX-512 F
+    // available (target features).
+    unsafe {
+        let q = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(_mm_loadu_si128(pa.cast())), 0xFF00, _mm_loadu_si128(pb.cast()));
+        let shift = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0, 4, 4, 4, 4);
+        _mm512_and_si512(_mm512_srlv_epi32(q, shift), _mm512_set1_epi8(0x0F))
+    }
+}
+
+/// The Q5 weights `q` (0..=31) of two blocks: `x` (their nibbles, as [`nibbles_pair`])
+/// + 16 in byte i of a block's half where bit i of its `qh` (the u32 at `pa`, `pb`) is
+/// set (as `x | fifth_bits(p)` per half, by one masked add).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn add_fifth_bits_pair(x: __m512i, pa: *const u8, pb: *const u8) -> __m512i {
+    // SAFETY: the caller guarantees 4 readable bytes at pa and pb; AVX-512 BW available.
+    unsafe {
+        let bits = core::ptr::read_unaligned(pa.cast::<u32>()) as u64 | (core::ptr::read_unaligned(pb.cast::<u32>()) as u64) << 32;
+        _mm512_mask_add_epi8(x, bits, x, _mm512_set1_epi8(16))
+    }
+}
+
 /// [`q8_0_q8_0`] for [`ROWS`] rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q8_0_q8_0_rows(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
@@ -391,15 +467,6 @@ pub(super) unsafe fn q5_1_q8_1_rows(nb: usize, w: *const u8, wrow: usize, a: *co
 // with `u` unsigned and `c` a per-lane correction computed once per activation block
 // (shared by every row), so every output keeps the bits of the single dot.
 
-/// The Q5 weights `q` (0..=31) of a block: `x` (its nibbles) + 16 in byte i where bit i
-/// of the u32 at `p` (the block's `qh`) is set (as `x | fifth_bits(p)`, by one masked add).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-pub(super) unsafe fn add_fifth_bits(x: __m256i, p: *const u8) -> __m256i {
-    // SAFETY: the caller guarantees 4 readable bytes at p; AVX-512 BW/VL available (target features).
-    unsafe { _mm256_mask_add_epi8(x, core::ptr::read_unaligned(p.cast::<u32>()), x, _mm256_set1_epi8(16)) }
-}
-
 /// `-k·Σ y` per lane of four bytes (`k·Σ y` by `vpdpbusd` with k in every byte).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -429,9 +496,9 @@ pub(super) unsafe fn q8_0_q8_0_rows_vnni(nb: usize, w: *const u8, wrow: usize, a
 pub(super) unsafe fn q5_0_q8_0_rows_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
     // SAFETY: as q4_0_q8_0_rows; layouts d@0 qh@2 qs@6 and d@0 qs@2.
     unsafe {
-        lane_dot_rows!(nb, w, wrow, a, out, 22, 34, false,
+        lane_dot_rows_zmm!(nb, w, wrow, a, out, 22, 34, false,
             |ab| { let y = _mm256_loadu_si256(ab.add(2).cast()); [y, neg_k_sums(16, y)] },
-            |wb, y, c| _mm256_dpbusd_epi32(c, add_fifth_bits(nibbles(wb.add(6)), wb.add(2)), y))
+            |wa, wb, y, c| _mm512_dpbusd_epi32(c, add_fifth_bits_pair(nibbles_pair(wa.add(6), wb.add(6)), wa.add(2), wb.add(2)), y))
     }
 }
 
@@ -440,8 +507,8 @@ pub(super) unsafe fn q5_0_q8_0_rows_vnni(nb: usize, w: *const u8, wrow: usize, a
 pub(super) unsafe fn q4_1_q8_1_rows_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
     // SAFETY: as q4_0_q8_0_rows; layouts d@0 m@2 qs@4 and d@0 s@2 qs@4.
     unsafe {
-        lane_dot_rows!(nb, w, wrow, a, out, 20, 36, true, |ab| [_mm256_loadu_si256(ab.add(4).cast()), _mm256_setzero_si256()],
-            |wb, y, c| _mm256_dpbusd_epi32(c, nibbles(wb.add(4)), y))
+        lane_dot_rows_zmm!(nb, w, wrow, a, out, 20, 36, true, |ab| [_mm256_loadu_si256(ab.add(4).cast()), _mm256_setzero_si256()],
+            |wa, wb, y, c| _mm512_dpbusd_epi32(c, nibbles_pair(wa.add(4), wb.add(4)), y))
     }
 }
 
@@ -450,8 +517,8 @@ pub(super) unsafe fn q4_1_q8_1_rows_vnni(nb: usize, w: *const u8, wrow: usize, a
 pub(super) unsafe fn q5_1_q8_1_rows_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
     // SAFETY: as q4_0_q8_0_rows; layouts d@0 m@2 qh@4 qs@8 and d@0 s@2 qs@4.
     unsafe {
-        lane_dot_rows!(nb, w, wrow, a, out, 24, 36, true, |ab| [_mm256_loadu_si256(ab.add(4).cast()), _mm256_setzero_si256()],
-            |wb, y, c| _mm256_dpbusd_epi32(c, add_fifth_bits(nibbles(wb.add(8)), wb.add(4)), y))
+        lane_dot_rows_zmm!(nb, w, wrow, a, out, 24, 36, true, |ab| [_mm256_loadu_si256(ab.add(4).cast()), _mm256_setzero_si256()],
+            |wa, wb, y, c| _mm512_dpbusd_epi32(c, add_fifth_bits_pair(nibbles_pair(wa.add(8), wb.add(8)), wa.add(4), wb.add(4)), y))
     }
 }
 
