@@ -299,98 +299,98 @@ macro_rules! table_dot_rows {
     }};
 }
 
-/// [`lane_dot`] (and `q4_1_q8_1`'s `summs`) for [`ROWS`] weight rows (at `w`, `wrow`
-/// bytes apart) against one activation row, four rows per pass: each block's activation
-/// is prepared once per pass (`$prep_a`, with `$ab` the activation block, gives `[$y, $c]`),
-/// the four rows' scales are converted together (`dw·da` per
-/// row, and `summs = fma(mw, sa, summs)` in lane 2r + 1 for the types with a min), and each row
-/// keeps its own accumulator: per block, in order, `acc_r = fma(dw_r·da, f32(lanes_r),
-/// acc_r)`, then `hsum(acc_r)` (`+ summs_r`). The same integer lanes, products, fmas and
-/// sum as the single dot, so output r has its bits for row r; the four fma chains
-/// overlap instead of waiting on each other. `$min`: the block's f16 `m` follows `d`
-/// (Q4_1, Q5_1; the activation's `s` follows its `d`).
-macro_rules! lane_dot_rows {
-    ($nb:expr, $w:expr, $wrow:expr, $a:expr, $out:expr, $ws:expr, $as:expr, $min:expr,
-     |$ab:ident| $prep_a:expr, |$wb:ident, $y:ident, $c:ident| $lanes:expr) => {{
+/// The pass structure shared by [`lane_dot_rows`] and [`lane_dot_rows_zmm`]: [`ROWS`]
+/// weight rows (at `w`, `wrow` bytes apart) against one activation row, four rows per
+/// pass. Per block, in order: the next rows' prefetch, the four rows' scales converted
+/// together (`$d`: lane 2r holds `dw_r·da`; `summs = fma(mw, sa, summs)` in lane 2r + 1
+/// for the types with a min, `$min`: the block's f16 `m` follows `d` (Q4_1, Q5_1; the
+/// activation's `s` follows its `d`)), the activation prepared once (`$prep_a`, with
+/// `$ab` the activation block, gives `[$y, $c]`), then `$block` updates the pass's
+/// accumulators `$acc` (from `$init`) for block `$k` of the pass's rows at `$wp`. After
+/// the pass, `$row` gives row `$r`'s 8-lane accumulator, and its output is `hsum` of it
+/// (`+ summs_r`).
+macro_rules! rows_passes {
+    ($nb:expr, $w:expr, $wrow:expr, $a:expr, $out:expr, $ws:expr, $as:expr, $min:expr, |$ab:ident| $prep_a:expr,
+     init: $init:expr, block: |$acc:ident, $wp:ident, $k:ident, $d:ident, $y:ident, $c:ident| $block:block,
+     row: |$racc:ident, $r:ident| $row:expr) => {{
         let (nb, w0, wrow, a, out) = ($nb, $w, $wrow, $a, $out);
         for h in 0..ROWS / 4 {
-            let w = w0.add(4 * h * wrow);
-            let mut acc = [_mm256_setzero_ps(); 4];
+            let $wp = w0.add(4 * h * wrow);
+            let mut $acc = $init;
             let mut summs = _mm256_setzero_ps();
-            for k in 0..nb {
-                prefetch_next_rows(w0, wrow, h * nb + k, ROWS / 4 * nb);
-                let $ab = a.add(k * $as);
+            for $k in 0..nb {
+                prefetch_next_rows(w0, wrow, h * nb + $k, ROWS / 4 * nb);
+                let $ab = a.add($k * $as);
                 let fa = _mm256_cvtph_ps(_mm_set1_epi32(rd32($ab))); // [da, sa, da, sa, ..]
-                let f = scale_pairs(w.add(k * $ws), wrow); // [dw0, mw0, dw1, mw1, ..]
+                let f = scale_pairs($wp.add($k * $ws), wrow); // [dw0, mw0, dw1, mw1, ..]
                 // Lane 2r: dw_r·da; lane 2r + 1: fma(mw_r, sa, summs_r) (the other lanes unused).
-                let mut d = [0.0f32; 8];
-                _mm256_storeu_ps(d.as_mut_ptr(), _mm256_mul_ps(f, fa));
+                let $d = _mm256_mul_ps(f, fa);
                 if $min {
                     summs = _mm256_fmadd_ps(f, fa, summs);
                 }
                 let [$y, $c]: [__m256i; 2] = $prep_a;
-                for r in 0..4 {
-                    let $wb = w.add(r * wrow + k * $ws);
-                    // (A broadcast from memory: no shuffle uop.)
-                    acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&d[2 * r]), _mm256_cvtepi32_ps($lanes), acc[r]);
-                }
+                $block
             }
             let mut m = [0.0f32; 8];
             _mm256_storeu_ps(m.as_mut_ptr(), summs);
-            for r in 0..4 {
+            let $racc = &$acc;
+            for $r in 0..4 {
+                let v: __m256 = $row;
                 // (No `+ 0.0` for the types without a min: it would turn -0.0 into +0.0.)
-                *out.add(4 * h + r) = if $min { hsum_ps(acc[r]) + m[2 * r + 1] } else { hsum_ps(acc[r]) };
+                *out.add(4 * h + $r) = if $min { hsum_ps(v) + m[2 * $r + 1] } else { hsum_ps(v) };
             }
         }
     }};
+}
+
+/// [`lane_dot`] (and `q4_1_q8_1`'s `summs`) for [`ROWS`] weight rows, four rows per pass
+/// ([`rows_passes`]), each row with its own accumulator: per block, in order, `acc_r =
+/// fma(dw_r·da, f32(lanes_r), acc_r)` with `$lanes` the row's 8 lanes from its block at
+/// `$wb`, then `hsum(acc_r)` (`+ summs_r`). The same integer lanes, products, fmas and sum
+/// as the single dot, so output r has its bits for row r; the four fma chains overlap
+/// instead of waiting on each other.
+macro_rules! lane_dot_rows {
+    ($nb:expr, $w:expr, $wrow:expr, $a:expr, $out:expr, $ws:expr, $as:expr, $min:expr,
+     |$ab:ident| $prep_a:expr, |$wb:ident, $y:ident, $c:ident| $lanes:expr) => {
+        rows_passes!($nb, $w, $wrow, $a, $out, $ws, $as, $min, |$ab| $prep_a,
+            init: [_mm256_setzero_ps(); 4],
+            block: |acc, w, k, d, $y, $c| {
+                let mut ds = [0.0f32; 8];
+                _mm256_storeu_ps(ds.as_mut_ptr(), d);
+                for r in 0..4 {
+                    let $wb = w.add(r * $wrow + k * $ws);
+                    // (A broadcast from memory: no shuffle uop.)
+                    acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&ds[2 * r]), _mm256_cvtepi32_ps($lanes), acc[r]);
+                }
+            },
+            row: |acc, r| acc[r])
+    };
 }
 
 /// [`lane_dot_rows`] with two rows per 512-bit vector: row `2p` in the low 256 bits,
 /// row `2p + 1` in the high (`$lanes` gives both rows' 8 lanes from the two weight blocks
 /// `$wa`, `$wb` and the activation `$y`, `$c` repeated in both halves), so one
 /// `vpdpbusd`, conversion and fma serve two rows. Each half is the 256-bit kernel's
-/// vector for its row, lane for lane: per block, in order, `acc_r = fma(dw_r·da,
-/// f32(lanes_r), acc_r)`, then `hsum(acc_r)` (`+ summs_r`): the same bits. (On a CPU
-/// with full-width 512-bit units, such as AMD's Zen 5, about half the vector operations
-/// per row.)
+/// vector for its row, lane for lane: the same bits. (On a CPU with full-width 512-bit
+/// units, such as AMD's Zen 5, about half the vector operations per row.)
 macro_rules! lane_dot_rows_zmm {
     ($nb:expr, $w:expr, $wrow:expr, $a:expr, $out:expr, $ws:expr, $as:expr, $min:expr,
      |$ab:ident| $prep_a:expr, |$wa:ident, $wb:ident, $y:ident, $c:ident| $lanes:expr) => {{
-        let (nb, w0, wrow, a, out) = ($nb, $w, $wrow, $a, $out);
         // Lanes 0-7 from element 2p of a 4-row scale vector, lanes 8-15 from 2p + 2.
         let pick = [_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2), _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6)];
-        for h in 0..ROWS / 4 {
-            let w = w0.add(4 * h * wrow);
-            let mut acc = [_mm512_setzero_ps(); 2];
-            let mut summs = _mm256_setzero_ps();
-            for k in 0..nb {
-                prefetch_next_rows(w0, wrow, h * nb + k, ROWS / 4 * nb);
-                let $ab = a.add(k * $as);
-                let fa = _mm256_cvtph_ps(_mm_set1_epi32(rd32($ab))); // [da, sa, da, sa, ..]
-                let f = scale_pairs(w.add(k * $ws), wrow); // [dw0, mw0, dw1, mw1, ..]
-                // Lane 2r: dw_r·da; lane 2r + 1: fma(mw_r, sa, summs_r) (the other lanes unused).
-                let d = _mm512_castps256_ps512(_mm256_mul_ps(f, fa));
-                if $min {
-                    summs = _mm256_fmadd_ps(f, fa, summs);
-                }
-                let [y, c]: [__m256i; 2] = $prep_a;
-                let ($y, $c) = (_mm512_broadcast_i64x4(y), _mm512_broadcast_i64x4(c));
+        rows_passes!($nb, $w, $wrow, $a, $out, $ws, $as, $min, |$ab| $prep_a,
+            init: [_mm512_setzero_ps(); 2],
+            block: |acc, w, k, d, y, c| {
+                let (d, $y, $c) = (_mm512_castps256_ps512(d), _mm512_broadcast_i64x4(y), _mm512_broadcast_i64x4(c));
                 for (p, acc) in acc.iter_mut().enumerate() {
-                    let ($wa, $wb) = (w.add(2 * p * wrow + k * $ws), w.add((2 * p + 1) * wrow + k * $ws));
+                    let ($wa, $wb) = (w.add(2 * p * $wrow + k * $ws), w.add((2 * p + 1) * $wrow + k * $ws));
                     *acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(pick[p], d), _mm512_cvtepi32_ps($lanes), *acc);
                 }
-            }
-            let mut m = [0.0f32; 8];
-            _mm256_storeu_ps(m.as_mut_ptr(), summs);
-            for (p, acc) in acc.iter().enumerate() {
-                let halves = [_mm512_castps512_ps256(*acc), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*acc)))];
-                for (i, v) in halves.into_iter().enumerate() {
-                    let r = 2 * p + i;
-                    // (No `+ 0.0` for the types without a min: it would turn -0.0 into +0.0.)
-                    *out.add(4 * h + r) = if $min { hsum_ps(v) + m[2 * r + 1] } else { hsum_ps(v) };
-                }
-            }
-        }
+            },
+            row: |acc, r| {
+                let v = acc[r / 2];
+                if r % 2 == 0 { _mm512_castps512_ps256(v) } else { _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))) }
+            })
     }};
 }
 
