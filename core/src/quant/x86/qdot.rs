@@ -376,7 +376,8 @@ macro_rules! lane_dot_rows {
 macro_rules! lane_dot_rows_zmm {
     ($nb:expr, $w:expr, $wrow:expr, $a:expr, $out:expr, $ws:expr, $as:expr, $min:expr,
      |$ab:ident| $prep_a:expr, |$wa:ident, $wb:ident, $y:ident, $c:ident| $lanes:expr) => {{
-        // Lanes 0-7 from element 2p of a 4-row scale vector, lanes 8-15 from 2p + 2.
+        // Pair p (rows 2p, 2p + 1): lanes 0-7 from the scale vector's lane 4p (row 2p's
+        // `dw·da`), lanes 8-15 from lane 4p + 2 (row 2p + 1's).
         let pick = [_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2), _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6)];
         rows_passes!($nb, $w, $wrow, $a, $out, $ws, $as, $min, |$ab| $prep_a,
             init: [_mm512_setzero_ps(); 2],
