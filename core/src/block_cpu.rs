@@ -13,7 +13,7 @@ use crate::attn_tiled;
 use crate::block::{Buf, Op, Param};
 use crate::delta_net;
 use crate::ggml_type::GgmlType;
-use crate::matmul::{matmul_as, quantize_rows, SharedMut};
+use crate::matmul::{matmul_as, matvec_group, quantize_rows, SharedMut, GROUP_MAX};
 use crate::model::{FfnAct, HParams, Layer, RopeMode, Tensor};
 use crate::ops;
 use crate::parallel::{split_range, Parallel};
@@ -201,6 +201,57 @@ pub(crate) fn run(op: Op, s: &Step<'_, '_>, b: &mut Bufs<'_>, st: &mut LayerStat
             ffn_activation(&kern, par, a, &mut b.ffn_a[..n * f], &b.ffn_b[..n * f]);
         }
     }
+}
+
+/// How many ops from the first of `ops` are products of one input (`MatMul`s with the
+/// same `src`, as q, k and v; gate and up), at most [`GROUP_MAX`]; 0 when the first is
+/// not a product.
+pub(crate) fn products_of_one_input(ops: &[Op]) -> usize {
+    let Some(&Op::MatMul { src, .. }) = ops.first() else { return 0 };
+    ops.iter().take(GROUP_MAX).take_while(|op| matches!(op, Op::MatMul { src: s, .. } if *s == src)).count()
+}
+
+/// Runs `ops` (products of one input, [`products_of_one_input`]) for a single token as
+/// one parallel job ([`matvec_group`]): the same outputs as running them one by one.
+/// False, with nothing run, where they cannot go together (not one token, a device
+/// placement, weights of different activation types or kernel choices, ...): the caller
+/// then runs them one by one.
+pub(crate) fn run_products(ops: &[Op], s: &Step<'_, '_>, b: &mut Bufs<'_>, act: &mut Act<'_>) -> bool {
+    let mut ws: [Option<Tensor<'_>>; GROUP_MAX] = [None; GROUP_MAX];
+    let mut slots = [Buf::X; GROUP_MAX];
+    let Some(&Op::MatMul { src, .. }) = ops.first() else { return false };
+    if s.n != 1 || ops.len() < 2 || ops.len() > GROUP_MAX {
+        return false;
+    }
+    for (i, op) in ops.iter().enumerate() {
+        let &Op::MatMul { w, src: s0, dst } = op else { return false };
+        let (Some(t), true) = (crate::block::weight(s.layer, w), s0 == src) else { return false };
+        if act.placement.is_some_and(|p| p.device_for(WeightId { layer: act.layer, kind: w }, 1).is_some()) {
+            return false;
+        }
+        // (One token of one: llama.cpp's kernel is the plain dot, but ask as matmul_as does.)
+        if act.llama_cpp_batches && act.kern.dot_fn_in_batch(t.ty, t.rows, 1, 0).map(|f| f as usize) != act.kern.dot_fn(t.ty).map(|f| f as usize) {
+            return false;
+        }
+        (ws[i], slots[i]) = (Some(t), dst);
+    }
+    if act.failed.is_some() {
+        // As `project`: after a device failed, the pass computes nothing more.
+        return true;
+    }
+    let tensors: [&Tensor<'_>; GROUP_MAX] = core::array::from_fn(|i| ws[i].as_ref().or(ws[0].as_ref()).expect("first product checked"));
+    let m = ops.len();
+    let x = core::mem::take(b.slot(src));
+    let mut outs: [&mut [f32]; GROUP_MAX] = Default::default();
+    for (o, &d) in outs.iter_mut().zip(&slots[..m]) {
+        *o = core::mem::take(b.slot(d));
+    }
+    let done = act.product_group(s.par, &tensors[..m], x, &mut outs[..m]);
+    for (o, &d) in outs.into_iter().zip(&slots[..m]) {
+        *b.slot(d) = o;
+    }
+    *b.slot(src) = x;
+    done
 }
 
 /// The first of `n` rows of `width` floats at the start of `buf` that holds a NaN or an
@@ -572,6 +623,21 @@ impl Act<'_> {
     /// The input changed: the next projection must quantize again.
     pub(crate) fn invalidate(&mut self) {
         self.cur = None;
+    }
+
+    /// `outs[m] = x W_m` for one row `x` and the matrices `ws` ([`matvec_group`]); false
+    /// (nothing computed) where they cannot go in one job.
+    fn product_group(&mut self, par: &dyn Parallel, ws: &[&Tensor<'_>], x: &[f32], outs: &mut [&mut [f32]]) -> bool {
+        let Some(vdt) = Kernels::vec_dot_type(ws[0].ty) else { return false };
+        if ws.iter().any(|w| Kernels::vec_dot_type(w.ty) != Some(vdt) || w.cols != ws[0].cols) {
+            return false;
+        }
+        if self.cur != Some(vdt) {
+            let rb = vdt.row_bytes(ws[0].cols as u64).unwrap_or(0) as usize;
+            quantize_rows(&self.kern, par, vdt, x, 1, ws[0].cols, &mut self.buf[..rb]);
+            self.cur = Some(vdt);
+        }
+        matvec_group(&self.kern, par, ws, self.buf, outs)
     }
 
     /// `out = x W` for `n` rows of `x` (each `w.cols` wide).

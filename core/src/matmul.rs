@@ -198,6 +198,70 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
     });
 }
 
+/// Most matrices of one [`matvec_group`].
+pub const GROUP_MAX: usize = 4;
+
+/// [`matmul`] of one activation row `xq` with several matrices that take the same
+/// quantized input (q, k and v; gate and up), in one parallel job instead of one per
+/// matrix: decode's hand-offs between threads are a fixed cost per job, and the small
+/// ones (k and v) are mostly that cost. The matrices' bytes are taken as one stream and
+/// split into equal consecutive shares, each share the groups of [`DOT_ROWS`] rows that
+/// start in it (a matrix's last group may be shorter); a whole group takes the type's
+/// 8-row kernel, any other row its `dot`. Every output has `dot`'s bits, as in `matmul`.
+/// `outs[m]` receives matrix `m`'s `rows` outputs. Returns false (and computes nothing)
+/// when a matrix has no kernel or another width, the matrices do not share an
+/// activation type, or there are more than [`GROUP_MAX`].
+pub fn matvec_group(k: &Kernels, par: &dyn Parallel, ws: &[&Tensor<'_>], xq: &[u8], outs: &mut [&mut [f32]]) -> bool {
+    let m = ws.len();
+    if m == 0 || m > GROUP_MAX || outs.len() != m || ws.iter().any(|w| Kernels::vec_dot_type(w.ty) != Kernels::vec_dot_type(ws[0].ty) || w.cols != ws[0].cols) {
+        return false;
+    }
+    let Some(rb) = act_row_bytes(ws[0].ty, ws[0].cols) else { return false };
+    if xq.len() < rb || outs.iter().zip(ws).any(|(o, w)| o.len() < w.rows) {
+        return false;
+    }
+    let mut dots: [Option<(DotFn, Option<DotRowsFn>)>; GROUP_MAX] = [None; GROUP_MAX];
+    // Where each matrix starts in the stream of all their bytes, then the total.
+    let mut start = [0usize; GROUP_MAX + 1];
+    for (i, w) in ws.iter().enumerate() {
+        let Ok(dot) = k.dot_fn(w.ty) else { return false };
+        dots[i] = Some((dot, k.dot_rows_fn(w.ty)));
+        start[i + 1] = start[i] + w.rows * w.row_bytes();
+    }
+    let shared: [Option<SharedMut<f32>>; GROUP_MAX] = core::array::from_fn(|i| outs.get_mut(i).map(|o| SharedMut::new(o)));
+    let (xq, cols) = (&xq[..rb], ws[0].cols);
+    let tasks = par.n_threads().min(ws.iter().map(|w| w.rows.div_ceil(DOT_ROWS)).sum()).max(1);
+    par.run(tasks, &|t| {
+        let share = split_range(start[m], tasks, t);
+        for (i, w) in ws.iter().enumerate() {
+            let (Some((dot, rows_fn)), Some(out)) = (dots[i], shared[i].as_ref()) else { continue };
+            let gb = DOT_ROWS * w.row_bytes();
+            // The groups of matrix i that start in this share.
+            let first = |b: usize| b.clamp(start[i], start[i + 1]).saturating_sub(start[i]).div_ceil(gb.max(1));
+            let wrb = w.row_bytes();
+            for g in first(share.start)..first(share.end) {
+                let (r0, r1) = (g * DOT_ROWS, (g * DOT_ROWS + DOT_ROWS).min(w.rows));
+                match rows_fn {
+                    Some(rows_fn) if r1 - r0 == DOT_ROWS => {
+                        let mut o = [0.0f32; DOT_ROWS];
+                        rows_fn(cols, &w.data[r0 * wrb..r1 * wrb], wrb, xq, &mut o);
+                        // SAFETY: a group starts in exactly one share, so rows r0..r1 of
+                        // matrix i belong to this task alone.
+                        unsafe { out.slice(r0, DOT_ROWS) }.copy_from_slice(&o);
+                    }
+                    _ => {
+                        for r in r0..r1 {
+                            // SAFETY: as above.
+                            unsafe { out.slice(r, 1)[0] = dot(cols, &w.data[r * wrb..(r + 1) * wrb], xq) };
+                        }
+                    }
+                }
+            }
+        }
+    });
+    true
+}
+
 /// Benchmarks compare the short-batch path with the general one (`quant::bench`).
 #[cfg(test)]
 pub(crate) static NO_PAIRS: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);

@@ -577,18 +577,30 @@ impl<'a> Session<'a> {
             // The block's ops, in order (`block::layer_ops`: the one description of it).
             let step = Step { hp, layer, l, n, n_tasks, chunked, par };
             let mut prev: Option<Op> = None;
-            for &op in block::layer_ops(hp, l, layer).iter() {
-                // Products of one input in a row (q, k, v; gate, up) quantize it once.
-                if let Op::MatMul { src, .. } = op {
+            let ops = block::layer_ops(hp, l, layer);
+            let mut j = 0;
+            while j < ops.len() {
+                // Products of one input in a row (q, k, v; gate, up) quantize it once, and
+                // for one token run as one parallel job where they can.
+                if let Op::MatMul { src, .. } = ops[j] {
                     if !matches!(prev, Some(Op::MatMul { src: s0, .. }) if s0 == src) {
                         act.invalidate();
                     }
                 }
-                block_cpu::run(op, &step, &mut bufs, &mut state, &mut act);
-                if check && act.failed.is_none() {
-                    note(block_cpu::wrote_non_finite(op, &step, &mut bufs), Some(l), op.label());
+                let g = block_cpu::products_of_one_input(&ops[j..]);
+                let run = if g > 1 && block_cpu::run_products(&ops[j..j + g], &step, &mut bufs, &mut act) {
+                    &ops[j..j + g]
+                } else {
+                    block_cpu::run(ops[j], &step, &mut bufs, &mut state, &mut act);
+                    &ops[j..j + 1]
+                };
+                for &op in run {
+                    if check && act.failed.is_none() {
+                        note(block_cpu::wrote_non_finite(op, &step, &mut bufs), Some(l), op.label());
+                    }
+                    prev = Some(op);
                 }
-                prev = Some(op);
+                j += run.len();
             }
         }
         let Bufs { x, xn, .. } = bufs;

@@ -84,14 +84,15 @@ fn roofline_counts_the_weights_and_divides_the_bandwidth() {
     assert!(["portable", "avx2", "avx512"].contains(&tg["read_loop"].as_str().unwrap_or("")), "{tg}");
     assert!((bound - bw / total as f64).abs() <= 1e-9 * bound, "{tg}");
     // One thread hands nothing to a pool; two hand off the same jobs for every token
-    // (at least the layer's matrix products), so the mean is a whole number.
+    // (at least one per layer for q, k and v together, attention, the output projection,
+    // gate and up together, and down), so the mean is a whole number.
     assert_eq!(tg["pool_jobs_per_token"].as_f64(), Some(0.0), "{tg}");
     let out = Command::new(env!("CARGO_BIN_EXE_keel")).args(["bench", "-p", "0", "-n", "4", "-r", "2", "-t", "2", "--roofline", "--json", "-m"]).arg(&p).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let jobs = v[0]["pool_jobs_per_token"].as_f64().unwrap();
     let layers = g.tensors().filter(|t| t.name.ends_with(b".attn_q.weight")).count();
-    assert!(layers > 0 && jobs >= 7.0 * layers as f64 && jobs.fract() == 0.0, "{layers} layers: {}", v[0]);
+    assert!(layers > 0 && jobs >= 5.0 * layers as f64 && jobs.fract() == 0.0, "{layers} layers: {}", v[0]);
 }
 
 /// `-d N` (llama-bench's depth): N positions are put in the KV cache before each pp and tg

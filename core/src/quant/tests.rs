@@ -825,6 +825,54 @@ fn matmul_rows_do_not_depend_on_the_batch() {
     }
 }
 
+/// `matvec_group` gives each matrix of a group the bits `matmul` gives it alone: groups of
+/// one activation type (types with and without 8-row kernels mixed, row counts not a
+/// multiple of 8, matrices of very different sizes) on 1 to 5 tasks; groups it cannot
+/// take (activation types or widths that differ) are refused with nothing written.
+#[test]
+fn matvec_group_gives_each_matrix_its_own_bits() {
+    use crate::matmul::{matmul, matvec_group};
+    use crate::model::Tensor;
+    use crate::parallel::{Parallel, Sequential};
+    let mut rng = Rng::new(29);
+    for k in fast_kernel_sets() {
+        let groups: [&[(GgmlType, usize)]; 4] = [&[(Q8_0, 76), (Q4_0, 24), (Q4_0, 24)], &[(Q4_1, 8), (Q4_1, 203)], &[(Q4_K, 64), (Q6_K, 19), (Q4_K, 3)], &[(Q5_0, 5), (Q8_0, 9), (Q4_0, 130), (Q8_0, 1)]];
+        for (gi, group) in groups.iter().enumerate() {
+            let cols = if group[0].0 == Q4_K { 512 } else { 96 };
+            let ops: Vec<_> = group.iter().map(|&(ty, rows)| (ty, rows, matmul_operands(&k, &mut rng, ty, rows, cols, 1))).collect();
+            // One activation row for all (the same type for every matrix of a group).
+            let a = &ops[0].2 .1;
+            let ts: Vec<Tensor<'_>> = ops.iter().map(|(ty, rows, (w, ..))| Tensor { ty: *ty, cols, rows: *rows, data: w }).collect();
+            let alone: Vec<Vec<f32>> = ts.iter().map(|t| {
+                let mut o = vec![0.0f32; t.rows];
+                matmul(&k, &Sequential, t, a, 1, &mut o);
+                o
+            }).collect();
+            let refs: Vec<&Tensor<'_>> = ts.iter().collect();
+            for par in [&Sequential as &dyn Parallel, &Reversed(2), &Reversed(3), &Reversed(5)] {
+                let mut outs: Vec<Vec<f32>> = ts.iter().map(|t| vec![f32::NAN; t.rows]).collect();
+                let mut slices: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+                assert!(matvec_group(&k, par, &refs, a, &mut slices), "{} group {gi} refused", k.name());
+                for (m, (o, e)) in outs.iter().zip(&alone).enumerate() {
+                    for (r, (x, y)) in o.iter().zip(e).enumerate() {
+                        assert_eq!(x.to_bits(), y.to_bits(), "{} group {gi} matrix {m} row {r}, {} tasks", k.name(), par.n_threads());
+                    }
+                }
+            }
+        }
+        // Refused: Q8_0 and Q4_K activations differ; widths differ.
+        let (w8, a8, ..) = matmul_operands(&k, &mut rng, Q8_0, 8, 512, 1);
+        let (wk, ..) = matmul_operands(&k, &mut rng, Q4_K, 8, 512, 1);
+        let (w8n, ..) = matmul_operands(&k, &mut rng, Q8_0, 8, 256, 1);
+        let (t8, tk, t8n) = (Tensor { ty: Q8_0, cols: 512, rows: 8, data: &w8 }, Tensor { ty: Q4_K, cols: 512, rows: 8, data: &wk }, Tensor { ty: Q8_0, cols: 256, rows: 8, data: &w8n });
+        for pair in [[&t8, &tk], [&t8, &t8n]] {
+            let (mut o1, mut o2) = ([f32::NAN; 8], [f32::NAN; 8]);
+            assert!(!matvec_group(&k, &Reversed(2), &pair, &a8, &mut [&mut o1[..], &mut o2[..]]), "{}: a group of {} and {} x {} taken", k.name(), pair[0].ty, pair[1].ty, pair[1].cols);
+            assert!(o1.iter().chain(&o2).all(|v| v.is_nan()), "a refused group wrote outputs");
+        }
+    }
+}
+
 /// With llama.cpp's batch arithmetic (`matmul_as(.., true)`), a matmul gives each (row,
 /// token) the bits of that token's kernel in the batch (`dot_fn_in_batch`), whether a
 /// tile or the per-token dot computes it: batches of 1 to 33 tokens around the 4-token
