@@ -283,7 +283,7 @@ macro_rules! table_dot_rows {
                 let $idx = nibbles(w.add(r * wrow + k * $ws + $q_off));
                 $lanes
             };
-            prefetch_next_rows(w, wrow, k, nb);
+            prefetch_next_rows::<{ $ws <= 20 }>(w, wrow, k, nb);
             // Row r's sum of its 8 lanes in lane r (integer: any order is exact).
             let h01 = _mm256_hadd_epi32(block(0), block(1));
             let h23 = _mm256_hadd_epi32(block(2), block(3));
@@ -319,7 +319,7 @@ macro_rules! rows_passes {
             let mut $acc = $init;
             let mut summs = _mm256_setzero_ps();
             for $k in 0..nb {
-                prefetch_next_rows(w0, wrow, h * nb + $k, ROWS / 4 * nb);
+                prefetch_next_rows::<{ $ws <= 20 }>(w0, wrow, h * nb + $k, ROWS / 4 * nb);
                 let $ab = a.add($k * $as);
                 let fa = _mm256_cvtph_ps(_mm_set1_epi32(rd32($ab))); // [da, sa, da, sa, ..]
                 let f = scale_pairs($wp.add($k * $ws), wrow); // [dw0, mw0, dw1, mw1, ..]
@@ -541,7 +541,7 @@ pub(super) unsafe fn q4_0_q8_0_rows_vnni(nb: usize, w: *const u8, wrow: usize, a
             let ab = a.add(k * 34);
             let y = _mm256_loadu_si256(ab.add(2).cast());
             let (y2, c2) = (_mm512_broadcast_i64x4(y), _mm512_broadcast_i64x4(neg_k_sums(8, y)));
-            prefetch_next_rows(w, wrow, k, nb);
+            prefetch_next_rows::<true>(w, wrow, k, nb);
             // Rows 2p (lanes 0-7) and 2p + 1 (lanes 8-15): 8 partial sums each.
             let pair = |p: usize| {
                 let wb = w.add(2 * p * wrow + k * 18 + 2);
@@ -574,15 +574,27 @@ pub(super) unsafe fn q4_0_q8_0_rows_vnni(nb: usize, w: *const u8, wrow: usize, a
 /// thread alike (the AVX-512 read loop: 14.3-14.7).
 const PREFETCH_GROUPS: usize = 2;
 
+/// The least distance in bytes, and the cache level, of [`prefetch_next_rows`] for the
+/// 4-bit kernels (weight blocks of at most 20 bytes: Q4_0, Q4_1, IQ4_NL, MXFP4), whose
+/// [`PREFETCH_GROUPS`] groups are only 5-6 KiB at SmolLM2's 576 columns. Measured on the
+/// AMD EPYC (Zen 5, `avx2+vnni`), one thread, alternating binaries five times
+/// (BENCHMARKS.md, "Speed II on the AMD EPYC, second session"): SmolLM2 Q4_1 tg128 320 ->
+/// 357 t/s (two threads 486 -> 513), Q4_0 unchanged; the same into L1 for the wider
+/// blocks (Q5_0, Q8_0) moved SmolLM2 Q8_0 by +2% and Gemma 3 by -2%, and stays as it was.
+const FAR_BYTES: usize = 10240;
+
 /// Prefetches part `k` of `parts` of the [`ROWS`] rows [`PREFETCH_GROUPS`] groups after
-/// the group at `w` (rows `wrow` bytes apart) into L2: called once per block of each pass
-/// over the group (`parts` calls in all), it keeps the weights streaming in while this
-/// group computes, a line or two per call and each line about once. (A hint only: it
-/// cannot fault, so the rows may lie past the weights.)
+/// the group at `w` (rows `wrow` bytes apart) into L2 (with `FAR`: at least
+/// [`FAR_BYTES`] after it, into L1): called once per block of each pass over the group
+/// (`parts` calls in all), it keeps the weights streaming in while this group computes,
+/// a line or two per call and each line about once. (A hint only: it cannot fault, so
+/// the rows may lie past the weights.)
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn prefetch_next_rows(w: *const u8, wrow: usize, k: usize, parts: usize) {
-    let next = w.wrapping_add(PREFETCH_GROUPS * ROWS * wrow);
+unsafe fn prefetch_next_rows<const FAR: bool>(w: *const u8, wrow: usize, k: usize, parts: usize) {
+    let level = if FAR { Level::L1 } else { Level::L2 };
+    let groups = PREFETCH_GROUPS * ROWS * wrow;
+    let next = w.wrapping_add(if FAR { groups.max(FAR_BYTES) } else { groups });
     let step = (ROWS * wrow).div_ceil(parts.max(1));
     let p = next.wrapping_add(k * step);
     if step <= 192 {
@@ -591,10 +603,10 @@ unsafe fn prefetch_next_rows(w: *const u8, wrow: usize, k: usize, parts: usize) 
         // two after it cover every line; a loop's branches and counters here cost the
         // decode kernels 10-15% of their streaming rate on the Xeon VM.)
         for off in [0, 64, 128] {
-            prefetch::lines(p.wrapping_add(off), 1, Level::L2);
+            prefetch::lines(p.wrapping_add(off), 1, level);
         }
     } else {
-        prefetch::lines(p, step, Level::L2);
+        prefetch::lines(p, step, level);
     }
 }
 
