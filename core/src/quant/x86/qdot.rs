@@ -283,7 +283,7 @@ macro_rules! table_dot_rows {
                 let $idx = nibbles(w.add(r * wrow + k * $ws + $q_off));
                 $lanes
             };
-            prefetch_next_rows::<{ $ws <= 20 }>(w, wrow, k, nb);
+            prefetch_next_rows::<{ $ws <= FAR_BLOCK }>(w, wrow, k, nb);
             // Row r's sum of its 8 lanes in lane r (integer: any order is exact).
             let h01 = _mm256_hadd_epi32(block(0), block(1));
             let h23 = _mm256_hadd_epi32(block(2), block(3));
@@ -319,7 +319,7 @@ macro_rules! rows_passes {
             let mut $acc = $init;
             let mut summs = _mm256_setzero_ps();
             for $k in 0..nb {
-                prefetch_next_rows::<{ $ws <= 20 }>(w0, wrow, h * nb + $k, ROWS / 4 * nb);
+                prefetch_next_rows::<{ $ws <= FAR_BLOCK }>(w0, wrow, h * nb + $k, ROWS / 4 * nb);
                 let $ab = a.add($k * $as);
                 let fa = _mm256_cvtph_ps(_mm_set1_epi32(rd32($ab))); // [da, sa, da, sa, ..]
                 let f = scale_pairs($wp.add($k * $ws), wrow); // [dw0, mw0, dw1, mw1, ..]
@@ -575,13 +575,18 @@ pub(super) unsafe fn q4_0_q8_0_rows_vnni(nb: usize, w: *const u8, wrow: usize, a
 const PREFETCH_GROUPS: usize = 2;
 
 /// The least distance in bytes, and the cache level, of [`prefetch_next_rows`] for the
-/// 4-bit kernels (weight blocks of at most 20 bytes: Q4_0, Q4_1, IQ4_NL, MXFP4), whose
-/// [`PREFETCH_GROUPS`] groups are only 5-6 KiB at SmolLM2's 576 columns. Measured on the
-/// AMD EPYC (Zen 5, `avx2+vnni`), one thread, alternating binaries five times
-/// (BENCHMARKS.md, "Speed II on the AMD EPYC, second session"): SmolLM2 Q4_1 tg128 320 ->
-/// 357 t/s (two threads 486 -> 513), Q4_0 unchanged; the same into L1 for the wider
-/// blocks (Q5_0, Q8_0) moved SmolLM2 Q8_0 by +2% and Gemma 3 by -2%, and stays as it was.
+/// kernels of the types with weight blocks of at most [`FAR_BLOCK`] bytes (Q4_0, Q4_1,
+/// IQ4_NL, MXFP4, Q5_0), whose [`PREFETCH_GROUPS`] groups are only 5-7 KiB at 576 or 640
+/// columns. Measured on the AMD EPYC (Zen 5, `avx2+vnni`), one thread, alternating
+/// binaries five or six times (BENCHMARKS.md, "Speed II on the AMD EPYC, second
+/// session"): SmolLM2 Q4_1 tg128 320 -> 357 t/s (two threads 486 -> 513), Gemma 3 (its
+/// Q5_0 matrices) 127 -> 130, SmolLM2 Q4_0 unchanged; the same for Q8_0's blocks moved
+/// SmolLM2 Q8_0 by +2% and Gemma 3 by -2%, so Q8_0 (and Q5_1, not measured) stay at
+/// [`PREFETCH_GROUPS`] into L2.
 const FAR_BYTES: usize = 10240;
+
+/// The widest weight block (bytes per 32 weights) whose kernels prefetch [`FAR_BYTES`] ahead.
+const FAR_BLOCK: usize = 22;
 
 /// Prefetches part `k` of `parts` of the [`ROWS`] rows [`PREFETCH_GROUPS`] groups after
 /// the group at `w` (rows `wrow` bytes apart) into L2 (with `FAR`: at least
