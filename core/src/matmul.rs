@@ -111,6 +111,10 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
     }
     par.run(tasks, &|t| {
         let range = split_range(rows, tasks, t);
+        if n == 1 {
+            // As in `matvec_group`: the task's first lines asked for at once.
+            prefetch::lines(w.data.as_ptr().wrapping_add(range.start * wrb), (range.len() * wrb).min(START_BYTES), Level::L2);
+        }
         let mut i0 = 0;
         let chunk = tile.map_or(TOKEN_TILE, |t| t.tokens.max(TOKEN_TILE));
         while i0 < n {
@@ -198,6 +202,9 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
     });
 }
 
+/// Bytes of its weights a one-token task asks for before it starts ([`matvec_group`]).
+const START_BYTES: usize = 8192;
+
 /// Most matrices of one [`matvec_group`].
 pub const GROUP_MAX: usize = 4;
 
@@ -233,6 +240,17 @@ pub fn matvec_group(k: &Kernels, par: &dyn Parallel, ws: &[&Tensor<'_>], xq: &[u
     let tasks = par.n_threads().min(ws.iter().map(|w| w.rows.div_ceil(DOT_ROWS)).sum()).max(1);
     par.run(tasks, &|t| {
         let share = split_range(start[m], tasks, t);
+        // The share's first lines asked for at once (the kernels' own hints run ahead of
+        // the group they compute, so a share's start would otherwise come in line by line).
+        let mut left = START_BYTES;
+        for (i, w) in ws.iter().enumerate() {
+            let (a, b) = (share.start.clamp(start[i], start[i + 1]), share.end.clamp(start[i], start[i + 1]));
+            let take = (b - a).min(left);
+            if take > 0 {
+                prefetch::lines(w.data.as_ptr().wrapping_add(a - start[i]), take, Level::L2);
+                left -= take;
+            }
+        }
         for (i, w) in ws.iter().enumerate() {
             let (Some((dot, rows_fn)), Some(out)) = (dots[i], shared[i].as_ref()) else { continue };
             let gb = DOT_ROWS * w.row_bytes();
