@@ -229,7 +229,8 @@ pub(crate) fn run_products(ops: &[Op], s: &Step<'_, '_>, b: &mut Bufs<'_>, act: 
         if act.placement.is_some_and(|p| p.device_for(WeightId { layer: act.layer, kind: w }, 1).is_some()) {
             return false;
         }
-        // (One token of one: llama.cpp's kernel is the plain dot, but ask as matmul_as does.)
+        // With llama.cpp's batch choices a product takes the kernel `matmul_as` would
+        // give its one token; only the plain dot joins a group.
         if act.llama_cpp_batches && act.kern.dot_fn_in_batch(t.ty, t.rows, 1, 0).map(|f| f as usize) != act.kern.dot_fn(t.ty).map(|f| f as usize) {
             return false;
         }
