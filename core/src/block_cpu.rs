@@ -153,7 +153,7 @@ pub(crate) fn run(op: Op, s: &Step<'_, '_>, b: &mut Bufs<'_>, st: &mut LayerStat
                 crate::model::Mixer::Attention(a) => a.rope_freqs.map(|t| t.data),
                 crate::model::Mixer::DeltaNet(_) => None,
             };
-            rope(hp, s.l, c.n_past, freqs, b, n);
+            rope(hp, s.l, c.n_past, freqs, b, n, par);
         }
         Op::KvStore => {
             let LayerState::Attention(c) = st else { return };
@@ -303,22 +303,45 @@ fn split_query_gate(hp: &HParams, b: &mut Bufs<'_>, n: usize) {
 
 /// RoPE of the query and key heads of `n` tokens at positions `n_past..`, with the
 /// model's frequency scaling and the layer's frequency factors (`freqs`, f32 bytes).
-fn rope(hp: &HParams, l: usize, n_past: usize, freqs: Option<&[u8]>, b: &mut Bufs<'_>, n: usize) {
-    let (qd, kd, hd) = (hp.q_dim(), hp.k_dim(), hp.head_dim);
+/// The most rotated dimensions whose `(cos, sin)` table [`rope`] keeps on a task's stack
+/// (more: the batch is rotated on the calling thread, in `Bufs::rope`).
+const ROPE_STACK: usize = 512;
+
+/// RoPE on the batch's queries and keys, token by token (each token's table of angles,
+/// then its heads), split in token ranges across the threads from [`ROWS_PARALLEL_MIN`]
+/// tokens: each token's arithmetic is its own, so the split changes no bit.
+fn rope(hp: &HParams, l: usize, n_past: usize, freqs: Option<&[u8]>, b: &mut Bufs<'_>, n: usize, par: &dyn Parallel) {
+    let (qd, kd, hd, n_rot) = (hp.q_dim(), hp.k_dim(), hp.head_dim, hp.n_rot);
     let rotate: fn(&mut [f32], &[f32], usize) = match hp.rope_mode {
         RopeMode::Normal => ops::rope_normal,
         RopeMode::Neox => ops::rope_neox,
     };
     let (base, scale) = (hp.rope_base_of(l), hp.rope_scale_of(l));
-    for i in 0..n {
-        ops::rope_angles_scaled(n_past + i, base, hp.n_rot, &scale, freqs, b.rope);
-        for h in 0..hp.n_head {
-            rotate(&mut b.q[i * qd + h * hd..i * qd + (h + 1) * hd], b.rope, hp.n_rot);
+    let token = |i: usize, q: &mut [f32], k: &mut [f32], cs: &mut [f32]| {
+        ops::rope_angles_scaled(n_past + i, base, n_rot, &scale, freqs, cs);
+        for h in q.chunks_exact_mut(hd) {
+            rotate(h, cs, n_rot);
         }
-        for h in 0..hp.n_head_kv {
-            rotate(&mut b.k[i * kd + h * hd..i * kd + (h + 1) * hd], b.rope, hp.n_rot);
+        for h in k.chunks_exact_mut(hd) {
+            rotate(h, cs, n_rot);
         }
+    };
+    if n < ROWS_PARALLEL_MIN || n_rot > ROPE_STACK || par.n_threads() < 2 {
+        for i in 0..n {
+            token(i, &mut b.q[i * qd..][..hp.n_head * hd], &mut b.k[i * kd..][..hp.n_head_kv * hd], b.rope);
+        }
+        return;
     }
+    let (q, k) = (SharedMut::new(&mut b.q[..n * qd]), SharedMut::new(&mut b.k[..n * kd]));
+    let tasks = par.n_threads().min(n);
+    par.run(tasks, &|t| {
+        let mut cs = [0.0f32; ROPE_STACK];
+        for i in split_range(n, tasks, t) {
+            // SAFETY: token i's query and key rows belong to the one task owning token i.
+            let (q, k) = unsafe { (q.slice(i * qd, hp.n_head * hd), k.slice(i * kd, hp.n_head_kv * hd)) };
+            token(i, q, k, &mut cs[..n_rot]);
+        }
+    });
 }
 
 /// `a = act(a) * b` elementwise (SwiGLU or GeGLU), split in ranges across the threads:
