@@ -217,13 +217,13 @@ pub(crate) fn products_of_one_input(ops: &[Op]) -> usize {
 /// placement, weights of different activation types or kernel choices, ...): the caller
 /// then runs them one by one.
 pub(crate) fn run_products(ops: &[Op], s: &Step<'_, '_>, b: &mut Bufs<'_>, act: &mut Act<'_>) -> bool {
-    let mut ws: [Option<Tensor<'_>>; GROUP_MAX] = [None; GROUP_MAX];
-    let mut slots = [Buf::X; GROUP_MAX];
     let Some(&Op::MatMul { src, .. }) = ops.first() else { return false };
-    if s.n != 1 || ops.len() < 2 || ops.len() > GROUP_MAX {
+    if s.n != 1 || ops.len() < 2 {
         return false;
     }
-    for (i, op) in ops.iter().enumerate() {
+    // Each product's weights and output buffer.
+    let mut ws: heapless::Vec<(Tensor<'_>, Buf), GROUP_MAX> = heapless::Vec::new();
+    for op in ops {
         let &Op::MatMul { w, src: s0, dst } = op else { return false };
         let (Some(t), true) = (crate::block::weight(s.layer, w), s0 == src) else { return false };
         if act.placement.is_some_and(|p| p.device_for(WeightId { layer: act.layer, kind: w }, 1).is_some()) {
@@ -234,21 +234,19 @@ pub(crate) fn run_products(ops: &[Op], s: &Step<'_, '_>, b: &mut Bufs<'_>, act: 
         if act.llama_cpp_batches && act.kern.dot_fn_in_batch(t.ty, t.rows, 1, 0).map(|f| f as usize) != act.kern.dot_fn(t.ty).map(|f| f as usize) {
             return false;
         }
-        (ws[i], slots[i]) = (Some(t), dst);
+        if ws.push((t, dst)).is_err() {
+            return false;
+        }
     }
     if act.failed.is_some() {
         // As `project`: after a device failed, the pass computes nothing more.
         return true;
     }
-    let tensors: [&Tensor<'_>; GROUP_MAX] = core::array::from_fn(|i| ws[i].as_ref().or(ws[0].as_ref()).expect("first product checked"));
-    let m = ops.len();
+    let tensors: heapless::Vec<&Tensor<'_>, GROUP_MAX> = ws.iter().map(|(t, _)| t).collect();
     let x = core::mem::take(b.slot(src));
-    let mut outs: [&mut [f32]; GROUP_MAX] = Default::default();
-    for (o, &d) in outs.iter_mut().zip(&slots[..m]) {
-        *o = core::mem::take(b.slot(d));
-    }
-    let done = act.product_group(s.par, &tensors[..m], x, &mut outs[..m]);
-    for (o, &d) in outs.into_iter().zip(&slots[..m]) {
+    let mut outs: heapless::Vec<&mut [f32], GROUP_MAX> = ws.iter().map(|&(_, d)| core::mem::take(b.slot(d))).collect();
+    let done = act.product_group(s.par, &tensors, x, &mut outs);
+    for (o, &(_, d)) in outs.into_iter().zip(&ws) {
         *b.slot(d) = o;
     }
     *b.slot(src) = x;
