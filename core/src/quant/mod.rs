@@ -776,7 +776,8 @@ impl Kernels {
     /// Q5_1 (one 8-lane accumulator per row): four rows per pass share each activation
     /// block and convert their scales together, and their fma chains overlap. With AVX-512
     /// VNNI (Q4_0, Q8_0, Q5_0, Q4_1, Q5_1) each row's block sum by one `vpdpbusd` and a
-    /// correction formed once per activation block.
+    /// correction formed once per activation block; and Q4_K there, two rows per 512-bit
+    /// vector with the eight rows' sums and float steps side by side.
     pub fn dot_rows_fn(&self, wtype: GgmlType) -> Option<DotRowsFn> {
         self.t.dot_rows.get(wtype)
     }

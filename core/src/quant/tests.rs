@@ -914,7 +914,7 @@ fn dot_rows_give_each_dots_bits() {
     let mut rng = Rng::new(22);
     let mut checked = 0;
     for k in &sets {
-        for &ty in &[Q4_0, IQ4_NL, MXFP4, Q8_0, Q4_1, Q5_0, Q5_1] {
+        for &ty in &[Q4_0, IQ4_NL, MXFP4, Q8_0, Q4_1, Q5_0, Q5_1, Q4_K] {
             let Some(rows) = k.dot_rows_fn(ty) else { continue };
             let dot = k.dot_fn(ty).unwrap();
             let vdt = Kernels::vec_dot_type(ty).unwrap();
@@ -938,7 +938,10 @@ fn dot_rows_give_each_dots_bits() {
         }
     }
     #[cfg(target_arch = "x86_64")]
-    assert_eq!(checked, 420 * sets.len(), "Q4_0, IQ4_NL, MXFP4, Q8_0, Q4_1, Q5_0 and Q5_1 have 8-row kernels on AVX2 (VNNI)");
+    {
+        let vnni = sets.iter().filter(|k| k.name().contains("vnni")).count();
+        assert_eq!(checked, 420 * sets.len() + 60 * vnni, "Q4_0, IQ4_NL, MXFP4, Q8_0, Q4_1, Q5_0 and Q5_1 have 8-row kernels on AVX2, and Q4_K on AVX-512 VNNI");
+    }
     let _ = checked;
 }
 

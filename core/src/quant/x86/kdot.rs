@@ -864,3 +864,77 @@ unsafe fn f16_rows(w: *const u8, wrow: usize, off: usize) -> __m256 {
         _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64))
     }
 }
+
+/// [`q4_k_q8_k`]`::<NATIVE>` for [`super::qdot::ROWS`] rows of one token (decode), two
+/// rows per 512-bit vector (row 2p in the low 256 bits, row 2p + 1 in the high), AVX-512
+/// VNNI. Each half computes its row's sub-block sums as the single dot does (`maddubs` of
+/// the 32 levels by the 32 activations, times the sub-block's scale) but adds them by
+/// `vpdpwssd` (the `madd` and the add in one); the eight rows' lanes are then summed to
+/// one lane per row by shuffles. The integers are exact, so each row's super-block sum
+/// and mins sum are the single dot's, and the float steps, lane r for row r, are its own:
+/// `dw·da` and `dminw·da` (one product each), `acc = fma(f32(sumi), dw·da, acc)`, `accm =
+/// fma(f32(summ), dminw·da, accm)`, result `acc - accm`. So output r has the dot's bits
+/// for row r.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn q4_k_q8_k_rows_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+    // SAFETY: nb super-blocks of each of the ROWS rows at w + r·wrow, nb Q8_K blocks at a
+    // and ROWS outputs are in bounds (the wrapper checks); layout d@0 dmin@2 scales@4
+    // qs@16; AVX-512 F/BW/VL/VNNI available (only handed out after cpu_has_avx512_vnni()).
+    unsafe {
+        use super::qdot::{f16_scales, prefetch_next_rows, ROWS};
+        let m4 = _mm512_set1_epi8(0xF);
+        // `lanes32_group`'s scale selections: i16 scale 2j (low sub-block) and 2j + 1.
+        let pick: [(__m512i, __m512i); 4] = core::array::from_fn(|j| {
+            let k = 2 * j as i32;
+            (_mm512_set1_epi16((((2 * k + 1) << 8) | (2 * k)) as i16), _mm512_set1_epi16((((2 * k + 3) << 8) | (2 * k + 2)) as i16))
+        });
+        // Lanes 0-1 and 2-3 of each 128-bit quarter of two vectors (as `q4_0_q8_0_rows_vnni`).
+        let lo2 = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
+        let hi2 = _mm512_setr_epi32(2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+        // Rows 0, 2, 4, 6 | 1, 3, 5, 7 -> rows 0..8.
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for i in 0..nb {
+            prefetch_next_rows::<false>(w, wrow, i, nb);
+            let ab = a.add(292 * i);
+            // The token's sub-block pair sums of bsums (as `mins_lanes`), in both halves.
+            let b = ld(ab.add(A_BSUMS));
+            let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256::<1>(b));
+            let q8s = _mm256_set_m128i(q8s, q8s);
+            let ys: [(__m512i, __m512i); 4] = core::array::from_fn(|j| {
+                let y = ab.add(A_QS + 64 * j);
+                (_mm512_broadcast_i64x4(ld(y)), _mm512_broadcast_i64x4(ld(y.add(32))))
+            });
+            // Pair p: sums of rows 2p (lanes 0-7) and 2p + 1 (8-15); mins of 2p (lanes 0-3)
+            // and 2p + 1 (4-7).
+            let mut sums = [_mm512_setzero_si512(); ROWS / 2];
+            let mut mins = [_mm256_setzero_si256(); ROWS / 2];
+            for (p, (sumi, pm)) in sums.iter_mut().zip(mins.iter_mut()).enumerate() {
+                let (wa, wb) = (w.add(2 * p * wrow + 144 * i), w.add((2 * p + 1) * wrow + 144 * i));
+                let (sa, sb) = (scales_mins(wa.add(4)), scales_mins(wb.add(4)));
+                // [scales a, scales a | scales b, scales b] (8 i16 each) and [mins a | mins b].
+                let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(sa), sb);
+                let sc = _mm512_shuffle_i64x2::<0b1010_0000>(both, both);
+                *pm = _mm256_madd_epi16(_mm256_permute2x128_si256::<0x31>(sa, sb), q8s);
+                for (j, &(ylo, yhi)) in ys.iter().enumerate() {
+                    let q = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ld(wa.add(16 + 32 * j))), ld(wb.add(16 + 32 * j)));
+                    let (lo, hi) = (_mm512_and_si512(q, m4), _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4));
+                    *sumi = _mm512_dpwssd_epi32(*sumi, _mm512_shuffle_epi8(sc, pick[j].0), _mm512_maddubs_epi16(lo, ylo));
+                    *sumi = _mm512_dpwssd_epi32(*sumi, _mm512_shuffle_epi8(sc, pick[j].1), _mm512_maddubs_epi16(hi, yhi));
+                }
+            }
+            // Rows 0-7's sums in lanes 0-7 (exact integer adds).
+            let quads = |za: __m512i, zb: __m512i| _mm512_add_epi32(_mm512_shuffle_i64x2::<0x88>(za, zb), _mm512_shuffle_i64x2::<0xDD>(za, zb));
+            let (q03, q47) = (quads(sums[0], sums[1]), quads(sums[2], sums[3]));
+            let t = _mm512_add_epi32(_mm512_permutex2var_epi32(q03, lo2, q47), _mm512_permutex2var_epi32(q03, hi2, q47));
+            let s = _mm512_cvtepi64_epi32(_mm512_add_epi32(t, _mm512_srli_epi64::<32>(t)));
+            let m = _mm256_hadd_epi32(_mm256_hadd_epi32(mins[0], mins[1]), _mm256_hadd_epi32(mins[2], mins[3]));
+            let m = _mm256_permutevar8x32_epi32(m, order);
+            let da = _mm256_set1_ps(rdf32(ab));
+            let (d, dm) = (_mm256_mul_ps(f16_scales(w, wrow, 144 * i), da), _mm256_mul_ps(f16_scales(w, wrow, 144 * i + 2), da));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc);
+            accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), dm, accm);
+        }
+        _mm256_storeu_ps(out, _mm256_sub_ps(acc, accm));
+    }
+}

@@ -302,6 +302,9 @@ rows_wrapper!(/// AVX-512 VNNI Q4_1 · Q8_1, 8 rows (each output as [`vec_dot_q4
 rows_wrapper!(/// AVX-512 VNNI Q5_1 · Q8_1, 8 rows (each output as [`vec_dot_q5_1_q8_1`]); only
     /// handed out after [`cpu_has_avx512_vnni`].
     rows_q5_1_q8_1_vnni, qdot::q5_1_q8_1_rows_vnni, 32, 24, 36, cpu_has_avx512_vnni);
+rows_wrapper!(/// AVX-512 VNNI Q4_K · Q8_K, 8 rows (each output as [`vec_dot_q4_k_q8_k`]); only
+    /// handed out after [`cpu_has_avx512_vnni`].
+    rows_q4_k_q8_k_vnni, kdot::q4_k_q8_k_rows_vnni, 256, 144, 292, cpu_has_avx512_vnni);
 
 macro_rules! dot_wrapper {
     ($(#[$doc:meta])* $name:ident, $body:path, $bs:expr, $wsize:expr, $asize:expr) => {
@@ -408,6 +411,7 @@ const fn build(flags: usize) -> KernelTable {
     t.dot_rows.q5_0 = Some(if vnni { rows_q5_0_q8_0_vnni } else { rows_q5_0_q8_0 });
     t.dot_rows.q4_1 = Some(if vnni { rows_q4_1_q8_1_vnni } else { rows_q4_1_q8_1 });
     t.dot_rows.q5_1 = Some(if vnni { rows_q5_1_q8_1_vnni } else { rows_q5_1_q8_1 });
+    t.dot_rows.q4_k = if vnni { Some(rows_q4_k_q8_k_vnni) } else { None };
     t.dot_rows.iq4_nl = Some(rows_iq4_nl_q8_0);
     t.dot_rows.mxfp4 = Some(rows_mxfp4_q8_0);
     let tile_tokens = if vnni { ZMM_TILE_TOKENS } else { TILE_TOKENS };

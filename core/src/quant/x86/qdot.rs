@@ -618,7 +618,7 @@ const FAR_BLOCK: usize = 22;
 /// the rows may lie past the weights.)
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn prefetch_next_rows<const FAR: bool>(w: *const u8, wrow: usize, k: usize, parts: usize) {
+pub(super) unsafe fn prefetch_next_rows<const FAR: bool>(w: *const u8, wrow: usize, k: usize, parts: usize) {
     let level = if FAR { Level::L1 } else { Level::L2 };
     let groups = PREFETCH_GROUPS * ROWS * wrow;
     let next = w.wrapping_add(if FAR { groups.max(FAR_BYTES) } else { groups });
