@@ -5,6 +5,7 @@
 mod common;
 use common::*;
 use keel::core::gguf::Gguf;
+use keel::core::parallel::Sequential;
 use keel::core::session::{Outputs, SessionConfig};
 use keel_host_linux::pool::ThreadPool;
 
@@ -114,5 +115,32 @@ fn every_kernel_set_gives_the_golden_outputs() {
         for (t1, m10, kl) in stats {
             assert!(t1 == 1.0 && m10 <= 1e-5 && kl == 0.0, "{isa}: top-1 {t1:.3}, mean |d| top-10 {m10:.2e}, KL {kl:.2e}");
         }
+    }
+}
+
+/// In the default batch-invariant arithmetic, logits are bit-identical with 1 and 2
+/// threads, and batched vs token by token (the one-token pass reuses a layer's RoPE table
+/// for the next layer with the same base: Gemma 3's local and global layers alternate
+/// two bases, so a wrongly shared table changes the token-by-token rows).
+#[test]
+fn logits_do_not_depend_on_threads_or_batching() {
+    let Some(bytes) = gemma3() else { return };
+    let g = Gguf::parse(&bytes).unwrap();
+    let line = &golden_lines(&format!("{DIR}/logits.jsonl"))[0];
+    let toks = ids(&line["tokens"]);
+    let toks = &toks[..toks.len().min(24)];
+    let c = cfg(64, 64);
+    let mut arena = arena_for(&bytes, &c);
+    let mut e = engine(&g, &mut arena, c, fast_kernels());
+    let v = e.n_vocab();
+    let pool2 = ThreadPool::new(2).unwrap();
+    let two = e.eval(toks, Outputs::All, &pool2).unwrap().to_vec();
+    e.reset();
+    let one = e.eval(toks, Outputs::All, &Sequential).unwrap().to_vec();
+    assert!(one == two, "logits differ between 1 and 2 threads");
+    e.reset();
+    for (i, &t) in toks.iter().enumerate() {
+        let row = e.eval(&[t], Outputs::Last, &pool2).unwrap();
+        assert!(row == &two[i * v..(i + 1) * v], "position {i}: token-by-token logits differ from the batched ones");
     }
 }

@@ -41,6 +41,9 @@ pub(crate) struct Bufs<'s> {
     pub conv: &'s mut [f32],
     /// One token's RoPE `(cos, sin)` table.
     pub rope: &'s mut [f32],
+    /// What `rope` holds the table of, when it holds one: a one-token pass's layers with
+    /// the same base and scaling share it instead of computing the same angles again.
+    pub rope_of: Option<RopeTable>,
     /// Attention's per-task f16 scratch.
     pub attn_scratch: &'s mut [f16],
     /// The delta rule's per-task scratch.
@@ -67,6 +70,17 @@ impl<'s> Bufs<'s> {
             Buf::Conv => &mut self.conv,
         }
     }
+}
+
+/// The inputs of one token's RoPE table ([`ops::rope_angles_scaled`]): a table computed
+/// from equal inputs is the same table.
+#[derive(Clone, Copy, PartialEq)]
+pub(crate) struct RopeTable {
+    pos: usize,
+    base: f32,
+    scale: ops::RopeScale,
+    /// The frequency factors' address and length (a layer's own tensor, or none).
+    freqs: (usize, usize),
 }
 
 /// One attention layer's view of the KV cache: `rows` rows (a ring of the last `rows`
@@ -153,7 +167,7 @@ pub(crate) fn run(op: Op, s: &Step<'_, '_>, b: &mut Bufs<'_>, st: &mut LayerStat
                 crate::model::Mixer::Attention(a) => a.rope_freqs.map(|t| t.data),
                 crate::model::Mixer::DeltaNet(_) => None,
             };
-            rope(hp, s.l, c.n_past, freqs, b, n, par);
+            rope(hp, &kern, s.l, c.n_past, freqs, b, n, par);
         }
         Op::KvStore => {
             let LayerState::Attention(c) = st else { return };
@@ -308,22 +322,30 @@ const ROPE_STACK: usize = 512;
 /// RoPE on the batch's queries and keys, token by token (each token's table of angles,
 /// then its heads), split in token ranges across the threads from [`ROWS_PARALLEL_MIN`]
 /// tokens: each token's arithmetic is its own, so the split changes no bit.
-fn rope(hp: &HParams, l: usize, n_past: usize, freqs: Option<&[u8]>, b: &mut Bufs<'_>, n: usize, par: &dyn Parallel) {
+fn rope(hp: &HParams, kern: &Kernels, l: usize, n_past: usize, freqs: Option<&[u8]>, b: &mut Bufs<'_>, n: usize, par: &dyn Parallel) {
     let (qd, kd, hd, n_rot) = (hp.q_dim(), hp.k_dim(), hp.head_dim, hp.n_rot);
-    let rotate: fn(&mut [f32], &[f32], usize) = match hp.rope_mode {
-        RopeMode::Normal => ops::rope_normal,
-        RopeMode::Neox => ops::rope_neox,
-    };
+    let neox = hp.rope_mode == RopeMode::Neox;
     let (base, scale) = (hp.rope_base_of(l), hp.rope_scale_of(l));
     let token = |i: usize, q: &mut [f32], k: &mut [f32], cs: &mut [f32]| {
         ops::rope_angles_scaled(n_past + i, base, n_rot, &scale, freqs, cs);
-        for h in q.chunks_exact_mut(hd) {
-            rotate(h, cs, n_rot);
-        }
-        for h in k.chunks_exact_mut(hd) {
-            rotate(h, cs, n_rot);
-        }
+        kern.rope(q, hd, cs, n_rot, neox);
+        kern.rope(k, hd, cs, n_rot, neox);
     };
+    if n == 1 {
+        // One token: its table is the previous layer's when the inputs are (every layer
+        // of most models; Gemma 3's local and global layers alternate two bases).
+        let of = RopeTable { pos: n_past, base, scale, freqs: freqs.map_or((0, 0), |f| (f.as_ptr() as usize, f.len())) };
+        if b.rope_of != Some(of) {
+            ops::rope_angles_scaled(n_past, base, n_rot, &scale, freqs, b.rope);
+            b.rope_of = Some(of);
+        }
+        let cs = &b.rope[..n_rot];
+        kern.rope(&mut b.q[..hp.n_head * hd], hd, cs, n_rot, neox);
+        kern.rope(&mut b.k[..hp.n_head_kv * hd], hd, cs, n_rot, neox);
+        return;
+    }
+    // (Longer passes overwrite the table: the next one-token pass computes its own.)
+    b.rope_of = None;
     if n < ROWS_PARALLEL_MIN || n_rot > ROPE_STACK || par.n_threads() < 2 {
         for i in 0..n {
             token(i, &mut b.q[i * qd..][..hp.n_head * hd], &mut b.k[i * kd..][..hp.n_head_kv * hd], b.rope);

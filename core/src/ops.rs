@@ -226,6 +226,18 @@ fn rotate(x0: f32, x1: f32, c: f32, s: f32) -> (f32, f32) {
     (crate::fused::fmaf(x0, c, -(x1 * s)), crate::fused::fmaf(x0, s, x1 * c))
 }
 
+/// Rotates the first `n_rot` dims of each `hd`-wide head of `heads` ([`rope_normal`], or
+/// [`rope_neox`] with `neox`); the reference of `Kernels::rope`.
+pub fn rope_heads(heads: &mut [f32], hd: usize, cs: &[f32], n_rot: usize, neox: bool) {
+    for h in heads.chunks_exact_mut(hd) {
+        if neox {
+            rope_neox(h, cs, n_rot);
+        } else {
+            rope_normal(h, cs, n_rot);
+        }
+    }
+}
+
 /// Rotates adjacent pairs `(2i, 2i+1)` of the first `n_rot` dims of one head.
 pub fn rope_normal(head: &mut [f32], cs: &[f32], n_rot: usize) {
     for i in 0..n_rot / 2 {

@@ -528,6 +528,7 @@ impl<'a> Session<'a> {
             alpha,
             conv: &mut conv_out[..],
             rope: &mut rope[..],
+            rope_of: None,
             attn_scratch: &mut attn_scratch[..],
             gdn_scratch: &mut gdn_scratch[..],
             tile: if tiled { Some(&mut attn_tile[..]) } else { None },

@@ -382,6 +382,8 @@ pub(crate) struct KernelTable {
     pub(crate) tile_tiled: PerType<Option<DotTile>>,
     /// [`Kernels::quantize_activations`] (the activation types).
     pub(crate) quantize: PerType<Option<QuantizeFn>>,
+    /// [`Kernels::rope`].
+    pub(crate) rope: fn(heads: &mut [f32], hd: usize, cs: &[f32], n_rot: usize, neox: bool),
     /// [`Kernels::swiglu`].
     pub(crate) swiglu: fn(gate: &mut [f32], up: &[f32]),
     /// [`Kernels::geglu`].
@@ -519,6 +521,7 @@ pub(crate) const REFERENCE: KernelTable = KernelTable {
         q8_k: Some(quantize::quantize_act_q8_k),
         ..PerType::splat(None)
     },
+    rope: crate::ops::rope_heads,
     swiglu: crate::ops::swiglu,
     geglu: crate::ops::geglu,
     expf_batch: expf_by_element,
@@ -797,6 +800,13 @@ impl Kernels {
     /// `None` where there is none: for now x86's Q8_0 with AVX-512 VNNI.
     pub fn dot_pairs_fn(&self, wtype: GgmlType) -> Option<DotPairsFn> {
         self.t.dot_pairs.get(wtype)
+    }
+
+    /// Rotates the first `n_rot` dims of each `hd`-wide head of `heads` by the `(cos, sin)`
+    /// pairs `cs` ([`crate::ops::rope_heads`]: adjacent pairs, or NeoX's halves with
+    /// `neox`); the same bits with every kernel set.
+    pub fn rope(&self, heads: &mut [f32], hd: usize, cs: &[f32], n_rot: usize, neox: bool) {
+        (self.t.rope)(heads, hd, cs, n_rot, neox)
     }
 
     /// `gate[i] = silu(gate[i]) * up[i]` with llama.cpp's vectorized exponential

@@ -945,6 +945,39 @@ fn dot_rows_give_each_dots_bits() {
     let _ = checked;
 }
 
+/// `Kernels::rope` gives `ops::rope_heads`' bits: both pair layouts, head widths wider
+/// than the rotated dims, rotated dims the vectors do not cover (the reference's path),
+/// angles of every size (a real table, positions up to 1M) and values of every scale.
+#[test]
+fn rope_gives_the_reference_bits() {
+    let mut rng = Rng::new(31);
+    let mut checked = 0;
+    for k in &fast_kernel_sets() {
+        for &(hd, n_rot) in &[(64, 64), (128, 128), (256, 256), (128, 64), (80, 48), (64, 24), (96, 96), (40, 40), (32, 16), (64, 0)] {
+            for neox in [false, true] {
+                for pos in [0usize, 1, 7, 4095, 32767, 1 << 20] {
+                    let mut cs = vec![0.0f32; n_rot];
+                    let scale = crate::ops::RopeScale { freq_scale: 1.0, ext_factor: 0.0, mscale: 1.0, corr_dims: [0.0, 0.0] };
+                    if n_rot > 0 {
+                        crate::ops::rope_angles_scaled(pos, 10000.0, n_rot, &scale, None, &mut cs);
+                    }
+                    let heads: Vec<f32> = (0..3 * hd).map(|_| (rng.unit() * 2.0 - 1.0) * libm::powf(10.0, rng.unit() * 8.0 - 4.0)).collect();
+                    let (mut want, mut got) = (heads.clone(), heads.clone());
+                    crate::ops::rope_heads(&mut want, hd, &cs, n_rot, neox);
+                    k.rope(&mut got, hd, &cs, n_rot, neox);
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(g.to_bits(), w.to_bits(), "{}: hd {hd} n_rot {n_rot} neox {neox} pos {pos} element {i}: {g} vs {w}", k.name());
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    let _ = checked;
+    #[cfg(target_arch = "x86_64")]
+    assert!(checked > 0, "no SIMD kernel set checked");
+}
+
 /// Checks `k.expf_batch` against `ops::expf` on `xs` (in slices of varied length, so
 /// the 4-lane body and the scalar tail both run); returns how many were checked.
 fn check_expf_batch(k: &Kernels, xs: &[f32]) -> usize {

@@ -102,6 +102,54 @@ unsafe fn geglu_avx2(n: usize, g: *mut f32, u: *const f32, t: &[u16; GELU_LEN]) 
     }
 }
 
+/// [`crate::ops::rope_heads`] with the FMA unit's fused multiply-add (the reference's
+/// `fmaf` is a software one where the build does not assume FMA): the same products,
+/// negation and fmas per element, so the same bits. Heads whose rotated dims are not
+/// whole vectors (`n_rot` not a multiple of 8, or of 16 with `neox`) take the reference.
+pub(crate) fn rope(heads: &mut [f32], hd: usize, cs: &[f32], n_rot: usize, neox: bool) {
+    let step = if neox { 16 } else { 8 };
+    if hd == 0 || n_rot == 0 || n_rot % step != 0 || n_rot > hd || cs.len() < n_rot {
+        return crate::ops::rope_heads(heads, hd, cs, n_rot, neox);
+    }
+    for h in heads.chunks_exact_mut(hd) {
+        // SAFETY: AVX2/FMA present (module contract); n_rot <= hd elements of the head and
+        // n_rot of cs (checked above).
+        unsafe { rope_avx2(h.as_mut_ptr(), cs.as_ptr(), n_rot, neox) };
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rope_avx2(h: *mut f32, cs: *const f32, n_rot: usize, neox: bool) {
+    // SAFETY: n_rot elements at h and cs, n_rot a multiple of 8 (16 with neox) (caller);
+    // unaligned loads and stores only.
+    unsafe {
+        let neg = |v: __m256| _mm256_xor_ps(v, _mm256_set1_ps(-0.0));
+        if neox {
+            // Pairs (i, i + n_rot/2): x0' = fma(x0, c, -(x1·s)), x1' = fma(x0, s, x1·c).
+            let half = n_rot / 2;
+            for i in (0..half).step_by(8) {
+                let (a, b) = (_mm256_loadu_ps(cs.add(2 * i)), _mm256_loadu_ps(cs.add(2 * i + 8)));
+                // [c0 s0 c1 s1 ..] -> c0..c7 and s0..s7.
+                let c = _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(_mm256_shuffle_ps::<0b10_00_10_00>(a, b))));
+                let s = _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(_mm256_shuffle_ps::<0b11_01_11_01>(a, b))));
+                let (x0, x1) = (_mm256_loadu_ps(h.add(i)), _mm256_loadu_ps(h.add(half + i)));
+                _mm256_storeu_ps(h.add(i), _mm256_fmadd_ps(x0, c, neg(_mm256_mul_ps(x1, s))));
+                _mm256_storeu_ps(h.add(half + i), _mm256_fmadd_ps(x0, s, _mm256_mul_ps(x1, c)));
+            }
+        } else {
+            // Adjacent pairs: even lanes fma(x0, c, -(x1·s)), odd lanes fma(x0, s, x1·c).
+            for i in (0..n_rot).step_by(8) {
+                let (x, p) = (_mm256_loadu_ps(h.add(i)), _mm256_loadu_ps(cs.add(i)));
+                let (c, s) = (_mm256_moveldup_ps(p), _mm256_movehdup_ps(p));
+                let xs = _mm256_permute_ps::<0b10_11_00_01>(x); // [x1 x0 ..]
+                let even = _mm256_fmadd_ps(x, c, neg(_mm256_mul_ps(xs, s)));
+                let odd = _mm256_fmadd_ps(xs, s, _mm256_mul_ps(x, c));
+                _mm256_storeu_ps(h.add(i), _mm256_blend_ps::<0b1010_1010>(even, odd));
+            }
+        }
+    }
+}
+
 /// `gate[i] = silu(gate[i]) * up[i]`.
 pub(crate) fn swiglu(gate: &mut [f32], up: &[f32]) {
     let n = gate.len().min(up.len());

@@ -455,6 +455,7 @@ const fn build(flags: usize) -> KernelTable {
     t.quantize.q8_1 = Some(quantize_q8::<true>);
     t.quantize.q8_k = Some(quantize_q8_k);
 
+    t.rope = act::rope;
     t.swiglu = act::swiglu;
     t.geglu = act::geglu;
     t.expf_batch = if avx512 { entry::expf_batch::<true> } else { entry::expf_batch::<false> };
