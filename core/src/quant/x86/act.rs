@@ -108,7 +108,7 @@ unsafe fn geglu_avx2(n: usize, g: *mut f32, u: *const f32, t: &[u16; GELU_LEN]) 
 /// whole vectors (`n_rot` not a multiple of 8, or of 16 with `neox`) take the reference.
 pub(crate) fn rope(heads: &mut [f32], hd: usize, cs: &[f32], n_rot: usize, neox: bool) {
     let step = if neox { 16 } else { 8 };
-    if hd == 0 || n_rot == 0 || n_rot % step != 0 || n_rot > hd || cs.len() < n_rot {
+    if hd == 0 || n_rot == 0 || !n_rot.is_multiple_of(step) || n_rot > hd || cs.len() < n_rot {
         return crate::ops::rope_heads(heads, hd, cs, n_rot, neox);
     }
     for h in heads.chunks_exact_mut(hd) {
