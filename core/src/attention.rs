@@ -162,6 +162,14 @@ pub fn attend_block<'q, 'o>(
     // take (the running maximum depends only on the scores), exponentiated together
     // (`expf_batch` gives `ops::expf`'s bits), then the accumulator updates in key
     // order: the same operations on the same values as one key at a time.
+    // The first chunk's key rows asked for at once (the loop below asks for each next
+    // chunk's while it works on this one): in decode the cache's rows come from memory
+    // (the weights streamed since evicted them), and the dot would otherwise meet each
+    // row's miss in turn.
+    for p in lo..(lo + CHUNK).min(hi) {
+        let slot = if lay.ring == 0 { p } else { p % lay.ring };
+        prefetch::lines(k.as_ptr().wrapping_add(lay.k_base + slot * lay.k_stride).cast(), 2 * hd, Level::L2);
+    }
     let mut p0 = lo;
     while p0 < hi {
         let clen = (hi - p0).min(CHUNK);

@@ -18,6 +18,7 @@ use crate::model::{FfnAct, HParams, Layer, RopeMode, Tensor};
 use crate::ops;
 use crate::parallel::{split_range, Parallel};
 use crate::placement::{Offload, Placement, WeightId, WeightKind};
+use crate::prefetch::{self, Level};
 use crate::quant::Kernels;
 
 /// Tokens per chunk of the chunked delta-net prompt path.
@@ -92,6 +93,20 @@ pub(crate) struct Cache<'c> {
     pub n_past: usize,
     /// Sliding-window width (0: none).
     pub window: usize,
+}
+
+/// Bytes of each of a layer's K and V caches [`prefetch_cache`] asks for.
+const KV_PREFETCH_MAX: usize = 96 * 1024;
+
+/// Asks for the first rows of the layer's K and V caches in use (up to
+/// [`KV_PREFETCH_MAX`] bytes each) into L2: a one-token pass calls it at the layer's
+/// start, so the rows its attention reads arrive while the layer's first products stream
+/// their weights (between tokens the weights evict them; the attention would otherwise
+/// wait on its first rows' misses). A hint only: it changes no value.
+pub(crate) fn prefetch_cache(c: &Cache<'_>, hp: &HParams) {
+    let used = c.n_past.min(c.rows);
+    prefetch::lines(c.kv_k.as_ptr().cast(), (used * hp.k_dim() * 2).min(KV_PREFETCH_MAX), Level::L2);
+    prefetch::lines(c.kv_v.as_ptr().cast(), (used * hp.v_dim() * 2).min(KV_PREFETCH_MAX), Level::L2);
 }
 
 /// One recurrent layer's conv and delta-rule state.

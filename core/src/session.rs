@@ -575,6 +575,9 @@ impl<'a> Session<'a> {
                     LayerState::DeltaNet(st)
                 }
             };
+            if let (1, LayerState::Attention(c)) = (n, &state) {
+                block_cpu::prefetch_cache(c, hp);
+            }
             // The block's ops, in order (`block::layer_ops`: the one description of it).
             let step = Step { hp, layer, l, n, n_tasks, chunked, par };
             let mut prev: Option<Op> = None;
