@@ -546,35 +546,41 @@ pub(super) unsafe fn q5_1_q8_1_rows_vnni(nb: usize, w: *const u8, wrow: usize, a
 }
 
 /// [`q4_0_q8_0`] for [`ROWS`] rows, AVX-512 VNNI: each row's sum `Σ (q - 8)·y` as
-/// `Σ q·y - 8·Σ y` (the nibbles are unsigned), two rows per 512-bit `vpdpbusd`
-/// ([`nibbles_pair`]); the eight rows' lanes then summed to one lane per row by 512-bit
-/// shuffles (integer sums: exact in any order), so each row's fma chain has
-/// [`table_dot_rows`]'s operands and order: the same bits.
+/// `Σ q·y - 8·Σ y` (the nibbles are unsigned), four rows per 512-bit vector, one row's
+/// 16 packed bytes per 128-bit quarter: the low nibbles by one `vpdpbusd` with the
+/// activation's first 16 bytes in every quarter, the high ones by a second with its last
+/// 16. Each row's four lanes, then the eight rows, are summed by shuffles (integer sums:
+/// exact in any order), so each row's fma chain has [`table_dot_rows`]'s operands and
+/// order: the same bits.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn q4_0_q8_0_rows_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
     // SAFETY: as q4_0_q8_0_rows; AVX-512 F/BW/VL/VNNI available (target features).
     unsafe {
-        // Lanes 0-1 and 2-3 of each 128-bit quarter of two vectors: the quarters' partial
-        // sums of the first vector in lanes 0-7 (two a quarter), the second's in 8-15.
-        let lo2 = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
-        let hi2 = _mm512_setr_epi32(2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+        // Lanes 0, 2, .. (and 1, 3, ..) of two vectors: the rows' pairs of lanes.
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        let (m4, eights) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(8));
+        // Rows r..r + 4 of block k: row r + i's 16 bytes in quarter i.
+        let quad = |r: usize, k: usize| {
+            let p = |i: usize| _mm_loadu_si128(w.add((r + i) * wrow + k * 18 + 2).cast());
+            let lo = _mm512_inserti32x4::<1>(_mm512_castsi128_si512(p(0)), p(1));
+            _mm512_inserti32x4::<3>(_mm512_inserti32x4::<2>(lo, p(2)), p(3))
+        };
         let mut acc = _mm256_setzero_ps();
         for k in 0..nb {
             let ab = a.add(k * 34);
-            let y = _mm256_loadu_si256(ab.add(2).cast());
-            let (y2, c2) = (_mm512_broadcast_i64x4(y), _mm512_broadcast_i64x4(neg_k_sums(8, y)));
             prefetch_next_rows::<true>(w, wrow, k, nb);
-            // Rows 2p (lanes 0-7) and 2p + 1 (lanes 8-15): 8 partial sums each.
-            let pair = |p: usize| {
-                let wb = w.add(2 * p * wrow + k * 18 + 2);
-                _mm512_dpbusd_epi32(c2, nibbles_pair(wb, wb.add(wrow)), y2)
+            // The activation's first and last 16 bytes in every quarter; `c`: per lane
+            // `-8·Σ y` over the lane's bytes of both.
+            let (ylo, yhi) = (_mm512_broadcast_i32x4(_mm_loadu_si128(ab.add(2).cast())), _mm512_broadcast_i32x4(_mm_loadu_si128(ab.add(18).cast())));
+            let c = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), eights, ylo), eights, yhi));
+            let lanes = |q: __m512i| {
+                let (lo, hi) = (_mm512_and_si512(q, m4), _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4));
+                _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(c, lo, ylo), hi, yhi)
             };
-            let (z0, z1, z2, z3) = (pair(0), pair(1), pair(2), pair(3));
-            // Rows 0-3 (and 4-7): 4 partial sums each, one 128-bit quarter per row.
-            let quads = |za: __m512i, zb: __m512i| _mm512_add_epi32(_mm512_shuffle_i64x2::<0x88>(za, zb), _mm512_shuffle_i64x2::<0xDD>(za, zb));
-            let (q03, q47) = (quads(z0, z1), quads(z2, z3));
+            let (za, zb) = (lanes(quad(0, k)), lanes(quad(4, k)));
             // Rows 0-7: 2 partial sums each (row r in lanes 2r, 2r + 1), then one.
-            let t = _mm512_add_epi32(_mm512_permutex2var_epi32(q03, lo2, q47), _mm512_permutex2var_epi32(q03, hi2, q47));
+            let t = _mm512_add_epi32(_mm512_permutex2var_epi32(za, even, zb), _mm512_permutex2var_epi32(za, odd, zb));
             let s = _mm512_cvtepi64_epi32(_mm512_add_epi32(t, _mm512_srli_epi64::<32>(t)));
             let da = _mm256_cvtph_ps(_mm_set1_epi16(rd16(ab))); // (F16C: exact)
             let dw = f16_scales(w, wrow, k * 18);
