@@ -359,8 +359,6 @@ fn rope(hp: &HParams, kern: &Kernels, l: usize, n_past: usize, freqs: Option<&[u
         kern.rope(&mut b.k[..hp.n_head_kv * hd], hd, cs, n_rot, neox);
         return;
     }
-    // (Longer passes overwrite the table: the next one-token pass computes its own.)
-    b.rope_of = None;
     if n < ROWS_PARALLEL_MIN || n_rot > ROPE_STACK || par.n_threads() < 2 {
         for i in 0..n {
             token(i, &mut b.q[i * qd..][..hp.n_head * hd], &mut b.k[i * kd..][..hp.n_head_kv * hd], b.rope);
