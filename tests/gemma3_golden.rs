@@ -5,7 +5,6 @@
 mod common;
 use common::*;
 use keel::core::gguf::Gguf;
-use keel::core::parallel::Sequential;
 use keel::core::session::{Outputs, SessionConfig};
 use keel_host_linux::pool::ThreadPool;
 
@@ -132,15 +131,6 @@ fn logits_do_not_depend_on_threads_or_batching() {
     let c = cfg(64, 64);
     let mut arena = arena_for(&bytes, &c);
     let mut e = engine(&g, &mut arena, c, fast_kernels());
-    let v = e.n_vocab();
     let pool2 = ThreadPool::new(2).unwrap();
-    let two = e.eval(toks, Outputs::All, &pool2).unwrap().to_vec();
-    e.reset();
-    let one = e.eval(toks, Outputs::All, &Sequential).unwrap().to_vec();
-    assert!(one == two, "logits differ between 1 and 2 threads");
-    e.reset();
-    for (i, &t) in toks.iter().enumerate() {
-        let row = e.eval(&[t], Outputs::Last, &pool2).unwrap();
-        assert!(row == &two[i * v..(i + 1) * v], "position {i}: token-by-token logits differ from the batched ones");
-    }
+    keel_test_support::assert_logits_independent_of_threads_and_batching(&mut e, &pool2, toks);
 }

@@ -144,6 +144,23 @@ pub fn speculative(sp: &mut Speculator<'_>, target: &mut dyn Lm, drafter: &mut d
     got
 }
 
+/// Asserts that `toks`' logits are bit-identical evaluated batched on `two` (a pool of
+/// two threads) and on one thread, and token by token on `two` (the engine is reset
+/// before each evaluation).
+pub fn assert_logits_independent_of_threads_and_batching(e: &mut Engine<'_>, two: &dyn Parallel, toks: &[u32]) {
+    let v = e.n_vocab();
+    e.reset();
+    let batched = e.eval(toks, Outputs::All, two).unwrap().to_vec();
+    e.reset();
+    let one = e.eval(toks, Outputs::All, &keel_core::parallel::Sequential).unwrap().to_vec();
+    assert!(one == batched, "logits differ between 1 and 2 threads");
+    e.reset();
+    for (i, &t) in toks.iter().enumerate() {
+        let row = e.eval(&[t], Outputs::Last, two).unwrap();
+        assert!(row == &batched[i * v..(i + 1) * v], "position {i}: token-by-token logits differ from the batched ones");
+    }
+}
+
 /// Greedy agreement with a greedy golden file (`path` under `tests/golden/`): for each
 /// prompt, (leading generated tokens equal to the golden's, the golden's length), each
 /// printed with the prompt (and `tag`).
