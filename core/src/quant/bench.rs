@@ -163,7 +163,7 @@ fn bench_attention() {
             black_box((&out, &y, &sums));
             let per = (chunks * len * heads) as f64 / 1e9;
             for (k, b) in sets.iter().zip(&best) {
-                println!("rows of {n:3}, {heads} head(s), {:>10}: K·Q {:6.2} ns ({QUERIES} queries: {:6.2} ns), value update {:6.2} ns per key and head", k.name(), b[0] / per, b[2] / per, b[1] / per);
+                println!("rows of {n:3}, {heads} head(s), {:>26}: K·Q {:6.2} ns ({QUERIES} queries: {:6.2} ns), value update {:6.2} ns per key and head", super::tests_f16::label(k), b[0] / per, b[2] / per, b[1] / per);
             }
         }
     }

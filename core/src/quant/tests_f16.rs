@@ -19,6 +19,16 @@ use half::f16;
 
 /// The kernel sets to compare with the reference on this CPU (with and without
 /// AVX512-FP16 on x86_64, so both exact paths run where the instruction exists).
+/// `k`'s name, with "/f16-via-memory" where its AVX-512 value updates round through
+/// memory (`Kernels::other_rounding`): the tests' and benchmarks' label of a set.
+pub(super) fn label(k: &Kernels) -> std::string::String {
+    #[cfg(target_arch = "x86_64")]
+    if super::x86::rounds_via_memory(k.t) {
+        return std::format!("{}/f16-via-memory", k.name());
+    }
+    k.name().into()
+}
+
 pub(super) fn kernel_sets() -> Vec<Kernels> {
     let mut v = Vec::new();
     #[cfg(target_arch = "x86_64")]
@@ -40,6 +50,13 @@ pub(super) fn kernel_sets() -> Vec<Kernels> {
     #[cfg(target_arch = "aarch64")]
     if std::arch::is_aarch64_feature_detected!("neon") {
         v.push(Kernels::new(Isa { neon: true, ..Isa::default() }));
+    }
+    // Every AVX-512 set again with its value updates' other f16 rounding form (memory or
+    // register round trip, chosen by the CPU's vendor: the same bits).
+    #[cfg(target_arch = "x86_64")]
+    {
+        let twins: Vec<Kernels> = v.iter().filter_map(Kernels::other_rounding).collect();
+        v.extend(twins);
     }
     v
 }
@@ -103,7 +120,7 @@ fn f16_mad_and_scale_match_reference_at_every_length() {
             let (mut a, mut b) = (y.clone(), y.clone());
             k.f16_scale(&mut a, v);
             reference.f16_scale(&mut b, v);
-            assert_eq!(a, b, "{} scale n={n} v={v}", k.name());
+            assert_eq!(a, b, "{} scale n={n} v={v}", label(k));
         }
     }
 }
@@ -253,16 +270,16 @@ fn chunked_attention_ops_match_one_key_at_a_time() {
                 want_sum = libm::fmaf(want_sum, ms, vs);
             }
             for k in sets.iter().chain([&reference]) {
-                assert_eq!(k.softmax_sum(0.5, &new_max, &e).to_bits(), want_sum.to_bits(), "{} softmax_sum", k.name());
+                assert_eq!(k.softmax_sum(0.5, &new_max, &e).to_bits(), want_sum.to_bits(), "{} softmax_sum", label(k));
                 let mut s = vec![f32::NAN; len];
                 k.f16_dot_keys(&kv, &offs, &q, &mut s);
                 let mut y = y0.clone();
                 k.f16_mad_keys(&mut y, &kv, &offs, &new_max, &e);
                 for c in 0..len {
-                    assert_eq!(s[c].to_bits(), want_s[c].to_bits(), "{} dot n={n} round={round} key {c}", k.name());
+                    assert_eq!(s[c].to_bits(), want_s[c].to_bits(), "{} dot n={n} round={round} key {c}", label(k));
                 }
                 for i in 0..n {
-                    assert_eq!(y[i].to_bits(), want_y[i].to_bits(), "{} mad n={n} round={round} element {i}", k.name());
+                    assert_eq!(y[i].to_bits(), want_y[i].to_bits(), "{} mad n={n} round={round} element {i}", label(k));
                 }
             }
         }
@@ -312,13 +329,13 @@ fn grouped_attention_ops_match_one_head_at_a_time() {
                     let mut want_y = y0[h * n..(h + 1) * n].to_vec();
                     reference.f16_mad_keys(&mut want_y, &kv, &offs, &new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
                     for c in 0..len {
-                        assert_eq!(s[h * len + c].to_bits(), want_s[c].to_bits(), "{} dot n={n} heads={heads} h={h} key {c}", k.name());
+                        assert_eq!(s[h * len + c].to_bits(), want_s[c].to_bits(), "{} dot n={n} heads={heads} h={h} key {c}", label(k));
                     }
                     for i in 0..n {
-                        assert_eq!(y[h * n + i].to_bits(), want_y[i].to_bits(), "{} mad n={n} heads={heads} h={h} element {i}", k.name());
+                        assert_eq!(y[h * n + i].to_bits(), want_y[i].to_bits(), "{} mad n={n} heads={heads} h={h} element {i}", label(k));
                     }
                     let want_sum = reference.softmax_sum(0.25 + h as f32, &new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
-                    assert_eq!(sums[h].to_bits(), want_sum.to_bits(), "{} sum n={n} heads={heads} h={h}", k.name());
+                    assert_eq!(sums[h].to_bits(), want_sum.to_bits(), "{} sum n={n} heads={heads} h={h}", label(k));
                 }
             }
         }
@@ -351,19 +368,19 @@ fn f32_value_update_matches_one_head_at_a_time() {
         for k in sets.iter().chain([&reference]) {
             let (mut y, mut sums) = (y0.clone(), sums0.clone());
             if !k.f32_mad_keys_heads(&mut y, n, heads, &xf, &new_max, &e, &mut sums) {
-                assert!(y == y0 && sums == sums0, "{}: wrote although it did not take {heads} heads of {n}", k.name());
+                assert!(y == y0 && sums == sums0, "{}: wrote although it did not take {heads} heads of {n}", label(k));
                 continue;
             }
-            assert!(n == 64 && heads <= 4, "{} took {heads} heads of {n}", k.name());
+            assert!(n == 64 && heads <= 4, "{} took {heads} heads of {n}", label(k));
             taken += 1;
             for h in 0..heads {
                 let mut want = y0[h * n..(h + 1) * n].to_vec();
                 reference.f16_mad_keys(&mut want, &kv, &offs, &new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
                 for i in 0..n {
-                    assert_eq!(y[h * n + i].to_bits(), want[i].to_bits(), "{} round {round} heads={heads} h={h} element {i}", k.name());
+                    assert_eq!(y[h * n + i].to_bits(), want[i].to_bits(), "{} round {round} heads={heads} h={h} element {i}", label(k));
                 }
                 let want_sum = reference.softmax_sum(sums0[h], &new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
-                assert_eq!(sums[h].to_bits(), want_sum.to_bits(), "{} round {round} sum heads={heads} h={h}", k.name());
+                assert_eq!(sums[h].to_bits(), want_sum.to_bits(), "{} round {round} sum heads={heads} h={h}", label(k));
             }
         }
     }
@@ -404,10 +421,10 @@ fn queries_dot_matches_each_query() {
             for k in sets.iter().chain([&reference]) {
                 let mut s = vec![f32::from_bits(0x7fc0_1234); queries * heads * len];
                 if !k.f16_dot_keys_queries(&kv, &offs, &qs, n, heads, queries, &mut s) {
-                    assert!(s.iter().all(|v| v.to_bits() == 0x7fc0_1234), "{}: wrote although it did not take n={n}", k.name());
+                    assert!(s.iter().all(|v| v.to_bits() == 0x7fc0_1234), "{}: wrote although it did not take n={n}", label(k));
                     continue;
                 }
-                assert!(fits, "{} took n={n} with {len} keys", k.name());
+                assert!(fits, "{} took n={n} with {len} keys", label(k));
                 taken += 1;
                 for j in 0..queries {
                     for h in 0..heads {
@@ -415,7 +432,7 @@ fn queries_dot_matches_each_query() {
                         let q = &qs[(j * heads + h) * n..(j * heads + h + 1) * n];
                         reference.f16_dot_keys(&kv, &offs, q, &mut want);
                         for c in 0..len {
-                            assert_eq!(s[(j * heads + h) * len + c].to_bits(), want[c].to_bits(), "{} n={n} query {j}/{queries} head {h}/{heads} key {c}/{len}", k.name());
+                            assert_eq!(s[(j * heads + h) * len + c].to_bits(), want[c].to_bits(), "{} n={n} query {j}/{queries} head {h}/{heads} key {c}/{len}", label(k));
                         }
                     }
                 }
@@ -466,13 +483,13 @@ fn softmax_scores_match_the_key_by_key_loop() {
                 for ((e, nm), m) in want_e.chunks_exact_mut(chunk.len() / heads).zip(want_nm.chunks_exact_mut(chunk.len() / heads)).zip(want_max.iter_mut()) {
                     reference.softmax_scores(e, nm, scale, core::slice::from_mut(m));
                 }
-                assert_eq!(nm, want_nm, "{} round {round} chunk {ci}: new-maximum flags", k.name());
+                assert_eq!(nm, want_nm, "{} round {round} chunk {ci}: new-maximum flags", label(k));
                 for c in 0..chunk.len() {
                     let (got, want) = (crate::ops::expf(e[c]), crate::ops::expf(want_e[c]));
-                    assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{} round {round} chunk {ci} key {c}: {got} vs {want}", k.name());
+                    assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{} round {round} chunk {ci} key {c}: {got} vs {want}", label(k));
                 }
                 for (h, (m, w)) in max.iter().zip(&want_max).enumerate() {
-                    assert!(m == w || (m.is_nan() && w.is_nan()), "{} round {round} chunk {ci} head {h}: max {m} vs {w}", k.name());
+                    assert!(m == w || (m.is_nan() && w.is_nan()), "{} round {round} chunk {ci} head {h}: max {m} vs {w}", label(k));
                 }
             }
         }
@@ -509,7 +526,7 @@ fn grouped_value_update_rounds_once_below_f16_normals() {
                     let mut want = vec![y0; n];
                     reference.f16_mad_keys(&mut want, &kv, &offs, &new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
                     for i in 0..n {
-                        assert_eq!(y[h * n + i].to_bits(), want[i].to_bits(), "{} n={n} heads={heads} h={h} element {i}", k.name());
+                        assert_eq!(y[h * n + i].to_bits(), want[i].to_bits(), "{} n={n} heads={heads} h={h} element {i}", label(&k));
                     }
                 }
             }
@@ -570,7 +587,7 @@ fn blocked_attention_matches_one_query_at_a_time() {
                     let mut want = vec![f32::NAN; nh * hd];
                     attend_heads(k, &q[j * nh * hd..(j + 1) * nh * hd], hd, hd, &kc, &vc, span(j), 0.125, &mut qh, &mut acc, &mut want);
                     for (i, (g, w)) in got[j * nh * hd..(j + 1) * nh * hd].iter().zip(&want).enumerate() {
-                        assert_eq!(g.to_bits(), w.to_bits(), "{} hd={hd} heads={nh} window={window} query {j} of {nq} element {i}", k.name());
+                        assert_eq!(g.to_bits(), w.to_bits(), "{} hd={hd} heads={nh} window={window} query {j} of {nq} element {i}", label(k));
                     }
                 }
             }
@@ -627,7 +644,7 @@ fn tiled_step_heads_give_each_row_the_steps_bits() {
             let mut kq = vec![f32::NAN; 4 * TILE];
             k.tiled_step_heads(&qs, &kt, &vt, &mut kq, lo, hi, 0.125, &mut ga, &mut gm, &mut gs);
             let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-            assert!(same(&gm, &wm) && same(&gs, &ws), "{} round {round} ({nh} heads, {hd}/{hdv}, {lo}..{hi}): maxima {gm:?} vs {wm:?}, sums {gs:?} vs {ws:?}", k.name());
+            assert!(same(&gm, &wm) && same(&gs, &ws), "{} round {round} ({nh} heads, {hd}/{hdv}, {lo}..{hi}): maxima {gm:?} vs {wm:?}, sums {gs:?} vs {ws:?}", label(k));
             for (i, (g, w)) in ga.iter().zip(&wa).enumerate() {
                 assert_eq!(g.to_bits(), w.to_bits(), "{} round {round} ({nh} heads, {hd}/{hdv}, {lo}..{hi}): head {} column {}", k.name(), i / hdv, i % hdv);
             }
@@ -678,8 +695,8 @@ fn tiled_attention_blocks_match_the_reference_one_row_at_a_time() {
                     block(k, &kc, &vc, lay, (hd, hd, nh), 0.125, nq, query, &mut scratch, |_| outs.next().unwrap());
                 }
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert!(g.is_finite(), "{} hd={hd} element {i} is {g}", k.name());
-                    assert_eq!(g.to_bits(), w.to_bits(), "{} hd={hd} heads={nh} window={window} past={past} tokens={nq} element {i}", k.name());
+                    assert!(g.is_finite(), "{} hd={hd} element {i} is {g}", label(k));
+                    assert_eq!(g.to_bits(), w.to_bits(), "{} hd={hd} heads={nh} window={window} past={past} tokens={nq} element {i}", label(k));
                 }
             }
         }
@@ -747,10 +764,10 @@ fn rows_to_f32_converts_each_row() {
             k.f16_rows_to_f32(&src, &offs, n, &mut dst);
             for (c, &off) in offs.iter().enumerate() {
                 for i in 0..n {
-                    assert_eq!(dst[c * n + i].to_bits(), src[off + i].to_f32().to_bits(), "{} n={n} row {c} element {i}", k.name());
+                    assert_eq!(dst[c * n + i].to_bits(), src[off + i].to_f32().to_bits(), "{} n={n} row {c} element {i}", label(k));
                 }
             }
-            assert!(dst[offs.len() * n..].iter().all(|x| x.is_nan()), "{} n={n}: wrote past the rows", k.name());
+            assert!(dst[offs.len() * n..].iter().all(|x| x.is_nan()), "{} n={n}: wrote past the rows", label(k));
         }
     }
 }

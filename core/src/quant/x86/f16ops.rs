@@ -21,7 +21,7 @@
 use core::arch::x86_64::*;
 
 use super::super::f16ops::{self as reference, DOT_STEP, F16_STEP};
-use super::{cvtph_ps_m512, f16_round_via, hsum_ps, RoundSlots};
+use super::{cvtph_ps_m512, f16_round_to, hsum_ps, RoundSlots};
 use half::f16;
 
 /// Whether a row of `n` elements at every offset in `offs` lies inside `len` elements
@@ -879,7 +879,7 @@ unsafe fn dot_keys_queries_avx512<const S: usize>(k: *const u16, offs: &[usize],
 /// for all heads, and the heads' accumulators are independent chains in the inner loop;
 /// per head and element the operations of [`mad_keys_regs`] in key order (the same bits).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn mad_keys_heads64(ys: &mut [f16], heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], sums: &mut [f32], avx512: bool) {
+pub(crate) fn mad_keys_heads64(ys: &mut [f16], heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], sums: &mut [f32], avx512: bool, via: bool) {
     let len = offs.len();
     assert!(heads <= 4 && ys.len() >= heads * 64 && new_max.len() >= heads * len && e.len() >= heads * len && sums.len() >= heads, "mad_keys_heads64: short arrays");
     assert!(rows_fit(offs, 64, x.len()), "mad_keys_heads64: value row out of bounds");
@@ -889,10 +889,14 @@ pub(crate) fn mad_keys_heads64(ys: &mut [f16], heads: usize, x: &[f16], offs: &[
     // 64, every value row's 64 elements lie in x (checked above).
     unsafe {
         match (avx512, heads) {
-            (true, 1) => mad_keys_heads64_avx512::<1, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
-            (true, 2) => mad_keys_heads64_avx512::<2, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
-            (true, 3) => mad_keys_heads64_avx512::<3, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
-            (true, 4) => mad_keys_heads64_avx512::<4, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
+            (true, 1) if via => mad_keys_heads64_avx512::<1, false, true>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
+            (true, 1) => mad_keys_heads64_avx512::<1, false, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
+            (true, 2) if via => mad_keys_heads64_avx512::<2, false, true>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
+            (true, 2) => mad_keys_heads64_avx512::<2, false, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
+            (true, 3) if via => mad_keys_heads64_avx512::<3, false, true>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
+            (true, 3) => mad_keys_heads64_avx512::<3, false, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
+            (true, 4) if via => mad_keys_heads64_avx512::<4, false, true>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
+            (true, 4) => mad_keys_heads64_avx512::<4, false, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
             _ => {
                 mad_keys_heads64_avx2(yp, heads, xp, offs, new_max, e);
                 softmax_sums(&mut sums[..heads], &new_max[..heads * len], &e[..heads * len]);
@@ -905,7 +909,7 @@ pub(crate) fn mad_keys_heads64(ys: &mut [f16], heads: usize, x: &[f16], offs: &[
 /// `64·c`, each an f16 value converted exactly; `xf.len() / 64` keys), AVX-512 only: the
 /// same operations on the same values, so the same bits. A block of queries converts a
 /// chunk's value rows once for all of them (`attention::attend_block`).
-pub(crate) fn mad_keys_heads64_f32(ys: &mut [f16], heads: usize, xf: &[f32], new_max: &[bool], e: &[f32], sums: &mut [f32]) {
+pub(crate) fn mad_keys_heads64_f32(ys: &mut [f16], heads: usize, xf: &[f32], new_max: &[bool], e: &[f32], sums: &mut [f32], via: bool) {
     let len = xf.len() / 64;
     assert!((1..=4).contains(&heads) && ys.len() >= heads * 64 && new_max.len() >= heads * len && e.len() >= heads * len && sums.len() >= heads, "mad_keys_heads64_f32: short arrays");
     let (yp, xp) = (ys.as_mut_ptr().cast::<u16>(), xf.as_ptr());
@@ -913,11 +917,15 @@ pub(crate) fn mad_keys_heads64_f32(ys: &mut [f16], heads: usize, xf: &[f32], new
     // SAFETY: AVX-512 F present (this entry is only in tables built after
     // cpu_has_avx512()); ys holds heads rows of 64, xf holds len rows of 64.
     unsafe {
-        match heads {
-            1 => mad_keys_heads64_avx512::<1, true>(yp, nul, &[], xp, len, new_max, e, sums),
-            2 => mad_keys_heads64_avx512::<2, true>(yp, nul, &[], xp, len, new_max, e, sums),
-            3 => mad_keys_heads64_avx512::<3, true>(yp, nul, &[], xp, len, new_max, e, sums),
-            _ => mad_keys_heads64_avx512::<4, true>(yp, nul, &[], xp, len, new_max, e, sums),
+        match (heads, via) {
+            (1, true) => mad_keys_heads64_avx512::<1, true, true>(yp, nul, &[], xp, len, new_max, e, sums),
+            (2, true) => mad_keys_heads64_avx512::<2, true, true>(yp, nul, &[], xp, len, new_max, e, sums),
+            (3, true) => mad_keys_heads64_avx512::<3, true, true>(yp, nul, &[], xp, len, new_max, e, sums),
+            (_, true) => mad_keys_heads64_avx512::<4, true, true>(yp, nul, &[], xp, len, new_max, e, sums),
+            (1, false) => mad_keys_heads64_avx512::<1, true, false>(yp, nul, &[], xp, len, new_max, e, sums),
+            (2, false) => mad_keys_heads64_avx512::<2, true, false>(yp, nul, &[], xp, len, new_max, e, sums),
+            (3, false) => mad_keys_heads64_avx512::<3, true, false>(yp, nul, &[], xp, len, new_max, e, sums),
+            (_, false) => mad_keys_heads64_avx512::<4, true, false>(yp, nul, &[], xp, len, new_max, e, sums),
         }
     }
 }
@@ -925,8 +933,9 @@ pub(crate) fn mad_keys_heads64_f32(ys: &mut [f16], heads: usize, xf: &[f32], new
 /// [`mad_keys_heads64_avx2`] on 512-bit vectors for `H` heads: each head's row in four
 /// registers through the whole chunk (as f32 holding f16 values exactly), the same
 /// per-element steps `f16(f32(y)·e)` and `f16(fma(x, v, y))` in key order (the
-/// update's f16 rounding through a stack slot, [`f16_round_via`]: with 4·H chains side
-/// by side its latency hides and the conversions leave a port free); each head's
+/// update's f16 rounding by [`f16_round_to`]: with `VIA` through a stack slot, whose
+/// latency hides with 4·H chains side by side and whose widening leaves Intel's shuffle
+/// port free; else by the register round trip, faster on AMD Zen 5); each head's
 /// running sum `sum = fma(sum, ms, vs)` (`softmax_sum`) beside them.
 ///
 /// # Safety
@@ -939,14 +948,14 @@ pub(crate) fn mad_keys_heads64_f32(ys: &mut [f16], heads: usize, xf: &[f32], new
 /// then a plain load rather than a conversion (one operation fewer on the vector ports
 /// per 16 elements and key).
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
-unsafe fn mad_keys_heads64_avx512<const H: usize, const F32V: bool>(y: *mut u16, x: *const u16, offs: &[usize], xf: *const f32, len: usize, new_max: &[bool], e: &[f32], sums: &mut [f32]) {
+unsafe fn mad_keys_heads64_avx512<const H: usize, const F32V: bool, const VIA: bool>(y: *mut u16, x: *const u16, offs: &[usize], xf: *const f32, len: usize, new_max: &[bool], e: &[f32], sums: &mut [f32]) {
     // SAFETY: as above; unaligned loads and stores only.
     unsafe {
         let f16_round = |v: __m512| _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
         let one = _mm512_set1_ps(1.0);
         let mut acc: [[__m512; 4]; H] = core::array::from_fn(|h| core::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(y.add(64 * h + 16 * j).cast()))));
         let mut sum: [__m128; H] = core::array::from_fn(|h| _mm_set_ss(sums[h]));
-        // One f16 slot per (head, vector) chain for `f16_round_via`.
+        // One f16 slot per (head, vector) chain for `f16_round_to` (unused without VIA).
         let mut slots = RoundSlots::new();
         for c in 0..len {
             let xv: [__m512; 4] = if F32V {
@@ -968,7 +977,7 @@ unsafe fn mad_keys_heads64_avx512<const H: usize, const F32V: bool>(y: *mut u16,
                     ec
                 };
                 for (j, v) in a.iter_mut().enumerate() {
-                    *v = f16_round_via(_mm512_fmadd_ps(xv[j], vs, *v), slots.at(4 * h + j));
+                    *v = f16_round_to::<VIA>(_mm512_fmadd_ps(xv[j], vs, *v), &mut slots, 4 * h + j);
                 }
             }
         }
@@ -1047,7 +1056,7 @@ const EXACT_KEYS: usize = 64;
 /// head's running sum `softmax_sum` beside them. Every element sees the same sequence of
 /// operations as one key and one head at a time: the same bits.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn mad_keys_heads_exact(ys: &mut [f16], n: usize, heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], sums: &mut [f32], avx512: bool) {
+pub(crate) fn mad_keys_heads_exact(ys: &mut [f16], n: usize, heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], sums: &mut [f32], avx512: bool, via: bool) {
     let len = offs.len();
     assert!(mad_keys_heads_exact_fits(n) && (1..=4).contains(&heads), "mad_keys_heads_exact: {heads} heads of {n}");
     assert!(ys.len() >= heads * n && new_max.len() >= heads * len && e.len() >= heads * len && sums.len() >= heads, "mad_keys_heads_exact: short arrays");
@@ -1077,10 +1086,14 @@ pub(crate) fn mad_keys_heads_exact(ys: &mut [f16], n: usize, heads: usize, x: &[
             // Slices as wide as the registers allow (16 vectors of accumulators with
             // AVX-512, 8 with AVX2; n is a multiple of 128, so of every width here).
             match (avx512, heads) {
-                (true, 1) => mad_exact_avx512::<1, 8>(yp, n, xp, o, fl, &mul, &scl),
-                (true, 2) => mad_exact_avx512::<2, 8>(yp, n, xp, o, fl, &mul, &scl),
-                (true, 3) => mad_exact_avx512::<3, 4>(yp, n, xp, o, fl, &mul, &scl),
-                (true, _) => mad_exact_avx512::<4, 4>(yp, n, xp, o, fl, &mul, &scl),
+                (true, 1) if via => mad_exact_avx512::<1, 8, true>(yp, n, xp, o, fl, &mul, &scl),
+                (true, 2) if via => mad_exact_avx512::<2, 8, true>(yp, n, xp, o, fl, &mul, &scl),
+                (true, 3) if via => mad_exact_avx512::<3, 4, true>(yp, n, xp, o, fl, &mul, &scl),
+                (true, _) if via => mad_exact_avx512::<4, 4, true>(yp, n, xp, o, fl, &mul, &scl),
+                (true, 1) => mad_exact_avx512::<1, 8, false>(yp, n, xp, o, fl, &mul, &scl),
+                (true, 2) => mad_exact_avx512::<2, 8, false>(yp, n, xp, o, fl, &mul, &scl),
+                (true, 3) => mad_exact_avx512::<3, 4, false>(yp, n, xp, o, fl, &mul, &scl),
+                (true, _) => mad_exact_avx512::<4, 4, false>(yp, n, xp, o, fl, &mul, &scl),
                 (false, 1) => mad_exact_heads_avx2::<1, 8>(yp, n, xp, o, fl, &mul, &scl),
                 (false, 2) => mad_exact_heads_avx2::<2, 4>(yp, n, xp, o, fl, &mul, &scl),
                 (false, 3) => mad_exact_heads_avx2::<3, 2>(yp, n, xp, o, fl, &mul, &scl),
@@ -1126,20 +1139,21 @@ unsafe fn exact_multipliers(new_max: &[bool], e: &[f32], mul: &mut [f32], scl: &
 /// sum rounded down and rounded up are equal when it is exact, else adjacent f32 values
 /// (bit patterns one apart, ±0 and the smallest subnormal next to zero), of which
 /// exactly one has an odd significand: the one whose lowest bit is set, else the other.
+/// The f16 rounding by [`f16_round_to`] (`VIA`: through memory, as on Intel).
 ///
 /// # Safety
 /// AVX2/FMA/F16C and AVX-512 F present; `H` rows of `n` (a multiple of `16·V`) at `y`, `n`
 /// elements at `x + offs[c]` for every c; `new_max[h]` as long as `offs`, `mul`/`scl`
 /// hold `H` rows of [`EXACT_KEYS`] >= `offs.len()`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
-unsafe fn mad_exact_avx512<const H: usize, const V: usize>(y: *mut u16, n: usize, x: *const u16, offs: &[usize], new_max: [&[bool]; 4], mul: &[f32], scl: &[f32]) {
+unsafe fn mad_exact_avx512<const H: usize, const V: usize, const VIA: bool>(y: *mut u16, n: usize, x: *const u16, offs: &[usize], new_max: [&[bool]; 4], mul: &[f32], scl: &[f32]) {
     // SAFETY: as above; unaligned loads and stores only.
     unsafe {
         const RD: i32 = _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC;
         const RU: i32 = _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC;
         let f16_round = |v: __m512| _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
         let one = _mm512_set1_epi32(1);
-        // One f16 slot per (head, vector) chain for `f16_round_via`.
+        // One f16 slot per (head, vector) chain for `f16_round_to` (unused without VIA).
         let mut slots = RoundSlots::new();
         for col in (0..n).step_by(16 * V) {
             let mut acc: [[__m512; V]; H] = core::array::from_fn(|h| core::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(y.add(h * n + col + 16 * j).cast()))));
@@ -1157,7 +1171,7 @@ unsafe fn mad_exact_avx512<const H: usize, const V: usize>(y: *mut u16, n: usize
                         let rd = _mm512_castps_si512(_mm512_fmadd_round_ps::<RD>(xv[j], vv, *v));
                         let ru = _mm512_castps_si512(_mm512_fmadd_round_ps::<RU>(xv[j], vv, *v));
                         let odd = _mm512_mask_blend_epi32(_mm512_test_epi32_mask(rd, one), ru, rd);
-                        *v = f16_round_via(_mm512_castsi512_ps(odd), slots.at(V * h + j));
+                        *v = f16_round_to::<VIA>(_mm512_castsi512_ps(odd), &mut slots, V * h + j);
                     }
                 }
             }

@@ -378,16 +378,48 @@ pub(crate) fn table(isa: Isa) -> Option<&'static KernelTable> {
     let fp16 = isa.avx512_fp16 && cpu_has_avx512_fp16();
     let avx512 = isa.avx512 && cpu_has_avx512();
     let vnni = avx512 && isa.avx512_vnni && cpu_has_avx512_vnni();
-    Some(&TABLES[avx512 as usize | (vnni as usize) << 1 | (fp16 as usize) << 2])
+    let intel = avx512 && cpu_is_intel();
+    Some(&TABLES[avx512 as usize | (vnni as usize) << 1 | (fp16 as usize) << 2 | (intel as usize) << 3])
 }
 
-/// The table of every set of flags, at index `avx512 | vnni << 1 | fp16 << 2`.
-static TABLES: [KernelTable; 8] = [build(0), build(1), build(2), build(3), build(4), build(5), build(6), build(7)];
+/// `t` (one of [`TABLES`]) with the AVX-512 value updates' other f16 rounding form (same
+/// bits, other speed): what tests run to cover both forms on any AVX-512 CPU. `None` for
+/// a table without AVX-512 (the forms are AVX-512 kernels) or not in [`TABLES`].
+#[cfg(test)]
+pub(crate) fn other_rounding(t: &'static KernelTable) -> Option<&'static KernelTable> {
+    let i = TABLES.iter().position(|x| core::ptr::eq(x, t))?;
+    (i & 1 != 0).then(|| &TABLES[i ^ 8])
+}
+
+/// Whether `t`'s AVX-512 value updates round through memory (the `intel` flag).
+#[cfg(test)]
+pub(crate) fn rounds_via_memory(t: &'static KernelTable) -> bool {
+    TABLES.iter().position(|x| core::ptr::eq(x, t)).is_some_and(|i| i & 9 == 9)
+}
+
+/// True if CPUID's vendor is Intel: the AVX-512 value updates then round their f16
+/// accumulators through memory ([`f16_round_to`]; the same bits, a different speed).
+fn cpu_is_intel() -> bool {
+    // SAFETY: CPUID leaf 0 exists on every x86_64 CPU.
+    let l0 = unsafe { __cpuid(0) };
+    (l0.ebx, l0.edx, l0.ecx) == (u32::from_le_bytes(*b"Genu"), u32::from_le_bytes(*b"ineI"), u32::from_le_bytes(*b"ntel"))
+}
+
+/// The table of every set of flags, at index `avx512 | vnni << 1 | fp16 << 2 | intel << 3`.
+static TABLES: [KernelTable; 16] = {
+    let mut t = [REFERENCE; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = build(i);
+        i += 1;
+    }
+    t
+};
 
 /// The reference's table with every kernel this module has for `flags` (see
 /// [`TABLES`]) in its place.
 const fn build(flags: usize) -> KernelTable {
-    let (avx512, vnni, fp16) = (flags & 1 != 0, flags & 2 != 0, flags & 4 != 0);
+    let (avx512, vnni, fp16, intel) = (flags & 1 != 0, flags & 2 != 0, flags & 4 != 0, flags & 8 != 0);
     let mut t = REFERENCE;
     t.name = match (vnni, fp16) {
         (true, true) => "avx2+vnni+fp16",
@@ -472,13 +504,19 @@ const fn build(flags: usize) -> KernelTable {
     t.f16_mad_keys = if fp16 { entry::mad_keys::<true> } else { entry::mad_keys::<false> };
     t.f16_dot_keys_heads = if avx512 { entry::dot_keys_heads::<true> } else { entry::dot_keys_heads::<false> };
     t.f16_dot_keys_queries = if avx512 { Some(f16ops::dot_keys_queries) } else { None };
-    t.f16_mad_keys_heads = match (avx512, fp16) {
-        (true, true) => entry::mad_keys_heads::<true, true>,
-        (true, false) => entry::mad_keys_heads::<true, false>,
-        (false, true) => entry::mad_keys_heads::<false, true>,
-        (false, false) => entry::mad_keys_heads::<false, false>,
+    t.f16_mad_keys_heads = match (avx512, fp16, intel) {
+        (true, true, true) => entry::mad_keys_heads::<true, true, true>,
+        (true, true, false) => entry::mad_keys_heads::<true, true, false>,
+        (true, false, true) => entry::mad_keys_heads::<true, false, true>,
+        (true, false, false) => entry::mad_keys_heads::<true, false, false>,
+        (false, true, _) => entry::mad_keys_heads::<false, true, false>,
+        (false, false, _) => entry::mad_keys_heads::<false, false, false>,
     };
-    t.f32_mad_keys_heads = if avx512 { Some(entry::f32_mad_keys_heads) } else { None };
+    t.f32_mad_keys_heads = match (avx512, intel) {
+        (true, true) => Some(entry::f32_mad_keys_heads::<true>),
+        (true, false) => Some(entry::f32_mad_keys_heads::<false>),
+        (false, _) => None,
+    };
     if avx512 {
         t.softmax_scores = f16ops::softmax_scores;
     }
@@ -534,11 +572,11 @@ mod entry {
 
     /// The grouped value updates over f32 value rows: rows of 64, up to 4 heads (tables
     /// with AVX-512 only).
-    pub(super) fn f32_mad_keys_heads(ys: &mut [f16], n: usize, heads: usize, xf: &[f32], new_max: &[bool], e: &[f32], sums: &mut [f32]) -> bool {
+    pub(super) fn f32_mad_keys_heads<const VIA: bool>(ys: &mut [f16], n: usize, heads: usize, xf: &[f32], new_max: &[bool], e: &[f32], sums: &mut [f32]) -> bool {
         if n != 64 || !(1..=4).contains(&heads) {
             return false;
         }
-        f16ops::mad_keys_heads64_f32(ys, heads, xf, new_max, e, sums);
+        f16ops::mad_keys_heads64_f32(ys, heads, xf, new_max, e, sums, VIA);
         true
     }
 
@@ -546,11 +584,11 @@ mod entry {
     /// AVX512-FP16 for rows of whole 128-element steps (the exact f16 accumulator in f32
     /// lanes; with it, `mad_keys`' `vfmadd231ph` head by head).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn mad_keys_heads<const AVX512: bool, const FP16: bool>(t: &KernelTable, ys: &mut [f16], n: usize, heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], sums: &mut [f32]) {
+    pub(super) fn mad_keys_heads<const AVX512: bool, const FP16: bool, const VIA: bool>(t: &KernelTable, ys: &mut [f16], n: usize, heads: usize, x: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], sums: &mut [f32]) {
         if n == 64 && heads <= 4 {
-            f16ops::mad_keys_heads64(ys, heads, x, offs, new_max, e, sums, AVX512)
+            f16ops::mad_keys_heads64(ys, heads, x, offs, new_max, e, sums, AVX512, VIA)
         } else if !FP16 && f16ops::mad_keys_heads_exact_fits(n) && (1..=4).contains(&heads) {
-            f16ops::mad_keys_heads_exact(ys, n, heads, x, offs, new_max, e, sums, AVX512)
+            f16ops::mad_keys_heads_exact(ys, n, heads, x, offs, new_max, e, sums, AVX512, VIA)
         } else {
             mad_keys_by_head(t, ys, n, heads, x, offs, new_max, e, sums)
         }
@@ -613,6 +651,28 @@ pub(super) unsafe fn f16_round_via(v: __m512, slot: *mut u16) -> __m512 {
     unsafe {
         _mm256_storeu_si256(slot.cast(), _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
         cvtph_ps_m512(slot)
+    }
+}
+
+/// `v` rounded to f16 and back to f32 as the value updates' chains do it: with `VIA`
+/// through chain `i`'s slot of `slots` ([`f16_round_via`]), else by the register round
+/// trip `_mm512_cvtph_ps(_mm512_cvtps_ph(v))`. Same bits either way; which is faster is
+/// the core's: on Intel (Sapphire Rapids, 2026-11-26) the slot's load-port widening made
+/// the 64-wide update ~30% faster, on AMD Zen 5 (2026-11-29) the register trip made
+/// SmolLM2 Q4_0's prompt at depth 4096 ~14% faster (BENCHMARKS.md). [`build`] picks by
+/// the table's `intel` flag (CPUID's vendor).
+///
+/// # Safety
+/// AVX-512 F present; `i < 16`.
+#[inline(always)]
+pub(super) unsafe fn f16_round_to<const VIA: bool>(v: __m512, slots: &mut RoundSlots, i: usize) -> __m512 {
+    // SAFETY: the caller's contract; the slot is this chain's alone.
+    unsafe {
+        if VIA {
+            f16_round_via(v, slots.at(i))
+        } else {
+            _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
+        }
     }
 }
 
