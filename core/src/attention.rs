@@ -20,7 +20,7 @@ use core::mem::MaybeUninit;
 use half::f16;
 
 use crate::prefetch::{self, Level};
-use crate::quant::Kernels;
+use crate::quant::{Kernels, KeysDot};
 
 /// Keys per chunk of the online softmax (scores and exponentials on the stack).
 pub const CHUNK: usize = 64;
@@ -85,6 +85,11 @@ const BLOCK_SCORES: usize = if cfg!(target_arch = "x86_64") { QBLOCK * MAX_HEADS
 /// [`BLOCK_SCORES`]): converted once for every query of a block
 /// ([`Kernels::f32_mad_keys_heads`], the same bits).
 const BLOCK_VALUES: usize = if cfg!(target_arch = "x86_64") { CHUNK * 64 } else { 0 };
+
+/// Room for a chunk's key rows of 64 in f32, transposed (x86 only, as
+/// [`BLOCK_SCORES`]): [`Kernels::f16_keys_transposed`] once per block, then each query's
+/// scores by [`Kernels::f32_mad_keys_heads_dot`] during the previous query's value update.
+const BLOCK_KEYS: usize = if cfg!(target_arch = "x86_64") { CHUNK * 64 } else { 0 };
 
 /// Attention of `nh = q.len() / hd` query heads (`q`: `nh` rows of `hd` f32, at most
 /// [`MAX_HEADS`]) over the keys of `span` in `k` / `v`, into `out` (`nh` rows of `hdv`).
@@ -157,7 +162,8 @@ pub fn attend_block<'q, 'o>(
     let (mut koff_mem, mut voff_mem) = ([MaybeUninit::<usize>::uninit(); CHUNK], [MaybeUninit::<usize>::uninit(); CHUNK]);
     let mut eb_mem = [MaybeUninit::<f32>::uninit(); BLOCK_SCORES];
     let mut vf_mem = [MaybeUninit::<f32>::uninit(); BLOCK_VALUES];
-    let (mut e_done, mut new_max_done, mut eb_done, mut vf_done) = (0, 0, 0, 0);
+    let mut kt_mem = [MaybeUninit::<f32>::uninit(); BLOCK_KEYS];
+    let (mut e_done, mut new_max_done, mut eb_done, mut vf_done, mut kt_done) = (0, 0, 0, 0, 0);
     // Per query and chunk: the part's scores, then every exponent the online softmax will
     // take (the running maximum depends only on the scores), exponentiated together
     // (`expf_batch` gives `ops::expf`'s bits), then the accumulator updates in key
@@ -200,7 +206,14 @@ pub fn attend_block<'q, 'o>(
         let (ua, ub) = if nq > 1 && BLOCK_SCORES > 0 { (0..nq).map(part).filter(|(a, b)| a < b).fold((usize::MAX, 0), |(lo, hi), (a, b)| (lo.min(a), hi.max(b))) } else { (0, 0) };
         let ulen = ub.saturating_sub(ua);
         let eb = prefix(&mut eb_mem, &mut eb_done, (nq * nh * ulen).min(BLOCK_SCORES), 0.0);
-        let block = nq > 1 && ulen > 0 && nq * nh * ulen <= BLOCK_SCORES && kern.f16_dot_keys_queries(k, &koff[ua - p0..ub - p0], qh, hd, nh, nq, eb);
+        let fits = nq > 1 && ulen > 0 && nq * nh * ulen <= BLOCK_SCORES;
+        // Rows of 64 where the kernel set can: the chunk's keys transposed once, and each
+        // query's scores computed while the previous query's values update (`scored`:
+        // the queries whose rows of `eb` are written); else every query's scores now.
+        let kt = prefix(&mut kt_mem, &mut kt_done, if fits && hdv == 64 { BLOCK_KEYS } else { 0 }, 0.0);
+        let fused = fits && hdv == 64 && kern.f16_keys_transposed(k, &koff[ua - p0..ub - p0], hd, kt);
+        let block = fused || (fits && kern.f16_dot_keys_queries(k, &koff[ua - p0..ub - p0], qh, hd, nh, nq, eb));
+        let mut scored = if fused { 0 } else { nq };
         // With the block's scores, its value rows of 64 in f32 too (converted exactly).
         let vf = if block && hdv == 64 && ulen * hdv <= BLOCK_VALUES {
             let vf = prefix(&mut vf_mem, &mut vf_done, ulen * hdv, 0.0);
@@ -215,6 +228,14 @@ pub fn attend_block<'q, 'o>(
                 continue;
             }
             let (len, r) = (b - a, a - p0..b - p0);
+            if scored <= j {
+                let d = KeysDot { kt, keys: ulen, qs: &qh[j * nh * hd..(j + 1) * nh * hd], out: &mut eb[j * nh * ulen..(j + 1) * nh * ulen] };
+                assert!(kern.f32_dot_transposed(nh, d), "attend_block: transposed keys without their dot");
+                scored = j + 1;
+            }
+            // The next query's rows of `eb` (written during this query's value update).
+            let (eb, eb_next) = eb.split_at_mut(((j + 1) * nh * ulen).min(eb.len()));
+            let qh_next = &qh[((j + 1) * nh * hd).min(qh.len())..];
             let (qh, acc) = (&qh[j * nh * hd..(j + 1) * nh * hd], &mut acc[j * nh * hdv..(j + 1) * nh * hdv]);
             let new_max = prefix(&mut new_max_mem, &mut new_max_done, nh * len, false);
             // The query's scores: its rows of the block's when it attends to the whole
@@ -235,7 +256,15 @@ pub fn attend_block<'q, 'o>(
             kern.softmax_scores(&mut e[..nh * len], new_max, scale, &mut max[j * nh..(j + 1) * nh]);
             kern.expf_batch(&mut e[..nh * len]);
             let (nm, e, sm) = (&new_max[..nh * len], &e[..nh * len], &mut sum[j * nh..(j + 1) * nh]);
-            if !vf.as_deref().is_some_and(|vf| kern.f32_mad_keys_heads(acc, hdv, nh, &vf[(a - ua) * hdv..(b - ua) * hdv], nm, e, sm)) {
+            let xf = vf.as_deref().map(|vf| &vf[(a - ua) * hdv..(b - ua) * hdv]);
+            if fused && scored == j + 1 && j + 1 < nq {
+                let d = KeysDot { kt, keys: ulen, qs: &qh_next[..nh * hd], out: &mut eb_next[..nh * ulen] };
+                if xf.is_some_and(|xf| kern.f32_mad_keys_heads_dot(acc, hdv, nh, xf, nm, e, sm, d)) {
+                    scored = j + 2;
+                    continue;
+                }
+            }
+            if !xf.is_some_and(|xf| kern.f32_mad_keys_heads(acc, hdv, nh, xf, nm, e, sm)) {
                 kern.f16_mad_keys_heads(acc, hdv, nh, v, &voff[r], nm, e, sm);
             }
         }

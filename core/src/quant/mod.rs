@@ -350,6 +350,27 @@ pub(crate) type MadKeysHeadsFn =
 /// [`Kernels::f32_mad_keys_heads`]'s kernel: `false` (nothing written) for shapes it
 /// does not take.
 pub(crate) type MadKeysHeadsF32Fn = fn(ys: &mut [f16], n: usize, heads: usize, xf: &[f32], new_max: &[bool], e: &[f32], sums: &mut [f32]) -> bool;
+/// [`Kernels::f16_keys_transposed`]'s kernel (`false`: nothing written).
+pub(crate) type KeysTransposedFn = fn(k: &[f16], offs: &[usize], n: usize, kt: &mut [f32]) -> bool;
+/// [`Kernels::f32_dot_transposed`]'s kernel (`false`: nothing written).
+pub(crate) type DotTransposedFn = fn(kt: &[f32], keys: usize, qs: &[f16], heads: usize, out: &mut [f32]) -> bool;
+/// [`Kernels::f32_mad_keys_heads_dot`]'s kernel for rows of 64 (`false`: nothing written).
+pub(crate) type MadKeysHeadsDotFn = fn(ys: &mut [f16], heads: usize, xf: &[f32], new_max: &[bool], e: &[f32], sums: &mut [f32], kt: &[f32], keys: usize, qs: &[f16], out: &mut [f32]) -> bool;
+
+/// One query's K·Q scores against keys already transposed by
+/// [`Kernels::f16_keys_transposed`]: `kt` (its output), the number of `keys`, the
+/// query's head rows `qs` (f16, `heads` rows of the key row length) and `out` (`heads`
+/// rows of `keys`).
+pub struct KeysDot<'a> {
+    /// The transposed keys.
+    pub kt: &'a [f32],
+    /// Keys transposed (the `offs.len()` of the transposing call).
+    pub keys: usize,
+    /// The query's head rows.
+    pub qs: &'a [f16],
+    /// The scores, `out[h·keys + c]`.
+    pub out: &'a mut [f32],
+}
 
 /// Every kernel [`Kernels`] hands out or calls, for one ISA and set of flags: the
 /// reference's ([`REFERENCE`]), or an ISA module's (`x86::table`, `aarch64::table`, `hexagon::table`),
@@ -415,6 +436,12 @@ pub(crate) struct KernelTable {
     /// [`Kernels::f32_mad_keys_heads`] (`None`: not taken, the caller uses
     /// `f16_mad_keys_heads`).
     pub(crate) f32_mad_keys_heads: Option<MadKeysHeadsF32Fn>,
+    /// [`Kernels::f16_keys_transposed`] (`None`: not taken).
+    pub(crate) f16_keys_transposed: Option<KeysTransposedFn>,
+    /// [`Kernels::f32_dot_transposed`] (`None`: not taken).
+    pub(crate) f32_dot_transposed: Option<DotTransposedFn>,
+    /// [`Kernels::f32_mad_keys_heads_dot`] (`None`: not taken).
+    pub(crate) f32_mad_keys_heads_dot: Option<MadKeysHeadsDotFn>,
     /// [`Kernels::softmax_scores`].
     pub(crate) softmax_scores: fn(e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut [f32]),
     /// [`Kernels::softmax_sum`].
@@ -537,6 +564,9 @@ pub(crate) const REFERENCE: KernelTable = KernelTable {
     f16_dot_keys_queries: None,
     f16_mad_keys_heads: mad_keys_by_head,
     f32_mad_keys_heads: None,
+    f16_keys_transposed: None,
+    f32_dot_transposed: None,
+    f32_mad_keys_heads_dot: None,
     softmax_scores: softmax_scores_by_key,
     softmax_sum: softmax_sum_by_key,
     softmax_sums: softmax_sums_by_head,
@@ -892,6 +922,31 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub fn f32_mad_keys_heads(&self, ys: &mut [f16], n: usize, heads: usize, xf: &[f32], new_max: &[bool], e: &[f32], sums: &mut [f32]) -> bool {
         self.t.f32_mad_keys_heads.is_some_and(|f| f(ys, n, heads, xf, new_max, e, sums))
+    }
+
+    /// A chunk's key rows (`offs`, rows of `n`) converted to f32 and transposed into `kt`
+    /// (at least `64·64`) for [`Kernels::f32_dot_transposed`] and
+    /// [`Kernels::f32_mad_keys_heads_dot`]: x86 with AVX-512, rows of 64, 1 to 64 keys;
+    /// `false` (nothing written) elsewhere.
+    pub fn f16_keys_transposed(&self, k: &[f16], offs: &[usize], n: usize, kt: &mut [f32]) -> bool {
+        self.t.f16_keys_transposed.is_some_and(|f| f(k, offs, n, kt))
+    }
+
+    /// One query's scores against transposed keys (`d`; `heads` rows of 1 to 4): each
+    /// the bits of [`Kernels::f16_dot_keys_heads`] for that key. `false` (nothing
+    /// written) where the kernel set has no such kernel or the shapes do not fit.
+    pub fn f32_dot_transposed(&self, heads: usize, d: KeysDot<'_>) -> bool {
+        self.t.f32_dot_transposed.is_some_and(|f| f(d.kt, d.keys, d.qs, heads, d.out))
+    }
+
+    /// [`Kernels::f32_mad_keys_heads`] (rows of 64) that also computes another query's
+    /// scores `d` ([`Kernels::f32_dot_transposed`]) while it runs: the value update is
+    /// bound by f16 conversions and leaves the multipliers free for the dot. The same
+    /// bits as the two calls. `false` (nothing written) where the kernel set has no such
+    /// kernel or the shapes do not fit; the caller then makes the two calls.
+    #[allow(clippy::too_many_arguments)]
+    pub fn f32_mad_keys_heads_dot(&self, ys: &mut [f16], n: usize, heads: usize, xf: &[f32], new_max: &[bool], e: &[f32], sums: &mut [f32], d: KeysDot<'_>) -> bool {
+        n == 64 && self.t.f32_mad_keys_heads_dot.is_some_and(|f| f(ys, heads, xf, new_max, e, sums, d.kt, d.keys, d.qs, d.out))
     }
 
     /// The online softmax's exponents for a chunk of the scores of `max.len()` heads

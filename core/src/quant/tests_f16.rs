@@ -66,7 +66,7 @@ pub(super) fn kernel_sets() -> Vec<Kernels> {
 fn avx512_sets(sets: &[Kernels]) -> usize {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw") && std::is_x86_feature_detected!("avx512vl") {
-        return 1 + sets.iter().filter(|k| k.name().ends_with("+fp16")).count();
+        return sets.iter().filter(|k| k.other_rounding().is_some()).count();
     }
     let _ = sets;
     0
@@ -443,6 +443,89 @@ fn queries_dot_matches_each_query() {
     // and 128.)
     let avx512_sets = avx512_sets(&sets);
     assert!(taken >= avx512_sets * 2 * 50, "only {taken} calls taken by {avx512_sets} AVX-512 sets");
+}
+
+/// `f16_keys_transposed` + `f32_dot_transposed` (x86 with AVX-512: one query's scores
+/// against a chunk's keys transposed once) give every (head, key) the bits of the
+/// reference's one-key dot, and `f32_mad_keys_heads_dot` (the value update of one query
+/// that computes another's scores meanwhile) gives both the update's bits (each head's
+/// row and running sum) and the dot's, for 1 to 4 heads (5: not taken), 1 to 64 keys
+/// (65, and rows of 128: not taken; nothing written), 0 to 64 value rows, values over the
+/// whole finite f16 range and a key of zeros against negative queries among them.
+#[test]
+fn transposed_dot_and_fused_update_match_each_query() {
+    let reference = Kernels::reference();
+    let sets = kernel_sets();
+    let mut rng = Rng::new(0x7d0f);
+    let mut taken = 0;
+    const UNSET: u32 = 0x7fc0_4321;
+    for round in 0..240 {
+        let n = if round % 16 == 15 { 128 } else { 64 };
+        let heads = 1 + round % 5;
+        let rows = 80;
+        let val = |rng: &mut Rng| if round % 5 == 3 { any_finite(rng) } else { f16::from_f32((rng.below(2001) as f32 - 1000.0) / 256.0) };
+        let mut kv: Vec<f16> = (0..rows * n).map(|_| val(&mut rng)).collect();
+        let mut qs: Vec<f16> = (0..2 * heads * n).map(|_| val(&mut rng)).collect();
+        if round % 6 == 5 {
+            kv[..n].fill(f16::ZERO);
+            qs.iter_mut().for_each(|q| *q = f16::from_bits(q.to_bits() | 0x8000));
+        }
+        let keys = if round % 20 == 19 { 65 } else { 1 + rng.below(64) as usize };
+        let mut offs: Vec<usize> = (0..keys).map(|_| rng.below(rows as u64) as usize * n).collect();
+        offs[keys / 2] = 0;
+        // The update's own value rows (another part of the cache), exponents and flags.
+        let len = rng.below(65) as usize;
+        let voffs: Vec<usize> = (0..len).map(|_| rng.below(rows as u64) as usize * n).collect();
+        let mut xf = vec![0.0f32; len * n];
+        reference.f16_rows_to_f32(&kv, &voffs, n, &mut xf);
+        let new_max: Vec<bool> = (0..heads * len).map(|i| i % len == 0 || rng.below(4) == 0).collect();
+        let e: Vec<f32> = (0..heads * len).map(|_| (rng.below(1 << 20) as f32) / (1 << 20) as f32).collect();
+        let y0: Vec<f16> = (0..heads * n).map(|_| val(&mut rng)).collect();
+        let sums0: Vec<f32> = (0..heads).map(|h| 0.25 + h as f32).collect();
+        let want = |q: &[f16]| {
+            let mut w = vec![0.0f32; heads * keys];
+            for h in 0..heads {
+                reference.f16_dot_keys(&kv, &offs, &q[h * n..(h + 1) * n], &mut w[h * keys..(h + 1) * keys]);
+            }
+            w
+        };
+        let (want0, want1) = (want(&qs[..heads * n]), want(&qs[heads * n..]));
+        for k in sets.iter().chain([&reference]) {
+            let mut kt = vec![f32::from_bits(UNSET); 64 * 64];
+            if !k.f16_keys_transposed(&kv, &offs, n, &mut kt) {
+                assert!(kt.iter().all(|v| v.to_bits() == UNSET), "{}: transposed although it did not take {keys} keys of {n}", label(k));
+                continue;
+            }
+            assert!(n == 64 && keys <= 64, "{} transposed {keys} keys of {n}", label(k));
+            let mut out = vec![f32::from_bits(UNSET); heads * keys];
+            let took = k.f32_dot_transposed(heads, KeysDot { kt: &kt, keys, qs: &qs[..heads * n], out: &mut out });
+            assert_eq!(took, heads <= 4, "{}: dot of {heads} heads", label(k));
+            let (mut y, mut sums, mut out1) = (y0.clone(), sums0.clone(), vec![f32::from_bits(UNSET); heads * keys]);
+            let fused = k.f32_mad_keys_heads_dot(&mut y, n, heads, &xf, &new_max, &e, &mut sums, KeysDot { kt: &kt, keys, qs: &qs[heads * n..], out: &mut out1 });
+            assert_eq!(fused, heads <= 4, "{}: fused update of {heads} heads", label(k));
+            if !took {
+                assert!(out.iter().chain(&out1).all(|v| v.to_bits() == UNSET) && y == y0 && sums == sums0, "{}: wrote although it did not take {heads} heads", label(k));
+                continue;
+            }
+            taken += 1;
+            for i in 0..heads * keys {
+                assert_eq!(out[i].to_bits(), want0[i].to_bits(), "{} round {round} dot head {} key {} of {keys}", label(k), i / keys, i % keys);
+                assert_eq!(out1[i].to_bits(), want1[i].to_bits(), "{} round {round} fused dot head {} key {} of {keys}", label(k), i / keys, i % keys);
+            }
+            for h in 0..heads {
+                let mut want_y = y0[h * n..(h + 1) * n].to_vec();
+                reference.f16_mad_keys(&mut want_y, &kv, &voffs, &new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
+                for i in 0..n {
+                    assert_eq!(y[h * n + i].to_bits(), want_y[i].to_bits(), "{} round {round} fused update h={h} element {i}", label(k));
+                }
+                let want_sum = reference.softmax_sum(sums0[h], &new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
+                assert_eq!(sums[h].to_bits(), want_sum.to_bits(), "{} round {round} fused sum h={h}", label(k));
+            }
+        }
+    }
+    // Rows of 64, up to 64 keys and 4 heads: about 135 of the 240 rounds, per AVX-512 set.
+    let avx512_sets = avx512_sets(&sets);
+    assert!(taken >= avx512_sets * 120, "only {taken} calls taken by {avx512_sets} AVX-512 sets");
 }
 
 /// `softmax_scores` (x86 with AVX-512: a prefix maximum over 16 keys, up to four heads

@@ -787,6 +787,171 @@ unsafe fn transpose_16x16(r: &[__m512; 16]) -> [__m512; 16] {
     }
 }
 
+/// The keys at `offs` (1 to 64 rows of `n`, a multiple of 16) converted and transposed:
+/// element d of key c at `kt[d·QK_KEYS + c]`, for c up to the next multiple of 16 (keys
+/// past the last repeat it).
+///
+/// # Safety
+/// AVX-512 F present; `n` elements at `k + offs[c]` for every c, `n·QK_KEYS` f32 writable
+/// at `kt`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+unsafe fn transpose_keys(k: *const u16, offs: &[usize], n: usize, kt: *mut f32) {
+    // SAFETY: the caller's contract; unaligned loads and stores only.
+    unsafe {
+        let len = offs.len();
+        for g in 0..len.div_ceil(16) {
+            for d0 in (0..n).step_by(16) {
+                let rows: [__m512; 16] = core::array::from_fn(|i| _mm512_cvtph_ps(_mm256_loadu_si256(k.add(offs[(16 * g + i).min(len - 1)] + d0).cast())));
+                for (d, v) in transpose_16x16(&rows).iter().enumerate() {
+                    _mm512_storeu_ps(kt.add((d0 + d) * QK_KEYS + 16 * g), *v);
+                }
+            }
+        }
+    }
+}
+
+/// Rows of 64 at `offs` (1 to 64 keys) for [`dot_transposed64`] and
+/// [`mad_keys_heads64_f32_dot`]: converted to f32 and transposed into `kt` (at least
+/// `64·64`: element d of key c at `kt[64·d + c]`). `false` (nothing written) for other
+/// shapes. Only after `cpu_has_avx512()`.
+pub(crate) fn keys_transposed64(k: &[f16], offs: &[usize], n: usize, kt: &mut [f32]) -> bool {
+    if n != DOT_STEP || !(1..=QK_KEYS).contains(&offs.len()) {
+        return false;
+    }
+    assert!(kt.len() >= DOT_STEP * QK_KEYS && rows_fit(offs, n, k.len()), "keys_transposed64: short arrays");
+    // SAFETY: AVX-512 F (the table hands this out only after cpu_has_avx512()); every
+    // key's 64 elements lie in k, kt holds 64·64 (checked above).
+    unsafe { transpose_keys(k.as_ptr().cast(), offs, n, kt.as_mut_ptr()) };
+    true
+}
+
+/// The scores of one query's `heads` rows of 64 (`qs`, f16) against `keys` transposed
+/// keys (`kt` from [`keys_transposed64`]) into `out` (`heads` rows of `keys`): each the
+/// bits of `dot_keys_heads` (the operations of [`dot_keys_queries`]' rows of 64, in
+/// [`dot64_unit`]s). `false` (nothing written) unless 1 to 4 heads and 1 to 64 keys.
+pub(crate) fn dot_transposed64(kt: &[f32], keys: usize, qs: &[f16], heads: usize, out: &mut [f32]) -> bool {
+    if !(1..=QK_HEADS).contains(&heads) || !(1..=QK_KEYS).contains(&keys) {
+        return false;
+    }
+    assert!(kt.len() >= DOT_STEP * QK_KEYS && qs.len() >= heads * DOT_STEP && out.len() >= heads * keys, "dot_transposed64: short arrays");
+    let (kp, qp, op) = (kt.as_ptr(), qs.as_ptr().cast::<u16>(), out.as_mut_ptr());
+    // SAFETY: AVX-512 F (table built after cpu_has_avx512()); lengths checked above.
+    unsafe {
+        match heads {
+            1 => dot_transposed64_avx512::<1>(kp, keys, qp, op),
+            2 => dot_transposed64_avx512::<2>(kp, keys, qp, op),
+            3 => dot_transposed64_avx512::<3>(kp, keys, qp, op),
+            _ => dot_transposed64_avx512::<4>(kp, keys, qp, op),
+        }
+    }
+    true
+}
+
+/// [`dot_transposed64`] for `H` heads.
+///
+/// # Safety
+/// AVX-512 F present; as [`DotNext::new`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+unsafe fn dot_transposed64_avx512<const H: usize>(kt: *const f32, keys: usize, qs: *const u16, out: *mut f32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut d = DotNext::<H>::new(kt, keys, qs, out);
+        while d.step() {}
+    }
+}
+
+/// One query's scores against a chunk's transposed keys, computed a unit at a time
+/// (so that [`mad_keys_heads64_avx512`] can interleave them with its value updates):
+/// unit `u` is lane index `i = u % 16` of key group `g = u / 16` — for each head row the
+/// tree's first level `fma(k_i, q_i, fma(k_{32+i}, q_{32+i}, 0)) + fma(k_{16+i},
+/// q_{16+i}, fma(k_{48+i}, q_{48+i}, 0))` over 16 keys ([`dot_keys_queries_avx512`]'s
+/// fused steps), and after lane index 15 the rest of the tree (`8+i + i`, `4+i + i`,
+/// `(0 + 2) + (1 + 3)`) and the group's 16 scores stored. The same operations as
+/// [`dot_keys_queries`] on the same values: its bits.
+struct DotNext<const H: usize> {
+    kt: *const f32,
+    keys: usize,
+    units: usize,
+    u: usize,
+    out: *mut f32,
+    /// The query's rows as f32.
+    q: [[f32; DOT_STEP]; H],
+    /// The current group's first-level sums per head (lane index i written by unit i
+    /// before the group's last unit reads them all: not initialized, as `new` runs once
+    /// per query and chunk).
+    s16: core::mem::MaybeUninit<[[__m512; 16]; H]>,
+}
+
+impl<const H: usize> DotNext<H> {
+    /// # Safety
+    /// AVX-512 F present; `kt`: 64 rows of [`QK_KEYS`] f32 written for every key up to
+    /// the next multiple of 16 past `keys` (1 to 64); `H` rows of 64 f16 at `qs`; `H`
+    /// rows of `keys` f32 writable at `out`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    unsafe fn new(kt: *const f32, keys: usize, qs: *const u16, out: *mut f32) -> Self {
+        // SAFETY: the caller's contract; unaligned loads only.
+        unsafe {
+            let mut q = [[0.0f32; DOT_STEP]; H];
+            for (h, row) in q.iter_mut().enumerate() {
+                for i in (0..DOT_STEP).step_by(16) {
+                    _mm512_storeu_ps(row.as_mut_ptr().add(i), _mm512_cvtph_ps(_mm256_loadu_si256(qs.add(h * DOT_STEP + i).cast())));
+                }
+            }
+            Self { kt, keys, units: 16 * keys.div_ceil(16), u: 0, out, q, s16: core::mem::MaybeUninit::uninit() }
+        }
+    }
+
+    /// Computes the next unit; `false` once every unit is done (nothing computed).
+    /// Always inlined, into callers with AVX-512 F (a call would spill the caller's
+    /// accumulators: every vector register is caller-saved), and without closures
+    /// (which would not inherit the caller's features).
+    ///
+    /// # Safety
+    /// AVX-512 F present; `new`'s contract.
+    #[inline(always)]
+    unsafe fn step(&mut self) -> bool {
+        if self.u == self.units {
+            return false;
+        }
+        // SAFETY: `new`'s contract: g < keys.div_ceil(16), so every key vector read is
+        // written; the masked store writes out[h·keys + 16g..][..m], m <= keys - 16g.
+        unsafe {
+            let (g, i) = (self.u / 16, self.u % 16);
+            let zero = _mm512_setzero_ps();
+            let lanes = [i, 32 + i, 16 + i, 48 + i];
+            let kg = self.kt.add(16 * g);
+            let s16 = self.s16.as_mut_ptr().cast::<[__m512; 16]>();
+            let kv = [_mm512_loadu_ps(kg.add(lanes[0] * QK_KEYS)), _mm512_loadu_ps(kg.add(lanes[1] * QK_KEYS)), _mm512_loadu_ps(kg.add(lanes[2] * QK_KEYS)), _mm512_loadu_ps(kg.add(lanes[3] * QK_KEYS))];
+            for h in 0..H {
+                let q = &self.q[h];
+                let s01 = _mm512_fmadd_ps(kv[0], _mm512_set1_ps(q[lanes[0]]), _mm512_fmadd_ps(kv[1], _mm512_set1_ps(q[lanes[1]]), zero));
+                let s23 = _mm512_fmadd_ps(kv[2], _mm512_set1_ps(q[lanes[2]]), _mm512_fmadd_ps(kv[3], _mm512_set1_ps(q[lanes[3]]), zero));
+                (*s16.add(h))[i] = _mm512_add_ps(s01, s23);
+            }
+            if i == 15 {
+                let m = (self.keys - 16 * g).min(16);
+                for h in 0..H {
+                    let s = &*s16.add(h);
+                    let mut r8 = [zero; 8];
+                    for (i, r) in r8.iter_mut().enumerate() {
+                        *r = _mm512_add_ps(s[8 + i], s[i]);
+                    }
+                    let mut r4 = [zero; 4];
+                    for (i, r) in r4.iter_mut().enumerate() {
+                        *r = _mm512_add_ps(r8[4 + i], r8[i]);
+                    }
+                    let sum = _mm512_add_ps(_mm512_add_ps(r4[0], r4[2]), _mm512_add_ps(r4[1], r4[3]));
+                    _mm512_mask_storeu_ps(self.out.add(h * self.keys + 16 * g), ((1u32 << m) - 1) as u16, sum);
+                }
+            }
+            self.u += 1;
+            true
+        }
+    }
+}
+
 /// [`dot_keys_queries`] for rows of `64·S`.
 ///
 /// # Safety
@@ -805,14 +970,7 @@ unsafe fn dot_keys_queries_avx512<const S: usize>(k: *const u16, offs: &[usize],
         // The keys transposed: kt[d·QK_KEYS + c] is element d of key c.
         let mut kt_mem = core::mem::MaybeUninit::<[f32; QK_ROW * QK_KEYS]>::uninit();
         let kt = kt_mem.as_mut_ptr().cast::<f32>();
-        for g in 0..groups {
-            for d0 in (0..n).step_by(16) {
-                let rows: [__m512; 16] = core::array::from_fn(|i| _mm512_cvtph_ps(_mm256_loadu_si256(k.add(offs[(16 * g + i).min(len - 1)] + d0).cast())));
-                for (d, v) in transpose_16x16(&rows).iter().enumerate() {
-                    _mm512_storeu_ps(kt.add((d0 + d) * QK_KEYS + 16 * g), *v);
-                }
-            }
-        }
+        transpose_keys(k, offs, n, kt);
         // Per set of up to COMBOS (query, head) rows: their q as f32, then per group of
         // 16 keys and per lane index i the four lane sums i, 32+i, 16+i, 48+i (each key
         // vector loaded once for the whole set) added as the tree's first level into
@@ -889,14 +1047,14 @@ pub(crate) fn mad_keys_heads64(ys: &mut [f16], heads: usize, x: &[f16], offs: &[
     // 64, every value row's 64 elements lie in x (checked above).
     unsafe {
         match (avx512, heads) {
-            (true, 1) if via => mad_keys_heads64_avx512::<1, false, true>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
-            (true, 1) => mad_keys_heads64_avx512::<1, false, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
-            (true, 2) if via => mad_keys_heads64_avx512::<2, false, true>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
-            (true, 2) => mad_keys_heads64_avx512::<2, false, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
-            (true, 3) if via => mad_keys_heads64_avx512::<3, false, true>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
-            (true, 3) => mad_keys_heads64_avx512::<3, false, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
-            (true, 4) if via => mad_keys_heads64_avx512::<4, false, true>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
-            (true, 4) => mad_keys_heads64_avx512::<4, false, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums),
+            (true, 1) if via => mad_keys_heads64_avx512::<1, false, true, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums, core::ptr::null_mut()),
+            (true, 1) => mad_keys_heads64_avx512::<1, false, false, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums, core::ptr::null_mut()),
+            (true, 2) if via => mad_keys_heads64_avx512::<2, false, true, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums, core::ptr::null_mut()),
+            (true, 2) => mad_keys_heads64_avx512::<2, false, false, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums, core::ptr::null_mut()),
+            (true, 3) if via => mad_keys_heads64_avx512::<3, false, true, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums, core::ptr::null_mut()),
+            (true, 3) => mad_keys_heads64_avx512::<3, false, false, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums, core::ptr::null_mut()),
+            (true, 4) if via => mad_keys_heads64_avx512::<4, false, true, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums, core::ptr::null_mut()),
+            (true, 4) => mad_keys_heads64_avx512::<4, false, false, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums, core::ptr::null_mut()),
             _ => {
                 mad_keys_heads64_avx2(yp, heads, xp, offs, new_max, e);
                 softmax_sums(&mut sums[..heads], &new_max[..heads * len], &e[..heads * len]);
@@ -918,16 +1076,56 @@ pub(crate) fn mad_keys_heads64_f32(ys: &mut [f16], heads: usize, xf: &[f32], new
     // cpu_has_avx512()); ys holds heads rows of 64, xf holds len rows of 64.
     unsafe {
         match (heads, via) {
-            (1, true) => mad_keys_heads64_avx512::<1, true, true>(yp, nul, &[], xp, len, new_max, e, sums),
-            (2, true) => mad_keys_heads64_avx512::<2, true, true>(yp, nul, &[], xp, len, new_max, e, sums),
-            (3, true) => mad_keys_heads64_avx512::<3, true, true>(yp, nul, &[], xp, len, new_max, e, sums),
-            (_, true) => mad_keys_heads64_avx512::<4, true, true>(yp, nul, &[], xp, len, new_max, e, sums),
-            (1, false) => mad_keys_heads64_avx512::<1, true, false>(yp, nul, &[], xp, len, new_max, e, sums),
-            (2, false) => mad_keys_heads64_avx512::<2, true, false>(yp, nul, &[], xp, len, new_max, e, sums),
-            (3, false) => mad_keys_heads64_avx512::<3, true, false>(yp, nul, &[], xp, len, new_max, e, sums),
-            (_, false) => mad_keys_heads64_avx512::<4, true, false>(yp, nul, &[], xp, len, new_max, e, sums),
+            (1, true) => mad_keys_heads64_avx512::<1, true, true, false>(yp, nul, &[], xp, len, new_max, e, sums, core::ptr::null_mut()),
+            (2, true) => mad_keys_heads64_avx512::<2, true, true, false>(yp, nul, &[], xp, len, new_max, e, sums, core::ptr::null_mut()),
+            (3, true) => mad_keys_heads64_avx512::<3, true, true, false>(yp, nul, &[], xp, len, new_max, e, sums, core::ptr::null_mut()),
+            (_, true) => mad_keys_heads64_avx512::<4, true, true, false>(yp, nul, &[], xp, len, new_max, e, sums, core::ptr::null_mut()),
+            (1, false) => mad_keys_heads64_avx512::<1, true, false, false>(yp, nul, &[], xp, len, new_max, e, sums, core::ptr::null_mut()),
+            (2, false) => mad_keys_heads64_avx512::<2, true, false, false>(yp, nul, &[], xp, len, new_max, e, sums, core::ptr::null_mut()),
+            (3, false) => mad_keys_heads64_avx512::<3, true, false, false>(yp, nul, &[], xp, len, new_max, e, sums, core::ptr::null_mut()),
+            (_, false) => mad_keys_heads64_avx512::<4, true, false, false>(yp, nul, &[], xp, len, new_max, e, sums, core::ptr::null_mut()),
         }
     }
+}
+
+/// [`mad_keys_heads64_f32`] that also computes the next query's scores: `heads` rows of
+/// 64 (`qs`, f16) against `keys` transposed keys (`kt`, [`keys_transposed64`]) into `out`
+/// (`heads` rows of `keys`), a unit per key of the update ([`DotNext`]; the rest after
+/// it). The update is bound by its f16 conversions and leaves the FMA units mostly idle;
+/// the dot's multiplies fill them (a block of queries' prompt at depth, where the
+/// update and the dot take most of the time). The same bits as the two apart. `false`
+/// (nothing written) unless 1 to 4 heads and 1 to 64 keys.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn mad_keys_heads64_f32_dot(ys: &mut [f16], heads: usize, xf: &[f32], new_max: &[bool], e: &[f32], sums: &mut [f32], via: bool, kt: &[f32], keys: usize, qs: &[f16], out: &mut [f32]) -> bool {
+    let len = xf.len() / 64;
+    if !(1..=QK_HEADS).contains(&heads) || !(1..=QK_KEYS).contains(&keys) {
+        return false;
+    }
+    assert!(ys.len() >= heads * 64 && new_max.len() >= heads * len && e.len() >= heads * len && sums.len() >= heads, "mad_keys_heads64_f32_dot: short arrays");
+    assert!(kt.len() >= DOT_STEP * QK_KEYS && qs.len() >= heads * DOT_STEP && out.len() >= heads * keys, "mad_keys_heads64_f32_dot: short dot arrays");
+    let (yp, xp, nul) = (ys.as_mut_ptr().cast::<u16>(), xf.as_ptr(), core::ptr::null());
+    let (kp, qp, op) = (kt.as_ptr(), qs.as_ptr().cast::<u16>(), out.as_mut_ptr());
+    // SAFETY: AVX-512 F present (table built after cpu_has_avx512()); ys holds heads rows
+    // of 64, xf len rows of 64; the dot's arrays as DotNext::new asks (checked above).
+    unsafe {
+        macro_rules! go {
+            ($h:literal, $via:literal) => {{
+                let mut d = DotNext::<$h>::new(kp, keys, qp, op);
+                mad_keys_heads64_avx512::<$h, true, $via, true>(yp, nul, &[], xp, len, new_max, e, sums, &mut d);
+            }};
+        }
+        match (heads, via) {
+            (1, true) => go!(1, true),
+            (2, true) => go!(2, true),
+            (3, true) => go!(3, true),
+            (_, true) => go!(4, true),
+            (1, false) => go!(1, false),
+            (2, false) => go!(2, false),
+            (3, false) => go!(3, false),
+            (_, false) => go!(4, false),
+        }
+    }
+    true
 }
 
 /// [`mad_keys_heads64_avx2`] on 512-bit vectors for `H` heads: each head's row in four
@@ -948,7 +1146,7 @@ pub(crate) fn mad_keys_heads64_f32(ys: &mut [f16], heads: usize, xf: &[f32], new
 /// then a plain load rather than a conversion (one operation fewer on the vector ports
 /// per 16 elements and key).
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
-unsafe fn mad_keys_heads64_avx512<const H: usize, const F32V: bool, const VIA: bool>(y: *mut u16, x: *const u16, offs: &[usize], xf: *const f32, len: usize, new_max: &[bool], e: &[f32], sums: &mut [f32]) {
+unsafe fn mad_keys_heads64_avx512<const H: usize, const F32V: bool, const VIA: bool, const DOT: bool>(y: *mut u16, x: *const u16, offs: &[usize], xf: *const f32, len: usize, new_max: &[bool], e: &[f32], sums: &mut [f32], dot: *mut DotNext<H>) {
     // SAFETY: as above; unaligned loads and stores only.
     unsafe {
         let f16_round = |v: __m512| _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
@@ -980,7 +1178,11 @@ unsafe fn mad_keys_heads64_avx512<const H: usize, const F32V: bool, const VIA: b
                     *v = f16_round_to::<VIA>(_mm512_fmadd_ps(xv[j], vs, *v), &mut slots, 4 * h + j);
                 }
             }
+            if DOT {
+                (*dot).step();
+            }
         }
+        while DOT && (*dot).step() {}
         for (h, a) in acc.iter().enumerate() {
             for (j, v) in a.iter().enumerate() {
                 _mm256_storeu_si256(y.add(64 * h + 16 * j).cast(), _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(*v));

@@ -518,6 +518,11 @@ const fn build(flags: usize) -> KernelTable {
         (false, _) => None,
     };
     if avx512 {
+        t.f16_keys_transposed = Some(f16ops::keys_transposed64);
+        t.f32_dot_transposed = Some(f16ops::dot_transposed64);
+        t.f32_mad_keys_heads_dot = Some(if intel { entry::f32_mad_keys_heads_dot::<true> } else { entry::f32_mad_keys_heads_dot::<false> });
+    }
+    if avx512 {
         t.softmax_scores = f16ops::softmax_scores;
     }
     t.softmax_sum = f16ops::softmax_sum;
@@ -578,6 +583,12 @@ mod entry {
         }
         f16ops::mad_keys_heads64_f32(ys, heads, xf, new_max, e, sums, VIA);
         true
+    }
+
+    /// [`f16ops::mad_keys_heads64_f32_dot`] with the table's rounding form.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn f32_mad_keys_heads_dot<const VIA: bool>(ys: &mut [f16], heads: usize, xf: &[f32], new_max: &[bool], e: &[f32], sums: &mut [f32], kt: &[f32], keys: usize, qs: &[f16], out: &mut [f32]) -> bool {
+        f16ops::mad_keys_heads64_f32_dot(ys, heads, xf, new_max, e, sums, VIA, kt, keys, qs, out)
     }
 
     /// The grouped value updates for rows of 64 and up to 4 heads, and without
