@@ -926,8 +926,10 @@ impl Kernels {
 
     /// A chunk's key rows (`offs`, rows of `n`) converted to f32 and transposed into `kt`
     /// (at least `64·64`) for [`Kernels::f32_dot_transposed`] and
-    /// [`Kernels::f32_mad_keys_heads_dot`]: x86 with AVX-512, rows of 64, 1 to 64 keys;
-    /// `false` (nothing written) elsewhere.
+    /// [`Kernels::f32_mad_keys_heads_dot`]: x86 with AVX-512 on CPUs other than Intel's
+    /// (where the value update's conversions leave the FMA units idle), rows of 64, 1 to
+    /// 64 keys; `false` (nothing written) elsewhere, and the caller takes
+    /// [`Kernels::f16_dot_keys_queries`].
     pub fn f16_keys_transposed(&self, k: &[f16], offs: &[usize], n: usize, kt: &mut [f32]) -> bool {
         self.t.f16_keys_transposed.is_some_and(|f| f(k, offs, n, kt))
     }

@@ -1094,9 +1094,10 @@ pub(crate) fn mad_keys_heads64_f32(ys: &mut [f16], heads: usize, xf: &[f32], new
 /// it). The update is bound by its f16 conversions and leaves the FMA units mostly idle;
 /// the dot's multiplies fill them (a block of queries' prompt at depth, where the
 /// update and the dot take most of the time). The same bits as the two apart. `false`
-/// (nothing written) unless 1 to 4 heads and 1 to 64 keys.
+/// (nothing written) unless 1 to 4 heads and 1 to 64 keys. The f16 rounding by the
+/// register round trip (the tables offer this only off Intel, see `x86::build`).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn mad_keys_heads64_f32_dot(ys: &mut [f16], heads: usize, xf: &[f32], new_max: &[bool], e: &[f32], sums: &mut [f32], via: bool, kt: &[f32], keys: usize, qs: &[f16], out: &mut [f32]) -> bool {
+pub(crate) fn mad_keys_heads64_f32_dot(ys: &mut [f16], heads: usize, xf: &[f32], new_max: &[bool], e: &[f32], sums: &mut [f32], kt: &[f32], keys: usize, qs: &[f16], out: &mut [f32]) -> bool {
     let len = xf.len() / 64;
     if !(1..=QK_HEADS).contains(&heads) || !(1..=QK_KEYS).contains(&keys) {
         return false;
@@ -1109,20 +1110,16 @@ pub(crate) fn mad_keys_heads64_f32_dot(ys: &mut [f16], heads: usize, xf: &[f32],
     // of 64, xf len rows of 64; the dot's arrays as DotNext::new asks (checked above).
     unsafe {
         macro_rules! go {
-            ($h:literal, $via:literal) => {{
+            ($h:literal) => {{
                 let mut d = DotNext::<$h>::new(kp, keys, qp, op);
-                mad_keys_heads64_avx512::<$h, true, $via, true>(yp, nul, &[], xp, len, new_max, e, sums, &mut d);
+                mad_keys_heads64_avx512::<$h, true, false, true>(yp, nul, &[], xp, len, new_max, e, sums, &mut d);
             }};
         }
-        match (heads, via) {
-            (1, true) => go!(1, true),
-            (2, true) => go!(2, true),
-            (3, true) => go!(3, true),
-            (_, true) => go!(4, true),
-            (1, false) => go!(1, false),
-            (2, false) => go!(2, false),
-            (3, false) => go!(3, false),
-            (_, false) => go!(4, false),
+        match heads {
+            1 => go!(1),
+            2 => go!(2),
+            3 => go!(3),
+            _ => go!(4),
         }
     }
     true

@@ -517,10 +517,14 @@ const fn build(flags: usize) -> KernelTable {
         (true, false) => Some(entry::f32_mad_keys_heads::<false>),
         (false, _) => None,
     };
-    if avx512 {
+    // The K·Q inside the value update only where that update's f16 conversions leave
+    // the FMA units idle (AMD Zen: separate pipes; measured on Zen 5). On Intel cores the
+    // conversions take the FMA ports (0 and 5), so there the block's scores come first,
+    // as before (`f16_dot_keys_queries`; not measured on Intel either way).
+    if avx512 && !intel {
         t.f16_keys_transposed = Some(f16ops::keys_transposed64);
         t.f32_dot_transposed = Some(f16ops::dot_transposed64);
-        t.f32_mad_keys_heads_dot = Some(if intel { entry::f32_mad_keys_heads_dot::<true> } else { entry::f32_mad_keys_heads_dot::<false> });
+        t.f32_mad_keys_heads_dot = Some(entry::f32_mad_keys_heads_dot);
     }
     if avx512 {
         t.softmax_scores = f16ops::softmax_scores;
@@ -585,10 +589,10 @@ mod entry {
         true
     }
 
-    /// [`f16ops::mad_keys_heads64_f32_dot`] with the table's rounding form.
+    /// [`f16ops::mad_keys_heads64_f32_dot`] (non-Intel tables: the register round trip).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn f32_mad_keys_heads_dot<const VIA: bool>(ys: &mut [f16], heads: usize, xf: &[f32], new_max: &[bool], e: &[f32], sums: &mut [f32], kt: &[f32], keys: usize, qs: &[f16], out: &mut [f32]) -> bool {
-        f16ops::mad_keys_heads64_f32_dot(ys, heads, xf, new_max, e, sums, VIA, kt, keys, qs, out)
+    pub(super) fn f32_mad_keys_heads_dot(ys: &mut [f16], heads: usize, xf: &[f32], new_max: &[bool], e: &[f32], sums: &mut [f32], kt: &[f32], keys: usize, qs: &[f16], out: &mut [f32]) -> bool {
+        f16ops::mad_keys_heads64_f32_dot(ys, heads, xf, new_max, e, sums, kt, keys, qs, out)
     }
 
     /// The grouped value updates for rows of 64 and up to 4 heads, and without
