@@ -610,8 +610,11 @@ const PREFETCH_GROUPS: usize = 2;
 /// session"): SmolLM2 Q4_1 tg128 320 -> 357 t/s (two threads 486 -> 513), Gemma 3 (its
 /// Q5_0 matrices) 127 -> 130, SmolLM2 Q4_0 unchanged; the same for Q8_0's blocks moved
 /// SmolLM2 Q8_0 by +2% and Gemma 3 by -2%, so Q8_0 (and Q5_1, not measured) stay at
-/// [`PREFETCH_GROUPS`] into L2.
-const FAR_BYTES: usize = 10240;
+/// [`PREFETCH_GROUPS`] into L2. Re-measured there in the fourth session (tg128,
+/// alternating binaries five times, medians): 16 KiB rather than 10 KiB, SmolLM2 Q4_0 one
+/// thread +1.6 to +2.4% in three sets, two threads +8%, Q4_1 +1.1% / +2%, Gemma 3 level;
+/// 6 KiB -11%, 20 KiB +0.8%, 24 KiB -4%, 32 KiB -6%.
+const FAR_BYTES: usize = 16384;
 
 /// The widest weight block (bytes per 32 weights) whose kernels prefetch [`FAR_BYTES`] ahead.
 const FAR_BLOCK: usize = 22;
