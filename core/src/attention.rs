@@ -115,8 +115,10 @@ pub fn attend_heads(kern: &Kernels, q: &[f32], hd: usize, hdv: usize, k: &[f16],
 /// it while the chunk's key and value rows are in cache: each K/V row is read once per
 /// block, not once per query (and where the kernel set can, the chunk's key rows are
 /// converted once and every query's scores computed together: [`Kernels::f16_dot_keys_queries`],
-/// and its value rows of 64 converted to f32 once for every query's update:
-/// [`Kernels::f32_mad_keys_heads`]; the same bits). Per query the operations are [`attend_heads`]' in key
+/// or, rows of 64 where the set has [`Kernels::f16_keys_transposed`], transposed once and
+/// each query's scores computed inside the previous query's value update:
+/// [`Kernels::f32_mad_keys_heads_dot`]; and its value rows of 64 converted to f32 once for
+/// every query's update: [`Kernels::f32_mad_keys_heads`]; the same bits). Per query the operations are [`attend_heads`]' in key
 /// order (chunking changes no bit: the running maximum, the exponents and the
 /// accumulator steps are per key); `qh` (at least `nq·nh·hd`) and `acc` (at least
 /// `nq·nh·hdv`) are scratch.
