@@ -861,6 +861,47 @@ unsafe fn dot_transposed64_avx512<const H: usize>(kt: *const f32, keys: usize, q
     }
 }
 
+/// The 64-wide dot's first level for one lane index of 16 keys: `kv` the keys' elements
+/// `i, 32+i, 16+i, 48+i` (the order the level adds them), `q` the query's f32 row:
+/// `fma(k_i, q_i, fma(k_{32+i}, q_{32+i}, 0)) + fma(k_{16+i}, q_{16+i}, fma(k_{48+i},
+/// q_{48+i}, 0))` (why the fused form gives the dot's bits: `dot_keys_queries_avx512`).
+/// Always inlined, into callers with AVX-512 F (no closures).
+///
+/// # Safety
+/// AVX-512 F present; 64 f32 at `q`.
+#[inline(always)]
+unsafe fn dot64_level1(kv: &[__m512; 4], q: *const f32, i: usize) -> __m512 {
+    // SAFETY: the caller's contract (i < 16: every index below 64).
+    unsafe {
+        let zero = _mm512_setzero_ps();
+        let s01 = _mm512_fmadd_ps(kv[0], _mm512_set1_ps(*q.add(i)), _mm512_fmadd_ps(kv[1], _mm512_set1_ps(*q.add(32 + i)), zero));
+        let s23 = _mm512_fmadd_ps(kv[2], _mm512_set1_ps(*q.add(16 + i)), _mm512_fmadd_ps(kv[3], _mm512_set1_ps(*q.add(48 + i)), zero));
+        _mm512_add_ps(s01, s23)
+    }
+}
+
+/// The rest of the dot's sum tree over the 16 first-level sums `s` of 16 keys (`8+i + i`,
+/// `4+i + i`, `(0 + 2) + (1 + 3)`): the 16 keys' dots. Always inlined (as
+/// [`dot64_level1`]).
+///
+/// # Safety
+/// AVX-512 F present.
+#[inline(always)]
+unsafe fn dot_tree16(s: &[__m512; 16]) -> __m512 {
+    // SAFETY: value-only intrinsics (the caller's AVX-512 F).
+    unsafe {
+        let mut r8 = [_mm512_setzero_ps(); 8];
+        for (i, r) in r8.iter_mut().enumerate() {
+            *r = _mm512_add_ps(s[8 + i], s[i]);
+        }
+        let mut r4 = [_mm512_setzero_ps(); 4];
+        for (i, r) in r4.iter_mut().enumerate() {
+            *r = _mm512_add_ps(r8[4 + i], r8[i]);
+        }
+        _mm512_add_ps(_mm512_add_ps(r4[0], r4[2]), _mm512_add_ps(r4[1], r4[3]))
+    }
+}
+
 /// One query's scores against a chunk's transposed keys, computed a unit at a time
 /// (so that [`mad_keys_heads64_avx512`] can interleave them with its value updates):
 /// unit `u` is lane index `i = u % 16` of key group `g = u / 16` — for each head row the
@@ -919,31 +960,16 @@ impl<const H: usize> DotNext<H> {
         // written; the masked store writes out[h·keys + 16g..][..m], m <= keys - 16g.
         unsafe {
             let (g, i) = (self.u / 16, self.u % 16);
-            let zero = _mm512_setzero_ps();
-            let lanes = [i, 32 + i, 16 + i, 48 + i];
             let kg = self.kt.add(16 * g);
             let s16 = self.s16.as_mut_ptr().cast::<[__m512; 16]>();
-            let kv = [_mm512_loadu_ps(kg.add(lanes[0] * QK_KEYS)), _mm512_loadu_ps(kg.add(lanes[1] * QK_KEYS)), _mm512_loadu_ps(kg.add(lanes[2] * QK_KEYS)), _mm512_loadu_ps(kg.add(lanes[3] * QK_KEYS))];
+            let kv = [_mm512_loadu_ps(kg.add(i * QK_KEYS)), _mm512_loadu_ps(kg.add((32 + i) * QK_KEYS)), _mm512_loadu_ps(kg.add((16 + i) * QK_KEYS)), _mm512_loadu_ps(kg.add((48 + i) * QK_KEYS))];
             for h in 0..H {
-                let q = &self.q[h];
-                let s01 = _mm512_fmadd_ps(kv[0], _mm512_set1_ps(q[lanes[0]]), _mm512_fmadd_ps(kv[1], _mm512_set1_ps(q[lanes[1]]), zero));
-                let s23 = _mm512_fmadd_ps(kv[2], _mm512_set1_ps(q[lanes[2]]), _mm512_fmadd_ps(kv[3], _mm512_set1_ps(q[lanes[3]]), zero));
-                (*s16.add(h))[i] = _mm512_add_ps(s01, s23);
+                (*s16.add(h))[i] = dot64_level1(&kv, self.q[h].as_ptr(), i);
             }
             if i == 15 {
                 let m = (self.keys - 16 * g).min(16);
                 for h in 0..H {
-                    let s = &*s16.add(h);
-                    let mut r8 = [zero; 8];
-                    for (i, r) in r8.iter_mut().enumerate() {
-                        *r = _mm512_add_ps(s[8 + i], s[i]);
-                    }
-                    let mut r4 = [zero; 4];
-                    for (i, r) in r4.iter_mut().enumerate() {
-                        *r = _mm512_add_ps(r8[4 + i], r8[i]);
-                    }
-                    let sum = _mm512_add_ps(_mm512_add_ps(r4[0], r4[2]), _mm512_add_ps(r4[1], r4[3]));
-                    _mm512_mask_storeu_ps(self.out.add(h * self.keys + 16 * g), ((1u32 << m) - 1) as u16, sum);
+                    _mm512_mask_storeu_ps(self.out.add(h * self.keys + 16 * g), ((1u32 << m) - 1) as u16, dot_tree16(&*s16.add(h)));
                 }
             }
             self.u += 1;
@@ -1002,11 +1028,8 @@ unsafe fn dot_keys_queries_avx512<const S: usize>(k: *const u16, offs: &[usize],
                             // `a0 + a1` rounds `k0·q0 + a1` once, as `fma(k0, q0, a1)`
                             // does (a -0 product k0·q0 added to a1 gives a1 or +0, as
                             // a0 = +0 does): the same bits, 5 operations per lane index
-                            // instead of 7.
-                            let qv = |t: usize| _mm512_set1_ps(*q.add(lanes[t]));
-                            let s01 = _mm512_fmadd_ps(kv[0][0], qv(0), _mm512_fmadd_ps(kv[0][1], qv(1), zero));
-                            let s23 = _mm512_fmadd_ps(kv[0][2], qv(2), _mm512_fmadd_ps(kv[0][3], qv(3), zero));
-                            (*s16.add(c))[i] = _mm512_add_ps(s01, s23);
+                            // instead of 7 ([`dot64_level1`]).
+                            (*s16.add(c))[i] = dot64_level1(&kv[0], q, i);
                             continue;
                         }
                         let a: [__m512; 4] = core::array::from_fn(|t| {
@@ -1021,11 +1044,7 @@ unsafe fn dot_keys_queries_avx512<const S: usize>(k: *const u16, offs: &[usize],
                 }
                 let m = (len - 16 * g).min(16);
                 for c in 0..cs {
-                    let s = &*s16.add(c);
-                    let r8: [__m512; 8] = core::array::from_fn(|i| _mm512_add_ps(s[8 + i], s[i]));
-                    let r4: [__m512; 4] = core::array::from_fn(|i| _mm512_add_ps(r8[4 + i], r8[i]));
-                    let sum = _mm512_add_ps(_mm512_add_ps(r4[0], r4[2]), _mm512_add_ps(r4[1], r4[3]));
-                    _mm512_mask_storeu_ps(out.add((c0 + c) * len + 16 * g), ((1u32 << m) - 1) as u16, sum);
+                    _mm512_mask_storeu_ps(out.add((c0 + c) * len + 16 * g), ((1u32 << m) - 1) as u16, dot_tree16(&*s16.add(c)));
                 }
             }
         }
