@@ -286,6 +286,26 @@ fn chunked_attention_ops_match_one_key_at_a_time() {
     }
 }
 
+/// Asserts that a grouped value update left each of its `heads` rows of `n` in `y` and
+/// running sums in `sums` with the bits of the reference's one-head update over the value
+/// rows at `offs` in `kv` (`f16_mad_keys` from `y0`, `softmax_sum` from `sums0`); `what`
+/// names the call in a failure.
+#[allow(clippy::too_many_arguments)]
+fn assert_update_per_head(what: &str, y: &[f16], sums: &[f32], y0: &[f16], sums0: &[f32], kv: &[f16], offs: &[usize], new_max: &[bool], e: &[f32], n: usize, heads: usize) {
+    let reference = Kernels::reference();
+    let len = offs.len();
+    for h in 0..heads {
+        let (nm, eh) = (&new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
+        let mut want = y0[h * n..(h + 1) * n].to_vec();
+        reference.f16_mad_keys(&mut want, kv, offs, nm, eh);
+        for i in 0..n {
+            assert_eq!(y[h * n + i].to_bits(), want[i].to_bits(), "{what}: update n={n} heads={heads} h={h} element {i}");
+        }
+        let want_sum = reference.softmax_sum(sums0[h], nm, eh);
+        assert_eq!(sums[h].to_bits(), want_sum.to_bits(), "{what}: sum n={n} heads={heads} h={h}");
+    }
+}
+
 /// The grouped chunk ops (`f16_dot_keys_heads`, `f16_mad_keys_heads`: up to four heads
 /// over the same keys, each key and value row read once) give each head the bits of the
 /// one-head ops (and each head's running sum that of `softmax_sum`), for every kernel
@@ -321,22 +341,17 @@ fn grouped_attention_ops_match_one_head_at_a_time() {
                 let mut s = vec![f32::NAN; heads * len];
                 k.f16_dot_keys_heads(&kv, &offs, &qs, n, heads, &mut s);
                 let mut y = y0.clone();
-                let mut sums: Vec<f32> = (0..heads).map(|h| 0.25 + h as f32).collect();
+                let sums0: Vec<f32> = (0..heads).map(|h| 0.25 + h as f32).collect();
+                let mut sums = sums0.clone();
                 k.f16_mad_keys_heads(&mut y, n, heads, &kv, &offs, &new_max, &e, &mut sums);
                 for h in 0..heads {
                     let mut want_s = vec![0.0f32; len];
                     reference.f16_dot_keys(&kv, &offs, &qs[h * n..(h + 1) * n], &mut want_s);
-                    let mut want_y = y0[h * n..(h + 1) * n].to_vec();
-                    reference.f16_mad_keys(&mut want_y, &kv, &offs, &new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
                     for c in 0..len {
                         assert_eq!(s[h * len + c].to_bits(), want_s[c].to_bits(), "{} dot n={n} heads={heads} h={h} key {c}", label(k));
                     }
-                    for i in 0..n {
-                        assert_eq!(y[h * n + i].to_bits(), want_y[i].to_bits(), "{} mad n={n} heads={heads} h={h} element {i}", label(k));
-                    }
-                    let want_sum = reference.softmax_sum(0.25 + h as f32, &new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
-                    assert_eq!(sums[h].to_bits(), want_sum.to_bits(), "{} sum n={n} heads={heads} h={h}", label(k));
                 }
+                assert_update_per_head(&label(k), &y, &sums, &y0, &sums0, &kv, &offs, &new_max, &e, n, heads);
             }
         }
     }
@@ -373,15 +388,7 @@ fn f32_value_update_matches_one_head_at_a_time() {
             }
             assert!(n == 64 && heads <= 4, "{} took {heads} heads of {n}", label(k));
             taken += 1;
-            for h in 0..heads {
-                let mut want = y0[h * n..(h + 1) * n].to_vec();
-                reference.f16_mad_keys(&mut want, &kv, &offs, &new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
-                for i in 0..n {
-                    assert_eq!(y[h * n + i].to_bits(), want[i].to_bits(), "{} round {round} heads={heads} h={h} element {i}", label(k));
-                }
-                let want_sum = reference.softmax_sum(sums0[h], &new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
-                assert_eq!(sums[h].to_bits(), want_sum.to_bits(), "{} round {round} sum heads={heads} h={h}", label(k));
-            }
+            assert_update_per_head(&std::format!("{} round {round}", label(k)), &y, &sums, &y0, &sums0, &kv, &offs, &new_max, &e, n, heads);
         }
     }
     // Rows of 64 with 1 to 4 heads: 72 of the 160 rounds, for each AVX-512 set.
@@ -512,15 +519,7 @@ fn transposed_dot_and_fused_update_match_each_query() {
                 assert_eq!(out[i].to_bits(), want0[i].to_bits(), "{} round {round} dot head {} key {} of {keys}", label(k), i / keys, i % keys);
                 assert_eq!(out1[i].to_bits(), want1[i].to_bits(), "{} round {round} fused dot head {} key {} of {keys}", label(k), i / keys, i % keys);
             }
-            for h in 0..heads {
-                let mut want_y = y0[h * n..(h + 1) * n].to_vec();
-                reference.f16_mad_keys(&mut want_y, &kv, &voffs, &new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
-                for i in 0..n {
-                    assert_eq!(y[h * n + i].to_bits(), want_y[i].to_bits(), "{} round {round} fused update h={h} element {i}", label(k));
-                }
-                let want_sum = reference.softmax_sum(sums0[h], &new_max[h * len..(h + 1) * len], &e[h * len..(h + 1) * len]);
-                assert_eq!(sums[h].to_bits(), want_sum.to_bits(), "{} round {round} fused sum h={h}", label(k));
-            }
+            assert_update_per_head(&std::format!("{} round {round} fused", label(k)), &y, &sums, &y0, &sums0, &kv, &voffs, &new_max, &e, n, heads);
         }
     }
     // Rows of 64, up to 64 keys and 4 heads: about 135 of the 240 rounds, per set with
