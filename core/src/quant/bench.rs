@@ -239,45 +239,53 @@ fn bench_matmul_short() {
 }
 
 /// `cargo test -p keel-core --release quant::bench::bench_short_kernels -- --ignored --nocapture`:
-/// ns per (row, token, block) of the 8-row kernel and the tile kernel of Q8_0 with
-/// everything in L1, best of many short runs.
+/// the 8-row kernel (decode's) and the tile kernel of each weight type with everything in
+/// L1 (8 rows of 2048 columns, 9-35 KiB; the tiles' rows may reach L2), best of many short runs: ns per (row, token,
+/// block) and the weight bytes per second that rate consumes. Decode streams weights from
+/// memory at the read loop's rate (`keel bench --roofline`) only where the 8-row kernel
+/// runs faster than that from L1.
 #[test]
 #[ignore]
 fn bench_short_kernels() {
     let mut rng = Rng::new(12);
-    let (cols, ty) = (576usize, Q8_0);
-    let nb = cols / 32;
-    let wrb = ty.row_bytes(cols as u64).unwrap() as usize;
-    let mut w = std::vec![0u8; 8 * wrb];
-    for r in 0..8 {
-        quantize_row_ref(ty, &random_row(&mut rng, cols), &mut w[r * wrb..(r + 1) * wrb]).unwrap();
-    }
-    let mut a = std::vec![0u8; 16 * wrb];
-    for t in 0..16 {
-        fast_kernels().unwrap().quantize_activations(Q8_0, &random_row(&mut rng, cols), &mut a[t * wrb..(t + 1) * wrb]).unwrap();
-    }
-    for k in super::tests::fast_kernel_sets() {
-        let best = |f: &dyn Fn()| {
-            let mut b = u128::MAX;
-            for _ in 0..2000 {
-                let t0 = Instant::now();
-                for _ in 0..20 {
-                    f();
-                }
-                b = b.min(t0.elapsed().as_nanos());
-            }
-            b as f64 / 20.0
-        };
-        if let Some(rows) = k.dot_rows_fn(ty) {
-            let mut o = [0.0f32; DOT_ROWS];
-            let t = best(&|| rows(cols, black_box(&w), wrb, black_box(&a), black_box(&mut o.clone())));
-            black_box(&mut o);
-            println!("{} rows 8x1: {:.3} ns per (row, token, block)", k.name(), t / (8 * nb) as f64);
+    let cols = 2048usize;
+    for ty in [Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K] {
+        let wrb = ty.row_bytes(cols as u64).unwrap() as usize;
+        let nb = cols / 32;
+        let mut w = std::vec![0u8; 32 * wrb];
+        for r in 0..32 {
+            quantize_row_ref(ty, &random_row(&mut rng, cols), &mut w[r * wrb..(r + 1) * wrb]).unwrap();
         }
-        if let Some(tile) = k.dot_tile_fn(ty) {
-            let o = std::vec![0.0f32; tile.tokens * tile.rows];
-            let t = best(&|| (tile.f)(cols, black_box(&w), wrb, tile.rows, black_box(&a), wrb, black_box(&mut o.clone()), tile.rows));
-            println!("{} tile {}x{}: {:.3} ns per (row, token, block)", k.name(), tile.rows, tile.tokens, t / (tile.rows * tile.tokens * nb) as f64);
+        let atype = Kernels::vec_dot_type(ty).unwrap();
+        let arb = atype.row_bytes(cols as u64).unwrap() as usize;
+        let mut a = std::vec![0u8; 32 * arb];
+        for t in 0..32 {
+            fast_kernels().unwrap().quantize_activations(atype, &random_row(&mut rng, cols), &mut a[t * arb..(t + 1) * arb]).unwrap();
+        }
+        for k in super::tests::fast_kernel_sets() {
+            let best = |f: &dyn Fn()| {
+                let mut b = u128::MAX;
+                for _ in 0..2000 {
+                    let t0 = Instant::now();
+                    for _ in 0..20 {
+                        f();
+                    }
+                    b = b.min(t0.elapsed().as_nanos());
+                }
+                b as f64 / 20.0
+            };
+            let name = GgmlType::name(ty);
+            if let Some(rows) = k.dot_rows_fn(ty) {
+                let mut o = [0.0f32; DOT_ROWS];
+                let t = best(&|| rows(cols, black_box(&w), wrb, black_box(&a), black_box(&mut o.clone())));
+                black_box(&mut o);
+                println!("{name:>6} {:>16} rows 8x1: {:.3} ns per (row, token, block), {:.1} GB/s of weights", k.name(), t / (8 * nb) as f64, (8 * wrb) as f64 / t);
+            }
+            if let Some(tile) = k.dot_tile_fn(ty) {
+                let o = std::vec![0.0f32; tile.tokens * tile.rows];
+                let t = best(&|| (tile.f)(cols, black_box(&w), wrb, tile.rows, black_box(&a), arb, black_box(&mut o.clone()), tile.rows));
+                println!("{name:>6} {:>16} tile {}x{}: {:.3} ns per (row, token, block)", k.name(), tile.rows, tile.tokens, t / (tile.rows * tile.tokens * nb) as f64);
+            }
         }
     }
 }
