@@ -397,10 +397,14 @@ pub(super) unsafe fn q4_0_q8_0_zmm<const P: usize>(nb: usize, w: *const u8, wrow
                     let xz: [__m512i; 8] = core::array::from_fn(|j| _mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(x[j])));
                     for p in 0..P {
                         let yp = yu[p].as_ptr().cast::<i64>();
-                        let mut s = nc;
-                        for (j, xj) in xz.iter().enumerate() {
-                            s = _mm512_dpbusd_epi32(s, _mm512_set1_epi64(core::ptr::read_unaligned(yp.add(j))), *xj);
+                        // Two chains (even and odd dwords) added at the end: integer sums,
+                        // exact in any order, and half the dependent `vpdpbusd`s in a row.
+                        let (mut s, mut t) = (nc, _mm512_setzero_si512());
+                        for j in (0..8).step_by(2) {
+                            s = _mm512_dpbusd_epi32(s, _mm512_set1_epi64(core::ptr::read_unaligned(yp.add(j))), xz[j]);
+                            t = _mm512_dpbusd_epi32(t, _mm512_set1_epi64(core::ptr::read_unaligned(yp.add(j + 1))), xz[j + 1]);
                         }
+                        let s = _mm512_add_epi32(s, t);
                         let dap = _mm512_castpd_ps(_mm512_set1_pd(core::ptr::read_unaligned(da.as_ptr().add(2 * p).cast::<f64>())));
                         acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dap), acc[p]);
                     }
