@@ -215,6 +215,11 @@ impl<'a> Gguf<'a> {
         self.data_start
     }
 
+    /// Offset of the first tensor info (the metadata entries end there).
+    pub fn tensor_infos_at(&self) -> usize {
+        self.tensor_infos_at
+    }
+
     /// Number of metadata keys.
     pub fn n_keys(&self) -> usize {
         self.keys.len()

@@ -40,7 +40,8 @@ pub fn open(model: &str) -> Result<Opened> {
 }
 
 /// [`open`] for the commands that run the model (every token reads every weight):
-/// reads it into private memory in huge pages ([`ModelFile::load`]), or maps it with
+/// reads it into private memory in huge pages, its tensors in the order a forward pass
+/// reads them ([`ModelFile::load_in_execution_order`]), or maps it with
 /// `--mmap` ([`set_mmap`]) or when the file is larger than the memory available now (a
 /// copy would push the machine into swap or the OOM killer; a map pages in and out).
 pub fn open_to_run(model: &str) -> Result<Opened> {
@@ -58,7 +59,7 @@ pub fn open_to_run(model: &str) -> Result<Opened> {
         );
         ModelFile::open(&path)?
     } else {
-        ModelFile::load(&path)?
+        ModelFile::load_in_execution_order(&path)?
     };
     Ok(Opened { path, file })
 }
