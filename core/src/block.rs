@@ -330,6 +330,29 @@ pub fn weight<'m>(layer: &Layer<'m>, kind: WeightKind) -> Option<Tensor<'m>> {
     }
 }
 
+/// The weights a forward pass of `model` reads, in the order it reads them: the token
+/// embedding, each block's weights in its ops' order ([`layer_ops`]), the output norm and
+/// the output projection (`f` once per use: a tied output comes twice). Weights an op reads
+/// without naming them (a delta-net layer's conv, gates and norm) are not given.
+pub fn for_each_weight_in_order<'m>(model: &Model<'m>, mut f: impl FnMut(Tensor<'m>)) {
+    f(model.tok_embd);
+    for (l, layer) in model.layers.iter().enumerate() {
+        for op in layer_ops(&model.hp, l, layer).iter() {
+            let t = match *op {
+                Op::Norm { w, .. } | Op::Bias { w, .. } | Op::HeadNorm { w, .. } => w.of(layer),
+                Op::Residual { post_norm, .. } => post_norm.and_then(|w| w.of(layer)),
+                Op::MatMul { w, .. } => weight(layer, w),
+                _ => None,
+            };
+            if let Some(t) = t {
+                f(t);
+            }
+        }
+    }
+    f(model.output_norm);
+    f(model.output);
+}
+
 /// The ops of every layer of `model`, layer by layer (`f(layer index, its ops)`).
 pub fn for_each_block(model: &Model<'_>, mut f: impl FnMut(usize, &BlockOps)) {
     for (l, layer) in model.layers.iter().enumerate() {

@@ -15,7 +15,6 @@ pub mod progress;
 pub mod quant_mix;
 pub mod pull;
 pub mod serve;
-pub mod tensor_order;
 
 /// This crate's version (the workspace version).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -8,8 +8,8 @@
 //! copied; [`Arena`] is the one private anonymous mapping the core's memory plan is laid
 //! out in (KV cache, activations, logits). Pages of the arena are zero and not resident
 //! until first written, so an unused tail of a large KV cache costs no memory.
-//! It parses nothing itself: [`ModelFile::load_in_execution_order`] reads the header
-//! through the core's parser.
+//! It parses nothing itself: [`ModelFile::load_in_execution_order`] asks the core for
+//! the header and the model's forward order.
 
 use std::fmt;
 use std::fs::File;
@@ -186,24 +186,24 @@ impl ModelFile {
     }
 
     /// [`ModelFile::load`] with the tensors laid out in the order a forward pass reads
-    /// them ([`crate::tensor_order::rank`]): the header's tensor infos reordered (their
-    /// offsets recomputed by the file's alignment, the metadata bytes unchanged) and each
-    /// tensor's bytes read from the file into its new place, so the copy is a valid GGUF
-    /// file with the same tensors and metadata, and decoding streams the weights forward
-    /// from the first block to the last (SmolLM2 135M Q4_0 and Q4_1 tg128 +4% at one
-    /// thread on the AMD EPYC, Zen 5: BENCHMARKS.md, "Weights in execution order"). The
-    /// header is parsed through a read-only map of the file, of which only the header's
-    /// pages are touched; the memory is the file's size, as `load`'s. A file the core
-    /// cannot parse, or already in that order, is read as `load` reads it (the core then
-    /// reports the error, as before).
+    /// them ([`forward_order`]): the header's tensor infos reordered (their offsets
+    /// recomputed by the file's alignment, the metadata bytes unchanged) and each tensor's
+    /// bytes read from the file into its new place, so the copy is a valid GGUF file with
+    /// the same tensors and metadata, and decoding streams the weights forward from the
+    /// first block to the last instead of back and forth inside each block as GGUF
+    /// writers order them (SmolLM2 135M Q4_0 and Q4_1 tg128 +4% at one thread on the AMD
+    /// EPYC, Zen 5: BENCHMARKS.md, "Weights in execution order"). The header is parsed
+    /// through a read-only map of the file, of which only the header's pages are touched;
+    /// the memory is the file's size, as `load`'s. A file the core cannot load as a model,
+    /// or already in that order, is read as `load` reads it (the core then reports any
+    /// error, as before).
     pub fn load_in_execution_order(path: impl AsRef<Path>) -> Result<Self, MapError> {
         use std::os::unix::fs::FileExt;
         let path = path.as_ref();
         let map = ModelFile::open(path)?;
         let Ok(g) = keel_core::gguf::Gguf::parse(map.bytes()) else { return Self::load(path) };
         let infos: Vec<_> = g.tensors().collect();
-        let mut order: Vec<usize> = (0..infos.len()).collect();
-        order.sort_by_key(|&i| crate::tensor_order::rank(infos[i].name));
+        let Some(order) = forward_order(&g) else { return Self::load(path) };
         if order.iter().enumerate().all(|(k, &i)| k == i) {
             return Self::load(path);
         }
@@ -299,6 +299,29 @@ impl Drop for ModelFile {
             unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
         }
     }
+}
+
+/// The indices of `g`'s tensors (file order) in the order a forward pass reads them: the
+/// model keel builds from `g` walked by `keel_core::block::for_each_weight_in_order` (the
+/// block description the passes run), each tensor at its first use, then the tensors no
+/// op names in file order. `None` if `g` is not a model keel can load.
+fn forward_order(g: &keel_core::gguf::Gguf<'_>) -> Option<Vec<usize>> {
+    use keel_core::model::{HParams, Layer, Model};
+    let hp = HParams::from_gguf(g).ok()?;
+    let mut table: Vec<std::mem::MaybeUninit<Layer<'_>>> = (0..hp.n_layer).map(|_| std::mem::MaybeUninit::uninit()).collect();
+    let model = Model::load(g, hp, &mut table).ok()?;
+    let at: std::collections::HashMap<(usize, usize), usize> = g.tensors().enumerate().map(|(i, t)| ((t.data.as_ptr() as usize, t.data.len()), i)).collect();
+    let mut seen = vec![false; g.n_tensors()];
+    let mut order = Vec::with_capacity(g.n_tensors());
+    keel_core::block::for_each_weight_in_order(&model, |t| {
+        if let Some(&i) = at.get(&(t.data.as_ptr() as usize, t.data.len())) {
+            if !std::mem::replace(&mut seen[i], true) {
+                order.push(i);
+            }
+        }
+    });
+    order.extend((0..seen.len()).filter(|&i| !seen[i]));
+    Some(order)
 }
 
 /// `map_len` (> 0) bytes of fresh private anonymous read-write memory, zeroed and
@@ -543,53 +566,52 @@ mod tests {
     }
 
     /// `load_in_execution_order` gives a valid GGUF image with the same metadata and the
-    /// same bytes under every tensor name, the tensors in the forward pass's order (a
-    /// block written in llama.cpp's order, odd sizes so the padding moves); a file in that
-    /// order already, or one the core cannot parse, is read as `load` reads it.
+    /// same bytes under every tensor name, the tensors in the order a forward pass reads
+    /// them (SmolLM2, whose file orders a block attn_norm, ffn_down, ffn_gate, ffn_up,
+    /// ffn_norm, attn_k, attn_output, attn_q, attn_v); a file in that order already, a
+    /// GGUF file that is not a model, or a file that is not GGUF is read as `load` reads it.
     #[test]
     fn loads_tensors_in_execution_order() {
         use crate::gguf_write::{encode_kv, GgufWriter, TensorDecl};
         use keel_core::ggml_type::GgmlType;
         use keel_core::gguf::{Gguf, Value};
+        let Some(model) = keel_test_support::smollm2_path() else { return };
         let dir = crate::fsutil::test_dir("exec-order");
-        let write = |name: &str, names: &[&str]| {
-            let p = dir.join(name);
-            let mut kv = Vec::new();
-            encode_kv(&mut kv, b"general.architecture", &Value::Str(b"llama"));
-            encode_kv(&mut kv, b"general.alignment", &Value::U32(64));
-            // F32 rows of 3 + k values: every tensor a different, unaligned size.
-            let decls: Vec<TensorDecl> = names.iter().enumerate().map(|(k, n)| TensorDecl { name: n.as_bytes().to_vec(), ne: [3 + k as u64, 1, 1, 1], n_dims: 1, ty: GgmlType::F32 }).collect();
-            let mut w = GgufWriter::create(&p, &kv, 2, &decls, 64).unwrap();
-            for (k, d) in decls.iter().enumerate() {
-                let data: Vec<u8> = (0..d.data_bytes().unwrap()).map(|b| (b as usize * 7 + k * 31) as u8).collect();
-                w.write_data(&data).unwrap();
-                w.end_tensor().unwrap();
-            }
-            w.finish().unwrap();
-            p
-        };
-        let file_order = ["token_embd.weight", "blk.0.attn_norm.weight", "blk.0.ffn_down.weight", "blk.0.ffn_gate.weight", "blk.0.ffn_up.weight", "blk.0.ffn_norm.weight", "blk.0.attn_k.weight", "blk.0.attn_output.weight", "blk.0.attn_q.weight", "blk.0.attn_v.weight", "output_norm.weight"];
-        let p = write("llama-cpp-order.gguf", &file_order);
-        let (orig, copy) = (ModelFile::load(&p).unwrap(), ModelFile::load_in_execution_order(&p).unwrap());
-        assert!(copy.is_copy());
+        let (orig, copy) = (ModelFile::load(&model).unwrap(), ModelFile::load_in_execution_order(&model).unwrap());
+        assert!(copy.is_copy() && orig.bytes() != copy.bytes());
         let (a, b) = (Gguf::parse(orig.bytes()).unwrap(), Gguf::parse(copy.bytes()).unwrap());
-        assert_eq!(b.tensors().map(|t| String::from_utf8(t.name.to_vec()).unwrap()).collect::<Vec<_>>(), [
-            "token_embd.weight", "blk.0.attn_norm.weight", "blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight", "blk.0.attn_output.weight",
-            "blk.0.ffn_norm.weight", "blk.0.ffn_gate.weight", "blk.0.ffn_up.weight", "blk.0.ffn_down.weight", "output_norm.weight",
-        ]);
-        assert_eq!((a.n_keys(), a.data_start(), a.alignment()), (b.n_keys(), b.data_start(), b.alignment()));
+        let names: Vec<String> = b.tensors().map(|t| String::from_utf8(t.name.to_vec()).unwrap()).collect();
+        let block0: Vec<&str> = names.iter().filter_map(|n| n.strip_prefix("blk.0.")).collect();
+        assert_eq!(block0, ["attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"]);
+        assert_eq!((names[0].as_str(), names[names.len() - 1].as_str()), ("token_embd.weight", "output_norm.weight"));
+        assert!(names.iter().position(|n| n.starts_with("blk.1.")) > names.iter().position(|n| n == "blk.0.ffn_down.weight"));
+        assert_eq!((a.n_tensors(), a.n_keys(), a.data_start(), a.alignment()), (b.n_tensors(), b.n_keys(), b.data_start(), b.alignment()));
         assert_eq!(orig.bytes()[..a.tensor_infos_at()], copy.bytes()[..b.tensor_infos_at()]);
         for t in a.tensors() {
             let u = b.tensor(std::str::from_utf8(t.name).unwrap()).unwrap();
             assert_eq!((t.ty, t.ne, t.n_dims, t.data), (u.ty, u.ne, u.n_dims, u.data));
         }
-        // In order already: the file's bytes.
-        let p2 = write("exec-order.gguf", &b.tensors().map(|t| std::str::from_utf8(t.name).unwrap()).collect::<Vec<_>>());
-        assert_eq!(ModelFile::load_in_execution_order(&p2).unwrap().bytes(), &std::fs::read(&p2).unwrap()[..]);
+        // In that order already: the file's bytes.
+        let p = dir.join("in-order.gguf");
+        std::fs::write(&p, copy.bytes()).unwrap();
+        assert!(ModelFile::load_in_execution_order(&p).unwrap().bytes() == copy.bytes());
+        drop((orig, copy));
+        // A GGUF file that is not a model keel loads (no hyper-parameters): its bytes.
+        let p = dir.join("not-a-model.gguf");
+        let mut kv = Vec::new();
+        encode_kv(&mut kv, b"general.alignment", &Value::U32(64));
+        let decls: Vec<TensorDecl> = ["blk.0.ffn_down.weight", "blk.0.attn_q.weight"].iter().map(|n| TensorDecl { name: n.as_bytes().to_vec(), ne: [3, 1, 1, 1], n_dims: 1, ty: GgmlType::F32 }).collect();
+        let mut w = GgufWriter::create(&p, &kv, 1, &decls, 64).unwrap();
+        for _ in &decls {
+            w.write_data(&[7u8; 12]).unwrap();
+            w.end_tensor().unwrap();
+        }
+        w.finish().unwrap();
+        assert_eq!(ModelFile::load_in_execution_order(&p).unwrap().bytes(), &std::fs::read(&p).unwrap()[..]);
         // Not a GGUF file: its bytes, for the core to refuse as before.
-        let p3 = dir.join("junk.gguf");
-        std::fs::write(&p3, b"GGUF\x03\0\0\0rest").unwrap();
-        assert_eq!(ModelFile::load_in_execution_order(&p3).unwrap().bytes(), b"GGUF\x03\0\0\0rest");
+        let p = dir.join("junk.gguf");
+        std::fs::write(&p, b"GGUF\x03\0\0\0rest").unwrap();
+        assert_eq!(ModelFile::load_in_execution_order(&p).unwrap().bytes(), b"GGUF\x03\0\0\0rest");
         assert!(ModelFile::load_in_execution_order(dir.join("nope.gguf")).unwrap_err().to_string().contains("nope.gguf"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
