@@ -193,8 +193,9 @@ impl ModelFile {
     /// first block to the last instead of back and forth inside each block as GGUF
     /// writers order them (SmolLM2 135M Q4_0 and Q4_1 tg128 +4% at one thread on the AMD
     /// EPYC, Zen 5: BENCHMARKS.md, "Weights in execution order"). The header is parsed
-    /// through a read-only map of the file, of which only the header's pages are touched;
-    /// the memory is the file's size, as `load`'s. A file the core cannot load as a model,
+    /// through a read-only map of the file, of which only the header's pages are touched
+    /// (peak RSS: those pages more than `load`'s, +4 MiB for Gemma 3's 262144-token
+    /// vocabulary); the copy is the file's size, as `load`'s. A file the core cannot load as a model,
     /// or already in that order, is read as `load` reads it (the core then reports any
     /// error, as before).
     pub fn load_in_execution_order(path: impl AsRef<Path>) -> Result<Self, MapError> {
