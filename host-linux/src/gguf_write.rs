@@ -112,6 +112,18 @@ pub fn encode_kv(out: &mut Vec<u8>, key: &[u8], v: &Value<'_>) {
     put_value(out, v);
 }
 
+/// Appends one tensor info: name, dimension count, the first `n_dims` of `ne`, type id,
+/// and the data offset (relative to the data section).
+pub fn encode_tensor_info(out: &mut Vec<u8>, name: &[u8], n_dims: u32, ne: &[u64; 4], ty: GgmlType, offset: u64) {
+    put_str(out, name);
+    put_u32(out, n_dims);
+    for &d in &ne[..n_dims as usize] {
+        put_u64(out, d);
+    }
+    put_u32(out, ty.id());
+    put_u64(out, offset);
+}
+
 fn pad_to(x: u64, align: u64) -> u64 {
     x.div_ceil(align) * align
 }
@@ -149,13 +161,7 @@ impl GgufWriter {
             let size = t.data_bytes().with_context(|| {
                 format!("tensor {}: {} elements per row do not make whole {} blocks", String::from_utf8_lossy(&t.name), t.ne[0], t.ty)
             })?;
-            put_str(&mut header, &t.name);
-            put_u32(&mut header, t.n_dims);
-            for &d in &t.ne[..t.n_dims as usize] {
-                put_u64(&mut header, d);
-            }
-            put_u32(&mut header, t.ty.id());
-            put_u64(&mut header, offset);
+            encode_tensor_info(&mut header, &t.name, t.n_dims, &t.ne, t.ty, offset);
             sizes.push(size);
             offset = pad_to(offset + size, alignment);
         }

@@ -218,14 +218,7 @@ impl ModelFile {
         for &i in &order {
             let t = &infos[i];
             let offset = end.next_multiple_of(align);
-            header.extend_from_slice(&(t.name.len() as u64).to_le_bytes());
-            header.extend_from_slice(t.name);
-            header.extend_from_slice(&t.n_dims.to_le_bytes());
-            for d in &t.ne[..t.n_dims as usize] {
-                header.extend_from_slice(&d.to_le_bytes());
-            }
-            header.extend_from_slice(&t.ty.id().to_le_bytes());
-            header.extend_from_slice(&offset.to_le_bytes());
+            crate::gguf_write::encode_tensor_info(&mut header, t.name, t.n_dims, &t.ne, t.ty, offset);
             at[i] = offset;
             end = offset + t.data.len() as u64;
         }
