@@ -97,7 +97,7 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
     let rb = act_row_bytes(w.ty, w.cols).unwrap_or(0);
     let wrb = w.row_bytes();
     let out = SharedMut::new(&mut out[..n * rows]);
-    let tasks = par.n_threads().min(rows).max(1);
+    let (tasks, unit) = product_tasks(par.n_threads(), n, rows, wrb);
     let cols = w.cols;
     let tile = k.dot_tile_fn(w.ty);
     // Groups of DOT_ROWS rows per token where no tile applies (decode, short batches),
@@ -110,7 +110,7 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
         return par.run(tasks, &|t| short.rows(split_range(rows, tasks, t), &out));
     }
     par.run(tasks, &|t| {
-        let range = split_range(rows, tasks, t);
+        let range = task_rows(rows, unit, tasks, t);
         if n == 1 {
             // As in `matvec_group`: the task's first lines asked for at once.
             prefetch::lines(w.data.as_ptr().wrapping_add(range.start * wrb), (range.len() * wrb).min(START_BYTES), Level::L2);
@@ -205,6 +205,41 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
 /// Bytes of its weights a one-token task asks for before it starts ([`matvec_group`]).
 const START_BYTES: usize = 8192;
 
+/// A one-token product's matrix size from which its rows go out in [`BALANCE_PARTS`]
+/// parts per thread, taken by whichever thread is free (the pool hands out tasks past
+/// the first `n_threads` in turn): two cores of one machine stream at different rates
+/// from minute to minute, and with one half each the faster waits for the slower at
+/// the end of every such product (SmolLM2's 30 MB output matrix on a two-core AMD EPYC
+/// VM: in slow minutes the calling thread's half took up to 1.8x the other's;
+/// BENCHMARKS.md). Smaller products keep one part per thread: more, shorter parts
+/// slowed their decode down (each part starts a new stream).
+pub(crate) const BALANCE_BYTES: usize = 4 << 20;
+
+/// Parts per thread of a product of at least [`BALANCE_BYTES`].
+const BALANCE_PARTS: usize = 8;
+
+/// `matmul_as`'s tasks and the rows they split in units of: for one token on several
+/// threads whole groups of [`DOT_ROWS`] rows, one part per thread or, for a matrix of at
+/// least [`BALANCE_BYTES`], [`BALANCE_PARTS`]; else one task per thread and single rows.
+fn product_tasks(threads: usize, n: usize, rows: usize, row_bytes: usize) -> (usize, usize) {
+    if n == 1 && threads > 1 {
+        ((threads * stream_parts(threads, rows * row_bytes)).min(rows.div_ceil(DOT_ROWS)).max(1), DOT_ROWS)
+    } else {
+        (threads.min(rows).max(1), 1)
+    }
+}
+
+/// Parts per thread of a one-token product of `bytes`.
+fn stream_parts(threads: usize, bytes: usize) -> usize {
+    if threads > 1 && bytes >= BALANCE_BYTES { BALANCE_PARTS } else { 1 }
+}
+
+/// Task `t`'s rows of `rows` split in `tasks` parts of whole `unit`s (the last may be short).
+pub(crate) fn task_rows(rows: usize, unit: usize, tasks: usize, t: usize) -> core::ops::Range<usize> {
+    let r = split_range(rows.div_ceil(unit), tasks, t);
+    (r.start * unit).min(rows)..(r.end * unit).min(rows)
+}
+
 /// Most matrices of one [`matvec_group`].
 pub const GROUP_MAX: usize = 4;
 
@@ -237,7 +272,7 @@ pub fn matvec_group(k: &Kernels, par: &dyn Parallel, ws: &[&Tensor<'_>], xq: &[u
     }
     let shared: [Option<SharedMut<f32>>; GROUP_MAX] = core::array::from_fn(|i| outs.get_mut(i).map(|o| SharedMut::new(o)));
     let (xq, cols) = (&xq[..rb], ws[0].cols);
-    let tasks = par.n_threads().min(ws.iter().map(|w| w.rows.div_ceil(DOT_ROWS)).sum()).max(1);
+    let tasks = (par.n_threads() * stream_parts(par.n_threads(), start[m])).min(ws.iter().map(|w| w.rows.div_ceil(DOT_ROWS)).sum()).max(1);
     par.run(tasks, &|t| {
         let share = split_range(start[m], tasks, t);
         // The share's first lines asked for at once (the kernels' own hints run ahead of

@@ -825,6 +825,45 @@ fn matmul_rows_do_not_depend_on_the_batch() {
     }
 }
 
+/// A one-token product of a matrix past `matmul::BALANCE_BYTES` goes out in parts that
+/// any thread may take (more tasks than threads): each row still gets its bits, every row
+/// is written once, alone and in a `matvec_group`, whatever order the tasks run in; the
+/// parts are whole 8-row groups covering the rows in order.
+#[test]
+fn balanced_one_token_products_keep_every_rows_bits() {
+    use crate::matmul::{matmul, matvec_group, task_rows, BALANCE_BYTES};
+    use crate::model::Tensor;
+    use crate::parallel::{Parallel, Sequential};
+    for (rows, unit, tasks) in [(970usize, 8usize, 16usize), (49152, 8, 16), (7, 8, 4), (100, 1, 3)] {
+        let mut next = 0;
+        for t in 0..tasks {
+            let r = task_rows(rows, unit, tasks, t);
+            assert!(r.start == next && (r.start % unit == 0 || r.is_empty()) && r.end <= rows, "{rows} rows in {tasks} parts of {unit}: part {t} is {r:?}");
+            next = r.end;
+        }
+        assert_eq!(next, rows, "{rows} rows in {tasks} parts of {unit}");
+    }
+    let mut rng = Rng::new(31);
+    let k = fast_kernel_sets().pop().unwrap_or_else(Kernels::reference);
+    let (cols, rows) = (4096usize, 970usize);
+    let (w, a, wrb, _) = matmul_operands(&k, &mut rng, Q8_0, rows, cols, 1);
+    assert!(rows * wrb >= BALANCE_BYTES, "the matrix is below the balancing size");
+    let t = Tensor { ty: Q8_0, cols, rows, data: &w };
+    let mut want = vec![0.0f32; rows];
+    matmul(&k, &Sequential, &t, &a, 1, &mut want);
+    for par in [&Reversed(2) as &dyn Parallel, &Reversed(3)] {
+        let mut out = vec![f32::NAN; rows];
+        matmul(&k, par, &t, &a, 1, &mut out);
+        let mut outs = [vec![f32::NAN; rows]];
+        let mut slices: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+        assert!(matvec_group(&k, par, &[&t], &a, &mut slices), "{}: group refused", k.name());
+        for (r, e) in want.iter().enumerate() {
+            assert_eq!(out[r].to_bits(), e.to_bits(), "{} row {r}, {} threads", k.name(), par.n_threads());
+            assert_eq!(outs[0][r].to_bits(), e.to_bits(), "{} group row {r}, {} threads", k.name(), par.n_threads());
+        }
+    }
+}
+
 /// `matvec_group` gives each matrix of a group the bits `matmul` gives it alone: groups of
 /// one activation type (types with and without 8-row kernels mixed, row counts not a
 /// multiple of 8, matrices of very different sizes) on 1 to 5 tasks; groups it cannot
