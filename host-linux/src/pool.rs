@@ -51,7 +51,7 @@ use keel_core::parallel::Parallel;
 /// between two tokens' forward passes (sampling, and for a large vocabulary the scan of
 /// the logits), so that during generation the workers never sleep. Waking a sleeping
 /// worker costs far more than the gap: on the 2-vCPU KVM guest (AMD EPYC), the caller's
-/// `FUTEX_WAKE` took ~23 µs and the worker started ~60 µs late. With 100 µs, Gemma 3
+/// `FUTEX_WAKE` took ~23 µs and the worker started 60-110 µs late. With 100 µs, Gemma 3
 /// 270M (262144 logits) slept once per token at two threads; with 1 ms it does not:
 /// tg128 244 -> 250 t/s (four alternations; SmolLM2, whose gap is shorter, unchanged).
 pub const DEFAULT_SPIN: Duration = Duration::from_millis(1);
