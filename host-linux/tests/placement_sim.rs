@@ -361,7 +361,7 @@ fn greedy_on_dsp(cfg: &SimConfig, model: &std::path::Path, runs: &[(Vec<u32>, us
     (out, st)
 }
 
-fn smollm2_q8_0_vs_llama_cpp(n_prompts: usize, n_tokens: usize, mode: OffloadMode) -> Vec<(usize, usize, f32)> {
+fn smollm2_q8_0_vs_llama_cpp(n_prompts: usize, mode: OffloadMode) -> Vec<(usize, usize, f32)> {
     let Some(cfg) = sim::config("smollm2_q8_0_on_the_dsp") else { return Vec::new() };
     let Some(model) = smollm2("Q8_0") else { return Vec::new() };
     let golden = root().join("tests/golden/smollm2-135m-requant/Q8_0.greedy.jsonl");
@@ -376,19 +376,19 @@ fn smollm2_q8_0_vs_llama_cpp(n_prompts: usize, n_tokens: usize, mode: OffloadMod
             (ids("prompt_tokens"), ids("generated"))
         })
         .collect();
-    let runs: Vec<(Vec<u32>, usize)> = want.iter().map(|(p, _)| (p.clone(), n_tokens)).collect();
+    let runs: Vec<(Vec<u32>, usize)> = want.iter().map(|(p, _)| (p.clone(), 16)).collect();
     let (got, st) = greedy_on_dsp(&cfg, &model, &runs, mode);
     eprintln!("mode {mode:?}: {} whole layers on the DSP, {} bytes of KV cache there", st.layers_on_dsp, st.context_bytes);
     assert_eq!(st.weights_on_dsp, st.weights, "every matrix product on the DSP");
     let mut firsts = Vec::new();
     for (i, (r, (_, gen))) in got.iter().zip(&want).enumerate() {
-        let first = (0..n_tokens).find(|&j| r.dsp[j] != gen[j]).unwrap_or(n_tokens);
+        let first = (0..16).find(|&j| r.dsp[j] != gen[j]).unwrap_or(16);
         let gap = r.cpu_gap.get(first).copied().unwrap_or(f32::NAN);
         eprintln!(
-            "prompt {i}: DSP {:?}\n          llama.cpp {:?}\n          equal for {first}/{n_tokens} tokens (CPU gap at the first difference {gap:.3e}); \
+            "prompt {i}: DSP {:?}\n          llama.cpp {:?}\n          equal for {first}/16 tokens (CPU gap at the first difference {gap:.3e}); \
              {:.3} tokens/s emulated, {:.1} batches per token",
             r.dsp,
-            &gen[..n_tokens],
+            &gen[..16],
             r.tps,
             r.batches_per_token
         );
@@ -402,12 +402,12 @@ fn smollm2_q8_0_vs_llama_cpp(n_prompts: usize, n_tokens: usize, mode: OffloadMod
 /// matrix product on the DSP. Measured by hand (qemu-hexagon v68, 2 cores shared with
 /// other jobs): **met**, 16/16 and 16/16 tokens, DSP logits equal to keel's CPU logits bit
 /// for bit (max |Δlogit| 0); 211 batches per token (one MatMul per product: 30 layers × 7
-/// + the output projection); ~0.12 generated tokens/s emulated then, 0.5 since the
+/// + the output projection); ~0.12 generated tokens/s emulated then, 0.54 since the
 /// firmware became keel-core compiled for Hexagon (both prompts in about a minute, so CI
 /// runs the whole claim).
 #[test]
 fn smollm2_q8_0_on_the_dsp_equals_llama_cpp_for_16_tokens() {
-    for (i, first, _) in smollm2_q8_0_vs_llama_cpp(2, 16, OffloadMode::MatMul) {
+    for (i, first, _) in smollm2_q8_0_vs_llama_cpp(2, OffloadMode::MatMul) {
         assert_eq!(first, 16, "prompt {i}: the DSP's greedy tokens differ from llama.cpp's at token {first}");
     }
 }
@@ -429,7 +429,7 @@ fn smollm2_q8_0_on_the_dsp_equals_llama_cpp_for_16_tokens() {
 /// DSP gives llama.cpp's tokens.
 #[test]
 fn smollm2_q8_0_whole_layers_on_the_dsp_vs_llama_cpp_for_16_tokens() {
-    for (i, first, gap) in smollm2_q8_0_vs_llama_cpp(1, 16, OffloadMode::Layers) {
+    for (i, first, gap) in smollm2_q8_0_vs_llama_cpp(1, OffloadMode::Layers) {
         assert_eq!(first, 16, "prompt {i}: the DSP's greedy tokens differ from llama.cpp's at token {first} (CPU gap {gap:e})");
     }
 }
