@@ -1150,7 +1150,9 @@ pub(crate) fn mad_keys_heads64_f32_dot(ys: &mut [f16], heads: usize, xf: &[f32],
 /// update's f16 rounding by [`f16_round_to`]: with `VIA` through a stack slot, whose
 /// latency hides with 4·H chains side by side and whose widening leaves Intel's shuffle
 /// port free; else by the register round trip, faster on AMD Zen 5); each head's
-/// running sum `sum = fma(sum, ms, vs)` (`softmax_sum`) beside them.
+/// running sum `sum = fma(sum, ms, vs)` (`softmax_sum`) beside them, in a general
+/// register's f32 (`sum + e` where `ms` = 1: that fma's one rounding of the exact sum;
+/// kept in a vector lane and blended, it went through the stack every key).
 ///
 /// # Safety
 /// AVX2/FMA/F16C and AVX-512 F present; `H` rows of 64 at `y`, 64 elements at
@@ -1168,7 +1170,7 @@ unsafe fn mad_keys_heads64_avx512<const H: usize, const F32V: bool, const VIA: b
         let f16_round = |v: __m512| _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
         let one = _mm512_set1_ps(1.0);
         let mut acc: [[__m512; 4]; H] = core::array::from_fn(|h| core::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(y.add(64 * h + 16 * j).cast()))));
-        let mut sum: [__m128; H] = core::array::from_fn(|h| _mm_set_ss(sums[h]));
+        let mut sum: [f32; H] = core::array::from_fn(|h| sums[h]);
         // One f16 slot per (head, vector) chain for `f16_round_to` (unused without VIA).
         let mut slots = RoundSlots::new();
         for c in 0..len {
@@ -1184,10 +1186,11 @@ unsafe fn mad_keys_heads64_avx512<const H: usize, const F32V: bool, const VIA: b
                     for v in a.iter_mut() {
                         *v = f16_round(_mm512_mul_ps(*v, ec));
                     }
-                    sum[h] = _mm_fmadd_ss(sum[h], _mm_set_ss(e[h * len + c]), _mm_set_ss(1.0));
+                    sum[h] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(sum[h]), _mm_set_ss(e[h * len + c]), _mm_set_ss(1.0)));
                     one
                 } else {
-                    sum[h] = _mm_fmadd_ss(sum[h], _mm_set_ss(1.0), _mm_set_ss(e[h * len + c]));
+                    // fma(sum, 1, e): the exact sum rounded once, as `+`.
+                    sum[h] += e[h * len + c];
                     ec
                 };
                 for (j, v) in a.iter_mut().enumerate() {
@@ -1203,7 +1206,7 @@ unsafe fn mad_keys_heads64_avx512<const H: usize, const F32V: bool, const VIA: b
             for (j, v) in a.iter().enumerate() {
                 _mm256_storeu_si256(y.add(64 * h + 16 * j).cast(), _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(*v));
             }
-            sums[h] = _mm_cvtss_f32(sum[h]);
+            sums[h] = sum[h];
         }
     }
 }
