@@ -1150,8 +1150,8 @@ pub(crate) fn mad_keys_heads64_f32_dot(ys: &mut [f16], heads: usize, xf: &[f32],
 /// update's f16 rounding by [`f16_round_to`]: with `VIA` through a stack slot, whose
 /// latency hides with 4·H chains side by side and whose widening leaves Intel's shuffle
 /// port free; else by the register round trip, faster on AMD Zen 5); each head's
-/// running sum `sum = fma(sum, ms, vs)` (`softmax_sum`) beside them, in a general
-/// register's f32 (`sum + e` where `ms` = 1: that fma's one rounding of the exact sum;
+/// running sum `sum = fma(sum, ms, vs)` (`softmax_sum`) beside them, as a plain f32
+/// (`sum + e` where `ms` = 1: that fma's one rounding of the exact sum;
 /// kept in a vector lane and blended, it went through the stack every key).
 ///
 /// # Safety
@@ -1181,16 +1181,18 @@ unsafe fn mad_keys_heads64_avx512<const H: usize, const F32V: bool, const VIA: b
                 core::array::from_fn(|j| cvtph_ps_m512(x.add(off + 16 * j)))
             };
             for (h, a) in acc.iter_mut().enumerate() {
-                let ec = _mm512_set1_ps(e[h * len + c]);
-                let vs = if new_max[h * len + c] {
+                // In bounds: `new_max` and `e` hold H rows of `len` (the contract).
+                let (eh, nm) = (*e.get_unchecked(h * len + c), *new_max.get_unchecked(h * len + c));
+                let ec = _mm512_set1_ps(eh);
+                let vs = if nm {
                     for v in a.iter_mut() {
                         *v = f16_round(_mm512_mul_ps(*v, ec));
                     }
-                    sum[h] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(sum[h]), _mm_set_ss(e[h * len + c]), _mm_set_ss(1.0)));
+                    sum[h] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(sum[h]), _mm_set_ss(eh), _mm_set_ss(1.0)));
                     one
                 } else {
                     // fma(sum, 1, e): the exact sum rounded once, as `+`.
-                    sum[h] += e[h * len + c];
+                    sum[h] += eh;
                     ec
                 };
                 for (j, v) in a.iter_mut().enumerate() {
