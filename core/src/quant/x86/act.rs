@@ -244,7 +244,8 @@ const EXP2_SIXTEENTHS: [u64; 16] = [
 /// of e^x relatively, inside the window of 2^12 ulps (at least 2^-41 relatively) around
 /// an f32 halfway point whose lanes are recomputed (the same test as `expf_avx2`; lanes
 /// with x outside (-87, 87) or NaN are recomputed too). 23 vector operations per 8 lanes
-/// instead of 34 (test `expf_batch_every_f32_in_range` checks every f32).
+/// instead of 34, two such chains a step (test `expf_batch_every_f32_in_range` checks every
+/// f32).
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl")]
 unsafe fn expf_avx512(n: usize, x: *mut f32) {
     // SAFETY: n elements at x (caller, a multiple of 8); unaligned loads and stores only.
@@ -254,9 +255,8 @@ unsafe fn expf_avx512(n: usize, x: *mut f32) {
         let (t0, t1) = (t(0), t(8));
         // 1.5·2^52 + 16·1023: k's integer, biased by 16·1023, in the low bits of the sum.
         let shift = c(6_755_399_441_072_112.0);
-        let mut i = 0;
-        while i < n {
-            let xs = _mm256_loadu_ps(x.add(i));
+        // Eight lanes from xs: their results, and the lanes to recompute.
+        let lanes8 = |xs: __m256| -> (__m256, u8) {
             // NaN, or |x| >= 87 (no normal f32 result, or near the edge): recomputed.
             let out = _mm256_cmp_ps_mask::<_CMP_NLT_UQ>(_mm256_andnot_ps(_mm256_set1_ps(-0.0), xs), _mm256_set1_ps(87.0));
             let xd = _mm512_cvtps_pd(xs);
@@ -276,18 +276,31 @@ unsafe fn expf_avx512(n: usize, x: *mut f32) {
             // rounding to f32 within 2^12 of 2^28 (their sum with 2^12 - 2^28 below 2^13).
             let low = _mm512_add_epi64(_mm512_castpd_si512(y), _mm512_set1_epi64((1 << 12) - (1 << 28)));
             let near = _mm512_testn_epi64_mask(low, _mm512_set1_epi64(((1 << 29) - 1) & !((1 << 13) - 1)));
-            let redo = near | out;
-            _mm256_storeu_ps(x.add(i), _mm512_cvtpd_ps(y));
+            (_mm512_cvtpd_ps(y), near | out)
+        };
+        // Sixteen lanes a step (two independent chains, one branch), then eight.
+        let mut i = 0;
+        while i < n {
+            let m = (n - i).min(16);
+            let (ya, ra) = lanes8(_mm256_loadu_ps(x.add(i)));
+            let (yb, rb) = if m == 16 { lanes8(_mm256_loadu_ps(x.add(i + 8))) } else { (ya, 0) };
+            let redo = u16::from(ra) | u16::from(rb) << 8;
+            let mut src = [0.0f32; 16];
             if redo != 0 {
-                let mut src = [0.0f32; 8];
-                _mm256_storeu_ps(src.as_mut_ptr(), xs);
-                for (l, s) in src.iter().enumerate() {
+                core::ptr::copy_nonoverlapping(x.add(i), src.as_mut_ptr(), m);
+            }
+            _mm256_storeu_ps(x.add(i), ya);
+            if m == 16 {
+                _mm256_storeu_ps(x.add(i + 8), yb);
+            }
+            if redo != 0 {
+                for (l, s) in src.iter().enumerate().take(m) {
                     if redo >> l & 1 == 1 {
                         *x.add(i + l) = crate::ops::expf(*s);
                     }
                 }
             }
-            i += 8;
+            i += m;
         }
     }
 }
