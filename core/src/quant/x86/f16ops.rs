@@ -1165,7 +1165,8 @@ pub(crate) fn mad_keys_heads64_f32_dot(ys: &mut [f16], heads: usize, xf: &[f32],
 /// per 16 elements and key).
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
 unsafe fn mad_keys_heads64_avx512<const H: usize, const F32V: bool, const VIA: bool, const DOT: bool>(y: *mut u16, x: *const u16, offs: &[usize], xf: *const f32, len: usize, new_max: &[bool], e: &[f32], sums: &mut [f32], dot: *mut DotNext<H>) {
-    // SAFETY: as above; unaligned loads and stores only.
+    // SAFETY: as above (the contract: `new_max` and `e` hold `H` rows of `len`, so their
+    // unchecked reads below are in bounds); unaligned loads and stores only.
     unsafe {
         let f16_round = |v: __m512| _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
         let one = _mm512_set1_ps(1.0);
