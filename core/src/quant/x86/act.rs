@@ -282,18 +282,19 @@ unsafe fn expf_avx512(n: usize, x: *mut f32) {
         let mut i = 0;
         while i < n {
             let m = (n - i).min(16);
-            let (ya, ra) = lanes8(_mm256_loadu_ps(x.add(i)));
-            let (yb, rb) = if m == 16 { lanes8(_mm256_loadu_ps(x.add(i + 8))) } else { (ya, 0) };
+            let xa = _mm256_loadu_ps(x.add(i));
+            let xb = if m == 16 { _mm256_loadu_ps(x.add(i + 8)) } else { xa };
+            let (ya, ra) = lanes8(xa);
+            let (yb, rb) = if m == 16 { lanes8(xb) } else { (ya, 0) };
             let redo = u16::from(ra) | u16::from(rb) << 8;
-            let mut src = [0.0f32; 16];
-            if redo != 0 {
-                core::ptr::copy_nonoverlapping(x.add(i), src.as_mut_ptr(), m);
-            }
             _mm256_storeu_ps(x.add(i), ya);
             if m == 16 {
                 _mm256_storeu_ps(x.add(i + 8), yb);
             }
             if redo != 0 {
+                let mut src = [0.0f32; 16];
+                _mm256_storeu_ps(src.as_mut_ptr(), xa);
+                _mm256_storeu_ps(src.as_mut_ptr().add(8), xb);
                 for (l, s) in src.iter().enumerate().take(m) {
                     if redo >> l & 1 == 1 {
                         *x.add(i + l) = crate::ops::expf(*s);

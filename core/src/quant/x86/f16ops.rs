@@ -1150,9 +1150,8 @@ pub(crate) fn mad_keys_heads64_f32_dot(ys: &mut [f16], heads: usize, xf: &[f32],
 /// update's f16 rounding by [`f16_round_to`]: with `VIA` through a stack slot, whose
 /// latency hides with 4·H chains side by side and whose widening leaves Intel's shuffle
 /// port free; else by the register round trip, faster on AMD Zen 5); each head's
-/// running sum `sum = fma(sum, ms, vs)` (`softmax_sum`) beside them, as a plain f32
-/// (`sum + e` where `ms` = 1: that fma's one rounding of the exact sum;
-/// kept in a vector lane and blended, it went through the stack every key).
+/// running sum `sum = fma(sum, ms, vs)` (`softmax_sum`) beside them, a plain f32 kept in
+/// a register (`sum + e` where `ms` = 1: that fma's one rounding of the exact sum).
 ///
 /// # Safety
 /// AVX2/FMA/F16C and AVX-512 F present; `H` rows of 64 at `y`, 64 elements at
@@ -1182,7 +1181,6 @@ unsafe fn mad_keys_heads64_avx512<const H: usize, const F32V: bool, const VIA: b
                 core::array::from_fn(|j| cvtph_ps_m512(x.add(off + 16 * j)))
             };
             for (h, a) in acc.iter_mut().enumerate() {
-                // In bounds: `new_max` and `e` hold H rows of `len` (the contract).
                 let (eh, nm) = (*e.get_unchecked(h * len + c), *new_max.get_unchecked(h * len + c));
                 let ec = _mm512_set1_ps(eh);
                 let vs = if nm {
