@@ -713,6 +713,20 @@ impl Kernels {
         x86::other_rounding(self.t).map(|t| Kernels { t })
     }
 
+    /// This set with its 8-row kernels' far prefetch at the other cache level (L1 or L2;
+    /// the same bits): tests run both variants on whatever CPU they find.
+    #[cfg(all(test, target_arch = "x86_64"))]
+    pub(crate) fn other_prefetch(&self) -> Option<Kernels> {
+        x86::other_prefetch(self.t).map(|t| Kernels { t })
+    }
+
+    /// Whether this set's 8-row kernels prefetch far ahead into L1 (x86: where the L1 data
+    /// cache holds 48 KiB or more).
+    #[cfg(all(test, target_arch = "x86_64"))]
+    pub(crate) fn prefetches_far_into_l1(&self) -> bool {
+        x86::prefetches_far_into_l1(self.t)
+    }
+
     /// True if this is the scalar reference.
     pub fn is_reference(&self) -> bool {
         core::ptr::eq(self.t, &REFERENCE_TABLE)

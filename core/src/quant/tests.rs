@@ -946,10 +946,17 @@ fn llama_cpp_batches_give_each_tokens_kernel_bits() {
 }
 
 /// The 8-row kernels give every row the bits of its single dot (odd row strides, random
-/// lengths, every type that has one).
+/// lengths, every type that has one), with their far prefetch into L1 and into L2.
 #[test]
 fn dot_rows_give_each_dots_bits() {
-    let sets = fast_kernel_sets();
+    #[allow(unused_mut)]
+    let mut sets = fast_kernel_sets();
+    #[cfg(target_arch = "x86_64")]
+    {
+        let twins: Vec<Kernels> = sets.iter().filter_map(Kernels::other_prefetch).collect();
+        assert_eq!(twins.len(), sets.len(), "every x86 set has a twin with the other prefetch level");
+        sets.extend(twins);
+    }
     let mut rng = Rng::new(22);
     let mut checked = 0;
     for k in &sets {
@@ -982,6 +989,26 @@ fn dot_rows_give_each_dots_bits() {
         assert_eq!(checked, 420 * sets.len() + 60 * vnni, "Q4_0, IQ4_NL, MXFP4, Q8_0, Q4_1, Q5_0 and Q5_1 have 8-row kernels on AVX2, and Q4_K on AVX-512 VNNI");
     }
     let _ = checked;
+}
+
+/// The x86 sets prefetch far ahead into L1 exactly where CPUID's L1 data cache is 48 KiB
+/// or more, and CPUID's L1 data cache is the one Linux reports (sysfs).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn far_prefetch_level_follows_the_l1_data_cache() {
+    let sysfs = (0..8)
+        .find_map(|i| {
+            let dir = std::format!("/sys/devices/system/cpu/cpu0/cache/index{i}");
+            let read = |f: &str| std::fs::read_to_string(std::format!("{dir}/{f}")).ok().map(|s| std::string::String::from(s.trim()));
+            (read("level")? == "1" && read("type")? == "Data").then(|| read("size")).flatten()
+        })
+        .expect("sysfs names cpu0's level-1 data cache");
+    let kib: usize = sysfs.strip_suffix('K').and_then(|k| k.parse().ok()).unwrap_or_else(|| panic!("sysfs L1d size {sysfs:?}"));
+    assert_eq!(super::x86::cpu_l1d_bytes(), Some(kib << 10), "CPUID's L1 data cache against sysfs's {sysfs}");
+    for k in fast_kernel_sets() {
+        assert_eq!(k.prefetches_far_into_l1(), kib >= 48, "{}: L1d {kib} KiB", k.name());
+        assert_ne!(k.other_prefetch().unwrap().prefetches_far_into_l1(), kib >= 48);
+    }
 }
 
 /// `Kernels::rope` gives `ops::rope_heads`' bits: both pair layouts, head widths wider

@@ -876,7 +876,7 @@ unsafe fn f16_rows(w: *const u8, wrow: usize, off: usize) -> __m256 {
 /// fma(f32(summ), dminw·da, accm)`, result `acc - accm`. So output r has the dot's bits
 /// for row r.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn q4_k_q8_k_rows_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+pub(super) unsafe fn q4_k_q8_k_rows_vnni<const FAR_L1: bool>(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
     // SAFETY: nb super-blocks of each of the ROWS rows at w + r·wrow, nb Q8_K blocks at a
     // and ROWS outputs are in bounds (the wrapper checks); layout d@0 dmin@2 scales@4
     // qs@16; AVX-512 F/BW/VL/VNNI available (only handed out after cpu_has_avx512_vnni()).
@@ -895,7 +895,7 @@ pub(super) unsafe fn q4_k_q8_k_rows_vnni(nb: usize, w: *const u8, wrow: usize, a
         let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
         let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         for i in 0..nb {
-            prefetch_next_rows::<false>(w, wrow, i, nb);
+            prefetch_next_rows::<false, FAR_L1>(w, wrow, i, nb);
             let ab = a.add(292 * i);
             // The token's sub-block pair sums of bsums (as `mins_lanes`), in both halves.
             let b = ld(ab.add(A_BSUMS));

@@ -97,6 +97,49 @@ pub(crate) fn cpu_has_avx512_vnni() -> bool {
     cpu_has_avx512() && unsafe { __cpuid_count(7, 0) }.ecx >> 11 & 1 == 1
 }
 
+/// The L1 data cache of this core in bytes, from CPUID (Intel: leaf 4's level-1 data
+/// cache; AMD and Hygon: leaf 0x8000_0005), or `None` where CPUID does not say.
+pub(crate) fn cpu_l1d_bytes() -> Option<usize> {
+    // SAFETY: CPUID leaf 0 exists on every x86_64 CPU.
+    let l0 = unsafe { __cpuid(0) };
+    let vendor = (l0.ebx, l0.edx, l0.ecx);
+    let amd = vendor == (u32::from_le_bytes(*b"Auth"), u32::from_le_bytes(*b"enti"), u32::from_le_bytes(*b"cAMD"))
+        || vendor == (u32::from_le_bytes(*b"Hygo"), u32::from_le_bytes(*b"nGen"), u32::from_le_bytes(*b"uine"));
+    if amd {
+        // SAFETY: leaf 0x8000_0000 exists on every x86_64 CPU (long mode is reported there).
+        if unsafe { __cpuid(0x8000_0000) }.eax < 0x8000_0005 {
+            return None;
+        }
+        // SAFETY: the extended leaf exists (checked above).
+        let kib = (unsafe { __cpuid(0x8000_0005) }.ecx >> 24) as usize;
+        return (kib > 0).then_some(kib << 10);
+    }
+    if l0.eax < 4 {
+        return None;
+    }
+    // Leaf 4's subleaves until type 0: the level-1 data (type 1) or unified (type 3) one.
+    for sub in 0..16 {
+        // SAFETY: leaf 4 exists (max leaf >= 4); subleaves past the last report type 0.
+        let r = unsafe { __cpuid_count(4, sub) };
+        let (kind, level) = (r.eax & 0x1F, r.eax >> 5 & 7);
+        if kind == 0 {
+            break;
+        }
+        if level == 1 && (kind == 1 || kind == 3) {
+            let ways = (r.ebx >> 22) as usize + 1;
+            let partitions = (r.ebx >> 12 & 0x3FF) as usize + 1;
+            let line = (r.ebx & 0xFFF) as usize + 1;
+            let sets = r.ecx as usize + 1;
+            return Some(ways * partitions * line * sets);
+        }
+    }
+    None
+}
+
+/// The least L1 data cache, in bytes, into which the 8-row kernels of the small-block
+/// types prefetch `qdot::FAR_BYTES` ahead (smaller: into L2; see there).
+const FAR_L1_MIN_L1D: usize = 48 << 10;
+
 #[target_feature(enable = "xsave")]
 unsafe fn xcr0() -> u64 {
     // SAFETY: the caller checked OSXSAVE.
@@ -256,19 +299,20 @@ pub(crate) use qtile::{LANES_TILE_ROWS, LANES_TILE_TOKENS, Q4_0_TILE_ROWS, Q4_0_
 
 /// Runs 8-row body `$body` (see `qdot::table_dot_rows`) on whole blocks, after checking
 /// that the slices hold the rows (a broken contract panics; it cannot read out of bounds).
+/// `FAR_L1`: the body's far prefetch goes into L1 rather than L2 (`qdot::FAR_BYTES`).
 macro_rules! rows_wrapper {
-    ($(#[$doc:meta])* $name:ident, $body:path, $bs:expr, $wsize:expr, $asize:expr) => {
-        rows_wrapper!($(#[$doc])* $name, $body, $bs, $wsize, $asize, cpu_has_avx2_fma);
+    ($(#[$doc:meta])* $name:ident, $($body:ident)::+, $bs:expr, $wsize:expr, $asize:expr) => {
+        rows_wrapper!($(#[$doc])* $name, $($body)::+, $bs, $wsize, $asize, cpu_has_avx2_fma);
     };
-    ($(#[$doc:meta])* $name:ident, $body:path, $bs:expr, $wsize:expr, $asize:expr, $cpu:ident) => {
+    ($(#[$doc:meta])* $name:ident, $($body:ident)::+, $bs:expr, $wsize:expr, $asize:expr, $cpu:ident) => {
         $(#[$doc])*
-        pub(crate) fn $name(n: usize, w: &[u8], wrow: usize, a: &[u8], out: &mut [f32; qdot::ROWS]) {
+        pub(crate) fn $name<const FAR_L1: bool>(n: usize, w: &[u8], wrow: usize, a: &[u8], out: &mut [f32; qdot::ROWS]) {
             let nb = n / $bs;
             debug_assert!(n % $bs == 0, "dot rows: n = {n} is not a multiple of the block size {}", $bs);
             assert!(w.len() >= (qdot::ROWS - 1) * wrow + nb * $wsize && a.len() >= nb * $asize, "dot rows: slices too short");
             // SAFETY: only handed out after $cpu() (module contract); the rows' blocks,
             // the activation blocks and the 8 outputs are in bounds (checked above).
-            unsafe { $body(nb, w.as_ptr(), wrow, a.as_ptr(), out.as_mut_ptr()) }
+            unsafe { $($body)::+::<FAR_L1>(nb, w.as_ptr(), wrow, a.as_ptr(), out.as_mut_ptr()) }
         }
     };
 }
@@ -379,7 +423,8 @@ pub(crate) fn table(isa: Isa) -> Option<&'static KernelTable> {
     let avx512 = isa.avx512 && cpu_has_avx512();
     let vnni = avx512 && isa.avx512_vnni && cpu_has_avx512_vnni();
     let intel = avx512 && cpu_is_intel();
-    Some(&TABLES[avx512 as usize | (vnni as usize) << 1 | (fp16 as usize) << 2 | (intel as usize) << 3])
+    let small_l1 = cpu_l1d_bytes().is_some_and(|b| b < FAR_L1_MIN_L1D);
+    Some(&TABLES[avx512 as usize | (vnni as usize) << 1 | (fp16 as usize) << 2 | (intel as usize) << 3 | (small_l1 as usize) << 4])
 }
 
 /// `t` (one of [`TABLES`]) with the AVX-512 value updates' other f16 rounding form (same
@@ -389,6 +434,21 @@ pub(crate) fn table(isa: Isa) -> Option<&'static KernelTable> {
 pub(crate) fn other_rounding(t: &'static KernelTable) -> Option<&'static KernelTable> {
     let i = TABLES.iter().position(|x| core::ptr::eq(x, t))?;
     (i & 1 != 0).then(|| &TABLES[i ^ 8])
+}
+
+/// `t` (one of [`TABLES`]) with its 8-row kernels' far prefetch at the other cache level
+/// (L1 or L2; the same bits, another speed): what tests run to cover both variants on
+/// any CPU. `None` for a table not in [`TABLES`].
+#[cfg(test)]
+pub(crate) fn other_prefetch(t: &'static KernelTable) -> Option<&'static KernelTable> {
+    let i = TABLES.iter().position(|x| core::ptr::eq(x, t))?;
+    Some(&TABLES[i ^ 16])
+}
+
+/// Whether `t`'s 8-row kernels prefetch far ahead into L1 (`small_l1` clear).
+#[cfg(test)]
+pub(crate) fn prefetches_far_into_l1(t: &'static KernelTable) -> bool {
+    TABLES.iter().position(|x| core::ptr::eq(x, t)).is_some_and(|i| i & 16 == 0)
 }
 
 /// Whether `t`'s AVX-512 value updates round through memory (the `intel` flag).
@@ -405,11 +465,12 @@ fn cpu_is_intel() -> bool {
     (l0.ebx, l0.edx, l0.ecx) == (u32::from_le_bytes(*b"Genu"), u32::from_le_bytes(*b"ineI"), u32::from_le_bytes(*b"ntel"))
 }
 
-/// The table of every set of flags, at index `avx512 | vnni << 1 | fp16 << 2 | intel << 3`.
-static TABLES: [KernelTable; 16] = {
-    let mut t = [REFERENCE; 16];
+/// The table of every set of flags, at index `avx512 | vnni << 1 | fp16 << 2 | intel << 3
+/// | small_l1 << 4` (`small_l1`: an L1 data cache under [`FAR_L1_MIN_L1D`]).
+static TABLES: [KernelTable; 32] = {
+    let mut t = [REFERENCE; 32];
     let mut i = 0;
-    while i < 16 {
+    while i < 32 {
         t[i] = build(i);
         i += 1;
     }
@@ -420,6 +481,13 @@ static TABLES: [KernelTable; 16] = {
 /// [`TABLES`]) in its place.
 const fn build(flags: usize) -> KernelTable {
     let (avx512, vnni, fp16, intel) = (flags & 1 != 0, flags & 2 != 0, flags & 4 != 0, flags & 8 != 0);
+    let far_l1 = flags & 16 == 0;
+    // An 8-row kernel with its far prefetch into L1 (`far_l1`) or L2.
+    macro_rules! rows {
+        ($f:ident) => {
+            if far_l1 { $f::<true> as super::DotRowsFn } else { $f::<false> }
+        };
+    }
     let mut t = REFERENCE;
     t.name = match (vnni, fp16) {
         (true, true) => "avx2+vnni+fp16",
@@ -438,14 +506,14 @@ const fn build(flags: usize) -> KernelTable {
     t.dot_tiled.q6_k = Some(vec_dot_q6_k_q8_k_tiled);
 
     // 8-row dots and tiles: the AVX-512 VNNI ones where `vnni` and they exist.
-    t.dot_rows.q4_0 = Some(if vnni { rows_q4_0_q8_0_vnni } else { rows_q4_0_q8_0 });
-    t.dot_rows.q8_0 = Some(if vnni { rows_q8_0_q8_0_vnni } else { rows_q8_0_q8_0 });
-    t.dot_rows.q5_0 = Some(if vnni { rows_q5_0_q8_0_vnni } else { rows_q5_0_q8_0 });
-    t.dot_rows.q4_1 = Some(if vnni { rows_q4_1_q8_1_vnni } else { rows_q4_1_q8_1 });
-    t.dot_rows.q5_1 = Some(if vnni { rows_q5_1_q8_1_vnni } else { rows_q5_1_q8_1 });
-    t.dot_rows.q4_k = if vnni { Some(rows_q4_k_q8_k_vnni) } else { None };
-    t.dot_rows.iq4_nl = Some(rows_iq4_nl_q8_0);
-    t.dot_rows.mxfp4 = Some(rows_mxfp4_q8_0);
+    t.dot_rows.q4_0 = Some(if vnni { rows!(rows_q4_0_q8_0_vnni) } else { rows!(rows_q4_0_q8_0) });
+    t.dot_rows.q8_0 = Some(if vnni { rows!(rows_q8_0_q8_0_vnni) } else { rows!(rows_q8_0_q8_0) });
+    t.dot_rows.q5_0 = Some(if vnni { rows!(rows_q5_0_q8_0_vnni) } else { rows!(rows_q5_0_q8_0) });
+    t.dot_rows.q4_1 = Some(if vnni { rows!(rows_q4_1_q8_1_vnni) } else { rows!(rows_q4_1_q8_1) });
+    t.dot_rows.q5_1 = Some(if vnni { rows!(rows_q5_1_q8_1_vnni) } else { rows!(rows_q5_1_q8_1) });
+    t.dot_rows.q4_k = if vnni { Some(rows!(rows_q4_k_q8_k_vnni)) } else { None };
+    t.dot_rows.iq4_nl = Some(rows!(rows_iq4_nl_q8_0));
+    t.dot_rows.mxfp4 = Some(rows!(rows_mxfp4_q8_0));
     let tile_tokens = if vnni { ZMM_TILE_TOKENS } else { TILE_TOKENS };
     t.dot_pairs.q8_0 = if vnni { Some(pairs_q8_0_q8_0_vnni) } else { None };
     t.dot_tile.q8_0 = if vnni { DotTile::entry(tile_q8_0_q8_0_lanes, LANES_TILE_ROWS, LANES_TILE_TOKENS) } else { DotTile::entry(tile_q8_0_q8_0, TILE_ROWS, TILE_TOKENS) };

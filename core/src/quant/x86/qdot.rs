@@ -283,7 +283,7 @@ macro_rules! table_dot_rows {
                 let $idx = nibbles(w.add(r * wrow + k * $ws + $q_off));
                 $lanes
             };
-            prefetch_next_rows::<{ $ws <= FAR_BLOCK }>(w, wrow, k, nb);
+            prefetch_next_rows::<{ $ws <= FAR_BLOCK }, FAR_L1>(w, wrow, k, nb);
             // Row r's sum of its 8 lanes in lane r (integer: any order is exact).
             let h01 = _mm256_hadd_epi32(block(0), block(1));
             let h23 = _mm256_hadd_epi32(block(2), block(3));
@@ -319,7 +319,7 @@ macro_rules! rows_passes {
             let mut $acc = $init;
             let mut summs = _mm256_setzero_ps();
             for $k in 0..nb {
-                prefetch_next_rows::<{ $ws <= FAR_BLOCK }>(w0, wrow, h * nb + $k, ROWS / 4 * nb);
+                prefetch_next_rows::<{ $ws <= FAR_BLOCK }, FAR_L1>(w0, wrow, h * nb + $k, ROWS / 4 * nb);
                 let $ab = a.add($k * $as);
                 let fa = _mm256_cvtph_ps(_mm_set1_epi32(rd32($ab))); // [da, sa, da, sa, ..]
                 let f = scale_pairs($wp.add($k * $ws), wrow); // [dw0, mw0, dw1, mw1, ..]
@@ -388,7 +388,7 @@ macro_rules! lane_dot_rows_zmm {
         let mut acc = [_mm512_setzero_ps(); 4];
         let mut summs = [_mm256_setzero_ps(); 2];
         for k in 0..nb {
-            prefetch_next_rows::<{ $ws <= FAR_BLOCK }>(w0, wrow, k, nb);
+            prefetch_next_rows::<{ $ws <= FAR_BLOCK }, FAR_L1>(w0, wrow, k, nb);
             let $ab = a.add(k * $as);
             let fa = _mm256_cvtph_ps(_mm_set1_epi32(rd32($ab))); // [da, sa, da, sa, ..]
             // Rows 0-3 and 4-7: [dw0, mw0, dw1, mw1, ..]; lane 2r: dw_r·da; lane 2r + 1:
@@ -453,7 +453,7 @@ unsafe fn add_fifth_bits_pair(x: __m512i, pa: *const u8, pb: *const u8) -> __m51
 
 /// [`q8_0_q8_0`] for [`ROWS`] rows.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q8_0_q8_0_rows(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+pub(super) unsafe fn q8_0_q8_0_rows<const FAR_L1: bool>(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
     // SAFETY: as q4_0_q8_0_rows; layouts d@0 qs@2 (each block has 4 bytes at d).
     unsafe {
         lane_dot_rows!(nb, w, wrow, a, out, 34, 34, false, |ab| [_mm256_loadu_si256(ab.add(2).cast()), _mm256_setzero_si256()],
@@ -463,7 +463,7 @@ pub(super) unsafe fn q8_0_q8_0_rows(nb: usize, w: *const u8, wrow: usize, a: *co
 
 /// [`q5_0_q8_0`] for [`ROWS`] rows.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q5_0_q8_0_rows(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+pub(super) unsafe fn q5_0_q8_0_rows<const FAR_L1: bool>(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
     // SAFETY: as q4_0_q8_0_rows; layouts d@0 qh@2 qs@6 and d@0 qs@2.
     unsafe {
         let off = _mm256_set1_epi8(16);
@@ -474,7 +474,7 @@ pub(super) unsafe fn q5_0_q8_0_rows(nb: usize, w: *const u8, wrow: usize, a: *co
 
 /// [`q4_1_q8_1`] for [`ROWS`] rows.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4_1_q8_1_rows(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+pub(super) unsafe fn q4_1_q8_1_rows<const FAR_L1: bool>(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
     // SAFETY: as q4_0_q8_0_rows; layouts d@0 m@2 qs@4 and d@0 s@2 qs@4.
     unsafe {
         lane_dot_rows!(nb, w, wrow, a, out, 20, 36, true, |ab| [_mm256_loadu_si256(ab.add(4).cast()), _mm256_setzero_si256()],
@@ -484,7 +484,7 @@ pub(super) unsafe fn q4_1_q8_1_rows(nb: usize, w: *const u8, wrow: usize, a: *co
 
 /// [`q5_1_q8_1`] for [`ROWS`] rows.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q5_1_q8_1_rows(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+pub(super) unsafe fn q5_1_q8_1_rows<const FAR_L1: bool>(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
     // SAFETY: as q4_0_q8_0_rows; layouts d@0 m@2 qh@4 qs@8 and d@0 s@2 qs@4.
     unsafe {
         lane_dot_rows!(nb, w, wrow, a, out, 24, 36, true, |ab| [_mm256_loadu_si256(ab.add(4).cast()), _mm256_setzero_si256()],
@@ -511,7 +511,7 @@ pub(super) unsafe fn neg_k_sums(k: i8, y: __m256i) -> __m256i {
 /// [`q8_0_q8_0`] for [`ROWS`] rows, AVX-512 VNNI: lanes `Σ w·y` as `Σ (w + 128)·y - 128·Σ y`
 /// (the weight with its sign bits flipped is unsigned).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn q8_0_q8_0_rows_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+pub(super) unsafe fn q8_0_q8_0_rows_vnni<const FAR_L1: bool>(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
     // SAFETY: as q4_0_q8_0_rows; layouts d@0 qs@2 (each block has 4 bytes at d).
     unsafe {
         let flip = _mm256_set1_epi8(-128);
@@ -523,7 +523,7 @@ pub(super) unsafe fn q8_0_q8_0_rows_vnni(nb: usize, w: *const u8, wrow: usize, a
 
 /// [`q5_0_q8_0`] for [`ROWS`] rows, AVX-512 VNNI: lanes `Σ (q - 16)·y` as `Σ q·y - 16·Σ y`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn q5_0_q8_0_rows_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+pub(super) unsafe fn q5_0_q8_0_rows_vnni<const FAR_L1: bool>(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
     // SAFETY: as q4_0_q8_0_rows; layouts d@0 qh@2 qs@6 and d@0 qs@2.
     unsafe {
         lane_dot_rows_zmm!(nb, w, wrow, a, out, 22, 34, false,
@@ -534,7 +534,7 @@ pub(super) unsafe fn q5_0_q8_0_rows_vnni(nb: usize, w: *const u8, wrow: usize, a
 
 /// [`q4_1_q8_1`] for [`ROWS`] rows, AVX-512 VNNI: lanes `Σ q·y` directly.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn q4_1_q8_1_rows_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+pub(super) unsafe fn q4_1_q8_1_rows_vnni<const FAR_L1: bool>(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
     // SAFETY: as q4_0_q8_0_rows; layouts d@0 m@2 qs@4 and d@0 s@2 qs@4.
     unsafe {
         lane_dot_rows_zmm!(nb, w, wrow, a, out, 20, 36, true, |ab| [_mm256_loadu_si256(ab.add(4).cast()), _mm256_setzero_si256()],
@@ -544,7 +544,7 @@ pub(super) unsafe fn q4_1_q8_1_rows_vnni(nb: usize, w: *const u8, wrow: usize, a
 
 /// [`q5_1_q8_1`] for [`ROWS`] rows, AVX-512 VNNI: lanes `Σ q·y` directly.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn q5_1_q8_1_rows_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+pub(super) unsafe fn q5_1_q8_1_rows_vnni<const FAR_L1: bool>(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
     // SAFETY: as q4_0_q8_0_rows; layouts d@0 m@2 qh@4 qs@8 and d@0 s@2 qs@4.
     unsafe {
         lane_dot_rows_zmm!(nb, w, wrow, a, out, 24, 36, true, |ab| [_mm256_loadu_si256(ab.add(4).cast()), _mm256_setzero_si256()],
@@ -568,7 +568,7 @@ pub(super) unsafe fn q5_1_q8_1_rows_vnni(nb: usize, w: *const u8, wrow: usize, a
 /// four at a time; the inserts and the scales' 8 general-register loads per block cost
 /// the most.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn q4_0_q8_0_rows_vnni(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+pub(super) unsafe fn q4_0_q8_0_rows_vnni<const FAR_L1: bool>(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
     // SAFETY: as q4_0_q8_0_rows; AVX-512 F/BW/VL/VNNI available (target features). The
     // four-block loads stay inside the four blocks: a row's at bytes [18k, 18k + 64) and
     // [18k + 8, 18k + 72), the activation's at [34k + 2, 34k + 130) and [34k + 18, 34k + 136).
@@ -632,7 +632,7 @@ pub(super) unsafe fn q4_0_q8_0_rows_vnni(nb: usize, w: *const u8, wrow: usize, a
             };
             let pair = |x: __m512i, y: __m512i| _mm512_add_epi32(_mm512_permutex2var_epi32(x, even, y), _mm512_permutex2var_epi32(x, odd, y));
             for j in 0..4 {
-                prefetch_next_rows::<true>(w, wrow, k + j, nb);
+                prefetch_next_rows::<true, FAR_L1>(w, wrow, k + j, nb);
             }
             // The 32 weight scales, word 8j + r: rows 2i, 2i + 1 by one permute each
             // (into their own words), then blends.
@@ -668,7 +668,7 @@ pub(super) unsafe fn q4_0_q8_0_rows_vnni(nb: usize, w: *const u8, wrow: usize, a
         };
         while k < nb {
             let ab = a.add(k * 34);
-            prefetch_next_rows::<true>(w, wrow, k, nb);
+            prefetch_next_rows::<true, FAR_L1>(w, wrow, k, nb);
             // The activation's first and last 16 bytes in every quarter; `c`: per lane
             // `-8·Σ y` over the lane's bytes of both.
             let (ylo, yhi) = (_mm512_broadcast_i32x4(_mm_loadu_si128(ab.add(2).cast())), _mm512_broadcast_i32x4(_mm_loadu_si128(ab.add(18).cast())));
@@ -714,6 +714,13 @@ const PREFETCH_GROUPS: usize = 2;
 /// alternating binaries five times, medians): 16 KiB rather than 10 KiB, SmolLM2 Q4_0 one
 /// thread +1.6 to +2.4% in three sets, two threads +8%, Q4_1 +1.1% / +2%, Gemma 3 level;
 /// 6 KiB -11%, 20 KiB +0.8%, 24 KiB -4%, 32 KiB -6%.
+///
+/// Into L1 only where the L1 data cache holds 48 KiB or more (Zen 5, the Xeons with
+/// AVX512-FP16): on the AMD EPYC Zen 4 (32 KiB, `avx2+vnni`) 16 KiB ahead into L1 is half
+/// the cache, and the same distance into L2 decodes SmolLM2 Q4_0 at 225-235 t/s rather
+/// than 163-175 on one thread, 304-375 rather than ~200 on two, Q4_1 +22% on one thread
+/// (BENCHMARKS.md, "Speed II on the AMD EPYC Zen 4"). The kernels take the level as their
+/// `FAR_L1` parameter; [`super::table`] picks it by [`super::cpu_l1d_bytes`].
 const FAR_BYTES: usize = 16384;
 
 /// The widest weight block (bytes per 32 weights) whose kernels prefetch [`FAR_BYTES`] ahead.
@@ -721,14 +728,14 @@ const FAR_BLOCK: usize = 22;
 
 /// Prefetches part `k` of `parts` of the [`ROWS`] rows [`PREFETCH_GROUPS`] groups after
 /// the group at `w` (rows `wrow` bytes apart) into L2 (with `FAR`: at least
-/// [`FAR_BYTES`] after it, into L1): called once per block of each pass over the group
+/// [`FAR_BYTES`] after it, into L1 with `FAR_L1`, else L2): called once per block of each pass over the group
 /// (`parts` calls in all), it keeps the weights streaming in while this group computes,
 /// a line or two per call and each line about once. (A hint only: it cannot fault, so
 /// the rows may lie past the weights.)
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn prefetch_next_rows<const FAR: bool>(w: *const u8, wrow: usize, k: usize, parts: usize) {
-    let level = if FAR { Level::L1 } else { Level::L2 };
+pub(super) unsafe fn prefetch_next_rows<const FAR: bool, const FAR_L1: bool>(w: *const u8, wrow: usize, k: usize, parts: usize) {
+    let level = if FAR && FAR_L1 { Level::L1 } else { Level::L2 };
     let groups = PREFETCH_GROUPS * ROWS * wrow;
     let next = w.wrapping_add(if FAR { groups.max(FAR_BYTES) } else { groups });
     let step = (ROWS * wrow).div_ceil(parts.max(1));
@@ -764,7 +771,7 @@ pub(super) unsafe fn f16_scales(w: *const u8, wrow: usize, off: usize) -> __m256
 
 /// [`q4_0_q8_0`] for [`ROWS`] rows.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4_0_q8_0_rows(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+pub(super) unsafe fn q4_0_q8_0_rows<const FAR_L1: bool>(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
     // SAFETY: the wrapper checked that ROWS rows of nb blocks, nb activation blocks and
     // ROWS outputs are in bounds; layouts d@0 qs@2.
     // Q4_0's levels are `q - 8`: a subtraction instead of a table's shuffle (the same bytes).
@@ -777,7 +784,7 @@ pub(super) unsafe fn q4_0_q8_0_rows(nb: usize, w: *const u8, wrow: usize, a: *co
 
 /// [`iq4_nl_q8_0`] for [`ROWS`] rows.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn iq4_nl_q8_0_rows(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+pub(super) unsafe fn iq4_nl_q8_0_rows<const FAR_L1: bool>(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
     // SAFETY: as q4_0_q8_0_rows.
     unsafe {
         let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()));
@@ -789,7 +796,7 @@ pub(super) unsafe fn iq4_nl_q8_0_rows(nb: usize, w: *const u8, wrow: usize, a: *
 
 /// [`mxfp4_q8_0`] for [`ROWS`] rows.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn mxfp4_q8_0_rows(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
+pub(super) unsafe fn mxfp4_q8_0_rows<const FAR_L1: bool>(nb: usize, w: *const u8, wrow: usize, a: *const u8, out: *mut f32) {
     // SAFETY: as q4_0_q8_0_rows; layout e@0 qs@1.
     unsafe {
         let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_MXFP4.as_ptr().cast()));
