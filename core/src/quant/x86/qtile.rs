@@ -422,14 +422,22 @@ pub(super) unsafe fn q4_0_q8_0_zmm<const P: usize>(nb: usize, w: *const u8, wrow
 
 /// Weight rows of the rows-in-lanes Q8_0/Q5_0 tiles (one per lane of a 512-bit vector).
 pub(crate) const LANES_TILE_ROWS: usize = 16;
-/// Tokens of the rows-in-lanes Q8_0/Q5_0 tiles.
-pub(crate) const LANES_TILE_TOKENS: usize = 16;
+/// Tokens of the rows-in-lanes Q8_0/Q5_0 tiles; [`LANES_REST_TOKENS`] for the tokens of
+/// a chunk after its last whole tile. 32 rather than 16 halves the weights' staging
+/// (the transposes) per token: on the AMD EPYC Zen 4, from L1
+/// (`quant::bench::bench_short_kernels`) Q5_0 0.408-0.410 -> 0.374-0.390 ns per (row,
+/// token, block), Q8_0 0.390-0.392 -> 0.363-0.384.
+pub(crate) const LANES_TILE_TOKENS: usize = 32;
+/// Tokens of the narrower rows-in-lanes tiles (see [`LANES_TILE_TOKENS`]).
+pub(crate) const LANES_REST_TOKENS: usize = 16;
 /// Blocks per range of the rows-in-lanes tiles' staged weights and activations.
 const LANES_STAGE_BLOCKS: usize = 32;
 /// Groups of [`LANES_TILE_ROWS`] rows per pass over the staged activations (rows beyond
-/// take another pass). With 32 staged blocks a call holds 68 KB on the stack (tokens'
-/// corrections 16 KB, scales 2 KB, weights 18 KB, the accumulators between ranges
-/// 32 KB); 8 groups (100 KB) were no faster measurably (SmolLM2 Q8_0 pp512, one thread).
+/// take another pass). With 32 staged blocks and 32 tokens a call holds 118 KB on the
+/// stack (tokens' corrections 32 KB, scales 4 KB, weights 18 KB, the accumulators
+/// between ranges 64 KB; with 16 tokens 68 KB); 8 groups were no faster measurably
+/// (SmolLM2 Q8_0 pp512, one thread, 16 tokens). On the Zen 4 (32 KiB of L1 data) 16
+/// staged blocks with 32 tokens were slower for Q8_0 (0.427 ns) and 8 no faster.
 const LANES_GROUPS: usize = 4;
 
 /// 1.5·2^23: an integer s with |s| < 2^22 added to its bits (as an i32) gives the bits
@@ -535,7 +543,6 @@ unsafe fn lanes_block_q5_0(w: *const u8, wrow: usize, i: usize) -> LanesBlock {
 /// between ranges.
 macro_rules! lanes_tile {
     ($nb:expr, $w:expr, $wrow:expr, $rows:expr, $a:expr, $arow:expr, $out:expr, $ostride:expr, $o:expr, $block:ident) => {{
-        const T: usize = LANES_TILE_TOKENS;
         const G: usize = LANES_GROUPS;
         const SB: usize = LANES_STAGE_BLOCKS;
         let (nb, w, wrow, rows, a, arow, out, ostride) = ($nb, $w, $wrow, $rows, $a, $arow, $out, $ostride);
@@ -558,8 +565,9 @@ macro_rules! lanes_tile {
                         let y = _mm256_loadu_si256(a.add(t * arow + i * 34 + 2).cast());
                         _mm256_storeu_si256((*cp.add(ib))[t].as_mut_ptr().cast(), _mm256_add_epi32(neg_k_sums($o, y), _mm256_set1_epi32(MAGIC_BITS)));
                     }
-                    _mm256_storeu_ps((*dp.add(ib)).as_mut_ptr(), f16x8(a.add(i * 34), arow));
-                    _mm256_storeu_ps((*dp.add(ib)).as_mut_ptr().add(8), f16x8(a.add(8 * arow + i * 34), arow));
+                    for t8 in (0..T).step_by(8) {
+                        _mm256_storeu_ps((*dp.add(ib)).as_mut_ptr().add(t8), f16x8(a.add(t8 * arow + i * 34), arow));
+                    }
                 }
                 for g in 0..groups {
                     let r0 = g0 + g * LANES_TILE_ROWS;
@@ -601,7 +609,7 @@ macro_rules! lanes_tile {
 /// Q8_0 · Q8_0, rows in lanes ([`lanes_tile`]); `rows` a multiple of [`LANES_TILE_ROWS`].
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn q8_0_q8_0_lanes(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+pub(super) unsafe fn q8_0_q8_0_lanes<const T: usize>(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
     // SAFETY: nb blocks of each of `rows` weight rows and of LANES_TILE_TOKENS activation
     // rows readable, out[t·ostride + r] writable (the wrapper's checks); every staged
     // entry is written before it is read (see lanes_tile).
@@ -611,7 +619,7 @@ pub(super) unsafe fn q8_0_q8_0_lanes(nb: usize, w: *const u8, wrow: usize, rows:
 /// Q5_0 · Q8_0, rows in lanes ([`lanes_tile`]); `rows` a multiple of [`LANES_TILE_ROWS`].
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn q5_0_q8_0_lanes(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+pub(super) unsafe fn q5_0_q8_0_lanes<const T: usize>(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
     // SAFETY: as q8_0_q8_0_lanes.
     unsafe { lanes_tile!(nb, w, wrow, rows, a, arow, out, ostride, 16, lanes_block_q5_0) }
 }
