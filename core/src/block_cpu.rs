@@ -16,7 +16,7 @@ use crate::ggml_type::GgmlType;
 use crate::matmul::{matmul_as, matvec_group, quantize_rows, SharedMut, GROUP_MAX};
 use crate::model::{FfnAct, HParams, Layer, RopeMode, Tensor};
 use crate::ops;
-use crate::parallel::{split_range, Parallel};
+use crate::parallel::{snake_deal, split_range, Parallel};
 use crate::placement::{Offload, Placement, WeightId, WeightKind};
 use crate::prefetch::{self, Level};
 use crate::quant::Kernels;
@@ -491,9 +491,10 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32,
         // SAFETY: task t owns scratch slot t (tasks <= the n_threads slots planned).
         let s = unsafe { scratch.slice(t * per_task, per_task) };
         let (qh, acc) = s.split_at_mut(qcap * ATTN_HEADS * hd);
-        // Items dealt round-robin: a later token attends to more keys, so contiguous
-        // ranges would leave the last task most of a prompt's work.
-        for item in (t..items).step_by(tasks) {
+        // Items dealt in alternating rounds: a later token attends to more keys, so
+        // contiguous ranges would leave the last task most of a prompt's work, and plain
+        // round-robin the last task a block's more per round.
+        for item in snake_deal(items, tasks, t) {
             let (blk, rest) = (item / (hp.n_head_kv * runs), item % (hp.n_head_kv * runs));
             let (kvh, run) = (rest / runs, rest % runs);
             let h0 = kvh * group + run * per_item;
@@ -536,8 +537,8 @@ fn attention_tiled(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale
     par.run(tasks, &|t| {
         // SAFETY: task t owns scratch slot t.
         let s = unsafe { scratch.slice(t * per_task, per_task) };
-        // Round-robin, as in `attention`: later tokens see more keys.
-        for item in (t..items).step_by(tasks) {
+        // Dealt as in `attention`: later tokens see more keys.
+        for item in snake_deal(items, tasks, t) {
             let (blk, rest) = (item / (hp.n_head_kv * runs), item % (hp.n_head_kv * runs));
             let (kvh, run) = (rest / runs, rest % runs);
             let h0 = kvh * group + run * per_item;
