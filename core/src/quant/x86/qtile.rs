@@ -529,7 +529,8 @@ unsafe fn lanes_block_q5_0(w: *const u8, wrow: usize, i: usize) -> LanesBlock {
 }
 
 /// Q8_0 / Q5_0 · Q8_0 with AVX-512 VNNI, [`LANES_TILE_ROWS`] rows in the lanes of a
-/// vector × [`LANES_TILE_TOKENS`] tokens: llama.cpp's dot for these types keeps 8 f32
+/// vector × `T` tokens (the calling function's const parameter: [`LANES_TILE_TOKENS`],
+/// or [`LANES_REST_TOKENS`] for a chunk's rest): llama.cpp's dot for these types keeps 8 f32
 /// lanes per (row, token), lane j taking `acc_j = fma(dw·da, f32(Σ x·y over elements
 /// 4j..4j + 4), acc_j)` block by block, then `hsum_ps` of the 8. Here register j of a
 /// token holds lane j of 16 rows: per block the rows' weights transposed once
@@ -610,9 +611,9 @@ macro_rules! lanes_tile {
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn q8_0_q8_0_lanes<const T: usize>(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
-    // SAFETY: nb blocks of each of `rows` weight rows and of LANES_TILE_TOKENS activation
-    // rows readable, out[t·ostride + r] writable (the wrapper's checks); every staged
-    // entry is written before it is read (see lanes_tile).
+    // SAFETY: nb blocks of each of `rows` weight rows and of T activation rows readable,
+    // out[t·ostride + r] writable (the wrapper's checks, for its T); every staged entry
+    // is written before it is read (see lanes_tile).
     unsafe { lanes_tile!(nb, w, wrow, rows, a, arow, out, ostride, -128, lanes_block_q8_0) }
 }
 
