@@ -755,26 +755,22 @@ pub(super) unsafe fn prefetch_next_rows<const FAR: bool, const FAR_L1: bool>(w: 
     let groups = PREFETCH_GROUPS * ROWS * wrow;
     let next = w.wrapping_add(if FAR { groups.max(FAR_BYTES) } else { groups });
     let step = (ROWS * wrow).div_ceil(parts.max(1));
-    let p = next.wrapping_add(k * step);
-    if step <= 192 {
-        // (The kernels' case: 80 to 144 bytes a call. Three hints, no loop: the parts
-        // [k·step, (k + 1)·step) are contiguous, so the line of each part's start and the
-        // two after it cover every line; a loop's branches and counters here cost the
-        // decode kernels 10-15% of their streaming rate on the Xeon VM.)
-        for off in [0, 64, 128] {
-            prefetch::lines(p.wrapping_add(off), 1, level);
-        }
-        if FAR && !FAR_L1 {
-            let q = w.wrapping_add(NEAR_L1_BYTES + k * step);
+    // Part k's lines from `at` into `level`. (The kernels' case, 80 to 144 bytes a call:
+    // three hints, no loop: the parts [k·step, (k + 1)·step) are contiguous, so the line
+    // of each part's start and the two after it cover every line; a loop's branches and
+    // counters here cost the decode kernels 10-15% of their streaming rate on the Xeon VM.)
+    let hint = |at: *const u8, level: Level| {
+        if step <= 192 {
             for off in [0, 64, 128] {
-                prefetch::lines(q.wrapping_add(off), 1, Level::L1);
+                prefetch::lines(at.wrapping_add(off), 1, level);
             }
+        } else {
+            prefetch::lines(at, step, level);
         }
-    } else {
-        prefetch::lines(p, step, level);
-        if FAR && !FAR_L1 {
-            prefetch::lines(w.wrapping_add(NEAR_L1_BYTES + k * step), step, Level::L1);
-        }
+    };
+    hint(next.wrapping_add(k * step), level);
+    if FAR && !FAR_L1 {
+        hint(w.wrapping_add(NEAR_L1_BYTES + k * step), Level::L1);
     }
 }
 
