@@ -289,3 +289,105 @@ fn bench_short_kernels() {
         }
     }
 }
+
+/// Issue rates of the 512-bit operations the x86 kernels lean on, in ns per operation or
+/// step over 12 independent chains (inputs through `black_box`, so nothing folds): an
+/// integer multiply alone and beside an independent fma (same ns: separate pipes; about
+/// twice: shared ones), and the exact value update's step (fma, then the f16 round trip)
+/// on 512- and 256-bit vectors and with the round to odd. Prints only: the CPU decides.
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[ignore]
+fn bench_vector_ports() {
+    use core::arch::x86_64::*;
+    if !crate::quant::x86::cpu_has_avx512_vnni() {
+        println!("no AVX-512 VNNI: nothing to measure");
+        return;
+    }
+    const STEPS: usize = 4_000_000;
+    const C: usize = 12;
+    // Fastest of 5 runs of STEPS rounds of C chains, in ns per chain step.
+    let best = |f: &dyn Fn() -> u32| {
+        let mut b = f64::MAX;
+        for _ in 0..5 {
+            let t0 = Instant::now();
+            black_box(f());
+            b = b.min(t0.elapsed().as_nanos() as f64 / (STEPS * C) as f64);
+        }
+        b
+    };
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn chains(op: u8, with_fma: bool) -> u32 {
+        // (Value-only intrinsics; AVX-512 F/BW/VNNI present: checked by the caller.)
+        let (u, s) = (_mm512_set1_epi8(black_box(3)), _mm512_set1_epi8(black_box(-2)));
+        let (p, q) = (_mm512_set1_ps(black_box(0.999)), _mm512_set1_ps(black_box(0.5)));
+        let mut a = [_mm512_set1_epi32(black_box(1)); C];
+        let mut f = [_mm512_set1_ps(black_box(1.0)); C];
+        for _ in 0..STEPS {
+            for i in 0..C {
+                a[i] = match op {
+                    0 => _mm512_dpbusd_epi32(a[i], u, s),
+                    1 => _mm512_maddubs_epi16(a[i], s),
+                    2 => _mm512_madd_epi16(a[i], s),
+                    _ => a[i],
+                };
+                if with_fma {
+                    f[i] = _mm512_fmadd_ps(p, q, f[i]);
+                }
+            }
+        }
+        let mut r = 0u32;
+        for i in 0..C {
+            r = r.wrapping_add(_mm512_reduce_add_epi32(a[i]) as u32).wrapping_add(_mm512_reduce_add_ps(f[i]) as u32);
+        }
+        r
+    }
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+    unsafe fn value_steps(kind: u8) -> u32 {
+        // SAFETY: value-only intrinsics and stores into the local `t`; AVX-512 F present
+        // (checked by the caller).
+        unsafe {
+            const RD: i32 = _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC;
+            const RU: i32 = _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC;
+            let (x, e) = (_mm512_set1_ps(black_box(0.999)), _mm512_set1_ps(black_box(0.5)));
+            let one = _mm512_set1_epi32(1);
+            let mut z = [_mm512_set1_ps(black_box(1.0)); C];
+            let mut y = [_mm256_set1_ps(black_box(1.0)); C];
+            for _ in 0..STEPS {
+                for i in 0..C {
+                    match kind {
+                        0 => z[i] = _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm512_fmadd_ps(x, e, z[i]))),
+                        1 => {
+                            let v = _mm256_fmadd_ps(_mm512_castps512_ps256(x), _mm512_castps512_ps256(e), y[i]);
+                            y[i] = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
+                        }
+                        _ => {
+                            let rd = _mm512_castps_si512(_mm512_fmadd_round_ps::<RD>(x, e, z[i]));
+                            let ru = _mm512_castps_si512(_mm512_fmadd_round_ps::<RU>(x, e, z[i]));
+                            let odd = _mm512_mask_blend_epi32(_mm512_test_epi32_mask(rd, one), ru, rd);
+                            z[i] = _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm512_castsi512_ps(odd)));
+                        }
+                    }
+                }
+            }
+            let mut r = 0u32;
+            for i in 0..C {
+                let mut t = [0.0f32; 8];
+                _mm256_storeu_ps(t.as_mut_ptr(), y[i]);
+                r = r.wrapping_add(_mm512_reduce_add_ps(z[i]) as u32).wrapping_add(t[0] as u32);
+            }
+            r
+        }
+    }
+    // SAFETY (each call below): AVX-512 F/BW/VL/VNNI present (checked above).
+    for (name, op) in [("vpdpbusd", 0u8), ("vpmaddubsw", 1), ("vpmaddwd", 2)] {
+        let alone = best(&|| unsafe { chains(op, false) });
+        let beside = best(&|| unsafe { chains(op, true) });
+        println!("{name:>10}: {alone:.3} ns alone, {beside:.3} ns with an independent fma per op");
+    }
+    println!("{:>10}: {:.3} ns alone", "vfmadd", best(&|| unsafe { chains(3, true) }));
+    let zmm = best(&|| unsafe { value_steps(0) });
+    let ymm = best(&|| unsafe { value_steps(1) });
+    let odd = best(&|| unsafe { value_steps(2) });
+    println!("value update step, 16 elements: fma + f16 round trip {zmm:.3} ns (512-bit), {:.3} ns (2 x 256-bit); with the round to odd {odd:.3} ns", 2.0 * ymm);
+}
