@@ -291,10 +291,12 @@ fn bench_short_kernels() {
 }
 
 /// Issue rates of the 512-bit operations the x86 kernels lean on, in ns per operation or
-/// step over 12 independent chains (inputs through `black_box`, so nothing folds): an
-/// integer multiply alone and beside an independent fma (same ns: separate pipes; about
-/// twice: shared ones), and the exact value update's step (fma, then the f16 round trip)
-/// on 512- and 256-bit vectors and with the round to odd. Prints only: the CPU decides.
+/// step over 12 independent chains (inputs through `black_box`, so nothing folds): the
+/// integer multiplies and the decode kernels' other steps (int-to-float conversion,
+/// variable shift, lane permute) alone and beside an independent fma
+/// (same ns: separate pipes; about twice: shared ones), and the exact value update's step
+/// (fma, then the f16 round trip) on 512- and 256-bit vectors and with the round to odd.
+/// Prints only: the CPU decides.
 #[cfg(target_arch = "x86_64")]
 #[test]
 #[ignore]
@@ -316,22 +318,27 @@ fn bench_vector_ports() {
         }
         b
     };
+    // (Const parameters: one loop per operation, no dispatch inside it.)
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn chains(op: u8, with_fma: bool) -> u32 {
+    unsafe fn chains<const OP: u8, const FMA: bool>() -> u32 {
         // (Value-only intrinsics; AVX-512 F/BW/VNNI present: checked by the caller.)
         let (u, s) = (_mm512_set1_epi8(black_box(3)), _mm512_set1_epi8(black_box(-2)));
         let (p, q) = (_mm512_set1_ps(black_box(0.999)), _mm512_set1_ps(black_box(0.5)));
+        let idx = _mm512_set1_epi32(black_box(3));
         let mut a = [_mm512_set1_epi32(black_box(1)); C];
         let mut f = [_mm512_set1_ps(black_box(1.0)); C];
         for _ in 0..STEPS {
             for i in 0..C {
-                a[i] = match op {
+                a[i] = match OP {
                     0 => _mm512_dpbusd_epi32(a[i], u, s),
                     1 => _mm512_maddubs_epi16(a[i], s),
                     2 => _mm512_madd_epi16(a[i], s),
+                    3 => _mm512_castps_si512(_mm512_cvtepi32_ps(a[i])),
+                    4 => _mm512_srlv_epi32(a[i], idx),
+                    5 => _mm512_permutexvar_epi32(idx, a[i]),
                     _ => a[i],
                 };
-                if with_fma {
+                if FMA {
                     f[i] = _mm512_fmadd_ps(p, q, f[i]);
                 }
             }
@@ -380,12 +387,15 @@ fn bench_vector_ports() {
         }
     }
     // SAFETY (each call below): AVX-512 F/BW/VL/VNNI present (checked above).
-    for (name, op) in [("vpdpbusd", 0u8), ("vpmaddubsw", 1), ("vpmaddwd", 2)] {
-        let alone = best(&|| unsafe { chains(op, false) });
-        let beside = best(&|| unsafe { chains(op, true) });
-        println!("{name:>10}: {alone:.3} ns alone, {beside:.3} ns with an independent fma per op");
+    macro_rules! rates {
+        ($($name:expr => $op:expr),*) => {$(
+            let alone = best(&|| unsafe { chains::<$op, false>() });
+            let beside = best(&|| unsafe { chains::<$op, true>() });
+            println!("{:>12}: {alone:.3} ns alone, {beside:.3} ns with an independent fma per op", $name);
+        )*};
     }
-    println!("{:>10}: {:.3} ns alone", "vfmadd", best(&|| unsafe { chains(3, true) }));
+    rates!("vpdpbusd" => 0, "vpmaddubsw" => 1, "vpmaddwd" => 2, "vcvtdq2ps" => 3, "vpsrlvd" => 4, "vpermd" => 5);
+    println!("{:>12}: {:.3} ns alone", "vfmadd", best(&|| unsafe { chains::<6, true>() }));
     let zmm = best(&|| unsafe { value_steps(0) });
     let ymm = best(&|| unsafe { value_steps(1) });
     let odd = best(&|| unsafe { value_steps(2) });
