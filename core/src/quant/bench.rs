@@ -319,6 +319,8 @@ fn bench_vector_ports() {
         b
     };
     // (Const parameters: one loop per operation, no dispatch inside it.)
+    /// `chains`' operation number for no integer operation (the fma alone).
+    const FMA_ONLY: u8 = u8::MAX;
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn chains<const OP: u8, const FMA: bool>() -> u32 {
         // (Value-only intrinsics; AVX-512 F/BW/VNNI present: checked by the caller.)
@@ -395,7 +397,7 @@ fn bench_vector_ports() {
         )*};
     }
     rates!("vpdpbusd" => 0, "vpmaddubsw" => 1, "vpmaddwd" => 2, "vcvtdq2ps" => 3, "vpsrlvd" => 4, "vpermd" => 5);
-    println!("{:>12}: {:.3} ns alone", "vfmadd", best(&|| unsafe { chains::<6, true>() }));
+    println!("{:>12}: {:.3} ns alone", "vfmadd", best(&|| unsafe { chains::<FMA_ONLY, true>() }));
     let zmm = best(&|| unsafe { value_steps(0) });
     let ymm = best(&|| unsafe { value_steps(1) });
     let odd = best(&|| unsafe { value_steps(2) });
