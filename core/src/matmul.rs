@@ -6,9 +6,10 @@
 //! quantization for a batch and the row split. The dot kernels live in `quant`.
 
 use crate::ggml_type::GgmlType;
-use crate::model::Tensor;
+use crate::model::{Layout, Tensor};
 use crate::parallel::{split_range, Parallel};
 use crate::prefetch::{self, Level};
+use crate::quant::rows16::ROWS16;
 use crate::quant::{DotFn, DotPairsFn, DotRowsFn, Kernels, DOT_PAIRS_MAX, DOT_ROWS, DOT_TILE_MAX_ROWS, DOT_TILE_MAX_TOKENS};
 
 /// A pointer to a slice that several tasks write at disjoint indices.
@@ -89,6 +90,10 @@ pub fn matmul(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usi
 /// for that token of a batch of `n` ([`Kernels::dot_fn_in_batch`]), so a row's result
 /// may depend on the batch (as it does in llama.cpp).
 pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usize, out: &mut [f32], llama_cpp_batches: bool) {
+    if w.layout == Layout::Rows16 {
+        // (Its types, Q4_1 and Q8_0, take `dot` in every batch: llama.cpp's order too.)
+        return matmul_rows16(k, par, w, xq, n, out);
+    }
     let Ok(dot) = k.dot_fn(w.ty) else { return };
     if llama_cpp_batches && (0..n).any(|i| k.dot_fn_in_batch(w.ty, w.rows, n, i).map(|f| f as usize) != Ok(dot as usize)) {
         return matmul_per_token(k, par, w, xq, n, out);
@@ -202,6 +207,57 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
     });
 }
 
+/// Groups of 16 rows per call of a rows16 tile (the Q8_0 lanes tile shares each token's
+/// staged activation between four).
+const ROWS16_TILE_GROUPS: usize = 4;
+
+/// [`matmul_as`] for a matrix in the rows16 layout: whole groups of 16 rows per task
+/// (for one token on several threads in [`stream_parts`] parts per thread, as the plain
+/// layout's groups). A batch takes the type's rows16 tile for whole tiles of tokens
+/// where it has one (then its narrower one), and the rest token by token through the
+/// rows16 kernel, each group's tokens while the group is in cache. Every output has
+/// `dot`'s bits (the kernels' contract). Nothing is computed for a kernel set without the
+/// type's rows16 kernel (the host packs only for a set that has it).
+fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usize, out: &mut [f32]) {
+    let (Some(f), Some(rb)) = (k.dot_rows16_fn(w.ty), act_row_bytes(w.ty, w.cols)) else { return };
+    let (rows, cols, wrb) = (w.rows, w.cols, w.row_bytes());
+    let gb = ROWS16 * wrb;
+    let groups = rows / ROWS16;
+    let out = SharedMut::new(&mut out[..n * rows]);
+    let threads = par.n_threads();
+    let parts = if n == 1 { stream_parts(threads, rows * wrb) } else { 1 };
+    let tasks = (threads * parts).min(groups).max(1);
+    let tile = k.dot_tile_rows16_fn(w.ty);
+    par.run(tasks, &|t| {
+        let range = split_range(groups, tasks, t);
+        let mut i = 0;
+        for (tf, tt) in tile.iter().flat_map(|t| [Some((t.f, t.tokens)), t.rest]).flatten() {
+            while i + tt <= n {
+                for g0 in range.clone().step_by(ROWS16_TILE_GROUPS) {
+                    let g1 = (g0 + ROWS16_TILE_GROUPS).min(range.end);
+                    let nr = (g1 - g0) * ROWS16;
+                    let mut o = [0.0f32; DOT_TILE_MAX_TOKENS * ROWS16_TILE_GROUPS * ROWS16];
+                    tf(cols, &w.data[g0 * gb..g1 * gb], wrb, nr, &xq[i * rb..(i + tt) * rb], rb, &mut o[..tt * nr], nr);
+                    for (ti, orow) in o[..tt * nr].chunks_exact(nr).enumerate() {
+                        // SAFETY: rows g0·16..g1·16 of every token belong to this task alone.
+                        unsafe { out.slice((i + ti) * rows + g0 * ROWS16, nr) }.copy_from_slice(orow);
+                    }
+                }
+                i += tt;
+            }
+        }
+        for g in range {
+            let wg = &w.data[g * gb..(g + 1) * gb];
+            for j in i..n {
+                let mut o = [0.0f32; ROWS16];
+                f(cols, wg, &xq[j * rb..(j + 1) * rb], &mut o);
+                // SAFETY: rows g·16.. of every token belong to this task alone.
+                unsafe { out.slice(j * rows + g * ROWS16, ROWS16) }.copy_from_slice(&o);
+            }
+        }
+    });
+}
+
 /// Bytes of its weights a one-token task asks for before it starts ([`matvec_group`]).
 const START_BYTES: usize = 8192;
 
@@ -249,13 +305,14 @@ pub const GROUP_MAX: usize = 4;
 /// ones (k and v) are mostly that cost. The matrices' bytes are taken as one stream and
 /// split into equal consecutive shares, each share the groups of [`DOT_ROWS`] rows that
 /// start in it (a matrix's last group may be shorter); a whole group takes the type's
-/// 8-row kernel, any other row its `dot`. Every output has `dot`'s bits, as in `matmul`.
+/// 8-row kernel, any other row its `dot` (a matrix in the rows16 layout: groups of 16
+/// rows, its rows16 kernel). Every output has `dot`'s bits, as in `matmul`.
 /// `outs[m]` receives matrix `m`'s `rows` outputs. Returns false (and computes nothing)
-/// when a matrix has no kernel or another width, the matrices do not share an
+/// when a matrix has no kernel (or no rows16 kernel for its layout) or another width, the matrices do not share an
 /// activation type, or there are more than [`GROUP_MAX`].
 pub fn matvec_group(k: &Kernels, par: &dyn Parallel, ws: &[&Tensor<'_>], xq: &[u8], outs: &mut [&mut [f32]]) -> bool {
     let m = ws.len();
-    if m == 0 || m > GROUP_MAX || outs.len() != m || ws.iter().any(|w| Kernels::vec_dot_type(w.ty) != Kernels::vec_dot_type(ws[0].ty) || w.cols != ws[0].cols) {
+    if m == 0 || m > GROUP_MAX || outs.len() != m || ws.iter().any(|w| Kernels::vec_dot_type(w.ty) != Kernels::vec_dot_type(ws[0].ty) || w.cols != ws[0].cols || (w.layout == Layout::Rows16 && k.dot_rows16_fn(w.ty).is_none())) {
         return false;
     }
     let Some(rb) = act_row_bytes(ws[0].ty, ws[0].cols) else { return false };
@@ -288,6 +345,20 @@ pub fn matvec_group(k: &Kernels, par: &dyn Parallel, ws: &[&Tensor<'_>], xq: &[u
         }
         for (i, w) in ws.iter().enumerate() {
             let (Some((dot, rows_fn)), Some(out)) = (dots[i], shared[i].as_ref()) else { continue };
+            if w.layout == Layout::Rows16 {
+                // The groups of 16 rows that start in this share, by the rows16 kernel.
+                let Some(f) = k.dot_rows16_fn(w.ty) else { continue };
+                let gb = ROWS16 * w.row_bytes();
+                let first = |b: usize| b.clamp(start[i], start[i + 1]).saturating_sub(start[i]).div_ceil(gb.max(1));
+                for g in first(share.start)..first(share.end) {
+                    let mut o = [0.0f32; ROWS16];
+                    f(cols, &w.data[g * gb..(g + 1) * gb], xq, &mut o);
+                    // SAFETY: a group starts in exactly one share, so its rows belong to
+                    // this task alone.
+                    unsafe { out.slice(g * ROWS16, ROWS16) }.copy_from_slice(&o);
+                }
+                continue;
+            }
             let gb = DOT_ROWS * w.row_bytes();
             // The groups of matrix i that start in this share.
             let first = |b: usize| b.clamp(start[i], start[i + 1]).saturating_sub(start[i]).div_ceil(gb.max(1));

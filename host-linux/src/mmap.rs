@@ -253,6 +253,20 @@ impl ModelFile {
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
+    /// Runs `f` on the bytes, writable, where they are a private copy
+    /// ([`ModelFile::load`]; read-only again afterwards); `None` (and `f` not run) for a
+    /// map of the file, which is never written, or if the copy cannot be made writable.
+    pub fn rewrite<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
+        let len = self.len;
+        let copy = self.copy.as_mut()?;
+        if !copy.make_writable() {
+            return None;
+        }
+        let r = f(&mut copy.as_mut_slice()[..len]);
+        copy.make_read_only();
+        Some(r)
+    }
+
     /// The file's path, as given to [`ModelFile::open`].
     pub fn path(&self) -> &Path {
         &self.path
@@ -399,6 +413,13 @@ impl HugeMap {
         // SAFETY: changes the protection of our own mapping only; no `&mut` borrow of it
         // is live (the caller hands out only shared views from now on).
         unsafe { libc::mprotect(self.base.as_ptr().cast(), self.map_len, libc::PROT_READ) };
+    }
+
+    /// Makes the memory writable again (undoes [`HugeMap::make_read_only`]); false if the
+    /// system refused.
+    fn make_writable(&mut self) -> bool {
+        // SAFETY: changes the protection of our own mapping only.
+        unsafe { libc::mprotect(self.base.as_ptr().cast(), self.map_len, libc::PROT_READ | libc::PROT_WRITE) == 0 }
     }
 }
 

@@ -47,6 +47,7 @@ pub struct Gguf<'a> {
     tensor_infos_at: usize,
     alignment: u64,
     data_start: u64,
+    rows16: &'a [u64],
 }
 
 /// Where a tensor is and what it holds.
@@ -64,6 +65,9 @@ pub struct TensorInfo<'a> {
     pub offset: u64,
     /// The data bytes.
     pub data: &'a [u8],
+    /// Whether the host rearranged this matrix's bytes in the rows16 layout
+    /// ([`Gguf::with_rows16`]).
+    pub rows16: bool,
 }
 
 impl TensorInfo<'_> {
@@ -112,7 +116,7 @@ impl<'a> Gguf<'a> {
             return Err(GgufError::at(GgufErrorKind::TooManyKeys { count: n_kv, max: MAX_KEYS }, 16));
         }
 
-        let mut g = Gguf { bytes, version, keys: heapless::Vec::new(), n_tensors: n_tensors as usize, tensor_infos_at: 0, alignment: DEFAULT_ALIGNMENT, data_start: 0 };
+        let mut g = Gguf { bytes, version, keys: heapless::Vec::new(), n_tensors: n_tensors as usize, tensor_infos_at: 0, alignment: DEFAULT_ALIGNMENT, data_start: 0, rows16: &[] };
         for _ in 0..n_kv {
             let key_pos = r.pos();
             let key = r.string("metadata key")?;
@@ -319,7 +323,16 @@ impl<'a> Gguf<'a> {
 
     /// Every tensor, in file order.
     pub fn tensors(&self) -> TensorIter<'a> {
-        TensorIter { r: Reader::at(self.bytes, self.tensor_infos_at), left: self.n_tensors, data_start: self.data_start }
+        TensorIter { r: Reader::at(self.bytes, self.tensor_infos_at), left: self.n_tensors, data_start: self.data_start, rows16: self.rows16 }
+    }
+
+    /// Marks the tensors whose data starts at the file offsets `offsets` (sorted) as
+    /// rearranged in the rows16 layout: the host packed them in place
+    /// ([`crate::quant::rows16::pack_in_place`]) after reading the file, and their
+    /// [`TensorInfo::rows16`] (so the model's [`crate::model::Layout`]) says so.
+    pub fn with_rows16(mut self, offsets: &'a [u64]) -> Self {
+        self.rows16 = offsets;
+        self
     }
 
     /// The tensor called `name`, if present.
@@ -334,6 +347,7 @@ pub struct TensorIter<'a> {
     r: Reader<'a>,
     left: usize,
     data_start: u64,
+    rows16: &'a [u64],
 }
 
 impl<'a> Iterator for TensorIter<'a> {
@@ -349,7 +363,7 @@ impl<'a> Iterator for TensorIter<'a> {
         let bytes = self.r.bytes();
         let start = (self.data_start + raw.rel_offset) as usize;
         let data = bytes.get(start..start + raw.size as usize)?;
-        Some(TensorInfo { name: raw.name, ty: raw.ty, ne: raw.ne, n_dims: raw.n_dims, offset: start as u64, data })
+        Some(TensorInfo { name: raw.name, ty: raw.ty, ne: raw.ne, n_dims: raw.n_dims, offset: start as u64, data, rows16: self.rows16.binary_search(&(start as u64)).is_ok() })
     }
 }
 

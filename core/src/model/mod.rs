@@ -7,7 +7,7 @@ pub mod hparams;
 pub mod weights;
 
 pub use hparams::{Arch, FfnAct, HParams, RopeMode, Ssm};
-pub use weights::{Attention, DeltaNet, Layer, Mixer, Tensor, Use};
+pub use weights::{Attention, DeltaNet, Layer, Layout, Mixer, Tensor, Use};
 
 use crate::error::Error;
 use crate::ggml_type::GgmlType;

@@ -18,6 +18,20 @@ pub struct Tensor<'m> {
     pub rows: usize,
     /// The raw data.
     pub data: &'m [u8],
+    /// How the rows are laid out in `data`.
+    pub layout: Layout,
+}
+
+/// How a matrix's rows are laid out in its bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Layout {
+    /// As in the file: row after row, each row's blocks in order.
+    #[default]
+    Plain,
+    /// Rearranged in groups of 16 rows for the CPU's rows16 kernels
+    /// ([`crate::quant::rows16`]): the same bytes within each group of 16 rows; only
+    /// `matmul` reads such a matrix (through [`crate::quant::Kernels::dot_rows16_fn`]).
+    Rows16,
 }
 
 impl<'m> Tensor<'m> {
@@ -26,8 +40,9 @@ impl<'m> Tensor<'m> {
         self.cols / self.ty.block_size() * self.ty.type_size()
     }
 
-    /// The bytes of row `r`.
+    /// The bytes of row `r` (of a [`Layout::Plain`] matrix).
     pub fn row(&self, r: usize) -> &'m [u8] {
+        debug_assert!(self.layout == Layout::Plain, "row() of a rows16 matrix");
         let rb = self.row_bytes();
         &self.data[r * rb..(r + 1) * rb]
     }
@@ -201,7 +216,7 @@ impl<'g, 'm> Finder<'g, 'm> {
         if !ok {
             return Err(GgufError::at(GgufErrorKind::BadShape, t.offset).named_str(&self.name));
         }
-        Ok(Some(Tensor { ty: t.ty, cols, rows, data: t.data }))
+        Ok(Some(Tensor { ty: t.ty, cols, rows, data: t.data, layout: if t.rows16 { Layout::Rows16 } else { Layout::Plain } }))
     }
 
     /// Like [`Finder::opt`], but the tensor must exist.

@@ -91,7 +91,7 @@ fn bench_matmul() {
             quantize_row_ref(wtype, &random_row(&mut rng, cols), &mut w[r * wrb..(r + 1) * wrb]).unwrap();
         }
         let x: Vec<f32> = (0..n).flat_map(|_| random_row(&mut rng, cols)).collect();
-        let t = Tensor { ty: wtype, cols, rows, data: &w };
+        let t = Tensor { ty: wtype, cols, rows, data: &w, layout: crate::model::Layout::Plain };
         let mut out = std::vec![0.0f32; n * rows];
         for k in super::tests::fast_kernel_sets().into_iter().chain([Kernels::reference()]) {
             let atype = Kernels::vec_dot_type(wtype).unwrap();
@@ -212,7 +212,7 @@ fn bench_matmul_short() {
                 w[r * wrb..(r + 1) * wrb].copy_from_slice(&row);
             }
             let atype = Kernels::vec_dot_type(wtype).unwrap();
-            let t = Tensor { ty: wtype, cols, rows, data: &w };
+            let t = Tensor { ty: wtype, cols, rows, data: &w, layout: crate::model::Layout::Plain };
             let x: Vec<f32> = (0..9).flat_map(|_| random_row(&mut rng, cols)).collect();
             let mut a = std::vec![0u8; 9 * atype.row_bytes(cols as u64).unwrap() as usize];
             quantize_rows(&k, &Sequential, atype, &x, 9, cols, &mut a);
@@ -402,4 +402,57 @@ fn bench_vector_ports() {
     let ymm = best(&|| unsafe { value_steps(1) });
     let odd = best(&|| unsafe { value_steps(2) });
     println!("value update step, 16 elements: fma + f16 round trip {zmm:.3} ns (512-bit), {:.3} ns (2 x 256-bit); with the round to odd {odd:.3} ns", 2.0 * ymm);
+}
+
+/// The rows16 kernels (`quant::rows16`) against the plain 8-row kernels, weights hot in
+/// L1, at SmolLM2's row length (576) and 2048: ns per (row, block) of 32 weights, for each
+/// kernel set with rows16 kernels. Prints only.
+#[test]
+#[ignore]
+fn bench_rows16() {
+    use crate::quant::rows16::{pack_in_place, ROWS16};
+    let mut rng = Rng::new(13);
+    for k in super::tests::fast_kernel_sets() {
+        for ty in [Q4_1, Q8_0] {
+            let (Some(f), Some(rows_fn)) = (k.dot_rows16_fn(ty), k.dot_rows_fn(ty)) else { continue };
+            let atype = Kernels::vec_dot_type(ty).unwrap();
+            for cols in [576usize, 2048] {
+                let nb = cols / 32;
+                let wrb = ty.row_bytes(cols as u64).unwrap() as usize;
+                let mut w = std::vec![0u8; ROWS16 * wrb];
+                for r in 0..ROWS16 {
+                    quantize_row_ref(ty, &random_row(&mut rng, cols), &mut w[r * wrb..(r + 1) * wrb]).unwrap();
+                }
+                let mut p = w.clone();
+                pack_in_place(ty, ROWS16, cols, &mut p, &mut std::vec![0u8; w.len()]).unwrap();
+                let mut a = std::vec![0u8; atype.row_bytes(cols as u64).unwrap() as usize];
+                k.quantize_activations(atype, &random_row(&mut rng, cols), &mut a).unwrap();
+                let best = |f: &dyn Fn()| {
+                    let mut b = u128::MAX;
+                    for _ in 0..4000 {
+                        let t0 = Instant::now();
+                        for _ in 0..20 {
+                            f();
+                        }
+                        b = b.min(t0.elapsed().as_nanos());
+                    }
+                    b as f64 / 20.0
+                };
+                let plain = best(&|| {
+                    let mut o = [0.0f32; DOT_ROWS];
+                    for h in 0..ROWS16 / DOT_ROWS {
+                        rows_fn(cols, black_box(&w[h * DOT_ROWS * wrb..]), wrb, black_box(&a), &mut o);
+                    }
+                    black_box(&mut o);
+                });
+                let packed = best(&|| {
+                    let mut o = [0.0f32; ROWS16];
+                    f(cols, black_box(&p), black_box(&a), &mut o);
+                    black_box(&mut o);
+                });
+                let per = |t: f64| t / (ROWS16 * nb) as f64;
+                println!("{:>4} {cols:>4} columns, {}: 8-row kernel {:.3} ns per (row, block), rows16 {:.3} ({:.2}x)", GgmlType::name(ty), k.name(), per(plain), per(packed), plain / packed);
+            }
+        }
+    }
 }

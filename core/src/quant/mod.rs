@@ -80,6 +80,7 @@ mod expf64;
 mod f16ops;
 mod quantize;
 mod quantize_k;
+pub mod rows16;
 mod scalar;
 mod scalar_k;
 pub mod tiles32;
@@ -214,6 +215,9 @@ pub enum Reason {
     NoDequantize,
     /// No reference quantizer for this type.
     NoQuantize,
+    /// No rows16 layout for this type, or a matrix shape or buffer it cannot take
+    /// ([`rows16::pack_in_place`]).
+    NoRows16,
     /// `n` elements do not make whole blocks, or `bytes` is not their size.
     RowShape {
         /// Elements in the row.
@@ -231,6 +235,7 @@ impl core::fmt::Display for Unsupported {
             Reason::NotActivationType => write!(f, "{ty} is not an activation (vec dot) type"),
             Reason::NoDequantize => write!(f, "dequantizing {ty} is not supported"),
             Reason::NoQuantize => write!(f, "quantizing to {ty} is not supported"),
+            Reason::NoRows16 => write!(f, "{ty}: no rows16 layout for this matrix (types Q4_1 and Q8_0, rows in whole groups of 16)"),
             Reason::RowShape { n, bytes } => write!(
                 f,
                 "{ty}: a row of {n} elements does not fit {bytes} bytes \
@@ -386,6 +391,10 @@ pub(crate) struct KernelTable {
     pub(crate) dot: PerType<Option<DotFn>>,
     /// [`Kernels::dot_rows_fn`].
     pub(crate) dot_rows: PerType<Option<DotRowsFn>>,
+    /// [`Kernels::dot_rows16_fn`].
+    pub(crate) dot_rows16: PerType<Option<rows16::Rows16Fn>>,
+    /// [`Kernels::dot_tile_rows16_fn`].
+    pub(crate) dot_tile_rows16: PerType<Option<DotTile>>,
     /// [`Kernels::dot_tile_fn`].
     pub(crate) dot_tile: PerType<Option<DotTile>>,
     /// [`Kernels::dot_pairs_fn`].
@@ -525,6 +534,8 @@ pub(crate) const REFERENCE: KernelTable = KernelTable {
         self::vec_dots!()
     },
     dot_rows: PerType::splat(None),
+    dot_rows16: PerType::splat(None),
+    dot_tile_rows16: PerType::splat(None),
     dot_tile: PerType::splat(None),
     dot_pairs: PerType::splat(None),
     dot_lanes: PerType { q4_0: Some(scalar::vec_dot_q4_0_q8_0_lanes), ..PerType::splat(None) },

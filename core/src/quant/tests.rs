@@ -805,7 +805,7 @@ fn matmul_rows_do_not_depend_on_the_batch() {
         for (ty, cols) in [(Q8_0, 96usize), (Q5_0, 96), (Q4_0, 96), (Q4_1, 96), (Q4_K, 512), (Q6_K, 512)] {
             let rows = 76usize;
             let (w, a, _, rb) = matmul_operands(&k, &mut rng, ty, rows, cols, 72);
-            let t = Tensor { ty, cols, rows, data: &w };
+            let t = Tensor { ty, cols, rows, data: &w, layout: crate::model::Layout::Plain };
             let mut one = vec![0.0f32; 72 * rows];
             for i in 0..72 {
                 matmul(&k, &Sequential, &t, &a[i * rb..(i + 1) * rb], 1, &mut one[i * rows..(i + 1) * rows]);
@@ -848,7 +848,7 @@ fn balanced_one_token_products_keep_every_rows_bits() {
     let (cols, rows) = (4096usize, 970usize);
     let (w, a, wrb, _) = matmul_operands(&k, &mut rng, Q8_0, rows, cols, 1);
     assert!(rows * wrb >= BALANCE_BYTES, "the matrix is below the balancing size");
-    let t = Tensor { ty: Q8_0, cols, rows, data: &w };
+    let t = Tensor { ty: Q8_0, cols, rows, data: &w, layout: crate::model::Layout::Plain };
     let mut want = vec![0.0f32; rows];
     matmul(&k, &Sequential, &t, &a, 1, &mut want);
     for par in [&Reversed(2) as &dyn Parallel, &Reversed(3)] {
@@ -881,7 +881,7 @@ fn matvec_group_gives_each_matrix_its_own_bits() {
             let ops: Vec<_> = group.iter().map(|&(ty, rows)| (ty, rows, matmul_operands(&k, &mut rng, ty, rows, cols, 1))).collect();
             // One activation row for all (the same type for every matrix of a group).
             let a = &ops[0].2 .1;
-            let ts: Vec<Tensor<'_>> = ops.iter().map(|(ty, rows, (w, ..))| Tensor { ty: *ty, cols, rows: *rows, data: w }).collect();
+            let ts: Vec<Tensor<'_>> = ops.iter().map(|(ty, rows, (w, ..))| Tensor { ty: *ty, cols, rows: *rows, data: w, layout: crate::model::Layout::Plain }).collect();
             let alone: Vec<Vec<f32>> = ts.iter().map(|t| {
                 let mut o = vec![0.0f32; t.rows];
                 matmul(&k, &Sequential, t, a, 1, &mut o);
@@ -903,7 +903,7 @@ fn matvec_group_gives_each_matrix_its_own_bits() {
         let (w8, a8, ..) = matmul_operands(&k, &mut rng, Q8_0, 8, 512, 1);
         let (wk, ..) = matmul_operands(&k, &mut rng, Q4_K, 8, 512, 1);
         let (w8n, ..) = matmul_operands(&k, &mut rng, Q8_0, 8, 256, 1);
-        let (t8, tk, t8n) = (Tensor { ty: Q8_0, cols: 512, rows: 8, data: &w8 }, Tensor { ty: Q4_K, cols: 512, rows: 8, data: &wk }, Tensor { ty: Q8_0, cols: 256, rows: 8, data: &w8n });
+        let (t8, tk, t8n) = (Tensor { ty: Q8_0, cols: 512, rows: 8, data: &w8, layout: crate::model::Layout::Plain }, Tensor { ty: Q4_K, cols: 512, rows: 8, data: &wk, layout: crate::model::Layout::Plain }, Tensor { ty: Q8_0, cols: 256, rows: 8, data: &w8n, layout: crate::model::Layout::Plain });
         for pair in [[&t8, &tk], [&t8, &t8n]] {
             let (mut o1, mut o2) = ([f32::NAN; 8], [f32::NAN; 8]);
             assert!(!matvec_group(&k, &Reversed(2), &pair, &a8, &mut [&mut o1[..], &mut o2[..]]), "{}: a group of {} and {} x {} taken", k.name(), pair[0].ty, pair[1].ty, pair[1].cols);
@@ -927,7 +927,7 @@ fn llama_cpp_batches_give_each_tokens_kernel_bits() {
         for (ty, rows) in [(Q4_K, 48usize), (Q4_K, 44), (Q6_K, 44), (Q2_K, 40)] {
             let cols = 512;
             let (w, a, wrb, rb) = matmul_operands(&k, &mut rng, ty, rows, cols, 33);
-            let t = Tensor { ty, cols, rows, data: &w };
+            let t = Tensor { ty, cols, rows, data: &w, layout: crate::model::Layout::Plain };
             for n in (1..=20).chain([24, 31, 33]) {
                 for par in [&Sequential as &dyn Parallel, &Reversed(2), &Reversed(3)] {
                     let mut out = vec![f32::NAN; n * rows];
@@ -1146,4 +1146,67 @@ fn activation_rounding_is_rintf_everywhere() {
     for _ in 0..1 << 20 {
         check(f32::from_bits(rng.next() as u32));
     }
+}
+
+/// A matrix packed in the rows16 layout gives, in `matmul` (batches of 1 to 20 and 64
+/// tokens, one to five tasks in any order) and in a `matvec_group` beside plain
+/// matrices, every (token, row) the bits the plain matrix gives: for each kernel set
+/// with rows16 kernels, Q4_1 and Q8_0, with a product past `matmul::BALANCE_BYTES` (one
+/// token in parts) among them.
+#[test]
+fn rows16_matrices_give_the_plain_matrices_bits() {
+    use crate::matmul::{matmul, matvec_group};
+    use crate::model::{Layout, Tensor};
+    use crate::parallel::{Parallel, Sequential};
+    use crate::quant::rows16::{pack_in_place, ROWS16};
+    let mut rng = Rng::new(30);
+    let mut checked = 0;
+    for k in fast_kernel_sets() {
+        for (ty, rows, cols) in [(Q4_1, 48usize, 96usize), (Q8_0, 80, 576), (Q8_0, 4096, 1024)] {
+            if !k.packs_rows16(ty, rows) {
+                continue;
+            }
+            let n_max = if rows > 1024 { 1 } else { 64 };
+            let (w, a, wrb, rb) = matmul_operands(&k, &mut rng, ty, rows, cols, n_max);
+            let mut p = w.clone();
+            pack_in_place(ty, rows, cols, &mut p, &mut vec![0u8; ROWS16 * wrb]).unwrap();
+            let plain = Tensor { ty, cols, rows, data: &w, layout: Layout::Plain };
+            let packed = Tensor { ty, cols, rows, data: &p, layout: Layout::Rows16 };
+            for n in (1..=20.min(n_max)).chain([64].into_iter().filter(|&n| n <= n_max)) {
+                let mut want = vec![0.0f32; n * rows];
+                matmul(&k, &Sequential, &plain, &a[..n * rb], n, &mut want);
+                for par in [&Sequential as &dyn Parallel, &Reversed(2), &Reversed(5)] {
+                    let mut out = vec![f32::NAN; n * rows];
+                    matmul(&k, par, &packed, &a[..n * rb], n, &mut out);
+                    for (j, (o, e)) in out.iter().zip(&want).enumerate() {
+                        assert_eq!(o.to_bits(), e.to_bits(), "{} {ty} batch of {n}, token {} row {}, {} tasks", k.name(), j / rows, j % rows, par.n_threads());
+                    }
+                }
+            }
+            // Beside a plain matrix of the same activation type in one group.
+            let (w2, ..) = matmul_operands(&k, &mut rng, ty, 24, cols, 1);
+            let other = Tensor { ty, cols, rows: 24, data: &w2, layout: Layout::Plain };
+            let alone: Vec<Vec<f32>> = [&plain, &other].iter().map(|t| {
+                let mut o = vec![0.0f32; t.rows];
+                matmul(&k, &Sequential, t, &a[..rb], 1, &mut o);
+                o
+            }).collect();
+            for par in [&Sequential as &dyn Parallel, &Reversed(3)] {
+                let mut outs = [vec![f32::NAN; rows], vec![f32::NAN; 24]];
+                let [o0, o1] = &mut outs;
+                assert!(matvec_group(&k, par, &[&packed, &other], &a[..rb], &mut [&mut o0[..], &mut o1[..]]), "{} {ty} group refused", k.name());
+                for (m, (o, e)) in outs.iter().zip(&alone).enumerate() {
+                    for (r, (x, y)) in o.iter().zip(e).enumerate() {
+                        assert_eq!(x.to_bits(), y.to_bits(), "{} {ty} group matrix {m} row {r}, {} tasks", k.name(), par.n_threads());
+                    }
+                }
+            }
+            checked += 1;
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::quant::x86::cpu_has_avx512_vnni() {
+        assert!(checked >= 3, "the AVX-512 VNNI sets pack Q4_1 and Q8_0");
+    }
+    let _ = checked;
 }

@@ -6,7 +6,7 @@
 //! output can report any speed for zeros).
 
 use super::common::{ModelFlag, EvalFlags, MAX_TOKENS};
-use super::load::{arena_beyond_memory, engine, open_to_run, prepare, training_context};
+use super::load::{arena_beyond_memory, engine, open_for_cpu, prepare, training_context};
 use serde::Serialize;
 use anyhow::{bail, Result};
 use keel_core::engine::Engine;
@@ -195,7 +195,7 @@ pub fn main(a: BenchArgs) -> Result<()> {
     let span = depth + n_prompt.max(n_gen + 1);
     opts.n_ctx = opts.n_ctx.max(span);
     opts.n_batch = opts.n_batch.max(n_prompt).min(opts.n_ctx);
-    let opened = open_to_run(&model)?;
+    let opened = open_for_cpu(&model, opts.reference)?;
     let g = opened.gguf()?;
     // The sizes as the user gave them (-d only when given).
     let sizes = if depth > 0 { format!("-p {n_prompt} -n {n_gen} -d {depth}") } else { format!("-p {n_prompt} -n {n_gen}") };

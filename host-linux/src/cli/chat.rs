@@ -11,7 +11,7 @@
 //! (at the prompt it clears the line). From a pipe, lines are read as they come.
 
 use super::common::{chat_format, check_finite, report_random_seed, ModelFlag, EvalFlags, ChatText};
-use super::load::{engine, open_to_run, prepare};
+use super::load::{engine, open_for_cpu, prepare};
 use super::run::{sample, stop_found, GenFlags};
 use crate::fault::stdout_ok;
 use anyhow::Result;
@@ -145,7 +145,7 @@ pub fn main(a: ChatArgs) -> Result<()> {
     let opts = a.eval.options(1)?;
     let (sampling, random_seed) = a.gen.sampling.config()?;
 
-    let opened = open_to_run(&a.model.model)?;
+    let opened = open_for_cpu(&a.model.model, opts.reference)?;
     let g = opened.gguf()?;
     let format = chat_format(&g, &opened.path)?;
     let mut loaded = prepare(&g, &opened.path, &opts)?;

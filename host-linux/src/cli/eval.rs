@@ -2,7 +2,7 @@
 //! and the top logits; optionally dump the last row.
 
 use super::common::{check_finite, prompt_file_limit, read_text_limited, tokenize, ModelFlag, PromptFlags, EvalFlags};
-use super::load::{engine, open_to_run, prepare};
+use super::load::{engine, open_for_cpu, prepare};
 use serde::Serialize;
 use anyhow::{bail, Context, Result};
 use keel_core::sampler::SamplerConfig;
@@ -57,7 +57,7 @@ pub fn main(a: EvalArgs) -> Result<()> {
     let dump = a.dump_last.clone();
     let mut opts = a.eval.options(1)?;
     let text = if tokens_file.is_none() { Some(a.prompt.text(opts.n_ctx)?) } else { None };
-    let opened = open_to_run(&model)?;
+    let opened = open_for_cpu(&model, opts.reference)?;
     if let Some(d) = &dump {
         crate::fsutil::refuse_own_input(&opened.path, std::path::Path::new(d), "--dump-last")?;
     }

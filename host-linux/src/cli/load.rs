@@ -28,6 +28,9 @@ pub struct Opened {
     pub path: PathBuf,
     /// Its bytes.
     pub file: ModelFile,
+    /// File offsets (sorted) of the matrices [`Opened::pack_for_cpu`] rearranged in the
+    /// rows16 layout.
+    rows16: Vec<u64>,
 }
 
 /// Resolves `-m` (a path or a known model name, pulled on first use) and maps it: for
@@ -36,7 +39,7 @@ pub struct Opened {
 pub fn open(model: &str) -> Result<Opened> {
     let path = crate::pull::resolve_model(model)?;
     let file = ModelFile::open(&path)?;
-    Ok(Opened { path, file })
+    Ok(Opened { path, file, rows16: Vec::new() })
 }
 
 /// [`open`] for the commands that run the model (every token reads every weight):
@@ -61,7 +64,15 @@ pub fn open_to_run(model: &str) -> Result<Opened> {
     } else {
         ModelFile::load_in_execution_order(&path)?
     };
-    Ok(Opened { path, file })
+    Ok(Opened { path, file, rows16: Vec::new() })
+}
+
+/// Whether a tensor called `name` is a matrix only the model's matrix products read: a
+/// layer's attention (q, k, v, output) or feed-forward (gate, up, down) projection, or a
+/// separate `output.weight`.
+fn rows16_role(name: &[u8]) -> bool {
+    const LAYER: [&[u8]; 7] = [b".attn_q.weight", b".attn_k.weight", b".attn_v.weight", b".attn_output.weight", b".ffn_gate.weight", b".ffn_up.weight", b".ffn_down.weight"];
+    name == b"output.weight" || (name.starts_with(b"blk.") && LAYER.iter().any(|s| name.ends_with(s)))
 }
 
 /// Whether a file of `size` bytes may be read into memory when `available` bytes are
@@ -70,10 +81,74 @@ fn fits_in_memory(size: u64, available: Option<u64>) -> bool {
     available.is_none_or(|a| size <= a)
 }
 
+/// [`open_to_run`] for a model that runs on the CPU only, with the kernels of
+/// `reference`: its matrices that have rows16 kernels there are packed for them
+/// ([`Opened::pack_for_cpu`]).
+pub fn open_for_cpu(model: &str, reference: bool) -> Result<Opened> {
+    let mut o = open_to_run(model)?;
+    o.pack_for_cpu(&kernels(reference))?;
+    Ok(o)
+}
+
 impl Opened {
-    /// Parses the GGUF header; errors name the file.
+    /// Parses the GGUF header; errors name the file. The matrices
+    /// [`Opened::pack_for_cpu`] rearranged are marked so (their tensors' layout).
     pub fn gguf(&self) -> Result<Gguf<'_>> {
-        Gguf::parse(self.file.bytes()).map_err(|e| anyhow::anyhow!("{}: {e}", self.path.display()))
+        Gguf::parse(self.file.bytes()).map(|g| g.with_rows16(&self.rows16)).map_err(|e| anyhow::anyhow!("{}: {e}", self.path.display()))
+    }
+
+    /// How many matrices [`Opened::pack_for_cpu`] packed.
+    pub fn rows16_matrices(&self) -> usize {
+        self.rows16.len()
+    }
+
+    /// Rearranges, in place, the matrices the kernel set `k` has rows16 kernels for
+    /// (`keel_core::quant::rows16`: Q4_1 and Q8_0 with AVX-512 VNNI): every layer's
+    /// attention and feed-forward projections and a separate `output.weight`, when their
+    /// rows come in whole groups of 16. The token embedding stays as it is (it is read a
+    /// row at a time). Only a private copy of the file is written (not a map: `--mmap`, or
+    /// a file larger than the memory available); the file itself never is. Call before
+    /// [`Opened::gguf`], once, and run the model with `k` only: the one-token products
+    /// then stream each group of 16 rows as one run of bytes without shuffles (BENCHMARKS.md,
+    /// "rows16"). Returns how many matrices were packed.
+    pub fn pack_for_cpu(&mut self, k: &Kernels) -> Result<usize> {
+        if !self.rows16.is_empty() {
+            return Ok(self.rows16.len());
+        }
+        if !self.file.is_copy() {
+            return Ok(0);
+        }
+        // The matrices to pack: (offset, type, rows, columns), from the header.
+        let jobs: Vec<(u64, keel_core::ggml_type::GgmlType, usize, usize)> = {
+            let g = Gguf::parse(self.file.bytes()).map_err(|e| anyhow::anyhow!("{}: {e}", self.path.display()))?;
+            // Every tensor's bytes, to leave alone a matrix whose bytes any other tensor
+            // shares (a file may point two tensors at the same data).
+            let mut spans: Vec<(u64, u64)> = g.tensors().map(|t| (t.offset, t.offset + t.data.len() as u64)).collect();
+            spans.sort_unstable();
+            let shared = |a: u64, b: u64| spans.iter().filter(|&&(x, y)| x < b && a < y).count() > 1;
+            g.tensors()
+                .filter(|t| t.n_dims == 2 && rows16_role(t.name) && k.packs_rows16(t.ty, t.ne[1] as usize) && !shared(t.offset, t.offset + t.data.len() as u64))
+                .map(|t| (t.offset, t.ty, t.ne[1] as usize, t.ne[0] as usize))
+                .collect()
+        };
+        let packed = self.file.rewrite(|bytes| {
+            let mut scratch = Vec::new();
+            for &(off, ty, rows, cols) in &jobs {
+                let size = ty.row_bytes(cols as u64).unwrap_or(0) as usize * rows;
+                scratch.resize(keel_core::quant::rows16::ROWS16 * size / rows, 0);
+                let data = &mut bytes[off as usize..off as usize + size];
+                keel_core::quant::rows16::pack_in_place(ty, rows, cols, data, &mut scratch)?;
+            }
+            Ok::<_, keel_core::quant::Unsupported>(())
+        });
+        match packed {
+            // (The copy stayed read-only: nothing was packed, the plain kernels run.)
+            None => return Ok(0),
+            Some(r) => r.map_err(|e| anyhow::anyhow!("{}: {e}", self.path.display()))?,
+        }
+        self.rows16 = jobs.iter().map(|j| j.0).collect();
+        self.rows16.sort_unstable();
+        Ok(jobs.len())
     }
 }
 

@@ -9,7 +9,7 @@
 //! arithmetic instead.
 
 use super::common::{check_finite, read_text_limited, token_count, tokenize_all, Batches, ModelFlag, RunFlags, MAX_TEXT_FILE};
-use super::load::{engine, open_to_run, prepare};
+use super::load::{engine, open_for_cpu, prepare};
 use serde::Serialize;
 use anyhow::{bail, Result};
 use keel_core::sampler::SamplerConfig;
@@ -67,7 +67,7 @@ pub fn main(a: PerplexityArgs) -> Result<()> {
     opts.n_ctx = c;
     opts.n_outputs = c;
     let text = read_text_limited(&file, "text file", MAX_TEXT_FILE, "the most keel reads for perplexity; cut the text")?;
-    let opened = open_to_run(&model)?;
+    let opened = open_for_cpu(&model, opts.reference)?;
     let g = opened.gguf()?;
     let mut loaded = prepare(&g, &opened.path, &opts)?;
     let (mut e, pool) = engine(&g, &opened.path, &mut loaded, opts.reference, SamplerConfig::default())?;

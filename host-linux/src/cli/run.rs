@@ -119,6 +119,8 @@ struct RunJson<'a> {
     seed: u64,
     batches: &'static str,
     kernels: &'static str,
+    /// Matrices packed in the rows16 layout for the CPU's kernels (`Opened::pack_for_cpu`).
+    rows16_matrices: u64,
     arena_bytes: u64,
     peak_rss_bytes: u64,
     offloaded_weights: u64,
@@ -170,7 +172,10 @@ pub fn main(a: RunArgs) -> Result<()> {
         None => crate::device::offload::Devices::none(),
     };
 
-    let opened = open_to_run(&a.model.model)?;
+    let mut opened = open_to_run(&a.model.model)?;
+    if devices.slots.is_empty() {
+        opened.pack_for_cpu(&super::load::kernels(opts.reference))?;
+    }
     let g = opened.gguf()?;
     let mut loaded = prepare_with(&g, &opened.path, &opts, spec.is_some())?;
     let arena_bytes = loaded.arena.len();
@@ -196,7 +201,10 @@ pub fn main(a: RunArgs) -> Result<()> {
     report_random_seed(&sampling, random_seed);
 
     // The draft model, with its own arena and placement (`--device-draft`).
-    let draft_opened = spec.as_ref().and_then(|s| s.draft_model.as_deref()).map(open_to_run).transpose()?;
+    let mut draft_opened = spec.as_ref().and_then(|s| s.draft_model.as_deref()).map(open_to_run).transpose()?;
+    if let (Some(o), true) = (draft_opened.as_mut(), draft_devices.slots.is_empty()) {
+        o.pack_for_cpu(&super::load::kernels(opts.reference))?;
+    }
     let draft_g = draft_opened.as_ref().map(|o| o.gguf()).transpose()?;
     let mut draft_loaded = match (&draft_g, &draft_opened) {
         (Some(dg), Some(o)) => Some(super::speculate::prepare_draft(dg, &o.path, &opts)?),
@@ -378,6 +386,7 @@ pub fn main(a: RunArgs) -> Result<()> {
             seed: sampling.seed,
             batches: if a.eval.llama_cpp() { "llama-cpp" } else { "invariant" },
             kernels: e.session.kernels().name(),
+            rows16_matrices: opened.rows16_matrices() as u64,
             arena_bytes: arena_bytes as u64,
             peak_rss_bytes: peak,
             offloaded_weights: placement.n_on_devices() as u64,
@@ -404,7 +413,7 @@ pub fn main(a: RunArgs) -> Result<()> {
         let _ = stdout_ok(writeln!(out).and_then(|_| out.flush()));
         drop(out);
         eprintln!(
-            "\nkeel: prompt {} tokens, {:.1} t/s | generated {} tokens, {:.1} t/s ({}) | arena {} | peak RSS {} | {} threads, {} kernels",
+            "\nkeel: prompt {} tokens, {:.1} t/s | generated {} tokens, {:.1} t/s ({}) | arena {} | peak RSS {} | {} threads, {} kernels{}",
             g.prompt_tokens.len(),
             g.prompt_tps,
             g.generated.len(),
@@ -413,7 +422,11 @@ pub fn main(a: RunArgs) -> Result<()> {
             mib(arena_bytes as u64),
             mib(peak),
             opts.threads,
-            e.session.kernels().name()
+            e.session.kernels().name(),
+            match opened.rows16_matrices() {
+                0 => String::new(),
+                n => format!(" ({n} matrices in rows16)"),
+            }
         );
     }
     if let (Some(st), Some(sopts), false) = (&spec_stats, &spec, as_json) {

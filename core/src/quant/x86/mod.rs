@@ -42,6 +42,7 @@ pub(crate) mod f16ops;
 mod kdot;
 mod qdot;
 mod qtile;
+mod rows16;
 mod tiled;
 
 use super::blocks::{bf16_to_f32, f16_to_f32};
@@ -213,6 +214,10 @@ tile_wrapper!(/// AVX-512 VNNI Q8_0 · Q8_0 tile, 16 rows in the lanes of a vect
     tile_q8_0_q8_0_lanes, panel qtile::q8_0_q8_0_lanes::<{ qtile::LANES_TILE_TOKENS }>, 32, 34, 34, qtile::LANES_TILE_ROWS, qtile::LANES_TILE_TOKENS, cpu_has_avx512_vnni);
 tile_wrapper!(/// [`tile_q8_0_q8_0_lanes`] for 16 tokens (a chunk's tokens after its last whole tile).
     tile_q8_0_q8_0_lanes16, panel qtile::q8_0_q8_0_lanes::<{ qtile::LANES_REST_TOKENS }>, 32, 34, 34, qtile::LANES_TILE_ROWS, qtile::LANES_REST_TOKENS, cpu_has_avx512_vnni);
+tile_wrapper!(/// [`tile_q8_0_q8_0_lanes`] over a matrix in the rows16 layout (`quant::rows16`).
+    tile_q8_0_q8_0_lanes_rows16, panel qtile::q8_0_q8_0_lanes_rows16::<{ qtile::LANES_TILE_TOKENS }>, 32, 34, 34, qtile::LANES_TILE_ROWS, qtile::LANES_TILE_TOKENS, cpu_has_avx512_vnni);
+tile_wrapper!(/// [`tile_q8_0_q8_0_lanes_rows16`] for 16 tokens (a chunk's tokens after its last whole tile).
+    tile_q8_0_q8_0_lanes16_rows16, panel qtile::q8_0_q8_0_lanes_rows16::<{ qtile::LANES_REST_TOKENS }>, 32, 34, 34, qtile::LANES_TILE_ROWS, qtile::LANES_REST_TOKENS, cpu_has_avx512_vnni);
 tile_wrapper!(/// AVX-512 VNNI Q5_0 · Q8_0 tile, 16 rows in the lanes of a vector × 32 tokens (each
     /// output as [`vec_dot_q5_0_q8_0`]); only handed out after [`cpu_has_avx512_vnni`].
     tile_q5_0_q8_0_lanes, panel qtile::q5_0_q8_0_lanes::<{ qtile::LANES_TILE_TOKENS }>, 32, 22, 34, qtile::LANES_TILE_ROWS, qtile::LANES_TILE_TOKENS, cpu_has_avx512_vnni);
@@ -320,6 +325,26 @@ macro_rules! rows_wrapper {
         }
     };
 }
+
+/// A rows16 kernel's safe wrapper: checks the slices, then runs `$body` (AVX-512 VNNI).
+macro_rules! rows16_wrapper {
+    ($(#[$doc:meta])* $name:ident, $body:path, $wsize:expr, $asize:expr) => {
+        $(#[$doc])*
+        fn $name(n: usize, w: &[u8], a: &[u8], out: &mut [f32; crate::quant::rows16::ROWS16]) {
+            let nb = n / 32;
+            debug_assert!(n % 32 == 0, "rows16: n = {n} is not a multiple of 32");
+            assert!(w.len() >= 16 * nb * $wsize && a.len() >= nb * $asize, "rows16: slices too short");
+            // SAFETY: only handed out after cpu_has_avx512_vnni() (the table's `vnni`); the
+            // group's blocks, the activation's and the 16 outputs are in bounds (checked).
+            unsafe { $body(nb, w.as_ptr(), a.as_ptr(), out.as_mut_ptr()) }
+        }
+    };
+}
+
+rows16_wrapper!(/// AVX-512 VNNI Q4_1 · Q8_1, one rows16 group (each output as [`vec_dot_q4_1_q8_1`]).
+    rows16_q4_1_q8_1, rows16::q4_1_q8_1_group, 20, 36);
+rows16_wrapper!(/// AVX-512 VNNI Q8_0 · Q8_0, one rows16 group (each output as [`vec_dot_q8_0_q8_0`]).
+    rows16_q8_0_q8_0, rows16::q8_0_q8_0_group, 34, 34);
 
 rows_wrapper!(/// AVX2 Q4_0 · Q8_0, 8 rows (each output as [`vec_dot_q4_0_q8_0`]).
     rows_q4_0_q8_0, qdot::q4_0_q8_0_rows, 32, 18, 34);
@@ -517,6 +542,11 @@ const fn build(flags: usize) -> KernelTable {
     t.dot_rows.q5_1 = Some(if vnni { rows!(rows_q5_1_q8_1_vnni) } else { rows!(rows_q5_1_q8_1) });
     t.dot_rows.q4_k = if vnni { Some(rows!(rows_q4_k_q8_k_vnni)) } else { None };
     t.dot_rows.iq4_nl = Some(rows!(rows_iq4_nl_q8_0));
+    if vnni {
+        t.dot_rows16.q4_1 = Some(rows16_q4_1_q8_1);
+        t.dot_rows16.q8_0 = Some(rows16_q8_0_q8_0);
+        t.dot_tile_rows16.q8_0 = DotTile::entry_with_rest(tile_q8_0_q8_0_lanes_rows16, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q8_0_q8_0_lanes16_rows16, LANES_REST_TOKENS);
+    }
     t.dot_rows.mxfp4 = Some(rows!(rows_mxfp4_q8_0));
     let tile_tokens = if vnni { ZMM_TILE_TOKENS } else { TILE_TOKENS };
     t.dot_pairs.q8_0 = if vnni { Some(pairs_q8_0_q8_0_vnni) } else { None };

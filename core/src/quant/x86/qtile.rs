@@ -499,6 +499,21 @@ unsafe fn lanes_block_q8_0(w: *const u8, wrow: usize, i: usize) -> LanesBlock {
     }
 }
 
+/// Q8_0 rows in the rows16 layout (`quant::rows16`: the group of 16 rows at `w`), block
+/// `i`, for [`lanes_tile`]: the layout holds the block already transposed, so eight loads
+/// (and the flip to unsigned) instead of [`lanes_block_q8_0`]'s loads and transpose.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn lanes_block_q8_0_rows16(w: *const u8, _wrow: usize, i: usize) -> LanesBlock {
+    // SAFETY: the caller guarantees the group's block i (544 bytes) readable.
+    unsafe {
+        let p = w.add(i * 16 * 34);
+        let flip = _mm512_set1_epi8(-128);
+        let x: [__m512i; 8] = core::array::from_fn(|j| _mm512_xor_si512(_mm512_loadu_si512(p.add(32 + 64 * j).cast()), flip));
+        (x, _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())))
+    }
+}
+
 /// Q5_0 rows at `w` (`wrow` bytes apart), block `i`, for [`lanes_tile`]: `qh` and the 16
 /// `qs` bytes (5 dwords per row) transposed, then element e's low nibble (byte e of
 /// `qs` for e < 16, its high nibble for e ≥ 16) and its fifth bit (bit e of `qh`, put in
@@ -615,6 +630,14 @@ pub(super) unsafe fn q8_0_q8_0_lanes<const T: usize>(nb: usize, w: *const u8, wr
     // out[t·ostride + r] writable (the wrapper's checks, for its T); every staged entry
     // is written before it is read (see lanes_tile).
     unsafe { lanes_tile!(nb, w, wrow, rows, a, arow, out, ostride, -128, lanes_block_q8_0) }
+}
+
+/// [`q8_0_q8_0_lanes`] over a matrix in the rows16 layout (its groups of 16 rows at
+/// `w + 16·g·wrow`, as the plain rows they hold).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn q8_0_q8_0_lanes_rows16<const T: usize>(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: as q8_0_q8_0_lanes (the same bytes per group of rows).
+    unsafe { lanes_tile!(nb, w, wrow, rows, a, arow, out, ostride, -128, lanes_block_q8_0_rows16) }
 }
 
 /// Q5_0 · Q8_0, rows in lanes ([`lanes_tile`]); `rows` a multiple of [`LANES_TILE_ROWS`].

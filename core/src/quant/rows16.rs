@@ -1,0 +1,194 @@
+//! The rows16 weight layout: a matrix's rows in groups of [`ROWS16`], each group's
+//! blocks rearranged so that one 512-bit vector holds the same four bytes of sixteen
+//! rows (row `r` in 32-bit lane `r`). The CPU's one-token products then need no shuffle
+//! to put rows in lanes (each row's weights are already there), and each group is one
+//! contiguous stream of bytes. The same bytes as the plain layout, permuted within each
+//! group of `16 × row_bytes` bytes: the same size, at the same place.
+//!
+//! Per (group, block of 32 columns), for the types it applies to:
+//! - **Q4_1** (20 bytes a block, 320 a group block): the sixteen f16 `d` (bytes 0..32),
+//!   the sixteen f16 `m` (32..64), then four chunks `c` of 64 bytes (64 + 64c..) whose
+//!   byte `4r + i` is row `r`'s packed byte `4c + i` (low nibble: element `4c + i`, high
+//!   nibble: element `16 + 4c + i`).
+//! - **Q8_0** (34 bytes a block, 544 a group block): the sixteen f16 `d` (0..32), then
+//!   eight chunks `j` of 64 bytes (32 + 64j..) whose byte `4r + i` is row `r`'s weight
+//!   `4j + i`.
+//!
+//! A host packs a matrix in place ([`pack_in_place`]) where the kernel set has the
+//! layout's kernels ([`Kernels::dot_rows16_fn`]) and marks it so that the model's tensor
+//! says [`crate::model::Layout::Rows16`]; `matmul` then runs the rows16 kernels on it.
+
+use super::{Kernels, Reason, Unsupported};
+use crate::ggml_type::GgmlType;
+
+/// Rows per group: one per 32-bit lane of a 512-bit vector.
+pub const ROWS16: usize = 16;
+
+/// Whether `ty` has a rows16 layout.
+pub fn has_layout(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0)
+}
+
+/// Packs one group: [`ROWS16`] plain rows of `nb` blocks (row `r` at `src[r * wrow..]`)
+/// into `dst` (`ROWS16 * nb * type_size` bytes) in the rows16 layout.
+fn pack_group(ty: GgmlType, nb: usize, src: &[u8], wrow: usize, dst: &mut [u8]) {
+    let bs = ty.type_size();
+    let gb = ROWS16 * bs;
+    // (scales: f16 words at the start of each block; Q4_1 has two, Q8_0 one)
+    let scales = if ty == GgmlType::Q4_1 { 2 } else { 1 };
+    for k in 0..nb {
+        let g = &mut dst[k * gb..(k + 1) * gb];
+        for r in 0..ROWS16 {
+            let b = &src[r * wrow + k * bs..r * wrow + (k + 1) * bs];
+            for s in 0..scales {
+                g[32 * s + 2 * r..32 * s + 2 * r + 2].copy_from_slice(&b[2 * s..2 * s + 2]);
+            }
+            let (q, at) = (&b[2 * scales..], 32 * scales);
+            for c in 0..q.len() / 4 {
+                g[at + 64 * c + 4 * r..at + 64 * c + 4 * r + 4].copy_from_slice(&q[4 * c..4 * c + 4]);
+            }
+        }
+    }
+}
+
+/// Rearranges a plain `rows × cols` matrix of `ty` in `data` into the rows16 layout, in
+/// place, through `scratch` (at least `ROWS16 * row_bytes` bytes). Fails (touching
+/// nothing) for a type without the layout, rows not a multiple of [`ROWS16`], columns
+/// not whole blocks, or slices too short.
+pub fn pack_in_place(ty: GgmlType, rows: usize, cols: usize, data: &mut [u8], scratch: &mut [u8]) -> Result<(), Unsupported> {
+    let bad = Unsupported { ty, reason: Reason::NoRows16 };
+    let bs = ty.block_size();
+    if !has_layout(ty) || !rows.is_multiple_of(ROWS16) || !cols.is_multiple_of(bs) {
+        return Err(bad);
+    }
+    let wrow = cols / bs * ty.type_size();
+    let group = ROWS16 * wrow;
+    if data.len() < rows * wrow || scratch.len() < group {
+        return Err(bad);
+    }
+    for g in data[..rows * wrow].chunks_exact_mut(group) {
+        scratch[..group].copy_from_slice(g);
+        pack_group(ty, cols / bs, &scratch[..group], wrow, g);
+    }
+    Ok(())
+}
+
+impl Kernels {
+    /// The rows16 kernel of weight type `wtype` ([`Rows16Fn`]), where this kernel set
+    /// has one: x86 with AVX-512 VNNI, Q4_1 and Q8_0.
+    pub fn dot_rows16_fn(&self, wtype: GgmlType) -> Option<Rows16Fn> {
+        self.t.dot_rows16.get(wtype)
+    }
+
+    /// A tile over a matrix in the rows16 layout (its `w` the packed rows, `wrow` the
+    /// plain row length in bytes; otherwise as [`Kernels::dot_tile_fn`]: every output the
+    /// bits of the type's dot), where this kernel set has one: x86 with AVX-512 VNNI, Q8_0
+    /// (its rows-in-lanes tile reading the layout without transposing). Where there is
+    /// none, a batch takes [`Kernels::dot_rows16_fn`] token by token.
+    pub fn dot_tile_rows16_fn(&self, wtype: GgmlType) -> Option<super::DotTile> {
+        self.t.dot_tile_rows16.get(wtype)
+    }
+
+    /// Whether a `rows`-row matrix of `wtype` may be packed in the rows16 layout for this
+    /// kernel set (it has the kernel, and the rows come in whole groups).
+    pub fn packs_rows16(&self, wtype: GgmlType, rows: usize) -> bool {
+        self.dot_rows16_fn(wtype).is_some() && rows.is_multiple_of(ROWS16) && rows > 0
+    }
+}
+
+/// One group of [`ROWS16`] rows in the rows16 layout (`w`: the group's `16 ×
+/// row_bytes(n)` bytes) against one activation row `a` (quantized to the type's
+/// activation type): `out[r]` gets the bits [`super::DotFn`] gives for plain row `r`.
+pub type Rows16Fn = fn(n: usize, w: &[u8], a: &[u8], out: &mut [f32; ROWS16]);
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use std::{vec, vec::Vec};
+
+    use super::*;
+    use crate::ggml_type::GgmlType::{Q4_0, Q4_1, Q8_0};
+    use crate::quant::tests::{activations, fast_kernel_sets, quantized, random_row, Rng};
+
+    /// Every row of every group of a packed matrix gets the plain dot's bits, for every
+    /// kernel set with rows16 kernels (row lengths of 1 to 48 blocks, two groups).
+    #[test]
+    fn rows16_kernels_give_each_rows_dot_bits() {
+        let mut rng = Rng::new(41);
+        let mut checked = 0;
+        for k in fast_kernel_sets() {
+            for ty in [Q4_1, Q8_0] {
+                let Some(f) = k.dot_rows16_fn(ty) else { continue };
+                let dot = k.dot_fn(ty).unwrap();
+                let vdt = Kernels::vec_dot_type(ty).unwrap();
+                for nb in [1usize, 2, 3, 18, 20, 48] {
+                    let n = 32 * nb;
+                    let rows = 2 * ROWS16;
+                    let w: Vec<u8> = (0..rows).flat_map(|_| quantized(ty, &random_row(&mut rng, n))).collect();
+                    let wrow = w.len() / rows;
+                    let mut p = w.clone();
+                    pack_in_place(ty, rows, n, &mut p, &mut vec![0u8; ROWS16 * wrow]).unwrap();
+                    assert_ne!(p, w, "{ty}: packing moved nothing");
+                    let a = activations(&k, vdt, &random_row(&mut rng, n));
+                    for g in 0..2 {
+                        let mut out = [f32::NAN; ROWS16];
+                        f(n, &p[g * ROWS16 * wrow..(g + 1) * ROWS16 * wrow], &a, &mut out);
+                        for (r, o) in out.iter().enumerate() {
+                            let want = dot(n, &w[(g * ROWS16 + r) * wrow..], &a);
+                            assert_eq!(o.to_bits(), want.to_bits(), "{} {ty} n={n} group {g} row {r}", k.name());
+                        }
+                    }
+                    checked += 1;
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if crate::quant::x86::cpu_has_avx512_vnni() {
+            assert!(checked > 0, "an AVX-512 VNNI CPU's kernel sets have rows16 kernels");
+        }
+        let _ = checked;
+    }
+
+    /// The layout as documented: row r's scale of block k, and its byte 4c + i.
+    #[test]
+    fn packing_puts_each_byte_where_the_layout_says() {
+        let mut rng = Rng::new(43);
+        let n = 64;
+        for ty in [Q4_1, Q8_0] {
+            let w: Vec<u8> = (0..ROWS16).flat_map(|_| quantized(ty, &random_row(&mut rng, n))).collect();
+            let (bs, wrow) = (ty.type_size(), w.len() / ROWS16);
+            let scales = if ty == Q4_1 { 2 } else { 1 };
+            let mut p = w.clone();
+            pack_in_place(ty, ROWS16, n, &mut p, &mut vec![0u8; w.len()]).unwrap();
+            for r in 0..ROWS16 {
+                for k in 0..2 {
+                    let (b, g) = (&w[r * wrow + k * bs..], &p[k * ROWS16 * bs..]);
+                    for s in 0..scales {
+                        assert_eq!(&g[32 * s + 2 * r..][..2], &b[2 * s..2 * s + 2], "{ty} row {r} block {k} scale {s}");
+                    }
+                    for q in 0..bs - 2 * scales {
+                        let (c, i) = (q / 4, q % 4);
+                        assert_eq!(g[32 * scales + 64 * c + 4 * r + i], b[2 * scales + q], "{ty} row {r} block {k} byte {q}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Shapes and types without the layout are refused and leave the data as it was.
+    #[test]
+    fn packing_refuses_what_it_cannot_lay_out() {
+        let mut rng = Rng::new(44);
+        let w: Vec<u8> = (0..ROWS16).flat_map(|_| quantized(Q4_1, &random_row(&mut rng, 64))).collect();
+        let mut p = w.clone();
+        let mut s = vec![0u8; w.len()];
+        assert!(pack_in_place(Q4_0, ROWS16, 64, &mut p, &mut s).is_err(), "Q4_0 has no rows16 layout");
+        assert!(pack_in_place(Q4_1, 15, 64, &mut p, &mut s).is_err(), "15 rows are not a group");
+        assert!(pack_in_place(Q4_1, ROWS16, 48, &mut p, &mut s).is_err(), "48 columns are not whole blocks");
+        assert!(pack_in_place(Q4_1, 2 * ROWS16, 64, &mut p, &mut s).is_err(), "the data holds one group, not two");
+        assert!(pack_in_place(Q4_1, ROWS16, 64, &mut p, &mut s[..w.len() - 1]).is_err(), "the scratch is a byte short");
+        assert_eq!(p, w);
+        let e = pack_in_place(Q4_0, ROWS16, 64, &mut p, &mut s).unwrap_err();
+        assert!(std::format!("{e}").contains("rows16"), "{e}");
+    }
+}
