@@ -664,7 +664,7 @@ fn embed(model: &Model<'_>, kern: &Kernels, tokens: &[u32], x: &mut [f32]) {
     let e = model.hp.n_embd;
     for (i, &t) in tokens.iter().enumerate() {
         let row = &mut x[i * e..(i + 1) * e];
-        let _ = kern.dequantize_row(model.tok_embd.ty, model.tok_embd.row(t as usize), row);
+        let _ = model.tok_embd.dequantize_row(kern, t as usize, row);
         if model.hp.embd_scale != 1.0 {
             ops::scale(row, model.hp.embd_scale);
         }

@@ -1,5 +1,5 @@
 //! The rows16 layout from the command line: where the kernel set has rows16 kernels
-//! (x86 with AVX-512 VNNI), `keel run` and `keel eval` pack a model's Q4_1 and Q8_0 layer
+//! (x86 with AVX-512 VNNI), `keel run` and `keel eval` pack a model's Q4_0, Q4_1 and Q8_0
 //! matrices when they read the file into memory, and give the tokens and every logits
 //! row (digests) of the plain layout — `--mmap`, whose read-only map of the file is never
 //! packed, and the scalar reference kernels — at one and two threads, for a one-token
@@ -42,14 +42,15 @@ fn packed_matrices_give_the_plain_layouts_bits() {
     let Some(q4_1) = smollm2_path() else { return };
     let keel = env!("CARGO_BIN_EXE_keel");
     let q8_0 = requantized(Path::new(keel), &q4_1, "Q8_0", &scratch());
-    for model in [&q4_1, &q8_0] {
+    let q4_0 = requantized(Path::new(keel), &q4_1, "Q4_0", &scratch());
+    for model in [&q4_1, &q8_0, &q4_0] {
         let name = model.file_name().unwrap().to_string_lossy().to_string();
         for t in ["1", "2"] {
             let packed = keel_run_json(keel, model, &["-t", t], &[]);
             let vnni = packed["kernels"].as_str().unwrap().contains("vnni");
             let n = packed["rows16_matrices"].as_u64().unwrap();
-            // SmolLM2: 30 layers × 7 matrices (its output is the token embedding, not packed).
-            assert_eq!(n, if vnni { 210 } else { 0 }, "{name}: matrices in rows16 with {}", packed["kernels"]);
+            // SmolLM2: 30 layers × 7 matrices and the token embedding (its tied output).
+            assert_eq!(n, if vnni { 211 } else { 0 }, "{name}: matrices in rows16 with {}", packed["kernels"]);
             for (flags, what) in [(&["-t", t, "--mmap"][..], "--mmap"), (&["-t", t, "--reference"][..], "--reference")] {
                 let plain = keel_run_json(keel, model, flags, &[]);
                 assert_eq!(plain["rows16_matrices"].as_u64(), Some(0), "{name} {what}");

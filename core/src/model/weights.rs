@@ -40,6 +40,14 @@ impl<'m> Tensor<'m> {
         self.cols / self.ty.block_size() * self.ty.type_size()
     }
 
+    /// Row `r` dequantized into `out` (`cols` floats), in either layout.
+    pub fn dequantize_row(&self, k: &crate::quant::Kernels, r: usize, out: &mut [f32]) -> Result<(), crate::quant::Unsupported> {
+        match self.layout {
+            Layout::Plain => k.dequantize_row(self.ty, self.row(r), out),
+            Layout::Rows16 => crate::quant::rows16::dequantize_row(k, self.ty, self.cols, self.data, r, out),
+        }
+    }
+
     /// The bytes of row `r` (of a [`Layout::Plain`] matrix).
     pub fn row(&self, r: usize) -> &'m [u8] {
         debug_assert!(self.layout == Layout::Plain, "row() of a rows16 matrix");

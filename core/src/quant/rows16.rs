@@ -13,6 +13,8 @@
 //! - **Q8_0** (34 bytes a block, 544 a group block): the sixteen f16 `d` (0..32), then
 //!   eight chunks `j` of 64 bytes (32 + 64j..) whose byte `4r + i` is row `r`'s weight
 //!   `4j + i`.
+//! - **Q4_0** (18 bytes a block, 288 a group block): the sixteen f16 `d` (0..32), then four
+//!   chunks as Q4_1's (32 + 64c..).
 //!
 //! A host packs a matrix in place ([`pack_in_place`]) where the kernel set has the
 //! layout's kernels ([`Kernels::dot_rows16_fn`]) and marks it so that the model's tensor
@@ -26,7 +28,7 @@ pub const ROWS16: usize = 16;
 
 /// Whether `ty` has a rows16 layout.
 pub fn has_layout(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0)
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
 }
 
 /// Packs one group: [`ROWS16`] plain rows of `nb` blocks (row `r` at `src[r * wrow..]`)
@@ -73,9 +75,35 @@ pub fn pack_in_place(ty: GgmlType, rows: usize, cols: usize, data: &mut [u8], sc
     Ok(())
 }
 
+/// Row `r` of a `cols`-column matrix of `ty` held in the rows16 layout in `data`,
+/// dequantized into `out` (`cols` floats): each block gathered back to its plain bytes,
+/// then dequantized as the plain row's block is (the same floats).
+pub fn dequantize_row(k: &Kernels, ty: GgmlType, cols: usize, data: &[u8], r: usize, out: &mut [f32]) -> Result<(), Unsupported> {
+    let bad = Unsupported { ty, reason: Reason::NoRows16 };
+    let (bs, n) = (ty.type_size(), ty.block_size());
+    if !has_layout(ty) || !cols.is_multiple_of(n) || out.len() != cols {
+        return Err(bad);
+    }
+    let gb = ROWS16 * bs;
+    let group = data.get((r / ROWS16) * ROWS16 * (cols / n) * bs..).ok_or(bad)?;
+    let (i, scales) = (r % ROWS16, if ty == GgmlType::Q4_1 { 2 } else { 1 });
+    let mut b = [0u8; 34];
+    for (kb, o) in out.chunks_exact_mut(n).enumerate() {
+        let g = group.get(kb * gb..(kb + 1) * gb).ok_or(bad)?;
+        for s in 0..scales {
+            b[2 * s..2 * s + 2].copy_from_slice(&g[32 * s + 2 * i..32 * s + 2 * i + 2]);
+        }
+        for c in 0..(bs - 2 * scales) / 4 {
+            b[2 * scales + 4 * c..2 * scales + 4 * c + 4].copy_from_slice(&g[32 * scales + 64 * c + 4 * i..32 * scales + 64 * c + 4 * i + 4]);
+        }
+        k.dequantize_row(ty, &b[..bs], o)?;
+    }
+    Ok(())
+}
+
 impl Kernels {
     /// The rows16 kernel of weight type `wtype` ([`Rows16Fn`]), where this kernel set
-    /// has one: x86 with AVX-512 VNNI, Q4_1 and Q8_0.
+    /// has one: x86 with AVX-512 VNNI, Q4_0, Q4_1 and Q8_0.
     pub fn dot_rows16_fn(&self, wtype: GgmlType) -> Option<Rows16Fn> {
         self.t.dot_rows16.get(wtype)
     }
@@ -107,7 +135,7 @@ mod tests {
     use std::{vec, vec::Vec};
 
     use super::*;
-    use crate::ggml_type::GgmlType::{Q4_0, Q4_1, Q8_0};
+    use crate::ggml_type::GgmlType::{Q4_0, Q4_1, Q5_0, Q8_0};
     use crate::quant::tests::{activations, fast_kernel_sets, quantized, random_row, Rng};
 
     /// Every row of every group of a packed matrix gets the plain dot's bits, for every
@@ -117,7 +145,7 @@ mod tests {
         let mut rng = Rng::new(41);
         let mut checked = 0;
         for k in fast_kernel_sets() {
-            for ty in [Q4_1, Q8_0] {
+            for ty in [Q4_0, Q4_1, Q8_0] {
                 let Some(f) = k.dot_rows16_fn(ty) else { continue };
                 let dot = k.dot_fn(ty).unwrap();
                 let vdt = Kernels::vec_dot_type(ty).unwrap();
@@ -154,7 +182,7 @@ mod tests {
     fn packing_puts_each_byte_where_the_layout_says() {
         let mut rng = Rng::new(43);
         let n = 64;
-        for ty in [Q4_1, Q8_0] {
+        for ty in [Q4_0, Q4_1, Q8_0] {
             let w: Vec<u8> = (0..ROWS16).flat_map(|_| quantized(ty, &random_row(&mut rng, n))).collect();
             let (bs, wrow) = (ty.type_size(), w.len() / ROWS16);
             let scales = if ty == Q4_1 { 2 } else { 1 };
@@ -175,6 +203,28 @@ mod tests {
         }
     }
 
+    /// A packed matrix's rows dequantize to the plain rows' floats.
+    #[test]
+    fn packed_rows_dequantize_as_plain_rows() {
+        let mut rng = Rng::new(45);
+        let k = &fast_kernel_sets()[0];
+        for ty in [Q4_0, Q4_1, Q8_0] {
+            let (rows, n) = (2 * ROWS16, 96);
+            let w: Vec<u8> = (0..rows).flat_map(|_| quantized(ty, &random_row(&mut rng, n))).collect();
+            let wrow = w.len() / rows;
+            let mut p = w.clone();
+            pack_in_place(ty, rows, n, &mut p, &mut vec![0u8; ROWS16 * wrow]).unwrap();
+            for r in 0..rows {
+                let (mut want, mut got) = (vec![0.0f32; n], vec![f32::NAN; n]);
+                k.dequantize_row(ty, &w[r * wrow..(r + 1) * wrow], &mut want).unwrap();
+                dequantize_row(k, ty, n, &p, r, &mut got).unwrap();
+                assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{ty} row {r}");
+            }
+            assert!(dequantize_row(k, ty, n, &p, rows, &mut vec![0.0; n]).is_err(), "{ty}: a row past the matrix");
+            assert!(dequantize_row(k, ty, n, &p, 0, &mut vec![0.0; n - 1]).is_err(), "{ty}: an output of the wrong length");
+        }
+    }
+
     /// Shapes and types without the layout are refused and leave the data as it was.
     #[test]
     fn packing_refuses_what_it_cannot_lay_out() {
@@ -182,13 +232,13 @@ mod tests {
         let w: Vec<u8> = (0..ROWS16).flat_map(|_| quantized(Q4_1, &random_row(&mut rng, 64))).collect();
         let mut p = w.clone();
         let mut s = vec![0u8; w.len()];
-        assert!(pack_in_place(Q4_0, ROWS16, 64, &mut p, &mut s).is_err(), "Q4_0 has no rows16 layout");
+        assert!(pack_in_place(Q5_0, ROWS16, 64, &mut p, &mut s).is_err(), "Q5_0 has no rows16 layout");
         assert!(pack_in_place(Q4_1, 15, 64, &mut p, &mut s).is_err(), "15 rows are not a group");
         assert!(pack_in_place(Q4_1, ROWS16, 48, &mut p, &mut s).is_err(), "48 columns are not whole blocks");
         assert!(pack_in_place(Q4_1, 2 * ROWS16, 64, &mut p, &mut s).is_err(), "the data holds one group, not two");
         assert!(pack_in_place(Q4_1, ROWS16, 64, &mut p, &mut s[..w.len() - 1]).is_err(), "the scratch is a byte short");
         assert_eq!(p, w);
-        let e = pack_in_place(Q4_0, ROWS16, 64, &mut p, &mut s).unwrap_err();
+        let e = pack_in_place(Q5_0, ROWS16, 64, &mut p, &mut s).unwrap_err();
         assert!(std::format!("{e}").contains("rows16"), "{e}");
     }
 }

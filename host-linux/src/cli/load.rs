@@ -67,12 +67,13 @@ pub fn open_to_run(model: &str) -> Result<Opened> {
     Ok(Opened { path, file, rows16: Vec::new() })
 }
 
-/// Whether a tensor called `name` is a matrix only the model's matrix products read: a
-/// layer's attention (q, k, v, output) or feed-forward (gate, up, down) projection, or a
-/// separate `output.weight`.
+/// Whether a tensor called `name` is a matrix the CPU engine reads only through its
+/// matrix products and `Tensor::dequantize_row`: a layer's attention (q, k, v, output) or
+/// feed-forward (gate, up, down) projection, the output projection, or the token
+/// embedding (a tied output's matrix).
 fn rows16_role(name: &[u8]) -> bool {
     const LAYER: [&[u8]; 7] = [b".attn_q.weight", b".attn_k.weight", b".attn_v.weight", b".attn_output.weight", b".ffn_gate.weight", b".ffn_up.weight", b".ffn_down.weight"];
-    name == b"output.weight" || (name.starts_with(b"blk.") && LAYER.iter().any(|s| name.ends_with(s)))
+    name == b"output.weight" || name == b"token_embd.weight" || (name.starts_with(b"blk.") && LAYER.iter().any(|s| name.ends_with(s)))
 }
 
 /// Whether a file of `size` bytes may be read into memory when `available` bytes are
@@ -103,10 +104,10 @@ impl Opened {
     }
 
     /// Rearranges, in place, the matrices the kernel set `k` has rows16 kernels for
-    /// (`keel_core::quant::rows16`: Q4_1 and Q8_0 with AVX-512 VNNI): every layer's
-    /// attention and feed-forward projections and a separate `output.weight`, when their
-    /// rows come in whole groups of 16. The token embedding stays as it is (it is read a
-    /// row at a time). Only a private copy of the file is written (not a map: `--mmap`, or
+    /// (`keel_core::quant::rows16`: Q4_0, Q4_1 and Q8_0 with AVX-512 VNNI): every layer's
+    /// attention and feed-forward projections, the output projection and the token
+    /// embedding (the output of a tied model; its rows are looked up through
+    /// `Tensor::dequantize_row`), when their rows come in whole groups of 16. Only a private copy of the file is written (not a map: `--mmap`, or
     /// a file larger than the memory available); the file itself never is. Call before
     /// [`Opened::gguf`], once, and run the model with `k` only: the one-token products
     /// then stream each group of 16 rows as one run of bytes without shuffles (BENCHMARKS.md,

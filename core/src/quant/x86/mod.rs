@@ -345,6 +345,8 @@ rows16_wrapper!(/// AVX-512 VNNI Q4_1 · Q8_1, one rows16 group (each output as 
     rows16_q4_1_q8_1, rows16::q4_1_q8_1_group, 20, 36);
 rows16_wrapper!(/// AVX-512 VNNI Q8_0 · Q8_0, one rows16 group (each output as [`vec_dot_q8_0_q8_0`]).
     rows16_q8_0_q8_0, rows16::q8_0_q8_0_group, 34, 34);
+rows16_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0, one rows16 group (each output as [`vec_dot_q4_0_q8_0`]).
+    rows16_q4_0_q8_0, rows16::q4_0_q8_0_group, 18, 34);
 
 rows_wrapper!(/// AVX2 Q4_0 · Q8_0, 8 rows (each output as [`vec_dot_q4_0_q8_0`]).
     rows_q4_0_q8_0, qdot::q4_0_q8_0_rows, 32, 18, 34);
@@ -545,6 +547,7 @@ const fn build(flags: usize) -> KernelTable {
     if vnni {
         t.dot_rows16.q4_1 = Some(rows16_q4_1_q8_1);
         t.dot_rows16.q8_0 = Some(rows16_q8_0_q8_0);
+        t.dot_rows16.q4_0 = Some(rows16_q4_0_q8_0);
         t.dot_tile_rows16.q8_0 = DotTile::entry_with_rest(tile_q8_0_q8_0_lanes_rows16, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q8_0_q8_0_lanes16_rows16, LANES_REST_TOKENS);
     }
     t.dot_rows.mxfp4 = Some(rows!(rows_mxfp4_q8_0));
