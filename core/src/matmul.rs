@@ -207,6 +207,10 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
     });
 }
 
+/// Tokens per call of a rows16 kernel in a batch (Q4_0's unpacks each block once for
+/// eight of them).
+const ROWS16_TOKENS: usize = 16;
+
 /// Groups of 16 rows per call of a rows16 tile (the Q8_0 lanes tile shares each token's
 /// staged activation between four).
 const ROWS16_TILE_GROUPS: usize = 4;
@@ -246,13 +250,17 @@ fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
                 i += tt;
             }
         }
+        // The rest: up to ROWS16_TOKENS tokens per call, each group's while it is in cache.
         for g in range {
             let wg = &w.data[g * gb..(g + 1) * gb];
-            for j in i..n {
-                let mut o = [0.0f32; ROWS16];
-                f(cols, wg, &xq[j * rb..(j + 1) * rb], &mut o);
-                // SAFETY: rows g·16.. of every token belong to this task alone.
-                unsafe { out.slice(j * rows + g * ROWS16, ROWS16) }.copy_from_slice(&o);
+            for j in (i..n).step_by(ROWS16_TOKENS) {
+                let tt = ROWS16_TOKENS.min(n - j);
+                let mut o = [0.0f32; ROWS16_TOKENS * ROWS16];
+                f(cols, wg, &xq[j * rb..(j + tt) * rb], rb, tt, &mut o[..tt * ROWS16], ROWS16);
+                for (ti, orow) in o[..tt * ROWS16].chunks_exact(ROWS16).enumerate() {
+                    // SAFETY: rows g·16.. of every token belong to this task alone.
+                    unsafe { out.slice((j + ti) * rows + g * ROWS16, ROWS16) }.copy_from_slice(orow);
+                }
             }
         }
     });
@@ -352,7 +360,7 @@ pub fn matvec_group(k: &Kernels, par: &dyn Parallel, ws: &[&Tensor<'_>], xq: &[u
                 let first = |b: usize| b.clamp(start[i], start[i + 1]).saturating_sub(start[i]).div_ceil(gb.max(1));
                 for g in first(share.start)..first(share.end) {
                     let mut o = [0.0f32; ROWS16];
-                    f(cols, &w.data[g * gb..(g + 1) * gb], xq, &mut o);
+                    f(cols, &w.data[g * gb..(g + 1) * gb], xq, rb, 1, &mut o, ROWS16);
                     // SAFETY: a group starts in exactly one share, so its rows belong to
                     // this task alone.
                     unsafe { out.slice(g * ROWS16, ROWS16) }.copy_from_slice(&o);

@@ -125,9 +125,10 @@ impl Kernels {
 }
 
 /// One group of [`ROWS16`] rows in the rows16 layout (`w`: the group's `16 ×
-/// row_bytes(n)` bytes) against one activation row `a` (quantized to the type's
-/// activation type): `out[r]` gets the bits [`super::DotFn`] gives for plain row `r`.
-pub type Rows16Fn = fn(n: usize, w: &[u8], a: &[u8], out: &mut [f32; ROWS16]);
+/// row_bytes(n)` bytes) against `tokens` activation rows (`a`, `arow` bytes apart,
+/// quantized to the type's activation type): `out[t * ostride + r]` gets the bits
+/// [`super::DotFn`] gives for plain row `r` and token `t`.
+pub type Rows16Fn = fn(n: usize, w: &[u8], a: &[u8], arow: usize, tokens: usize, out: &mut [f32], ostride: usize);
 
 #[cfg(test)]
 mod tests {
@@ -160,7 +161,7 @@ mod tests {
                     let a = activations(&k, vdt, &random_row(&mut rng, n));
                     for g in 0..2 {
                         let mut out = [f32::NAN; ROWS16];
-                        f(n, &p[g * ROWS16 * wrow..(g + 1) * ROWS16 * wrow], &a, &mut out);
+                        f(n, &p[g * ROWS16 * wrow..(g + 1) * ROWS16 * wrow], &a, a.len(), 1, &mut out, ROWS16);
                         for (r, o) in out.iter().enumerate() {
                             let want = dot(n, &w[(g * ROWS16 + r) * wrow..], &a);
                             assert_eq!(o.to_bits(), want.to_bits(), "{} {ty} n={n} group {g} row {r}", k.name());

@@ -326,27 +326,60 @@ macro_rules! rows_wrapper {
     };
 }
 
-/// A rows16 kernel's safe wrapper: checks the slices, then runs `$body` (AVX-512 VNNI).
+/// A rows16 kernel's safe wrapper: checks the slices, then runs `$run` (AVX-512 VNNI)
+/// with `nb`, the pointers and `tokens`, `arow`, `ostride`.
 macro_rules! rows16_wrapper {
-    ($(#[$doc:meta])* $name:ident, $body:path, $wsize:expr, $asize:expr) => {
+    ($(#[$doc:meta])* $name:ident, $wsize:expr, $asize:expr, |$nb:ident, $w:ident, $a:ident, $arow:ident, $tokens:ident, $out:ident, $ostride:ident| $run:block) => {
         $(#[$doc])*
-        fn $name(n: usize, w: &[u8], a: &[u8], out: &mut [f32; crate::quant::rows16::ROWS16]) {
+        fn $name(n: usize, w: &[u8], a: &[u8], arow: usize, tokens: usize, out: &mut [f32], ostride: usize) {
             let nb = n / 32;
             debug_assert!(n % 32 == 0, "rows16: n = {n} is not a multiple of 32");
-            assert!(w.len() >= 16 * nb * $wsize && a.len() >= nb * $asize, "rows16: slices too short");
+            if tokens == 0 {
+                return;
+            }
+            assert!(
+                w.len() >= 16 * nb * $wsize && a.len() >= (tokens - 1) * arow + nb * $asize && ostride >= 16 && out.len() >= (tokens - 1) * ostride + 16,
+                "rows16: slices too short"
+            );
             // SAFETY: only handed out after cpu_has_avx512_vnni() (the table's `vnni`); the
-            // group's blocks, the activation's and the 16 outputs are in bounds (checked).
-            unsafe { $body(nb, w.as_ptr(), a.as_ptr(), out.as_mut_ptr()) }
+            // group's blocks, every token's blocks and outputs are in bounds (checked).
+            unsafe {
+                let ($nb, $w, $a, $arow, $tokens, $out, $ostride) = (nb, w.as_ptr(), a.as_ptr(), arow, tokens, out.as_mut_ptr(), ostride);
+                $run
+            }
         }
     };
 }
 
 rows16_wrapper!(/// AVX-512 VNNI Q4_1 · Q8_1, one rows16 group (each output as [`vec_dot_q4_1_q8_1`]).
-    rows16_q4_1_q8_1, rows16::q4_1_q8_1_group, 20, 36);
+    rows16_q4_1_q8_1, 20, 36, |nb, w, a, arow, tokens, out, ostride| {
+        for t in 0..tokens {
+            rows16::q4_1_q8_1_group(nb, w, a.add(t * arow), out.add(t * ostride));
+        }
+    });
 rows16_wrapper!(/// AVX-512 VNNI Q8_0 · Q8_0, one rows16 group (each output as [`vec_dot_q8_0_q8_0`]).
-    rows16_q8_0_q8_0, rows16::q8_0_q8_0_group, 34, 34);
-rows16_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0, one rows16 group (each output as [`vec_dot_q4_0_q8_0`]).
-    rows16_q4_0_q8_0, rows16::q4_0_q8_0_group, 18, 34);
+    rows16_q8_0_q8_0, 34, 34, |nb, w, a, arow, tokens, out, ostride| {
+        for t in 0..tokens {
+            rows16::q8_0_q8_0_group(nb, w, a.add(t * arow), out.add(t * ostride));
+        }
+    });
+rows16_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0, one rows16 group (each output as [`vec_dot_q4_0_q8_0`]),
+    /// eight tokens at a time.
+    rows16_q4_0_q8_0, 18, 34, |nb, w, a, arow, tokens, out, ostride| {
+        let mut t = 0;
+        while t + 8 <= tokens {
+            rows16::q4_0_q8_0_group::<8>(nb, w, a.add(t * arow), arow, out.add(t * ostride), ostride);
+            t += 8;
+        }
+        if t + 4 <= tokens {
+            rows16::q4_0_q8_0_group::<4>(nb, w, a.add(t * arow), arow, out.add(t * ostride), ostride);
+            t += 4;
+        }
+        while t < tokens {
+            rows16::q4_0_q8_0_group::<1>(nb, w, a.add(t * arow), arow, out.add(t * ostride), ostride);
+            t += 1;
+        }
+    });
 
 rows_wrapper!(/// AVX2 Q4_0 · Q8_0, 8 rows (each output as [`vec_dot_q4_0_q8_0`]).
     rows_q4_0_q8_0, qdot::q4_0_q8_0_rows, 32, 18, 34);

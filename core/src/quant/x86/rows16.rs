@@ -95,38 +95,45 @@ pub(crate) unsafe fn q8_0_q8_0_group(nb: usize, w: *const u8, a: *const u8, out:
     }
 }
 
-/// Q4_0 · Q8_0 for one rows16 group, in llama.cpp's repacked order (`qdot::q4_0_q8_0`):
-/// per block each row's exact `Σ (q - 8)·y` (as `Σ q·y - 8·Σ y`, the nibbles unsigned),
-/// then `acc = fma(f32(sum), dw·da, acc)`, one accumulator per row, so `out[r]` has the
-/// bits of row `r`'s dot.
+/// Q4_0 · Q8_0 for one rows16 group against `T` activation rows (`arow` bytes apart), in
+/// llama.cpp's repacked order (`qdot::q4_0_q8_0`): per block each row's exact
+/// `Σ (q - 8)·y` (as `Σ q·y - 8·Σ y`, the nibbles unsigned), then `acc = fma(f32(sum),
+/// dw·da, acc)`, one accumulator per (row, token), so `out[t·ostride + r]` has the bits of
+/// row `r`'s dot with token `t`. The nibbles are unpacked once per block for the `T` tokens.
 ///
 /// # Safety
-/// As [`q4_1_q8_1_group`], with `nb * 288` bytes at `w` and `nb * 34` at `a`.
+/// As [`q4_1_q8_1_group`], with `nb * 288` bytes at `w`, `nb * 34` at `a + t·arow` and
+/// 16 floats at `out + t·ostride` for each `t < T`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn q4_0_q8_0_group(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
+pub(crate) unsafe fn q4_0_q8_0_group<const T: usize>(nb: usize, w: *const u8, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
     // SAFETY: the caller's contract; activation layout d@0 qs@2.
     unsafe {
         let m4 = _mm512_set1_epi8(0x0F);
-        let mut acc = _mm512_setzero_ps();
+        let mut acc = [_mm512_setzero_ps(); T];
         for k in 0..nb {
             let g = w.add(k * GROUP_BLOCK_BYTES_Q4_0);
-            let ab = a.add(k * 34);
-            let da = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
-            let d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(g.cast())), da);
-            // -8·Σ y over the block, in every lane: the sums' starting value.
-            let cy = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(8), _mm256_loadu_si256(ab.add(2).cast()));
-            let c = _mm_add_epi32(_mm256_castsi256_si128(cy), _mm256_extracti128_si256::<1>(cy));
-            let c = _mm_add_epi32(c, _mm_shuffle_epi32::<0b01_00_11_10>(c));
-            let c = _mm_add_epi32(c, _mm_shuffle_epi32::<0b10_11_00_01>(c));
-            let mut s = [_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_broadcastd_epi32(c)), _mm512_setzero_si512()];
-            for c in 0..4 {
-                let q = _mm512_loadu_si512(g.add(32 + 64 * c).cast());
-                let (lo, hi) = (_mm512_and_si512(q, m4), _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4));
-                s[0] = _mm512_dpbusd_epi32(s[0], lo, _mm512_set1_epi32(rd32(ab.add(2 + 4 * c))));
-                s[1] = _mm512_dpbusd_epi32(s[1], hi, _mm512_set1_epi32(rd32(ab.add(18 + 4 * c))));
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(g.cast()));
+            let q: [__m512i; 4] = core::array::from_fn(|c| _mm512_loadu_si512(g.add(32 + 64 * c).cast()));
+            let lo = q.map(|q| _mm512_and_si512(q, m4));
+            let hi = q.map(|q| _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4));
+            for (t, acc) in acc.iter_mut().enumerate() {
+                let ab = a.add(t * arow + k * 34);
+                let da = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
+                // -8·Σ y over the block, in every lane: the sums' starting value.
+                let cy = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(8), _mm256_loadu_si256(ab.add(2).cast()));
+                let c = _mm_add_epi32(_mm256_castsi256_si128(cy), _mm256_extracti128_si256::<1>(cy));
+                let c = _mm_add_epi32(c, _mm_shuffle_epi32::<0b01_00_11_10>(c));
+                let c = _mm_add_epi32(c, _mm_shuffle_epi32::<0b10_11_00_01>(c));
+                let mut s = [_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_broadcastd_epi32(c)), _mm512_setzero_si512()];
+                for c in 0..4 {
+                    s[0] = _mm512_dpbusd_epi32(s[0], lo[c], _mm512_set1_epi32(rd32(ab.add(2 + 4 * c))));
+                    s[1] = _mm512_dpbusd_epi32(s[1], hi[c], _mm512_set1_epi32(rd32(ab.add(18 + 4 * c))));
+                }
+                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s[0], s[1])), _mm512_mul_ps(dw, da), *acc);
             }
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s[0], s[1])), d, acc);
         }
-        _mm512_storeu_ps(out, acc);
+        for (t, acc) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out.add(t * ostride), *acc);
+        }
     }
 }
