@@ -1,12 +1,13 @@
 //! The rows16 layout from the command line: where the kernel set has rows16 kernels
-//! (x86 with AVX-512 VNNI), `keel run` and `keel eval` pack a model's Q4_0, Q4_1 and Q8_0
-//! matrices when they read the file into memory, and give the tokens and every logits
-//! row (digests) of the plain layout — `--mmap`, whose read-only map of the file is never
-//! packed, and the scalar reference kernels — at one and two threads, for a one-token
-//! decode, a 24-token prompt (the narrower tile and single tokens) and a 90-token one
-//! (whole 32-token tiles). Elsewhere nothing is packed (the count says 0).
+//! (x86 with AVX-512 VNNI), `keel run` and `keel eval` pack a model's Q4_0, Q4_1, Q5_0 and
+//! Q8_0 matrices when they read the file into memory (SmolLM2 in Q4_1, Q8_0 and Q4_0,
+//! Gemma 3 270M), and give the tokens and every logits row (digests) of the plain layout —
+//! `--mmap`, whose read-only map of the file is never packed, and the scalar reference
+//! kernels — at one and two threads, for a one-token decode, a 24-token prompt (the
+//! narrower tile and single tokens) and a 90-token one (whole 32-token tiles). Elsewhere
+//! nothing is packed (the count says 0).
 
-use keel_test_support::{keel_command, keel_run_json, requantized, smollm2_path};
+use keel_test_support::{gemma3_path, keel_command, keel_run_json, requantized, smollm2_path};
 use std::path::{Path, PathBuf};
 
 fn scratch() -> PathBuf {
@@ -43,14 +44,16 @@ fn packed_matrices_give_the_plain_layouts_bits() {
     let keel = env!("CARGO_BIN_EXE_keel");
     let q8_0 = requantized(Path::new(keel), &q4_1, "Q8_0", &scratch());
     let q4_0 = requantized(Path::new(keel), &q4_1, "Q4_0", &scratch());
-    for model in [&q4_1, &q8_0, &q4_0] {
+    let Some(gemma) = gemma3_path() else { return };
+    // SmolLM2: 30 layers × 7 matrices and the token embedding (its tied output); Gemma 3
+    // 270M Q4_K_M: its 81 Q5_0 and 10 Q8_0 matrices (the token embedding among them).
+    for (model, count) in [(&q4_1, 211), (&q8_0, 211), (&q4_0, 211), (&gemma, 91)] {
         let name = model.file_name().unwrap().to_string_lossy().to_string();
         for t in ["1", "2"] {
             let packed = keel_run_json(keel, model, &["-t", t], &[]);
             let vnni = packed["kernels"].as_str().unwrap().contains("vnni");
             let n = packed["rows16_matrices"].as_u64().unwrap();
-            // SmolLM2: 30 layers × 7 matrices and the token embedding (its tied output).
-            assert_eq!(n, if vnni { 211 } else { 0 }, "{name}: matrices in rows16 with {}", packed["kernels"]);
+            assert_eq!(n, if vnni { count } else { 0 }, "{name}: matrices in rows16 with {}", packed["kernels"]);
             for (flags, what) in [(&["-t", t, "--mmap"][..], "--mmap"), (&["-t", t, "--reference"][..], "--reference")] {
                 let plain = keel_run_json(keel, model, flags, &[]);
                 assert_eq!(plain["rows16_matrices"].as_u64(), Some(0), "{name} {what}");

@@ -413,7 +413,7 @@ fn bench_rows16() {
     use crate::quant::rows16::{pack_in_place, ROWS16};
     let mut rng = Rng::new(13);
     for k in super::tests::fast_kernel_sets() {
-        for ty in [Q4_0, Q4_1, Q8_0] {
+        for ty in [Q4_0, Q4_1, Q5_0, Q8_0] {
             let (Some(f), Some(rows_fn)) = (k.dot_rows16_fn(ty), k.dot_rows_fn(ty)) else { continue };
             let atype = Kernels::vec_dot_type(ty).unwrap();
             for cols in [576usize, 2048] {

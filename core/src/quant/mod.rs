@@ -235,7 +235,7 @@ impl core::fmt::Display for Unsupported {
             Reason::NotActivationType => write!(f, "{ty} is not an activation (vec dot) type"),
             Reason::NoDequantize => write!(f, "dequantizing {ty} is not supported"),
             Reason::NoQuantize => write!(f, "quantizing to {ty} is not supported"),
-            Reason::NoRows16 => write!(f, "{ty}: no rows16 layout for this matrix (types Q4_0, Q4_1 and Q8_0, rows in whole groups of 16)"),
+            Reason::NoRows16 => write!(f, "{ty}: no rows16 layout for this matrix (types Q4_0, Q4_1, Q5_0 and Q8_0, rows in whole groups of 16)"),
             Reason::RowShape { n, bytes } => write!(
                 f,
                 "{ty}: a row of {n} elements does not fit {bytes} bytes \

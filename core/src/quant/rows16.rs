@@ -15,6 +15,9 @@
 //!   `4j + i`.
 //! - **Q4_0** (18 bytes a block, 288 a group block): the sixteen f16 `d` (0..32), then four
 //!   chunks as Q4_1's (32 + 64c..).
+//! - **Q5_0** (22 bytes a block, 352 a group block): the sixteen f16 `d` (0..32), the
+//!   sixteen rows' `qh` (32..96: row `r`'s four bytes at `32 + 4r`, so one vector holds
+//!   every row's fifth bits in its lanes), then four chunks of `qs` as Q4_1's (96 + 64c..).
 //!
 //! A host packs a matrix in place ([`pack_in_place`]) where the kernel set has the
 //! layout's kernels ([`Kernels::dot_rows16_fn`]) and marks it so that the model's tensor
@@ -28,7 +31,7 @@ pub const ROWS16: usize = 16;
 
 /// Whether `ty` has a rows16 layout.
 pub fn has_layout(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0)
 }
 
 /// Packs one group: [`ROWS16`] plain rows of `nb` blocks (row `r` at `src[r * wrow..]`)
@@ -103,7 +106,7 @@ pub fn dequantize_row(k: &Kernels, ty: GgmlType, cols: usize, data: &[u8], r: us
 
 impl Kernels {
     /// The rows16 kernel of weight type `wtype` ([`Rows16Fn`]), where this kernel set
-    /// has one: x86 with AVX-512 VNNI, Q4_0, Q4_1 and Q8_0.
+    /// has one: x86 with AVX-512 VNNI, Q4_0, Q4_1, Q5_0 and Q8_0.
     pub fn dot_rows16_fn(&self, wtype: GgmlType) -> Option<Rows16Fn> {
         self.t.dot_rows16.get(wtype)
     }
@@ -111,7 +114,7 @@ impl Kernels {
     /// A tile over a matrix in the rows16 layout (its `w` the packed rows, `wrow` the
     /// plain row length in bytes; otherwise as [`Kernels::dot_tile_fn`]: every output the
     /// bits of the type's dot), where this kernel set has one: x86 with AVX-512 VNNI, Q8_0
-    /// (its rows-in-lanes tile reading the layout without transposing). Where there is
+    /// and Q5_0 (their rows-in-lanes tiles reading the layout without transposing). Where there is
     /// none, a batch takes [`Kernels::dot_rows16_fn`] token by token.
     pub fn dot_tile_rows16_fn(&self, wtype: GgmlType) -> Option<super::DotTile> {
         self.t.dot_tile_rows16.get(wtype)
@@ -136,7 +139,7 @@ mod tests {
     use std::{vec, vec::Vec};
 
     use super::*;
-    use crate::ggml_type::GgmlType::{Q4_0, Q4_1, Q5_0, Q8_0};
+    use crate::ggml_type::GgmlType::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
     use crate::quant::tests::{activations, fast_kernel_sets, quantized, random_row, Rng};
 
     /// Every row of every group of a packed matrix gets the plain dot's bits, for every
@@ -146,7 +149,7 @@ mod tests {
         let mut rng = Rng::new(41);
         let mut checked = 0;
         for k in fast_kernel_sets() {
-            for ty in [Q4_0, Q4_1, Q8_0] {
+            for ty in [Q4_0, Q4_1, Q5_0, Q8_0] {
                 let Some(f) = k.dot_rows16_fn(ty) else { continue };
                 let dot = k.dot_fn(ty).unwrap();
                 let vdt = Kernels::vec_dot_type(ty).unwrap();
@@ -183,7 +186,7 @@ mod tests {
     fn packing_puts_each_byte_where_the_layout_says() {
         let mut rng = Rng::new(43);
         let n = 64;
-        for ty in [Q4_0, Q4_1, Q8_0] {
+        for ty in [Q4_0, Q4_1, Q5_0, Q8_0] {
             let w: Vec<u8> = (0..ROWS16).flat_map(|_| quantized(ty, &random_row(&mut rng, n))).collect();
             let (bs, wrow) = (ty.type_size(), w.len() / ROWS16);
             let scales = if ty == Q4_1 { 2 } else { 1 };
@@ -209,7 +212,7 @@ mod tests {
     fn packed_rows_dequantize_as_plain_rows() {
         let mut rng = Rng::new(45);
         let k = &fast_kernel_sets()[0];
-        for ty in [Q4_0, Q4_1, Q8_0] {
+        for ty in [Q4_0, Q4_1, Q5_0, Q8_0] {
             let (rows, n) = (2 * ROWS16, 96);
             let w: Vec<u8> = (0..rows).flat_map(|_| quantized(ty, &random_row(&mut rng, n))).collect();
             let wrow = w.len() / rows;
@@ -233,13 +236,13 @@ mod tests {
         let w: Vec<u8> = (0..ROWS16).flat_map(|_| quantized(Q4_1, &random_row(&mut rng, 64))).collect();
         let mut p = w.clone();
         let mut s = vec![0u8; w.len()];
-        assert!(pack_in_place(Q5_0, ROWS16, 64, &mut p, &mut s).is_err(), "Q5_0 has no rows16 layout");
+        assert!(pack_in_place(Q5_1, ROWS16, 64, &mut p, &mut s).is_err(), "Q5_1 has no rows16 layout");
         assert!(pack_in_place(Q4_1, 15, 64, &mut p, &mut s).is_err(), "15 rows are not a group");
         assert!(pack_in_place(Q4_1, ROWS16, 48, &mut p, &mut s).is_err(), "48 columns are not whole blocks");
         assert!(pack_in_place(Q4_1, 2 * ROWS16, 64, &mut p, &mut s).is_err(), "the data holds one group, not two");
         assert!(pack_in_place(Q4_1, ROWS16, 64, &mut p, &mut s[..w.len() - 1]).is_err(), "the scratch is a byte short");
         assert_eq!(p, w);
-        let e = pack_in_place(Q5_0, ROWS16, 64, &mut p, &mut s).unwrap_err();
+        let e = pack_in_place(Q5_1, ROWS16, 64, &mut p, &mut s).unwrap_err();
         assert!(std::format!("{e}").contains("rows16"), "{e}");
     }
 }

@@ -1151,7 +1151,7 @@ fn activation_rounding_is_rintf_everywhere() {
 /// A matrix packed in the rows16 layout gives, in `matmul` (batches of 1 to 20 and 64
 /// tokens, one to five tasks in any order) and in a `matvec_group` beside plain
 /// matrices, every (token, row) the bits the plain matrix gives: for each kernel set
-/// with rows16 kernels, Q4_0, Q4_1 and Q8_0, with a product past `matmul::BALANCE_BYTES` (one
+/// with rows16 kernels, Q4_0, Q4_1, Q5_0 and Q8_0, with a product past `matmul::BALANCE_BYTES` (one
 /// token in parts) among them.
 #[test]
 fn rows16_matrices_give_the_plain_matrices_bits() {
@@ -1162,7 +1162,7 @@ fn rows16_matrices_give_the_plain_matrices_bits() {
     let mut rng = Rng::new(30);
     let mut checked = 0;
     for k in fast_kernel_sets() {
-        for (ty, rows, cols) in [(Q4_1, 48usize, 96usize), (Q4_0, 48, 576), (Q8_0, 80, 576), (Q8_0, 4096, 1024)] {
+        for (ty, rows, cols) in [(Q4_1, 48usize, 96usize), (Q4_0, 48, 576), (Q5_0, 80, 640), (Q8_0, 80, 576), (Q8_0, 4096, 1024)] {
             if !k.packs_rows16(ty, rows) {
                 continue;
             }
@@ -1206,7 +1206,7 @@ fn rows16_matrices_give_the_plain_matrices_bits() {
     }
     #[cfg(target_arch = "x86_64")]
     if crate::quant::x86::cpu_has_avx512_vnni() {
-        assert!(checked >= 4, "the AVX-512 VNNI sets pack Q4_0, Q4_1 and Q8_0");
+        assert!(checked >= 5, "the AVX-512 VNNI sets pack Q4_0, Q4_1, Q5_0 and Q8_0");
     }
     let _ = checked;
 }

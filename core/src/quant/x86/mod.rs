@@ -216,6 +216,10 @@ tile_wrapper!(/// [`tile_q8_0_q8_0_lanes`] for 16 tokens (a chunk's tokens after
     tile_q8_0_q8_0_lanes16, panel qtile::q8_0_q8_0_lanes::<{ qtile::LANES_REST_TOKENS }>, 32, 34, 34, qtile::LANES_TILE_ROWS, qtile::LANES_REST_TOKENS, cpu_has_avx512_vnni);
 tile_wrapper!(/// [`tile_q8_0_q8_0_lanes`] over a matrix in the rows16 layout (`quant::rows16`).
     tile_q8_0_q8_0_lanes_rows16, panel qtile::q8_0_q8_0_lanes_rows16::<{ qtile::LANES_TILE_TOKENS }>, 32, 34, 34, qtile::LANES_TILE_ROWS, qtile::LANES_TILE_TOKENS, cpu_has_avx512_vnni);
+tile_wrapper!(/// [`tile_q5_0_q8_0_lanes`] over a matrix in the rows16 layout (`quant::rows16`).
+    tile_q5_0_q8_0_lanes_rows16, panel qtile::q5_0_q8_0_lanes_rows16::<{ qtile::LANES_TILE_TOKENS }>, 32, 22, 34, qtile::LANES_TILE_ROWS, qtile::LANES_TILE_TOKENS, cpu_has_avx512_vnni);
+tile_wrapper!(/// [`tile_q5_0_q8_0_lanes_rows16`] for 16 tokens (a chunk's tokens after its last whole tile).
+    tile_q5_0_q8_0_lanes16_rows16, panel qtile::q5_0_q8_0_lanes_rows16::<{ qtile::LANES_REST_TOKENS }>, 32, 22, 34, qtile::LANES_TILE_ROWS, qtile::LANES_REST_TOKENS, cpu_has_avx512_vnni);
 tile_wrapper!(/// [`tile_q8_0_q8_0_lanes_rows16`] for 16 tokens (a chunk's tokens after its last whole tile).
     tile_q8_0_q8_0_lanes16_rows16, panel qtile::q8_0_q8_0_lanes_rows16::<{ qtile::LANES_REST_TOKENS }>, 32, 34, 34, qtile::LANES_TILE_ROWS, qtile::LANES_REST_TOKENS, cpu_has_avx512_vnni);
 tile_wrapper!(/// AVX-512 VNNI Q5_0 · Q8_0 tile, 16 rows in the lanes of a vector × 32 tokens (each
@@ -361,6 +365,12 @@ rows16_wrapper!(/// AVX-512 VNNI Q8_0 · Q8_0, one rows16 group (each output as 
     rows16_q8_0_q8_0, 34, 34, |nb, w, a, arow, tokens, out, ostride| {
         for t in 0..tokens {
             rows16::q8_0_q8_0_group(nb, w, a.add(t * arow), out.add(t * ostride));
+        }
+    });
+rows16_wrapper!(/// AVX-512 VNNI Q5_0 · Q8_0, one rows16 group (each output as [`vec_dot_q5_0_q8_0`]).
+    rows16_q5_0_q8_0, 22, 34, |nb, w, a, arow, tokens, out, ostride| {
+        for t in 0..tokens {
+            rows16::q5_0_q8_0_group(nb, w, a.add(t * arow), out.add(t * ostride));
         }
     });
 rows16_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0, one rows16 group (each output as [`vec_dot_q4_0_q8_0`]),
@@ -581,6 +591,8 @@ const fn build(flags: usize) -> KernelTable {
         t.dot_rows16.q4_1 = Some(rows16_q4_1_q8_1);
         t.dot_rows16.q8_0 = Some(rows16_q8_0_q8_0);
         t.dot_rows16.q4_0 = Some(rows16_q4_0_q8_0);
+        t.dot_rows16.q5_0 = Some(rows16_q5_0_q8_0);
+        t.dot_tile_rows16.q5_0 = DotTile::entry_with_rest(tile_q5_0_q8_0_lanes_rows16, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q5_0_q8_0_lanes16_rows16, LANES_REST_TOKENS);
         t.dot_tile_rows16.q8_0 = DotTile::entry_with_rest(tile_q8_0_q8_0_lanes_rows16, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q8_0_q8_0_lanes16_rows16, LANES_REST_TOKENS);
     }
     t.dot_rows.mxfp4 = Some(rows!(rows_mxfp4_q8_0));

@@ -514,6 +514,19 @@ unsafe fn lanes_block_q8_0_rows16(w: *const u8, _wrow: usize, i: usize) -> Lanes
     }
 }
 
+/// Q5_0 rows in the rows16 layout (`quant::rows16`: the group of 16 rows at `w`), block
+/// `i`, for [`lanes_tile`]: as [`lanes_block_q5_0`] from the already transposed `qh` and
+/// `qs` (five loads, no transpose).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn lanes_block_q5_0_rows16(w: *const u8, _wrow: usize, i: usize) -> LanesBlock {
+    // SAFETY: the caller guarantees the group's block i (352 bytes) readable.
+    unsafe {
+        let p = w.add(i * 16 * 22);
+        (super::rows16::q5_0_weights(p), _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())))
+    }
+}
+
 /// Q5_0 rows at `w` (`wrow` bytes apart), block `i`, for [`lanes_tile`]: `qh` and the 16
 /// `qs` bytes (5 dwords per row) transposed, then element e's low nibble (byte e of
 /// `qs` for e < 16, its high nibble for e ≥ 16) and its fifth bit (bit e of `qh`, put in
@@ -638,6 +651,14 @@ pub(super) unsafe fn q8_0_q8_0_lanes<const T: usize>(nb: usize, w: *const u8, wr
 pub(super) unsafe fn q8_0_q8_0_lanes_rows16<const T: usize>(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
     // SAFETY: as q8_0_q8_0_lanes (the same bytes per group of rows).
     unsafe { lanes_tile!(nb, w, wrow, rows, a, arow, out, ostride, -128, lanes_block_q8_0_rows16) }
+}
+
+/// [`q5_0_q8_0_lanes`] over a matrix in the rows16 layout (its groups of 16 rows at
+/// `w + 16·g·wrow`, as the plain rows they hold).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn q5_0_q8_0_lanes_rows16<const T: usize>(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: as q5_0_q8_0_lanes (the same bytes per group of rows).
+    unsafe { lanes_tile!(nb, w, wrow, rows, a, arow, out, ostride, 16, lanes_block_q5_0_rows16) }
 }
 
 /// Q5_0 · Q8_0, rows in lanes ([`lanes_tile`]); `rows` a multiple of [`LANES_TILE_ROWS`].

@@ -21,6 +21,8 @@ const GROUP_BLOCK_BYTES: usize = 16 * 20;
 const GROUP_BLOCK_BYTES_Q8_0: usize = 16 * 34;
 /// Bytes of one Q4_0 (group, block): 16 blocks of 18 bytes.
 const GROUP_BLOCK_BYTES_Q4_0: usize = 16 * 18;
+/// Bytes of one Q5_0 (group, block): 16 blocks of 22 bytes.
+const GROUP_BLOCK_BYTES_Q5_0: usize = 16 * 22;
 
 /// Q4_1 · Q8_1 for one rows16 group (`nb` blocks at `w`) against one activation row
 /// (`nb` Q8_1 blocks at `a`): `out[r]` gets row `r`'s dot, the bits of `qdot::q4_1_q8_1`.
@@ -135,5 +137,59 @@ pub(crate) unsafe fn q4_0_q8_0_group<const T: usize>(nb: usize, w: *const u8, a:
         for (t, acc) in acc.iter().enumerate() {
             _mm512_storeu_ps(out.add(t * ostride), *acc);
         }
+    }
+}
+
+/// The Q5_0 weights `q` (0..=31, unsigned) of one rows16 group block at `p` (the layout's
+/// `d`, `qh` and four `qs` chunks): vector `j` holds, in lane `r`, row `r`'s elements
+/// `4j..4j + 4` (their nibble from chunk `j mod 4`, low or high, and their fifth bit from
+/// bits `4j..4j + 4` of the row's `qh` through a 16-entry table of dwords).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn q5_0_weights(p: *const u8) -> [__m512i; 8] {
+    // SAFETY: the caller guarantees 352 readable bytes at p; AVX-512 F/BW available.
+    unsafe {
+        let m4 = _mm512_set1_epi8(0x0F);
+        let table = _mm512_setr_epi32(
+            0, 0x10, 0x1000, 0x1010, 0x10_0000, 0x10_0010, 0x10_1000, 0x10_1010,
+            0x1000_0000, 0x1000_0010, 0x1000_1000, 0x1000_1010, 0x1010_0000, 0x1010_0010, 0x1010_1000, 0x1010_1010,
+        );
+        let h = _mm512_loadu_si512(p.add(32).cast());
+        let q: [__m512i; 4] = core::array::from_fn(|c| _mm512_loadu_si512(p.add(96 + 64 * c).cast()));
+        core::array::from_fn(|j| {
+            let nib = if j < 4 { _mm512_and_si512(q[j], m4) } else { _mm512_and_si512(_mm512_srli_epi16::<4>(q[j - 4]), m4) };
+            let fifth = _mm512_permutexvar_epi32(_mm512_srl_epi32(h, _mm_cvtsi32_si128(4 * j as i32)), table);
+            _mm512_or_si512(nib, fifth)
+        })
+    }
+}
+
+/// Q5_0 · Q8_0 for one rows16 group: `out[r]` gets row `r`'s dot, the bits of
+/// `qdot::q5_0_q8_0` (lane `j` `Σ (q - 16)·y` over elements `4j..4j + 4` as
+/// `Σ q·y - 16·Σ y`: exact integers).
+///
+/// # Safety
+/// As [`q4_1_q8_1_group`], with `nb * 352` bytes at `w` and `nb * 34` at `a`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn q5_0_q8_0_group(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
+    // SAFETY: the caller's contract; activation layout d@0 qs@2.
+    unsafe {
+        let mut acc = [_mm512_setzero_ps(); 8];
+        for k in 0..nb {
+            let g = w.add(k * GROUP_BLOCK_BYTES_Q5_0);
+            let ab = a.add(k * 34);
+            let da = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
+            let d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(g.cast())), da);
+            // -16·Σ y per lane j of the activation block.
+            let mut c = [0i32; 8];
+            _mm256_storeu_si256(c.as_mut_ptr().cast(), super::qdot::neg_k_sums(16, _mm256_loadu_si256(ab.add(2).cast())));
+            let x = q5_0_weights(g);
+            for j in 0..8 {
+                let s = _mm512_dpbusd_epi32(_mm512_set1_epi32(c[j]), x[j], _mm512_set1_epi32(rd32(ab.add(2 + 4 * j))));
+                acc[j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[j]);
+            }
+        }
+        let t = [0, 1, 2, 3].map(|j| _mm512_add_ps(acc[j], acc[j + 4]));
+        _mm512_storeu_ps(out, _mm512_add_ps(_mm512_add_ps(t[0], t[2]), _mm512_add_ps(t[1], t[3])));
     }
 }
