@@ -9,6 +9,19 @@ use super::tests::{fast_kernels, random_row, Rng};
 use super::*;
 use crate::ggml_type::GgmlType::{self, *};
 
+/// ns per call of `f`: the fastest of `rounds` rounds of 20 calls.
+fn fastest_ns(f: &dyn Fn(), rounds: usize) -> f64 {
+    let mut b = u128::MAX;
+    for _ in 0..rounds {
+        let t0 = Instant::now();
+        for _ in 0..20 {
+            f();
+        }
+        b = b.min(t0.elapsed().as_nanos());
+    }
+    b as f64 / 20.0
+}
+
 /// ns per call: rows are timed in chunks of 8 consecutive calls and the fastest chunk
 /// wins (the machine may be shared: a chunk is short enough to run undisturbed often).
 /// Hot: the same 8 rows over and over; streamed: every row of a ~16 MiB matrix in turn.
@@ -263,17 +276,7 @@ fn bench_short_kernels() {
             fast_kernels().unwrap().quantize_activations(atype, &random_row(&mut rng, cols), &mut a[t * arb..(t + 1) * arb]).unwrap();
         }
         for k in super::tests::fast_kernel_sets() {
-            let best = |f: &dyn Fn()| {
-                let mut b = u128::MAX;
-                for _ in 0..2000 {
-                    let t0 = Instant::now();
-                    for _ in 0..20 {
-                        f();
-                    }
-                    b = b.min(t0.elapsed().as_nanos());
-                }
-                b as f64 / 20.0
-            };
+            let best = |f: &dyn Fn()| fastest_ns(f, 2000);
             let name = GgmlType::name(ty);
             if let Some(rows) = k.dot_rows_fn(ty) {
                 let mut o = [0.0f32; DOT_ROWS];
@@ -427,17 +430,7 @@ fn bench_rows16() {
                 pack_in_place(ty, ROWS16, cols, &mut p, &mut std::vec![0u8; w.len()]).unwrap();
                 let mut a = std::vec![0u8; atype.row_bytes(cols as u64).unwrap() as usize];
                 k.quantize_activations(atype, &random_row(&mut rng, cols), &mut a).unwrap();
-                let best = |f: &dyn Fn()| {
-                    let mut b = u128::MAX;
-                    for _ in 0..4000 {
-                        let t0 = Instant::now();
-                        for _ in 0..20 {
-                            f();
-                        }
-                        b = b.min(t0.elapsed().as_nanos());
-                    }
-                    b as f64 / 20.0
-                };
+                let best = |f: &dyn Fn()| fastest_ns(f, 4000);
                 let plain = best(&|| {
                     let mut o = [0.0f32; DOT_ROWS];
                     for h in 0..ROWS16 / DOT_ROWS {

@@ -64,6 +64,34 @@ pub(crate) unsafe fn q4_1_q8_1_group(nb: usize, w: *const u8, a: *const u8, out:
     }
 }
 
+/// The body of the rows16 kernels of llama.cpp's 8-lane types (Q8_0, Q5_0): per block
+/// `k` of the group at `$w` (`$gb` bytes a block), `d = dw·da` for the 16 rows, each lane
+/// `j`'s exact `Σ x·y - o·Σ y` (`$x` the block's unsigned weights `x = q + o` from `|$g|`,
+/// `o` given as `$k` = `-o` as an i8: -128 for Q8_0, 16 for Q5_0) from `-o·Σ y` by one
+/// `vpdpbusd`, then `acc_j = fma(d, f32(sum), acc_j)`; at the end `hsum_ps`'s tree over
+/// the 8 lanes, row `r`'s result in lane `r` of `$out`.
+macro_rules! lanes8_group {
+    ($nb:expr, $w:expr, $a:expr, $out:expr, $gb:expr, $k:expr, |$g:ident| $x:expr) => {{
+        let mut acc = [_mm512_setzero_ps(); 8];
+        for k in 0..$nb {
+            let $g = $w.add(k * $gb);
+            let ab = $a.add(k * 34);
+            let da = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
+            let d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256($g.cast())), da);
+            // -o·Σ y per lane j of the activation block.
+            let mut c = [0i32; 8];
+            _mm256_storeu_si256(c.as_mut_ptr().cast(), super::qdot::neg_k_sums($k, _mm256_loadu_si256(ab.add(2).cast())));
+            let x: [__m512i; 8] = $x;
+            for j in 0..8 {
+                let s = _mm512_dpbusd_epi32(_mm512_set1_epi32(c[j]), x[j], _mm512_set1_epi32(rd32(ab.add(2 + 4 * j))));
+                acc[j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[j]);
+            }
+        }
+        let t = [0, 1, 2, 3].map(|j| _mm512_add_ps(acc[j], acc[j + 4]));
+        _mm512_storeu_ps($out, _mm512_add_ps(_mm512_add_ps(t[0], t[2]), _mm512_add_ps(t[1], t[3])));
+    }};
+}
+
 /// Q8_0 · Q8_0 for one rows16 group: `out[r]` gets row `r`'s dot, the bits of
 /// `qdot::q8_0_q8_0` (lane `j` `Σ w·y` over elements `4j..4j + 4` as
 /// `Σ (w + 128)·y - 128·Σ y`: exact integers).
@@ -76,24 +104,7 @@ pub(crate) unsafe fn q8_0_q8_0_group(nb: usize, w: *const u8, a: *const u8, out:
     // SAFETY: the caller's contract; activation layout d@0 qs@2.
     unsafe {
         let flip = _mm512_set1_epi8(-128);
-        let mut acc = [_mm512_setzero_ps(); 8];
-        for k in 0..nb {
-            let g = w.add(k * GROUP_BLOCK_BYTES_Q8_0);
-            let ab = a.add(k * 34);
-            let da = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
-            let d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(g.cast())), da);
-            // -128·Σ y per lane j of the activation block.
-            let mut c = [0i32; 8];
-            let cy = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(-128), _mm256_loadu_si256(ab.add(2).cast()));
-            _mm256_storeu_si256(c.as_mut_ptr().cast(), _mm256_sub_epi32(_mm256_setzero_si256(), cy));
-            for j in 0..8 {
-                let q = _mm512_xor_si512(_mm512_loadu_si512(g.add(32 + 64 * j).cast()), flip);
-                let s = _mm512_dpbusd_epi32(_mm512_set1_epi32(c[j]), q, _mm512_set1_epi32(rd32(ab.add(2 + 4 * j))));
-                acc[j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[j]);
-            }
-        }
-        let t = [0, 1, 2, 3].map(|j| _mm512_add_ps(acc[j], acc[j + 4]));
-        _mm512_storeu_ps(out, _mm512_add_ps(_mm512_add_ps(t[0], t[2]), _mm512_add_ps(t[1], t[3])));
+        lanes8_group!(nb, w, a, out, GROUP_BLOCK_BYTES_Q8_0, -128, |g| core::array::from_fn(|j| _mm512_xor_si512(_mm512_loadu_si512(g.add(32 + 64 * j).cast()), flip)))
     }
 }
 
@@ -173,23 +184,5 @@ pub(super) unsafe fn q5_0_weights(p: *const u8) -> [__m512i; 8] {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn q5_0_q8_0_group(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
     // SAFETY: the caller's contract; activation layout d@0 qs@2.
-    unsafe {
-        let mut acc = [_mm512_setzero_ps(); 8];
-        for k in 0..nb {
-            let g = w.add(k * GROUP_BLOCK_BYTES_Q5_0);
-            let ab = a.add(k * 34);
-            let da = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
-            let d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(g.cast())), da);
-            // -16·Σ y per lane j of the activation block.
-            let mut c = [0i32; 8];
-            _mm256_storeu_si256(c.as_mut_ptr().cast(), super::qdot::neg_k_sums(16, _mm256_loadu_si256(ab.add(2).cast())));
-            let x = q5_0_weights(g);
-            for j in 0..8 {
-                let s = _mm512_dpbusd_epi32(_mm512_set1_epi32(c[j]), x[j], _mm512_set1_epi32(rd32(ab.add(2 + 4 * j))));
-                acc[j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[j]);
-            }
-        }
-        let t = [0, 1, 2, 3].map(|j| _mm512_add_ps(acc[j], acc[j + 4]));
-        _mm512_storeu_ps(out, _mm512_add_ps(_mm512_add_ps(t[0], t[2]), _mm512_add_ps(t[1], t[3])));
-    }
+    unsafe { lanes8_group!(nb, w, a, out, GROUP_BLOCK_BYTES_Q5_0, 16, |g| q5_0_weights(g)) }
 }
