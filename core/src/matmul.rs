@@ -91,7 +91,8 @@ pub fn matmul(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usi
 /// may depend on the batch (as it does in llama.cpp).
 pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usize, out: &mut [f32], llama_cpp_batches: bool) {
     if w.layout == Layout::Rows16 {
-        // (Its types, Q4_1 and Q8_0, take `dot` in every batch: llama.cpp's order too.)
+        // (Its types, Q4_0, Q4_1, Q5_0 and Q8_0 with whole groups of 16 rows, take `dot`
+        // in every batch: llama.cpp's order too.)
         return matmul_rows16(k, par, w, xq, n, out);
     }
     let Ok(dot) = k.dot_fn(w.ty) else { return };
@@ -314,10 +315,10 @@ pub const GROUP_MAX: usize = 4;
 /// split into equal consecutive shares, each share the groups of [`DOT_ROWS`] rows that
 /// start in it (a matrix's last group may be shorter); a whole group takes the type's
 /// 8-row kernel, any other row its `dot` (a matrix in the rows16 layout: groups of 16
-/// rows, its rows16 kernel). Every output has `dot`'s bits, as in `matmul`.
-/// `outs[m]` receives matrix `m`'s `rows` outputs. Returns false (and computes nothing)
-/// when a matrix has no kernel (or no rows16 kernel for its layout) or another width, the matrices do not share an
-/// activation type, or there are more than [`GROUP_MAX`].
+/// rows, its rows16 kernel). Every output has `dot`'s bits, as in `matmul`. `outs[m]`
+/// receives matrix `m`'s `rows` outputs. Returns false (and computes nothing) when a
+/// matrix has no kernel (or no rows16 kernel for its layout) or another width, the
+/// matrices do not share an activation type, or there are more than [`GROUP_MAX`].
 pub fn matvec_group(k: &Kernels, par: &dyn Parallel, ws: &[&Tensor<'_>], xq: &[u8], outs: &mut [&mut [f32]]) -> bool {
     let m = ws.len();
     if m == 0 || m > GROUP_MAX || outs.len() != m || ws.iter().any(|w| Kernels::vec_dot_type(w.ty) != Kernels::vec_dot_type(ws[0].ty) || w.cols != ws[0].cols || (w.layout == Layout::Rows16 && k.dot_rows16_fn(w.ty).is_none())) {
@@ -353,28 +354,25 @@ pub fn matvec_group(k: &Kernels, par: &dyn Parallel, ws: &[&Tensor<'_>], xq: &[u
         }
         for (i, w) in ws.iter().enumerate() {
             let (Some((dot, rows_fn)), Some(out)) = (dots[i], shared[i].as_ref()) else { continue };
-            if w.layout == Layout::Rows16 {
-                // The groups of 16 rows that start in this share, by the rows16 kernel.
-                let Some(f) = k.dot_rows16_fn(w.ty) else { continue };
-                let gb = ROWS16 * w.row_bytes();
-                let first = |b: usize| b.clamp(start[i], start[i + 1]).saturating_sub(start[i]).div_ceil(gb.max(1));
-                for g in first(share.start)..first(share.end) {
-                    let mut o = [0.0f32; ROWS16];
-                    f(cols, &w.data[g * gb..(g + 1) * gb], xq, rb, 1, &mut o, ROWS16);
-                    // SAFETY: a group starts in exactly one share, so its rows belong to
-                    // this task alone.
-                    unsafe { out.slice(g * ROWS16, ROWS16) }.copy_from_slice(&o);
-                }
-                continue;
-            }
-            let gb = DOT_ROWS * w.row_bytes();
+            // Groups of 16 rows in the rows16 layout (its kernel: checked above), else of
+            // DOT_ROWS.
+            let rows16 = if w.layout == Layout::Rows16 { k.dot_rows16_fn(w.ty) } else { None };
+            let gr = if rows16.is_some() { ROWS16 } else { DOT_ROWS };
+            let gb = gr * w.row_bytes();
             // The groups of matrix i that start in this share.
             let first = |b: usize| b.clamp(start[i], start[i + 1]).saturating_sub(start[i]).div_ceil(gb.max(1));
             let wrb = w.row_bytes();
             for g in first(share.start)..first(share.end) {
-                let (r0, r1) = (g * DOT_ROWS, (g * DOT_ROWS + DOT_ROWS).min(w.rows));
-                match rows_fn {
-                    Some(rows_fn) if r1 - r0 == DOT_ROWS => {
+                let (r0, r1) = (g * gr, (g * gr + gr).min(w.rows));
+                match (rows16, rows_fn) {
+                    (Some(f), _) => {
+                        let mut o = [0.0f32; ROWS16];
+                        f(cols, &w.data[r0 * wrb..r1 * wrb], xq, rb, 1, &mut o, ROWS16);
+                        // SAFETY: a group starts in exactly one share, so its rows belong
+                        // to this task alone.
+                        unsafe { out.slice(r0, ROWS16) }.copy_from_slice(&o);
+                    }
+                    (None, Some(rows_fn)) if r1 - r0 == DOT_ROWS => {
                         let mut o = [0.0f32; DOT_ROWS];
                         rows_fn(cols, &w.data[r0 * wrb..r1 * wrb], wrb, xq, &mut o);
                         // SAFETY: a group starts in exactly one share, so rows r0..r1 of
