@@ -104,14 +104,15 @@ impl Opened {
     }
 
     /// Rearranges, in place, the matrices the kernel set `k` has rows16 kernels for
-    /// (`keel_core::quant::rows16`: Q4_0, Q4_1, Q5_0 and Q8_0 with AVX-512 VNNI): every layer's
-    /// attention and feed-forward projections, the output projection and the token
-    /// embedding (the output of a tied model; its rows are looked up through
-    /// `Tensor::dequantize_row`), when their rows come in whole groups of 16. Only a private copy of the file is written (not a map: `--mmap`, or
-    /// a file larger than the memory available); the file itself never is. Call before
-    /// [`Opened::gguf`], once, and run the model with `k` only: the one-token products
-    /// then stream each group of 16 rows as one run of bytes without shuffles (BENCHMARKS.md,
-    /// "rows16"). Returns how many matrices were packed.
+    /// (`keel_core::quant::rows16`: Q4_0, Q4_1, Q5_0 and Q8_0 with AVX-512 VNNI): every
+    /// layer's attention and feed-forward projections, the output projection and the
+    /// token embedding (the output of a tied model; its rows are looked up through
+    /// `Tensor::dequantize_row`), when their rows come in whole groups of 16. Only a
+    /// private copy of the file is written (not a map: `--mmap`, or a file larger than the
+    /// memory available); the file itself never is. Call before [`Opened::gguf`], once,
+    /// and run the model with `k` only: the one-token products then stream each group of
+    /// 16 rows as one run of bytes without shuffles (BENCHMARKS.md, "rows16"). Returns how
+    /// many matrices were packed.
     pub fn pack_for_cpu(&mut self, k: &Kernels) -> Result<usize> {
         if !self.rows16.is_empty() {
             return Ok(self.rows16.len());
@@ -124,8 +125,7 @@ impl Opened {
             let g = Gguf::parse(self.file.bytes()).map_err(|e| anyhow::anyhow!("{}: {e}", self.path.display()))?;
             // Every tensor's bytes, to leave alone a matrix whose bytes any other tensor
             // shares (a file may point two tensors at the same data).
-            let mut spans: Vec<(u64, u64)> = g.tensors().map(|t| (t.offset, t.offset + t.data.len() as u64)).collect();
-            spans.sort_unstable();
+            let spans: Vec<(u64, u64)> = g.tensors().map(|t| (t.offset, t.offset + t.data.len() as u64)).collect();
             let shared = |a: u64, b: u64| spans.iter().filter(|&&(x, y)| x < b && a < y).count() > 1;
             g.tensors()
                 .filter(|t| t.n_dims == 2 && rows16_role(t.name) && k.packs_rows16(t.ty, t.ne[1] as usize) && !shared(t.offset, t.offset + t.data.len() as u64))
