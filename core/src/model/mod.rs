@@ -16,6 +16,18 @@ use crate::quant::Kernels;
 use core::mem::MaybeUninit;
 use weights::Finder;
 
+/// Whether the GGUF tensor called `name` is one the CPU engine reads only through its
+/// matrix products (`matmul`, `matvec_group`) and [`Tensor::dequantize_row`], so that its
+/// rows may be stored in the rows16 layout ([`Layout::Rows16`], `quant::rows16`): a
+/// layer's attention (q, k, v, output) or feed-forward (gate, up, down) projection, the
+/// output projection, or the token embedding (a tied model's output). The names are the
+/// ones [`Model::load`] and [`Layer::named`] look up; a host that rearranges a file's
+/// matrices asks this rather than keeping its own list.
+pub fn rows16_tensor(name: &[u8]) -> bool {
+    const LAYER: [&[u8]; 7] = [b".attn_q.weight", b".attn_k.weight", b".attn_v.weight", b".attn_output.weight", b".ffn_gate.weight", b".ffn_up.weight", b".ffn_down.weight"];
+    name == b"output.weight" || name == b"token_embd.weight" || (name.starts_with(b"blk.") && LAYER.iter().any(|s| name.ends_with(s)))
+}
+
 /// A loaded model: views into the file plus a per-layer table in the arena.
 #[derive(Clone, Copy, Debug)]
 pub struct Model<'a> {
@@ -117,3 +129,20 @@ pub fn plan_table(plan: &mut crate::arena::Plan, hp: &HParams) -> Result<(), Err
     Ok(())
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::rows16_tensor;
+
+    #[test]
+    fn rows16_tensors_are_the_projections_and_the_embedding() {
+        for n in ["output.weight", "token_embd.weight", "blk.0.attn_q.weight", "blk.11.attn_k.weight", "blk.3.attn_v.weight", "blk.29.attn_output.weight", "blk.7.ffn_gate.weight", "blk.7.ffn_up.weight", "blk.7.ffn_down.weight"] {
+            assert!(rows16_tensor(n.as_bytes()), "{n}");
+        }
+        // Norms, biases, the DeltaNet mixer's matrices (read by its own code), names
+        // outside a block and near misses are not.
+        for n in ["output_norm.weight", "blk.0.attn_norm.weight", "blk.0.attn_q.bias", "blk.0.attn_q_norm.weight", "blk.0.attn_qkv.weight", "blk.0.ssm_out.weight", "blk.0.attn_gate.weight", "attn_q.weight", "x.blk.0.attn_q.weight", "blk.0.attn_q.weight.1", "token_embd.weight.1", ""] {
+            assert!(!rows16_tensor(n.as_bytes()), "{n}");
+        }
+    }
+}

@@ -67,15 +67,6 @@ pub fn open_to_run(model: &str) -> Result<Opened> {
     Ok(Opened { path, file, rows16: Vec::new() })
 }
 
-/// Whether a tensor called `name` is a matrix the CPU engine reads only through its
-/// matrix products and `Tensor::dequantize_row`: a layer's attention (q, k, v, output) or
-/// feed-forward (gate, up, down) projection, the output projection, or the token
-/// embedding (a tied output's matrix).
-fn rows16_role(name: &[u8]) -> bool {
-    const LAYER: [&[u8]; 7] = [b".attn_q.weight", b".attn_k.weight", b".attn_v.weight", b".attn_output.weight", b".ffn_gate.weight", b".ffn_up.weight", b".ffn_down.weight"];
-    name == b"output.weight" || name == b"token_embd.weight" || (name.starts_with(b"blk.") && LAYER.iter().any(|s| name.ends_with(s)))
-}
-
 /// Whether a file of `size` bytes may be read into memory when `available` bytes are
 /// available (`None`: not known, so yes).
 fn fits_in_memory(size: u64, available: Option<u64>) -> bool {
@@ -128,7 +119,7 @@ impl Opened {
             let spans: Vec<(u64, u64)> = g.tensors().map(|t| (t.offset, t.offset + t.data.len() as u64)).collect();
             let shared = |a: u64, b: u64| spans.iter().filter(|&&(x, y)| x < b && a < y).count() > 1;
             g.tensors()
-                .filter(|t| t.n_dims == 2 && rows16_role(t.name) && k.packs_rows16(t.ty, t.ne[1] as usize) && !shared(t.offset, t.offset + t.data.len() as u64))
+                .filter(|t| t.n_dims == 2 && keel_core::model::rows16_tensor(t.name) && k.packs_rows16(t.ty, t.ne[1] as usize) && !shared(t.offset, t.offset + t.data.len() as u64))
                 .map(|t| (t.offset, t.ty, t.ne[1] as usize, t.ne[0] as usize))
                 .collect()
         };
