@@ -129,7 +129,6 @@ pub fn plan_table(plan: &mut crate::arena::Plan, hp: &HParams) -> Result<(), Err
     Ok(())
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::rows16_tensor;
