@@ -490,3 +490,64 @@ fn bench_fused_update() {
         println!("{:>26}: value update {:.3} ns, with the next query's K·Q {:.3} ns per key and head", super::tests_f16::label(&k), alone / per, fused / per);
     }
 }
+
+/// `cargo test -p keel-core --release quant::bench::bench_f16_round_trip_ports -- --ignored --nocapture`:
+/// what the f16 round trip of the value updates shares its vector pipes with: ns per group
+/// of 512-bit operations, 8 independent groups an iteration (inline assembly, so that the
+/// compiler neither folds nor reorders them; inputs 1.0 and 0.5): the two conversions
+/// alone and together, beside an add, an independent fma, a mask test, a logic op, a
+/// memory broadcast or an fma taking its multiplier by embedded broadcast, and the exact
+/// (round-to-odd) update's operations. An added operation that costs nothing runs on other
+/// pipes. Prints only: the CPU decides (BENCHMARKS.md, "The f16 value update on Zen 4's
+/// vector pipes").
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[ignore]
+fn bench_f16_round_trip_ports() {
+    use core::arch::x86_64::*;
+    if !crate::quant::x86::cpu_has_avx512() {
+        println!("no AVX-512: nothing to measure");
+        return;
+    }
+    const ITERS: usize = 2_000_000;
+    let buf = [1.0f32; 16];
+    #[target_feature(enable = "avx512f")]
+    unsafe fn run(buf: &[f32; 16]) {
+        let (a, b) = (_mm512_set1_ps(1.0), _mm512_set1_ps(0.5));
+        let p = buf.as_ptr();
+        macro_rules! port_loop {
+            ($name:expr; $($line:literal),+) => {{
+                let mut best = f64::MAX;
+                for _ in 0..5 {
+                    let t0 = Instant::now();
+                    for _ in 0..ITERS {
+                        // SAFETY: register-only operations and reads of `buf` (16 f32 at
+                        // `p`, offsets below 32 bytes); every register written is declared.
+                        unsafe {
+                            core::arch::asm!($($line),+, in("rax") p, in("zmm30") a, in("zmm31") b,
+                                out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
+                                out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _, out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
+                                out("zmm16") _, out("zmm17") _, out("zmm18") _, out("zmm19") _, out("zmm20") _, out("zmm21") _, out("zmm22") _, out("zmm23") _,
+                                out("zmm24") _, out("zmm25") _, out("zmm26") _, out("zmm27") _, out("k1") _, out("k2") _, options(nostack, readonly, preserves_flags));
+                        }
+                    }
+                    best = best.min(t0.elapsed().as_nanos() as f64 / (ITERS * 8) as f64);
+                }
+                println!("{:>58}: {best:.3} ns per group", $name);
+            }};
+        }
+        port_loop!("vcvtps2ph zmm->ymm"; "vcvtps2ph ymm0, zmm30, 0", "vcvtps2ph ymm1, zmm30, 0", "vcvtps2ph ymm2, zmm30, 0", "vcvtps2ph ymm3, zmm30, 0", "vcvtps2ph ymm4, zmm30, 0", "vcvtps2ph ymm5, zmm30, 0", "vcvtps2ph ymm6, zmm30, 0", "vcvtps2ph ymm7, zmm30, 0");
+        port_loop!("vcvtph2ps ymm->zmm"; "vcvtph2ps zmm8, ymm31", "vcvtph2ps zmm9, ymm31", "vcvtph2ps zmm10, ymm31", "vcvtph2ps zmm11, ymm31", "vcvtph2ps zmm12, ymm31", "vcvtph2ps zmm13, ymm31", "vcvtph2ps zmm14, ymm31", "vcvtph2ps zmm15, ymm31");
+        port_loop!("vaddps"; "vaddps zmm16, zmm30, zmm31", "vaddps zmm17, zmm30, zmm31", "vaddps zmm18, zmm30, zmm31", "vaddps zmm19, zmm30, zmm31", "vaddps zmm20, zmm30, zmm31", "vaddps zmm21, zmm30, zmm31", "vaddps zmm22, zmm30, zmm31", "vaddps zmm23, zmm30, zmm31");
+        port_loop!("round trip (vcvtps2ph + vcvtph2ps)"; "vcvtps2ph ymm0, zmm30, 0", "vcvtph2ps zmm8, ymm31", "vcvtps2ph ymm1, zmm30, 0", "vcvtph2ps zmm9, ymm31", "vcvtps2ph ymm2, zmm30, 0", "vcvtph2ps zmm10, ymm31", "vcvtps2ph ymm3, zmm30, 0", "vcvtph2ps zmm11, ymm31", "vcvtps2ph ymm4, zmm30, 0", "vcvtph2ps zmm12, ymm31", "vcvtps2ph ymm5, zmm30, 0", "vcvtph2ps zmm13, ymm31", "vcvtps2ph ymm6, zmm30, 0", "vcvtph2ps zmm14, ymm31", "vcvtps2ph ymm7, zmm30, 0", "vcvtph2ps zmm15, ymm31");
+        port_loop!("round trip + vaddps"; "vcvtps2ph ymm0, zmm30, 0", "vcvtph2ps zmm8, ymm31", "vaddps zmm16, zmm30, zmm31", "vcvtps2ph ymm1, zmm30, 0", "vcvtph2ps zmm9, ymm31", "vaddps zmm17, zmm30, zmm31", "vcvtps2ph ymm2, zmm30, 0", "vcvtph2ps zmm10, ymm31", "vaddps zmm18, zmm30, zmm31", "vcvtps2ph ymm3, zmm30, 0", "vcvtph2ps zmm11, ymm31", "vaddps zmm19, zmm30, zmm31", "vcvtps2ph ymm4, zmm30, 0", "vcvtph2ps zmm12, ymm31", "vaddps zmm20, zmm30, zmm31", "vcvtps2ph ymm5, zmm30, 0", "vcvtph2ps zmm13, ymm31", "vaddps zmm21, zmm30, zmm31", "vcvtps2ph ymm6, zmm30, 0", "vcvtph2ps zmm14, ymm31", "vaddps zmm22, zmm30, zmm31", "vcvtps2ph ymm7, zmm30, 0", "vcvtph2ps zmm15, ymm31", "vaddps zmm23, zmm30, zmm31");
+        port_loop!("round trip + vfmadd231ps"; "vcvtps2ph ymm0, zmm30, 0", "vcvtph2ps zmm8, ymm31", "vfmadd231ps zmm16, zmm30, zmm31", "vcvtps2ph ymm1, zmm30, 0", "vcvtph2ps zmm9, ymm31", "vfmadd231ps zmm17, zmm30, zmm31", "vcvtps2ph ymm2, zmm30, 0", "vcvtph2ps zmm10, ymm31", "vfmadd231ps zmm18, zmm30, zmm31", "vcvtps2ph ymm3, zmm30, 0", "vcvtph2ps zmm11, ymm31", "vfmadd231ps zmm19, zmm30, zmm31", "vcvtps2ph ymm4, zmm30, 0", "vcvtph2ps zmm12, ymm31", "vfmadd231ps zmm20, zmm30, zmm31", "vcvtps2ph ymm5, zmm30, 0", "vcvtph2ps zmm13, ymm31", "vfmadd231ps zmm21, zmm30, zmm31", "vcvtps2ph ymm6, zmm30, 0", "vcvtph2ps zmm14, ymm31", "vfmadd231ps zmm22, zmm30, zmm31", "vcvtps2ph ymm7, zmm30, 0", "vcvtph2ps zmm15, ymm31", "vfmadd231ps zmm23, zmm30, zmm31");
+        port_loop!("round trip + vptestmd"; "vcvtps2ph ymm0, zmm30, 0", "vcvtph2ps zmm8, ymm31", "vptestmd k1, zmm30, zmm31", "vcvtps2ph ymm1, zmm30, 0", "vcvtph2ps zmm9, ymm31", "vptestmd k1, zmm30, zmm31", "vcvtps2ph ymm2, zmm30, 0", "vcvtph2ps zmm10, ymm31", "vptestmd k1, zmm30, zmm31", "vcvtps2ph ymm3, zmm30, 0", "vcvtph2ps zmm11, ymm31", "vptestmd k1, zmm30, zmm31", "vcvtps2ph ymm4, zmm30, 0", "vcvtph2ps zmm12, ymm31", "vptestmd k1, zmm30, zmm31", "vcvtps2ph ymm5, zmm30, 0", "vcvtph2ps zmm13, ymm31", "vptestmd k1, zmm30, zmm31", "vcvtps2ph ymm6, zmm30, 0", "vcvtph2ps zmm14, ymm31", "vptestmd k1, zmm30, zmm31", "vcvtps2ph ymm7, zmm30, 0", "vcvtph2ps zmm15, ymm31", "vptestmd k1, zmm30, zmm31");
+        port_loop!("round trip + vpandd"; "vcvtps2ph ymm0, zmm30, 0", "vcvtph2ps zmm8, ymm31", "vpandd zmm16, zmm30, zmm31", "vcvtps2ph ymm1, zmm30, 0", "vcvtph2ps zmm9, ymm31", "vpandd zmm17, zmm30, zmm31", "vcvtps2ph ymm2, zmm30, 0", "vcvtph2ps zmm10, ymm31", "vpandd zmm18, zmm30, zmm31", "vcvtps2ph ymm3, zmm30, 0", "vcvtph2ps zmm11, ymm31", "vpandd zmm19, zmm30, zmm31", "vcvtps2ph ymm4, zmm30, 0", "vcvtph2ps zmm12, ymm31", "vpandd zmm20, zmm30, zmm31", "vcvtps2ph ymm5, zmm30, 0", "vcvtph2ps zmm13, ymm31", "vpandd zmm21, zmm30, zmm31", "vcvtps2ph ymm6, zmm30, 0", "vcvtph2ps zmm14, ymm31", "vpandd zmm22, zmm30, zmm31", "vcvtps2ph ymm7, zmm30, 0", "vcvtph2ps zmm15, ymm31", "vpandd zmm23, zmm30, zmm31");
+        port_loop!("round trip + vbroadcastss m32"; "vcvtps2ph ymm0, zmm30, 0", "vcvtph2ps zmm8, ymm31", "vbroadcastss zmm16, dword ptr [rax + 0]", "vcvtps2ph ymm1, zmm30, 0", "vcvtph2ps zmm9, ymm31", "vbroadcastss zmm17, dword ptr [rax + 4]", "vcvtps2ph ymm2, zmm30, 0", "vcvtph2ps zmm10, ymm31", "vbroadcastss zmm18, dword ptr [rax + 8]", "vcvtps2ph ymm3, zmm30, 0", "vcvtph2ps zmm11, ymm31", "vbroadcastss zmm19, dword ptr [rax + 12]", "vcvtps2ph ymm4, zmm30, 0", "vcvtph2ps zmm12, ymm31", "vbroadcastss zmm20, dword ptr [rax + 16]", "vcvtps2ph ymm5, zmm30, 0", "vcvtph2ps zmm13, ymm31", "vbroadcastss zmm21, dword ptr [rax + 20]", "vcvtps2ph ymm6, zmm30, 0", "vcvtph2ps zmm14, ymm31", "vbroadcastss zmm22, dword ptr [rax + 24]", "vcvtps2ph ymm7, zmm30, 0", "vcvtph2ps zmm15, ymm31", "vbroadcastss zmm23, dword ptr [rax + 28]");
+        port_loop!("round trip + vfmadd231ps m32{1to16}"; "vcvtps2ph ymm0, zmm30, 0", "vcvtph2ps zmm8, ymm31", "vfmadd231ps zmm16, zmm30, dword ptr [rax + 0]{{1to16}}", "vcvtps2ph ymm1, zmm30, 0", "vcvtph2ps zmm9, ymm31", "vfmadd231ps zmm17, zmm30, dword ptr [rax + 4]{{1to16}}", "vcvtps2ph ymm2, zmm30, 0", "vcvtph2ps zmm10, ymm31", "vfmadd231ps zmm18, zmm30, dword ptr [rax + 8]{{1to16}}", "vcvtps2ph ymm3, zmm30, 0", "vcvtph2ps zmm11, ymm31", "vfmadd231ps zmm19, zmm30, dword ptr [rax + 12]{{1to16}}", "vcvtps2ph ymm4, zmm30, 0", "vcvtph2ps zmm12, ymm31", "vfmadd231ps zmm20, zmm30, dword ptr [rax + 16]{{1to16}}", "vcvtps2ph ymm5, zmm30, 0", "vcvtph2ps zmm13, ymm31", "vfmadd231ps zmm21, zmm30, dword ptr [rax + 20]{{1to16}}", "vcvtps2ph ymm6, zmm30, 0", "vcvtph2ps zmm14, ymm31", "vfmadd231ps zmm22, zmm30, dword ptr [rax + 24]{{1to16}}", "vcvtps2ph ymm7, zmm30, 0", "vcvtph2ps zmm15, ymm31", "vfmadd231ps zmm23, zmm30, dword ptr [rax + 28]{{1to16}}");
+        port_loop!("exact step: round trip + 2 vmulps + vptestmd + vpblendmd"; "vcvtps2ph ymm0, zmm30, 0", "vcvtph2ps zmm8, ymm31", "vmulps zmm16, zmm30, zmm31", "vmulps zmm24, zmm30, zmm31", "vptestmd k1, zmm30, zmm31", "vpblendmd zmm24{{k2}}, zmm30, zmm31", "vcvtps2ph ymm1, zmm30, 0", "vcvtph2ps zmm9, ymm31", "vmulps zmm17, zmm30, zmm31", "vmulps zmm25, zmm30, zmm31", "vptestmd k1, zmm30, zmm31", "vpblendmd zmm25{{k2}}, zmm30, zmm31", "vcvtps2ph ymm2, zmm30, 0", "vcvtph2ps zmm10, ymm31", "vmulps zmm18, zmm30, zmm31", "vmulps zmm26, zmm30, zmm31", "vptestmd k1, zmm30, zmm31", "vpblendmd zmm26{{k2}}, zmm30, zmm31", "vcvtps2ph ymm3, zmm30, 0", "vcvtph2ps zmm11, ymm31", "vmulps zmm19, zmm30, zmm31", "vmulps zmm27, zmm30, zmm31", "vptestmd k1, zmm30, zmm31", "vpblendmd zmm27{{k2}}, zmm30, zmm31", "vcvtps2ph ymm4, zmm30, 0", "vcvtph2ps zmm12, ymm31", "vmulps zmm20, zmm30, zmm31", "vmulps zmm24, zmm30, zmm31", "vptestmd k1, zmm30, zmm31", "vpblendmd zmm24{{k2}}, zmm30, zmm31", "vcvtps2ph ymm5, zmm30, 0", "vcvtph2ps zmm13, ymm31", "vmulps zmm21, zmm30, zmm31", "vmulps zmm25, zmm30, zmm31", "vptestmd k1, zmm30, zmm31", "vpblendmd zmm25{{k2}}, zmm30, zmm31", "vcvtps2ph ymm6, zmm30, 0", "vcvtph2ps zmm14, ymm31", "vmulps zmm22, zmm30, zmm31", "vmulps zmm26, zmm30, zmm31", "vptestmd k1, zmm30, zmm31", "vpblendmd zmm26{{k2}}, zmm30, zmm31", "vcvtps2ph ymm7, zmm30, 0", "vcvtph2ps zmm15, ymm31", "vmulps zmm23, zmm30, zmm31", "vmulps zmm27, zmm30, zmm31", "vptestmd k1, zmm30, zmm31", "vpblendmd zmm27{{k2}}, zmm30, zmm31");
+    }
+    // SAFETY: AVX-512 F present (checked above).
+    unsafe { run(&buf) };
+}
