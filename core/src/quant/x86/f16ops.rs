@@ -902,6 +902,68 @@ unsafe fn dot_tree16(s: &[__m512; 16]) -> __m512 {
     }
 }
 
+/// `a + b` on the FMA pipes: `fma(b, 1, a)`, the same bits (the product by one is exact,
+/// the sum rounded once, and `+` commutes), in inline assembly so that the compiler does
+/// not fold it back into an add: on AMD Zen 4 the adders' pipes are the f16 conversions'
+/// (`quant::bench::bench_f16_round_trip_ports`), the FMA pipes idle beside the value
+/// update. `one` holds 1.0 in every lane.
+///
+/// # Safety
+/// AVX-512 F present.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn add_on_fma(a: __m512, b: __m512, one: __m512) -> __m512 {
+    let mut r = a;
+    // SAFETY: register-only arithmetic (the caller's AVX-512 F).
+    unsafe { core::arch::asm!("vfmadd231ps {r}, {b}, {one}", r = inout(zmm_reg) r, b = in(zmm_reg) b, one = in(zmm_reg) one, options(pure, nomem, nostack, preserves_flags)) };
+    r
+}
+
+/// [`dot64_level1`] with the query's values by embedded broadcast (no broadcast
+/// operations) and the level's add on the FMA pipes ([`add_on_fma`]): the same operations
+/// on the same values, so the same bits.
+///
+/// # Safety
+/// AVX-512 F present; 64 f32 at `q` (i < 16).
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot64_level1_fma(kv: &[__m512; 4], q: *const f32, i: usize, one: __m512) -> __m512 {
+    let s: __m512;
+    // SAFETY: reads of q[i], q[16 + i], q[32 + i], q[48 + i] (the caller's contract), the
+    // rest register arithmetic.
+    unsafe {
+        core::arch::asm!(
+            "vpxord {a}, {a}, {a}",
+            "vfmadd231ps {a}, {k1}, dword ptr [{p} + 128]{{1to16}}",
+            "vfmadd231ps {a}, {k0}, dword ptr [{p}]{{1to16}}",
+            "vpxord {b}, {b}, {b}",
+            "vfmadd231ps {b}, {k3}, dword ptr [{p} + 192]{{1to16}}",
+            "vfmadd231ps {b}, {k2}, dword ptr [{p} + 64]{{1to16}}",
+            "vfmadd231ps {a}, {b}, {one}",
+            a = out(zmm_reg) s, b = out(zmm_reg) _,
+            k0 = in(zmm_reg) kv[0], k1 = in(zmm_reg) kv[1], k2 = in(zmm_reg) kv[2], k3 = in(zmm_reg) kv[3],
+            p = in(reg) q.add(i), one = in(zmm_reg) one,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    s
+}
+
+/// [`dot_tree16`] with every add on the FMA pipes ([`add_on_fma`]): the same bits.
+///
+/// # Safety
+/// AVX-512 F present.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot_tree16_fma(s: &[__m512; 16], one: __m512) -> __m512 {
+    // SAFETY: register arithmetic (the caller's AVX-512 F).
+    unsafe {
+        let r8: [__m512; 8] = core::array::from_fn(|i| add_on_fma(s[8 + i], s[i], one));
+        let r4: [__m512; 4] = core::array::from_fn(|i| add_on_fma(r8[4 + i], r8[i], one));
+        add_on_fma(add_on_fma(r4[0], r4[2], one), add_on_fma(r4[1], r4[3], one), one)
+    }
+}
+
 /// One query's scores against a chunk's transposed keys, computed a unit at a time
 /// (so that [`mad_keys_heads64_avx512`] can interleave them with its value updates):
 /// unit `u` is lane index `i = u % 16` of key group `g = u / 16` — for each head row the
@@ -909,7 +971,11 @@ unsafe fn dot_tree16(s: &[__m512; 16]) -> __m512 {
 /// q_{16+i}, fma(k_{48+i}, q_{48+i}, 0))` over 16 keys ([`dot_keys_queries_avx512`]'s
 /// fused steps), and after lane index 15 the rest of the tree (`8+i + i`, `4+i + i`,
 /// `(0 + 2) + (1 + 3)`) and the group's 16 scores stored. The same operations as
-/// [`dot_keys_queries`] on the same values: its bits.
+/// [`dot_keys_queries`] on the same values: its bits. Its multiplies take the query's
+/// values by embedded broadcast and its adds run as fmas by one ([`dot64_level1_fma`],
+/// [`dot_tree16_fma`]): beside the update, whose f16 conversions share the adders' pipes
+/// on AMD Zen 4, that made the fused kernel ~8% faster (`quant::bench::bench_fused_update`)
+/// and SmolLM2 Q4_0's pp512 at depth 4096 ~5% (BENCHMARKS.md).
 struct DotNext<const H: usize> {
     kt: *const f32,
     keys: usize,
@@ -963,13 +1029,14 @@ impl<const H: usize> DotNext<H> {
             let kg = self.kt.add(16 * g);
             let s16 = self.s16.as_mut_ptr().cast::<[__m512; 16]>();
             let kv = [_mm512_loadu_ps(kg.add(i * QK_KEYS)), _mm512_loadu_ps(kg.add((32 + i) * QK_KEYS)), _mm512_loadu_ps(kg.add((16 + i) * QK_KEYS)), _mm512_loadu_ps(kg.add((48 + i) * QK_KEYS))];
+            let one = _mm512_set1_ps(1.0);
             for h in 0..H {
-                (*s16.add(h))[i] = dot64_level1(&kv, self.q[h].as_ptr(), i);
+                (*s16.add(h))[i] = dot64_level1_fma(&kv, self.q[h].as_ptr(), i, one);
             }
             if i == 15 {
                 let m = (self.keys - 16 * g).min(16);
                 for h in 0..H {
-                    _mm512_mask_storeu_ps(self.out.add(h * self.keys + 16 * g), ((1u32 << m) - 1) as u16, dot_tree16(&*s16.add(h)));
+                    _mm512_mask_storeu_ps(self.out.add(h * self.keys + 16 * g), ((1u32 << m) - 1) as u16, dot_tree16_fma(&*s16.add(h), one));
                 }
             }
             self.u += 1;
@@ -1111,7 +1178,7 @@ pub(crate) fn mad_keys_heads64_f32(ys: &mut [f16], heads: usize, xf: &[f32], new
 /// 64 (`qs`, f16) against `keys` transposed keys (`kt`, [`keys_transposed64`]) into `out`
 /// (`heads` rows of `keys`), a unit per key of the update ([`DotNext`]; the rest after
 /// it). The update is bound by its f16 conversions and leaves the FMA units mostly idle;
-/// the dot's multiplies fill them (a block of queries' prompt at depth, where the
+/// the dot's multiplies (and its adds, as fmas by one) fill them (a block of queries' prompt at depth, where the
 /// update and the dot take most of the time). The same bits as the two apart. `false`
 /// (nothing written) unless 1 to 4 heads and 1 to 64 keys. The f16 rounding by the
 /// register round trip (the tables offer this only off Intel, see `x86::build`).
