@@ -551,3 +551,181 @@ fn bench_f16_round_trip_ports() {
     // SAFETY: AVX-512 F present (checked above).
     unsafe { run(&buf) };
 }
+
+/// `cargo test -p keel-core --release quant::bench::bench_exact_step_chains -- --ignored --nocapture`:
+/// the exact (single-rounding) f16 value update's step as `mad_exact_avx512` runs it, 16
+/// dependent chains (4 heads × 4 vectors: each step's input is the previous step's f16
+/// result, a key's value vector shared by the four heads, one multiplier), and the same
+/// chains with other ways to round to odd or to watch for the cases where rounding twice
+/// could differ; ns per 16-element step (inline assembly: the compiler neither folds nor
+/// reorders). `bench_f16_round_trip_ports` measures the operations side by side without
+/// the chains' dependencies, which understates the selection's cost. Prints only
+/// (BENCHMARKS.md, "Zen 4's exact f16 step, dependent").
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[ignore]
+fn bench_exact_step_chains() {
+    use core::arch::x86_64::*;
+    if !crate::quant::x86::cpu_has_avx512() {
+        println!("no AVX-512: nothing to measure");
+        return;
+    }
+    // One step of chain `a` (accumulator zmm{a}, value vector zmm{x}, temporaries zmm{t},
+    // zmm{u}; zmm20 the multiplier, zmm24 ones in every dword, zmm25/zmm26 f32 bit masks
+    // 0x1000/0x1fff, zmm27..29 running minima).
+    macro_rules! kernel_step {
+        // `mad_exact_avx512`: fmas rounded down and up, the odd one of the two kept, the
+        // f16 round trip.
+        ($a:literal, $x:literal, $t:literal, $u:literal) => {
+            concat!(
+                "vmovaps zmm", $t, ", zmm20\n",
+                "vfmadd213ps zmm", $t, ", zmm", $x, ", zmm", $a, ", {{rd-sae}}\n",
+                "vfmadd231ps zmm", $a, ", zmm", $x, ", zmm20, {{ru-sae}}\n",
+                "vptestnmd k1, zmm", $t, ", zmm24\n",
+                "vmovaps zmm", $t, "{{k1}}, zmm", $a, "\n",
+                "vcvtps2ph ymm", $a, ", zmm", $t, ", 0\n",
+                "vcvtph2ps zmm", $a, ", ymm", $a, "\n"
+            )
+        };
+    }
+    macro_rules! plain_step {
+        // One fma and the round trip (the 64-wide update's step: rounding twice).
+        ($a:literal, $x:literal, $t:literal, $u:literal) => {
+            concat!("vfmadd231ps zmm", $a, ", zmm", $x, ", zmm20\n", "vcvtps2ph ymm", $a, ", zmm", $a, ", 0\n", "vcvtph2ps zmm", $a, ", ymm", $a, "\n")
+        };
+    }
+    macro_rules! two_fma_step {
+        // The kernel's two fmas and round trip without the selection.
+        ($a:literal, $x:literal, $t:literal, $u:literal) => {
+            concat!(
+                "vmovaps zmm", $t, ", zmm20\n",
+                "vfmadd213ps zmm", $t, ", zmm", $x, ", zmm", $a, ", {{rd-sae}}\n",
+                "vfmadd231ps zmm", $a, ", zmm", $x, ", zmm20, {{ru-sae}}\n",
+                "vcvtps2ph ymm", $a, ", zmm", $t, ", 0\n",
+                "vcvtph2ps zmm", $a, ", ymm", $a, "\n"
+            )
+        };
+    }
+    macro_rules! select_logic_step {
+        // The odd one selected without a mask register: `(rd & 1) - 1` (0 or all ones)
+        // picks rd or ru in one ternary-logic operation (`mask ? ru : rd`).
+        ($a:literal, $x:literal, $t:literal, $u:literal) => {
+            concat!(
+                "vmovaps zmm", $t, ", zmm20\n",
+                "vfmadd213ps zmm", $t, ", zmm", $x, ", zmm", $a, ", {{rd-sae}}\n",
+                "vfmadd231ps zmm", $a, ", zmm", $x, ", zmm20, {{ru-sae}}\n",
+                "vpandd zmm", $u, ", zmm", $t, ", zmm24\n",
+                "vpsubd zmm", $u, ", zmm", $u, ", zmm24\n",
+                "vpternlogd zmm", $u, ", zmm", $t, ", zmm", $a, ", 0xac\n",
+                "vcvtps2ph ymm", $a, ", zmm", $u, ", 0\n",
+                "vcvtph2ps zmm", $a, ", ymm", $a, "\n"
+            )
+        };
+    }
+    macro_rules! toward_zero_step {
+        // Round to odd as `rz | ((rd ^ ru) & 1)`: a third fma (toward zero), one
+        // ternary-logic operation and an or.
+        ($a:literal, $x:literal, $t:literal, $u:literal) => {
+            concat!(
+                "vmovaps zmm", $t, ", zmm20\n",
+                "vfmadd213ps zmm", $t, ", zmm", $x, ", zmm", $a, ", {{rd-sae}}\n",
+                "vmovaps zmm", $u, ", zmm20\n",
+                "vfmadd213ps zmm", $u, ", zmm", $x, ", zmm", $a, ", {{rz-sae}}\n",
+                "vfmadd231ps zmm", $a, ", zmm", $x, ", zmm20, {{ru-sae}}\n",
+                "vpternlogd zmm", $t, ", zmm", $a, ", zmm24, 0x28\n",
+                "vpord zmm", $u, ", zmm", $u, ", zmm", $t, "\n",
+                "vcvtps2ph ymm", $a, ", zmm", $u, ", 0\n",
+                "vcvtph2ps zmm", $a, ", ymm", $a, "\n"
+            )
+        };
+    }
+    macro_rules! watch_midpoint_step {
+        // One fma and the round trip, and beside the chain the f32 sum's low 13 bits
+        // against f16's midpoint pattern (`(s ^ 0x1000) & 0x1fff`, zero at a midpoint)
+        // folded into a running minimum, to be tested once per key.
+        ($a:literal, $x:literal, $t:literal, $u:literal) => {
+            concat!(
+                "vfmadd231ps zmm", $a, ", zmm", $x, ", zmm20\n",
+                "vmovaps zmm", $t, ", zmm", $a, "\n",
+                "vpternlogd zmm", $t, ", zmm25, zmm26, 0x28\n",
+                "vpminud zmm27, zmm27, zmm", $t, "\n",
+                "vcvtps2ph ymm", $a, ", zmm", $a, ", 0\n",
+                "vcvtph2ps zmm", $a, ", ymm", $a, "\n"
+            )
+        };
+    }
+    macro_rules! watch_both_step {
+        // As the previous, and f16's subnormal range watched too (unsigned and signed
+        // running minima of the sum's bits: below 2^-14 in magnitude either way).
+        ($a:literal, $x:literal, $t:literal, $u:literal) => {
+            concat!(
+                "vfmadd231ps zmm", $a, ", zmm", $x, ", zmm20\n",
+                "vmovaps zmm", $t, ", zmm", $a, "\n",
+                "vpternlogd zmm", $t, ", zmm25, zmm26, 0x28\n",
+                "vpminud zmm27, zmm27, zmm", $t, "\n",
+                "vpminud zmm28, zmm28, zmm", $a, "\n",
+                "vpminsd zmm29, zmm29, zmm", $a, "\n",
+                "vcvtps2ph ymm", $a, ", zmm", $a, ", 0\n",
+                "vcvtph2ps zmm", $a, ", ymm", $a, "\n"
+            )
+        };
+    }
+    // The 16 chains of one key: heads h = a / 4 with value vectors zmm16..19 (j = a % 4).
+    macro_rules! key {
+        ($step:ident) => {
+            concat!(
+                $step!(0, 16, 21, 30), $step!(1, 17, 22, 31), $step!(2, 18, 23, 30), $step!(3, 19, 21, 31),
+                $step!(4, 16, 22, 30), $step!(5, 17, 23, 31), $step!(6, 18, 21, 30), $step!(7, 19, 22, 31),
+                $step!(8, 16, 23, 30), $step!(9, 17, 21, 31), $step!(10, 18, 22, 30), $step!(11, 19, 23, 31),
+                $step!(12, 16, 21, 30), $step!(13, 17, 22, 31), $step!(14, 18, 23, 30), $step!(15, 19, 21, 31)
+            )
+        };
+    }
+    const KEYS: usize = 1_000_000;
+    #[target_feature(enable = "avx512f")]
+    unsafe fn run() {
+        macro_rules! chains {
+            ($name:expr, $step:ident) => {{
+                let mut best = f64::MAX;
+                for _ in 0..5 {
+                    let t0 = Instant::now();
+                    // SAFETY: register-only operations; every register written is declared.
+                    unsafe {
+                        core::arch::asm!(
+                            // Accumulators 0.75, values 0.001, multiplier 0.75: sums stay
+                            // normal and unchanging, so no value slows a step down.
+                            "vbroadcastss zmm0, xmm30",
+                            "vmovaps zmm1, zmm0", "vmovaps zmm2, zmm0", "vmovaps zmm3, zmm0", "vmovaps zmm4, zmm0", "vmovaps zmm5, zmm0", "vmovaps zmm6, zmm0", "vmovaps zmm7, zmm0",
+                            "vmovaps zmm8, zmm0", "vmovaps zmm9, zmm0", "vmovaps zmm10, zmm0", "vmovaps zmm11, zmm0", "vmovaps zmm12, zmm0", "vmovaps zmm13, zmm0", "vmovaps zmm14, zmm0", "vmovaps zmm15, zmm0",
+                            "vbroadcastss zmm16, xmm31", "vmovaps zmm17, zmm16", "vmovaps zmm18, zmm16", "vmovaps zmm19, zmm16", "vmovaps zmm20, zmm0",
+                            "vpternlogd zmm24, zmm24, zmm24, 0xff", "vpsrld zmm24, zmm24, 31",
+                            "vpslld zmm25, zmm24, 12", "vpslld zmm26, zmm24, 13", "vpsubd zmm26, zmm26, zmm24",
+                            "vpternlogd zmm27, zmm27, zmm27, 0xff", "vmovaps zmm28, zmm27", "vpsrld zmm29, zmm27, 1",
+                            "2:",
+                            key!($step),
+                            "dec rcx",
+                            "jnz 2b",
+                            inout("rcx") KEYS => _, inout("xmm30") _mm_set1_ps(0.75) => _, inout("xmm31") _mm_set1_ps(0.001) => _,
+                            out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
+                            out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _, out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
+                            out("zmm16") _, out("zmm17") _, out("zmm18") _, out("zmm19") _, out("zmm20") _, out("zmm21") _, out("zmm22") _, out("zmm23") _,
+                            out("zmm24") _, out("zmm25") _, out("zmm26") _, out("zmm27") _, out("zmm28") _, out("zmm29") _, out("k1") _,
+                            options(nostack, nomem),
+                        );
+                    }
+                    best = best.min(t0.elapsed().as_nanos() as f64 / (KEYS * 16) as f64);
+                }
+                println!("{:>72}: {best:.3} ns per step", $name);
+            }};
+        }
+        chains!("the exact step (rd, ru fmas; vptestnmd; masked move; round trip)", kernel_step);
+        chains!("one fma + round trip (the 64-wide step)", plain_step);
+        chains!("rd, ru fmas + round trip, no selection", two_fma_step);
+        chains!("rd, ru fmas; selection by and, sub, ternary logic; round trip", select_logic_step);
+        chains!("rd, rz, ru fmas; rz | ((rd ^ ru) & 1); round trip", toward_zero_step);
+        chains!("one fma + round trip + f16 midpoint watch", watch_midpoint_step);
+        chains!("one fma + round trip + midpoint and subnormal watch", watch_both_step);
+    }
+    // SAFETY: AVX-512 F present (checked above).
+    unsafe { run() };
+}
