@@ -254,16 +254,29 @@ fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
                 i += tt;
             }
         }
-        // The rest: up to ROWS16_TOKENS tokens per call, each group's while it is in cache.
-        let mut o = [0.0f32; ROWS16_TOKENS * ROWS16];
-        for g in range {
-            let wg = &w.data[g * gb..(g + 1) * gb];
+        // The rest. One token: the task's groups in one call, straight into the output
+        // (a call shares each token's activation work between its groups).
+        if i == 0 && n == 1 {
+            if !range.is_empty() {
+                let nr = range.len() * ROWS16;
+                // SAFETY: rows range.start·16.. belong to this task alone.
+                f(cols, range.len(), &w.data[range.start * gb..range.end * gb], &xq[..rb], rb, 1, unsafe { out.slice(range.start * ROWS16, nr) }, nr);
+            }
+            return;
+        }
+        // Else up to ROWS16_TOKENS tokens and ROWS16_TILE_GROUPS groups per call, the
+        // groups' tokens while they are in cache.
+        let mut o = [0.0f32; ROWS16_TOKENS * ROWS16_TILE_GROUPS * ROWS16];
+        for g0 in range.clone().step_by(ROWS16_TILE_GROUPS) {
+            let g1 = (g0 + ROWS16_TILE_GROUPS).min(range.end);
+            let nr = (g1 - g0) * ROWS16;
+            let wg = &w.data[g0 * gb..g1 * gb];
             for j in (i..n).step_by(ROWS16_TOKENS) {
                 let tt = ROWS16_TOKENS.min(n - j);
-                f(cols, wg, &xq[j * rb..(j + tt) * rb], rb, tt, &mut o[..tt * ROWS16], ROWS16);
-                for (ti, orow) in o[..tt * ROWS16].chunks_exact(ROWS16).enumerate() {
-                    // SAFETY: rows g·16.. of every token belong to this task alone.
-                    unsafe { out.slice((j + ti) * rows + g * ROWS16, ROWS16) }.copy_from_slice(orow);
+                f(cols, g1 - g0, wg, &xq[j * rb..(j + tt) * rb], rb, tt, &mut o[..tt * nr], nr);
+                for (ti, orow) in o[..tt * nr].chunks_exact(nr).enumerate() {
+                    // SAFETY: rows g0·16..g1·16 of every token belong to this task alone.
+                    unsafe { out.slice((j + ti) * rows + g0 * ROWS16, nr) }.copy_from_slice(orow);
                 }
             }
         }
@@ -365,17 +378,22 @@ pub fn matvec_group(k: &Kernels, par: &dyn Parallel, ws: &[&Tensor<'_>], xq: &[u
             // The groups of matrix i that start in this share.
             let first = |b: usize| b.clamp(start[i], start[i + 1]).saturating_sub(start[i]).div_ceil(gb.max(1));
             let wrb = w.row_bytes();
-            for g in first(share.start)..first(share.end) {
+            let groups = first(share.start)..first(share.end);
+            if let Some(f) = rows16 {
+                // The share's groups of this matrix in one call (which shares the token's
+                // activation work between them), straight into the output.
+                if !groups.is_empty() {
+                    let (r0, r1) = (groups.start * ROWS16, groups.end * ROWS16);
+                    // SAFETY: a group starts in exactly one share, so its rows belong to
+                    // this task alone.
+                    f(cols, groups.len(), &w.data[r0 * wrb..r1 * wrb], xq, rb, 1, unsafe { out.slice(r0, r1 - r0) }, r1 - r0);
+                }
+                continue;
+            }
+            for g in groups {
                 let (r0, r1) = (g * gr, (g * gr + gr).min(w.rows));
-                match (rows16, rows_fn) {
-                    (Some(f), _) => {
-                        let mut o = [0.0f32; ROWS16];
-                        f(cols, &w.data[r0 * wrb..r1 * wrb], xq, rb, 1, &mut o, ROWS16);
-                        // SAFETY: a group starts in exactly one share, so its rows belong
-                        // to this task alone.
-                        unsafe { out.slice(r0, ROWS16) }.copy_from_slice(&o);
-                    }
-                    (None, Some(rows_fn)) if r1 - r0 == DOT_ROWS => {
+                match rows_fn {
+                    Some(rows_fn) if r1 - r0 == DOT_ROWS => {
                         let mut o = [0.0f32; DOT_ROWS];
                         rows_fn(cols, &w.data[r0 * wrb..r1 * wrb], wrb, xq, &mut o);
                         // SAFETY: a group starts in exactly one share, so rows r0..r1 of

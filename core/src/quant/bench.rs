@@ -440,7 +440,7 @@ fn bench_rows16() {
                 });
                 let packed = best(&|| {
                     let mut o = [0.0f32; ROWS16];
-                    f(cols, black_box(&p), black_box(&a), a.len(), 1, &mut o, ROWS16);
+                    f(cols, 1, black_box(&p), black_box(&a), a.len(), 1, &mut o, ROWS16);
                     black_box(&mut o);
                 });
                 let per = |t: f64| t / (ROWS16 * nb) as f64;

@@ -127,11 +127,13 @@ impl Kernels {
     }
 }
 
-/// One group of [`ROWS16`] rows in the rows16 layout (`w`: the group's `16 ×
-/// row_bytes(n)` bytes) against `tokens` activation rows (`a`, `arow` bytes apart,
-/// quantized to the type's activation type): `out[t * ostride + r]` gets the bits
-/// [`super::DotFn`] gives for plain row `r` and token `t`.
-pub type Rows16Fn = fn(n: usize, w: &[u8], a: &[u8], arow: usize, tokens: usize, out: &mut [f32], ostride: usize);
+/// `groups` consecutive groups of [`ROWS16`] rows in the rows16 layout (`w`: their
+/// `groups × 16 × row_bytes(n)` bytes) against `tokens` activation rows (`a`, `arow`
+/// bytes apart, quantized to the type's activation type): `out[t * ostride + 16 * g + r]`
+/// gets the bits [`super::DotFn`] gives for plain row `16 * g + r` and token `t`
+/// (`ostride >= 16 * groups`). Work that depends only on a token's activations may be done
+/// once per call for all its groups (Q4_0's block sums).
+pub type Rows16Fn = fn(n: usize, groups: usize, w: &[u8], a: &[u8], arow: usize, tokens: usize, out: &mut [f32], ostride: usize);
 
 #[cfg(test)]
 mod tests {
@@ -143,7 +145,8 @@ mod tests {
     use crate::quant::tests::{activations, fast_kernel_sets, quantized, random_row, Rng};
 
     /// Every row of every group of a packed matrix gets the plain dot's bits, for every
-    /// kernel set with rows16 kernels (row lengths of 1 to 48 blocks, two groups).
+    /// kernel set with rows16 kernels (row lengths of 1 to 48 blocks, two groups, one call
+    /// per group and one for both against 1 to 19 tokens).
     #[test]
     fn rows16_kernels_give_each_rows_dot_bits() {
         let mut rng = Rng::new(41);
@@ -164,10 +167,28 @@ mod tests {
                     let a = activations(&k, vdt, &random_row(&mut rng, n));
                     for g in 0..2 {
                         let mut out = [f32::NAN; ROWS16];
-                        f(n, &p[g * ROWS16 * wrow..(g + 1) * ROWS16 * wrow], &a, a.len(), 1, &mut out, ROWS16);
+                        f(n, 1, &p[g * ROWS16 * wrow..(g + 1) * ROWS16 * wrow], &a, a.len(), 1, &mut out, ROWS16);
                         for (r, o) in out.iter().enumerate() {
                             let want = dot(n, &w[(g * ROWS16 + r) * wrow..], &a);
                             assert_eq!(o.to_bits(), want.to_bits(), "{} {ty} n={n} group {g} row {r}", k.name());
+                        }
+                    }
+                    // Both groups in one call against 1 to 19 tokens (whole and partial
+                    // chunks of eight), outputs `ostride` apart with a gap that stays
+                    // untouched.
+                    let tokens_max = 19;
+                    let acts: Vec<u8> = (0..tokens_max).flat_map(|_| activations(&k, vdt, &random_row(&mut rng, n))).collect();
+                    let arow = acts.len() / tokens_max;
+                    for tokens in [1usize, 2, 4, 5, 8, 9, 12, 16, 19] {
+                        let ostride = 2 * ROWS16 + 3;
+                        let mut out = vec![f32::NAN; tokens * ostride];
+                        f(n, 2, &p, &acts, arow, tokens, &mut out, ostride);
+                        for t in 0..tokens {
+                            for r in 0..2 * ROWS16 {
+                                let want = dot(n, &w[r * wrow..], &acts[t * arow..(t + 1) * arow]);
+                                assert_eq!(out[t * ostride + r].to_bits(), want.to_bits(), "{} {ty} n={n} {tokens} tokens: token {t} row {r}", k.name());
+                            }
+                            assert!(out[t * ostride + 2 * ROWS16..(t + 1) * ostride].iter().all(|v| v.is_nan()), "{} {ty}: wrote past the groups", k.name());
                         }
                     }
                     checked += 1;

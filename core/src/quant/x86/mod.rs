@@ -331,63 +331,98 @@ macro_rules! rows_wrapper {
 }
 
 /// A rows16 kernel's safe wrapper: checks the slices, then runs `$run` (AVX-512 VNNI)
-/// with `nb`, the pointers and `tokens`, `arow`, `ostride`.
+/// with `nb`, `groups`, the pointers and `tokens`, `arow`, `ostride`.
 macro_rules! rows16_wrapper {
-    ($(#[$doc:meta])* $name:ident, $wsize:expr, $asize:expr, |$nb:ident, $w:ident, $a:ident, $arow:ident, $tokens:ident, $out:ident, $ostride:ident| $run:block) => {
+    ($(#[$doc:meta])* $name:ident, $wsize:expr, $asize:expr, |$nb:ident, $groups:ident, $w:ident, $a:ident, $arow:ident, $tokens:ident, $out:ident, $ostride:ident| $run:block) => {
         $(#[$doc])*
-        fn $name(n: usize, w: &[u8], a: &[u8], arow: usize, tokens: usize, out: &mut [f32], ostride: usize) {
+        #[allow(clippy::too_many_arguments)]
+        fn $name(n: usize, groups: usize, w: &[u8], a: &[u8], arow: usize, tokens: usize, out: &mut [f32], ostride: usize) {
             let nb = n / 32;
             debug_assert!(n % 32 == 0, "rows16: n = {n} is not a multiple of 32");
-            if tokens == 0 {
+            if tokens == 0 || groups == 0 {
                 return;
             }
             assert!(
-                w.len() >= 16 * nb * $wsize && a.len() >= (tokens - 1) * arow + nb * $asize && ostride >= 16 && out.len() >= (tokens - 1) * ostride + 16,
+                w.len() >= groups * 16 * nb * $wsize && a.len() >= (tokens - 1) * arow + nb * $asize && ostride >= 16 * groups && out.len() >= (tokens - 1) * ostride + 16 * groups,
                 "rows16: slices too short"
             );
             // SAFETY: only handed out after cpu_has_avx512_vnni() (the table's `vnni`); the
-            // group's blocks, every token's blocks and outputs are in bounds (checked).
+            // groups' blocks, every token's blocks and outputs are in bounds (checked).
             unsafe {
-                let ($nb, $w, $a, $arow, $tokens, $out, $ostride) = (nb, w.as_ptr(), a.as_ptr(), arow, tokens, out.as_mut_ptr(), ostride);
+                let ($nb, $groups, $w, $a, $arow, $tokens, $out, $ostride) = (nb, groups, w.as_ptr(), a.as_ptr(), arow, tokens, out.as_mut_ptr(), ostride);
                 $run
             }
         }
     };
 }
 
-rows16_wrapper!(/// AVX-512 VNNI Q4_1 · Q8_1, one rows16 group (each output as [`vec_dot_q4_1_q8_1`]).
-    rows16_q4_1_q8_1, 20, 36, |nb, w, a, arow, tokens, out, ostride| {
-        for t in 0..tokens {
-            rows16::q4_1_q8_1_group(nb, w, a.add(t * arow), out.add(t * ostride));
+rows16_wrapper!(/// AVX-512 VNNI Q4_1 · Q8_1, rows16 groups (each output as [`vec_dot_q4_1_q8_1`]).
+    rows16_q4_1_q8_1, 20, 36, |nb, groups, w, a, arow, tokens, out, ostride| {
+        for g in 0..groups {
+            for t in 0..tokens {
+                rows16::q4_1_q8_1_group(nb, w.add(g * 16 * nb * 20), a.add(t * arow), out.add(t * ostride + 16 * g));
+            }
         }
     });
-rows16_wrapper!(/// AVX-512 VNNI Q8_0 · Q8_0, one rows16 group (each output as [`vec_dot_q8_0_q8_0`]).
-    rows16_q8_0_q8_0, 34, 34, |nb, w, a, arow, tokens, out, ostride| {
-        for t in 0..tokens {
-            rows16::q8_0_q8_0_group(nb, w, a.add(t * arow), out.add(t * ostride));
+rows16_wrapper!(/// AVX-512 VNNI Q8_0 · Q8_0, rows16 groups (each output as [`vec_dot_q8_0_q8_0`]).
+    rows16_q8_0_q8_0, 34, 34, |nb, groups, w, a, arow, tokens, out, ostride| {
+        for g in 0..groups {
+            for t in 0..tokens {
+                rows16::q8_0_q8_0_group(nb, w.add(g * 16 * nb * 34), a.add(t * arow), out.add(t * ostride + 16 * g));
+            }
         }
     });
-rows16_wrapper!(/// AVX-512 VNNI Q5_0 · Q8_0, one rows16 group (each output as [`vec_dot_q5_0_q8_0`]).
-    rows16_q5_0_q8_0, 22, 34, |nb, w, a, arow, tokens, out, ostride| {
-        for t in 0..tokens {
-            rows16::q5_0_q8_0_group(nb, w, a.add(t * arow), out.add(t * ostride));
+rows16_wrapper!(/// AVX-512 VNNI Q5_0 · Q8_0, rows16 groups (each output as [`vec_dot_q5_0_q8_0`]).
+    rows16_q5_0_q8_0, 22, 34, |nb, groups, w, a, arow, tokens, out, ostride| {
+        for g in 0..groups {
+            for t in 0..tokens {
+                rows16::q5_0_q8_0_group(nb, w.add(g * 16 * nb * 22), a.add(t * arow), out.add(t * ostride + 16 * g));
+            }
         }
     });
-rows16_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0, one rows16 group (each output as [`vec_dot_q4_0_q8_0`]),
-    /// eight tokens at a time.
-    rows16_q4_0_q8_0, 18, 34, |nb, w, a, arow, tokens, out, ostride| {
-        let mut t = 0;
-        while t + 8 <= tokens {
-            rows16::q4_0_q8_0_group::<8>(nb, w, a.add(t * arow), arow, out.add(t * ostride), ostride);
-            t += 8;
-        }
-        if t + 4 <= tokens {
-            rows16::q4_0_q8_0_group::<4>(nb, w, a.add(t * arow), arow, out.add(t * ostride), ostride);
-            t += 4;
-        }
-        while t < tokens {
-            rows16::q4_0_q8_0_group::<1>(nb, w, a.add(t * arow), arow, out.add(t * ostride), ostride);
-            t += 1;
+rows16_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0, rows16 groups (each output as [`vec_dot_q4_0_q8_0`]),
+    /// eight tokens at a time; with more than one group (and rows of at most
+    /// [`rows16::Q4_0_TABLE_BLOCKS`] blocks) each token's block scales and `-8·Σ y` are
+    /// computed once for all the groups ([`rows16::q4_0_activation_table`]), not per group.
+    rows16_q4_0_q8_0, 18, 34, |nb, groups, w, a, arow, tokens, out, ostride| {
+        let gb = 16 * nb * 18;
+        let table = groups > 1 && nb <= rows16::Q4_0_TABLE_BLOCKS;
+        // (Written by `q4_0_activation_table` before any read; not zeroed: one-group calls,
+        // a token's decode, never touch them.)
+        let mut da = core::mem::MaybeUninit::<[f32; 8 * rows16::Q4_0_TABLE_BLOCKS]>::uninit();
+        let mut cs = core::mem::MaybeUninit::<[i32; 8 * rows16::Q4_0_TABLE_BLOCKS]>::uninit();
+        let (da, cs) = (da.as_mut_ptr().cast::<f32>(), cs.as_mut_ptr().cast::<i32>());
+        let mut t0 = 0;
+        while t0 < tokens {
+            let tt = (tokens - t0).min(8);
+            let at = a.add(t0 * arow);
+            if table {
+                rows16::q4_0_activation_table(nb, at, arow, tt, da, cs);
+            }
+            for g in 0..groups {
+                let (wg, og) = (w.add(g * gb), out.add(t0 * ostride + 16 * g));
+                let mut t = 0;
+                macro_rules! run {
+                    ($t:literal) => {
+                        if table {
+                            rows16::q4_0_q8_0_group::<$t, true>(nb, wg, at.add(t * arow), arow, da.add(t * nb), cs.add(t * nb), og.add(t * ostride), ostride);
+                        } else {
+                            rows16::q4_0_q8_0_group::<$t, false>(nb, wg, at.add(t * arow), arow, core::ptr::null(), core::ptr::null(), og.add(t * ostride), ostride);
+                        }
+                        t += $t;
+                    };
+                }
+                if tt == 8 {
+                    run!(8);
+                }
+                if t + 4 <= tt {
+                    run!(4);
+                }
+                while t < tt {
+                    run!(1);
+                }
+            }
+            t0 += tt;
         }
     });
 

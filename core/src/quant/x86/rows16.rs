@@ -108,17 +108,65 @@ pub(crate) unsafe fn q8_0_q8_0_group(nb: usize, w: *const u8, a: *const u8, out:
     }
 }
 
+/// Most blocks a row may have for [`q4_0_activation_table`] (8192 columns): its table of
+/// 8 tokens then takes 16 KiB of stack.
+pub(super) const Q4_0_TABLE_BLOCKS: usize = 256;
+
+/// What [`q4_0_q8_0_group`] needs of activation block `k` of token `t`, once for every
+/// group of a product: `da[t·nb + k]` the block's scale as f32 (exact) and `c[t·nb + k]`
+/// its `-8·Σ y` (exact), for `tokens` (at most 8) rows `arow` bytes apart at `a`.
+///
+/// # Safety
+/// As [`q4_1_q8_1_group`], with `nb * 34` bytes at `a + t·arow` for each `t < tokens` and
+/// `tokens * nb` elements writable at `da` and `c`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn q4_0_activation_table(nb: usize, a: *const u8, arow: usize, tokens: usize, da: *mut f32, c: *mut i32) {
+    // SAFETY: the caller's contract; activation layout d@0 qs@2.
+    unsafe {
+        for t in 0..tokens {
+            for k in 0..nb {
+                let ab = a.add(t * arow + k * 34);
+                *da.add(t * nb + k) = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
+                *c.add(t * nb + k) = -q4_0_eight_sum(ab);
+            }
+        }
+    }
+}
+
+/// `8·Σ y` over the 32 weights of the Q8_0 activation block at `ab` (exact: at most 8 ·
+/// 32 · 128), by a `vpdpbusd` of the block against eights and the sum of its lanes.
+///
+/// # Safety
+/// As [`q4_1_q8_1_group`], with 34 bytes at `ab`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q4_0_eight_sum(ab: *const u8) -> i32 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let cy = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(8), _mm256_loadu_si256(ab.add(2).cast()));
+        let c = _mm_add_epi32(_mm256_castsi256_si128(cy), _mm256_extracti128_si256::<1>(cy));
+        let c = _mm_add_epi32(c, _mm_shuffle_epi32::<0b01_00_11_10>(c));
+        let c = _mm_add_epi32(c, _mm_shuffle_epi32::<0b10_11_00_01>(c));
+        _mm_cvtsi128_si32(c)
+    }
+}
+
 /// Q4_0 · Q8_0 for one rows16 group against `T` activation rows (`arow` bytes apart), in
 /// llama.cpp's repacked order (`qdot::q4_0_q8_0`): per block each row's exact
 /// `Σ (q - 8)·y` (as `Σ q·y - 8·Σ y`, the nibbles unsigned), then `acc = fma(f32(sum),
 /// dw·da, acc)`, one accumulator per (row, token), so `out[t·ostride + r]` has the bits of
 /// row `r`'s dot with token `t`. The nibbles are unpacked once per block for the `T` tokens.
+/// With `TAB` each token's `da` and `-8·Σ y` come from [`q4_0_activation_table`]'s tables
+/// (`da`, `c`: token `t`'s blocks from `t·nb`), computed once for all the groups of a
+/// product rather than per group: the same values.
 ///
 /// # Safety
-/// As [`q4_1_q8_1_group`], with `nb * 288` bytes at `w`, `nb * 34` at `a + t·arow` and
-/// 16 floats at `out + t·ostride` for each `t < T`.
+/// As [`q4_1_q8_1_group`], with `nb * 288` bytes at `w`, `nb * 34` at `a + t·arow` (without
+/// `TAB`) or `T * nb` elements at `da` and `c` (with it), and 16 floats at `out + t·ostride`
+/// for each `t < T`.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn q4_0_q8_0_group<const T: usize>(nb: usize, w: *const u8, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+pub(crate) unsafe fn q4_0_q8_0_group<const T: usize, const TAB: bool>(nb: usize, w: *const u8, a: *const u8, arow: usize, da: *const f32, c: *const i32, out: *mut f32, ostride: usize) {
     // SAFETY: the caller's contract; activation layout d@0 qs@2.
     unsafe {
         let m4 = _mm512_set1_epi8(0x0F);
@@ -131,18 +179,19 @@ pub(crate) unsafe fn q4_0_q8_0_group<const T: usize>(nb: usize, w: *const u8, a:
             let hi = q.map(|q| _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4));
             for (t, acc) in acc.iter_mut().enumerate() {
                 let ab = a.add(t * arow + k * 34);
-                let da = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
-                // -8·Σ y over the block, in every lane: the sums' starting value.
-                let cy = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(8), _mm256_loadu_si256(ab.add(2).cast()));
-                let c = _mm_add_epi32(_mm256_castsi256_si128(cy), _mm256_extracti128_si256::<1>(cy));
-                let c = _mm_add_epi32(c, _mm_shuffle_epi32::<0b01_00_11_10>(c));
-                let c = _mm_add_epi32(c, _mm_shuffle_epi32::<0b10_11_00_01>(c));
-                let mut s = [_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_broadcastd_epi32(c)), _mm512_setzero_si512()];
+                // The block's scale and -8·Σ y over the block, in every lane (the sums'
+                // starting value).
+                let (dat, neg) = if TAB {
+                    (_mm512_set1_ps(*da.add(t * nb + k)), _mm512_set1_epi32(*c.add(t * nb + k)))
+                } else {
+                    (_mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))), _mm512_set1_epi32(-q4_0_eight_sum(ab)))
+                };
+                let mut s = [neg, _mm512_setzero_si512()];
                 for c in 0..4 {
                     s[0] = _mm512_dpbusd_epi32(s[0], lo[c], _mm512_set1_epi32(rd32(ab.add(2 + 4 * c))));
                     s[1] = _mm512_dpbusd_epi32(s[1], hi[c], _mm512_set1_epi32(rd32(ab.add(18 + 4 * c))));
                 }
-                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s[0], s[1])), _mm512_mul_ps(dw, da), *acc);
+                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s[0], s[1])), _mm512_mul_ps(dw, dat), *acc);
             }
         }
         for (t, acc) in acc.iter().enumerate() {
