@@ -212,15 +212,17 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
 /// eight of them).
 const ROWS16_TOKENS: usize = 16;
 
-/// Groups of 16 rows per call of a rows16 tile (the Q8_0 lanes tile shares each token's
-/// staged activation between four).
+/// Groups of 16 rows per call of a rows16 tile or kernel in a batch (the Q8_0 lanes tile
+/// shares each token's staged activation between four, the Q4_0 kernel each token's block
+/// sums).
 const ROWS16_TILE_GROUPS: usize = 4;
 
 /// [`matmul_as`] for a matrix in the rows16 layout: whole groups of 16 rows per task
 /// (for one token on several threads in [`stream_parts`] parts per thread, as the plain
 /// layout's groups). A batch takes the type's rows16 tile for whole tiles of tokens
-/// where it has one (then its narrower one), and the rest token by token through the
-/// rows16 kernel, each group's tokens while the group is in cache. Every output has
+/// where it has one (then its narrower one), and the rest through the rows16 kernel, up
+/// to 16 tokens and [`ROWS16_TILE_GROUPS`] groups a call (one token: the task's groups in
+/// one call), the groups' tokens while the groups are in cache. Every output has
 /// `dot`'s bits (the kernels' contract). Nothing is computed for a kernel set without the
 /// type's rows16 kernel (the host packs only for a set that has it).
 fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usize, out: &mut [f32]) {
