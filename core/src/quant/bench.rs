@@ -572,38 +572,42 @@ fn bench_exact_step_chains() {
     }
     // One step of chain `a` (accumulator zmm{a}, value vector zmm{x}, temporaries zmm{t},
     // zmm{u}; zmm20 the multiplier, zmm24 ones in every dword, zmm25/zmm26 f32 bit masks
-    // 0x1000/0x1fff, zmm27..29 running minima).
+    // 0x1000/0x1fff, zmm27..29 running minima), from these pieces: the fmas rounded down
+    // (into t) and up (into a), as `mad_exact_avx512`; the f16 round trip of `src` into a;
+    // one fma with the f32 sum's low 13 bits against f16's midpoint pattern beside it
+    // (`(s ^ 0x1000) & 0x1fff`, zero at a midpoint) folded into a running minimum, to be
+    // tested once per key.
+    macro_rules! rd_ru {
+        ($a:literal, $x:literal, $t:literal) => {
+            concat!("vmovaps zmm", $t, ", zmm20\n", "vfmadd213ps zmm", $t, ", zmm", $x, ", zmm", $a, ", {{rd-sae}}\n", "vfmadd231ps zmm", $a, ", zmm", $x, ", zmm20, {{ru-sae}}\n")
+        };
+    }
+    macro_rules! round_trip {
+        ($a:literal, $src:literal) => {
+            concat!("vcvtps2ph ymm", $a, ", zmm", $src, ", 0\n", "vcvtph2ps zmm", $a, ", ymm", $a, "\n")
+        };
+    }
+    macro_rules! fma_watch_midpoint {
+        ($a:literal, $x:literal, $t:literal) => {
+            concat!("vfmadd231ps zmm", $a, ", zmm", $x, ", zmm20\n", "vmovaps zmm", $t, ", zmm", $a, "\n", "vpternlogd zmm", $t, ", zmm25, zmm26, 0x28\n", "vpminud zmm27, zmm27, zmm", $t, "\n")
+        };
+    }
     macro_rules! kernel_step {
-        // `mad_exact_avx512`: fmas rounded down and up, the odd one of the two kept, the
-        // f16 round trip.
+        // `mad_exact_avx512`: the odd one of the two kept (`vptestnmd`, masked move).
         ($a:literal, $x:literal, $t:literal, $u:literal) => {
-            concat!(
-                "vmovaps zmm", $t, ", zmm20\n",
-                "vfmadd213ps zmm", $t, ", zmm", $x, ", zmm", $a, ", {{rd-sae}}\n",
-                "vfmadd231ps zmm", $a, ", zmm", $x, ", zmm20, {{ru-sae}}\n",
-                "vptestnmd k1, zmm", $t, ", zmm24\n",
-                "vmovaps zmm", $t, "{{k1}}, zmm", $a, "\n",
-                "vcvtps2ph ymm", $a, ", zmm", $t, ", 0\n",
-                "vcvtph2ps zmm", $a, ", ymm", $a, "\n"
-            )
+            concat!(rd_ru!($a, $x, $t), "vptestnmd k1, zmm", $t, ", zmm24\n", "vmovaps zmm", $t, "{{k1}}, zmm", $a, "\n", round_trip!($a, $t))
         };
     }
     macro_rules! plain_step {
         // One fma and the round trip (the 64-wide update's step: rounding twice).
         ($a:literal, $x:literal, $t:literal, $u:literal) => {
-            concat!("vfmadd231ps zmm", $a, ", zmm", $x, ", zmm20\n", "vcvtps2ph ymm", $a, ", zmm", $a, ", 0\n", "vcvtph2ps zmm", $a, ", ymm", $a, "\n")
+            concat!("vfmadd231ps zmm", $a, ", zmm", $x, ", zmm20\n", round_trip!($a, $a))
         };
     }
     macro_rules! two_fma_step {
         // The kernel's two fmas and round trip without the selection.
         ($a:literal, $x:literal, $t:literal, $u:literal) => {
-            concat!(
-                "vmovaps zmm", $t, ", zmm20\n",
-                "vfmadd213ps zmm", $t, ", zmm", $x, ", zmm", $a, ", {{rd-sae}}\n",
-                "vfmadd231ps zmm", $a, ", zmm", $x, ", zmm20, {{ru-sae}}\n",
-                "vcvtps2ph ymm", $a, ", zmm", $t, ", 0\n",
-                "vcvtph2ps zmm", $a, ", ymm", $a, "\n"
-            )
+            concat!(rd_ru!($a, $x, $t), round_trip!($a, $t))
         };
     }
     macro_rules! select_logic_step {
@@ -611,14 +615,11 @@ fn bench_exact_step_chains() {
         // picks rd or ru in one ternary-logic operation (`mask ? ru : rd`).
         ($a:literal, $x:literal, $t:literal, $u:literal) => {
             concat!(
-                "vmovaps zmm", $t, ", zmm20\n",
-                "vfmadd213ps zmm", $t, ", zmm", $x, ", zmm", $a, ", {{rd-sae}}\n",
-                "vfmadd231ps zmm", $a, ", zmm", $x, ", zmm20, {{ru-sae}}\n",
+                rd_ru!($a, $x, $t),
                 "vpandd zmm", $u, ", zmm", $t, ", zmm24\n",
                 "vpsubd zmm", $u, ", zmm", $u, ", zmm24\n",
                 "vpternlogd zmm", $u, ", zmm", $t, ", zmm", $a, ", 0xac\n",
-                "vcvtps2ph ymm", $a, ", zmm", $u, ", 0\n",
-                "vcvtph2ps zmm", $a, ", ymm", $a, "\n"
+                round_trip!($a, $u)
             )
         };
     }
@@ -627,47 +628,26 @@ fn bench_exact_step_chains() {
         // ternary-logic operation and an or.
         ($a:literal, $x:literal, $t:literal, $u:literal) => {
             concat!(
-                "vmovaps zmm", $t, ", zmm20\n",
-                "vfmadd213ps zmm", $t, ", zmm", $x, ", zmm", $a, ", {{rd-sae}}\n",
                 "vmovaps zmm", $u, ", zmm20\n",
                 "vfmadd213ps zmm", $u, ", zmm", $x, ", zmm", $a, ", {{rz-sae}}\n",
-                "vfmadd231ps zmm", $a, ", zmm", $x, ", zmm20, {{ru-sae}}\n",
+                rd_ru!($a, $x, $t),
                 "vpternlogd zmm", $t, ", zmm", $a, ", zmm24, 0x28\n",
                 "vpord zmm", $u, ", zmm", $u, ", zmm", $t, "\n",
-                "vcvtps2ph ymm", $a, ", zmm", $u, ", 0\n",
-                "vcvtph2ps zmm", $a, ", ymm", $a, "\n"
+                round_trip!($a, $u)
             )
         };
     }
     macro_rules! watch_midpoint_step {
-        // One fma and the round trip, and beside the chain the f32 sum's low 13 bits
-        // against f16's midpoint pattern (`(s ^ 0x1000) & 0x1fff`, zero at a midpoint)
-        // folded into a running minimum, to be tested once per key.
+        // One fma and the round trip, f16 midpoints watched.
         ($a:literal, $x:literal, $t:literal, $u:literal) => {
-            concat!(
-                "vfmadd231ps zmm", $a, ", zmm", $x, ", zmm20\n",
-                "vmovaps zmm", $t, ", zmm", $a, "\n",
-                "vpternlogd zmm", $t, ", zmm25, zmm26, 0x28\n",
-                "vpminud zmm27, zmm27, zmm", $t, "\n",
-                "vcvtps2ph ymm", $a, ", zmm", $a, ", 0\n",
-                "vcvtph2ps zmm", $a, ", ymm", $a, "\n"
-            )
+            concat!(fma_watch_midpoint!($a, $x, $t), round_trip!($a, $a))
         };
     }
     macro_rules! watch_both_step {
         // As the previous, and f16's subnormal range watched too (unsigned and signed
         // running minima of the sum's bits: below 2^-14 in magnitude either way).
         ($a:literal, $x:literal, $t:literal, $u:literal) => {
-            concat!(
-                "vfmadd231ps zmm", $a, ", zmm", $x, ", zmm20\n",
-                "vmovaps zmm", $t, ", zmm", $a, "\n",
-                "vpternlogd zmm", $t, ", zmm25, zmm26, 0x28\n",
-                "vpminud zmm27, zmm27, zmm", $t, "\n",
-                "vpminud zmm28, zmm28, zmm", $a, "\n",
-                "vpminsd zmm29, zmm29, zmm", $a, "\n",
-                "vcvtps2ph ymm", $a, ", zmm", $a, ", 0\n",
-                "vcvtph2ps zmm", $a, ", ymm", $a, "\n"
-            )
+            concat!(fma_watch_midpoint!($a, $x, $t), "vpminud zmm28, zmm28, zmm", $a, "\n", "vpminsd zmm29, zmm29, zmm", $a, "\n", round_trip!($a, $a))
         };
     }
     // The 16 chains of one key: heads h = a / 4 with value vectors zmm16..19 (j = a % 4).
