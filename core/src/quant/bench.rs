@@ -560,7 +560,7 @@ fn bench_f16_round_trip_ports() {
 /// could differ; ns per 16-element step (inline assembly: the compiler neither folds nor
 /// reorders). `bench_f16_round_trip_ports` measures the operations side by side without
 /// the chains' dependencies, which understates the selection's cost. Prints only
-/// (BENCHMARKS.md, "Zen 4's exact f16 step, dependent").
+/// (BENCHMARKS.md, "The exact f16 step, dependent").
 #[cfg(target_arch = "x86_64")]
 #[test]
 #[ignore]
