@@ -387,8 +387,8 @@ rows16_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0, rows16 groups (each output as [`v
     rows16_q4_0_q8_0, 18, 34, |nb, groups, w, a, arow, tokens, out, ostride| {
         let gb = 16 * nb * 18;
         let table = groups > 1 && nb <= rows16::Q4_0_TABLE_BLOCKS;
-        // (Written by `q4_0_activation_table` before any read; not zeroed: one-group calls,
-        // a token's decode, never touch them.)
+        // (Written by `q4_0_activation_table` before any read, so not zeroed: one-group
+        // calls never touch them.)
         let mut da = core::mem::MaybeUninit::<[f32; 8 * rows16::Q4_0_TABLE_BLOCKS]>::uninit();
         let mut cs = core::mem::MaybeUninit::<[i32; 8 * rows16::Q4_0_TABLE_BLOCKS]>::uninit();
         let (da, cs) = (da.as_mut_ptr().cast::<f32>(), cs.as_mut_ptr().cast::<i32>());
