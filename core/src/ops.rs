@@ -10,15 +10,68 @@ pub fn f32_at(bytes: &[u8], i: usize) -> f32 {
     f32::from_le_bytes([b[0], b[1], b[2], b[3]])
 }
 
-/// `1 / sqrt(mean(x^2) + eps)`: the squares (rounded to f32) summed in f64 in index
-/// order, as ggml does, the mean rounded to f32, the root and reciprocal in f32.
+/// `1 / sqrt(mean(x^2) + eps)`: the mean of [`mean_square`], the root and reciprocal in
+/// f32.
 pub fn rms_scale(x: &[f32], eps: f32) -> f32 {
+    1.0 / libm::sqrtf(mean_square(x) + eps)
+}
+
+/// `mean(x^2)` as ggml computes it: the squares (rounded to f32) summed in f64 in index
+/// order, the quotient by the length rounded to f32. That order is one chain of
+/// dependent f64 adds (~4 cycles each: ~1% of a one-thread decode went to it), so the
+/// sum is first taken in [`SQUARE_LANES`] independent lanes ([`mean_square_lanes`]),
+/// which gives the same f32 whenever its error bound proves it; else the chain.
+pub fn mean_square(x: &[f32]) -> f32 {
+    mean_square_lanes(x).unwrap_or_else(|| mean_square_in_order(x))
+}
+
+/// [`mean_square`] the way ggml takes it: one f64 add after another in index order.
+pub fn mean_square_in_order(x: &[f32]) -> f32 {
     let mut sum = 0.0f64;
     for &v in x {
         sum += (v * v) as f64;
     }
-    let mean = (sum / x.len() as f64) as f32;
-    1.0 / libm::sqrtf(mean + eps)
+    (sum / x.len() as f64) as f32
+}
+
+/// Lanes of [`mean_square_lanes`]' partial sums.
+const SQUARE_LANES: usize = 16;
+
+/// [`mean_square_in_order`]'s f32 from the same squares summed in [`SQUARE_LANES`] lanes
+/// (element `i` into lane `i % 16`, then the lanes pairwise), or `None` where that sum
+/// cannot prove it (a row within the error bound of an f32 rounding boundary, a NaN, an
+/// empty or very long row). The squares are not negative, so both sums lie within
+/// `γ_{n-1}·S` of the exact sum `S` (`γ_k = k·u/(1 - k·u)`, `u = 2^-53`: each summand
+/// passes through fewer than `n` rounded adds either way), and each quotient by `n` adds
+/// one rounding: the in-order mean lies within a relative `(2n + 32)·u` of this one's.
+/// Where every value in that interval rounds to one f32 (rounding is monotone: its two
+/// ends round alike), that f32 is the in-order result.
+pub fn mean_square_lanes(x: &[f32]) -> Option<f32> {
+    let n = x.len();
+    if n == 0 || n > 1 << 24 {
+        return None;
+    }
+    let mut acc = [0.0f64; SQUARE_LANES];
+    let mut rows = x.chunks_exact(SQUARE_LANES);
+    for r in &mut rows {
+        for (a, &v) in acc.iter_mut().zip(r) {
+            *a += (v * v) as f64;
+        }
+    }
+    for (a, &v) in acc.iter_mut().zip(rows.remainder()) {
+        *a += (v * v) as f64;
+    }
+    let mut w = SQUARE_LANES;
+    while w > 1 {
+        w /= 2;
+        for j in 0..w {
+            acc[j] += acc[j + w];
+        }
+    }
+    let mean = acc[0] / n as f64;
+    let d = (2 * n + 32) as f64 * (f64::EPSILON / 2.0);
+    let (lo, hi) = ((mean * (1.0 - d)) as f32, (mean * (1.0 + d)) as f32);
+    (lo == hi).then_some(lo)
 }
 
 /// `out = x / sqrt(mean(x^2) + eps) * w` (w as raw little-endian f32 bytes): `(x·scale)·w`
@@ -407,6 +460,62 @@ pub fn log_sum_exp(row: &[f32]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Rows of every length to 2000 with magnitudes over 2^±40 (zeros, subnormals, huge
+    /// values, infinities and NaNs among them): `mean_square` gives the in-order bits,
+    /// and the lanes prove it for nearly every finite row (else they bring no speed).
+    #[test]
+    fn mean_square_is_the_in_order_mean() {
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let mut x = [0.0f32; 2000];
+        let (mut rows, mut proved) = (0, 0);
+        for round in 0..6000 {
+            let n = 1 + (next() % 2000) as usize;
+            let span = [0, 4, 20, 40][round % 4];
+            for v in x[..n].iter_mut() {
+                let r = next();
+                let m = (r >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                let e = if span == 0 { 0 } else { (r % (2 * span + 1)) as i32 - span as i32 };
+                *v = m * libm::exp2f(e as f32);
+                match r % 997 {
+                    0 => *v = 0.0,
+                    1 => *v = f32::from_bits(1 + (r as u32 & 0xff)),
+                    2 if round % 500 == 1 => *v = f32::MAX,
+                    3 if round % 500 == 2 => *v = f32::NAN,
+                    _ => {}
+                }
+            }
+            let row = &x[..n];
+            let want = mean_square_in_order(row);
+            let got = mean_square(row);
+            assert_eq!(got.to_bits(), want.to_bits(), "round {round}, {n} elements");
+            if let Some(l) = mean_square_lanes(row) {
+                assert_eq!(l.to_bits(), want.to_bits(), "round {round}: lanes proved a wrong mean");
+            }
+            if want.is_finite() {
+                rows += 1;
+                proved += usize::from(mean_square_lanes(row).is_some());
+            }
+        }
+        assert!(proved * 1000 >= rows * 999, "the lanes proved {proved} of {rows} finite rows");
+    }
+
+    /// A mean exactly on an f32 rounding boundary (`(1 + 2^-24) / 2`, halfway between
+    /// two f32 values) is not the lanes' to decide; the chain's ties-to-even decides.
+    #[test]
+    fn mean_square_on_a_boundary_takes_the_chain() {
+        let x = [1.0f32, libm::exp2f(-12.0)];
+        assert_eq!(mean_square_lanes(&x), None);
+        assert_eq!(mean_square(&x).to_bits(), mean_square_in_order(&x).to_bits());
+        assert_eq!(mean_square(&x), 0.5);
+        assert_eq!(mean_square_lanes(&[]), None);
+    }
 
     #[test]
     fn rms_norm_unit_weight() {
