@@ -19,14 +19,14 @@ pub fn rms_scale(x: &[f32], eps: f32) -> f32 {
 /// `mean(x^2)` as ggml computes it: the squares (rounded to f32) summed in f64 in index
 /// order, the quotient by the length rounded to f32. That order is one chain of
 /// dependent f64 adds (~4 cycles each: ~1% of a one-thread decode went to it), so the
-/// sum is first taken in [`SQUARE_LANES`] independent lanes ([`mean_square_lanes`]),
-/// which gives the same f32 whenever its error bound proves it; else the chain.
+/// sum is first taken in 16 independent lanes (`mean_square_lanes`), which gives the
+/// same f32 whenever its error bound proves it; else the chain.
 pub fn mean_square(x: &[f32]) -> f32 {
     mean_square_lanes(x).unwrap_or_else(|| mean_square_in_order(x))
 }
 
 /// [`mean_square`] the way ggml takes it: one f64 add after another in index order.
-pub fn mean_square_in_order(x: &[f32]) -> f32 {
+fn mean_square_in_order(x: &[f32]) -> f32 {
     let mut sum = 0.0f64;
     for &v in x {
         sum += (v * v) as f64;
@@ -46,7 +46,7 @@ const SQUARE_LANES: usize = 16;
 /// one rounding: the in-order mean lies within a relative `(2n + 32)·u` of this one's.
 /// Where every value in that interval rounds to one f32 (rounding is monotone: its two
 /// ends round alike), that f32 is the in-order result.
-pub fn mean_square_lanes(x: &[f32]) -> Option<f32> {
+fn mean_square_lanes(x: &[f32]) -> Option<f32> {
     let n = x.len();
     if n == 0 || n > 1 << 24 {
         return None;
