@@ -83,6 +83,13 @@ fn roofline_counts_the_weights_and_divides_the_bandwidth() {
     assert!(bw > 1e8, "implausible bandwidth {bw}");
     assert!(["portable", "avx2", "avx512"].contains(&tg["read_loop"].as_str().unwrap_or("")), "{tg}");
     assert!((bound - bw / total as f64).abs() <= 1e-9 * bound, "{tg}");
+    // The bound is the fastest of at least five read passes taken around the repetitions;
+    // each repetition is also given against the pass right after it (never a faster one
+    // than the bound's, so never a smaller fraction than the whole run's would be alone).
+    assert!(tg["read_passes"].as_u64().unwrap() >= 5, "{tg}");
+    let each = tg["fraction_of_pass_after"].as_array().unwrap();
+    let whole = tg["fraction_of_bound"].as_f64().unwrap();
+    assert!(each.len() == 1 && each[0].as_f64().is_some_and(|f| f.is_finite() && f >= whole * (1.0 - 1e-9)), "{tg}");
     // One thread hands nothing to a pool; two hand off the same jobs for every token
     // (at least one per layer for q, k and v together, attention, the output projection,
     // gate and up together, and down), so the mean is a whole number.
@@ -91,6 +98,7 @@ fn roofline_counts_the_weights_and_divides_the_bandwidth() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let jobs = v[0]["pool_jobs_per_token"].as_f64().unwrap();
+    assert_eq!(v[0]["fraction_of_pass_after"].as_array().map(Vec::len), Some(2), "{}", v[0]);
     let layers = g.tensors().filter(|t| t.name.ends_with(b".attn_q.weight")).count();
     assert!(layers > 0 && jobs >= 5.0 * layers as f64 && jobs.fract() == 0.0, "{layers} layers: {}", v[0]);
 }

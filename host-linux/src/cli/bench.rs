@@ -105,7 +105,7 @@ fn run_tg(e: &mut Engine<'_>, pool: &ThreadPool, first: u32, n: usize, depth: &[
 
 /// `keel bench`.
 #[derive(clap::Args, Debug)]
-#[command(after_help = "JSON: [{\"test\":\"pp512\",\"tps\":x,\"sd\":y,...},...] (tg gains bound_tps, bytes_per_token, read_bytes_per_s, read_loop, pool_jobs_per_token with --roofline). A run whose logits are NaN or constant, or whose tg repetitions generate different tokens, reports no speed: it fails.")]
+#[command(after_help = "JSON: [{\"test\":\"pp512\",\"tps\":x,\"sd\":y,...},...] (tg gains bound_tps, fraction_of_bound, fraction_of_pass_after, read_passes, bytes_per_token, read_bytes_per_s, read_loop, pool_jobs_per_token with --roofline). A run whose logits are NaN or constant, or whose tg repetitions generate different tokens, reports no speed: it fails.")]
 pub struct BenchArgs {
     /// The model (`-m`).
     #[command(flatten)]
@@ -123,7 +123,7 @@ pub struct BenchArgs {
     /// Repetitions of each test (mean ± standard deviation)
     #[arg(short = 'r', long = "repetitions", value_name = "N", default_value_t = 3)]
     pub repetitions: usize,
-    /// Also measure the machine's read bandwidth and print the bandwidth bound of tg (and the thread pool's hand-offs per generated token)
+    /// Also measure the machine's read bandwidth (passes before, between and after the tg repetitions) and print the bandwidth bound of tg, each repetition against the pass right after it, and the thread pool's hand-offs per generated token
     #[arg(long = "roofline")]
     pub roofline: bool,
     /// JSON output
@@ -163,6 +163,10 @@ struct BoundJson {
     kv_bytes_per_token: u64,
     bound_tps: f64,
     fraction_of_bound: f64,
+    /// Each tg repetition's t/s over the bound of the read pass taken right after it.
+    fraction_of_pass_after: Vec<f64>,
+    /// Read passes the bound is the fastest of (before, between and after the repetitions).
+    read_passes: usize,
     /// Hand-offs to the thread pool per generated token (parallel jobs: matrix
     /// products, attention, ...; 0 with one thread).
     pool_jobs_per_token: f64,
@@ -242,9 +246,17 @@ pub fn main(a: BenchArgs) -> Result<()> {
         }
         results.push(m);
     }
+    // With --roofline, the read passes that bound tg, taken in the same minutes as its
+    // repetitions (never during one): two before the first, one right after each (the
+    // pass that repetition is paired with), more after the last up to PASSES in all.
+    let probe = (roofline && n_gen > 0).then(|| super::roofline::ReadProbe::new(opts.threads));
+    let (mut passes, mut after) = (Vec::new(), Vec::new());
     if n_gen > 0 {
         let mut m = Measured { test: name(&format!("tg{n_gen}")), tps: Vec::new() };
         let mut reference: Option<Vec<u32>> = None;
+        if let Some(p) = &probe {
+            passes.extend([p.pass(), p.pass()]);
+        }
         for r in 0..reps {
             let Generated { tps, tokens: out, jobs } = run_tg(&mut e, pool, toks[0], n_gen, dt, nb)?;
             tg_jobs += jobs;
@@ -257,18 +269,26 @@ pub fn main(a: BenchArgs) -> Result<()> {
                 Some(_) => {}
             }
             m.tps.push(tps);
+            if let Some(p) = &probe {
+                let b = p.pass();
+                passes.push(b);
+                after.push(b);
+            }
         }
         results.push(m);
     }
+    if let Some(p) = &probe {
+        while passes.len() < super::roofline::PASSES {
+            passes.push(p.pass());
+        }
+    }
 
-    // The bandwidth bound of tg (measured after the runs, so it never disturbs them).
-    let bound = if roofline && n_gen > 0 {
-        let bw = super::roofline::read_bandwidth(opts.threads);
-        let bytes = super::roofline::bytes_per_token(&e.model, depth, n_gen);
-        Some((bw, bytes, bw.bytes_per_s / bytes.total() as f64, tg_jobs as f64 / (reps * n_gen) as f64))
-    } else {
-        None
-    };
+    // The bandwidth bound of tg: the fastest pass (so never below what the memory
+    // delivered in those minutes), and each repetition against the pass right after it.
+    let bytes = probe.as_ref().map(|_| super::roofline::bytes_per_token(&e.model, depth, n_gen));
+    let tg_tps = results.iter().find(|m| m.test.starts_with("tg")).map_or(&[][..], |m| &m.tps[..]);
+    let paired: Vec<f64> = bytes.map_or_else(Vec::new, |b| tg_tps.iter().zip(&after).map(|(&tps, bw)| tps * b.total() as f64 / bw.bytes_per_s).collect());
+    let bound = super::roofline::fastest(&passes).zip(bytes).map(|(bw, bytes)| (bw, bytes, bw.bytes_per_s / bytes.total() as f64, tg_jobs as f64 / (reps * n_gen) as f64));
 
     if as_json {
         let rows: Vec<BenchJson<'_>> = results
@@ -290,6 +310,8 @@ pub fn main(a: BenchArgs) -> Result<()> {
                     kv_bytes_per_token: bytes.kv,
                     bound_tps: tps_max,
                     fraction_of_bound: m.mean() / tps_max,
+                    fraction_of_pass_after: paired.clone(),
+                    read_passes: passes.len(),
                     pool_jobs_per_token: jobs,
                 }),
             })
@@ -307,9 +329,11 @@ pub fn main(a: BenchArgs) -> Result<()> {
             let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
             let tg = results.iter().find(|m| m.test.starts_with("tg")).map_or(0.0, Measured::mean);
             println!();
-            println!("read bandwidth ({} threads, {} MiB buffer, best of 5 passes of each read loop; fastest: {}): {:.2} GB/s", opts.threads, 512, bw.read_loop, bw.bytes_per_s / 1e9);
+            println!("read bandwidth ({} threads, {} MiB buffer, best of {} passes of each read loop, taken before, between and after the tg repetitions; fastest: {}): {:.2} GB/s", opts.threads, 512, passes.len(), bw.read_loop, bw.bytes_per_s / 1e9);
             println!("bytes read per generated token: {:.2} MiB (weights {:.2}, KV at the mean position of tg{n_gen} {:.2}, embedding row and norms {:.3})", mib(bytes.total()), mib(bytes.weights), mib(bytes.kv), mib(bytes.small));
             println!("bandwidth bound: {tps_max:.1} t/s; tg{n_gen} reaches {:.0}% of it", 100.0 * tg / tps_max);
+            let each: Vec<String> = paired.iter().zip(&after).map(|(f, bw)| format!("{:.0}% ({:.2} GB/s)", 100.0 * f, bw.bytes_per_s / 1e9)).collect();
+            println!("each tg{n_gen} repetition against the read pass right after it: {}", each.join(", "));
             println!("thread-pool hand-offs per generated token: {jobs:.1}");
         }
     }

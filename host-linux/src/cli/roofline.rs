@@ -5,8 +5,9 @@
 //! every position seen so far; with nothing else in cache, no CPU can generate tokens
 //! faster than `read bandwidth ÷ bytes read per token`. keel measures the bandwidth
 //! itself (threads summing disjoint slices of a buffer far larger than the caches, best
-//! of several passes), so the bound and the tg figure come from the same machine, the
-//! same thread count and the same moment.
+//! of several passes taken before, between and after the tg repetitions), so the bound
+//! and the tg figure come from the same machine, the same thread count and the same
+//! minutes.
 
 use keel_core::model::{Mixer, Model};
 use keel_core::placement::for_each_weight;
@@ -18,7 +19,7 @@ const BUF_BYTES: usize = 512 << 20;
 
 /// Passes over the buffer per read loop; the fastest counts (the others warm pages and
 /// clocks).
-const PASSES: usize = 5;
+pub const PASSES: usize = 5;
 
 /// The machine's sustained read bandwidth, as [`read_bandwidth`] measured it.
 #[derive(Clone, Copy, Debug)]
@@ -52,37 +53,58 @@ fn read_loops() -> Vec<(&'static str, ReadLoop)> {
     loops
 }
 
-/// Sustained read bandwidth with `threads` threads, each summing its own contiguous
-/// slice of one buffer (so reads are sequential streams, as a matrix-vector product's
-/// weight reads are): the best pass of every read loop the CPU has, the loops taking
-/// turns pass by pass.
-pub fn read_bandwidth(threads: usize) -> Bandwidth {
-    let threads = threads.max(1);
-    // In huge pages where the kernel has them, as `keel` holds model weights by default
-    // (`ModelFile::load`): with 4 KiB pages the loops stream 8-10% slower on the Xeon
-    // VM (a TLB miss every 4 KiB), and the bound must not be lower than what the memory
-    // delivers. (A plain vector if the map is refused.)
-    let mut map = crate::mmap::HugeMap::new(BUF_BYTES).ok();
-    let mut vec = Vec::new();
-    let words: &mut [u64] = match map.as_mut() {
-        // SAFETY: any bytes are valid u64s; the map is 2 MiB-aligned, so the middle is all.
-        Some(m) => unsafe { m.as_mut_slice().align_to_mut::<u64>().1 },
-        None => {
-            vec.resize(BUF_BYTES / 8, 0u64);
-            &mut vec
+/// The buffer the read loops stream, allocated and written once so that passes can be
+/// taken between a benchmark's runs ([`ReadProbe::pass`]): on a shared VM the memory
+/// bandwidth moves from minute to minute (one core read 22-41 GB/s within an hour on
+/// the Zen 4 VM), so a bound measured only before or after the runs can sit in another
+/// minute than the runs it bounds (BENCHMARKS.md: tg at 99-110% of such a bound).
+pub struct ReadProbe {
+    /// In huge pages where the kernel has them, as `keel` holds model weights by default
+    /// (`ModelFile::load`): with 4 KiB pages the loops stream 8-10% slower on the Xeon
+    /// VM (a TLB miss every 4 KiB), and the bound must not be lower than what the memory
+    /// delivers. (A plain vector if the map is refused.)
+    map: Option<crate::mmap::HugeMap>,
+    vec: Vec<u64>,
+    threads: usize,
+    loops: Vec<(&'static str, ReadLoop)>,
+}
+
+impl ReadProbe {
+    /// The buffer for `threads` threads, every page written (distinct non-zero contents,
+    /// so no page is a shared zero page and no pass meets a first-touch fault).
+    pub fn new(threads: usize) -> Self {
+        let mut p = Self { map: crate::mmap::HugeMap::new(BUF_BYTES).ok(), vec: Vec::new(), threads: threads.max(1), loops: read_loops() };
+        if p.map.is_none() {
+            p.vec.resize(BUF_BYTES / 8, 0u64);
         }
-    };
-    // Distinct non-zero contents so no page is a shared zero page.
-    for (i, w) in words.iter_mut().enumerate() {
-        *w = i as u64 ^ 0x9e37_79b9_7f4a_7c15;
+        let words: &mut [u64] = match p.map.as_mut() {
+            // SAFETY: any bytes are valid u64s; the map is 2 MiB-aligned, so the middle is all.
+            Some(m) => unsafe { m.as_mut_slice().align_to_mut::<u64>().1 },
+            None => &mut p.vec,
+        };
+        for (i, w) in words.iter_mut().enumerate() {
+            *w = i as u64 ^ 0x9e37_79b9_7f4a_7c15;
+        }
+        p
     }
-    let buf: &[u64] = words;
-    let chunk = buf.len().div_ceil(threads);
-    let loops = read_loops();
-    let mut best = Bandwidth { bytes_per_s: 0.0, read_loop: loops[0].0 };
-    let mut check = 0u64;
-    for _ in 0..PASSES {
-        for &(name, f) in &loops {
+
+    fn words(&self) -> &[u64] {
+        match &self.map {
+            // SAFETY: as in `new`.
+            Some(m) => unsafe { m.as_slice().align_to::<u64>().1 },
+            None => &self.vec,
+        }
+    }
+
+    /// One pass of every read loop the CPU has, the threads each summing their own
+    /// contiguous slice (sequential streams, as a matrix-vector product's weight reads
+    /// are): the fastest loop's bandwidth.
+    pub fn pass(&self) -> Bandwidth {
+        let buf = self.words();
+        let chunk = buf.len().div_ceil(self.threads);
+        let mut best = Bandwidth { bytes_per_s: 0.0, read_loop: self.loops[0].0 };
+        let mut check = 0u64;
+        for &(name, f) in &self.loops {
             let t = Instant::now();
             let sums: Vec<u64> = std::thread::scope(|s| {
                 let handles: Vec<_> = buf.chunks(chunk).map(|part| s.spawn(move || f(part))).collect();
@@ -94,10 +116,23 @@ pub fn read_bandwidth(threads: usize) -> Bandwidth {
                 best = Bandwidth { bytes_per_s: rate, read_loop: name };
             }
         }
+        // The sums are used, so the reads cannot be optimised away.
+        std::hint::black_box(check);
+        best
     }
-    // The sums are used, so the reads cannot be optimised away.
-    std::hint::black_box(check);
-    best
+}
+
+/// The fastest of `passes`.
+pub fn fastest(passes: &[Bandwidth]) -> Option<Bandwidth> {
+    passes.iter().copied().fold(None, |b: Option<Bandwidth>, p| if b.is_some_and(|b| b.bytes_per_s >= p.bytes_per_s) { b } else { Some(p) })
+}
+
+/// Sustained read bandwidth with `threads` threads: the best of [`PASSES`] passes of
+/// every read loop the CPU has ([`ReadProbe::pass`]), the loops taking turns pass by pass.
+pub fn read_bandwidth(threads: usize) -> Bandwidth {
+    let probe = ReadProbe::new(threads);
+    let passes: Vec<Bandwidth> = (0..PASSES).map(|_| probe.pass()).collect();
+    fastest(&passes).expect("PASSES > 0")
 }
 
 /// Wrapping sum of `words` in 8 independent lanes (vectorizes to the baseline target's
