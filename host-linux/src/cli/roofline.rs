@@ -3,7 +3,10 @@
 //! Decoding one token reads every matrix weight once (the layers' projections and the
 //! output projection), one embedding row, the norm vectors, and the KV cache rows of
 //! every position seen so far; with nothing else in cache, no CPU can generate tokens
-//! faster than `read bandwidth ÷ bytes read per token`. keel measures the bandwidth
+//! faster than `read bandwidth ÷ bytes read per token`. (Where a model is only a few
+//! times the last-level cache, part of it can still be cached when the next token reads
+//! it, and decode can pass the figure: on the 2-vCPU Zen 4 VM, 32 MiB of L3 beside
+//! SmolLM2's 91 MB a token, by up to ~14% at two threads; BENCHMARKS.md.) keel measures the bandwidth
 //! itself (threads summing disjoint slices of a buffer far larger than the caches, best
 //! of several passes taken before, between and after the tg repetitions), so the bound
 //! and the tg figure come from the same machine, the same thread count and the same
