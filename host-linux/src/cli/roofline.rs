@@ -6,8 +6,8 @@
 //! faster than `read bandwidth ÷ bytes read per token`. (Where a model is only a few
 //! times the last-level cache, part of it can still be cached when the next token reads
 //! it, and decode can pass the figure: on the 2-vCPU Zen 4 VM, 32 MiB of L3 beside
-//! SmolLM2's 91 MB a token, by up to ~14% at two threads; BENCHMARKS.md.) keel measures the bandwidth
-//! itself (threads summing disjoint slices of a buffer far larger than the caches, best
+//! SmolLM2's 91 MB a token, by up to ~14% at two threads; BENCHMARKS.md.) keel
+//! measures the bandwidth itself (threads summing disjoint slices of a buffer far larger than the caches, best
 //! of several passes taken before, between and after the tg repetitions), so the bound
 //! and the tg figure come from the same machine, the same thread count and the same
 //! minutes.
@@ -20,11 +20,11 @@ use std::time::Instant;
 /// machines keel targets (and of this one).
 const BUF_BYTES: usize = 512 << 20;
 
-/// Passes over the buffer per read loop; the fastest counts (the others warm pages and
-/// clocks).
+/// The fewest passes of each read loop a bound is the fastest of (`keel bench` takes them
+/// around the tg repetitions).
 pub const PASSES: usize = 5;
 
-/// The machine's sustained read bandwidth, as [`read_bandwidth`] measured it.
+/// The machine's sustained read bandwidth, as a [`ReadProbe::pass`] measured it.
 #[derive(Clone, Copy, Debug)]
 pub struct Bandwidth {
     /// Bytes per second.
@@ -125,18 +125,11 @@ impl ReadProbe {
     }
 }
 
-/// The fastest of `passes`.
+/// The fastest of `passes` (`None` for none).
 pub fn fastest(passes: &[Bandwidth]) -> Option<Bandwidth> {
-    passes.iter().copied().fold(None, |b: Option<Bandwidth>, p| if b.is_some_and(|b| b.bytes_per_s >= p.bytes_per_s) { b } else { Some(p) })
+    passes.iter().copied().max_by(|a, b| a.bytes_per_s.total_cmp(&b.bytes_per_s))
 }
 
-/// Sustained read bandwidth with `threads` threads: the best of [`PASSES`] passes of
-/// every read loop the CPU has ([`ReadProbe::pass`]), the loops taking turns pass by pass.
-pub fn read_bandwidth(threads: usize) -> Bandwidth {
-    let probe = ReadProbe::new(threads);
-    let passes: Vec<Bandwidth> = (0..PASSES).map(|_| probe.pass()).collect();
-    fastest(&passes).expect("PASSES > 0")
-}
 
 /// Wrapping sum of `words` in 8 independent lanes (vectorizes to the baseline target's
 /// loads: 128-bit on x86_64 and aarch64).
