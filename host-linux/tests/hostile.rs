@@ -244,10 +244,16 @@ fn a_model_truncated_under_keel_is_an_error() {
     std::fs::copy(synth(), &m).unwrap();
     // Seed 1 samples ~2800 tokens before an end of generation: seconds of work.
     let mut child = keel().args(["run", "--mmap", "-c", "4096", "-n", "4000", "-s", "1", "-t", "1", "-p", "hi", "-m"]).arg(&m).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    // The read end of stdout stays open (and drained) to the end: were it closed after the
+    // first byte, a token written before the truncation reached keel would end it by
+    // SIGPIPE instead (a flake once).
+    let mut stdout = child.stdout.take().unwrap();
     let mut first = [0u8; 1];
-    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    stdout.read_exact(&mut first).unwrap();
     std::fs::OpenOptions::new().write(true).open(&m).unwrap().set_len(4096).unwrap();
+    let drain = std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
     let o = child.wait_with_output().unwrap();
+    drain.join().unwrap().unwrap();
     fails_with(&o, &["the model file", "m.gguf", "changed while keel was reading it"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
