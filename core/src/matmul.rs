@@ -91,9 +91,10 @@ pub fn matmul(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usi
 /// may depend on the batch (as it does in llama.cpp).
 pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usize, out: &mut [f32], llama_cpp_batches: bool) {
     if w.layout == Layout::Rows16 {
-        // (Its types, Q4_0, Q4_1, Q5_0 and Q8_0 with whole groups of 16 rows, take `dot`
-        // in every batch: llama.cpp's order too.)
-        return matmul_rows16(k, par, w, xq, n, out);
+        // (Q4_0, Q4_1, Q5_0 and Q8_0 with whole groups of 16 rows take `dot` in every
+        // batch, llama.cpp's order too; Q4_K takes llama.cpp's `gemm` order for a batch's
+        // whole groups of 4 tokens with `llama_cpp_batches`.)
+        return matmul_rows16(k, par, w, xq, n, out, llama_cpp_batches);
     }
     let Ok(dot) = k.dot_fn(w.ty) else { return };
     if llama_cpp_batches && (0..n).any(|i| k.dot_fn_in_batch(w.ty, w.rows, n, i).map(|f| f as usize) != Ok(dot as usize)) {
@@ -225,8 +226,11 @@ const ROWS16_TILE_GROUPS: usize = 4;
 /// one call), the groups' tokens while the groups are in cache. Every output has
 /// `dot`'s bits (the kernels' contract). Nothing is computed for a kernel set without the
 /// type's rows16 kernel (the host packs only for a set that has it).
-fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usize, out: &mut [f32]) {
+fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usize, out: &mut [f32], llama_cpp_batches: bool) {
     let (Some(f), Some(rb)) = (k.dot_rows16_fn(w.ty), act_row_bytes(w.ty, w.cols)) else { return };
+    if llama_cpp_batches && n > 1 && (0..n).any(|i| k.dot_rows16_fn_in_batch(w.ty, w.rows, n, i).map(|g| g as usize) != Some(f as usize)) {
+        return matmul_rows16_in_batch(k, par, w, xq, n, out);
+    }
     let (rows, cols, wrb) = (w.rows, w.cols, w.row_bytes());
     let gb = ROWS16 * wrb;
     let groups = rows / ROWS16;
@@ -280,6 +284,44 @@ fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
                     // SAFETY: rows g0·16..g1·16 of every token belong to this task alone.
                     unsafe { out.slice((j + ti) * rows + g0 * ROWS16, nr) }.copy_from_slice(orow);
                 }
+            }
+        }
+    });
+}
+
+/// [`matmul_rows16`] with llama.cpp's arithmetic for each token of the batch
+/// ([`Kernels::dot_rows16_fn_in_batch`]): each run of tokens that take the same kernel in
+/// calls of up to [`ROWS16_TOKENS`] tokens and [`ROWS16_TILE_GROUPS`] groups, the groups'
+/// tokens while the groups are in cache. (The kernel tables have a rows16 kernel for every
+/// order of every type they pack: tested; none is skipped silently — `dot`'s would serve.)
+fn matmul_rows16_in_batch(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usize, out: &mut [f32]) {
+    let (Some(f), Some(rb)) = (k.dot_rows16_fn(w.ty), act_row_bytes(w.ty, w.cols)) else { return };
+    let (rows, cols, wrb) = (w.rows, w.cols, w.row_bytes());
+    let gb = ROWS16 * wrb;
+    let groups = rows / ROWS16;
+    let out = SharedMut::new(&mut out[..n * rows]);
+    let tasks = par.n_threads().min(groups).max(1);
+    let kernel = |i: usize| k.dot_rows16_fn_in_batch(w.ty, rows, n, i).unwrap_or(f);
+    par.run(tasks, &|t| {
+        let range = split_range(groups, tasks, t);
+        let mut o = [0.0f32; ROWS16_TOKENS * ROWS16_TILE_GROUPS * ROWS16];
+        for g0 in range.clone().step_by(ROWS16_TILE_GROUPS) {
+            let g1 = (g0 + ROWS16_TILE_GROUPS).min(range.end);
+            let nr = (g1 - g0) * ROWS16;
+            let wg = &w.data[g0 * gb..g1 * gb];
+            let mut j = 0;
+            while j < n {
+                let kf = kernel(j);
+                let mut tt = 1;
+                while tt < ROWS16_TOKENS && j + tt < n && kernel(j + tt) as usize == kf as usize {
+                    tt += 1;
+                }
+                kf(cols, g1 - g0, wg, &xq[j * rb..(j + tt) * rb], rb, tt, &mut o[..tt * nr], nr);
+                for (ti, orow) in o[..tt * nr].chunks_exact(nr).enumerate() {
+                    // SAFETY: rows g0·16..g1·16 of every token belong to this task alone.
+                    unsafe { out.slice((j + ti) * rows + g0 * ROWS16, nr) }.copy_from_slice(orow);
+                }
+                j += tt;
             }
         }
     });

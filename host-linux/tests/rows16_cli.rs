@@ -1,11 +1,12 @@
 //! The rows16 layout from the command line: where the kernel set has rows16 kernels
-//! (x86 with AVX-512 VNNI), `keel run` and `keel eval` pack a model's Q4_0, Q4_1, Q5_0 and
-//! Q8_0 matrices when they read the file into memory (SmolLM2 in Q4_1, Q8_0 and Q4_0,
-//! Gemma 3 270M), and give the tokens and every logits row (digests) of the plain layout —
-//! `--mmap`, whose read-only map of the file is never packed, and the scalar reference
-//! kernels — at one and two threads, for a one-token decode, a 24-token prompt (the
-//! narrower tile and single tokens) and a 90-token one (whole 32-token tiles). Elsewhere
-//! nothing is packed (the count says 0).
+//! (x86 with AVX-512 VNNI), `keel run` and `keel eval` pack a model's Q4_0, Q4_1, Q5_0,
+//! Q8_0 and Q4_K matrices when they read the file into memory (SmolLM2 in Q4_1, Q8_0 and
+//! Q4_0, Gemma 3 270M), and give the tokens and every logits row (digests) of the plain
+//! layout — `--mmap`, whose read-only map of the file is never packed, and the scalar
+//! reference kernels — at one and two threads, for a one-token decode, a 24-token prompt
+//! (the narrower tile and single tokens) and a 90-token one (whole 32-token tiles), the
+//! latter in llama.cpp's batch arithmetic too (`--batches llama-cpp`: Q4_K's `gemm`
+//! order). Elsewhere nothing is packed (the count says 0).
 
 use keel_test_support::{gemma3_path, keel_command, keel_run_json, requantized, smollm2_path};
 use std::path::{Path, PathBuf};
@@ -46,8 +47,9 @@ fn packed_matrices_give_the_plain_layouts_bits() {
     let q4_0 = requantized(Path::new(keel), &q4_1, "Q4_0", &scratch());
     let Some(gemma) = gemma3_path() else { return };
     // SmolLM2: 30 layers × 7 matrices and the token embedding (its tied output); Gemma 3
-    // 270M Q4_K_M: its 81 Q5_0 and 10 Q8_0 matrices (the token embedding among them).
-    for (model, count) in [(&q4_1, 211), (&q8_0, 211), (&q4_0, 211), (&gemma, 91)] {
+    // 270M Q4_K_M: its 81 Q5_0, 10 Q8_0 (the token embedding among them) and 27 Q4_K
+    // matrices.
+    for (model, count) in [(&q4_1, 211), (&q8_0, 211), (&q4_0, 211), (&gemma, 118)] {
         let name = model.file_name().unwrap().to_string_lossy().to_string();
         for t in ["1", "2"] {
             let packed = keel_run_json(keel, model, &["-t", t], &[]);
@@ -67,5 +69,9 @@ fn packed_matrices_give_the_plain_layouts_bits() {
         assert!(packed["tokens"].as_array().unwrap().len() >= 64, "the long prompt takes whole 32-token tiles");
         assert_eq!(packed, plain, "{name}: keel eval's logits differ from --mmap's");
         assert_eq!(row, plain_row, "{name}: keel eval's last row differs from --mmap's");
+        let (packed, row) = eval(model, &["-t", "2", "--batches", "llama-cpp"], "packed-llama");
+        let (plain, plain_row) = eval(model, &["-t", "2", "--batches", "llama-cpp", "--mmap"], "mmap-llama");
+        assert_eq!(packed, plain, "{name}: keel eval --batches llama-cpp's logits differ from --mmap's");
+        assert_eq!(row, plain_row, "{name}: keel eval --batches llama-cpp's last row differs from --mmap's");
     }
 }

@@ -408,18 +408,18 @@ fn bench_vector_ports() {
 }
 
 /// The rows16 kernels (`quant::rows16`) against the plain 8-row kernels, weights hot in
-/// L1, at SmolLM2's row length (576) and 2048: ns per (row, block) of 32 weights, for each
-/// kernel set with rows16 kernels. Prints only.
+/// L1, at SmolLM2's row length (576; not Q4_K's) and 2048: ns per (row, 32 weights) and
+/// GB/s of weights, for each kernel set with rows16 kernels. Prints only.
 #[test]
 #[ignore]
 fn bench_rows16() {
     use crate::quant::rows16::{pack_in_place, ROWS16};
     let mut rng = Rng::new(13);
     for k in super::tests::fast_kernel_sets() {
-        for ty in [Q4_0, Q4_1, Q5_0, Q8_0] {
+        for ty in [Q4_0, Q4_1, Q5_0, Q8_0, GgmlType::Q4_K] {
             let (Some(f), Some(rows_fn)) = (k.dot_rows16_fn(ty), k.dot_rows_fn(ty)) else { continue };
             let atype = Kernels::vec_dot_type(ty).unwrap();
-            for cols in [576usize, 2048] {
+            for cols in [576usize, 2048].into_iter().filter(|c| c % ty.block_size() == 0) {
                 let nb = cols / 32;
                 let wrb = ty.row_bytes(cols as u64).unwrap() as usize;
                 let mut w = std::vec![0u8; ROWS16 * wrb];
@@ -444,7 +444,8 @@ fn bench_rows16() {
                     black_box(&mut o);
                 });
                 let per = |t: f64| t / (ROWS16 * nb) as f64;
-                println!("{:>4} {cols:>4} columns, {}: 8-row kernel {:.3} ns per (row, block), rows16 {:.3} ({:.2}x)", GgmlType::name(ty), k.name(), per(plain), per(packed), plain / packed);
+                let gbs = |t: f64| (ROWS16 * wrb) as f64 / t;
+                println!("{:>4} {cols:>4} columns, {}: 8-row kernel {:.3} ns per (row, 32 weights) ({:.1} GB/s), rows16 {:.3} ({:.1} GB/s, {:.2}x)", GgmlType::name(ty), k.name(), per(plain), gbs(plain), per(packed), gbs(packed), plain / packed);
             }
         }
     }

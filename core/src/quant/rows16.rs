@@ -18,6 +18,13 @@
 //! - **Q5_0** (22 bytes a block, 352 a group block): the sixteen f16 `d` (0..32), the
 //!   sixteen rows' `qh` (32..96: row `r`'s four bytes at `32 + 4r`, so one vector holds
 //!   every row's fifth bits in its lanes), then four chunks of `qs` as Q4_1's (96 + 64c..).
+//! - **Q4_K** (144 bytes a super-block of 256, 2304 a group block): the sixteen f16 `d`
+//!   (0..32), the sixteen `dmin` (32..64), then 35 chunks `c` of 64 bytes (64 + 64c..)
+//!   whose bytes `4r..4r + 4` are row `r`'s bytes `4c..4c + 4` of the 140 after `d` and
+//!   `dmin`: chunks 0..3 its packed 6-bit scales and mins, chunk `3 + m` its `qs` dword
+//!   `m`. The products of a batch in llama.cpp's arithmetic (`--batches llama-cpp`) have
+//!   their own rows16 kernel for its repacked `gemm` order
+//!   ([`Kernels::dot_rows16_fn_in_batch`]).
 //!
 //! A host packs a matrix in place ([`pack_in_place`]) where the kernel set has the
 //! layout's kernels ([`Kernels::dot_rows16_fn`]) and marks it so that the model's tensor
@@ -31,7 +38,17 @@ pub const ROWS16: usize = 16;
 
 /// Whether `ty` has a rows16 layout.
 pub fn has_layout(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0)
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_K)
+}
+
+/// The f16 words at the start of a block of `ty` that the layout gathers in their own
+/// rows of 16 (Q4_1's `d` and `m`, Q4_K's `d` and `dmin`; one `d` for the others).
+fn scale_words(ty: GgmlType) -> usize {
+    if matches!(ty, GgmlType::Q4_1 | GgmlType::Q4_K) {
+        2
+    } else {
+        1
+    }
 }
 
 /// Packs one group: [`ROWS16`] plain rows of `nb` blocks (row `r` at `src[r * wrow..]`)
@@ -39,8 +56,7 @@ pub fn has_layout(ty: GgmlType) -> bool {
 fn pack_group(ty: GgmlType, nb: usize, src: &[u8], wrow: usize, dst: &mut [u8]) {
     let bs = ty.type_size();
     let gb = ROWS16 * bs;
-    // (scales: f16 words at the start of each block; Q4_1 has two, Q8_0 one)
-    let scales = if ty == GgmlType::Q4_1 { 2 } else { 1 };
+    let scales = scale_words(ty);
     for k in 0..nb {
         let g = &mut dst[k * gb..(k + 1) * gb];
         for r in 0..ROWS16 {
@@ -89,8 +105,8 @@ pub fn dequantize_row(k: &Kernels, ty: GgmlType, cols: usize, data: &[u8], r: us
     }
     let gb = ROWS16 * bs;
     let group = data.get((r / ROWS16) * ROWS16 * (cols / n) * bs..).ok_or(bad)?;
-    let (i, scales) = (r % ROWS16, if ty == GgmlType::Q4_1 { 2 } else { 1 });
-    let mut b = [0u8; 34];
+    let (i, scales) = (r % ROWS16, scale_words(ty));
+    let mut b = [0u8; 144];
     for (kb, o) in out.chunks_exact_mut(n).enumerate() {
         let g = group.get(kb * gb..(kb + 1) * gb).ok_or(bad)?;
         for s in 0..scales {
@@ -106,7 +122,7 @@ pub fn dequantize_row(k: &Kernels, ty: GgmlType, cols: usize, data: &[u8], r: us
 
 impl Kernels {
     /// The rows16 kernel of weight type `wtype` ([`Rows16Fn`]), where this kernel set
-    /// has one: x86 with AVX-512 VNNI, Q4_0, Q4_1, Q5_0 and Q8_0.
+    /// has one: x86 with AVX-512 VNNI, Q4_0, Q4_1, Q5_0, Q8_0 and Q4_K.
     pub fn dot_rows16_fn(&self, wtype: GgmlType) -> Option<Rows16Fn> {
         self.t.dot_rows16.get(wtype)
     }
@@ -118,6 +134,19 @@ impl Kernels {
     /// none, a batch takes [`Kernels::dot_rows16_fn`] token by token.
     pub fn dot_tile_rows16_fn(&self, wtype: GgmlType) -> Option<super::DotTile> {
         self.t.dot_tile_rows16.get(wtype)
+    }
+
+    /// The rows16 kernel whose outputs have the bits of [`Kernels::dot_fn_in_batch`]`(wtype,
+    /// rows, n_tokens, token)` (llama.cpp's arithmetic for that token of a batch): Q4_K's
+    /// `gemm` order for the tokens of its whole groups of 4, else [`Kernels::dot_rows16_fn`].
+    /// `None` where this kernel set has no rows16 kernel for that order (it has one for every
+    /// order of every type it packs: tested).
+    pub fn dot_rows16_fn_in_batch(&self, wtype: GgmlType, rows: usize, n_tokens: usize, token: usize) -> Option<Rows16Fn> {
+        match super::BatchOrder::of(wtype, rows, n_tokens, token) {
+            super::BatchOrder::Dot => self.dot_rows16_fn(wtype),
+            super::BatchOrder::Gemm => self.t.dot_rows16_gemm.get(wtype),
+            super::BatchOrder::Lanes | super::BatchOrder::Tiled => None,
+        }
     }
 
     /// Whether a `rows`-row matrix of `wtype` may be packed in the rows16 layout for this
@@ -141,7 +170,7 @@ mod tests {
     use std::{vec, vec::Vec};
 
     use super::*;
-    use crate::ggml_type::GgmlType::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+    use crate::ggml_type::GgmlType::{Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q8_0};
     use crate::quant::tests::{activations, fast_kernel_sets, quantized, random_row, Rng};
 
     /// Every row of every group of a packed matrix gets the plain dot's bits, for every
@@ -152,12 +181,13 @@ mod tests {
         let mut rng = Rng::new(41);
         let mut checked = 0;
         for k in fast_kernel_sets() {
-            for ty in [Q4_0, Q4_1, Q5_0, Q8_0] {
+            for ty in [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K] {
                 let Some(f) = k.dot_rows16_fn(ty) else { continue };
                 let dot = k.dot_fn(ty).unwrap();
                 let vdt = Kernels::vec_dot_type(ty).unwrap();
-                for nb in [1usize, 2, 3, 18, 20, 48] {
-                    let n = 32 * nb;
+                let nbs: &[usize] = if ty == Q4_K { &[1, 2, 3, 8] } else { &[1, 2, 3, 18, 20, 48] };
+                for &nb in nbs {
+                    let n = ty.block_size() * nb;
                     let rows = 2 * ROWS16;
                     let w: Vec<u8> = (0..rows).flat_map(|_| quantized(ty, &random_row(&mut rng, n))).collect();
                     let wrow = w.len() / rows;
@@ -202,15 +232,57 @@ mod tests {
         let _ = checked;
     }
 
+    /// In llama.cpp's batch arithmetic too: for every type a kernel set packs, each token of
+    /// batches of 1 to 13 has a rows16 kernel ([`Kernels::dot_rows16_fn_in_batch`]) whose
+    /// outputs have the bits of [`Kernels::dot_fn_in_batch`] for it (Q4_K: its `gemm`
+    /// order for whole groups of 4 tokens, which differs from its dot).
+    #[test]
+    fn rows16_kernels_in_batch_give_llama_cpps_bits() {
+        let mut rng = Rng::new(47);
+        let mut gemm_checked = false;
+        for k in fast_kernel_sets() {
+            for ty in [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K] {
+                if k.dot_rows16_fn(ty).is_none() {
+                    continue;
+                }
+                let vdt = Kernels::vec_dot_type(ty).unwrap();
+                let (rows, n) = (2 * ROWS16, 3 * ty.block_size());
+                let w: Vec<u8> = (0..rows).flat_map(|_| quantized(ty, &random_row(&mut rng, n))).collect();
+                let wrow = w.len() / rows;
+                let mut p = w.clone();
+                pack_in_place(ty, rows, n, &mut p, &mut vec![0u8; ROWS16 * wrow]).unwrap();
+                for n_tokens in 1..=13 {
+                    for token in 0..n_tokens {
+                        let f = k.dot_rows16_fn_in_batch(ty, rows, n_tokens, token).unwrap_or_else(|| panic!("{} {ty}: no rows16 kernel for token {token} of {n_tokens}", k.name()));
+                        let dot = k.dot_fn_in_batch(ty, rows, n_tokens, token).unwrap();
+                        gemm_checked |= dot as usize != k.dot_fn(ty).unwrap() as usize;
+                        let a = activations(&k, vdt, &random_row(&mut rng, n));
+                        let mut out = [f32::NAN; 2 * ROWS16];
+                        f(n, 2, &p, &a, a.len(), 1, &mut out, 2 * ROWS16);
+                        for (r, o) in out.iter().enumerate() {
+                            let want = dot(n, &w[r * wrow..], &a);
+                            assert_eq!(o.to_bits(), want.to_bits(), "{} {ty}: token {token} of {n_tokens}, row {r}", k.name());
+                        }
+                    }
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if crate::quant::x86::cpu_has_avx512_vnni() {
+            assert!(gemm_checked, "Q4_K's gemm order was among the orders checked");
+        }
+        let _ = gemm_checked;
+    }
+
     /// The layout as documented: row r's scale of block k, and its byte 4c + i.
     #[test]
     fn packing_puts_each_byte_where_the_layout_says() {
         let mut rng = Rng::new(43);
-        let n = 64;
-        for ty in [Q4_0, Q4_1, Q5_0, Q8_0] {
+        for ty in [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K] {
+            let n = 2 * ty.block_size();
             let w: Vec<u8> = (0..ROWS16).flat_map(|_| quantized(ty, &random_row(&mut rng, n))).collect();
             let (bs, wrow) = (ty.type_size(), w.len() / ROWS16);
-            let scales = if ty == Q4_1 { 2 } else { 1 };
+            let scales = if matches!(ty, Q4_1 | Q4_K) { 2 } else { 1 };
             let mut p = w.clone();
             pack_in_place(ty, ROWS16, n, &mut p, &mut vec![0u8; w.len()]).unwrap();
             for r in 0..ROWS16 {
@@ -233,8 +305,8 @@ mod tests {
     fn packed_rows_dequantize_as_plain_rows() {
         let mut rng = Rng::new(45);
         let k = &fast_kernel_sets()[0];
-        for ty in [Q4_0, Q4_1, Q5_0, Q8_0] {
-            let (rows, n) = (2 * ROWS16, 96);
+        for ty in [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K] {
+            let (rows, n) = (2 * ROWS16, 3 * ty.block_size());
             let w: Vec<u8> = (0..rows).flat_map(|_| quantized(ty, &random_row(&mut rng, n))).collect();
             let wrow = w.len() / rows;
             let mut p = w.clone();

@@ -1150,19 +1150,20 @@ fn activation_rounding_is_rintf_everywhere() {
 
 /// A matrix packed in the rows16 layout gives, in `matmul` (batches of 1 to 20 and 64
 /// tokens, one to five tasks in any order) and in a `matvec_group` beside plain
-/// matrices, every (token, row) the bits the plain matrix gives: for each kernel set
-/// with rows16 kernels, Q4_0, Q4_1, Q5_0 and Q8_0, with a product past `matmul::BALANCE_BYTES` (one
-/// token in parts) among them.
+/// matrices, every (token, row) the bits the plain matrix gives — in keel's batches and in
+/// llama.cpp's (`matmul_as` with `llama_cpp_batches`) — for each kernel set with rows16
+/// kernels, Q4_0, Q4_1, Q5_0, Q8_0 and Q4_K, with a product past `matmul::BALANCE_BYTES`
+/// (one token in parts) among them.
 #[test]
 fn rows16_matrices_give_the_plain_matrices_bits() {
-    use crate::matmul::{matmul, matvec_group};
+    use crate::matmul::{matmul, matmul_as, matvec_group};
     use crate::model::{Layout, Tensor};
     use crate::parallel::{Parallel, Sequential};
     use crate::quant::rows16::{pack_in_place, ROWS16};
     let mut rng = Rng::new(30);
     let mut checked = 0;
     for k in fast_kernel_sets() {
-        for (ty, rows, cols) in [(Q4_1, 48usize, 96usize), (Q4_0, 48, 576), (Q5_0, 80, 640), (Q8_0, 80, 576), (Q8_0, 4096, 1024)] {
+        for (ty, rows, cols) in [(Q4_1, 48usize, 96usize), (Q4_0, 48, 576), (Q5_0, 80, 640), (Q8_0, 80, 576), (Q8_0, 4096, 1024), (Q4_K, 48, 512), (Q4_K, 8192, 1024)] {
             if !k.packs_rows16(ty, rows) {
                 continue;
             }
@@ -1175,11 +1176,18 @@ fn rows16_matrices_give_the_plain_matrices_bits() {
             for n in (1..=20.min(n_max)).chain([64].into_iter().filter(|&n| n <= n_max)) {
                 let mut want = vec![0.0f32; n * rows];
                 matmul(&k, &Sequential, &plain, &a[..n * rb], n, &mut want);
+                let mut want_llama = vec![0.0f32; n * rows];
+                matmul_as(&k, &Sequential, &plain, &a[..n * rb], n, &mut want_llama, true);
                 for par in [&Sequential as &dyn Parallel, &Reversed(2), &Reversed(5)] {
                     let mut out = vec![f32::NAN; n * rows];
                     matmul(&k, par, &packed, &a[..n * rb], n, &mut out);
                     for (j, (o, e)) in out.iter().zip(&want).enumerate() {
                         assert_eq!(o.to_bits(), e.to_bits(), "{} {ty} batch of {n}, token {} row {}, {} tasks", k.name(), j / rows, j % rows, par.n_threads());
+                    }
+                    let mut out = vec![f32::NAN; n * rows];
+                    matmul_as(&k, par, &packed, &a[..n * rb], n, &mut out, true);
+                    for (j, (o, e)) in out.iter().zip(&want_llama).enumerate() {
+                        assert_eq!(o.to_bits(), e.to_bits(), "{} {ty} llama.cpp's batch of {n}, token {} row {}, {} tasks", k.name(), j / rows, j % rows, par.n_threads());
                     }
                 }
             }
@@ -1206,7 +1214,7 @@ fn rows16_matrices_give_the_plain_matrices_bits() {
     }
     #[cfg(target_arch = "x86_64")]
     if crate::quant::x86::cpu_has_avx512_vnni() {
-        assert!(checked >= 5, "the AVX-512 VNNI sets pack Q4_0, Q4_1, Q5_0 and Q8_0");
+        assert!(checked >= 7, "the AVX-512 VNNI sets pack Q4_0, Q4_1, Q5_0, Q8_0 and Q4_K");
     }
     let _ = checked;
 }

@@ -380,6 +380,38 @@ rows16_wrapper!(/// AVX-512 VNNI Q5_0 · Q8_0, rows16 groups (each output as [`v
             }
         }
     });
+/// AVX-512 VNNI Q4_K · Q8_K, rows16 groups, each output as [`vec_dot_q4_k_q8_k`]
+/// (`MODE` [`kdot::NATIVE`]) or [`vec_dot_q4_k_q8_k_gemm`] ([`kdot::GEMM`]): four tokens a
+/// call of the kernel where there are four, then one.
+#[allow(clippy::too_many_arguments)]
+fn rows16_q4_k_q8_k<const MODE: u8>(n: usize, groups: usize, w: &[u8], a: &[u8], arow: usize, tokens: usize, out: &mut [f32], ostride: usize) {
+    let nb = n / 256;
+    debug_assert!(n % 256 == 0, "rows16: n = {n} is not a multiple of 256");
+    if tokens == 0 || groups == 0 {
+        return;
+    }
+    assert!(
+        w.len() >= groups * nb * rows16::GROUP_BLOCK_BYTES_Q4_K && a.len() >= (tokens - 1) * arow + nb * 292 && ostride >= 16 * groups && out.len() >= (tokens - 1) * ostride + 16 * groups,
+        "rows16: slices too short"
+    );
+    // SAFETY: only handed out after cpu_has_avx512_vnni() (the table's `vnni`); the groups'
+    // blocks, every token's blocks and outputs are in bounds (checked).
+    unsafe {
+        let (w, a, out) = (w.as_ptr(), a.as_ptr(), out.as_mut_ptr());
+        for g in 0..groups {
+            let wg = w.add(g * nb * rows16::GROUP_BLOCK_BYTES_Q4_K);
+            let mut t = 0;
+            while t + 4 <= tokens {
+                rows16::q4_k_q8_k_group::<4, MODE>(nb, wg, a.add(t * arow), arow, out.add(t * ostride + 16 * g), ostride);
+                t += 4;
+            }
+            for t in t..tokens {
+                rows16::q4_k_q8_k_group::<1, MODE>(nb, wg, a.add(t * arow), arow, out.add(t * ostride + 16 * g), ostride);
+            }
+        }
+    }
+}
+
 rows16_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0, rows16 groups (each output as [`vec_dot_q4_0_q8_0`]),
     /// eight tokens at a time; with more than one group (and rows of at most
     /// [`rows16::Q4_0_TABLE_BLOCKS`] blocks) each token's block scales and `-8·Σ y` are
@@ -627,6 +659,8 @@ const fn build(flags: usize) -> KernelTable {
         t.dot_rows16.q8_0 = Some(rows16_q8_0_q8_0);
         t.dot_rows16.q4_0 = Some(rows16_q4_0_q8_0);
         t.dot_rows16.q5_0 = Some(rows16_q5_0_q8_0);
+        t.dot_rows16.q4_k = Some(rows16_q4_k_q8_k::<{ kdot::NATIVE }>);
+        t.dot_rows16_gemm.q4_k = Some(rows16_q4_k_q8_k::<{ kdot::GEMM }>);
         t.dot_tile_rows16.q5_0 = DotTile::entry_with_rest(tile_q5_0_q8_0_lanes_rows16, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q5_0_q8_0_lanes16_rows16, LANES_REST_TOKENS);
         t.dot_tile_rows16.q8_0 = DotTile::entry_with_rest(tile_q8_0_q8_0_lanes_rows16, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q8_0_q8_0_lanes16_rows16, LANES_REST_TOKENS);
     }

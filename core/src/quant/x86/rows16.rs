@@ -235,3 +235,131 @@ pub(crate) unsafe fn q5_0_q8_0_group(nb: usize, w: *const u8, a: *const u8, out:
     // SAFETY: the caller's contract; activation layout d@0 qs@2.
     unsafe { lanes8_group!(nb, w, a, out, GROUP_BLOCK_BYTES_Q5_0, 16, |g| q5_0_weights(g)) }
 }
+
+/// Bytes of one Q4_K (group, super-block): 16 blocks of 144 bytes.
+pub(super) const GROUP_BLOCK_BYTES_Q4_K: usize = 16 * 144;
+
+/// `[hi_0..hi_3, hi_4..hi_7, lo_0..lo_3, lo_4..lo_7]` (bytes) for the Q8_K activation block
+/// at `ab`: its eight 32-element sums `s_j = bsums[2j] + bsums[2j + 1]` split as
+/// `s_j = 64·hi_j + lo_j` (`hi_j` in -64..=64, `lo_j` in 0..64: both bytes), so that a
+/// `vpdpbusd` of the rows' unsigned 6-bit mins against them gives `Σ m_j·s_j` exactly.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q4_k_min_sums(ab: *const u8) -> [i32; 4] {
+    // SAFETY: the caller guarantees a whole Q8_K block (292 bytes) at ab.
+    unsafe {
+        let b = _mm256_loadu_si256(ab.add(260).cast());
+        let s = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256::<1>(b));
+        let packed = _mm_packs_epi16(_mm_srai_epi16::<6>(s), _mm_and_si128(s, _mm_set1_epi16(63)));
+        let mut out = [0i32; 4];
+        _mm_storeu_si128(out.as_mut_ptr().cast(), packed);
+        out
+    }
+}
+
+/// Q4_K · Q8_K for one rows16 group against `T` activation rows (`arow` bytes apart):
+/// `out[t·ostride + r]` gets row `r`'s dot with token `t`, the bits of
+/// `kdot::q4_k_q8_k::<MODE>` (`NATIVE` or `GEMM`: a matrix of whole groups of 16 rows is
+/// one llama.cpp repacks, so its batches never take the tiled order). Per super-block each row's exact integers — per 64-element
+/// group `j` `sumj = sc_2j·Σ q·y + sc_2j+1·Σ q·y` over its two sub-blocks and `m_j = m_2j·s_2j
+/// + m_2j+1·s_2j+1` (`s_i = bsums[2i] + bsums[2i + 1]`), and their sums `sumi`, `summ` —
+/// then the dot's float steps, row `r` in lane `r`: `NATIVE` (llama.cpp's repacked `gemv`)
+/// `acc = fma(f32(sumi), dw·da, acc)`, `accm = fma(f32(summ), dminw·da, accm)`; `GEMM` the
+/// same pair per group `j` with `sumj` and `m_j`; the result `acc - accm`. The integers
+/// are exact, so their order is free. The nibbles are unpacked once per super-block for
+/// the `T` tokens.
+///
+/// Layout of a (group, super-block) (`quant::rows16`): the sixteen f16 `d` (0..32), the
+/// sixteen `dmin` (32..64), then 35 chunks of 64 bytes whose dword `r` is row `r`'s dword
+/// `c` of the block's 140 bytes after `d` and `dmin`: chunks 0..3 the packed 6-bit scales
+/// and mins, chunk `3 + 8j + i` the nibbles of elements `64j + 4i..+4` (low) and `64j + 32
+/// + 4i..+4` (high).
+///
+/// # Safety
+/// As [`q4_1_q8_1_group`], with `nb * GROUP_BLOCK_BYTES_Q4_K` bytes at `w`, `nb * 292` at
+/// `a + t·arow` and 16 floats at `out + t·ostride` for each `t < T`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn q4_k_q8_k_group<const T: usize, const MODE: u8>(nb: usize, w: *const u8, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    use super::kdot::GEMM;
+    // SAFETY: the caller's contract; activation layout d@0 (f32) qs@4 bsums@260.
+    unsafe {
+        let m4 = _mm512_set1_epi8(0x0F);
+        let (low6, low4, bits45) = (_mm512_set1_epi32(0x3f3f_3f3f), _mm512_set1_epi32(0x0f0f_0f0f), _mm512_set1_epi32(0x3030_3030));
+        let mut acc = [_mm512_setzero_ps(); T];
+        let mut accm = [_mm512_setzero_ps(); T];
+        for k in 0..nb {
+            let g = w.add(k * GROUP_BLOCK_BYTES_Q4_K);
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(g.cast()));
+            let dmw = _mm512_cvtph_ps(_mm256_loadu_si256(g.add(32).cast()));
+            // Each row's 8 scales and 8 mins (6 bits, one byte each, four to a dword):
+            // as `kdot::scales_mins`, lane by lane.
+            let (u0, u1, u2) = (_mm512_loadu_si512(g.add(64).cast()), _mm512_loadu_si512(g.add(128).cast()), _mm512_loadu_si512(g.add(192).cast()));
+            let sc = [
+                _mm512_and_si512(u0, low6),
+                _mm512_or_si512(_mm512_and_si512(u2, low4), _mm512_and_si512(_mm512_srli_epi32::<2>(u0), bits45)),
+            ];
+            let mn = [
+                _mm512_and_si512(u1, low6),
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(u2), low4), _mm512_and_si512(_mm512_srli_epi32::<2>(u1), bits45)),
+            ];
+            let byte = |v: __m512i, b: usize| match b {
+                0 => _mm512_and_si512(v, _mm512_set1_epi32(0xff)),
+                1 => _mm512_and_si512(_mm512_srli_epi32::<8>(v), _mm512_set1_epi32(0xff)),
+                2 => _mm512_and_si512(_mm512_srli_epi32::<16>(v), _mm512_set1_epi32(0xff)),
+                _ => _mm512_srli_epi32::<24>(v),
+            };
+            // Per token: its block scale and the mins' activation sums split in bytes.
+            let das: [__m512; T] = core::array::from_fn(|t| _mm512_set1_ps(core::ptr::read_unaligned(a.add(t * arow + k * 292).cast::<f32>())));
+            let mins: [[i32; 4]; T] = core::array::from_fn(|t| q4_k_min_sums(a.add(t * arow + k * 292)));
+            // `m_j` of group j (both of its mins; GEMM) or all four pairs at once.
+            let min_sum = |t: usize, j: Option<usize>| {
+                let [hl, hh, ll, lh] = mins[t];
+                // The bytes of the pairs wanted: every byte, or bytes 2j, 2j + 1 of the
+                // lower (j < 2) or the upper dword of the pair.
+                let keep = |v: i32, half: usize| match j {
+                    None => v,
+                    Some(j) if j / 2 == half => v & (0xffff << (16 * (j % 2))),
+                    Some(_) => 0,
+                };
+                let hi = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), mn[0], _mm512_set1_epi32(keep(hl, 0))), mn[1], _mm512_set1_epi32(keep(hh, 1)));
+                let lo = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), mn[0], _mm512_set1_epi32(keep(ll, 0))), mn[1], _mm512_set1_epi32(keep(lh, 1)));
+                _mm512_add_epi32(_mm512_slli_epi32::<6>(hi), lo)
+            };
+            // Per token the sub-block sums Σ q·y (exact), two at a time (sub-blocks 2j and
+            // 2j + 1 share each chunk's bytes), each group's folded by the scales.
+            let mut sumi = [_mm512_setzero_si512(); T];
+            for j in 0..4 {
+                let mut s = [[_mm512_setzero_si512(); 2]; T];
+                for i in 0..8 {
+                    let q = _mm512_loadu_si512(g.add(256 + 64 * (8 * j + i)).cast());
+                    let (lo, hi) = (_mm512_and_si512(q, m4), _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4));
+                    for (t, st) in s.iter_mut().enumerate() {
+                        let y = a.add(t * arow + k * 292 + 4 + 64 * j + 4 * i);
+                        st[0] = _mm512_dpbusd_epi32(st[0], lo, _mm512_set1_epi32(rd32(y)));
+                        st[1] = _mm512_dpbusd_epi32(st[1], hi, _mm512_set1_epi32(rd32(y.add(32))));
+                    }
+                }
+                let (s0, s1) = (byte(sc[j / 2], 2 * (j % 2)), byte(sc[j / 2], 2 * (j % 2) + 1));
+                for (t, st) in s.iter().enumerate() {
+                    let sumj = _mm512_add_epi32(_mm512_mullo_epi32(st[0], s0), _mm512_mullo_epi32(st[1], s1));
+                    if MODE == GEMM {
+                        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumj), _mm512_mul_ps(dw, das[t]), acc[t]);
+                        accm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(min_sum(t, Some(j))), _mm512_mul_ps(dmw, das[t]), accm[t]);
+                    } else {
+                        sumi[t] = _mm512_add_epi32(sumi[t], sumj);
+                    }
+                }
+            }
+            if MODE == GEMM {
+                continue;
+            }
+            for t in 0..T {
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[t]), _mm512_mul_ps(dw, das[t]), acc[t]);
+                accm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(min_sum(t, None)), _mm512_mul_ps(dmw, das[t]), accm[t]);
+            }
+        }
+        for t in 0..T {
+            _mm512_storeu_ps(out.add(t * ostride), _mm512_sub_ps(acc[t], accm[t]));
+        }
+    }
+}
