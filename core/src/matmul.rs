@@ -224,8 +224,10 @@ const ROWS16_TILE_GROUPS: usize = 4;
 /// where it has one (then its narrower one), and the rest through the rows16 kernel, up
 /// to 16 tokens and [`ROWS16_TILE_GROUPS`] groups a call (one token: the task's groups in
 /// one call), the groups' tokens while the groups are in cache. Every output has
-/// `dot`'s bits (the kernels' contract). Nothing is computed for a kernel set without the
-/// type's rows16 kernel (the host packs only for a set that has it).
+/// `dot`'s bits (the kernels' contract), or with `llama_cpp_batches` those of
+/// [`Kernels::dot_fn_in_batch`] for its token ([`matmul_rows16_in_batch`], where that
+/// differs from `dot`: Q4_K). Nothing is computed for a kernel set without the type's
+/// rows16 kernel (the host packs only for a set that has it).
 fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usize, out: &mut [f32], llama_cpp_batches: bool) {
     let (Some(f), Some(rb)) = (k.dot_rows16_fn(w.ty), act_row_bytes(w.ty, w.cols)) else { return };
     if llama_cpp_batches && n > 1 && (0..n).any(|i| k.dot_rows16_fn_in_batch(w.ty, w.rows, n, i).map(|g| g as usize) != Some(f as usize)) {
@@ -292,8 +294,9 @@ fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
 /// [`matmul_rows16`] with llama.cpp's arithmetic for each token of the batch
 /// ([`Kernels::dot_rows16_fn_in_batch`]): each run of tokens that take the same kernel in
 /// calls of up to [`ROWS16_TOKENS`] tokens and [`ROWS16_TILE_GROUPS`] groups, the groups'
-/// tokens while the groups are in cache. (The kernel tables have a rows16 kernel for every
-/// order of every type they pack: tested; none is skipped silently — `dot`'s would serve.)
+/// tokens while the groups are in cache. (Every kernel table has a rows16 kernel for every
+/// order of every type it packs, tested, so the fallback to the type's `dot` kernel below
+/// is never taken.)
 fn matmul_rows16_in_batch(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usize, out: &mut [f32]) {
     let (Some(f), Some(rb)) = (k.dot_rows16_fn(w.ty), act_row_bytes(w.ty, w.cols)) else { return };
     let (rows, cols, wrb) = (w.rows, w.cols, w.row_bytes());
