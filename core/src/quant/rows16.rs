@@ -175,7 +175,8 @@ mod tests {
 
     /// Every row of every group of a packed matrix gets the plain dot's bits, for every
     /// kernel set with rows16 kernels (row lengths of 1 to 48 blocks, two groups, one call
-    /// per group and one for both against 1 to 19 tokens).
+    /// per group and one for both against 1 to 19 tokens; random rows and activations, and
+    /// rows and activations at their extremes).
     #[test]
     fn rows16_kernels_give_each_rows_dot_bits() {
         let mut rng = Rng::new(41);
@@ -189,18 +190,29 @@ mod tests {
                 for &nb in nbs {
                     let n = ty.block_size() * nb;
                     let rows = 2 * ROWS16;
-                    let w: Vec<u8> = (0..rows).flat_map(|_| quantized(ty, &random_row(&mut rng, n))).collect();
+                    // Random rows, and at the extremes of the scales and mins: a constant
+                    // negative row and a ramp.
+                    let row = |r: usize, rng: &mut Rng| match r {
+                        0 => vec![-3.0f32; n],
+                        1 => (0..n).map(|i| i as f32 / n as f32 * 2.0 - 1.0).collect(),
+                        _ => random_row(rng, n),
+                    };
+                    let w: Vec<u8> = (0..rows).flat_map(|r| quantized(ty, &row(r, &mut rng))).collect();
                     let wrow = w.len() / rows;
                     let mut p = w.clone();
                     pack_in_place(ty, rows, n, &mut p, &mut vec![0u8; ROWS16 * wrow]).unwrap();
                     assert_ne!(p, w, "{ty}: packing moved nothing");
-                    let a = activations(&k, vdt, &random_row(&mut rng, n));
-                    for g in 0..2 {
-                        let mut out = [f32::NAN; ROWS16];
-                        f(n, 1, &p[g * ROWS16 * wrow..(g + 1) * ROWS16 * wrow], &a, a.len(), 1, &mut out, ROWS16);
-                        for (r, o) in out.iter().enumerate() {
-                            let want = dot(n, &w[(g * ROWS16 + r) * wrow..], &a);
-                            assert_eq!(o.to_bits(), want.to_bits(), "{} {ty} n={n} group {g} row {r}", k.name());
+                    // A random activation row, and rows whose quants all sit at -128 or 127
+                    // (the block sums at their extremes).
+                    for x in [random_row(&mut rng, n), vec![-1.0f32; n], vec![1.0f32; n]] {
+                        let a = activations(&k, vdt, &x);
+                        for g in 0..2 {
+                            let mut out = [f32::NAN; ROWS16];
+                            f(n, 1, &p[g * ROWS16 * wrow..(g + 1) * ROWS16 * wrow], &a, a.len(), 1, &mut out, ROWS16);
+                            for (r, o) in out.iter().enumerate() {
+                                let want = dot(n, &w[(g * ROWS16 + r) * wrow..], &a);
+                                assert_eq!(o.to_bits(), want.to_bits(), "{} {ty} n={n} group {g} row {r}", k.name());
+                            }
                         }
                     }
                     // Both groups in one call against 1 to 19 tokens (whole and partial
