@@ -330,15 +330,16 @@ macro_rules! rows_wrapper {
     };
 }
 
-/// A rows16 kernel's safe wrapper: checks the slices, then runs `$run` (AVX-512 VNNI)
-/// with `nb`, `groups`, the pointers and `tokens`, `arow`, `ostride`.
+/// A rows16 kernel's safe wrapper: checks the slices (blocks of `$bs` elements, `$wsize`
+/// and `$asize` bytes), then runs `$run` (AVX-512 VNNI) with `nb`, `groups`, the pointers
+/// and `tokens`, `arow`, `ostride`.
 macro_rules! rows16_wrapper {
-    ($(#[$doc:meta])* $name:ident, $wsize:expr, $asize:expr, |$nb:ident, $groups:ident, $w:ident, $a:ident, $arow:ident, $tokens:ident, $out:ident, $ostride:ident| $run:block) => {
+    ($(#[$doc:meta])* $name:ident, $bs:expr, $wsize:expr, $asize:expr, |$nb:ident, $groups:ident, $w:ident, $a:ident, $arow:ident, $tokens:ident, $out:ident, $ostride:ident| $run:block) => {
         $(#[$doc])*
         #[allow(clippy::too_many_arguments)]
         fn $name(n: usize, groups: usize, w: &[u8], a: &[u8], arow: usize, tokens: usize, out: &mut [f32], ostride: usize) {
-            let nb = n / 32;
-            debug_assert!(n % 32 == 0, "rows16: n = {n} is not a multiple of 32");
+            let nb = n / $bs;
+            debug_assert!(n % $bs == 0, "rows16: n = {n} is not a multiple of {}", $bs);
             if tokens == 0 || groups == 0 {
                 return;
             }
@@ -357,7 +358,7 @@ macro_rules! rows16_wrapper {
 }
 
 rows16_wrapper!(/// AVX-512 VNNI Q4_1 · Q8_1, rows16 groups (each output as [`vec_dot_q4_1_q8_1`]).
-    rows16_q4_1_q8_1, 20, 36, |nb, groups, w, a, arow, tokens, out, ostride| {
+    rows16_q4_1_q8_1, 32, 20, 36, |nb, groups, w, a, arow, tokens, out, ostride| {
         for g in 0..groups {
             for t in 0..tokens {
                 rows16::q4_1_q8_1_group(nb, w.add(g * 16 * nb * 20), a.add(t * arow), out.add(t * ostride + 16 * g));
@@ -365,7 +366,7 @@ rows16_wrapper!(/// AVX-512 VNNI Q4_1 · Q8_1, rows16 groups (each output as [`v
         }
     });
 rows16_wrapper!(/// AVX-512 VNNI Q8_0 · Q8_0, rows16 groups (each output as [`vec_dot_q8_0_q8_0`]).
-    rows16_q8_0_q8_0, 34, 34, |nb, groups, w, a, arow, tokens, out, ostride| {
+    rows16_q8_0_q8_0, 32, 34, 34, |nb, groups, w, a, arow, tokens, out, ostride| {
         for g in 0..groups {
             for t in 0..tokens {
                 rows16::q8_0_q8_0_group(nb, w.add(g * 16 * nb * 34), a.add(t * arow), out.add(t * ostride + 16 * g));
@@ -373,31 +374,23 @@ rows16_wrapper!(/// AVX-512 VNNI Q8_0 · Q8_0, rows16 groups (each output as [`v
         }
     });
 rows16_wrapper!(/// AVX-512 VNNI Q5_0 · Q8_0, rows16 groups (each output as [`vec_dot_q5_0_q8_0`]).
-    rows16_q5_0_q8_0, 22, 34, |nb, groups, w, a, arow, tokens, out, ostride| {
+    rows16_q5_0_q8_0, 32, 22, 34, |nb, groups, w, a, arow, tokens, out, ostride| {
         for g in 0..groups {
             for t in 0..tokens {
                 rows16::q5_0_q8_0_group(nb, w.add(g * 16 * nb * 22), a.add(t * arow), out.add(t * ostride + 16 * g));
             }
         }
     });
-/// AVX-512 VNNI Q4_K · Q8_K, rows16 groups, each output as [`vec_dot_q4_k_q8_k`]
-/// (`MODE` [`kdot::NATIVE`]) or [`vec_dot_q4_k_q8_k_gemm`] ([`kdot::GEMM`]): four tokens a
-/// call of the kernel where there are four, then one.
+/// The groups of [`rows16_q4_k_q8_k`] and [`rows16_q4_k_q8_k_gemm`] (`MODE`): four tokens
+/// a call of the kernel where there are four, then one.
+///
+/// # Safety
+/// The wrappers' (AVX-512 VNNI; `groups` groups of `nb` super-blocks at `w`, `nb` Q8_K
+/// blocks at `a + t·arow` and 16 outputs per group at `out + t·ostride` for `t < tokens`).
 #[allow(clippy::too_many_arguments)]
-fn rows16_q4_k_q8_k<const MODE: u8>(n: usize, groups: usize, w: &[u8], a: &[u8], arow: usize, tokens: usize, out: &mut [f32], ostride: usize) {
-    let nb = n / 256;
-    debug_assert!(n % 256 == 0, "rows16: n = {n} is not a multiple of 256");
-    if tokens == 0 || groups == 0 {
-        return;
-    }
-    assert!(
-        w.len() >= groups * nb * rows16::GROUP_BLOCK_BYTES_Q4_K && a.len() >= (tokens - 1) * arow + nb * 292 && ostride >= 16 * groups && out.len() >= (tokens - 1) * ostride + 16 * groups,
-        "rows16: slices too short"
-    );
-    // SAFETY: only handed out after cpu_has_avx512_vnni() (the table's `vnni`); the groups'
-    // blocks, every token's blocks and outputs are in bounds (checked).
+unsafe fn q4_k_groups<const MODE: u8>(nb: usize, groups: usize, w: *const u8, a: *const u8, arow: usize, tokens: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: the caller's contract.
     unsafe {
-        let (w, a, out) = (w.as_ptr(), a.as_ptr(), out.as_mut_ptr());
         for g in 0..groups {
             let wg = w.add(g * nb * rows16::GROUP_BLOCK_BYTES_Q4_K);
             let mut t = 0;
@@ -412,11 +405,21 @@ fn rows16_q4_k_q8_k<const MODE: u8>(n: usize, groups: usize, w: &[u8], a: &[u8],
     }
 }
 
+rows16_wrapper!(/// AVX-512 VNNI Q4_K · Q8_K, rows16 groups (each output as [`vec_dot_q4_k_q8_k`]).
+    rows16_q4_k_q8_k, 256, 144, 292, |nb, groups, w, a, arow, tokens, out, ostride| {
+        q4_k_groups::<{ kdot::NATIVE }>(nb, groups, w, a, arow, tokens, out, ostride)
+    });
+rows16_wrapper!(/// AVX-512 VNNI Q4_K · Q8_K in llama.cpp's `gemm` order, rows16 groups (each output as
+    /// [`vec_dot_q4_k_q8_k_gemm`]).
+    rows16_q4_k_q8_k_gemm, 256, 144, 292, |nb, groups, w, a, arow, tokens, out, ostride| {
+        q4_k_groups::<{ kdot::GEMM }>(nb, groups, w, a, arow, tokens, out, ostride)
+    });
+
 rows16_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0, rows16 groups (each output as [`vec_dot_q4_0_q8_0`]),
     /// eight tokens at a time; with more than one group (and rows of at most
     /// [`rows16::Q4_0_TABLE_BLOCKS`] blocks) each token's block scales and `-8·Σ y` are
     /// computed once for all the groups ([`rows16::q4_0_activation_table`]), not per group.
-    rows16_q4_0_q8_0, 18, 34, |nb, groups, w, a, arow, tokens, out, ostride| {
+    rows16_q4_0_q8_0, 32, 18, 34, |nb, groups, w, a, arow, tokens, out, ostride| {
         let gb = 16 * nb * 18;
         let table = groups > 1 && nb <= rows16::Q4_0_TABLE_BLOCKS;
         // (Written by `q4_0_activation_table` before any read, so not zeroed: one-group
@@ -659,8 +662,8 @@ const fn build(flags: usize) -> KernelTable {
         t.dot_rows16.q8_0 = Some(rows16_q8_0_q8_0);
         t.dot_rows16.q4_0 = Some(rows16_q4_0_q8_0);
         t.dot_rows16.q5_0 = Some(rows16_q5_0_q8_0);
-        t.dot_rows16.q4_k = Some(rows16_q4_k_q8_k::<{ kdot::NATIVE }>);
-        t.dot_rows16_gemm.q4_k = Some(rows16_q4_k_q8_k::<{ kdot::GEMM }>);
+        t.dot_rows16.q4_k = Some(rows16_q4_k_q8_k);
+        t.dot_rows16_gemm.q4_k = Some(rows16_q4_k_q8_k_gemm);
         t.dot_tile_rows16.q5_0 = DotTile::entry_with_rest(tile_q5_0_q8_0_lanes_rows16, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q5_0_q8_0_lanes16_rows16, LANES_REST_TOKENS);
         t.dot_tile_rows16.q8_0 = DotTile::entry_with_rest(tile_q8_0_q8_0_lanes_rows16, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q8_0_q8_0_lanes16_rows16, LANES_REST_TOKENS);
     }
