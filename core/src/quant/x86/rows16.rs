@@ -241,7 +241,7 @@ pub(super) const GROUP_BLOCK_BYTES_Q4_K: usize = 16 * 144;
 
 /// `[hi_0..hi_3, hi_4..hi_7, lo_0..lo_3, lo_4..lo_7]` (bytes) for the Q8_K activation block
 /// at `ab`: its eight 32-element sums `s_j = bsums[2j] + bsums[2j + 1]` split as
-/// `s_j = 64·hi_j + lo_j` (`hi_j` in -64..=64, `lo_j` in 0..64: both bytes), so that a
+/// `s_j = 64·hi_j + lo_j` (`hi_j` in -64..=63, `lo_j` in 0..64: both bytes), so that a
 /// `vpdpbusd` of the rows' unsigned 6-bit mins against them gives `Σ m_j·s_j` exactly.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -260,10 +260,10 @@ unsafe fn q4_k_min_sums(ab: *const u8) -> [i32; 4] {
 /// Q4_K · Q8_K for one rows16 group against `T` activation rows (`arow` bytes apart):
 /// `out[t·ostride + r]` gets row `r`'s dot with token `t`, the bits of
 /// `kdot::q4_k_q8_k::<MODE>` (`NATIVE` or `GEMM`: a matrix of whole groups of 16 rows is
-/// one llama.cpp repacks, so its batches never take the tiled order). Per super-block each row's exact integers — per 64-element
-/// group `j` `sumj = sc_2j·Σ q·y + sc_2j+1·Σ q·y` over its two sub-blocks and `m_j = m_2j·s_2j
-/// + m_2j+1·s_2j+1` (`s_i = bsums[2i] + bsums[2i + 1]`), and their sums `sumi`, `summ` —
-/// then the dot's float steps, row `r` in lane `r`: `NATIVE` (llama.cpp's repacked `gemv`)
+/// one llama.cpp repacks, so its batches never take the tiled order). Per super-block each
+/// row's exact integers — per 64-element group `j` `sumj = sc_2j·Σ q·y + sc_2j+1·Σ q·y`
+/// over its two sub-blocks and `m_j = m_2j·s_2j + m_2j+1·s_2j+1` (`s_i = bsums[2i] +
+/// bsums[2i + 1]`), and their sums `sumi`, `summ` — then the dot's float steps, row `r` in lane `r`: `NATIVE` (llama.cpp's repacked `gemv`)
 /// `acc = fma(f32(sumi), dw·da, acc)`, `accm = fma(f32(summ), dminw·da, accm)`; `GEMM` the
 /// same pair per group `j` with `sumj` and `m_j`; the result `acc - accm`. The integers
 /// are exact, so their order is free. The nibbles are unpacked once per super-block for
