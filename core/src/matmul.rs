@@ -225,14 +225,15 @@ const ROWS16_TILE_GROUPS: usize = 4;
 /// to 16 tokens and [`ROWS16_TILE_GROUPS`] groups a call (one token: the task's groups in
 /// one call), the groups' tokens while the groups are in cache. Every output has
 /// `dot`'s bits (the kernels' contract), or with `llama_cpp_batches` those of
-/// [`Kernels::dot_fn_in_batch`] for its token ([`matmul_rows16_in_batch`], where that
-/// differs from `dot`: Q4_K). Nothing is computed for a kernel set without the type's
-/// rows16 kernel (the host packs only for a set that has it).
+/// [`Kernels::dot_fn_in_batch`] for its token (each run of tokens that take the same
+/// rows16 kernel, [`Kernels::dot_rows16_fn_in_batch`], in calls of their own: Q4_K's `gemm`
+/// order). Nothing is computed for a kernel set without the type's rows16 kernel (the
+/// host packs only for a set that has it).
 fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usize, out: &mut [f32], llama_cpp_batches: bool) {
     let (Some(f), Some(rb)) = (k.dot_rows16_fn(w.ty), act_row_bytes(w.ty, w.cols)) else { return };
-    if llama_cpp_batches && n > 1 && (0..n).any(|i| k.dot_rows16_fn_in_batch(w.ty, w.rows, n, i).map(|g| g as usize) != Some(f as usize)) {
-        return matmul_rows16_in_batch(k, par, w, xq, n, out);
-    }
+    // (Every kernel table has a rows16 kernel for every order of every type it packs,
+    // tested, so the fallback to `f` is never taken.)
+    let kernel = |j: usize| if llama_cpp_batches { k.dot_rows16_fn_in_batch(w.ty, w.rows, n, j).unwrap_or(f) } else { f };
     let (rows, cols, wrb) = (w.rows, w.cols, w.row_bytes());
     let gb = ROWS16 * wrb;
     let groups = rows / ROWS16;
@@ -272,47 +273,14 @@ fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
             }
             return;
         }
-        // Else up to ROWS16_TOKENS tokens and ROWS16_TILE_GROUPS groups per call, the
-        // groups' tokens while they are in cache.
+        // Else up to ROWS16_TOKENS tokens that take the same kernel and ROWS16_TILE_GROUPS
+        // groups per call, the groups' tokens while they are in cache.
         let mut o = [0.0f32; ROWS16_TOKENS * ROWS16_TILE_GROUPS * ROWS16];
         for g0 in range.clone().step_by(ROWS16_TILE_GROUPS) {
             let g1 = (g0 + ROWS16_TILE_GROUPS).min(range.end);
             let nr = (g1 - g0) * ROWS16;
             let wg = &w.data[g0 * gb..g1 * gb];
-            for j in (i..n).step_by(ROWS16_TOKENS) {
-                let tt = ROWS16_TOKENS.min(n - j);
-                f(cols, g1 - g0, wg, &xq[j * rb..(j + tt) * rb], rb, tt, &mut o[..tt * nr], nr);
-                for (ti, orow) in o[..tt * nr].chunks_exact(nr).enumerate() {
-                    // SAFETY: rows g0·16..g1·16 of every token belong to this task alone.
-                    unsafe { out.slice((j + ti) * rows + g0 * ROWS16, nr) }.copy_from_slice(orow);
-                }
-            }
-        }
-    });
-}
-
-/// [`matmul_rows16`] with llama.cpp's arithmetic for each token of the batch
-/// ([`Kernels::dot_rows16_fn_in_batch`]): each run of tokens that take the same kernel in
-/// calls of up to [`ROWS16_TOKENS`] tokens and [`ROWS16_TILE_GROUPS`] groups, the groups'
-/// tokens while the groups are in cache. (Every kernel table has a rows16 kernel for every
-/// order of every type it packs, tested, so the fallback to the type's `dot` kernel below
-/// is never taken.)
-fn matmul_rows16_in_batch(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usize, out: &mut [f32]) {
-    let (Some(f), Some(rb)) = (k.dot_rows16_fn(w.ty), act_row_bytes(w.ty, w.cols)) else { return };
-    let (rows, cols, wrb) = (w.rows, w.cols, w.row_bytes());
-    let gb = ROWS16 * wrb;
-    let groups = rows / ROWS16;
-    let out = SharedMut::new(&mut out[..n * rows]);
-    let tasks = par.n_threads().min(groups).max(1);
-    let kernel = |i: usize| k.dot_rows16_fn_in_batch(w.ty, rows, n, i).unwrap_or(f);
-    par.run(tasks, &|t| {
-        let range = split_range(groups, tasks, t);
-        let mut o = [0.0f32; ROWS16_TOKENS * ROWS16_TILE_GROUPS * ROWS16];
-        for g0 in range.clone().step_by(ROWS16_TILE_GROUPS) {
-            let g1 = (g0 + ROWS16_TILE_GROUPS).min(range.end);
-            let nr = (g1 - g0) * ROWS16;
-            let wg = &w.data[g0 * gb..g1 * gb];
-            let mut j = 0;
+            let mut j = i;
             while j < n {
                 let kf = kernel(j);
                 let mut tt = 1;
