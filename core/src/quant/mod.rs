@@ -720,8 +720,9 @@ impl Kernels {
     }
 
     /// This set with the AVX-512 value updates' other f16 rounding form (through memory
-    /// as on Intel, or through registers as elsewhere; the same bits): `None` where the
-    /// set has no AVX-512. Tests run both forms on whatever CPU they find.
+    /// as on Intel, or through registers as elsewhere; the same bits) and its rows16
+    /// kernels' prefetch the other way (on on Intel, off elsewhere): `None` where the set
+    /// has no AVX-512. Tests run both forms on whatever CPU they find.
     #[cfg(all(test, target_arch = "x86_64"))]
     pub(crate) fn other_rounding(&self) -> Option<Kernels> {
         x86::other_rounding(self.t).map(|t| Kernels { t })

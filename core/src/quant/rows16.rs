@@ -171,17 +171,17 @@ mod tests {
 
     use super::*;
     use crate::ggml_type::GgmlType::{Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q8_0};
-    use crate::quant::tests::{activations, fast_kernel_sets, quantized, random_row, Rng};
+    use crate::quant::tests::{activations, fast_kernel_sets, quantized, random_row, rows16_kernel_sets, Rng};
 
     /// Every row of every group of a packed matrix gets the plain dot's bits, for every
-    /// kernel set with rows16 kernels (row lengths of 1 to 48 blocks, two groups, one call
+    /// kernel set with rows16 kernels, their prefetch on and off (row lengths of 1 to 48 blocks, two groups, one call
     /// per group and one for both against 1 to 19 tokens; random rows and activations, and
     /// rows and activations at their extremes).
     #[test]
     fn rows16_kernels_give_each_rows_dot_bits() {
         let mut rng = Rng::new(41);
         let mut checked = 0;
-        for k in fast_kernel_sets() {
+        for k in rows16_kernel_sets() {
             for ty in [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K] {
                 let Some(f) = k.dot_rows16_fn(ty) else { continue };
                 let dot = k.dot_fn(ty).unwrap();
@@ -252,7 +252,7 @@ mod tests {
     fn rows16_kernels_in_batch_give_llama_cpps_bits() {
         let mut rng = Rng::new(47);
         let mut gemm_checked = false;
-        for k in fast_kernel_sets() {
+        for k in rows16_kernel_sets() {
             for ty in [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K] {
                 if k.dot_rows16_fn(ty).is_none() {
                     continue;

@@ -89,6 +89,20 @@ pub(super) fn fast_kernel_sets() -> Vec<Kernels> {
     sets
 }
 
+/// [`fast_kernel_sets`] and, on x86, each AVX-512 set's twin with the other CPU vendor's
+/// tuning ([`Kernels::other_rounding`]): the rows16 kernels both with and without their
+/// prefetch, whatever the CPU.
+pub(super) fn rows16_kernel_sets() -> Vec<Kernels> {
+    #[allow(unused_mut)]
+    let mut sets = fast_kernel_sets();
+    #[cfg(target_arch = "x86_64")]
+    {
+        let twins: Vec<Kernels> = sets.iter().filter_map(Kernels::other_rounding).collect();
+        sets.extend(twins);
+    }
+    sets
+}
+
 pub(super) fn fast_kernels() -> Option<Kernels> {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c") {
@@ -1162,7 +1176,7 @@ fn rows16_matrices_give_the_plain_matrices_bits() {
     use crate::quant::rows16::{pack_in_place, ROWS16};
     let mut rng = Rng::new(30);
     let mut checked = 0;
-    for k in fast_kernel_sets() {
+    for k in rows16_kernel_sets() {
         for (ty, rows, cols) in [(Q4_1, 48usize, 96usize), (Q4_0, 48, 576), (Q5_0, 80, 640), (Q8_0, 80, 576), (Q8_0, 4096, 1024), (Q4_K, 48, 512), (Q4_K, 8192, 1024)] {
             if !k.packs_rows16(ty, rows) {
                 continue;

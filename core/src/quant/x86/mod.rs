@@ -332,12 +332,13 @@ macro_rules! rows_wrapper {
 
 /// A rows16 kernel's safe wrapper: checks the slices (blocks of `$bs` elements, `$wsize`
 /// and `$asize` bytes), then runs `$run` (AVX-512 VNNI) with `nb`, `groups`, the pointers
-/// and `tokens`, `arow`, `ostride`.
+/// and `tokens`, `arow`, `ostride`; `PF` (the wrapper's parameter) is the group kernels'
+/// (whether they prefetch their weights ahead: the table's `intel` flag).
 macro_rules! rows16_wrapper {
     ($(#[$doc:meta])* $name:ident, $bs:expr, $wsize:expr, $asize:expr, |$nb:ident, $groups:ident, $w:ident, $a:ident, $arow:ident, $tokens:ident, $out:ident, $ostride:ident| $run:block) => {
         $(#[$doc])*
         #[allow(clippy::too_many_arguments)]
-        fn $name(n: usize, groups: usize, w: &[u8], a: &[u8], arow: usize, tokens: usize, out: &mut [f32], ostride: usize) {
+        fn $name<const PF: bool>(n: usize, groups: usize, w: &[u8], a: &[u8], arow: usize, tokens: usize, out: &mut [f32], ostride: usize) {
             let nb = n / $bs;
             debug_assert!(n % $bs == 0, "rows16: n = {n} is not a multiple of {}", $bs);
             if tokens == 0 || groups == 0 {
@@ -361,7 +362,7 @@ rows16_wrapper!(/// AVX-512 VNNI Q4_1 · Q8_1, rows16 groups (each output as [`v
     rows16_q4_1_q8_1, 32, 20, 36, |nb, groups, w, a, arow, tokens, out, ostride| {
         for g in 0..groups {
             for t in 0..tokens {
-                rows16::q4_1_q8_1_group(nb, w.add(g * 16 * nb * 20), a.add(t * arow), out.add(t * ostride + 16 * g));
+                rows16::q4_1_q8_1_group::<PF>(nb, w.add(g * 16 * nb * 20), a.add(t * arow), out.add(t * ostride + 16 * g));
             }
         }
     });
@@ -369,7 +370,7 @@ rows16_wrapper!(/// AVX-512 VNNI Q8_0 · Q8_0, rows16 groups (each output as [`v
     rows16_q8_0_q8_0, 32, 34, 34, |nb, groups, w, a, arow, tokens, out, ostride| {
         for g in 0..groups {
             for t in 0..tokens {
-                rows16::q8_0_q8_0_group(nb, w.add(g * 16 * nb * 34), a.add(t * arow), out.add(t * ostride + 16 * g));
+                rows16::q8_0_q8_0_group::<PF>(nb, w.add(g * 16 * nb * 34), a.add(t * arow), out.add(t * ostride + 16 * g));
             }
         }
     });
@@ -377,7 +378,7 @@ rows16_wrapper!(/// AVX-512 VNNI Q5_0 · Q8_0, rows16 groups (each output as [`v
     rows16_q5_0_q8_0, 32, 22, 34, |nb, groups, w, a, arow, tokens, out, ostride| {
         for g in 0..groups {
             for t in 0..tokens {
-                rows16::q5_0_q8_0_group(nb, w.add(g * 16 * nb * 22), a.add(t * arow), out.add(t * ostride + 16 * g));
+                rows16::q5_0_q8_0_group::<PF>(nb, w.add(g * 16 * nb * 22), a.add(t * arow), out.add(t * ostride + 16 * g));
             }
         }
     });
@@ -388,18 +389,18 @@ rows16_wrapper!(/// AVX-512 VNNI Q5_0 · Q8_0, rows16 groups (each output as [`v
 /// The wrappers' (AVX-512 VNNI; `groups` groups of `nb` super-blocks at `w`, `nb` Q8_K
 /// blocks at `a + t·arow` and 16 outputs per group at `out + t·ostride` for `t < tokens`).
 #[allow(clippy::too_many_arguments)]
-unsafe fn q4_k_groups<const MODE: u8>(nb: usize, groups: usize, w: *const u8, a: *const u8, arow: usize, tokens: usize, out: *mut f32, ostride: usize) {
+unsafe fn q4_k_groups<const MODE: u8, const PF: bool>(nb: usize, groups: usize, w: *const u8, a: *const u8, arow: usize, tokens: usize, out: *mut f32, ostride: usize) {
     // SAFETY: the caller's contract.
     unsafe {
         for g in 0..groups {
             let wg = w.add(g * nb * rows16::GROUP_BLOCK_BYTES_Q4_K);
             let mut t = 0;
             while t + 4 <= tokens {
-                rows16::q4_k_q8_k_group::<4, MODE>(nb, wg, a.add(t * arow), arow, out.add(t * ostride + 16 * g), ostride);
+                rows16::q4_k_q8_k_group::<4, MODE, PF>(nb, wg, a.add(t * arow), arow, out.add(t * ostride + 16 * g), ostride);
                 t += 4;
             }
             for t in t..tokens {
-                rows16::q4_k_q8_k_group::<1, MODE>(nb, wg, a.add(t * arow), arow, out.add(t * ostride + 16 * g), ostride);
+                rows16::q4_k_q8_k_group::<1, MODE, PF>(nb, wg, a.add(t * arow), arow, out.add(t * ostride + 16 * g), ostride);
             }
         }
     }
@@ -407,12 +408,12 @@ unsafe fn q4_k_groups<const MODE: u8>(nb: usize, groups: usize, w: *const u8, a:
 
 rows16_wrapper!(/// AVX-512 VNNI Q4_K · Q8_K, rows16 groups (each output as [`vec_dot_q4_k_q8_k`]).
     rows16_q4_k_q8_k, 256, 144, 292, |nb, groups, w, a, arow, tokens, out, ostride| {
-        q4_k_groups::<{ kdot::NATIVE }>(nb, groups, w, a, arow, tokens, out, ostride)
+        q4_k_groups::<{ kdot::NATIVE }, PF>(nb, groups, w, a, arow, tokens, out, ostride)
     });
 rows16_wrapper!(/// AVX-512 VNNI Q4_K · Q8_K in llama.cpp's `gemm` order, rows16 groups (each output as
     /// [`vec_dot_q4_k_q8_k_gemm`]).
     rows16_q4_k_q8_k_gemm, 256, 144, 292, |nb, groups, w, a, arow, tokens, out, ostride| {
-        q4_k_groups::<{ kdot::GEMM }>(nb, groups, w, a, arow, tokens, out, ostride)
+        q4_k_groups::<{ kdot::GEMM }, PF>(nb, groups, w, a, arow, tokens, out, ostride)
     });
 
 rows16_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0, rows16 groups (each output as [`vec_dot_q4_0_q8_0`]),
@@ -440,9 +441,9 @@ rows16_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0, rows16 groups (each output as [`v
                 macro_rules! run {
                     ($t:literal) => {
                         if table {
-                            rows16::q4_0_q8_0_group::<$t, true>(nb, wg, at.add(t * arow), arow, da.add(t * nb), cs.add(t * nb), og.add(t * ostride), ostride);
+                            rows16::q4_0_q8_0_group::<$t, true, PF>(nb, wg, at.add(t * arow), arow, da.add(t * nb), cs.add(t * nb), og.add(t * ostride), ostride);
                         } else {
-                            rows16::q4_0_q8_0_group::<$t, false>(nb, wg, at.add(t * arow), arow, core::ptr::null(), core::ptr::null(), og.add(t * ostride), ostride);
+                            rows16::q4_0_q8_0_group::<$t, false, PF>(nb, wg, at.add(t * arow), arow, core::ptr::null(), core::ptr::null(), og.add(t * ostride), ostride);
                         }
                         t += $t;
                     };
@@ -571,9 +572,10 @@ pub(crate) fn table(isa: Isa) -> Option<&'static KernelTable> {
     Some(&TABLES[avx512 as usize | (vnni as usize) << 1 | (fp16 as usize) << 2 | (intel as usize) << 3 | (small_l1 as usize) << 4])
 }
 
-/// `t` (one of [`TABLES`]) with the AVX-512 value updates' other f16 rounding form (same
-/// bits, other speed): what tests run to cover both forms on any AVX-512 CPU. `None` for
-/// a table without AVX-512 (the forms are AVX-512 kernels) or not in [`TABLES`].
+/// `t` (one of [`TABLES`]) with the AVX-512 value updates' other f16 rounding form and
+/// the rows16 kernels' prefetch on or off (the other vendor's; same bits, other speed):
+/// what tests run to cover both forms on any AVX-512 CPU. `None` for a table without
+/// AVX-512 (the forms are AVX-512 kernels) or not in [`TABLES`].
 #[cfg(test)]
 pub(crate) fn other_rounding(t: &'static KernelTable) -> Option<&'static KernelTable> {
     let i = TABLES.iter().position(|x| core::ptr::eq(x, t))?;
@@ -602,7 +604,8 @@ pub(crate) fn rounds_via_memory(t: &'static KernelTable) -> bool {
 }
 
 /// True if CPUID's vendor is Intel: the AVX-512 value updates then round their f16
-/// accumulators through memory ([`f16_round_to`]; the same bits, a different speed).
+/// accumulators through memory ([`f16_round_to`]; the same bits, a different speed), and
+/// the rows16 kernels prefetch their weights (`rows16::PREFETCH_AHEAD`).
 fn cpu_is_intel() -> bool {
     // SAFETY: CPUID leaf 0 exists on every x86_64 CPU.
     let l0 = unsafe { __cpuid(0) };
@@ -658,12 +661,18 @@ const fn build(flags: usize) -> KernelTable {
     t.dot_rows.q4_k = if vnni { Some(rows!(rows_q4_k_q8_k_vnni)) } else { None };
     t.dot_rows.iq4_nl = Some(rows!(rows_iq4_nl_q8_0));
     if vnni {
-        t.dot_rows16.q4_1 = Some(rows16_q4_1_q8_1);
-        t.dot_rows16.q8_0 = Some(rows16_q8_0_q8_0);
-        t.dot_rows16.q4_0 = Some(rows16_q4_0_q8_0);
-        t.dot_rows16.q5_0 = Some(rows16_q5_0_q8_0);
-        t.dot_rows16.q4_k = Some(rows16_q4_k_q8_k);
-        t.dot_rows16_gemm.q4_k = Some(rows16_q4_k_q8_k_gemm);
+        // (On Intel CPUs the group kernels prefetch their weights: `rows16::PREFETCH_AHEAD`.)
+        macro_rules! r16 {
+            ($f:ident) => {
+                Some(if intel { $f::<true> as super::rows16::Rows16Fn } else { $f::<false> })
+            };
+        }
+        t.dot_rows16.q4_1 = r16!(rows16_q4_1_q8_1);
+        t.dot_rows16.q8_0 = r16!(rows16_q8_0_q8_0);
+        t.dot_rows16.q4_0 = r16!(rows16_q4_0_q8_0);
+        t.dot_rows16.q5_0 = r16!(rows16_q5_0_q8_0);
+        t.dot_rows16.q4_k = r16!(rows16_q4_k_q8_k);
+        t.dot_rows16_gemm.q4_k = r16!(rows16_q4_k_q8_k_gemm);
         t.dot_tile_rows16.q5_0 = DotTile::entry_with_rest(tile_q5_0_q8_0_lanes_rows16, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q5_0_q8_0_lanes16_rows16, LANES_REST_TOKENS);
         t.dot_tile_rows16.q8_0 = DotTile::entry_with_rest(tile_q8_0_q8_0_lanes_rows16, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q8_0_q8_0_lanes16_rows16, LANES_REST_TOKENS);
     }
