@@ -214,16 +214,23 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
 const ROWS16_TOKENS: usize = 16;
 
 /// Groups of 16 rows per call of a rows16 tile or kernel in a batch (the Q8_0 lanes tile
-/// shares each token's staged activation between four, the Q4_0 kernel each token's block
-/// sums).
+/// shares each token's staged activation between four).
 const ROWS16_TILE_GROUPS: usize = 4;
+
+/// Groups per call of Q4_0's rows16 kernel in a batch: it computes each token's block
+/// scales and sums once per call for all its groups (`rows16_q4_0_q8_0`'s table), which
+/// at [`ROWS16_TILE_GROUPS`] a call was ~5% of SmolLM2 Q4_0's prompt at depth 4096 on
+/// the Xeon VM (`perf`); with 16, its pp512 at two threads went 704-925 -> 838-1107 t/s
+/// (six alternations, BENCHMARKS.md). Other types gain nothing from more (Gemma 3's
+/// Q4_K prompt was, if anything, slower), so they keep four.
+const ROWS16_Q4_0_GROUPS: usize = 16;
 
 /// [`matmul_as`] for a matrix in the rows16 layout: whole groups of 16 rows per task
 /// (for one token on several threads in [`stream_parts`] parts per thread, as the plain
 /// layout's groups). A batch takes the type's rows16 tile for whole tiles of tokens
 /// where it has one (then its narrower one), and the rest through the rows16 kernel, up
-/// to 16 tokens and [`ROWS16_TILE_GROUPS`] groups a call (one token: the task's groups in
-/// one call), the groups' tokens while the groups are in cache. Every output has
+/// to 16 tokens and [`ROWS16_TILE_GROUPS`] groups a call (Q4_0: [`ROWS16_Q4_0_GROUPS`];
+/// one token: the task's groups in one call), the groups' tokens while the groups are in cache. Every output has
 /// `dot`'s bits (the kernels' contract), or with `llama_cpp_batches` those of
 /// [`Kernels::dot_fn_in_batch`] for its token (each run of tokens that take the same
 /// rows16 kernel, [`Kernels::dot_rows16_fn_in_batch`], in calls of their own: Q4_K's `gemm`
@@ -274,10 +281,12 @@ fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
             return;
         }
         // Else up to ROWS16_TOKENS tokens that take the same kernel and ROWS16_TILE_GROUPS
-        // groups per call, the groups' tokens while they are in cache.
-        let mut o = [0.0f32; ROWS16_TOKENS * ROWS16_TILE_GROUPS * ROWS16];
-        for g0 in range.clone().step_by(ROWS16_TILE_GROUPS) {
-            let g1 = (g0 + ROWS16_TILE_GROUPS).min(range.end);
+        // groups per call (Q4_0: ROWS16_Q4_0_GROUPS), the groups' tokens while they are in
+        // cache.
+        let call_groups = if w.ty == GgmlType::Q4_0 { ROWS16_Q4_0_GROUPS } else { ROWS16_TILE_GROUPS };
+        let mut o = [0.0f32; ROWS16_TOKENS * ROWS16_Q4_0_GROUPS * ROWS16];
+        for g0 in range.clone().step_by(call_groups) {
+            let g1 = (g0 + call_groups).min(range.end);
             let nr = (g1 - g0) * ROWS16;
             let wg = &w.data[g0 * gb..g1 * gb];
             let mut j = i;
