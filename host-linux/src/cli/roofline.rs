@@ -163,7 +163,7 @@ mod x86 {
     pub(super) fn sum_words_avx512(words: &[u64]) -> u64 {
         assert!(std::arch::is_x86_feature_detected!("avx512f"));
         // SAFETY: AVX-512F is present (checked above).
-        unsafe { avx512(words) }
+        unsafe { avx512::<false>(words) }
     }
 
     /// [`sum_words_avx512`] with a software prefetch of each line [`PREFETCH_AHEAD`]
@@ -174,31 +174,12 @@ mod x86 {
     pub(super) fn sum_words_avx512_prefetch(words: &[u64]) -> u64 {
         assert!(std::arch::is_x86_feature_detected!("avx512f"));
         // SAFETY: AVX-512F is present (checked above).
-        unsafe { avx512_prefetch(words) }
+        unsafe { avx512::<true>(words) }
     }
 
     /// How far ahead [`sum_words_avx512_prefetch`] asks for lines (8 and 16 KiB were
     /// fastest alike on the Xeon VM; 2 and 4 KiB less often).
     const PREFETCH_AHEAD: usize = 8192;
-
-    #[target_feature(enable = "avx512f")]
-    unsafe fn avx512_prefetch(words: &[u64]) -> u64 {
-        let mut acc = [_mm512_setzero_si512(); 4];
-        let mut it = words.chunks_exact(32);
-        for c in &mut it {
-            for (j, a) in acc.iter_mut().enumerate() {
-                // (A hint: it cannot fault, so it may point past the slice.)
-                _mm_prefetch::<_MM_HINT_T0>(c.as_ptr().wrapping_add(8 * j + PREFETCH_AHEAD / 8).cast());
-                // SAFETY: c holds 32 words; words 8j..8j + 8 are in it (unaligned load).
-                *a = _mm512_add_epi64(*a, unsafe { _mm512_loadu_si512(c.as_ptr().add(8 * j).cast()) });
-            }
-        }
-        let s = _mm512_add_epi64(_mm512_add_epi64(acc[0], acc[1]), _mm512_add_epi64(acc[2], acc[3]));
-        let mut lanes = [0u64; 8];
-        // SAFETY: lanes has room for 8 words (unaligned store).
-        unsafe { _mm512_storeu_si512(lanes.as_mut_ptr().cast(), s) };
-        lanes.iter().chain(it.remainder()).fold(0u64, |a, &w| a.wrapping_add(w))
-    }
 
     #[target_feature(enable = "avx2")]
     unsafe fn avx2(words: &[u64]) -> u64 {
@@ -217,12 +198,17 @@ mod x86 {
         lanes.iter().chain(it.remainder()).fold(0u64, |a, &w| a.wrapping_add(w))
     }
 
+    /// The AVX-512 loop; with `PF` a hint for each line [`PREFETCH_AHEAD`] bytes ahead.
     #[target_feature(enable = "avx512f")]
-    unsafe fn avx512(words: &[u64]) -> u64 {
+    unsafe fn avx512<const PF: bool>(words: &[u64]) -> u64 {
         let mut acc = [_mm512_setzero_si512(); 4];
         let mut it = words.chunks_exact(32);
         for c in &mut it {
             for (j, a) in acc.iter_mut().enumerate() {
+                if PF {
+                    // (A hint: it cannot fault, so it may point past the slice.)
+                    _mm_prefetch::<_MM_HINT_T0>(c.as_ptr().wrapping_add(8 * j + PREFETCH_AHEAD / 8).cast());
+                }
                 // SAFETY: c holds 32 words; words 8j..8j + 8 are in it (unaligned load).
                 *a = _mm512_add_epi64(*a, unsafe { _mm512_loadu_si512(c.as_ptr().add(8 * j).cast()) });
             }
