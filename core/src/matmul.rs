@@ -230,8 +230,8 @@ const ROWS16_Q4_0_GROUPS: usize = 16;
 /// layout's groups). A batch takes the type's rows16 tile for whole tiles of tokens
 /// where it has one (then its narrower one), and the rest through the rows16 kernel, up
 /// to 16 tokens and [`ROWS16_TILE_GROUPS`] groups a call (Q4_0: [`ROWS16_Q4_0_GROUPS`];
-/// one token: the task's groups in one call), the groups' tokens while the groups are in cache. Every output has
-/// `dot`'s bits (the kernels' contract), or with `llama_cpp_batches` those of
+/// one token: the task's groups in one call), the groups' tokens while the groups are in
+/// cache. Every output has `dot`'s bits (the kernels' contract), or with `llama_cpp_batches` those of
 /// [`Kernels::dot_fn_in_batch`] for its token (each run of tokens that take the same
 /// rows16 kernel, [`Kernels::dot_rows16_fn_in_batch`], in calls of their own: Q4_K's `gemm`
 /// order). Nothing is computed for a kernel set without the type's rows16 kernel (the

@@ -206,7 +206,7 @@ mod x86 {
         for c in &mut it {
             for (j, a) in acc.iter_mut().enumerate() {
                 if PF {
-                    // (A hint: it cannot fault, so it may point past the slice.)
+                    // SAFETY: a prefetch hint never faults, so it may point past the slice.
                     _mm_prefetch::<_MM_HINT_T0>(c.as_ptr().wrapping_add(8 * j + PREFETCH_AHEAD / 8).cast());
                 }
                 // SAFETY: c holds 32 words; words 8j..8j + 8 are in it (unaligned load).
