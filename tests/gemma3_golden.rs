@@ -2,8 +2,7 @@
 //! greedy continuations, per-position logits and last-position KL (perplexity on GPL-3:
 //! `host-linux/tests/perplexity.rs`).
 
-mod common;
-use common::*;
+use crate::common::*;
 use keel::core::gguf::Gguf;
 use keel::core::session::{Outputs, SessionConfig};
 use keel_host_linux::pool::ThreadPool;

@@ -4,8 +4,7 @@
 //! Covers the policy (device order, kinds, types, layers, output, budget, minimum
 //! batch), the between-token hook, and a device fault ending the request.
 
-mod common;
-use common::*;
+use crate::common::*;
 use keel::core::ggml_type::GgmlType;
 use keel::core::gguf::Gguf;
 use keel::core::matmul::{matmul, quantize_rows};

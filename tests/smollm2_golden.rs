@@ -2,8 +2,7 @@
 //! greedy continuations, per-position logits, last-position KL, and invariance of the
 //! logits to thread count and batching.
 
-mod common;
-use common::*;
+use crate::common::*;
 use keel::core::gguf::Gguf;
 use keel::core::session::{Outputs, SessionConfig};
 use keel_host_linux::pool::ThreadPool;

@@ -5,8 +5,7 @@
 //! evaluation equals token-by-token decoding for every architecture, and the chunked
 //! delta-net prompt path agrees with the token-by-token one.
 
-mod common;
-use common::*;
+use crate::common::*;
 use keel::core::gguf::Gguf;
 use keel::core::sampler::argmax;
 use keel::core::session::{Outputs, SessionConfig};

@@ -3,11 +3,9 @@
 //! reported; `info --json` with typed hyper-parameters; `keel pull` saying which variant
 //! it fetched. On the synthetic llama (SmolLM2's tokenizer).
 
-mod support;
-
 use std::io::Write;
 use std::process::{Output, Stdio};
-use support::{keel, synth};
+use crate::support::{keel, synth};
 
 fn run(args: &[&str], stdin: Option<&str>) -> Output {
     let mut child = keel().args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();

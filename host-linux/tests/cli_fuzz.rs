@@ -9,15 +9,13 @@
 //! `KEEL_FUZZ_SEED` and `KEEL_FUZZ_CASES` (default 300) change the run; a failure prints
 //! the seed, the case number and the argument vector to replay it.
 
-mod support;
-
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-use support::{keel, synth, synth_with};
+use crate::support::{keel, synth, synth_with};
 
 /// xorshift64*: a reproducible stream from the seed.
 struct Rng(u64);

@@ -3,7 +3,7 @@
 //! attributed to batches and op kinds by the firmware's markers. Skips loudly without
 //! qemu-hexagon or the firmware ELF (`KEEL_REQUIRE_DSP=1`: fails).
 
-mod sim;
+use crate::sim;
 
 use std::process::Command;
 

@@ -6,8 +6,7 @@
 //! and nothing left allocated or mapped at exit. The session's address budget is
 //! measured at open against the double's configured one.
 
-mod fastrpc;
-mod sim;
+use crate::fastrpc;
 
 use std::path::{Path, PathBuf};
 

@@ -4,7 +4,7 @@
 //! reference bit for bit; batch-level errors; the HVX-zeros firmware refused.
 //! Skips loudly without qemu-hexagon or the firmware ELF (`KEEL_REQUIRE_DSP=1`: fails).
 
-mod sim;
+use crate::sim;
 
 use keel_host_linux::device::HexagonSim;
 use keel_npu_hal::caps::Arch;
@@ -12,7 +12,7 @@ use keel_npu_hal::device::{BatchStatus, Device, Queue, SharedBuffers};
 use keel_npu_hal::op::{DType, OpDesc, OpKind, Support};
 use keel_npu_hal::wire::PROTOCOL_VERSION;
 use keel_npu_hal::{Error, ErrorKind, UnitState};
-use sim::{config, run_and_check, stage, Product};
+use crate::sim::{config, run_and_check, stage, Product};
 
 #[test]
 fn open_handshake_and_measured_capabilities() {

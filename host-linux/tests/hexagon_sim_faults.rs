@@ -4,15 +4,13 @@
 //! version. Each must end in an error naming the device and the fault, within
 //! the timeout (never a hang), and a fresh open must work afterwards.
 
-mod sim;
-
 use std::time::{Duration, Instant};
 
 use keel_host_linux::device::HexagonSim;
 use keel_npu_hal::device::{Queue, SharedBuffers};
 use keel_npu_hal::op::DType;
 use keel_npu_hal::{Error, ErrorKind};
-use sim::{config, faulty, run_and_check, stage, Product};
+use crate::sim::{config, faulty, run_and_check, stage, Product};
 
 /// Submits one product and waits; returns the error and how long it took.
 fn submit_and_wait(dev: &mut HexagonSim) -> (keel_host_linux::device::DeviceError, Duration) {

@@ -11,8 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-mod support;
-use support::{keel, synth, synth_with};
+use crate::support::{keel, synth, synth_with};
 
 /// A fresh, empty directory for one test.
 fn scratch(tag: &str) -> PathBuf {

@@ -9,7 +9,7 @@
 //! Teacher-forced: both runs see the CPU's tokens, so every position is compared.
 //! Skips loudly without qemu-hexagon or the firmware ELF (`KEEL_REQUIRE_DSP=1`: fails).
 
-mod sim;
+use crate::sim;
 
 use keel_core::placement::{weight_count, Decision, Exec, OffloadMode, Policy, Where};
 use keel_core::session::Outputs;

@@ -3,7 +3,7 @@
 //! and unknown devices. Skips loudly without qemu-hexagon or the firmware
 //! (`KEEL_REQUIRE_DSP=1`: fails).
 
-mod sim;
+use crate::sim;
 
 use std::process::{Command, Output};
 

@@ -13,7 +13,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
-mod support;
+use crate::support;
 
 fn fixtures() -> Vec<PathBuf> {
     let mut list = std::fs::read_to_string(golden_path("rocket/fixtures.txt")).expect("tests/golden/rocket/fixtures.txt");
