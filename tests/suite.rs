@@ -9,4 +9,5 @@ mod gemma3_golden;
 mod placement;
 mod smollm2_golden;
 mod synth_golden;
+mod test_targets;
 mod tokenizer_golden;
