@@ -125,12 +125,23 @@ impl<D: Drafter> Drafter for Spoiled<D> {
     }
 }
 
+/// Turns for the tests here that run many small forward passes on a two-thread pool:
+/// started together on a two-core machine, two such pools (four threads, each waiting
+/// for its partner's hand-off while the other pool's threads hold the cores) made each
+/// test 6-12x slower than alone (CI's host-linux suite on the Intel Xeon kind: 179 s
+/// against 30 s alone, 44 s against 6 s), the end of the suite one long tail.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 const PROMPT: [u32; 5] = [504, 3575, 282, 4649, 314];
 
 /// Rollback after a rejection at every position of a batch of `n_max`, through the end
 /// of a small context, on the target (scripted drafts) and on a self-drafting copy of
 /// the model (its proposals spoiled after drafting): output equals plain greedy.
 fn rollback_at_every_position(name: &str) {
+    let _turn = one_at_a_time();
     let pool = ThreadPool::new(2).unwrap();
     let n_max = 4;
     // A context that ends mid-generation, and batches as small as the verify batch.
@@ -217,6 +228,7 @@ fn rewind_needs_a_checkpoint_for_recurrent_state() {
 /// and prompt lookup) equals plain greedy for 128 tokens on every golden prompt.
 #[test]
 fn smollm2_draft_and_lookup_equal_plain_greedy() {
+    let _turn = one_at_a_time();
     let Some(src) = keel_test_support::model_bytes("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m").map(|_| models_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf")) else { return };
     let keel = Path::new(env!("CARGO_BIN_EXE_keel"));
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("speculative");
@@ -358,6 +370,7 @@ const WARM: SamplerConfig = SamplerConfig { temp: 0.8, top_k: 40, top_p: 0.95, m
 /// wrong rule (on rejection, draw from p rather than from max(0, p - q)) must fail the
 /// same test, so the test can tell.
 fn first_token_matches(prompt: &[u32], how: Draft, runs: u64) {
+    let _turn = one_at_a_time();
     let pool = ThreadPool::new(2).unwrap();
     let n_max = 3;
     let cfg = SessionConfig { n_ctx: 64, n_batch: 16, n_outputs: n_max + 1, n_threads: 2 };
