@@ -70,3 +70,86 @@ fn every_test_file_is_a_suite_module_or_a_named_test_target() {
         }
     }
 }
+
+/// The workspace's package directories: the root and its `members`.
+fn members(root: &Path) -> Vec<std::path::PathBuf> {
+    let toml = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let line = toml.lines().find(|l| l.trim_start().starts_with("members")).expect("root Cargo.toml: no members");
+    let mut dirs = vec![root.to_path_buf()];
+    dirs.extend(line.split('"').skip(1).step_by(2).map(|m| root.join(m)));
+    dirs
+}
+
+/// The targets of a package's Cargo.toml that say `test = false`, as (section, source
+/// path relative to the package).
+fn targets_without_a_harness(pkg: &Path) -> Vec<(String, String)> {
+    let toml = std::fs::read_to_string(pkg.join("Cargo.toml")).unwrap_or_else(|e| panic!("{}: {e}", pkg.join("Cargo.toml").display()));
+    let mut out = Vec::new();
+    let mut section = String::new();
+    let (mut path, mut no_test) = (None::<String>, false);
+    let mut close = |section: &str, path: &mut Option<String>, no_test: &mut bool| {
+        if *no_test {
+            let p = path.take().or_else(|| (section == "[lib]").then(|| "src/lib.rs".to_string()));
+            out.push((section.to_string(), p.unwrap_or_else(|| panic!("{}: a {section} with test = false needs a path", pkg.display()))));
+        }
+        *path = None;
+        *no_test = false;
+    };
+    for l in toml.lines().map(|l| l.split('#').next().unwrap().trim()) {
+        if l.starts_with('[') {
+            close(&section, &mut path, &mut no_test);
+            section = l.to_string();
+        } else if let Some(v) = l.strip_prefix("path").map(str::trim).and_then(|v| v.strip_prefix('=')) {
+            path = Some(v.trim().trim_matches('"').to_string());
+        } else if l.replace(' ', "") == "test=false" {
+            no_test = true;
+        }
+    }
+    close(&section, &mut path, &mut no_test);
+    out
+}
+
+fn rs_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rs_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// A target with `test = false` gets no test harness (CI builds none of the empty ones:
+/// each links the whole program again), so a unit test written in it would never run.
+/// Such a library's sources (all of `src/` but the binaries) and such a binary's file
+/// must hold none.
+#[test]
+fn targets_without_a_test_harness_hold_no_unit_tests() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut checked = 0;
+    for pkg in members(root) {
+        for (section, path) in targets_without_a_harness(&pkg) {
+            let mut files = Vec::new();
+            if section == "[lib]" {
+                let src = pkg.join(&path);
+                rs_files(src.parent().unwrap(), &mut files);
+                files.retain(|f| !f.ends_with("main.rs") && !f.components().any(|c| c.as_os_str() == "bin"));
+            } else {
+                files.push(pkg.join(&path));
+            }
+            for f in files {
+                let text = std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+                assert!(
+                    !text.contains("#[test]") && !text.contains("#[cfg(test)]"),
+                    "{} has unit tests, but its target ({section} in {}) says test = false: they would never run; \
+                     remove `test = false` there",
+                    f.display(),
+                    pkg.join("Cargo.toml").display()
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 8, "expected the harness-free targets' sources to be checked, found {checked} files");
+}
