@@ -407,7 +407,7 @@ fn smollm2_q8_0_vs_llama_cpp(which: &[usize], mode: OffloadMode) -> Vec<(usize, 
 /// for bit (max |Δlogit| 0); 211 batches per token (one MatMul per product: 30 layers × 7
 /// + the output projection); ~0.12 generated tokens/s emulated then, 0.54 since the
 /// firmware became keel-core compiled for Hexagon. Both prompts took 264 s alone on the
-/// Intel Xeon CI kind (0.15-0.17 tokens/s there; a third of the host-linux suite's test
+/// Intel Xeon CI kind (0.15-0.17 tokens/s there; a quarter of the host-linux suite's test
 /// time), so CI runs the second golden prompt (11 prompt tokens: a multi-token batch of
 /// products; the whole-layers test below runs the first): 16/16 there guards the claim.
 /// Both by hand: `smollm2_q8_0_vs_llama_cpp(&[0, 1], OffloadMode::MatMul)`.
