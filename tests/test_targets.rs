@@ -7,18 +7,11 @@ use std::path::Path;
 
 /// The workspace's packages that turn Cargo's test discovery off (their directories).
 fn packages_without_autotests(root: &Path) -> Vec<std::path::PathBuf> {
-    let mut dirs = vec![root.to_path_buf()];
-    for e in std::fs::read_dir(root).unwrap_or_else(|e| panic!("{}: {e}", root.display())) {
-        let p = e.unwrap().path();
-        if p.join("Cargo.toml").is_file() {
-            dirs.push(p);
-        }
-    }
+    let mut dirs = members(root);
     dirs.retain(|d| {
-        let toml = std::fs::read_to_string(d.join("Cargo.toml")).unwrap_or_default();
+        let toml = std::fs::read_to_string(d.join("Cargo.toml")).unwrap_or_else(|e| panic!("{}: {e}", d.join("Cargo.toml").display()));
         toml.lines().any(|l| l.split('#').next().unwrap().replace(' ', "") == "autotests=false")
     });
-    dirs.sort();
     dirs
 }
 
