@@ -126,10 +126,12 @@ impl<D: Drafter> Drafter for Spoiled<D> {
 }
 
 /// Turns for the tests here that run many small forward passes on a two-thread pool:
-/// started together on a two-core machine, two such pools (four threads, each waiting
-/// for its partner's hand-off while the other pool's threads hold the cores) made each
-/// test 6-12x slower than alone (CI's host-linux suite on the Intel Xeon kind: 179 s
-/// against 30 s alone, 44 s against 6 s), the end of the suite one long tail.
+/// started together on a two-core machine, two such pools (four threads in one process)
+/// made each test 6-12x slower than alone (CI's host-linux suite on the Intel Xeon kind:
+/// 179 s against 30 s alone, 44 s against 6 s), the end of the suite one long tail. Why
+/// is not established: two keel processes at `-t 2` on the same machine each get about
+/// half their speed alone, not a sixth, so it is something about two pools in one test
+/// process, not contention for the cores alone.
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
     TURN.lock().unwrap_or_else(|e| e.into_inner())
