@@ -64,18 +64,29 @@ build() { # name cpu hvx [features]
     --target-dir "$td/$1" ${4:+--features $4}
 }
 
+# The zeros build shares the plain build's target dir (they differ in a feature only, so
+# build-std's core, compiler_builtins and the dependencies compile once, ~20 s of each
+# ~45 s build); it comes first, and its ELFs are copied to target/<cpu>-broken before the
+# plain build (which cargo then finishes from what is fresh) puts its own in place.
+copy_elfs() { # from-dir to-dir
+  mkdir -p "$2"
+  for f in keel-dsp-harness keel-dsp-device keel-dsp-shell; do cp "$1/$f" "$2/$f"; done
+}
+
 packets_out=""
 objdump=${LLVM_OBJDUMP:-$(rustc +"$toolchain" --print sysroot)/lib/rustlib/x86_64-unknown-linux-gnu/bin/llvm-objdump}
 for c in "${configs[@]}"; do
   IFS=: read -r name cpu hvx <<<"$c"
   echo "== build $name ($cpu, $hvx)"
+  build "$name" "$cpu" "$hvx" broken-hvx-zeros
+  copy_elfs "$td/$name/$target/release" "$td/$name-broken/$target/release"
   build "$name" "$cpu" "$hvx"
-  build "$name-broken" "$cpu" "$hvx" broken-hvx-zeros
   # The FastRPC skel (libkeel_skel.so): built, linked shared, exports and imports checked.
   # The double of libcdsprpc (host-linux/cdsprpc-double) runs it under qemu-hexagon through
   # keel-dsp-shell, and the zeros build to check the host refuses it.
-  bash scripts/skel.sh "$name" "$cpu" "$hvx" "$toolchain" "$td"
+  # (The zeros skel first as well: both build in target/skel-<cpu>, see skel.sh.)
   bash scripts/skel.sh "$name-broken" "$cpu" "$hvx" "$toolchain" "$td" broken-hvx-zeros
+  bash scripts/skel.sh "$name" "$cpu" "$hvx" "$toolchain" "$td"
   elf="$td/$name/$target/release/keel-dsp-harness"
   echo "== test under qemu-hexagon -cpu $name"
   (cd qemu-tests && KEEL_DSP_ELF="$elf" KEEL_DSP_ELF_BROKEN="$td/$name-broken/$target/release/keel-dsp-harness" \

@@ -12,10 +12,15 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 target=hexagon-unknown-none-elf
 bin=$(rustc +"$toolchain" --print sysroot)/lib/rustlib/x86_64-unknown-linux-gnu/bin
 out="$td/skel-$name/$target/release"
+# Built in target/skel-<cpu> whatever the features (a NAME ending in -broken builds there
+# too: build-std's core and the dependencies compile once for both), linked into
+# target/skel-NAME right after its build, while the archive is this build's.
+build_dir="$td/skel-${name%-broken}"
 (cd "$here/skel" && RUSTFLAGS="-C target-cpu=$cpu -C target-feature=+$hvx,+hvx-length128b -C relocation-model=pic" \
-  cargo +"$toolchain" build -q --release --target $target -Zbuild-std=core --target-dir "$td/skel-$name" ${6:+--features $6})
+  cargo +"$toolchain" build -q --release --target $target -Zbuild-std=core --target-dir "$build_dir" ${6:+--features $6})
+mkdir -p "$out"
 "$bin/rust-lld" -flavor gnu -shared --gc-sections --version-script "$here/skel/exports.ver" -soname libkeel_skel.so \
-  -o "$out/libkeel_skel.so" --whole-archive "$out/libkeel_dsp_skel.a"
+  -o "$out/libkeel_skel.so" --whole-archive "$build_dir/$target/release/libkeel_dsp_skel.a"
 
 exports=$("$bin/llvm-nm" -D --defined-only "$out/libkeel_skel.so" | awk '{print $3}' | sort | tr '\n' ' ')
 want_exports=$(grep -o 'keel_skel_[a-z_]*' "$here/skel/exports.ver" | sort -u | tr '\n' ' ')
