@@ -5,6 +5,15 @@
 
 use std::path::Path;
 
+/// The workspace's packages: the root and its `members` (their directories).
+fn members(root: &Path) -> Vec<std::path::PathBuf> {
+    let toml = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let line = toml.lines().find(|l| l.trim_start().starts_with("members")).expect("root Cargo.toml: no members");
+    let mut dirs = vec![root.to_path_buf()];
+    dirs.extend(line.split('"').skip(1).step_by(2).map(|m| root.join(m)));
+    dirs
+}
+
 /// The workspace's packages that turn Cargo's test discovery off (their directories).
 fn packages_without_autotests(root: &Path) -> Vec<std::path::PathBuf> {
     let mut dirs = members(root);
