@@ -7,7 +7,7 @@
 //! | `KEEL_QEMU` | `qemu-hexagon` on `PATH` |
 //! | `KEEL_QEMU_CPU` | `v68` |
 //! | `KEEL_DSP_ELF` | `dsp-firmware/target/<cpu>/hexagon-unknown-none-elf/release/keel-dsp-device` (what `dsp-firmware/ci.sh` builds) |
-//! | `KEEL_DSP_TIMEOUT_MS` | 10000 |
+//! | `KEEL_DSP_TIMEOUT_MS` | 60000 ([`DEFAULT_TIMEOUT_MS`]) |
 //! | `KEEL_DSP_THREADS` | 4 (the HVX contexts of a v68 or v73 cDSP; 1 to 8) |
 
 use std::path::{Path, PathBuf};
@@ -34,6 +34,15 @@ pub struct SimConfig {
     /// `other-version`), for fault tests only.
     pub fault: Option<String>,
 }
+
+/// How long the emulated DSP may take over one reply or one batch before it is called
+/// hung, unless `KEEL_DSP_TIMEOUT_MS` says otherwise. A wall-clock bound on an emulator,
+/// whose speed is the host's: SmolLM2 Q8_0's largest whole-layer batch takes about 2 s
+/// under `qemu-hexagon` on an idle 2-core Xeon, and one CI run on the same kind, with other
+/// tests sharing the cores and the firmware's four threads each holding a fixed share,
+/// passed 10 s (the old default) on a batch that was not hung. A firmware that really
+/// hangs is still stopped, later; the fault tests set their own short bound.
+pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
 
 /// Threads the firmware runs unless `KEEL_DSP_THREADS` says otherwise: the HVX
 /// contexts of the v68 (QCS6490) and v73 cDSPs.
@@ -69,7 +78,7 @@ impl SimConfig {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let qemu_name = var("KEEL_QEMU").unwrap_or_else(|| "qemu-hexagon".into());
         let cpu = var("KEEL_QEMU_CPU").unwrap_or_else(|| "v68".into());
-        let timeout_ms = var("KEEL_DSP_TIMEOUT_MS").and_then(|v| v.parse().ok()).unwrap_or(10_000);
+        let timeout_ms = var("KEEL_DSP_TIMEOUT_MS").and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_TIMEOUT_MS);
         // Not a count from 1 to 8: 0, which `missing` reports with the variable's value.
         let threads = var("KEEL_DSP_THREADS").map_or(Some(DEFAULT_THREADS), |v| v.parse::<u8>().ok().filter(|n| (1..=8).contains(n)));
         SimConfig {
