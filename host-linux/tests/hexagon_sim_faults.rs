@@ -38,7 +38,8 @@ fn killed_process_mid_batch_is_device_lost() {
     assert_eq!(unsafe { libc::kill(dev.pid() as i32, libc::SIGKILL) }, 0);
     let t = Instant::now();
     let e = dev.wait(seq).unwrap_err();
-    assert!(t.elapsed() < Duration::from_millis(1000), "noticed at once, not at the timeout: {:?}", t.elapsed());
+    // Bounds with room for a loaded host: what they tell apart is "at once" from "at the timeout".
+    assert!(t.elapsed() < cfg.timeout / 2, "noticed at once, not at the timeout: {:?}", t.elapsed());
     assert_eq!(e.kind(), ErrorKind::DeviceLost, "{e}");
     let msg = e.to_string();
     assert!(msg.contains("hexagon-sim") && msg.contains("went away") && msg.contains("signal: 9"), "{msg}");
@@ -55,7 +56,7 @@ fn hung_firmware_times_out() {
     let mut dev = HexagonSim::open(&cfg).unwrap();
     let (e, took) = submit_and_wait(&mut dev);
     assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
-    assert!(took >= cfg.timeout - Duration::from_millis(100) && took < cfg.timeout + Duration::from_millis(1500), "{took:?}");
+    assert!(took >= cfg.timeout - Duration::from_millis(100) && took < cfg.timeout * 2, "at the timeout: {took:?}");
     assert!(e.to_string().contains("hexagon-sim") && e.to_string().contains("hung"), "{e}");
     reopen_works("hung_firmware_times_out");
 }
@@ -76,7 +77,7 @@ fn hung_firmware_times_out_through_poll() {
         }
     };
     assert_eq!(e.kind(), ErrorKind::Timeout);
-    assert!(t.elapsed() < Duration::from_millis(1500), "{:?}", t.elapsed());
+    assert!(t.elapsed() < cfg.timeout * 4, "at the timeout, not much later: {:?}", t.elapsed());
 }
 
 #[test]
