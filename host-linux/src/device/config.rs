@@ -38,9 +38,9 @@ pub struct SimConfig {
 /// How long the emulated DSP may take over one reply or one batch before it is called
 /// hung, unless `KEEL_DSP_TIMEOUT_MS` says otherwise. A wall-clock bound on an emulator,
 /// whose speed is the host's: SmolLM2 Q8_0's largest whole-layer batch takes about 2 s
-/// under `qemu-hexagon` on an idle 2-core Xeon, and one CI run on the same kind, with other
-/// tests sharing the cores and the firmware's four threads each holding a fixed share,
-/// passed 10 s (the old default) on a batch that was not hung. A firmware that really
+/// under `qemu-hexagon` on an idle 2-core Xeon, yet in one CI run, with other tests sharing
+/// the cores and the firmware's four threads each holding a fixed share, a batch that was
+/// not hung passed 10 s (the old default). A firmware that really
 /// hangs is still stopped, later; the fault tests set their own short bound.
 pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
 
