@@ -100,6 +100,19 @@ fn probe_without_the_library_exits_2_naming_it() {
 }
 
 /// Through the double: the probe reports the arch, HVX, VTCM, the budget and the self-test.
+/// `KEEL_FASTRPC_SESSION` and `KEEL_DSP_TIMEOUT_MS` set to what they cannot mean are
+/// refused before a session opens, naming the variable (both were once read as unset).
+#[test]
+fn probe_refuses_unreadable_fastrpc_variables() {
+    let Some(double) = fastrpc::double("probe_refuses_unreadable_fastrpc_variables") else { return };
+    for (var, bad, want) in [("KEEL_FASTRPC_SESSION", "second", "a session id (0 to 4294967295)"), ("KEEL_DSP_TIMEOUT_MS", "1.5", "a whole number of milliseconds (1 or more)")] {
+        let out = keel_test_support::keel_command(env!("CARGO_BIN_EXE_keel")).args(["probe", "--device", "hexagon"]).env("KEEL_CDSPRPC", &double).env(var, bad).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{var}={bad}: {err}");
+        assert!(err.contains(&format!("{var}={bad:?} is not {want}")), "{var}={bad}: {err}");
+    }
+}
+
 #[test]
 fn probe_through_the_double_reports_the_dsp() {
     let Some(double) = fastrpc::double("probe_through_the_double_reports_the_dsp") else { return };

@@ -52,3 +52,18 @@ fn probe_refuses_zero_writing_hvx_and_unknown_devices() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown device 'npu9000'; known: hexagon-sim"));
 }
+
+/// A `KEEL_DSP_TIMEOUT_MS` that is not a number of milliseconds is refused before the
+/// emulator starts (it was once read as the default): exit 1 naming the variable, its
+/// value and the fix. Needs nothing built beyond keel.
+#[test]
+fn probe_refuses_an_unreadable_dsp_timeout() {
+    for bad in ["10s", "0", "-1"] {
+        let out = keel(&["probe", "--device", "hexagon-sim"], &[("KEEL_DSP_TIMEOUT_MS", bad)]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{bad}: {err}");
+        for want in ["KEEL_DSP_TIMEOUT_MS", &format!("{bad:?}"), "milliseconds", "unset it (60000 ms)"] {
+            assert!(err.contains(want), "{bad}: `{want}` missing from: {err}");
+        }
+    }
+}

@@ -10,6 +10,7 @@
 //! | `KEEL_DSP_TIMEOUT_MS` | 60000 ([`DEFAULT_TIMEOUT_MS`]) |
 //! | `KEEL_DSP_THREADS` | 4 (the HVX contexts of a v68 or v73 cDSP; 1 to 8) |
 
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -33,6 +34,10 @@ pub struct SimConfig {
     /// A firmware fault mode (`hang-on-batch`, `malformed-reply`, `wrong-seq`,
     /// `other-version`), for fault tests only.
     pub fault: Option<String>,
+    /// A variable of the environment that `from_env` could not read (what is wrong and
+    /// the fix): [`SimConfig::missing`] reports it, so the device is not opened with a
+    /// default the user did not ask for.
+    pub env_error: Option<String>,
 }
 
 /// How long the emulated DSP may take over one reply or one batch before it is called
@@ -47,6 +52,31 @@ pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
 /// Threads the firmware runs unless `KEEL_DSP_THREADS` says otherwise: the HVX
 /// contexts of the v68 (QCS6490) and v73 cDSPs.
 pub const DEFAULT_THREADS: u8 = 4;
+
+/// A whole number from the environment variable `name` (its value `value`, `None` when
+/// unset): `Ok(None)` when unset or empty, else the number if it lies in `range`, else
+/// `Err` naming the variable, its value, what it takes and the default (`default`, said
+/// as the variable's doc says it).
+pub fn env_number(name: &str, value: Option<&str>, range: RangeInclusive<u64>, what: &str, default: &str) -> Result<Option<u64>, String> {
+    match value.map(str::trim).filter(|v| !v.is_empty()) {
+        None => Ok(None),
+        Some(v) => match v.parse::<u64>() {
+            Ok(n) if range.contains(&n) => Ok(Some(n)),
+            _ => {
+                let span = if *range.end() == u64::MAX { format!("{} or more", range.start()) } else { format!("{} to {}", range.start(), range.end()) };
+                Err(format!("{name}={v:?} is not {what} ({span}): set it to one or unset it ({default})"))
+            }
+        },
+    }
+}
+
+/// `KEEL_DSP_TIMEOUT_MS` read as [`env_number`] reads it: the timeout in milliseconds
+/// (`default_ms` when unset), or what is wrong with the variable.
+pub fn timeout_from_env(default_ms: u64) -> Result<Duration, String> {
+    let v = std::env::var("KEEL_DSP_TIMEOUT_MS").ok();
+    let ms = env_number("KEEL_DSP_TIMEOUT_MS", v.as_deref(), 1..=u64::MAX, "a whole number of milliseconds", &format!("{default_ms} ms"))?;
+    Ok(Duration::from_millis(ms.unwrap_or(default_ms)))
+}
 
 /// VTCM size of a Hexagon generation, bytes.
 pub fn vtcm_for(cpu: &str) -> u32 {
@@ -78,7 +108,10 @@ impl SimConfig {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let qemu_name = var("KEEL_QEMU").unwrap_or_else(|| "qemu-hexagon".into());
         let cpu = var("KEEL_QEMU_CPU").unwrap_or_else(|| "v68".into());
-        let timeout_ms = var("KEEL_DSP_TIMEOUT_MS").and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_TIMEOUT_MS);
+        let (timeout, env_error) = match timeout_from_env(DEFAULT_TIMEOUT_MS) {
+            Ok(t) => (t, None),
+            Err(e) => (Duration::from_millis(DEFAULT_TIMEOUT_MS), Some(e)),
+        };
         // Not a count from 1 to 8: 0, which `missing` reports with the variable's value.
         let threads = var("KEEL_DSP_THREADS").map_or(Some(DEFAULT_THREADS), |v| v.parse::<u8>().ok().filter(|n| (1..=8).contains(n)));
         SimConfig {
@@ -87,14 +120,18 @@ impl SimConfig {
             vtcm_bytes: vtcm_for(&cpu),
             cpu,
             pool_bytes: 256 << 20,
-            timeout: Duration::from_millis(timeout_ms),
+            timeout,
             threads: threads.unwrap_or(0),
             fault: None,
+            env_error,
         }
     }
 
     /// What is missing to start the device, said so a user can fix it; `None` if nothing.
     pub fn missing(&self) -> Option<String> {
+        if let Some(e) = &self.env_error {
+            return Some(e.clone());
+        }
         if !(1..=8).contains(&self.threads) {
             return Some(match std::env::var("KEEL_DSP_THREADS") {
                 Ok(v) if !v.is_empty() => format!("KEEL_DSP_THREADS={v:?} is not a thread count from 1 to 8 (the firmware's hardware threads): set it to one of those or unset it (4)"),
@@ -115,5 +152,29 @@ impl SimConfig {
             ));
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::env_number;
+
+    #[test]
+    fn env_numbers_are_read_or_refused_never_defaulted() {
+        let read = |v: Option<&str>| env_number("KEEL_DSP_TIMEOUT_MS", v, 1..=u64::MAX, "a whole number of milliseconds", "60000 ms");
+        assert_eq!(read(None), Ok(None));
+        assert_eq!(read(Some("")), Ok(None));
+        assert_eq!(read(Some(" 2500 ")), Ok(Some(2500)));
+        for bad in ["10s", "-5", "0", "1e4", "2.5", "99999999999999999999999"] {
+            let e = read(Some(bad)).expect_err(bad);
+            for want in ["KEEL_DSP_TIMEOUT_MS", bad, "milliseconds", "1 or more", "unset it (60000 ms)"] {
+                assert!(e.contains(want), "{bad}: `{want}` missing from: {e}");
+            }
+        }
+        // A session id: 0 taken, past u32 refused with the range said.
+        let session = |v| env_number("KEEL_FASTRPC_SESSION", Some(v), 0..=u32::MAX as u64, "a session id", "the first session");
+        assert_eq!(session("0"), Ok(Some(0)));
+        let e = session("4294967296").unwrap_err();
+        assert!(e.contains("0 to 4294967295") && e.contains("unset it (the first session)"), "{e}");
     }
 }

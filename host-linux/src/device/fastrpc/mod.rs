@@ -64,17 +64,24 @@ pub struct FastRpcConfig {
     pub skel: String,
     /// Longest wait for any reply, and for a batch from its submission.
     pub timeout: Duration,
+    /// A variable of the environment that `from_env` could not read (what is wrong and
+    /// the fix): [`Hexagon::open`] refuses to open with it.
+    pub env_error: Option<String>,
 }
 
 impl FastRpcConfig {
-    /// The defaults, overridden by the environment.
+    /// The defaults, overridden by the environment; a variable that is set but cannot
+    /// be read is kept in `env_error`, not replaced by its default.
     pub fn from_env() -> FastRpcConfig {
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let v = std::env::var("KEEL_FASTRPC_SESSION").ok();
+        let session = crate::device::config::env_number("KEEL_FASTRPC_SESSION", v.as_deref(), 0..=u32::MAX as u64, "a session id", "the first session");
+        let timeout = crate::device::config::timeout_from_env(10_000);
         FastRpcConfig {
             domain: sys::CDSP_DOMAIN_ID,
-            session: var("KEEL_FASTRPC_SESSION").and_then(|v| v.parse().ok()),
+            session: session.clone().ok().flatten().map(|s| s as u32),
             skel: "libkeel_skel.so".into(),
-            timeout: Duration::from_millis(var("KEEL_DSP_TIMEOUT_MS").and_then(|v| v.parse().ok()).unwrap_or(10_000)),
+            timeout: timeout.clone().unwrap_or(Duration::from_millis(10_000)),
+            env_error: session.err().or(timeout.err()),
         }
     }
 
@@ -282,6 +289,9 @@ pub fn dsp_info(api: &Api, domain: u32) -> DspInfo {
 impl Hexagon {
     /// Opens a session (see the module doc for the steps).
     pub fn open(cfg: &FastRpcConfig) -> Result<Hexagon, DeviceError> {
+        if let Some(e) = &cfg.env_error {
+            return Err(DeviceError::new("hexagon", ErrorKind::InvalidArgument, e.clone()));
+        }
         let api = Rc::new(Api::load().map_err(|e| DeviceError::new("hexagon", ErrorKind::Other, e.to_string()))?);
         let name = match cfg.session {
             Some(s) => format!("hexagon (cdsp session {s}, {})", api.path),
