@@ -16,7 +16,7 @@ use crate::ggml_type::GgmlType;
 use crate::matmul::{matmul_as, matvec_group, quantize_rows, SharedMut, GROUP_MAX};
 use crate::model::{FfnAct, HParams, Layer, RopeMode, Tensor};
 use crate::ops;
-use crate::parallel::{snake_deal, split_range, Parallel};
+use crate::parallel::{split_range, Claims, Parallel};
 use crate::placement::{Offload, Placement, WeightId, WeightKind};
 use crate::prefetch::{self, Level};
 use crate::quant::Kernels;
@@ -453,8 +453,8 @@ pub(crate) const ATTN_HEADS: usize = crate::attention::MAX_HEADS;
 
 /// Causal grouped-query attention of the `n` new tokens over one layer's cache, split
 /// by (token block, heads) items — up to [`QBLOCK`] consecutive tokens and up to
-/// [`ATTN_HEADS`] query heads that share a KV head — dealt round-robin to at most
-/// `max_tasks` tasks, each with its own f16 scratch; each item is one
+/// [`ATTN_HEADS`] query heads that share a KV head — claimed by whichever of at most
+/// `max_tasks` tasks is free, the costliest first ([`Claims`]), each with its own f16 scratch; each item is one
 /// [`crate::attention::attend_block`] call, which reads each key and value row once for
 /// the block (its doc and [`crate::attention::attend_heads`]' give the arithmetic:
 /// llama.cpp's CPU flash attention, `one_chunk` path, per query). llama.cpp uses a
@@ -487,14 +487,14 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32,
     let scratch = SharedMut::new(scratch);
     let out_w = hp.n_head * hdv;
     let out = SharedMut::new(&mut out[..n * out_w]);
+    // Items claimed by whichever task is free, the last block (the most keys) first: a
+    // fixed deal made both threads wait for the one whose vCPU the host had slowed.
+    let claims = Claims::new(items);
     par.run(tasks, &|t| {
         // SAFETY: task t owns scratch slot t (tasks <= the n_threads slots planned).
         let s = unsafe { scratch.slice(t * per_task, per_task) };
         let (qh, acc) = s.split_at_mut(qcap * ATTN_HEADS * hd);
-        // Items dealt in alternating rounds: a later token attends to more keys, so
-        // contiguous ranges would leave the last task most of a prompt's work, and plain
-        // round-robin the last task a block's more per round.
-        for item in snake_deal(items, tasks, t) {
+        for item in claims.iter() {
             let (blk, rest) = (item / (hp.n_head_kv * runs), item % (hp.n_head_kv * runs));
             let (kvh, run) = (rest / runs, rest % runs);
             let h0 = kvh * group + run * per_item;
@@ -515,7 +515,7 @@ fn attention(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale: f32,
 
 /// [`attention`] with llama.cpp's tiled arithmetic ([`attn_tiled`]): items of up to
 /// [`attn_tiled::QB`] consecutive tokens × a run of at most [`attn_tiled::MAX_HEADS`]
-/// query heads sharing a KV head, dealt round-robin to the tasks; each item is one
+/// query heads sharing a KV head, claimed by the tasks as in [`attention`]; each item is one
 /// [`attn_tiled::block`] call (each key tile converted once for the item; per row the
 /// bits of the row alone).
 #[allow(clippy::too_many_arguments)]
@@ -534,11 +534,12 @@ fn attention_tiled(hp: &HParams, kern: &Kernels, c: &Cache<'_>, q: &[f32], scale
     let out_w = hp.n_head * hdv;
     let out = SharedMut::new(&mut out[..n * out_w]);
     let (rows, n_past, window) = (c.rows, c.n_past, c.window);
+    // Claimed as in `attention`: later tokens see more keys.
+    let claims = Claims::new(items);
     par.run(tasks, &|t| {
         // SAFETY: task t owns scratch slot t.
         let s = unsafe { scratch.slice(t * per_task, per_task) };
-        // Dealt as in `attention`: later tokens see more keys.
-        for item in snake_deal(items, tasks, t) {
+        for item in claims.iter() {
             let (blk, rest) = (item / (hp.n_head_kv * runs), item % (hp.n_head_kv * runs));
             let (kvh, run) = (rest / runs, rest % runs);
             let h0 = kvh * group + run * per_item;

@@ -4,6 +4,8 @@
 //! splits work by output rows or heads (never inside a reduction), so results are
 //! bit-identical whatever the number of threads.
 
+use core::sync::atomic::{AtomicUsize, Ordering};
+
 /// A way to run independent tasks at once, supplied by the host.
 pub trait Parallel: Sync {
     /// How many tasks may usefully run at once (1 = single-threaded).
@@ -41,15 +43,32 @@ pub fn split_range(n: usize, parts: usize, i: usize) -> core::ops::Range<usize> 
     start.min(n)..(start + len).min(n)
 }
 
-/// Task `i`'s items of `0..n` dealt to `parts` tasks in rounds of `parts`, every other
-/// round in reverse (round 0: 0, 1, .., parts - 1; round 1: parts - 1, .., 0; ...). Where
-/// later items cost more (a prompt's later tokens attend to more keys), this evens the
-/// tasks' totals: for a steady rise each round's cost gap is undone by the next, where
-/// dealing in order (`i, i + parts, ..`) leaves the last task a round's gap per round
-/// (Gemma 3 pp512, 16 blocks of 32 queries on two tasks: 6% over the mean, here none).
-pub fn snake_deal(n: usize, parts: usize, i: usize) -> impl Iterator<Item = usize> {
-    let parts = parts.max(1);
-    (0..n.div_ceil(parts)).map(move |r| r * parts + if r % 2 == 0 { i } else { parts - 1 - i }).filter(move |&k| k < n)
+/// Items of `0..n` claimed one at a time from a shared counter by whichever task is free,
+/// the costliest first (the highest index: a prompt's later tokens attend to more keys).
+/// A task whose core is slower for a while (a busier core, a host that takes the vCPU
+/// away) claims fewer, where a fixed deal (the alternating rounds used before) leaves
+/// every task waiting for the slowest one's share. Which task computes an item changes
+/// no bit when each item writes only its own outputs. One atomic add per item; no
+/// allocation.
+pub struct Claims {
+    next: AtomicUsize,
+    n: usize,
+}
+
+impl Claims {
+    /// `n` items, none claimed yet.
+    pub fn new(n: usize) -> Claims {
+        Claims { next: AtomicUsize::new(0), n }
+    }
+
+    /// The items this task claims, each of `0..n` handed to exactly one caller over all
+    /// tasks, from `n - 1` down.
+    pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        core::iter::from_fn(move || {
+            let k = self.next.fetch_add(1, Ordering::Relaxed);
+            (k < self.n).then(|| self.n - 1 - k)
+        })
+    }
 }
 
 #[cfg(test)]
@@ -57,23 +76,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn snake_deal_covers_everything_once_and_evens_a_rising_cost() {
-        for n in 0..50 {
-            for parts in 1..9 {
-                let mut seen = [0u8; 50];
-                for i in 0..parts {
-                    for k in snake_deal(n, parts, i) {
+    fn claims_hand_out_every_item_once_costliest_first() {
+        for n in 0..40 {
+            // Three tasks taking turns unevenly (one item, two, three): each item once.
+            let c = Claims::new(n);
+            let mut its = [c.iter(), c.iter(), c.iter()];
+            let (mut seen, mut order) = ([0u8; 40], heapless::Vec::<usize, 40>::new());
+            'outer: loop {
+                for (t, it) in its.iter_mut().enumerate() {
+                    for _ in 0..=t {
+                        let Some(k) = it.next() else { break 'outer };
                         seen[k] += 1;
+                        order.push(k).unwrap();
                     }
                 }
-                assert!(seen[..n].iter().all(|&c| c == 1), "n={n} parts={parts}: {seen:?}");
             }
+            for it in its.iter_mut() {
+                assert_eq!(it.next(), None, "n={n}: an item after the end");
+            }
+            assert!(seen[..n].iter().all(|&s| s == 1), "n={n}: {seen:?}");
+            assert!(order.windows(2).all(|w| w[0] > w[1]), "n={n}: not costliest first: {order:?}");
         }
-        // Costs 1, 2, .., 16 on two tasks: 68 each (in order: 64 and 72).
-        let total = |i: usize| snake_deal(16, 2, i).map(|k| k + 1).sum::<usize>();
-        assert_eq!((total(0), total(1)), (68, 68));
-        assert_eq!(snake_deal(7, 3, 1).collect::<heapless::Vec<usize, 8>>().as_slice(), &[1, 4]);
-        assert_eq!(snake_deal(7, 3, 0).collect::<heapless::Vec<usize, 8>>().as_slice(), &[0, 5, 6]);
     }
 
     #[test]
