@@ -454,9 +454,9 @@ pub(crate) const ATTN_HEADS: usize = crate::attention::MAX_HEADS;
 /// Causal grouped-query attention of the `n` new tokens over one layer's cache, split
 /// by (token block, heads) items — up to [`QBLOCK`] consecutive tokens and up to
 /// [`ATTN_HEADS`] query heads that share a KV head — claimed by whichever of at most
-/// `max_tasks` tasks is free, the costliest first ([`Claims`]), each with its own f16 scratch; each item is one
-/// [`crate::attention::attend_block`] call, which reads each key and value row once for
-/// the block (its doc and [`crate::attention::attend_heads`]' give the arithmetic:
+/// `max_tasks` tasks is free, the costliest first ([`Claims`]), each task with its own
+/// f16 scratch; each item is one [`crate::attention::attend_block`] call, which reads
+/// each key and value row once for the block (its doc and [`crate::attention::attend_heads`]' give the arithmetic:
 /// llama.cpp's CPU flash attention, `one_chunk` path, per query). llama.cpp uses a
 /// different, tiled arithmetic for batches of 64 or more queries; keel always uses this
 /// one, so a position's output does not depend on the batch (nor on the blocking). With
