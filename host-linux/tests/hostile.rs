@@ -565,13 +565,18 @@ fn an_arena_beyond_physical_memory_is_refused() {
 }
 
 /// `bench -p/-n` beyond the training context is refused before any work (`-p 100000`
-/// used to evaluate a 100000-token prompt three times); `--force-ctx` allows it.
+/// used to evaluate a 100000-token prompt three times); `--force-ctx` allows it. On the
+/// fuzz seed's tiny llama (a 64-token training context), so the sizes at the limit and
+/// past it with `--force-ctx` cost milliseconds (the synthetic llama's 4096 took 45 s).
 #[test]
 fn bench_sizes_beyond_the_context_are_refused() {
-    for (p, n, ctx) in [("100000", "4", "100000"), ("16", "5000", "5001")] {
-        let o = keel().args(["bench", "-p", p, "-n", n, "-r", "1", "-m"]).arg(synth()).output().unwrap();
-        fails_with(&o, &[&format!("bench -p {p} -n {n} needs a {ctx}-token context"), "training context is 4096 (llama.context_length)", "use a smaller -p or -n"]);
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("../core/fuzz/seeds/tiny-llama.gguf");
+    for (p, n, ctx) in [("100000", "4", "100000"), ("16", "5000", "5001"), ("65", "4", "65"), ("8", "64", "65")] {
+        let o = keel().args(["bench", "-p", p, "-n", n, "-r", "1", "-m"]).arg(&tiny).output().unwrap();
+        fails_with(&o, &[&format!("bench -p {p} -n {n} needs a {ctx}-token context"), "training context is 64 (llama.context_length)", "use a smaller -p or -n"]);
         assert!(o.stdout.is_empty());
     }
-    succeeds(&keel().args(["bench", "-p", "4096", "-n", "4", "-r", "1", "-t", "1", "-m"]).arg(synth()).output().unwrap());
+    for extra in [&["-p", "64", "-n", "4"][..], &["-p", "8", "-n", "63"], &["-p", "96", "-n", "4", "--force-ctx"]] {
+        succeeds(&keel().args(["bench", "-r", "1", "-t", "1", "-m"]).arg(&tiny).args(extra).output().unwrap());
+    }
 }
