@@ -15,6 +15,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 /// The repository root (this crate lives in `<root>/host-wasi`).
@@ -281,11 +282,9 @@ pub fn recompute(file: &DigestFile, runner: &mut Runner, max_prompts: usize, onl
         }
         match runner {
             Runner::Wasm(guest, limits) => {
-                let mut g = guest.load(&m.path(), file.n_ctx, *limits)?;
-                for (i, (prompt, _)) in m.runs.iter().enumerate().take(max_prompts) {
-                    let t0 = Instant::now();
-                    let r = g.run(prompt, file.n_predict).with_context(|| format!("{} prompt {i} {prompt:?}", m.name))?;
-                    let secs = t0.elapsed().as_secs_f64();
+                let n = m.runs.len().min(max_prompts);
+                for (i, r) in run_in_guests(guest, *limits, m, file, n)?.into_iter().enumerate() {
+                    let (r, secs) = r?;
                     t.runs += 1;
                     t.prompt_tokens += r.tokens.len();
                     t.generated += r.generated.len();
@@ -329,6 +328,45 @@ pub fn recompute(file: &DigestFile, runner: &mut Runner, max_prompts: usize, onl
         }
     }
     Ok(t)
+}
+
+/// The first `n` runs of `m`, each with its seconds, in order: one guest instance per
+/// CPU (each run starts from a reset guest, so which instance runs which prompt changes
+/// nothing; the wasm guest is single-threaded, and one instance alone left the other
+/// cores idle), the prompts taken in turn from a shared counter.
+fn run_in_guests(guest: &Guest, limits: Limits, m: &ModelDigests, file: &DigestFile, n: usize) -> Result<Vec<Result<(RunOutput, f64)>>> {
+    let workers = std::thread::available_parallelism().map_or(1, |c| c.get()).min(n).max(1);
+    let next = AtomicUsize::new(0);
+    let mut out: Vec<Option<Result<(RunOutput, f64)>>> = (0..n).map(|_| None).collect();
+    let done: Vec<Vec<(usize, Result<(RunOutput, f64)>)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| -> Result<Vec<(usize, Result<(RunOutput, f64)>)>> {
+                    let mut g = guest.load(&m.path(), file.n_ctx, limits)?;
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some((prompt, _)) = m.runs.get(i).filter(|_| i < n) else { break };
+                        let t0 = Instant::now();
+                        let r = g.run(prompt, file.n_predict).with_context(|| format!("{} prompt {i} {prompt:?}", m.name));
+                        let failed = r.is_err();
+                        mine.push((i, r.map(|r| (r, t0.elapsed().as_secs_f64()))));
+                        if failed {
+                            // An instance is not trusted after a failed run; the first
+                            // failure in order is the one reported.
+                            break;
+                        }
+                    }
+                    Ok(mine)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a guest thread panicked")))).collect::<Result<Vec<_>>>()
+    })?;
+    for (i, r) in done.into_iter().flatten() {
+        out[i] = Some(r);
+    }
+    Ok(out.into_iter().enumerate().map(|(i, r)| r.unwrap_or_else(|| Err(anyhow!("{} prompt {i}: not run", m.name)))).collect())
 }
 
 /// Checks every run against `file`; the error lists each differing run with its first
