@@ -36,8 +36,10 @@ echo "== the tiny llama"
 cargo run --release --locked --quiet -p keel-test-support --features gguf --bin keel-tiny-llama -- "$model"
 
 echo "== examples/cortex-m: build, run under qemu-system-arm"
-# Its own target dir (its own target and link flags).
+# Its own target dir (its own target and link flags) and its own release profile (lto,
+# one codegen unit), whatever profile overrides the caller set (tests/run.sh sets some).
 cm_target=$main_target/cortex-m
+unset CARGO_PROFILE_RELEASE_LTO CARGO_PROFILE_RELEASE_DEBUG
 (cd examples/cortex-m && KEEL_CORTEX_M_MODEL=$model CARGO_TARGET_DIR=$cm_target cargo build --release --locked --quiet)
 elf=$cm_target/thumbv7em-none-eabihf/release/keel-example-cortex-m
 status=0

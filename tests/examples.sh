@@ -34,6 +34,9 @@ echo "== examples/library"
 "$main_target/release/keel-example-library" "$model" "$prompt" "$n" >"$work/library.out" 2>"$work/library.ids"
 
 echo "== examples/linux-nolibc: x86_64, aarch64"
+# Its own release profile (lto, panic = "abort"), whatever profile overrides the caller
+# set (tests/run.sh sets some for the workspace, which the library above shares).
+unset CARGO_PROFILE_RELEASE_LTO CARGO_PROFILE_RELEASE_DEBUG
 (cd examples/linux-nolibc && CARGO_TARGET_DIR=$nolibc_target cargo build --release --locked --quiet)
 (cd examples/linux-nolibc && CARGO_TARGET_DIR=$nolibc_target cargo build --release --locked --quiet --target aarch64-unknown-linux-musl)
 "$nolibc_target/x86_64-unknown-linux-gnu/release/keel-example-linux-nolibc" >"$work/nolibc-x86_64.out"

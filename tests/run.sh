@@ -23,6 +23,18 @@ bash dsp-firmware/ci.sh
 # this set, a missing emulator or firmware fails them instead of skipping.
 export KEEL_REQUIRE_DSP=1
 
+# The tests build the main workspace without the release profile's cross-crate (thin)
+# LTO and debug info: every test binary and every cross build links the whole program,
+# and link-time optimization took most of the test build (fresh, on the 2-core Xeon:
+# ~15 min for `keel` and the test binaries with them, ~6 without). The bits are the same:
+# LTO only moves code across crates (inlining), and Rust gives LLVM no licence to
+# contract or reorder float operations. The release build users run and the benchmarks
+# measure (`cargo build --release`, `bench/*.sh`) keeps the profile as written; after
+# this script, `target/release/keel` is the test build until the next plain build.
+# The examples with release profiles of their own (linux-nolibc, cortex-m) and the
+# firmware (above) build as their Cargo.toml say.
+export CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_DEBUG=0
+
 echo "== python packages: the openai client for the keel serve tests (host-linux/tests/serve.rs)"
 # From pip's configured index; idempotent (pip skips what is installed). A system Python
 # that refuses user packages (PEP 668) gets them with --break-system-packages.
