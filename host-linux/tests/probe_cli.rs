@@ -67,3 +67,17 @@ fn probe_refuses_an_unreadable_dsp_timeout() {
         }
     }
 }
+
+/// The same for `KEEL_DSP_THREADS` (the firmware's hardware threads, 1 to 8), read by the
+/// same function as the timeout.
+#[test]
+fn probe_refuses_an_unreadable_dsp_thread_count() {
+    for bad in ["0", "9", "four", "2.5"] {
+        let out = keel(&["probe", "--device", "hexagon-sim"], &[("KEEL_DSP_THREADS", bad)]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{bad}: {err}");
+        for want in ["KEEL_DSP_THREADS", &format!("{bad:?}"), "hardware thread count (1 to 8)", "unset it (4)"] {
+            assert!(err.contains(want), "{bad}: `{want}` missing from: {err}");
+        }
+    }
+}

@@ -34,8 +34,8 @@ pub struct SimConfig {
     /// A firmware fault mode (`hang-on-batch`, `malformed-reply`, `wrong-seq`,
     /// `other-version`), for fault tests only.
     pub fault: Option<String>,
-    /// A variable of the environment that `from_env` could not read (what is wrong and
-    /// the fix): [`SimConfig::missing`] reports it, so the device is not opened with a
+    /// The variables of the environment that `from_env` could not read (what is wrong and
+    /// the fix, `; ` between two): [`SimConfig::missing`] reports it, so the device is not opened with a
     /// default the user did not ask for.
     pub env_error: Option<String>,
 }
@@ -108,12 +108,18 @@ impl SimConfig {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let qemu_name = var("KEEL_QEMU").unwrap_or_else(|| "qemu-hexagon".into());
         let cpu = var("KEEL_QEMU_CPU").unwrap_or_else(|| "v68".into());
-        let (timeout, env_error) = match timeout_from_env(DEFAULT_TIMEOUT_MS) {
-            Ok(t) => (t, None),
-            Err(e) => (Duration::from_millis(DEFAULT_TIMEOUT_MS), Some(e)),
-        };
-        // Not a count from 1 to 8: 0, which `missing` reports with the variable's value.
-        let threads = var("KEEL_DSP_THREADS").map_or(Some(DEFAULT_THREADS), |v| v.parse::<u8>().ok().filter(|n| (1..=8).contains(n)));
+        // A variable set to something it cannot mean is kept as the error `missing` reports.
+        let mut errors = Vec::new();
+        let timeout = timeout_from_env(DEFAULT_TIMEOUT_MS).unwrap_or_else(|e| {
+            errors.push(e);
+            Duration::from_millis(DEFAULT_TIMEOUT_MS)
+        });
+        let t = std::env::var("KEEL_DSP_THREADS").ok();
+        let what = "the firmware's hardware thread count";
+        let threads = env_number("KEEL_DSP_THREADS", t.as_deref(), 1..=8, what, &DEFAULT_THREADS.to_string()).unwrap_or_else(|e| {
+            errors.push(e);
+            None
+        });
         SimConfig {
             qemu: find_program(&qemu_name).unwrap_or_else(|| PathBuf::from(qemu_name)),
             elf: var("KEEL_DSP_ELF").map_or_else(|| default_elf(&cpu), PathBuf::from),
@@ -121,9 +127,9 @@ impl SimConfig {
             cpu,
             pool_bytes: 256 << 20,
             timeout,
-            threads: threads.unwrap_or(0),
+            threads: threads.map_or(DEFAULT_THREADS, |n| n as u8),
             fault: None,
-            env_error,
+            env_error: (!errors.is_empty()).then(|| errors.join("; ")),
         }
     }
 
@@ -133,10 +139,7 @@ impl SimConfig {
             return Some(e.clone());
         }
         if !(1..=8).contains(&self.threads) {
-            return Some(match std::env::var("KEEL_DSP_THREADS") {
-                Ok(v) if !v.is_empty() => format!("KEEL_DSP_THREADS={v:?} is not a thread count from 1 to 8 (the firmware's hardware threads): set it to one of those or unset it (4)"),
-                _ => format!("{} hardware threads asked for: the firmware runs 1 to 8 (KEEL_DSP_THREADS)", self.threads),
-            });
+            return Some(format!("{} hardware threads asked for: the firmware runs 1 to 8 (KEEL_DSP_THREADS)", self.threads));
         }
         if !self.qemu.is_file() {
             return Some(format!(
