@@ -37,6 +37,11 @@ pub fn build(cargo: &Path, guest_dir: &Path, target_dir: &Path, variant: Variant
     for var in ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "CARGO_BUILD_RUSTFLAGS", "CARGO_BUILD_TARGET", "CARGO_TARGET_DIR", "CARGO_BUILD_TARGET_DIR", "RUSTC_WORKSPACE_WRAPPER"] {
         cmd.env_remove(var);
     }
+    // Its own release profile too (lto, one codegen unit), whatever profile overrides
+    // the caller set (tests/run.sh sets `CARGO_PROFILE_RELEASE_LTO` for the workspace).
+    for (var, _) in std::env::vars_os().filter(|(k, _)| k.to_string_lossy().starts_with("CARGO_PROFILE_")) {
+        cmd.env_remove(var);
+    }
     // simd128 (fixed-width SIMD, deterministic; relaxed SIMD stays off): keel-core's
     // reference kernels then form their integer lane sums and single-rounding fmas with
     // it (core/src/quant/wasm32.rs), with the same bits as the scalar code.

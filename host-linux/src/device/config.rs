@@ -35,8 +35,8 @@ pub struct SimConfig {
     /// `other-version`), for fault tests only.
     pub fault: Option<String>,
     /// The variables of the environment that `from_env` could not read (what is wrong and
-    /// the fix, `; ` between two): [`SimConfig::missing`] reports it, so the device is not opened with a
-    /// default the user did not ask for.
+    /// the fix, `; ` between two): [`SimConfig::missing`] reports it, so the device is not
+    /// opened with a default the user did not ask for.
     pub env_error: Option<String>,
 }
 
