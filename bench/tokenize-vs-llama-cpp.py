@@ -105,17 +105,18 @@ def main():
     ap.add_argument('-n', type=int, default=300, help='texts per model (default 300)')
     ap.add_argument('--seed', type=int, default=1, help='the random texts\' seed (default 1); the same seed gives the same texts')
     ap.add_argument('--texts', choices=['mixed', 'codepoints'], default='mixed', help='how texts are made (default mixed)')
-    ap.add_argument('--keel', default='target/release/keel', help='the keel binary (default target/release/keel, built here if missing)')
+    ap.add_argument('--keel', metavar='PATH', help="the keel binary (default: this checkout's target/release/keel, built if missing)")
     ap.add_argument('--llama-tokenize', metavar='PATH', default=os.path.join(os.environ.get('KEEL_LLAMA_CPP', os.path.expanduser('~/.cache/keel/llama.cpp-11434')), 'build', 'bin', 'llama-tokenize'), help='the llama-tokenize binary (default: the one bench/compare-llama-cpp.sh builds)')
     ap.add_argument('--json', action='store_true', help='print one JSON object per model: {"model","texts","mismatches":[{"text","keel","llama_cpp"}]}')
     a = ap.parse_args()
-    os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..')
     if a.n < 1:
         die('-n must be at least 1')
     if not os.access(a.llama_tokenize, os.X_OK):
         die(f'no llama-tokenize at {a.llama_tokenize}; run `bench/compare-llama-cpp.sh --build -m /nonexistent` once (it builds llama-bench and llama-tokenize), or pass --llama-tokenize PATH')
-    if a.keel == 'target/release/keel' and not os.access(a.keel, os.X_OK):
-        if subprocess.run(['cargo', 'build', '--release', '-q', '-p', 'keel-host-linux']).returncode != 0:
+    if a.keel is None:
+        a.keel = os.path.join(root, 'target', 'release', 'keel')
+        if not os.access(a.keel, os.X_OK) and subprocess.run(['cargo', 'build', '--release', '-q', '-p', 'keel-host-linux'], cwd=root).returncode != 0:
             die('cargo build --release -p keel-host-linux failed')
     models_dir = os.environ.get('KEEL_MODELS', os.path.expanduser('~/.cache/keel/models'))
     models = a.model or [os.path.join(models_dir, 'SmolLM2-135M-Instruct.Q4_1.gguf'), os.path.join(models_dir, 'gemma-3-270m-q4_k_m.gguf')]
