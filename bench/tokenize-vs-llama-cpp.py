@@ -101,7 +101,7 @@ def llama_ids(tok, model, path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0], epilog='\n\n'.join(__doc__.split('\n\n')[2:]), formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument('-m', '--model', action='append', help='a .gguf file (repeatable; default: the smollm2-135m and gemma3-270m files keel pulls)')
+    ap.add_argument('-m', '--model', action='append', help='a .gguf file or a name keel pull knows (repeatable; default: smollm2-135m and gemma3-270m)')
     ap.add_argument('-n', type=int, default=300, help='texts per model (default 300)')
     ap.add_argument('--seed', type=int, default=1, help='the random texts\' seed (default 1); the same seed gives the same texts')
     ap.add_argument('--texts', choices=['mixed', 'codepoints'], default='mixed', help='how texts are made (default mixed)')
@@ -118,11 +118,15 @@ def main():
         a.keel = os.path.join(root, 'target', 'release', 'keel')
         if not os.access(a.keel, os.X_OK) and subprocess.run(['cargo', 'build', '--release', '-q', '-p', 'keel-host-linux'], cwd=root).returncode != 0:
             die('cargo build --release -p keel-host-linux failed')
-    models_dir = os.environ.get('KEEL_MODELS', os.path.expanduser('~/.cache/keel/models'))
-    models = a.model or [os.path.join(models_dir, 'SmolLM2-135M-Instruct.Q4_1.gguf'), os.path.join(models_dir, 'gemma-3-270m-q4_k_m.gguf')]
-    for m in models:
-        if not os.path.isfile(m):
-            die(f'model {m} not found (keel pull smollm2-135m / gemma3-270m fetches the defaults)')
+    # A known name becomes its file as `keel pull` gives it (fetched on first use), as in
+    # bench/compare-llama-cpp.sh; anything else is taken as a path.
+    models = []
+    for m in a.model or ['smollm2-135m', 'gemma3-270m']:
+        p = subprocess.run([a.keel, 'pull', m], capture_output=True, text=True)
+        path = p.stdout.strip() if p.returncode == 0 and p.stdout.strip() else m
+        if not os.path.isfile(path):
+            die(f'model {m} not found: give a .gguf file or a name `keel pull` knows')
+        models.append(path)
     make = mixed if a.texts == 'mixed' else codepoints
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
