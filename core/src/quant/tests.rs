@@ -1005,6 +1005,50 @@ fn dot_rows_give_each_dots_bits() {
     let _ = checked;
 }
 
+/// The Q4_0 8-row kernels at the integer extremes: every level -8 or +7 against
+/// activations of ±127, rows 0 and 1 all -8 and all +7 (each 16-element sum as large as
+/// it gets, 16·8·127, and `Σ q·y` 16·15·127), so an i16 overflow in a kernel's sums
+/// would show as a wrong row.
+#[test]
+fn q4_0_dot_rows_hold_the_extreme_sums() {
+    let mut checked = 0;
+    for k in &fast_kernel_sets() {
+        let (Some(rows), Ok(dot)) = (k.dot_rows_fn(Q4_0), k.dot_fn(Q4_0)) else { continue };
+        for n in [32usize, 64, 576] {
+            let wrow = bytes_of(Q4_0, n);
+            let mut w = vec![0u8; DOT_ROWS * wrow];
+            for r in 0..DOT_ROWS {
+                for b in 0..n / 32 {
+                    let blk = &mut w[r * wrow + b * 18..r * wrow + (b + 1) * 18];
+                    blk[..2].copy_from_slice(&half::f16::from_f32(0.5).to_bits().to_le_bytes());
+                    // Row r: levels -8 (nibble 0) or +7 (nibble 15) by bit r of the block
+                    // and element, both halves of each byte alike.
+                    for (i, q) in blk[2..].iter_mut().enumerate() {
+                        *q = match r {
+                            0 => 0x00,
+                            1 => 0xFF,
+                            _ if (r + b + i / 4) % 3 == 0 => 0x00,
+                            _ => 0xFF,
+                        };
+                    }
+                }
+            }
+            for (sign, flip) in [(1.0f32, false), (-1.0, false), (1.0, true), (-1.0, true)] {
+                let x: Vec<f32> = (0..n).map(|i| if flip && i % 5 == 4 { -sign } else { sign }).collect();
+                let a = activations(k, Q8_0, &x);
+                let mut out = [f32::NAN; DOT_ROWS];
+                rows(n, &w, wrow, &a, &mut out);
+                for (r, o) in out.iter().enumerate() {
+                    let want = dot(n, &w[r * wrow..], &a);
+                    assert_eq!(o.to_bits(), want.to_bits(), "{} n={n} row {r} sign {sign}", k.name());
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 0 || fast_kernel_sets().is_empty());
+}
+
 /// The x86 sets prefetch far ahead into L1 exactly where CPUID's L1 data cache is 48 KiB
 /// or more, and CPUID's L1 data cache is the one Linux reports (sysfs).
 #[cfg(target_arch = "x86_64")]
