@@ -28,41 +28,85 @@ pub(crate) const TILE_ROWS: usize = 4;
 /// Activation rows (tokens) per tile.
 pub(crate) const TILE_TOKENS: usize = 4;
 
-/// The shared tile loop of the one-accumulator types. Per block `i`: the four tokens'
-/// scale pairs are converted together (`fa = [da_t, sa_t]..`), and so are the four rows'
-/// (`[dw_r, mw_r]..`); for each token `$prep_a` (with `$ab` the activation block) gives
-/// two vectors `[y, c]`; for each row `$prep_w` (with `$wb` the weight block) the decoded
-/// weight `$x`, then the row's products `dw_r·da_t` in one multiply (lanes 2t) and, for
-/// `$min` types, `summs[r] = fma(mw_r, sa_t, summs[r])` in one fma (lanes 2t + 1); per
-/// pair `$lanes` (8 exact i32 sums of `$x` and `$y`, `$c`) and
-/// `acc = fma(dw·da, f32(lanes), acc)`. Every product and fma is the single dot's, per
-/// pair, in block order. Scalars reach the vectors by broadcast loads from small stack
-/// arrays (no shuffle uops: the shuffle port is what these loops run short of). Leaves
-/// the accumulators in `$acc` and `$summs`.
+/// Tokens per pass of [`lane_tile`]: the tile's tokens go through it in passes of two.
+const PASS_TOKENS: usize = 2;
+const _: () = assert!(TILE_TOKENS.is_multiple_of(PASS_TOKENS));
+
+/// `*p` in all 8 lanes by a broadcast load (a load-port uop only). `_mm256_broadcast_ss`
+/// of a value the compiler has just stored becomes a shuffle from the register instead,
+/// and on the AMD Zen 3 that shuffle shares a vector pipe with the tile's fmas and
+/// multiplies.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn broadcast_load(p: &f32) -> __m256 {
+    let v: __m256;
+    // SAFETY: reads the 4 bytes of `*p` only; AVX present (target features).
+    unsafe {
+        core::arch::asm!("vbroadcastss {v}, dword ptr [{p}]", v = out(ymm_reg) v, p = in(reg) p as *const f32, options(pure, readonly, nostack, preserves_flags));
+    }
+    v
+}
+
+/// The shared tile loop of the one-accumulator types, one pass: [`TILE_ROWS`] rows ×
+/// [`PASS_TOKENS`] tokens (from `$a`), so that the pass's eight accumulators stay in
+/// registers (sixteen, all four tokens at once, do not fit AVX2's sixteen vector
+/// registers beside the operands, and their spills bounded the loop; a second pass reads
+/// the weight blocks again, from L1). Per block `i`: the four rows' scale pairs are
+/// converted together (`fw = [dw_r, mw_r]..`) and each token's (`[da, sa]`); per token
+/// one multiply gives every row's `dw_r·da` (lanes 2r) and, for `$min` types, one fma
+/// `summs_t = fma(mw_r, sa, summs_t)` (lanes 2r + 1); `$prep_a` (with `$ab` the
+/// activation block) gives the token's two vectors `[y, c]`; for each row `$prep_w`
+/// (with `$wb` the weight block) the decoded weight `$x`, and per pair `$lanes` (8 exact
+/// i32 sums of `$x` and `$y`, `$c`) and `acc = fma(dw·da, f32(lanes), acc)`. Every
+/// product and fma is the single dot's, per pair, in block order. The products reach the
+/// fmas by broadcast loads from a small stack array ([`broadcast_load`]). Leaves the
+/// accumulators in `$acc` (`[row][token]`) and `$summs` (`[token]`).
 macro_rules! lane_tile {
     ($nb:expr, $w:expr, $ws:expr, $wrow:expr, $a:expr, $as:expr, $arow:expr, $acc:ident, $summs:ident, $min:expr,
      |$ab:ident| $prep_a:expr, |$wb:ident| $prep_w:expr, |$x:ident, $y:ident, $c:ident| $lanes:expr) => {{
         let (nb, w, a) = ($nb, $w, $a);
         for i in 0..nb {
-            let fa = scale_pairs(a.add(i * $as), $arow);
-            let mut fw = [0.0f32; 8];
-            _mm256_storeu_ps(fw.as_mut_ptr(), scale_pairs(w.add(i * $ws), $wrow));
-            let mut ya = [[_mm256_setzero_si256(); 2]; TILE_TOKENS];
-            for t in 0..TILE_TOKENS {
-                let $ab = a.add(t * $arow + i * $as);
-                ya[t] = $prep_a;
+            let fw = scale_pairs(w.add(i * $ws), $wrow);
+            let mut d = [[0.0f32; 8]; PASS_TOKENS];
+            let mut ya = [[_mm256_setzero_si256(); 2]; PASS_TOKENS];
+            for u in 0..PASS_TOKENS {
+                let $ab = a.add(u * $arow + i * $as);
+                let fa = _mm256_cvtph_ps(_mm_set1_epi32(super::rd32($ab))); // [da, sa, da, sa, ..]
+                let da = _mm256_permute_ps::<0b1010_0000>(fa); // [da, da, ..]
+                _mm256_storeu_ps(d[u].as_mut_ptr(), _mm256_mul_ps(fw, da)); // lane 2r: dw_r·da
+                if $min {
+                    $summs[u] = _mm256_fmadd_ps(fw, _mm256_permute_ps::<0b1111_0101>(fa), $summs[u]); // lane 2r + 1: mw_r·sa + ..
+                }
+                ya[u] = $prep_a;
             }
             for r in 0..TILE_ROWS {
                 let $wb = w.add(r * $wrow + i * $ws);
                 let $x = $prep_w;
-                let mut d = [0.0f32; 8];
-                _mm256_storeu_ps(d.as_mut_ptr(), _mm256_mul_ps(_mm256_broadcast_ss(&fw[2 * r]), fa)); // lane 2t: dw_r·da_t
-                if $min {
-                    $summs[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&fw[2 * r + 1]), fa, $summs[r]);
+                for u in 0..PASS_TOKENS {
+                    let [$y, $c] = ya[u];
+                    $acc[r][u] = _mm256_fmadd_ps(broadcast_load(&d[u][2 * r]), _mm256_cvtepi32_ps($lanes), $acc[r][u]);
                 }
-                for t in 0..TILE_TOKENS {
-                    let [$y, $c] = ya[t];
-                    $acc[r][t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&d[2 * t]), _mm256_cvtepi32_ps($lanes), $acc[r][t]);
+            }
+        }
+    }};
+}
+
+/// A tile of a one-accumulator type: [`lane_tile`] over the tile's tokens in passes,
+/// each output `hsum(acc)` (`+ summs` for `$min` types, lane 2r + 1).
+macro_rules! lane_tile_passes {
+    ($nb:expr, $w:expr, $ws:expr, $wrow:expr, $a:expr, $as:expr, $arow:expr, $out:expr, $ostride:expr, $min:expr,
+     |$ab:ident| $prep_a:expr, |$wb:ident| $prep_w:expr, |$x:ident, $y:ident, $c:ident| $lanes:expr) => {{
+        let (a, arow, out, ostride) = ($a, $arow, $out, $ostride);
+        for t0 in (0..TILE_TOKENS).step_by(PASS_TOKENS) {
+            let mut acc = [[_mm256_setzero_ps(); PASS_TOKENS]; TILE_ROWS];
+            let mut summs = [_mm256_setzero_ps(); PASS_TOKENS];
+            lane_tile!($nb, $w, $ws, $wrow, a.add(t0 * arow), $as, arow, acc, summs, $min, |$ab| $prep_a, |$wb| $prep_w, |$x, $y, $c| $lanes);
+            for u in 0..PASS_TOKENS {
+                let mut m = [0.0f32; 8];
+                _mm256_storeu_ps(m.as_mut_ptr(), summs[u]);
+                for r in 0..TILE_ROWS {
+                    // (No `+ 0.0` for the types without a min: it would turn -0.0 into +0.0.)
+                    *out.add((t0 + u) * ostride + r) = if $min { hsum_ps(acc[r][u]) + m[2 * r + 1] } else { hsum_ps(acc[r][u]) };
                 }
             }
         }
@@ -79,18 +123,10 @@ macro_rules! lane_tile {
 pub(super) unsafe fn q8_0_q8_0(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
     // SAFETY: see above; layout d@0 qs@2 for both.
     unsafe {
-        let mut acc = [[_mm256_setzero_ps(); TILE_TOKENS]; TILE_ROWS];
-        let mut summs = [_mm256_setzero_ps(); TILE_ROWS];
-        lane_tile!(nb, w, 34, wrow, a, 34, arow, acc, summs, false,
+        lane_tile_passes!(nb, w, 34, wrow, a, 34, arow, out, ostride, false,
             |ab| [_mm256_loadu_si256(ab.add(2).cast()), _mm256_setzero_si256()],
             |wb| _mm256_loadu_si256(wb.add(2).cast()),
-            |x, y, _c| dot_u8_i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)));
-        let _ = summs;
-        for r in 0..TILE_ROWS {
-            for t in 0..TILE_TOKENS {
-                *out.add(t * ostride + r) = hsum_ps(acc[r][t]);
-            }
-        }
+            |x, y, _c| dot_u8_i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)))
     }
 }
 
@@ -102,21 +138,13 @@ pub(super) unsafe fn q5_0_q8_0(nb: usize, w: *const u8, wrow: usize, a: *const u
     // SAFETY: see above; layouts d@0 qh@2 qs@6 and d@0 qs@2.
     unsafe {
         let off = _mm256_set1_epi8(16);
-        let mut acc = [[_mm256_setzero_ps(); TILE_TOKENS]; TILE_ROWS];
-        let mut summs = [_mm256_setzero_ps(); TILE_ROWS];
-        lane_tile!(nb, w, 22, wrow, a, 34, arow, acc, summs, false,
+        lane_tile_passes!(nb, w, 22, wrow, a, 34, arow, out, ostride, false,
             |ab| {
                 let y = _mm256_loadu_si256(ab.add(2).cast());
                 [y, dot_u8_i8(off, y)]
             },
             |wb| _mm256_or_si256(nibbles(wb.add(6)), fifth_bits(wb.add(2))),
-            |x, y, c| _mm256_sub_epi32(dot_u8_i8(x, y), c));
-        let _ = summs;
-        for r in 0..TILE_ROWS {
-            for t in 0..TILE_TOKENS {
-                *out.add(t * ostride + r) = hsum_ps(acc[r][t]);
-            }
-        }
+            |x, y, c| _mm256_sub_epi32(dot_u8_i8(x, y), c))
     }
 }
 
@@ -126,19 +154,10 @@ pub(super) unsafe fn q5_0_q8_0(nb: usize, w: *const u8, wrow: usize, a: *const u
 pub(super) unsafe fn q4_1_q8_1(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
     // SAFETY: see above; layouts d@0 m@2 qs@4 and d@0 s@2 qs@4.
     unsafe {
-        let mut acc = [[_mm256_setzero_ps(); TILE_TOKENS]; TILE_ROWS];
-        let mut summs = [_mm256_setzero_ps(); TILE_ROWS];
-        lane_tile!(nb, w, 20, wrow, a, 36, arow, acc, summs, true,
+        lane_tile_passes!(nb, w, 20, wrow, a, 36, arow, out, ostride, true,
             |ab| [_mm256_loadu_si256(ab.add(4).cast()), _mm256_setzero_si256()],
             |wb| nibbles(wb.add(4)),
-            |x, y, _c| dot_u8_i8(x, y));
-        for r in 0..TILE_ROWS {
-            let mut m = [0.0f32; 8];
-            _mm256_storeu_ps(m.as_mut_ptr(), summs[r]);
-            for t in 0..TILE_TOKENS {
-                *out.add(t * ostride + r) = hsum_ps(acc[r][t]) + m[2 * t + 1];
-            }
-        }
+            |x, y, _c| dot_u8_i8(x, y))
     }
 }
 
