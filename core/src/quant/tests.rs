@@ -1046,7 +1046,10 @@ fn q4_0_dot_rows_hold_the_extreme_sums() {
             }
         }
     }
-    assert!(checked > 0 || fast_kernel_sets().is_empty());
+    // (The x86 sets have Q4_0 8-row kernels; NEON has none.)
+    #[cfg(target_arch = "x86_64")]
+    assert!(checked > 0 || fast_kernel_sets().is_empty(), "no Q4_0 8-row kernel was checked");
+    let _ = checked;
 }
 
 /// The x86 sets prefetch far ahead into L1 exactly where CPUID's L1 data cache is 48 KiB
