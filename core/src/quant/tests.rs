@@ -1021,8 +1021,9 @@ fn q4_0_dot_rows_hold_the_extreme_sums() {
                 for b in 0..n / 32 {
                     let blk = &mut w[r * wrow + b * 18..r * wrow + (b + 1) * 18];
                     blk[..2].copy_from_slice(&half::f16::from_f32(0.5).to_bits().to_le_bytes());
-                    // Row r: levels -8 (nibble 0) or +7 (nibble 15) by bit r of the block
-                    // and element, both halves of each byte alike.
+                    // Levels -8 (nibble 0) or +7 (nibble 15), both halves of each byte
+                    // alike: row 0 all -8, row 1 all +7, the others mixed by row, block
+                    // and group of four bytes.
                     for (i, q) in blk[2..].iter_mut().enumerate() {
                         *q = match r {
                             0 => 0x00,
