@@ -9,7 +9,8 @@
 //!
 //! Types: Q8_0 · Q8_0, Q5_0 · Q8_0, Q4_1 · Q8_1 (llama.cpp's one-accumulator `vec_dot`
 //! order, which its batches also follow for these types): [`TILE_ROWS`] ×
-//! [`TILE_TOKENS`] on AVX2; with AVX-512 VNNI, Q4_1 [`TILE_ROWS`] × [`ZMM_TILE_TOKENS`]
+//! [`WIDE_TILE_TOKENS`] on AVX2 (weights decoded once per tile), [`TILE_TOKENS`] for a
+//! chunk's last tokens; with AVX-512 VNNI, Q4_1 [`TILE_ROWS`] × [`ZMM_TILE_TOKENS`]
 //! (two tokens per 512-bit vector), Q8_0 and Q5_0 [`LANES_TILE_ROWS`] rows in the lanes
 //! of a vector × [`LANES_TILE_TOKENS`] tokens (`lanes_tile`). Q4_0 · Q8_0 (llama.cpp's
 //! repacked order: one exact sum per block): 8 rows in the lanes of a vector × 4 tokens
@@ -47,24 +48,40 @@ unsafe fn broadcast_load(p: &f32) -> __m256 {
     v
 }
 
+/// Tokens of the wide AVX2 tiles of the one-accumulator types (Q8_0, Q5_0, Q4_1):
+/// [`PASS_TOKENS`] at a time, the weight decode of the first pass kept for the others
+/// ([`lane_tile_passes`]); [`TILE_TOKENS`] is their narrower tile, for a chunk's last
+/// tokens. (AMD EPYC Zen 3, one thread, `quant::bench::bench_matmul`, against the
+/// 4-token tile decoding in each of its two passes: Q5_0 42 -> 56 GFLOP/s, Q4_1 56 -> 65,
+/// Q8_0 (nothing to keep: fewer calls) 61 -> 64; 32 tokens gave 2-3% more, 8 half the
+/// gain.)
+pub(crate) const WIDE_TILE_TOKENS: usize = 16;
+const _: () = assert!(WIDE_TILE_TOKENS.is_multiple_of(PASS_TOKENS));
+
+/// The most blocks per row whose decoded weights a tile keeps for its later passes
+/// (2048 columns: 8 KiB on the stack); longer rows are decoded again in every pass.
+const KEPT_BLOCKS: usize = 64;
+
 /// The shared tile loop of the one-accumulator types, one pass: [`TILE_ROWS`] rows ×
 /// [`PASS_TOKENS`] tokens (from `$a`), so that the pass's eight accumulators stay in
 /// registers (sixteen, all four tokens at once, do not fit AVX2's sixteen vector
-/// registers beside the operands, and their spills bounded the loop; a second pass reads
+/// registers beside the operands, and their spills bounded the loop; a later pass reads
 /// the weight blocks again, from L1). Per block `i`: the four rows' scale pairs are
 /// converted together (`fw = [dw_r, mw_r]..`) and each token's (`[da, sa]`); per token
 /// one multiply gives every row's `dw_r·da` (lanes 2r) and, for `$min` types, one fma
 /// `summs_t = fma(mw_r, sa, summs_t)` (lanes 2r + 1); `$prep_a` (with `$ab` the
-/// activation block) gives the token's two vectors `[y, c]`; for each row `$prep_w`
-/// (with `$wb` the weight block) the decoded weight `$x`, and per pair `$lanes` (8 exact
-/// i32 sums of `$x` and `$y`, `$c`) and `acc = fma(dw·da, f32(lanes), acc)`. Every
-/// product and fma is the single dot's, per pair, in block order. The products reach the
-/// fmas by broadcast loads from a small stack array ([`broadcast_load`]). Leaves the
-/// accumulators in `$acc` (`[row][token]`) and `$summs` (`[token]`).
+/// activation block) gives the token's two vectors `[y, c]`; for each row the decoded
+/// weight `$x` — by `$prep_w` (with `$wb` the weight block) in `$mode` `decode`, the same
+/// and kept at `$kept` in `keep`, read back from `$kept` in `kept` — and per pair
+/// `$lanes` (8 exact i32 sums of `$x` and `$y`, `$c`) and `acc = fma(dw·da, f32(lanes),
+/// acc)`. Every product and fma is the single dot's, per pair, in block order. The
+/// products reach the fmas by broadcast loads from a small stack array
+/// ([`broadcast_load`]). Leaves the accumulators in `$acc` (`[row][token]`) and `$summs`
+/// (`[token]`).
 macro_rules! lane_tile {
-    ($nb:expr, $w:expr, $ws:expr, $wrow:expr, $a:expr, $as:expr, $arow:expr, $acc:ident, $summs:ident, $min:expr,
+    ($nb:expr, $w:expr, $ws:expr, $wrow:expr, $a:expr, $as:expr, $arow:expr, $acc:ident, $summs:ident, $min:expr, $mode:ident $kept:expr,
      |$ab:ident| $prep_a:expr, |$wb:ident| $prep_w:expr, |$x:ident, $y:ident, $c:ident| $lanes:expr) => {{
-        let (nb, w, a) = ($nb, $w, $a);
+        let (nb, w, a, kept): (usize, *const u8, *const u8, *mut __m256i) = ($nb, $w, $a, $kept);
         for i in 0..nb {
             let fw = scale_pairs(w.add(i * $ws), $wrow);
             let mut d = [[0.0f32; 8]; PASS_TOKENS];
@@ -80,8 +97,7 @@ macro_rules! lane_tile {
                 ya[u] = $prep_a;
             }
             for r in 0..TILE_ROWS {
-                let $wb = w.add(r * $wrow + i * $ws);
-                let $x = $prep_w;
+                let $x = lane_tile!(@x $mode, kept.add(i * TILE_ROWS + r), { let $wb = w.add(r * $wrow + i * $ws); $prep_w });
                 for u in 0..PASS_TOKENS {
                     let [$y, $c] = ya[u];
                     $acc[r][u] = _mm256_fmadd_ps(broadcast_load(&d[u][2 * r]), _mm256_cvtepi32_ps($lanes), $acc[r][u]);
@@ -89,18 +105,43 @@ macro_rules! lane_tile {
             }
         }
     }};
+    (@x decode, $at:expr, $dec:block) => {{
+        let _ = $at;
+        $dec
+    }};
+    (@x keep, $at:expr, $dec:block) => {{
+        let x: __m256i = $dec;
+        $at.write(x);
+        x
+    }};
+    (@x kept, $at:expr, $dec:block) => {
+        $at.read()
+    };
 }
 
-/// A tile of a one-accumulator type: [`lane_tile`] over the tile's tokens in passes,
-/// each output `hsum(acc)` (`+ summs` for `$min` types, lane 2r + 1).
+/// A tile of a one-accumulator type, `$tokens` tokens: [`lane_tile`] over them in passes
+/// of [`PASS_TOKENS`], each output `hsum(acc)` (`+ summs` for `$min` types, lane 2r + 1).
+/// Where `$keep` (types whose weights take decoding) and the rows have at most
+/// [`KEPT_BLOCKS`] blocks, the first pass keeps the decoded weights on the stack and the
+/// others read them back (the same vectors, so the same bits).
 macro_rules! lane_tile_passes {
-    ($nb:expr, $w:expr, $ws:expr, $wrow:expr, $a:expr, $as:expr, $arow:expr, $out:expr, $ostride:expr, $min:expr,
+    ($tokens:expr, $nb:expr, $w:expr, $ws:expr, $wrow:expr, $a:expr, $as:expr, $arow:expr, $out:expr, $ostride:expr, $min:expr, $keep:expr,
      |$ab:ident| $prep_a:expr, |$wb:ident| $prep_w:expr, |$x:ident, $y:ident, $c:ident| $lanes:expr) => {{
         let (a, arow, out, ostride) = ($a, $arow, $out, $ostride);
-        for t0 in (0..TILE_TOKENS).step_by(PASS_TOKENS) {
+        let mut store = core::mem::MaybeUninit::<[__m256i; KEPT_BLOCKS * TILE_ROWS]>::uninit();
+        let kept = store.as_mut_ptr().cast::<__m256i>();
+        let keep = $keep && $tokens > PASS_TOKENS && $nb <= KEPT_BLOCKS;
+        for t0 in (0..$tokens).step_by(PASS_TOKENS) {
             let mut acc = [[_mm256_setzero_ps(); PASS_TOKENS]; TILE_ROWS];
             let mut summs = [_mm256_setzero_ps(); PASS_TOKENS];
-            lane_tile!($nb, $w, $ws, $wrow, a.add(t0 * arow), $as, arow, acc, summs, $min, |$ab| $prep_a, |$wb| $prep_w, |$x, $y, $c| $lanes);
+            let at = a.add(t0 * arow);
+            if !keep {
+                lane_tile!($nb, $w, $ws, $wrow, at, $as, arow, acc, summs, $min, decode kept, |$ab| $prep_a, |$wb| $prep_w, |$x, $y, $c| $lanes);
+            } else if t0 == 0 {
+                lane_tile!($nb, $w, $ws, $wrow, at, $as, arow, acc, summs, $min, keep kept, |$ab| $prep_a, |$wb| $prep_w, |$x, $y, $c| $lanes);
+            } else {
+                lane_tile!($nb, $w, $ws, $wrow, at, $as, arow, acc, summs, $min, kept kept, |$ab| $prep_a, |$wb| $prep_w, |$x, $y, $c| $lanes);
+            }
             for u in 0..PASS_TOKENS {
                 let mut m = [0.0f32; 8];
                 _mm256_storeu_ps(m.as_mut_ptr(), summs[u]);
@@ -114,16 +155,16 @@ macro_rules! lane_tile_passes {
 }
 
 // Each body: `nb` blocks in each of TILE_ROWS weight rows from `w` (stride `wrow`
-// bytes) and TILE_TOKENS activation rows from `a` (stride `arow`), all in bounds, and
-// `out[t * ostride + r]` writable for every r < TILE_ROWS, t < TILE_TOKENS (the
-// wrapper's SAFETY argument); AVX2, FMA and F16C available.
+// bytes) and T activation rows from `a` (stride `arow`), all in bounds, and
+// `out[t * ostride + r]` writable for every r < TILE_ROWS, t < T (the wrapper's SAFETY
+// argument; T is TILE_TOKENS or WIDE_TILE_TOKENS); AVX2, FMA and F16C available.
 
 /// Q8_0 · Q8_0 tile: each pair as `qdot::q8_0_q8_0` (sign trick).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q8_0_q8_0(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+pub(super) unsafe fn q8_0_q8_0<const T: usize>(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
     // SAFETY: see above; layout d@0 qs@2 for both.
     unsafe {
-        lane_tile_passes!(nb, w, 34, wrow, a, 34, arow, out, ostride, false,
+        lane_tile_passes!(T, nb, w, 34, wrow, a, 34, arow, out, ostride, false, false,
             |ab| [_mm256_loadu_si256(ab.add(2).cast()), _mm256_setzero_si256()],
             |wb| _mm256_loadu_si256(wb.add(2).cast()),
             |x, y, _c| dot_u8_i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)))
@@ -134,11 +175,11 @@ pub(super) unsafe fn q8_0_q8_0(nb: usize, w: *const u8, wrow: usize, a: *const u
 /// `madd(maddubs(x, y) - maddubs(16, y), 1)` as `madd(maddubs(x, y), 1) - c` with
 /// `c = madd(maddubs(16, y), 1)` per token (the same exact integers).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q5_0_q8_0(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+pub(super) unsafe fn q5_0_q8_0<const T: usize>(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
     // SAFETY: see above; layouts d@0 qh@2 qs@6 and d@0 qs@2.
     unsafe {
         let off = _mm256_set1_epi8(16);
-        lane_tile_passes!(nb, w, 22, wrow, a, 34, arow, out, ostride, false,
+        lane_tile_passes!(T, nb, w, 22, wrow, a, 34, arow, out, ostride, false, true,
             |ab| {
                 let y = _mm256_loadu_si256(ab.add(2).cast());
                 [y, dot_u8_i8(off, y)]
@@ -151,10 +192,10 @@ pub(super) unsafe fn q5_0_q8_0(nb: usize, w: *const u8, wrow: usize, a: *const u
 /// Q4_1 · Q8_1 tile: each pair as `qdot::q4_1_q8_1` (`summs = fma(mw, sa, summs)` per
 /// block, result `hsum(acc) + summs`).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4_1_q8_1(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+pub(super) unsafe fn q4_1_q8_1<const T: usize>(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
     // SAFETY: see above; layouts d@0 m@2 qs@4 and d@0 s@2 qs@4.
     unsafe {
-        lane_tile_passes!(nb, w, 20, wrow, a, 36, arow, out, ostride, true,
+        lane_tile_passes!(T, nb, w, 20, wrow, a, 36, arow, out, ostride, true, true,
             |ab| [_mm256_loadu_si256(ab.add(4).cast()), _mm256_setzero_si256()],
             |wb| nibbles(wb.add(4)),
             |x, y, _c| dot_u8_i8(x, y))
