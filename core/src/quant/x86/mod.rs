@@ -266,7 +266,9 @@ tile_wrapper!(/// AVX2 Q6_K · Q8_K tile in llama.cpp's tiled order, one row × 
     /// tokens (each output as [`vec_dot_q6_k_q8_k_tiled`]).
     tile_q6_k_q8_k_tiled, kdot::q6_k_q8_k_tile::<TILED>, 256, 210, 292, 1, kdot::KTILE_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// AVX2 Q4_0 · Q8_0 tile (each output as [`vec_dot_q4_0_q8_0`]).
-    tile_q4_0_q8_0, panel qtile::q4_0_q8_0, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_TILE_TOKENS, cpu_has_avx2_fma);
+    tile_q4_0_q8_0, panel qtile::q4_0_q8_0::<{ qtile::Q4_0_TILE_TOKENS }>, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_TILE_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// [`tile_q4_0_q8_0`] for [`qtile::Q4_0_WIDE_TILE_TOKENS`] tokens (each block transposed once).
+    tile_q4_0_q8_0_wide, panel qtile::q4_0_q8_0::<{ qtile::Q4_0_WIDE_TILE_TOKENS }>, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_WIDE_TILE_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0 tile of 16 tokens (each output as
     /// [`vec_dot_q4_0_q8_0`]); only handed out after [`cpu_has_avx512_vnni`].
     tile_q4_0_q8_0_vnni, panel qtile::q4_0_q8_0_zmm::<8>, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_TILE_TOKENS_VNNI, cpu_has_avx512_vnni);
@@ -314,7 +316,7 @@ pub(crate) fn pairs_q8_0_q8_0_vnni(n: usize, w: &[u8], wrow: usize, rows: usize,
     }
 }
 pub(crate) use kdot::{KTILE_TOKENS, Q4_K_TILE_ROWS, Q4_K_TILE_TOKENS};
-pub(crate) use qtile::{LANES_REST_TOKENS, LANES_TILE_ROWS, LANES_TILE_TOKENS, Q4_0_TILE_ROWS, Q4_0_TILE_TOKENS, Q4_0_TILE_TOKENS_VNNI, Q4_0_TILE_TOKENS_VNNI32, TILE_ROWS, TILE_TOKENS, WIDE_TILE_TOKENS, ZMM_TILE_TOKENS};
+pub(crate) use qtile::{LANES_REST_TOKENS, LANES_TILE_ROWS, LANES_TILE_TOKENS, Q4_0_TILE_ROWS, Q4_0_TILE_TOKENS, Q4_0_TILE_TOKENS_VNNI, Q4_0_WIDE_TILE_TOKENS, Q4_0_TILE_TOKENS_VNNI32, TILE_ROWS, TILE_TOKENS, WIDE_TILE_TOKENS, ZMM_TILE_TOKENS};
 
 /// Runs 8-row body `$body` (see `qdot::table_dot_rows`) on whole blocks, after checking
 /// that the slices hold the rows (a broken contract panics; it cannot read out of bounds).
@@ -692,7 +694,7 @@ const fn build(flags: usize) -> KernelTable {
     t.dot_tile.q4_0 = if vnni {
         DotTile::entry_with_rest(tile_q4_0_q8_0_vnni32, Q4_0_TILE_ROWS, Q4_0_TILE_TOKENS_VNNI32, tile_q4_0_q8_0_vnni, Q4_0_TILE_TOKENS_VNNI)
     } else {
-        DotTile::entry(tile_q4_0_q8_0, Q4_0_TILE_ROWS, Q4_0_TILE_TOKENS)
+        DotTile::entry_with_rest(tile_q4_0_q8_0_wide, Q4_0_TILE_ROWS, Q4_0_WIDE_TILE_TOKENS, tile_q4_0_q8_0, Q4_0_TILE_TOKENS)
     };
     t.dot_tile.q4_k = if vnni {
         DotTile::entry(tile_q4_k_q8_k_vnni, Q4_K_TILE_ROWS, Q4_K_TILE_TOKENS)

@@ -13,8 +13,9 @@
 //! chunk's last tokens; with AVX-512 VNNI, Q4_1 [`TILE_ROWS`] × [`ZMM_TILE_TOKENS`]
 //! (two tokens per 512-bit vector), Q8_0 and Q5_0 [`LANES_TILE_ROWS`] rows in the lanes
 //! of a vector × [`LANES_TILE_TOKENS`] tokens (`lanes_tile`). Q4_0 · Q8_0 (llama.cpp's
-//! repacked order: one exact sum per block): 8 rows in the lanes of a vector × 4 tokens
-//! (AVX2), or × 16 tokens two to a 512-bit vector (AVX-512 VNNI).
+//! repacked order: one exact sum per block): 8 rows in the lanes of a vector × 32
+//! tokens in passes of 4 (AVX2; 4 for a chunk's last tokens), or × 16 tokens two to a
+//! 512-bit vector (AVX-512 VNNI).
 
 // Pairs are indexed (row, token) on purpose; the per-pair hook is `()` for most types.
 #![allow(clippy::needless_range_loop, clippy::no_effect, clippy::unused_unit)]
@@ -204,9 +205,14 @@ pub(super) unsafe fn q4_1_q8_1<const T: usize>(nb: usize, w: *const u8, wrow: us
 
 /// Weight rows of a Q4_0 tile: one per lane of a vector.
 pub(crate) const Q4_0_TILE_ROWS: usize = 8;
-/// Tokens of the AVX2 Q4_0 tile (its 16 vector registers hold the 8 decoded weight
-/// vectors and 4 accumulators).
+/// Tokens of the narrower AVX2 Q4_0 tile, and of each pass of the wide one (its 16
+/// vector registers hold the 8 decoded weight vectors and 4 accumulators).
 pub(crate) const Q4_0_TILE_TOKENS: usize = 4;
+/// Tokens of the wide AVX2 Q4_0 tile: [`Q4_0_TILE_TOKENS`] per pass, each block's
+/// transposed weights, correction and scales from the first pass kept for the others.
+/// (AMD EPYC Zen 3, one thread, `quant::bench::bench_matmul`: 88-92 GFLOP/s with the
+/// 4-token tile alone, 100-138 with 16 tokens, 136-148 with 32.)
+pub(crate) const Q4_0_WIDE_TILE_TOKENS: usize = 32;
 /// Tokens of the narrower AVX-512 VNNI Q4_0 tile (two per 512-bit vector: 8 weight
 /// vectors, 8 accumulators), for a chunk's tokens after its whole 32-token tiles.
 pub(crate) const Q4_0_TILE_TOKENS_VNNI: usize = 16;
@@ -262,18 +268,22 @@ unsafe fn q4_0_transposed(p: *const u8, wrow: usize) -> ([__m256i; 8], __m256i) 
 /// `maddubs` pair is at most 4080 in magnitude and eight of them 32640 (no i16
 /// saturation); each byte of `$s8` is within -64..=56.
 macro_rules! q4_0_tile {
-    ($nb:expr, $w:expr, $wrow:expr, $rows:expr, $a:expr, $arow:expr, $out:expr, $ostride:expr, $tokens:expr, $group:expr,
+    ($nb:expr, $w:expr, $wrow:expr, $rows:expr, $a:expr, $arow:expr, $out:expr, $ostride:expr, $tokens:ident, $pass:ident, $group:expr,
      |$s8:ident| $corr:expr, |$nc:ident, $xs:ident, $yg:ident| $sums:expr) => {{
         let (nb, w, wrow, rows, a, arow, out, ostride) = ($nb, $w, $wrow, $rows, $a, $arow, $out, $ostride);
-        const T: usize = $tokens;
+        const { assert!($tokens.is_multiple_of($pass) && $pass.is_multiple_of($group)) };
+        // Each block's transposed weights, correction and scales from a group's first
+        // pass, for its others.
+        let mut kept = core::mem::MaybeUninit::<[([__m256i; 8], __m256i, __m256); Q4_0_STAGE_BLOCKS]>::uninit();
+        let keptp = kept.as_mut_ptr().cast::<([__m256i; 8], __m256i, __m256)>();
         let flip = _mm256_set1_epi8(-128);
         // The tokens' blocks prepared once per range of Q4_0_STAGE_BLOCKS blocks for
         // every group of rows (flipped activations, scales as f32); each group's
         // accumulators go through `out` between ranges (f32 stores and loads are exact,
         // so every output still sees its fmas in block order).
-        let mut yu = core::mem::MaybeUninit::<[[[i32; 8]; T]; Q4_0_STAGE_BLOCKS]>::uninit();
-        let mut da = core::mem::MaybeUninit::<[[f32; T]; Q4_0_STAGE_BLOCKS]>::uninit();
-        let (yup, dap) = (yu.as_mut_ptr().cast::<[[i32; 8]; T]>(), da.as_mut_ptr().cast::<[f32; T]>());
+        let mut yu = core::mem::MaybeUninit::<[[[i32; 8]; $tokens]; Q4_0_STAGE_BLOCKS]>::uninit();
+        let mut da = core::mem::MaybeUninit::<[[f32; $tokens]; Q4_0_STAGE_BLOCKS]>::uninit();
+        let (yup, dap) = (yu.as_mut_ptr().cast::<[[i32; 8]; $tokens]>(), da.as_mut_ptr().cast::<[f32; $tokens]>());
         let mut b0 = 0;
         while b0 < nb {
             let kb = (nb - b0).min(Q4_0_STAGE_BLOCKS);
@@ -281,50 +291,70 @@ macro_rules! q4_0_tile {
             for ib in 0..kb {
                 let i = b0 + ib;
                 let (yb, db) = (&mut *yup.add(ib), &mut *dap.add(ib));
-                for t in 0..T {
+                for t in 0..$tokens {
                     let y = _mm256_loadu_si256(a.add(t * arow + i * 34 + 2).cast());
                     _mm256_storeu_si256(yb[t].as_mut_ptr().cast(), _mm256_xor_si256(y, flip));
                 }
                 let mut q = 0;
-                while q + 8 <= T {
+                while q + 8 <= $tokens {
                     _mm256_storeu_ps(db.as_mut_ptr().add(q), f16x8(a.add(q * arow + i * 34), arow));
                     q += 8;
                 }
-                while q + 4 <= T {
+                while q + 4 <= $tokens {
                     _mm_storeu_ps(db.as_mut_ptr().add(q), f16x4(a.add(q * arow + i * 34), arow));
                     q += 4;
                 }
             }
             for g in (0..rows).step_by(Q4_0_TILE_ROWS) {
                 let (w, out) = (w.add(g * wrow), out.add(g));
-                let mut acc: [__m256; T] = if b0 == 0 { [_mm256_setzero_ps(); T] } else { core::array::from_fn(|t| _mm256_loadu_ps(out.add(t * ostride))) };
-                for ib in 0..kb {
-                    let i = b0 + ib;
-                    let (yu, da) = (&*yup.add(ib), &*dap.add(ib));
-                    let dw = f16x8(w.add(i * 18), wrow);
-                    let (x, s8) = q4_0_transposed(w.add(i * 18 + 2), wrow);
-                    // -128·Σ x per row.
-                    let nc = { let $s8 = s8; _mm256_sub_epi32(_mm256_setzero_si256(), $corr) };
-                    // `$group` tokens at a time, their sums interleaved (independent chains).
-                    for gt in (0..T).step_by($group) {
-                        let sums: [__m256i; $group] = { let ($nc, $xs, $yg) = (nc, &x, &yu[gt..gt + $group]); $sums };
-                        for (u, &sumi) in sums.iter().enumerate() {
-                            let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&da[gt + u]));
-                            acc[gt + u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc[gt + u]);
+                // Passes of [`Q4_0_TILE_TOKENS`] tokens (accumulators in registers); the first transposes
+                // each block and keeps the result for the others.
+                for p0 in (0..$tokens).step_by($pass) {
+                    let out = out.add(p0 * ostride);
+                    let mut acc: [__m256; $pass] = if b0 == 0 { [_mm256_setzero_ps(); $pass] } else { core::array::from_fn(|t| _mm256_loadu_ps(out.add(t * ostride))) };
+                    for ib in 0..kb {
+                        let i = b0 + ib;
+                        let (yu, da) = (&*yup.add(ib), &*dap.add(ib));
+                        let kept = &mut *keptp.add(ib);
+                        if p0 == 0 {
+                            let dw = f16x8(w.add(i * 18), wrow);
+                            let (x, s8) = q4_0_transposed(w.add(i * 18 + 2), wrow);
+                            // -128·Σ x per row.
+                            let nc = { let $s8 = s8; _mm256_sub_epi32(_mm256_setzero_si256(), $corr) };
+                            if $tokens > $pass {
+                                *kept = (x, nc, dw);
+                            }
+                            q4_0_tile!(@tokens $group, $pass, p0, acc, &x, nc, dw, yu, da, |$nc, $xs, $yg| $sums);
+                        } else {
+                            let (x, nc, dw) = &*kept;
+                            q4_0_tile!(@tokens $group, $pass, p0, acc, x, *nc, *dw, yu, da, |$nc, $xs, $yg| $sums);
                         }
                     }
-                }
-                for t in 0..T {
-                    _mm256_storeu_ps(out.add(t * ostride), acc[t]);
+                    for t in 0..$pass {
+                        _mm256_storeu_ps(out.add(t * ostride), acc[t]);
+                    }
                 }
             }
             b0 += kb;
         }
     }};
+    // A pass's tokens of one block: `$group` tokens at a time, their sums interleaved
+    // (independent chains).
+    (@tokens $group:expr, $p:expr, $p0:expr, $acc:ident, $x:expr, $ncv:expr, $dw:expr, $yu:expr, $da:expr, |$nc:ident, $xs:ident, $yg:ident| $sums:expr) => {{
+        let (x, ncv, dw): (&[__m256i; 8], __m256i, __m256) = ($x, $ncv, $dw);
+        for gt in (0..$p).step_by($group) {
+            let sums: [__m256i; $group] = { let ($nc, $xs, $yg) = (ncv, x, &$yu[$p0 + gt..$p0 + gt + $group]); $sums };
+            for (u, &sumi) in sums.iter().enumerate() {
+                let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&$da[$p0 + gt + u]));
+                $acc[gt + u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, $acc[gt + u]);
+            }
+        }
+    }};
 }
 
 /// Blocks per range of the Q4_0 tiles' prepared activations (16 KB on the stack for 16
-/// tokens).
+/// tokens, 32 KB for 32; the AVX2 tile keeps 10 KB of decoded weights beside them: 16
+/// blocks measured no faster on the Zen 3).
 const Q4_0_STAGE_BLOCKS: usize = 32;
 
 /// The f16 at `p + k·stride`, k < 8, as f32 (inserted into one vector, then F16C's
@@ -364,16 +394,17 @@ unsafe fn f16x4(p: *const u8, stride: usize) -> __m128 {
 // `out[t * ostride + r]` writable for every r < rows (ostride >= rows) and token t (the
 // wrapper's SAFETY argument); layouts d@0 qs@2 for both.
 
-/// Q4_0 · Q8_0 tile, AVX2 ([`Q4_0_TILE_TOKENS`] tokens): each output as
+/// Q4_0 · Q8_0 tile, AVX2 (`T` tokens: [`Q4_0_TILE_TOKENS`] or
+/// [`Q4_0_WIDE_TILE_TOKENS`]): each output as
 /// `qdot::q4_0_q8_0`; the row sums by `maddubs`, eight added as i16, then `madd` with
 /// ones.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4_0_q8_0(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+pub(super) unsafe fn q4_0_q8_0<const T: usize>(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
     // SAFETY: see above; AVX2, FMA and F16C available (module contract).
     unsafe {
         let (ones, c128) = (_mm256_set1_epi16(1), _mm256_set1_epi8(-128));
-        q4_0_tile!(nb, w, wrow, rows, a, arow, out, ostride, Q4_0_TILE_TOKENS, 2,
+        q4_0_tile!(nb, w, wrow, rows, a, arow, out, ostride, T, Q4_0_TILE_TOKENS, 2,
             |s8| _mm256_madd_epi16(_mm256_maddubs_epi16(c128, s8), ones),
             |nc, x, yg| {
                 let b = |u: usize, j: usize| _mm256_set1_epi32(yg[u][j]);
