@@ -82,7 +82,9 @@ const KEPT_BLOCKS: usize = 64;
 macro_rules! lane_tile {
     ($nb:expr, $w:expr, $ws:expr, $wrow:expr, $a:expr, $as:expr, $arow:expr, $acc:ident, $summs:ident, $min:expr, $mode:ident $kept:expr,
      |$ab:ident| $prep_a:expr, |$wb:ident| $prep_w:expr, |$x:ident, $y:ident, $c:ident| $lanes:expr) => {{
-        let (nb, w, a, kept): (usize, *const u8, *const u8, *mut __m256i) = ($nb, $w, $a, $kept);
+        let (nb, w, a): (usize, *const u8, *const u8) = ($nb, $w, $a);
+        #[allow(unused_variables)] // (not read in `decode`)
+        let kept: *mut __m256i = $kept;
         for i in 0..nb {
             let fw = scale_pairs(w.add(i * $ws), $wrow);
             let mut d = [[0.0f32; 8]; PASS_TOKENS];
@@ -106,10 +108,11 @@ macro_rules! lane_tile {
             }
         }
     }};
-    (@x decode, $at:expr, $dec:block) => {{
-        let _ = $at;
+    // (`decode` does not form `$at`: with more than KEPT_BLOCKS blocks it would point
+    // past the store.)
+    (@x decode, $at:expr, $dec:block) => {
         $dec
-    }};
+    };
     (@x keep, $at:expr, $dec:block) => {{
         let x: __m256i = $dec;
         $at.write(x);
@@ -307,26 +310,26 @@ macro_rules! q4_0_tile {
             }
             for g in (0..rows).step_by(Q4_0_TILE_ROWS) {
                 let (w, out) = (w.add(g * wrow), out.add(g));
-                // Passes of [`Q4_0_TILE_TOKENS`] tokens (accumulators in registers); the first transposes
-                // each block and keeps the result for the others.
+                // Passes of `$pass` tokens (accumulators in registers); the first
+                // transposes each block and keeps the result for the others.
                 for p0 in (0..$tokens).step_by($pass) {
                     let out = out.add(p0 * ostride);
                     let mut acc: [__m256; $pass] = if b0 == 0 { [_mm256_setzero_ps(); $pass] } else { core::array::from_fn(|t| _mm256_loadu_ps(out.add(t * ostride))) };
                     for ib in 0..kb {
                         let i = b0 + ib;
                         let (yu, da) = (&*yup.add(ib), &*dap.add(ib));
-                        let kept = &mut *keptp.add(ib);
                         if p0 == 0 {
                             let dw = f16x8(w.add(i * 18), wrow);
                             let (x, s8) = q4_0_transposed(w.add(i * 18 + 2), wrow);
                             // -128·Σ x per row.
                             let nc = { let $s8 = s8; _mm256_sub_epi32(_mm256_setzero_si256(), $corr) };
                             if $tokens > $pass {
-                                *kept = (x, nc, dw);
+                                keptp.add(ib).write((x, nc, dw));
                             }
                             q4_0_tile!(@tokens $group, $pass, p0, acc, &x, nc, dw, yu, da, |$nc, $xs, $yg| $sums);
                         } else {
-                            let (x, nc, dw) = &*kept;
+                            // (Entry ib was written by this group's first pass.)
+                            let (x, nc, dw) = &*keptp.add(ib);
                             q4_0_tile!(@tokens $group, $pass, p0, acc, x, *nc, *dw, yu, da, |$nc, $xs, $yg| $sums);
                         }
                     }
