@@ -60,7 +60,8 @@ pub(crate) const WIDE_TILE_TOKENS: usize = 16;
 const _: () = assert!(WIDE_TILE_TOKENS.is_multiple_of(PASS_TOKENS));
 
 /// The most blocks per row whose decoded weights a tile keeps for its later passes
-/// (2048 columns: 8 KiB on the stack); longer rows are decoded again in every pass.
+/// and scales (2048 columns: 8 + 2 KiB on the stack); longer rows are decoded again in
+/// every pass.
 const KEPT_BLOCKS: usize = 64;
 
 /// The shared tile loop of the one-accumulator types, one pass: [`TILE_ROWS`] rows ×
@@ -68,7 +69,8 @@ const KEPT_BLOCKS: usize = 64;
 /// registers (sixteen, all four tokens at once, do not fit AVX2's sixteen vector
 /// registers beside the operands, and their spills bounded the loop; a later pass reads
 /// the weight blocks again, from L1). Per block `i`: the four rows' scale pairs are
-/// converted together (`fw = [dw_r, mw_r]..`) and each token's (`[da, sa]`); per token
+/// converted together (`fw = [dw_r, mw_r]..`; in `keep` also stored at `$kept.1`, in
+/// `kept` read back from there) and each token's (`[da, sa]`); per token
 /// one multiply gives every row's `dw_r·da` (lanes 2r) and, for `$min` types, one fma
 /// `summs_t = fma(mw_r, sa, summs_t)` (lanes 2r + 1); `$prep_a` (with `$ab` the
 /// activation block) gives the token's two vectors `[y, c]`; for each row the decoded
@@ -82,11 +84,12 @@ const KEPT_BLOCKS: usize = 64;
 macro_rules! lane_tile {
     ($nb:expr, $w:expr, $ws:expr, $wrow:expr, $a:expr, $as:expr, $arow:expr, $acc:ident, $summs:ident, $min:expr, $mode:ident $kept:expr,
      |$ab:ident| $prep_a:expr, |$wb:ident| $prep_w:expr, |$x:ident, $y:ident, $c:ident| $lanes:expr) => {{
+        #[allow(unused_variables)] // (`w` not read in `kept`)
         let (nb, w, a): (usize, *const u8, *const u8) = ($nb, $w, $a);
         #[allow(unused_variables)] // (not read in `decode`)
-        let kept: *mut __m256i = $kept;
+        let (kept, kept_fw): (*mut __m256i, *mut __m256) = $kept;
         for i in 0..nb {
-            let fw = scale_pairs(w.add(i * $ws), $wrow);
+            let fw = lane_tile!(@x $mode, kept_fw.add(i), { scale_pairs(w.add(i * $ws), $wrow) });
             let mut d = [[0.0f32; 8]; PASS_TOKENS];
             let mut ya = [[_mm256_setzero_si256(); 2]; PASS_TOKENS];
             for u in 0..PASS_TOKENS {
@@ -114,7 +117,7 @@ macro_rules! lane_tile {
         $dec
     };
     (@x keep, $at:expr, $dec:block) => {{
-        let x: __m256i = $dec;
+        let x = $dec;
         $at.write(x);
         x
     }};
@@ -126,14 +129,18 @@ macro_rules! lane_tile {
 /// A tile of a one-accumulator type, `$tokens` tokens: [`lane_tile`] over them in passes
 /// of [`PASS_TOKENS`], each output `hsum(acc)` (`+ summs` for `$min` types, lane 2r + 1).
 /// Where `$keep` (types whose weights take decoding) and the rows have at most
-/// [`KEPT_BLOCKS`] blocks, the first pass keeps the decoded weights on the stack and the
-/// others read them back (the same vectors, so the same bits).
+/// [`KEPT_BLOCKS`] blocks, the first pass keeps the decoded weights and the rows' converted
+/// scale pairs on the stack and the others read them back (the same vectors, so the same
+/// bits; AMD EPYC Zen 3, one thread, the scales kept against converted in every pass,
+/// alternated in one process, median of 40: Q4_1 +4-6%, Q5_0 +3-4%, faster in 30-37 of
+/// 40 rounds; for Q8_0, with nothing to decode, keeping them was slower, -4%).
 macro_rules! lane_tile_passes {
     ($tokens:expr, $nb:expr, $w:expr, $ws:expr, $wrow:expr, $a:expr, $as:expr, $arow:expr, $out:expr, $ostride:expr, $min:expr, $keep:expr,
      |$ab:ident| $prep_a:expr, |$wb:ident| $prep_w:expr, |$x:ident, $y:ident, $c:ident| $lanes:expr) => {{
         let (a, arow, out, ostride) = ($a, $arow, $out, $ostride);
         let mut store = core::mem::MaybeUninit::<[__m256i; KEPT_BLOCKS * TILE_ROWS]>::uninit();
-        let kept = store.as_mut_ptr().cast::<__m256i>();
+        let mut store_fw = core::mem::MaybeUninit::<[__m256; KEPT_BLOCKS]>::uninit();
+        let kept = (store.as_mut_ptr().cast::<__m256i>(), store_fw.as_mut_ptr().cast::<__m256>());
         let keep = $keep && $tokens > PASS_TOKENS && $nb <= KEPT_BLOCKS;
         for t0 in (0..$tokens).step_by(PASS_TOKENS) {
             let mut acc = [[_mm256_setzero_ps(); PASS_TOKENS]; TILE_ROWS];
