@@ -1053,6 +1053,54 @@ fn q4_0_dot_rows_hold_the_extreme_sums() {
     let _ = checked;
 }
 
+/// The Q8_0 8-row kernels on weight bytes quantizing never makes: every byte value,
+/// -128 included, in rows of random bytes, rows with a -128 in one block only, and rows of
+/// -128 and 127 against activations of ±127 (the largest pair sums), each row against its
+/// single dot and the reference.
+#[test]
+fn q8_0_dot_rows_take_any_weight_byte() {
+    let reference = Kernels::reference().dot_fn(Q8_0).unwrap();
+    let mut rng = Rng::new(0x5108);
+    let mut checked = 0;
+    for k in &fast_kernel_sets() {
+        let (Some(rows), Ok(dot)) = (k.dot_rows_fn(Q8_0), k.dot_fn(Q8_0)) else { continue };
+        for (i, n) in [32usize, 64, 576, 1536, 96, 2048].into_iter().enumerate() {
+            let wrow = bytes_of(Q8_0, n) + i % 3;
+            let mut w = vec![0u8; DOT_ROWS * wrow];
+            for r in 0..DOT_ROWS {
+                for b in 0..n / 32 {
+                    let blk = &mut w[r * wrow + b * 34..r * wrow + (b + 1) * 34];
+                    blk[..2].copy_from_slice(&half::f16::from_f32(0.25 + (r + b) as f32 / 64.0).to_bits().to_le_bytes());
+                    for (j, q) in blk[2..].iter_mut().enumerate() {
+                        *q = match (i + r) % 4 {
+                            // Random bytes (-128 about once a block).
+                            0 | 1 => rng.below(256) as u8,
+                            // Quantizer-like bytes with a -128 in the middle block only.
+                            2 => if b == n / 64 && j == 7 { 0x80 } else { (rng.below(255) as i32 - 127) as i8 as u8 },
+                            // -128 and 127 only.
+                            _ => if (r + b + j) % 3 == 0 { 0x80 } else { 0x7f },
+                        };
+                    }
+                }
+            }
+            for x in [random_row(&mut rng, n), (0..n).map(|j| if j % 3 == 1 { 1.0 } else { -1.0 }).collect::<Vec<f32>>(), vec![-1.0; n]] {
+                let a = activations(k, Q8_0, &x);
+                let mut out = [f32::NAN; DOT_ROWS];
+                rows(n, &w, wrow, &a, &mut out);
+                for (r, o) in out.iter().enumerate() {
+                    let want = dot(n, &w[r * wrow..], &a);
+                    assert_eq!(o.to_bits(), want.to_bits(), "{} n={n} row {r}: rows kernel against its dot", k.name());
+                    assert_eq!(want.to_bits(), reference(n, &w[r * wrow..], &a).to_bits(), "{} n={n} row {r}: dot against the reference", k.name());
+                }
+                checked += 1;
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    assert!(checked > 0 || fast_kernel_sets().is_empty(), "no Q8_0 8-row kernel was checked");
+    let _ = checked;
+}
+
 /// The x86 sets prefetch far ahead into L1 exactly where CPUID's L1 data cache is 48 KiB
 /// or more, and CPUID's L1 data cache is the one Linux reports (sysfs).
 #[cfg(target_arch = "x86_64")]
