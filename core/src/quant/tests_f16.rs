@@ -619,6 +619,57 @@ fn grouped_value_update_rounds_once_below_f16_normals() {
     }
 }
 
+/// The grouped value update finds a double-rounding trap at any key of a run, in any head
+/// and element: one key of a run of up to 100 (the keys before it leave every accumulator
+/// as it is, the keys after it are random) adds to one element of one head
+/// `x·e = (1 - 2^-20)·ulp(y)/2` with `y`'s sign, `y` an f16 with an odd significand:
+/// rounded to f32 first the sum is the f16 midpoint and goes to even (away from `y`),
+/// rounded once it stays `y`. Every kernel set, 1 to 4 heads, rows of 128 and 256, against
+/// the reference (the AVX2 update takes a key's steps unchecked and takes the key again
+/// checked only where some sum of it may have rounded twice).
+#[test]
+fn grouped_value_update_finds_each_double_rounding_trap() {
+    let reference = Kernels::reference();
+    let sets = kernel_sets();
+    let mut rng = Rng::new(0xd0_0b1e);
+    for round in 0..400 {
+        let n = if round % 2 == 0 { 256 } else { 128 };
+        let heads = 1 + round / 2 % 4;
+        let len = 1 + rng.below(100) as usize;
+        let (trap, th, ti) = (rng.below(len as u64) as usize, rng.below(heads as u64) as usize, rng.below(n as u64) as usize);
+        // Accumulators: normal f16 with odd significands, exponents -8..=8, either sign.
+        let y0: Vec<f16> = (0..heads * n).map(|_| f16::from_bits((rng.below(17) as u16 + 7) << 10 | (rng.below(512) as u16) << 1 | 1 | (rng.below(2) as u16) << 15)).collect();
+        let y = y0[th * n + ti];
+        let e_y = ((y.to_bits() >> 10) & 0x1f) as i32 - 15;
+        // v = (1 - 2^-10)·2^e_v a normal f16 at most 1, x's exponent e_y - 11 - e_v at least -14.
+        let e_v = -14 + rng.below(((e_y + 3).min(-1) + 15) as u64) as i32;
+        let v = libm::ldexpf(1.0 - 1.0 / 1024.0, e_v);
+        let xt = f16::from_f32(libm::ldexpf(1.0 + 1.0 / 1024.0, e_y - 11 - e_v).copysign(y.to_f32()));
+        let single = f16ops::f16_from_f64(libm::fma(xt.to_f64(), v as f64, y.to_f64()));
+        let twice = f16::from_f32(libm::fmaf(xt.to_f32(), v, y.to_f32()));
+        assert!(single == y && twice != y, "round {round}: not a double-rounding trap ({y} + {xt}·{v})");
+        // Value rows: key c's row at c·n; the trap key's row is zero but for the trap.
+        let mut kv: Vec<f16> = (0..len * n).map(|_| f16::from_f32((rng.below(2001) as f32 - 1000.0) / 512.0)).collect();
+        kv[trap * n..(trap + 1) * n].fill(f16::ZERO);
+        kv[trap * n + ti] = xt;
+        let offs: Vec<usize> = (0..len).map(|c| c * n).collect();
+        // Scores: 0 before the trap key, its `v` there for the trap's head, random
+        // elsewhere; new maxima only after it.
+        let e: Vec<f32> = (0..heads * len).map(|i| match (i / len, i % len) {
+            (_, c) if c < trap => 0.0,
+            (h, c) if c == trap && h == th => v,
+            _ => rng.below(1 << 11) as f32 / (1 << 11) as f32,
+        }).collect();
+        let new_max: Vec<bool> = (0..heads * len).map(|i| i % len > trap && rng.below(8) == 0).collect();
+        let sums0 = vec![1.0f32; heads];
+        for k in sets.iter().chain([&reference]) {
+            let (mut got, mut sums) = (y0.clone(), sums0.clone());
+            k.f16_mad_keys_heads(&mut got, n, heads, &kv, &offs, &new_max, &e, &mut sums);
+            assert_update_per_head(&std::format!("{} round {round} trap key {trap}/{len} head {th} element {ti}", label(k)), &got, &sums, &y0, &sums0, &kv, &offs, &new_max, &e, n, heads);
+        }
+    }
+}
+
 /// A KV cache of `n_kvh` KV heads of `hd` for positions `0 ..= past + nq - 1` (a ring of
 /// `window` slots when windowed, as keel's sliding-window cache) and `nq × nh` query rows,
 /// from `rng` (keys and queries times `big`): `(rows, row stride, keys, values, queries)`.

@@ -1142,7 +1142,12 @@ pub(crate) fn mad_keys_heads64(ys: &mut [f16], heads: usize, x: &[f16], offs: &[
             (true, 4) if via => mad_keys_heads64_avx512::<4, false, true, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums, core::ptr::null_mut()),
             (true, 4) => mad_keys_heads64_avx512::<4, false, false, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums, core::ptr::null_mut()),
             _ => {
-                mad_keys_heads64_avx2(yp, heads, xp, offs, new_max, e);
+                match heads {
+                    1 => mad_keys_heads64_avx2::<1>(yp, xp, offs, new_max, e),
+                    2 => mad_keys_heads64_avx2::<2>(yp, xp, offs, new_max, e),
+                    3 => mad_keys_heads64_avx2::<3>(yp, xp, offs, new_max, e),
+                    _ => mad_keys_heads64_avx2::<4>(yp, xp, offs, new_max, e),
+                }
                 softmax_sums(&mut sums[..heads], &new_max[..heads * len], &e[..heads * len]);
             }
         }
@@ -1279,27 +1284,40 @@ unsafe fn mad_keys_heads64_avx512<const H: usize, const F32V: bool, const VIA: b
     }
 }
 
+/// [`mad_keys_heads64`] on 256-bit vectors for `H` heads (1 to 4, a constant, so every
+/// accumulator stays in a register): the row in halves of 32 elements with 2 or 3 heads
+/// (8 or 12 chains per key), in quarters of 16 with 4 (8 chains), a whole row with one (8
+/// chains), each half or quarter through all keys; per element the steps of
+/// [`mad_keys_regs`] in key order.
+///
+/// # Safety
+/// AVX2/FMA/F16C present; `H` rows of 64 at `y`, 64 elements at `x + offs[c]` for every
+/// c; `new_max` and `e` hold `H` rows of `offs.len()`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn mad_keys_heads64_avx2(y: *mut u16, heads: usize, x: *const u16, offs: &[usize], new_max: &[bool], e: &[f32]) {
-    // SAFETY: as mad_keys_heads64; unaligned loads and stores only.
+unsafe fn mad_keys_heads64_avx2<const H: usize>(y: *mut u16, x: *const u16, offs: &[usize], new_max: &[bool], e: &[f32]) {
+    match H {
+        1 => unsafe { mad_keys_heads64_avx2_part::<H, 8>(y, x, offs, new_max, e) },
+        2 | 3 => unsafe { mad_keys_heads64_avx2_part::<H, 4>(y, x, offs, new_max, e) },
+        _ => unsafe { mad_keys_heads64_avx2_part::<H, 2>(y, x, offs, new_max, e) },
+    }
+}
+
+/// [`mad_keys_heads64_avx2`] in parts of `8·V` columns.
+///
+/// # Safety
+/// As [`mad_keys_heads64_avx2`]; `8·V` divides 64.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mad_keys_heads64_avx2_part<const H: usize, const V: usize>(y: *mut u16, x: *const u16, offs: &[usize], new_max: &[bool], e: &[f32]) {
+    // SAFETY: as above; unaligned loads and stores only.
     unsafe {
         let len = offs.len();
         let f16_round = |v: __m256| _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
         let one = _mm256_set1_ps(1.0);
-        // Two halves of 32 elements, each through all keys with every head's four
-        // vectors in registers (the halves are independent, so every element gets the
-        // same sequence of steps; up to 16 independent chains per key).
-        for half in 0..2 {
-            let col = 32 * half;
-            let mut acc = [[_mm256_setzero_ps(); 4]; 4];
-            for (h, a) in acc.iter_mut().enumerate().take(heads) {
-                for (j, v) in a.iter_mut().enumerate() {
-                    *v = _mm256_cvtph_ps(_mm_loadu_si128(y.add(64 * h + col + 8 * j).cast()));
-                }
-            }
+        for col in (0..64).step_by(8 * V) {
+            let mut acc: [[__m256; V]; H] = core::array::from_fn(|h| core::array::from_fn(|j| _mm256_cvtph_ps(_mm_loadu_si128(y.add(64 * h + col + 8 * j).cast()))));
             for (c, &off) in offs.iter().enumerate() {
-                let xv: [__m256; 4] = core::array::from_fn(|j| _mm256_cvtph_ps(_mm_loadu_si128(x.add(off + col + 8 * j).cast())));
-                for (h, a) in acc.iter_mut().enumerate().take(heads) {
+                let xv: [__m256; V] = core::array::from_fn(|j| _mm256_cvtph_ps(_mm_loadu_si128(x.add(off + col + 8 * j).cast())));
+                for (h, a) in acc.iter_mut().enumerate() {
                     let ec = _mm256_set1_ps(e[h * len + c]);
                     let vs = if new_max[h * len + c] {
                         for v in a.iter_mut() {
@@ -1314,7 +1332,7 @@ unsafe fn mad_keys_heads64_avx2(y: *mut u16, heads: usize, x: *const u16, offs: 
                     }
                 }
             }
-            for (h, a) in acc.iter().enumerate().take(heads) {
+            for (h, a) in acc.iter().enumerate() {
                 for (j, v) in a.iter().enumerate() {
                     _mm_storeu_si128(y.add(64 * h + col + 8 * j).cast(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(*v));
                 }
@@ -1477,6 +1495,15 @@ unsafe fn mad_exact_avx512<const H: usize, const V: usize, const VIA: bool>(y: *
 /// (AVX2: `fma` where its f32 result cannot round twice, else TwoSum and
 /// [`round_odd_sum`] as [`mad_exact_avx2`]).
 ///
+/// Each key's step first takes `fma` and one f16 rounding for every lane of every head,
+/// and only gathers, by two running minima over its `H·V` vectors, whether any sum landed
+/// where that is not the one rounding of the exact sum (an f16 midpoint at normal
+/// magnitudes, or below f16's normal range). About one key in twenty does on attention
+/// values (products of two f16 often end in zeros, so exact ties are common): then the
+/// step is taken again from the accumulators kept before it, each vector checked and the
+/// flagged ones by round to odd. Every lane gets the bits of the per-vector checked
+/// update; a branch per vector cost more than the update itself on AVX2.
+///
 /// # Safety
 /// As [`mad_exact_avx512`], with AVX2/FMA/F16C only.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -1488,24 +1515,61 @@ unsafe fn mad_exact_heads_avx2<const H: usize, const V: usize>(y: *mut u16, n: u
         // f32 bit masks: the 13 bits below f16's precision, their midpoint pattern, the
         // magnitude, and f16's smallest normal 2^-14.
         let (low13, half, abs, min_normal) = (_mm256_set1_epi32(0x1fff), _mm256_set1_epi32(0x1000), _mm256_set1_epi32(0x7fff_ffff), _mm256_set1_epi32(0x3880_0000));
+        // On a new maximum, a head's accumulators scaled first (an exact f32 product
+        // rounded once).
+        let rescale = |a: &mut [__m256; V], h: usize, c: usize| {
+            if new_max[h][c] {
+                let s = _mm256_set1_ps(scl[h * EXACT_KEYS + c]);
+                for v in a.iter_mut() {
+                    *v = f16_round(_mm256_mul_ps(*v, s));
+                }
+            }
+        };
         for col in (0..n).step_by(8 * V) {
             let mut acc: [[__m256; V]; H] = core::array::from_fn(|h| core::array::from_fn(|j| _mm256_cvtph_ps(_mm_loadu_si128(y.add(h * n + col + 8 * j).cast()))));
+            // The accumulators before the current key (stored, not kept in registers:
+            // they are read back only for a flagged key).
+            let mut kept = [[_mm256_setzero_ps(); V]; H];
             for (c, &off) in offs.iter().enumerate() {
-                let xv: [__m256; V] = core::array::from_fn(|j| _mm256_cvtph_ps(_mm_loadu_si128(x.add(off + col + 8 * j).cast())));
-                for (h, a) in acc.iter_mut().enumerate() {
-                    if new_max[h][c] {
-                        let s = _mm256_set1_ps(scl[h * EXACT_KEYS + c]);
-                        for v in a.iter_mut() {
-                            *v = f16_round(_mm256_mul_ps(*v, s));
-                        }
+                for (k, a) in kept.iter_mut().zip(&acc) {
+                    for (k, a) in k.iter_mut().zip(a) {
+                        core::ptr::write_volatile(k, *a);
                     }
+                }
+                let xv: [__m256; V] = core::array::from_fn(|j| _mm256_cvtph_ps(_mm_loadu_si128(x.add(off + col + 8 * j).cast())));
+                // Over the key's sums: the minimum of `bits << 19` (signed: i32::MIN
+                // exactly where the 13 low bits are the midpoint pattern 0x1000) and of
+                // `bits << 1` (unsigned: the magnitude's bits, below 2^-14's 0x7100_0000
+                // exactly where the sum is under f16's normal range).
+                let (mut mid, mut small) = (_mm256_set1_epi32(i32::MAX), _mm256_set1_epi32(-1));
+                for (h, a) in acc.iter_mut().enumerate() {
+                    rescale(a, h, c);
+                    let vv = _mm256_set1_ps(mul[h * EXACT_KEYS + c]);
+                    for (j, v) in a.iter_mut().enumerate() {
+                        let s = _mm256_fmadd_ps(xv[j], vv, *v);
+                        let bits = _mm256_castps_si256(s);
+                        mid = _mm256_min_epi32(mid, _mm256_slli_epi32::<19>(bits));
+                        small = _mm256_min_epu32(small, _mm256_slli_epi32::<1>(bits));
+                        *v = f16_round(s);
+                    }
+                }
+                let at_mid = _mm256_cmpeq_epi32(mid, _mm256_set1_epi32(i32::MIN));
+                let below = _mm256_cmpeq_epi32(_mm256_min_epu32(small, _mm256_set1_epi32(0x70ff_ffff)), small);
+                let flagged = _mm256_or_si256(at_mid, below);
+                if _mm256_testz_si256(flagged, flagged) == 1 {
+                    continue;
+                }
+                for (h, (a, k)) in acc.iter_mut().zip(&kept).enumerate() {
+                    for (a, k) in a.iter_mut().zip(k) {
+                        *a = core::ptr::read_volatile(k);
+                    }
+                    rescale(a, h, c);
                     let vv = _mm256_set1_ps(mul[h * EXACT_KEYS + c]);
                     for (j, v) in a.iter_mut().enumerate() {
                         // `fma` rounds the exact `x·v + y` to f32 once; rounding that to f16
                         // is the one rounding of the exact sum unless it landed on an f16
                         // midpoint (low 13 bits 0x1000 at f16-normal magnitudes, 65520
-                        // included) or below f16's normal range: then the round-to-odd
-                        // path (rare: one vector in thousands on attention values).
+                        // included) or below f16's normal range: then the round-to-odd path.
                         let s = _mm256_fmadd_ps(xv[j], vv, *v);
                         let bits = _mm256_castps_si256(s);
                         let mid = _mm256_cmpeq_epi32(_mm256_and_si256(bits, low13), half);
