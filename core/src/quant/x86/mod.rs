@@ -203,18 +203,6 @@ macro_rules! tile_wrapper {
     };
 }
 
-tile_wrapper!(/// AVX2 Q8_0 · Q8_0 tile (each output as [`vec_dot_q8_0_q8_0`]).
-    tile_q8_0_q8_0, qtile::q8_0_q8_0::<{ qtile::TILE_TOKENS }>, 32, 34, 34);
-tile_wrapper!(/// AVX2 Q5_0 · Q8_0 tile (each output as [`vec_dot_q5_0_q8_0`]).
-    tile_q5_0_q8_0, qtile::q5_0_q8_0::<{ qtile::TILE_TOKENS }>, 32, 22, 34);
-tile_wrapper!(/// AVX2 Q4_1 · Q8_1 tile (each output as [`vec_dot_q4_1_q8_1`]).
-    tile_q4_1_q8_1, qtile::q4_1_q8_1::<{ qtile::TILE_TOKENS }>, 32, 20, 36);
-tile_wrapper!(/// [`tile_q8_0_q8_0`] for [`qtile::WIDE_TILE_TOKENS`] tokens.
-    tile_q8_0_q8_0_wide, qtile::q8_0_q8_0::<{ qtile::WIDE_TILE_TOKENS }>, 32, 34, 34, qtile::TILE_ROWS, qtile::WIDE_TILE_TOKENS, cpu_has_avx2_fma);
-tile_wrapper!(/// [`tile_q5_0_q8_0`] for [`qtile::WIDE_TILE_TOKENS`] tokens (weights decoded once).
-    tile_q5_0_q8_0_wide, qtile::q5_0_q8_0::<{ qtile::WIDE_TILE_TOKENS }>, 32, 22, 34, qtile::TILE_ROWS, qtile::WIDE_TILE_TOKENS, cpu_has_avx2_fma);
-tile_wrapper!(/// [`tile_q4_1_q8_1`] for [`qtile::WIDE_TILE_TOKENS`] tokens (weights decoded once).
-    tile_q4_1_q8_1_wide, qtile::q4_1_q8_1::<{ qtile::WIDE_TILE_TOKENS }>, 32, 20, 36, qtile::TILE_ROWS, qtile::WIDE_TILE_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// AVX-512 VNNI Q8_0 · Q8_0 tile, 16 rows in the lanes of a vector × 32 tokens (each
     /// output as [`vec_dot_q8_0_q8_0`]); only handed out after [`cpu_has_avx512_vnni`].
     tile_q8_0_q8_0_lanes, panel qtile::q8_0_q8_0_lanes::<{ qtile::LANES_TILE_TOKENS }>, 32, 34, 34, qtile::LANES_TILE_ROWS, qtile::LANES_TILE_TOKENS, cpu_has_avx512_vnni);
@@ -265,6 +253,21 @@ tile_wrapper!(/// AVX-512 VNNI Q6_K · Q8_K tile in llama.cpp's tiled order, 8 r
 tile_wrapper!(/// AVX2 Q6_K · Q8_K tile in llama.cpp's tiled order, one row × [`kdot::KTILE_TOKENS`]
     /// tokens (each output as [`vec_dot_q6_k_q8_k_tiled`]).
     tile_q6_k_q8_k_tiled, kdot::q6_k_q8_k_tile::<TILED>, 256, 210, 292, 1, kdot::KTILE_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// AVX2 Q8_0 · Q8_0 tile, 8 rows in the lanes of a vector × 32 tokens (each output
+    /// as [`vec_dot_q8_0_q8_0`]).
+    tile_q8_0_q8_0_lanes8, panel qtile::q8_0_q8_0_lanes8::<{ qtile::LANES8_TILE_TOKENS }>, 32, 34, 34, qtile::LANES8_TILE_ROWS, qtile::LANES8_TILE_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// [`tile_q8_0_q8_0_lanes8`] for 8 tokens (a chunk's tokens after its last whole tile).
+    tile_q8_0_q8_0_lanes8_rest, panel qtile::q8_0_q8_0_lanes8::<{ qtile::LANES8_REST_TOKENS }>, 32, 34, 34, qtile::LANES8_TILE_ROWS, qtile::LANES8_REST_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// AVX2 Q5_0 · Q8_0 tile, 8 rows in the lanes of a vector × 32 tokens (each output
+    /// as [`vec_dot_q5_0_q8_0`]).
+    tile_q5_0_q8_0_lanes8, panel qtile::q5_0_q8_0_lanes8::<{ qtile::LANES8_TILE_TOKENS }>, 32, 22, 34, qtile::LANES8_TILE_ROWS, qtile::LANES8_TILE_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// [`tile_q5_0_q8_0_lanes8`] for 8 tokens (a chunk's tokens after its last whole tile).
+    tile_q5_0_q8_0_lanes8_rest, panel qtile::q5_0_q8_0_lanes8::<{ qtile::LANES8_REST_TOKENS }>, 32, 22, 34, qtile::LANES8_TILE_ROWS, qtile::LANES8_REST_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// AVX2 Q4_1 · Q8_1 tile, 8 rows in the lanes of a vector × 32 tokens (each output
+    /// as [`vec_dot_q4_1_q8_1`]).
+    tile_q4_1_q8_1_lanes8, panel qtile::q4_1_q8_1_lanes8::<{ qtile::LANES8_TILE_TOKENS }>, 32, 20, 36, qtile::LANES8_TILE_ROWS, qtile::LANES8_TILE_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// [`tile_q4_1_q8_1_lanes8`] for 8 tokens (a chunk's tokens after its last whole tile).
+    tile_q4_1_q8_1_lanes8_rest, panel qtile::q4_1_q8_1_lanes8::<{ qtile::LANES8_REST_TOKENS }>, 32, 20, 36, qtile::LANES8_TILE_ROWS, qtile::LANES8_REST_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// AVX2 Q4_0 · Q8_0 tile (each output as [`vec_dot_q4_0_q8_0`]).
     tile_q4_0_q8_0, panel qtile::q4_0_q8_0::<{ qtile::Q4_0_TILE_TOKENS }>, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_TILE_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// [`tile_q4_0_q8_0`] for [`qtile::Q4_0_WIDE_TILE_TOKENS`] tokens (each block transposed once).
@@ -316,7 +319,7 @@ pub(crate) fn pairs_q8_0_q8_0_vnni(n: usize, w: &[u8], wrow: usize, rows: usize,
     }
 }
 pub(crate) use kdot::{KTILE_TOKENS, Q4_K_TILE_ROWS, Q4_K_TILE_TOKENS};
-pub(crate) use qtile::{LANES_REST_TOKENS, LANES_TILE_ROWS, LANES_TILE_TOKENS, Q4_0_TILE_ROWS, Q4_0_TILE_TOKENS, Q4_0_TILE_TOKENS_VNNI, Q4_0_WIDE_TILE_TOKENS, Q4_0_TILE_TOKENS_VNNI32, TILE_ROWS, TILE_TOKENS, WIDE_TILE_TOKENS, ZMM_TILE_TOKENS};
+pub(crate) use qtile::{LANES8_REST_TOKENS, LANES8_TILE_ROWS, LANES8_TILE_TOKENS, LANES_REST_TOKENS, LANES_TILE_ROWS, LANES_TILE_TOKENS, Q4_0_TILE_ROWS, Q4_0_TILE_TOKENS, Q4_0_TILE_TOKENS_VNNI, Q4_0_WIDE_TILE_TOKENS, Q4_0_TILE_TOKENS_VNNI32, TILE_ROWS, TILE_TOKENS, ZMM_TILE_TOKENS};
 
 /// Runs 8-row body `$body` (see `qdot::table_dot_rows`) on whole blocks, after checking
 /// that the slices hold the rows (a broken contract panics; it cannot read out of bounds).
@@ -687,9 +690,9 @@ const fn build(flags: usize) -> KernelTable {
     t.dot_rows.mxfp4 = Some(rows!(rows_mxfp4_q8_0));
     let tile_tokens = if vnni { ZMM_TILE_TOKENS } else { TILE_TOKENS };
     t.dot_pairs.q8_0 = if vnni { Some(pairs_q8_0_q8_0_vnni) } else { None };
-    t.dot_tile.q8_0 = if vnni { DotTile::entry_with_rest(tile_q8_0_q8_0_lanes, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q8_0_q8_0_lanes16, LANES_REST_TOKENS) } else { DotTile::entry_with_rest(tile_q8_0_q8_0_wide, TILE_ROWS, WIDE_TILE_TOKENS, tile_q8_0_q8_0, TILE_TOKENS) };
-    t.dot_tile.q5_0 = if vnni { DotTile::entry_with_rest(tile_q5_0_q8_0_lanes, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q5_0_q8_0_lanes16, LANES_REST_TOKENS) } else { DotTile::entry_with_rest(tile_q5_0_q8_0_wide, TILE_ROWS, WIDE_TILE_TOKENS, tile_q5_0_q8_0, TILE_TOKENS) };
-    t.dot_tile.q4_1 = if vnni { DotTile::entry(tile_q4_1_q8_1_vnni, TILE_ROWS, tile_tokens) } else { DotTile::entry_with_rest(tile_q4_1_q8_1_wide, TILE_ROWS, WIDE_TILE_TOKENS, tile_q4_1_q8_1, TILE_TOKENS) };
+    t.dot_tile.q8_0 = if vnni { DotTile::entry_with_rest(tile_q8_0_q8_0_lanes, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q8_0_q8_0_lanes16, LANES_REST_TOKENS) } else { DotTile::entry_with_rest(tile_q8_0_q8_0_lanes8, LANES8_TILE_ROWS, LANES8_TILE_TOKENS, tile_q8_0_q8_0_lanes8_rest, LANES8_REST_TOKENS) };
+    t.dot_tile.q5_0 = if vnni { DotTile::entry_with_rest(tile_q5_0_q8_0_lanes, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q5_0_q8_0_lanes16, LANES_REST_TOKENS) } else { DotTile::entry_with_rest(tile_q5_0_q8_0_lanes8, LANES8_TILE_ROWS, LANES8_TILE_TOKENS, tile_q5_0_q8_0_lanes8_rest, LANES8_REST_TOKENS) };
+    t.dot_tile.q4_1 = if vnni { DotTile::entry(tile_q4_1_q8_1_vnni, TILE_ROWS, tile_tokens) } else { DotTile::entry_with_rest(tile_q4_1_q8_1_lanes8, LANES8_TILE_ROWS, LANES8_TILE_TOKENS, tile_q4_1_q8_1_lanes8_rest, LANES8_REST_TOKENS) };
     // (With VNNI, 32 tokens per tile and the 16-token tile for the rest of a chunk.)
     t.dot_tile.q4_0 = if vnni {
         DotTile::entry_with_rest(tile_q4_0_q8_0_vnni32, Q4_0_TILE_ROWS, Q4_0_TILE_TOKENS_VNNI32, tile_q4_0_q8_0_vnni, Q4_0_TILE_TOKENS_VNNI)

@@ -8,9 +8,10 @@
 //! a tile gives each dot's bits (tested against the dots).
 //!
 //! Types: Q8_0 · Q8_0, Q5_0 · Q8_0, Q4_1 · Q8_1 (llama.cpp's one-accumulator `vec_dot`
-//! order, which its batches also follow for these types): [`TILE_ROWS`] ×
-//! [`WIDE_TILE_TOKENS`] on AVX2 (weights decoded once per tile), [`TILE_TOKENS`] for a
-//! chunk's last tokens; with AVX-512 VNNI, Q4_1 [`TILE_ROWS`] × [`ZMM_TILE_TOKENS`]
+//! order, which its batches also follow for these types): on AVX2
+//! [`LANES8_TILE_ROWS`] rows in the lanes of a vector × [`LANES8_TILE_TOKENS`] tokens
+//! (`lanes8_tile`; [`LANES8_REST_TOKENS`] for a chunk's last tokens); with AVX-512 VNNI,
+//! Q4_1 [`TILE_ROWS`] × [`ZMM_TILE_TOKENS`]
 //! (two tokens per 512-bit vector), Q8_0 and Q5_0 [`LANES_TILE_ROWS`] rows in the lanes
 //! of a vector × [`LANES_TILE_TOKENS`] tokens (`lanes_tile`). Q4_0 · Q8_0 (llama.cpp's
 //! repacked order: one exact sum per block): 8 rows in the lanes of a vector × 32
@@ -23,16 +24,12 @@
 use core::arch::x86_64::*;
 
 use super::hsum_ps;
-use super::qdot::{dot_u8_i8, fifth_bits, neg_k_sums, nibbles, scale_pairs};
+use super::qdot::{neg_k_sums, nibbles, scale_pairs};
 
 /// Weight rows per tile.
 pub(crate) const TILE_ROWS: usize = 4;
 /// Activation rows (tokens) per tile.
 pub(crate) const TILE_TOKENS: usize = 4;
-
-/// Tokens per pass of [`lane_tile`]: the tile's tokens go through it in passes of two.
-const PASS_TOKENS: usize = 2;
-const _: () = assert!(TILE_TOKENS.is_multiple_of(PASS_TOKENS));
 
 /// `*p` in all 8 lanes by a broadcast load (a load-port uop only). `_mm256_broadcast_ss`
 /// of a value the compiler has just stored becomes a shuffle from the register instead,
@@ -47,170 +44,6 @@ unsafe fn broadcast_load(p: &f32) -> __m256 {
         core::arch::asm!("vbroadcastss {v}, dword ptr [{p}]", v = out(ymm_reg) v, p = in(reg) p as *const f32, options(pure, readonly, nostack, preserves_flags));
     }
     v
-}
-
-/// Tokens of the wide AVX2 tiles of the one-accumulator types (Q8_0, Q5_0, Q4_1):
-/// [`PASS_TOKENS`] at a time, the weight decode of the first pass kept for the others
-/// ([`lane_tile_passes`]); [`TILE_TOKENS`] is their narrower tile, for a chunk's last
-/// tokens. (AMD EPYC Zen 3, one thread, `quant::bench::bench_matmul`, against the
-/// 4-token tile decoding in each of its two passes: Q5_0 42 -> 56 GFLOP/s, Q4_1 56 -> 65,
-/// Q8_0 (nothing to keep: fewer calls) 61 -> 64; 32 tokens gave 2-3% more, 8 half the
-/// gain.)
-pub(crate) const WIDE_TILE_TOKENS: usize = 16;
-const _: () = assert!(WIDE_TILE_TOKENS.is_multiple_of(PASS_TOKENS));
-
-/// The most blocks per row whose decoded weights a tile keeps for its later passes
-/// and scales (2048 columns: 8 + 2 KiB on the stack); longer rows are decoded again in
-/// every pass.
-const KEPT_BLOCKS: usize = 64;
-
-/// The shared tile loop of the one-accumulator types, one pass: [`TILE_ROWS`] rows ×
-/// [`PASS_TOKENS`] tokens (from `$a`), so that the pass's eight accumulators stay in
-/// registers (sixteen, all four tokens at once, do not fit AVX2's sixteen vector
-/// registers beside the operands, and their spills bounded the loop; a later pass reads
-/// the weight blocks again, from L1). Per block `i`: the four rows' scale pairs are
-/// converted together (`fw = [dw_r, mw_r]..`; in `keep` also stored at `$kept.1`, in
-/// `kept` read back from there) and each token's (`[da, sa]`); per token
-/// one multiply gives every row's `dw_r·da` (lanes 2r) and, for `$min` types, one fma
-/// `summs_t = fma(mw_r, sa, summs_t)` (lanes 2r + 1); `$prep_a` (with `$ab` the
-/// activation block) gives the token's two vectors `[y, c]`; for each row the decoded
-/// weight `$x` — by `$prep_w` (with `$wb` the weight block) in `$mode` `decode`, the same
-/// and kept at `$kept` in `keep`, read back from `$kept` in `kept` — and per pair
-/// `$lanes` (8 exact i32 sums of `$x` and `$y`, `$c`) and `acc = fma(dw·da, f32(lanes),
-/// acc)`. Every product and fma is the single dot's, per pair, in block order. The
-/// products reach the fmas by broadcast loads from a small stack array
-/// ([`broadcast_load`]). Leaves the accumulators in `$acc` (`[row][token]`) and `$summs`
-/// (`[token]`).
-macro_rules! lane_tile {
-    ($nb:expr, $w:expr, $ws:expr, $wrow:expr, $a:expr, $as:expr, $arow:expr, $acc:ident, $summs:ident, $min:expr, $mode:ident $kept:expr,
-     |$ab:ident| $prep_a:expr, |$wb:ident| $prep_w:expr, |$x:ident, $y:ident, $c:ident| $lanes:expr) => {{
-        #[allow(unused_variables)] // (`w` not read in `kept`)
-        let (nb, w, a): (usize, *const u8, *const u8) = ($nb, $w, $a);
-        #[allow(unused_variables)] // (not read in `decode`)
-        let (kept, kept_fw): (*mut __m256i, *mut __m256) = $kept;
-        for i in 0..nb {
-            let fw = lane_tile!(@x $mode, kept_fw.add(i), { scale_pairs(w.add(i * $ws), $wrow) });
-            let mut d = [[0.0f32; 8]; PASS_TOKENS];
-            let mut ya = [[_mm256_setzero_si256(); 2]; PASS_TOKENS];
-            for u in 0..PASS_TOKENS {
-                let $ab = a.add(u * $arow + i * $as);
-                let fa = _mm256_cvtph_ps(_mm_set1_epi32(super::rd32($ab))); // [da, sa, da, sa, ..]
-                let da = _mm256_permute_ps::<0b1010_0000>(fa); // [da, da, ..]
-                _mm256_storeu_ps(d[u].as_mut_ptr(), _mm256_mul_ps(fw, da)); // lane 2r: dw_r·da
-                if $min {
-                    $summs[u] = _mm256_fmadd_ps(fw, _mm256_permute_ps::<0b1111_0101>(fa), $summs[u]); // lane 2r + 1: mw_r·sa + ..
-                }
-                ya[u] = $prep_a;
-            }
-            for r in 0..TILE_ROWS {
-                let $x = lane_tile!(@x $mode, kept.add(i * TILE_ROWS + r), { let $wb = w.add(r * $wrow + i * $ws); $prep_w });
-                for u in 0..PASS_TOKENS {
-                    let [$y, $c] = ya[u];
-                    $acc[r][u] = _mm256_fmadd_ps(broadcast_load(&d[u][2 * r]), _mm256_cvtepi32_ps($lanes), $acc[r][u]);
-                }
-            }
-        }
-    }};
-    // (`decode` does not form `$at`: with more than KEPT_BLOCKS blocks it would point
-    // past the store.)
-    (@x decode, $at:expr, $dec:block) => {
-        $dec
-    };
-    (@x keep, $at:expr, $dec:block) => {{
-        let x = $dec;
-        $at.write(x);
-        x
-    }};
-    (@x kept, $at:expr, $dec:block) => {
-        $at.read()
-    };
-}
-
-/// A tile of a one-accumulator type, `$tokens` tokens: [`lane_tile`] over them in passes
-/// of [`PASS_TOKENS`], each output `hsum(acc)` (`+ summs` for `$min` types, lane 2r + 1).
-/// Where `$keep` (types whose weights take decoding) and the rows have at most
-/// [`KEPT_BLOCKS`] blocks, the first pass keeps the decoded weights and the rows' converted
-/// scale pairs on the stack and the others read them back (the same vectors, so the same
-/// bits; AMD EPYC Zen 3, one thread, the scales kept against converted in every pass,
-/// alternated in one process, median of 40: Q4_1 +4-6%, Q5_0 +3-4%, faster in 30-37 of
-/// 40 rounds; for Q8_0, with nothing to decode, keeping them was slower, -4%).
-macro_rules! lane_tile_passes {
-    ($tokens:expr, $nb:expr, $w:expr, $ws:expr, $wrow:expr, $a:expr, $as:expr, $arow:expr, $out:expr, $ostride:expr, $min:expr, $keep:expr,
-     |$ab:ident| $prep_a:expr, |$wb:ident| $prep_w:expr, |$x:ident, $y:ident, $c:ident| $lanes:expr) => {{
-        let (a, arow, out, ostride) = ($a, $arow, $out, $ostride);
-        let mut store = core::mem::MaybeUninit::<[__m256i; KEPT_BLOCKS * TILE_ROWS]>::uninit();
-        let mut store_fw = core::mem::MaybeUninit::<[__m256; KEPT_BLOCKS]>::uninit();
-        let kept = (store.as_mut_ptr().cast::<__m256i>(), store_fw.as_mut_ptr().cast::<__m256>());
-        let keep = $keep && $tokens > PASS_TOKENS && $nb <= KEPT_BLOCKS;
-        for t0 in (0..$tokens).step_by(PASS_TOKENS) {
-            let mut acc = [[_mm256_setzero_ps(); PASS_TOKENS]; TILE_ROWS];
-            let mut summs = [_mm256_setzero_ps(); PASS_TOKENS];
-            let at = a.add(t0 * arow);
-            if !keep {
-                lane_tile!($nb, $w, $ws, $wrow, at, $as, arow, acc, summs, $min, decode kept, |$ab| $prep_a, |$wb| $prep_w, |$x, $y, $c| $lanes);
-            } else if t0 == 0 {
-                lane_tile!($nb, $w, $ws, $wrow, at, $as, arow, acc, summs, $min, keep kept, |$ab| $prep_a, |$wb| $prep_w, |$x, $y, $c| $lanes);
-            } else {
-                lane_tile!($nb, $w, $ws, $wrow, at, $as, arow, acc, summs, $min, kept kept, |$ab| $prep_a, |$wb| $prep_w, |$x, $y, $c| $lanes);
-            }
-            for u in 0..PASS_TOKENS {
-                let mut m = [0.0f32; 8];
-                _mm256_storeu_ps(m.as_mut_ptr(), summs[u]);
-                for r in 0..TILE_ROWS {
-                    // (No `+ 0.0` for the types without a min: it would turn -0.0 into +0.0.)
-                    *out.add((t0 + u) * ostride + r) = if $min { hsum_ps(acc[r][u]) + m[2 * r + 1] } else { hsum_ps(acc[r][u]) };
-                }
-            }
-        }
-    }};
-}
-
-// Each body: `nb` blocks in each of TILE_ROWS weight rows from `w` (stride `wrow`
-// bytes) and T activation rows from `a` (stride `arow`), all in bounds, and
-// `out[t * ostride + r]` writable for every r < TILE_ROWS, t < T (the wrapper's SAFETY
-// argument; T is TILE_TOKENS or WIDE_TILE_TOKENS); AVX2, FMA and F16C available.
-
-/// Q8_0 · Q8_0 tile: each pair as `qdot::q8_0_q8_0` (sign trick).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q8_0_q8_0<const T: usize>(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
-    // SAFETY: see above; layout d@0 qs@2 for both.
-    unsafe {
-        lane_tile_passes!(T, nb, w, 34, wrow, a, 34, arow, out, ostride, false, false,
-            |ab| [_mm256_loadu_si256(ab.add(2).cast()), _mm256_setzero_si256()],
-            |wb| _mm256_loadu_si256(wb.add(2).cast()),
-            |x, y, _c| dot_u8_i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)))
-    }
-}
-
-/// Q5_0 · Q8_0 tile: each pair as `qdot::q5_0_q8_0`; its lanes
-/// `madd(maddubs(x, y) - maddubs(16, y), 1)` as `madd(maddubs(x, y), 1) - c` with
-/// `c = madd(maddubs(16, y), 1)` per token (the same exact integers).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q5_0_q8_0<const T: usize>(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
-    // SAFETY: see above; layouts d@0 qh@2 qs@6 and d@0 qs@2.
-    unsafe {
-        let off = _mm256_set1_epi8(16);
-        lane_tile_passes!(T, nb, w, 22, wrow, a, 34, arow, out, ostride, false, true,
-            |ab| {
-                let y = _mm256_loadu_si256(ab.add(2).cast());
-                [y, dot_u8_i8(off, y)]
-            },
-            |wb| _mm256_or_si256(nibbles(wb.add(6)), fifth_bits(wb.add(2))),
-            |x, y, c| _mm256_sub_epi32(dot_u8_i8(x, y), c))
-    }
-}
-
-/// Q4_1 · Q8_1 tile: each pair as `qdot::q4_1_q8_1` (`summs = fma(mw, sa, summs)` per
-/// block, result `hsum(acc) + summs`).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4_1_q8_1<const T: usize>(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
-    // SAFETY: see above; layouts d@0 m@2 qs@4 and d@0 s@2 qs@4.
-    unsafe {
-        lane_tile_passes!(T, nb, w, 20, wrow, a, 36, arow, out, ostride, true, true,
-            |ab| [_mm256_loadu_si256(ab.add(4).cast()), _mm256_setzero_si256()],
-            |wb| nibbles(wb.add(4)),
-            |x, y, _c| dot_u8_i8(x, y))
-    }
 }
 
 /// Weight rows of a Q4_0 tile: one per lane of a vector.
@@ -360,6 +193,267 @@ macro_rules! q4_0_tile {
             }
         }
     }};
+}
+
+/// Weight rows of the AVX2 rows-in-lanes tiles of the one-accumulator types: one per
+/// lane of a vector.
+pub(crate) const LANES8_TILE_ROWS: usize = 8;
+/// Tokens of the AVX2 rows-in-lanes tiles: each block's weights transposed once for
+/// all of them. (AMD EPYC Zen 3, one thread, `quant::bench::bench_matmul`: Q5_0 77
+/// GFLOP/s, Q8_0 75-77 with 16 or 32 tokens, 68 and 70 with 8; the 4 × 16 tiles they
+/// replace 64 and 65.)
+pub(crate) const LANES8_TILE_TOKENS: usize = 32;
+/// Tokens of the narrower AVX2 rows-in-lanes tiles, for a chunk's tokens after its
+/// whole tiles.
+pub(crate) const LANES8_REST_TOKENS: usize = 8;
+/// Blocks per range of the AVX2 rows-in-lanes tiles' staged weights (the accumulators go
+/// through a stash between ranges).
+const LANES8_STAGE_BLOCKS: usize = 8;
+
+/// 8 rows of 8 dwords (`r[k]` = row k), transposed: `x[j]` holds row r's dword j in
+/// lane r (two rounds of unpacks in each 128-bit half, then the halves exchanged).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn transpose_8x8(r: [__m256i; 8]) -> [__m256i; 8] {
+    // SAFETY: value-only intrinsics; AVX2 available (target features).
+    unsafe {
+        let t: [__m256i; 8] = core::array::from_fn(|k| {
+            let (a, b) = (r[k & !1], r[k | 1]);
+            if k % 2 == 0 { _mm256_unpacklo_epi32(a, b) } else { _mm256_unpackhi_epi32(a, b) }
+        });
+        // u[h][j]: dwords j (low half) and j + 4 (high half) of rows 4h..4h + 4.
+        let u: [[__m256i; 4]; 2] = core::array::from_fn(|h| {
+            let (t0, t1, t2, t3) = (t[4 * h], t[4 * h + 1], t[4 * h + 2], t[4 * h + 3]);
+            [_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)]
+        });
+        core::array::from_fn(|j| if j < 4 { _mm256_permute2x128_si256::<0x20>(u[0][j], u[1][j]) } else { _mm256_permute2x128_si256::<0x31>(u[0][j - 4], u[1][j - 4]) })
+    }
+}
+
+/// A block of [`LANES8_TILE_ROWS`] rows as the AVX2 rows-in-lanes tiles use it: `x[j]`
+/// and `v[j]` hold, in lane r, the operands of row r's elements `4j..4j + 4` (per type),
+/// `dw` and `mw` the rows' scales and (Q4_1) mins.
+#[derive(Clone, Copy)]
+struct Lanes8Block {
+    x: [__m256i; 8],
+    v: [__m256i; 8],
+    dw: __m256,
+    mw: __m256,
+}
+
+/// The AVX2 rows-in-lanes tile of the one-accumulator types: [`LANES8_TILE_ROWS`] rows in
+/// the lanes of a vector × `$tokens` tokens. llama.cpp's dot for these types keeps 8 f32
+/// lanes per (row, token), lane j taking `acc_j = fma(dw·da, f32(s_j), acc_j)` block by
+/// block with `s_j` the exact integer sum over elements `4j..4j + 4`, then `hsum_ps` of
+/// the 8 (for Q4_1 plus `summs`, `fma(mw, sa, summs)` per block). Here register j of a
+/// token holds lane j of 8 rows: per block the rows' weights are transposed once
+/// (`$block`, kept for every token of the range); the tokens' scales (and sums) are
+/// staged as f32 and, where `$has_prep`, their quants as `$prep` of the 32 bytes; per
+/// token and j four bytes of the quants are broadcast (`$y`) and `$lanes` (from `$x`,
+/// `$v`) gives every row's exact `s_j` as the single dot's integers; then the same
+/// `dw·da` product and fma; at the end the 8 registers are added as `hsum_ps` adds lanes
+/// (`((0+4)+(2+6)) + ((1+5)+(3+7))`), then `summs`. So every output has the single dot's
+/// bits. Activation blocks are `$as` bytes (scale at 0, sum at 2 where `$min`, quants at
+/// `$as - 32`). Per group of rows the blocks go in ranges of [`LANES8_STAGE_BLOCKS`],
+/// each token's accumulators kept in a stash between ranges.
+macro_rules! lanes8_tile {
+    ($nb:expr, $w:expr, $ws:expr, $wrow:expr, $rows:expr, $a:expr, $as:expr, $arow:expr, $out:expr, $ostride:expr, $tokens:expr, $min:expr, $block:ident, $has_prep:expr,
+     |$ab:ident| $prep:expr, |$x:ident, $v:ident, $y:ident| $lanes:expr) => {{
+        const SB: usize = LANES8_STAGE_BLOCKS;
+        let (nb, w, wrow, rows, a, arow, out, ostride): (usize, *const u8, usize, usize, *const u8, usize, *mut f32, usize) = ($nb, $w, $wrow, $rows, $a, $arow, $out, $ostride);
+        let mut wst = core::mem::MaybeUninit::<[Lanes8Block; SB]>::uninit();
+        let mut da = core::mem::MaybeUninit::<[[f32; $tokens]; SB]>::uninit();
+        let mut sa = core::mem::MaybeUninit::<[[f32; $tokens]; SB]>::uninit();
+        let mut stash = core::mem::MaybeUninit::<[([__m256; 8], __m256); $tokens]>::uninit();
+        let mut yt = core::mem::MaybeUninit::<[[[i32; 8]; $tokens]; SB]>::uninit();
+        let (wp, dp, sap, sp, yp) = (
+            wst.as_mut_ptr().cast::<Lanes8Block>(),
+            da.as_mut_ptr().cast::<[f32; $tokens]>(),
+            sa.as_mut_ptr().cast::<[f32; $tokens]>(),
+            stash.as_mut_ptr().cast::<([__m256; 8], __m256)>(),
+            yt.as_mut_ptr().cast::<[[i32; 8]; $tokens]>(),
+        );
+        for g in (0..rows).step_by(LANES8_TILE_ROWS) {
+            let wg = w.add(g * wrow);
+            let mut b0 = 0;
+            while b0 < nb {
+                let kb = (nb - b0).min(SB);
+                let last = b0 + kb == nb;
+                // (Entries 0..kb of wst, da and, where `$min`, sa and, where `$has_prep`,
+                // yt are written here before any read below.)
+                for ib in 0..kb {
+                    let i = b0 + ib;
+                    wp.add(ib).write($block(wg.add(i * $ws), wrow));
+                    for t8 in (0..$tokens).step_by(8) {
+                        _mm256_storeu_ps((*dp.add(ib)).as_mut_ptr().add(t8), f16x8(a.add(t8 * arow + i * $as), arow));
+                        if $min {
+                            _mm256_storeu_ps((*sap.add(ib)).as_mut_ptr().add(t8), f16x8(a.add(t8 * arow + i * $as + 2), arow));
+                        }
+                    }
+                    if $has_prep {
+                        for t in 0..$tokens {
+                            let $ab = _mm256_loadu_si256(a.add(t * arow + i * $as + $as - 32).cast());
+                            _mm256_storeu_si256((*yp.add(ib))[t].as_mut_ptr().cast(), $prep);
+                        }
+                    }
+                }
+                for t in 0..$tokens {
+                    // (The stash entry of token t was written by the previous range.)
+                    let (mut acc, mut summs): ([__m256; 8], __m256) = if b0 == 0 { ([_mm256_setzero_ps(); 8], _mm256_setzero_ps()) } else { *sp.add(t) };
+                    let at = a.add(t * arow + b0 * $as + $as - 32);
+                    for ib in 0..kb {
+                        let blk = &*wp.add(ib);
+                        let d = _mm256_mul_ps(blk.dw, broadcast_load(&(*dp.add(ib))[t]));
+                        if $min {
+                            summs = _mm256_fmadd_ps(blk.mw, broadcast_load(&(*sap.add(ib))[t]), summs);
+                        }
+                        let yb = if $has_prep { (*yp.add(ib))[t].as_ptr() } else { at.add(ib * $as).cast::<i32>() };
+                        for j in 0..8 {
+                            let ($x, $v, $y) = (blk.x[j], blk.v[j], _mm256_set1_epi32(core::ptr::read_unaligned(yb.add(j))));
+                            acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps($lanes), acc[j]);
+                        }
+                    }
+                    if last {
+                        let s = |p: usize, q: usize| _mm256_add_ps(acc[p], acc[q]);
+                        let sum = _mm256_add_ps(_mm256_add_ps(s(0, 4), s(2, 6)), _mm256_add_ps(s(1, 5), s(3, 7)));
+                        // (No `+ summs` for the types without a min: it would turn -0.0
+                        // into +0.0.)
+                        _mm256_storeu_ps(out.add(t * ostride + g), if $min { _mm256_add_ps(sum, summs) } else { sum });
+                    } else {
+                        sp.add(t).write((acc, summs));
+                    }
+                }
+                b0 += kb;
+            }
+        }
+    }};
+}
+
+/// Q8_0 rows at `p` (`wrow` bytes apart, at one block), for [`lanes8_tile`]: `x[j]` the
+/// weights' dwords transposed, `v[j]` their magnitudes (`sign(x, x)`, the sign trick's
+/// unsigned operand), `dw` the scales.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lanes8_block_q8_0(p: *const u8, wrow: usize) -> Lanes8Block {
+    // SAFETY: the caller guarantees the block (34 bytes) of each of 8 rows readable.
+    unsafe {
+        let x = transpose_8x8(core::array::from_fn(|k| _mm256_loadu_si256(p.add(k * wrow + 2).cast())));
+        Lanes8Block { x, v: x.map(|x| _mm256_sign_epi8(x, x)), dw: f16x8(p, wrow), mw: _mm256_setzero_ps() }
+    }
+}
+
+/// The 16 `qs` bytes at `q` of 8 rows (`wrow` bytes apart), as nibbles transposed:
+/// `x[j]` holds, in lane r, row r's elements `4j..4j + 4` (the low nibbles of `qs`
+/// dword j for j < 4, the high nibbles of dword j - 4 after). Rows k and k + 4 in the
+/// halves of a vector, then a 4×4 transpose of dwords per half.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles_transposed(q: *const u8, wrow: usize) -> [__m256i; 8] {
+    // SAFETY: the caller guarantees 16 readable bytes at q + k·wrow, k < 8.
+    unsafe {
+        let ld = |k: usize| {
+            let lo = _mm_loadu_si128(q.add(k * wrow).cast());
+            let hi = _mm_loadu_si128(q.add((k + 4) * wrow).cast());
+            _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi)
+        };
+        let (r0, r1, r2, r3) = (ld(0), ld(1), ld(2), ld(3));
+        let (t0, t1) = (_mm256_unpacklo_epi32(r0, r1), _mm256_unpackhi_epi32(r0, r1));
+        let (t2, t3) = (_mm256_unpacklo_epi32(r2, r3), _mm256_unpackhi_epi32(r2, r3));
+        let v = [_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)];
+        let m4 = _mm256_set1_epi8(0x0F);
+        core::array::from_fn(|j| if j < 4 { _mm256_and_si256(v[j], m4) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(v[j - 4]), m4) })
+    }
+}
+
+/// Q5_0 rows at `p` (`wrow` bytes apart, at one block), for [`lanes8_tile`]: `x[j]` the
+/// rows' weights `q - 16` (signed bytes, -16..=15) of elements `4j..4j + 4` — the
+/// nibbles ([`nibbles_transposed`]) and each byte's fifth bit (bit 4j + b of `qh`: its
+/// byte j/2 spread to the lane's four bytes, then tested against a mask) as 0x10 —,
+/// `v[j]` the rows' corrections `128·Σ (q - 16)` over those four elements, `dw` the
+/// scales.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lanes8_block_q5_0(p: *const u8, wrow: usize) -> Lanes8Block {
+    // SAFETY: the caller guarantees the block (22 bytes) of each of 8 rows readable.
+    unsafe {
+        let nib = nibbles_transposed(p.add(6), wrow);
+        let h = |k: usize| super::rd32(p.add(k * wrow + 2));
+        let qh = _mm256_setr_epi32(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7));
+        let b5 = _mm256_set1_epi8(0x10);
+        let x: [__m256i; 8] = core::array::from_fn(|j| {
+            // Byte b of each lane: byte j/2 of the lane's qh, tested at bit 4(j mod 2) + b.
+            let byte = |k: i32| (4 * k + (j / 2) as i32) * 0x0101_0101;
+            let spread = _mm256_shuffle_epi8(qh, _mm256_setr_epi32(byte(0), byte(1), byte(2), byte(3), byte(0), byte(1), byte(2), byte(3)));
+            let sel = _mm256_set1_epi32((0x0804_0201u32 << (4 * (j % 2))) as i32);
+            _mm256_sub_epi8(_mm256_or_si256(nib[j], _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel), b5)), b5)
+        });
+        let (ones, c128) = (_mm256_set1_epi16(1), _mm256_set1_epi8(-128));
+        Lanes8Block { x, v: x.map(|x| _mm256_madd_epi16(_mm256_maddubs_epi16(c128, x), ones)), dw: f16x8(p, wrow), mw: _mm256_setzero_ps() }
+    }
+}
+
+/// Q4_1 rows at `p` (`wrow` bytes apart, at one block), for [`lanes8_tile`]: `x[j]` the
+/// nibbles ([`nibbles_transposed`]), `v` unused, `dw` and `mw` the scales and mins.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lanes8_block_q4_1(p: *const u8, wrow: usize) -> Lanes8Block {
+    // SAFETY: the caller guarantees the block (20 bytes) of each of 8 rows readable.
+    unsafe { Lanes8Block { x: nibbles_transposed(p.add(4), wrow), v: [_mm256_setzero_si256(); 8], dw: f16x8(p, wrow), mw: f16x8(p.add(2), wrow) } }
+}
+
+// The rows-in-lanes bodies: nb blocks of each of `rows` weight rows (a multiple of 8)
+// and of T activation rows readable, out[t·ostride + r] writable for r < rows, t < T
+// (the wrapper's checks); every staged entry is written before it is read (see
+// lanes8_tile); AVX2, FMA and F16C available (module contract).
+
+/// Q8_0 · Q8_0, AVX2, [`LANES8_TILE_ROWS`] rows in lanes × `T` tokens
+/// ([`lanes8_tile`]): each row's lane sum as `qdot::q8_0_q8_0`'s sign trick,
+/// `madd(maddubs(sign(x, x), sign(y, x)), 1)` on the same bytes.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q8_0_q8_0_lanes8<const T: usize>(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: see above; layout d@0 qs@2 for both.
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        lanes8_tile!(nb, w, 34, wrow, rows, a, 34, arow, out, ostride, T, false, lanes8_block_q8_0, false,
+            |ab| ab,
+            |x, v, y| _mm256_madd_epi16(_mm256_maddubs_epi16(v, _mm256_sign_epi8(y, x)), ones))
+    }
+}
+
+/// Q5_0 · Q8_0, AVX2, [`LANES8_TILE_ROWS`] rows in lanes × `T` tokens
+/// ([`lanes8_tile`]): each row's lane sum, `qdot::q5_0_q8_0`'s exact
+/// `Σ q·y - 16·Σ y` = `Σ (q - 16)·y`, as `Σ (y + 128)·(q - 16) - 128·Σ (q - 16)`: the
+/// token's activations staged with their sign bits flipped (`y + 128`, unsigned, so four
+/// bytes are one broadcast operand of `maddubs` against the signed weights), the
+/// correction per row from the block. Integer bounds: a `maddubs` pair is at most
+/// 2·255·16 in magnitude (no i16 saturation), so every sum is exact and the same integer.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q5_0_q8_0_lanes8<const T: usize>(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: see above; layouts d@0 qh@2 qs@6 and d@0 qs@2.
+    unsafe {
+        let (ones, flip) = (_mm256_set1_epi16(1), _mm256_set1_epi8(-128));
+        lanes8_tile!(nb, w, 22, wrow, rows, a, 34, arow, out, ostride, T, false, lanes8_block_q5_0, true,
+            |ab| _mm256_xor_si256(ab, flip),
+            |x, v, y| _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(y, x), ones), v))
+    }
+}
+
+/// Q4_1 · Q8_1, AVX2, [`LANES8_TILE_ROWS`] rows in lanes × `T` tokens
+/// ([`lanes8_tile`]): each row's lane sum as `qdot::q4_1_q8_1`'s,
+/// `madd(maddubs(x, y), 1)` on the same bytes; `summs = fma(mw, sa, summs)` per block,
+/// added after the lanes' sum.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_1_q8_1_lanes8<const T: usize>(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: see above; layouts d@0 m@2 qs@4 and d@0 s@2 qs@4.
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        lanes8_tile!(nb, w, 20, wrow, rows, a, 36, arow, out, ostride, T, true, lanes8_block_q4_1, false,
+            |ab| ab,
+            |x, _v, y| _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), ones))
+    }
 }
 
 /// Blocks per range of the Q4_0 tiles' prepared activations (16 KB on the stack for 16
@@ -780,13 +874,16 @@ pub(super) unsafe fn q5_0_q8_0_lanes<const T: usize>(nb: usize, w: *const u8, wr
 /// Tokens of the 512-bit tiles (`lane_tile_zmm`).
 pub(crate) const ZMM_TILE_TOKENS: usize = 8;
 
-/// [`lane_tile`] on 512-bit vectors ([`TILE_ROWS`] rows × [`ZMM_TILE_TOKENS`] tokens): two tokens' pairs of a row share a vector (tokens
+/// The tile loop of the one-accumulator types on 512-bit vectors ([`TILE_ROWS`] rows ×
+/// [`ZMM_TILE_TOKENS`] tokens, each pair's own accumulator as in its single dot): two
+/// tokens' pairs of a row share a vector (tokens
 /// `2p` and `2p + 1` in the low and high halves), so each block takes one `vpdpbusd`,
 /// one product, one conversion and one fma per two pairs. `$prep_a(ab0, ab1)` gives the
 /// token pair's `[y, c]`, `$prep_w(wb)` the row's decoded weights (any value), `$lanes`
 /// the 16 lanes of both pairs. Per half, every lane sum, product and fma is the single
 /// dot's (`d` = `dw_r·da_t`, the same f32 product), in block order; the halves are then
-/// summed by `hsum_ps` as in the dot. Q4_1's `summs` as in [`lane_tile`].
+/// summed by `hsum_ps` as in the dot. Q4_1's `summs`: `fma(mw_r, sa_t, summs)` per block
+/// (lane 2t' + 1 of `$summs[r][q]`, t = 4q + t'), added after the horizontal sum.
 macro_rules! lane_tile_zmm {
     ($nb:expr, $w:expr, $ws:expr, $wrow:expr, $a:expr, $as:expr, $arow:expr, $acc:ident, $summs:ident, $min:expr,
      |$ab0:ident, $ab1:ident| $prep_a:expr, |$wb:ident| $prep_w:expr, |$x:ident, $y:ident, $c:ident| $lanes:expr) => {{
