@@ -266,6 +266,10 @@ tile_wrapper!(/// [`tile_q5_0_q8_0_lanes8`] for 8 tokens (a chunk's tokens after
 tile_wrapper!(/// AVX2 Q4_1 · Q8_1 tile, 8 rows in the lanes of a vector × 32 tokens (each output
     /// as [`vec_dot_q4_1_q8_1`]).
     tile_q4_1_q8_1_lanes8, panel qtile::q4_1_q8_1_lanes8::<{ qtile::LANES8_TILE_TOKENS }>, 32, 20, 36, qtile::LANES8_TILE_ROWS, qtile::LANES8_TILE_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// [`tile_q4_1_q8_1_lanes8`] over a matrix in the rows16 layout (`quant::rows16`).
+    tile_q4_1_q8_1_lanes8_rows16, panel qtile::q4_1_q8_1_lanes8_rows16::<{ qtile::LANES8_TILE_TOKENS }>, 32, 20, 36, 16, qtile::LANES8_TILE_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// [`tile_q4_1_q8_1_lanes8_rows16`] for 8 tokens (a chunk's tokens after its last whole tile).
+    tile_q4_1_q8_1_lanes8_rest_rows16, panel qtile::q4_1_q8_1_lanes8_rows16::<{ qtile::LANES8_REST_TOKENS }>, 32, 20, 36, 16, qtile::LANES8_REST_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// [`tile_q4_1_q8_1_lanes8`] for 8 tokens (a chunk's tokens after its last whole tile).
     tile_q4_1_q8_1_lanes8_rest, panel qtile::q4_1_q8_1_lanes8::<{ qtile::LANES8_REST_TOKENS }>, 32, 20, 36, qtile::LANES8_TILE_ROWS, qtile::LANES8_REST_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// AVX2 Q4_0 · Q8_0 tile (each output as [`vec_dot_q4_0_q8_0`]).
@@ -377,6 +381,30 @@ rows16_wrapper!(/// AVX-512 VNNI Q4_1 · Q8_1, rows16 groups (each output as [`v
             }
         }
     });
+/// AVX2 Q4_1 · Q8_1, rows16 groups (each output as [`vec_dot_q4_1_q8_1`]); `PF` unused
+/// (no prefetch hints: the AVX2 kernels are not the Intel VM's).
+#[allow(clippy::too_many_arguments)]
+fn rows16_q4_1_q8_1_avx2<const PF: bool>(n: usize, groups: usize, w: &[u8], a: &[u8], arow: usize, tokens: usize, out: &mut [f32], ostride: usize) {
+    let nb = n / 32;
+    debug_assert!(n % 32 == 0, "rows16: n = {n} is not a multiple of 32");
+    if tokens == 0 || groups == 0 {
+        return;
+    }
+    assert!(
+        w.len() >= groups * 16 * nb * 20 && a.len() >= (tokens - 1) * arow + nb * 36 && ostride >= 16 * groups && out.len() >= (tokens - 1) * ostride + 16 * groups,
+        "rows16: slices too short"
+    );
+    // SAFETY: only handed out after cpu_has_avx2_fma() (module contract); the groups'
+    // blocks, every token's blocks and outputs are in bounds (checked).
+    unsafe {
+        let (w, a, out) = (w.as_ptr(), a.as_ptr(), out.as_mut_ptr());
+        for g in 0..groups {
+            for t in 0..tokens {
+                rows16::q4_1_q8_1_group_avx2::<PF>(nb, w.add(g * 16 * nb * 20), a.add(t * arow), out.add(t * ostride + 16 * g));
+            }
+        }
+    }
+}
 rows16_wrapper!(/// AVX-512 VNNI Q8_0 · Q8_0, rows16 groups (each output as [`vec_dot_q8_0_q8_0`]).
     rows16_q8_0_q8_0, 32, 34, 34, |nb, groups, w, a, arow, tokens, out, ostride| {
         for g in 0..groups {
@@ -686,6 +714,11 @@ const fn build(flags: usize) -> KernelTable {
         t.dot_rows16_gemm.q4_k = r16!(rows16_q4_k_q8_k_gemm);
         t.dot_tile_rows16.q5_0 = DotTile::entry_with_rest(tile_q5_0_q8_0_lanes_rows16, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q5_0_q8_0_lanes16_rows16, LANES_REST_TOKENS);
         t.dot_tile_rows16.q8_0 = DotTile::entry_with_rest(tile_q8_0_q8_0_lanes_rows16, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q8_0_q8_0_lanes16_rows16, LANES_REST_TOKENS);
+    } else {
+        // AVX2 only: Q4_1 in the layout (rows in lanes without transposing; the other
+        // types' AVX2 kernels gain nothing from it or have none yet).
+        t.dot_rows16.q4_1 = Some(rows16_q4_1_q8_1_avx2::<true>);
+        t.dot_tile_rows16.q4_1 = DotTile::entry_with_rest(tile_q4_1_q8_1_lanes8_rows16, 16, LANES8_TILE_TOKENS, tile_q4_1_q8_1_lanes8_rest_rows16, LANES8_REST_TOKENS);
     }
     t.dot_rows.mxfp4 = Some(rows!(rows_mxfp4_q8_0));
     let tile_tokens = if vnni { ZMM_TILE_TOKENS } else { TILE_TOKENS };

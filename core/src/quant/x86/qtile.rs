@@ -247,7 +247,9 @@ struct Lanes8Block {
 /// block with `s_j` the exact integer sum over elements `4j..4j + 4`, then `hsum_ps` of
 /// the 8 (for Q4_1 plus `summs`, `fma(mw, sa, summs)` per block). Here register j of a
 /// token holds lane j of 8 rows: per block the rows' weights are transposed once
-/// (`$block`, kept for every token of the range); the tokens' scales (and sums) are
+/// (`$block` of the pair `$at` gives for rows `$gg..$gg + 8` and block `$ii`: the
+/// block's address and the rows' stride, or for the rows16 layout its half of the
+/// group; kept for every token of the range); the tokens' scales (and sums) are
 /// staged as f32 and, where `$has_prep`, their quants as `$prep` of the 32 bytes; per
 /// token and j four bytes of the quants are broadcast (`$y`) and `$lanes` (from `$x`,
 /// `$v`) gives every row's exact `s_j` as the single dot's integers; then the same
@@ -257,10 +259,10 @@ struct Lanes8Block {
 /// `$as - 32`). Per group of rows the blocks go in ranges of [`LANES8_STAGE_BLOCKS`],
 /// each token's accumulators kept in a stash between ranges.
 macro_rules! lanes8_tile {
-    ($nb:expr, $w:expr, $ws:expr, $wrow:expr, $rows:expr, $a:expr, $as:expr, $arow:expr, $out:expr, $ostride:expr, $tokens:expr, $min:expr, $block:ident, $has_prep:expr,
+    ($nb:expr, $rows:expr, $a:expr, $as:expr, $arow:expr, $out:expr, $ostride:expr, $tokens:expr, $min:expr, $block:ident, |$gg:ident, $ii:ident| $at:expr, $has_prep:expr,
      |$ab:ident| $prep:expr, |$x:ident, $v:ident, $y:ident| $lanes:expr) => {{
         const SB: usize = LANES8_STAGE_BLOCKS;
-        let (nb, w, wrow, rows, a, arow, out, ostride): (usize, *const u8, usize, usize, *const u8, usize, *mut f32, usize) = ($nb, $w, $wrow, $rows, $a, $arow, $out, $ostride);
+        let (nb, rows, a, arow, out, ostride): (usize, usize, *const u8, usize, *mut f32, usize) = ($nb, $rows, $a, $arow, $out, $ostride);
         let mut wst = core::mem::MaybeUninit::<[Lanes8Block; SB]>::uninit();
         let mut da = core::mem::MaybeUninit::<[[f32; $tokens]; SB]>::uninit();
         let mut sa = core::mem::MaybeUninit::<[[f32; $tokens]; SB]>::uninit();
@@ -274,7 +276,6 @@ macro_rules! lanes8_tile {
             yt.as_mut_ptr().cast::<[[i32; 8]; $tokens]>(),
         );
         for g in (0..rows).step_by(LANES8_TILE_ROWS) {
-            let wg = w.add(g * wrow);
             let mut b0 = 0;
             while b0 < nb {
                 let kb = (nb - b0).min(SB);
@@ -283,7 +284,8 @@ macro_rules! lanes8_tile {
                 // yt are written here before any read below.)
                 for ib in 0..kb {
                     let i = b0 + ib;
-                    wp.add(ib).write($block(wg.add(i * $ws), wrow));
+                    let (p, q) = { let ($gg, $ii) = (g, i); $at };
+                    wp.add(ib).write($block(p, q));
                     for t8 in (0..$tokens).step_by(8) {
                         _mm256_storeu_ps((*dp.add(ib)).as_mut_ptr().add(t8), f16x8(a.add(t8 * arow + i * $as), arow));
                         if $min {
@@ -401,6 +403,23 @@ unsafe fn lanes8_block_q4_1(p: *const u8, wrow: usize) -> Lanes8Block {
     unsafe { Lanes8Block { x: nibbles_transposed(p.add(4), wrow), v: [_mm256_setzero_si256(); 8], dw: f16x8(p, wrow), mw: f16x8(p.add(2), wrow) } }
 }
 
+/// Q4_1 rows in the rows16 layout (`quant::rows16`): half `h` (rows 8h..8h + 8) of the
+/// group block at `p` (320 bytes: 16 `d`, 16 `m`, four chunks of 64 bytes each holding
+/// packed dword c of the 16 rows), for [`lanes8_tile`]: the same vectors as
+/// [`lanes8_block_q4_1`], by loads (the layout holds them transposed).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lanes8_block_q4_1_rows16(p: *const u8, h: usize) -> Lanes8Block {
+    // SAFETY: the caller guarantees the group block (320 bytes) readable; h < 2.
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let q: [__m256i; 4] = core::array::from_fn(|c| _mm256_loadu_si256(p.add(64 + 64 * c + 32 * h).cast()));
+        let x = core::array::from_fn(|j| if j < 4 { _mm256_and_si256(q[j], m4) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(q[j - 4]), m4) });
+        let f = |o: usize| _mm256_cvtph_ps(_mm_loadu_si128(p.add(o + 16 * h).cast()));
+        Lanes8Block { x, v: [_mm256_setzero_si256(); 8], dw: f(0), mw: f(32) }
+    }
+}
+
 // The rows-in-lanes bodies: nb blocks of each of `rows` weight rows (a multiple of 8)
 // and of T activation rows readable, out[t·ostride + r] writable for r < rows, t < T
 // (the wrapper's checks); every staged entry is written before it is read (see
@@ -415,7 +434,7 @@ pub(super) unsafe fn q8_0_q8_0_lanes8<const T: usize>(nb: usize, w: *const u8, w
     // SAFETY: see above; layout d@0 qs@2 for both.
     unsafe {
         let ones = _mm256_set1_epi16(1);
-        lanes8_tile!(nb, w, 34, wrow, rows, a, 34, arow, out, ostride, T, false, lanes8_block_q8_0, false,
+        lanes8_tile!(nb, rows, a, 34, arow, out, ostride, T, false, lanes8_block_q8_0, |g, i| (w.add(g * wrow + 34 * i), wrow), false,
             |ab| ab,
             |x, v, y| _mm256_madd_epi16(_mm256_maddubs_epi16(v, _mm256_sign_epi8(y, x)), ones))
     }
@@ -434,7 +453,7 @@ pub(super) unsafe fn q5_0_q8_0_lanes8<const T: usize>(nb: usize, w: *const u8, w
     // SAFETY: see above; layouts d@0 qh@2 qs@6 and d@0 qs@2.
     unsafe {
         let (ones, flip) = (_mm256_set1_epi16(1), _mm256_set1_epi8(-128));
-        lanes8_tile!(nb, w, 22, wrow, rows, a, 34, arow, out, ostride, T, false, lanes8_block_q5_0, true,
+        lanes8_tile!(nb, rows, a, 34, arow, out, ostride, T, false, lanes8_block_q5_0, |g, i| (w.add(g * wrow + 22 * i), wrow), true,
             |ab| _mm256_xor_si256(ab, flip),
             |x, v, y| _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(y, x), ones), v))
     }
@@ -450,7 +469,21 @@ pub(super) unsafe fn q4_1_q8_1_lanes8<const T: usize>(nb: usize, w: *const u8, w
     // SAFETY: see above; layouts d@0 m@2 qs@4 and d@0 s@2 qs@4.
     unsafe {
         let ones = _mm256_set1_epi16(1);
-        lanes8_tile!(nb, w, 20, wrow, rows, a, 36, arow, out, ostride, T, true, lanes8_block_q4_1, false,
+        lanes8_tile!(nb, rows, a, 36, arow, out, ostride, T, true, lanes8_block_q4_1, |g, i| (w.add(g * wrow + 20 * i), wrow), false,
+            |ab| ab,
+            |x, _v, y| _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), ones))
+    }
+}
+
+/// [`q4_1_q8_1_lanes8`] over a matrix in the rows16 layout (its groups of 16 rows at
+/// `w + 16·g·wrow`, as the plain rows they hold); `rows` a multiple of 16.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_1_q8_1_lanes8_rows16<const T: usize>(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: as q4_1_q8_1_lanes8 (the same bytes per group of 16 rows).
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        lanes8_tile!(nb, rows, a, 36, arow, out, ostride, T, true, lanes8_block_q4_1_rows16, |g, i| (w.add(g / 16 * 16 * wrow + 320 * i), g / 8 % 2), false,
             |ab| ab,
             |x, _v, y| _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), ones))
     }

@@ -89,6 +89,54 @@ pub(crate) unsafe fn q4_1_q8_1_group<const PF: bool>(nb: usize, w: *const u8, a:
     }
 }
 
+/// [`q4_1_q8_1_group`] with AVX2 only: the group's two halves of 8 rows one after the
+/// other (a half's eight lane accumulators and `summs` in 256-bit registers; the second
+/// half reads the group's lines again, from L1), each lane `j` of 8 rows as
+/// `madd(maddubs(x, y), 1)` (the plain AVX2 dot's exact integers), the same `dw·da`
+/// product, fmas and tree.
+///
+/// # Safety
+/// AVX2, FMA and F16C available; `nb * GROUP_BLOCK_BYTES` bytes readable at `w`, `nb * 36`
+/// at `a`, 16 floats writable at `out`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4_1_q8_1_group_avx2<const PF: bool>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
+    // SAFETY: the caller's contract; layouts above and d@0 s@2 qs@4 for the activation.
+    unsafe {
+        let (m4, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
+        for h in 0..2 {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            let mut summs = _mm256_setzero_ps();
+            for k in 0..nb {
+                let g = w.add(k * GROUP_BLOCK_BYTES);
+                if h == 0 {
+                    prefetch_ahead::<PF, GROUP_BLOCK_BYTES>(g);
+                }
+                let ab = a.add(k * 36);
+                let f = _mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab))); // [da, sa, 0, 0] (F16C: exact)
+                let (da, sa) = (_mm256_broadcastss_ps(f), _mm256_broadcastss_ps(_mm_movehdup_ps(f)));
+                let dw = _mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast()));
+                let mw = _mm256_cvtph_ps(_mm_loadu_si128(g.add(32 + 16 * h).cast()));
+                let d = _mm256_mul_ps(dw, da);
+                summs = _mm256_fmadd_ps(mw, sa, summs);
+                for c in 0..4 {
+                    let q = _mm256_loadu_si256(g.add(64 + 64 * c + 32 * h).cast());
+                    let (lo, hi) = (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
+                    let ylo = _mm256_set1_epi32(rd32(ab.add(4 + 4 * c)));
+                    let yhi = _mm256_set1_epi32(rd32(ab.add(20 + 4 * c)));
+                    let slo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ylo), ones);
+                    let shi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, yhi), ones);
+                    acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(slo), acc[c]);
+                    acc[c + 4] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(shi), acc[c + 4]);
+                }
+            }
+            // `hsum_ps`'s tree lane by lane, then `summs`.
+            let t = [0, 1, 2, 3].map(|j| _mm256_add_ps(acc[j], acc[j + 4]));
+            let s = _mm256_add_ps(_mm256_add_ps(t[0], t[2]), _mm256_add_ps(t[1], t[3]));
+            _mm256_storeu_ps(out.add(8 * h), _mm256_add_ps(s, summs));
+        }
+    }
+}
+
 /// The body of the rows16 kernels of llama.cpp's 8-lane types (Q8_0, Q5_0): per block
 /// `k` of the group at `$w` (`$gb` bytes a block), `d = dw·da` for the 16 rows, each lane
 /// `j`'s exact `Σ x·y - o·Σ y` (`$x` the block's unsigned weights `x = q + o` from `|$g|`,
