@@ -1274,7 +1274,7 @@ fn rows16_matrices_give_the_plain_matrices_bits() {
     let mut rng = Rng::new(30);
     let mut checked = 0;
     for k in rows16_kernel_sets() {
-        for (ty, rows, cols) in [(Q4_1, 48usize, 96usize), (Q4_1, 32, 640), (Q4_0, 48, 576), (Q4_0, 1008, 64), (Q5_0, 80, 640), (Q8_0, 80, 576), (Q8_0, 4096, 1024), (Q4_K, 48, 512), (Q4_K, 8192, 1024)] {
+        for (ty, rows, cols) in [(Q4_1, 48usize, 96usize), (Q4_1, 32, 640), (Q4_0, 48, 576), (Q4_0, 32, 1280), (Q4_0, 1008, 64), (Q5_0, 80, 640), (Q8_0, 80, 576), (Q8_0, 4096, 1024), (Q4_K, 48, 512), (Q4_K, 8192, 1024)] {
             if !k.packs_rows16(ty, rows) {
                 continue;
             }

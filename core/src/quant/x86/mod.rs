@@ -274,6 +274,10 @@ tile_wrapper!(/// [`tile_q4_1_q8_1_lanes8`] for 8 tokens (a chunk's tokens after
     tile_q4_1_q8_1_lanes8_rest, panel qtile::q4_1_q8_1_lanes8::<{ qtile::LANES8_REST_TOKENS }>, 32, 20, 36, qtile::LANES8_TILE_ROWS, qtile::LANES8_REST_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// AVX2 Q4_0 · Q8_0 tile (each output as [`vec_dot_q4_0_q8_0`]).
     tile_q4_0_q8_0, panel qtile::q4_0_q8_0::<{ qtile::Q4_0_TILE_TOKENS }>, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_TILE_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// [`tile_q4_0_q8_0_wide`] over a matrix in the rows16 layout (`quant::rows16`).
+    tile_q4_0_q8_0_wide_rows16, panel qtile::q4_0_q8_0_rows16::<{ qtile::Q4_0_WIDE_TILE_TOKENS }>, 32, 18, 34, 16, qtile::Q4_0_WIDE_TILE_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// [`tile_q4_0_q8_0`] over a matrix in the rows16 layout (`quant::rows16`).
+    tile_q4_0_q8_0_rows16, panel qtile::q4_0_q8_0_rows16::<{ qtile::Q4_0_TILE_TOKENS }>, 32, 18, 34, 16, qtile::Q4_0_TILE_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// [`tile_q4_0_q8_0`] for [`qtile::Q4_0_WIDE_TILE_TOKENS`] tokens (each block transposed once).
     tile_q4_0_q8_0_wide, panel qtile::q4_0_q8_0::<{ qtile::Q4_0_WIDE_TILE_TOKENS }>, 32, 18, 34, qtile::Q4_0_TILE_ROWS, qtile::Q4_0_WIDE_TILE_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0 tile of 16 tokens (each output as
@@ -401,6 +405,29 @@ fn rows16_q4_1_q8_1_avx2<const PF: bool>(n: usize, groups: usize, w: &[u8], a: &
         for g in 0..groups {
             for t in 0..tokens {
                 rows16::q4_1_q8_1_group_avx2::<PF>(nb, w.add(g * 16 * nb * 20), a.add(t * arow), out.add(t * ostride + 16 * g));
+            }
+        }
+    }
+}
+/// AVX2 Q4_0 · Q8_0, rows16 groups (each output as [`vec_dot_q4_0_q8_0`]).
+#[allow(clippy::too_many_arguments)]
+fn rows16_q4_0_q8_0_avx2<const PF: bool>(n: usize, groups: usize, w: &[u8], a: &[u8], arow: usize, tokens: usize, out: &mut [f32], ostride: usize) {
+    let nb = n / 32;
+    debug_assert!(n % 32 == 0, "rows16: n = {n} is not a multiple of 32");
+    if tokens == 0 || groups == 0 {
+        return;
+    }
+    assert!(
+        w.len() >= groups * 16 * nb * 18 && a.len() >= (tokens - 1) * arow + nb * 34 && ostride >= 16 * groups && out.len() >= (tokens - 1) * ostride + 16 * groups,
+        "rows16: slices too short"
+    );
+    // SAFETY: only handed out after cpu_has_avx2_fma() (module contract); the groups'
+    // blocks, every token's blocks and outputs are in bounds (checked).
+    unsafe {
+        let (w, a, out) = (w.as_ptr(), a.as_ptr(), out.as_mut_ptr());
+        for g in 0..groups {
+            for t in 0..tokens {
+                rows16::q4_0_q8_0_group_avx2::<PF>(nb, w.add(g * 16 * nb * 18), a.add(t * arow), out.add(t * ostride + 16 * g));
             }
         }
     }
@@ -715,10 +742,12 @@ const fn build(flags: usize) -> KernelTable {
         t.dot_tile_rows16.q5_0 = DotTile::entry_with_rest(tile_q5_0_q8_0_lanes_rows16, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q5_0_q8_0_lanes16_rows16, LANES_REST_TOKENS);
         t.dot_tile_rows16.q8_0 = DotTile::entry_with_rest(tile_q8_0_q8_0_lanes_rows16, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q8_0_q8_0_lanes16_rows16, LANES_REST_TOKENS);
     } else {
-        // AVX2 only: Q4_1 in the layout (rows in lanes without transposing; the other
-        // types' AVX2 kernels gain nothing from it or have none yet).
+        // AVX2 only: Q4_1 and Q4_0 in the layout (rows in lanes without transposing; the
+        // other types' AVX2 kernels gain nothing from it or have none yet).
         t.dot_rows16.q4_1 = Some(rows16_q4_1_q8_1_avx2::<true>);
         t.dot_tile_rows16.q4_1 = DotTile::entry_with_rest(tile_q4_1_q8_1_lanes8_rows16, 16, LANES8_TILE_TOKENS, tile_q4_1_q8_1_lanes8_rest_rows16, LANES8_REST_TOKENS);
+        t.dot_rows16.q4_0 = Some(rows16_q4_0_q8_0_avx2::<true>);
+        t.dot_tile_rows16.q4_0 = DotTile::entry_with_rest(tile_q4_0_q8_0_wide_rows16, 16, Q4_0_WIDE_TILE_TOKENS, tile_q4_0_q8_0_rows16, Q4_0_TILE_TOKENS);
     }
     t.dot_rows.mxfp4 = Some(rows!(rows_mxfp4_q8_0));
     let tile_tokens = if vnni { ZMM_TILE_TOKENS } else { TILE_TOKENS };

@@ -111,9 +111,9 @@ unsafe fn q4_0_transposed(p: *const u8, wrow: usize) -> ([__m256i; 8], __m256i) 
 /// `maddubs` pair is at most 4080 in magnitude and eight of them 32640 (no i16
 /// saturation); each byte of `$s8` is within -64..=56.
 macro_rules! q4_0_tile {
-    ($nb:expr, $w:expr, $wrow:expr, $rows:expr, $a:expr, $arow:expr, $out:expr, $ostride:expr, $tokens:ident, $pass:ident, $group:expr,
+    ($nb:expr, $rows:expr, $a:expr, $arow:expr, $out:expr, $ostride:expr, $tokens:ident, $pass:ident, $group:expr, |$fg:ident, $fi:ident| $fetch:expr,
      |$s8:ident| $corr:expr, |$nc:ident, $xs:ident, $yg:ident| $sums:expr) => {{
-        let (nb, w, wrow, rows, a, arow, out, ostride) = ($nb, $w, $wrow, $rows, $a, $arow, $out, $ostride);
+        let (nb, rows, a, arow, out, ostride) = ($nb, $rows, $a, $arow, $out, $ostride);
         const { assert!($tokens.is_multiple_of($pass) && $pass.is_multiple_of($group)) };
         // Each block's transposed weights, correction and scales from a group's first
         // pass, for its others.
@@ -149,7 +149,7 @@ macro_rules! q4_0_tile {
                 }
             }
             for g in (0..rows).step_by(Q4_0_TILE_ROWS) {
-                let (w, out) = (w.add(g * wrow), out.add(g));
+                let out = out.add(g);
                 // Passes of `$pass` tokens (accumulators in registers); the first
                 // transposes each block and keeps the result for the others.
                 for p0 in (0..$tokens).step_by($pass) {
@@ -159,8 +159,7 @@ macro_rules! q4_0_tile {
                         let i = b0 + ib;
                         let (yu, da) = (&*yup.add(ib), &*dap.add(ib));
                         if p0 == 0 {
-                            let dw = f16x8(w.add(i * 18), wrow);
-                            let (x, s8) = q4_0_transposed(w.add(i * 18 + 2), wrow);
+                            let (x, s8, dw): ([__m256i; 8], __m256i, __m256) = { let ($fg, $fi) = (g, i); $fetch };
                             // -128·Σ x per row.
                             let nc = { let $s8 = s8; _mm256_sub_epi32(_mm256_setzero_si256(), $corr) };
                             if $tokens > $pass {
@@ -526,6 +525,28 @@ unsafe fn f16x4(p: *const u8, stride: usize) -> __m128 {
     }
 }
 
+/// The AVX2 body of [`q4_0_tile`] (passes of [`Q4_0_TILE_TOKENS`], two tokens' sums
+/// interleaved): the row sums by `maddubs`, eight added as i16, then `madd` with ones;
+/// `|$g, $i| $fetch` gives rows `$g..$g + 8`'s block `$i` (transposed weights, their byte
+/// sum and the scales).
+macro_rules! q4_0_tile_avx2 {
+    ($nb:expr, $rows:expr, $a:expr, $arow:expr, $out:expr, $ostride:expr, $tokens:ident, |$g:ident, $i:ident| $fetch:expr) => {{
+        let (ones, c128) = (_mm256_set1_epi16(1), _mm256_set1_epi8(-128));
+        q4_0_tile!($nb, $rows, $a, $arow, $out, $ostride, $tokens, Q4_0_TILE_TOKENS, 2, |$g, $i| $fetch,
+            |s8| _mm256_madd_epi16(_mm256_maddubs_epi16(c128, s8), ones),
+            |nc, x, yg| {
+                let b = |u: usize, j: usize| _mm256_set1_epi32(yg[u][j]);
+                let mut p = [_mm256_maddubs_epi16(b(0, 0), x[0]), _mm256_maddubs_epi16(b(1, 0), x[0])];
+                for j in 1..8 {
+                    for (u, p) in p.iter_mut().enumerate() {
+                        *p = _mm256_add_epi16(*p, _mm256_maddubs_epi16(b(u, j), x[j]));
+                    }
+                }
+                p.map(|p| _mm256_add_epi32(nc, _mm256_madd_epi16(p, ones)))
+            })
+    }};
+}
+
 // The Q4_0 bodies: `nb` blocks in each of `rows` weight rows (a multiple of
 // Q4_0_TILE_ROWS) and in each of their tokens' activation rows, in bounds, and
 // `out[t * ostride + r]` writable for every r < rows (ostride >= rows) and token t (the
@@ -540,19 +561,38 @@ unsafe fn f16x4(p: *const u8, stride: usize) -> __m128 {
 pub(super) unsafe fn q4_0_q8_0<const T: usize>(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
     // SAFETY: see above; AVX2, FMA and F16C available (module contract).
     unsafe {
-        let (ones, c128) = (_mm256_set1_epi16(1), _mm256_set1_epi8(-128));
-        q4_0_tile!(nb, w, wrow, rows, a, arow, out, ostride, T, Q4_0_TILE_TOKENS, 2,
-            |s8| _mm256_madd_epi16(_mm256_maddubs_epi16(c128, s8), ones),
-            |nc, x, yg| {
-                let b = |u: usize, j: usize| _mm256_set1_epi32(yg[u][j]);
-                let mut p = [_mm256_maddubs_epi16(b(0, 0), x[0]), _mm256_maddubs_epi16(b(1, 0), x[0])];
-                for j in 1..8 {
-                    for (u, p) in p.iter_mut().enumerate() {
-                        *p = _mm256_add_epi16(*p, _mm256_maddubs_epi16(b(u, j), x[j]));
-                    }
-                }
-                p.map(|p| _mm256_add_epi32(nc, _mm256_madd_epi16(p, ones)))
-            })
+        q4_0_tile_avx2!(nb, rows, a, arow, out, ostride, T, |g, i| {
+            let p = w.add(g * wrow + i * 18);
+            let (x, s8) = q4_0_transposed(p.add(2), wrow);
+            (x, s8, f16x8(p, wrow))
+        })
+    }
+}
+
+/// [`q4_0_q8_0`] over a matrix in the rows16 layout (its groups of 16 rows at
+/// `w + 16·g·wrow`, as the plain rows they hold; `rows` a multiple of 16): each block's
+/// half group read in place of the transposition (the layout holds row r's packed
+/// dword c in lane r of chunk c), the same vectors.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_0_q8_0_rows16<const T: usize>(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: as q4_0_q8_0 (the same bytes per group of 16 rows); the 288-byte group
+    // block holds the 16 scales, then four chunks of 64 bytes.
+    unsafe {
+        let (m4, eight) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(8));
+        q4_0_tile_avx2!(nb, rows, a, arow, out, ostride, T, |g, i| {
+            let (p, h) = (w.add(g / 16 * 16 * wrow + 288 * i), g / 8 % 2);
+            let q: [__m256i; 4] = core::array::from_fn(|c| _mm256_loadu_si256(p.add(32 + 64 * c + 32 * h).cast()));
+            let x: [__m256i; 8] = core::array::from_fn(|j| {
+                let n = if j < 4 { _mm256_and_si256(q[j], m4) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(q[j - 4]), m4) };
+                _mm256_sub_epi8(n, eight)
+            });
+            let s8 = _mm256_add_epi8(
+                _mm256_add_epi8(_mm256_add_epi8(x[0], x[1]), _mm256_add_epi8(x[2], x[3])),
+                _mm256_add_epi8(_mm256_add_epi8(x[4], x[5]), _mm256_add_epi8(x[6], x[7])),
+            );
+            (x, s8, _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * h).cast())))
+        })
     }
 }
 

@@ -137,6 +137,52 @@ pub(crate) unsafe fn q4_1_q8_1_group_avx2<const PF: bool>(nb: usize, w: *const u
     }
 }
 
+/// [`q4_0_q8_0_group`] for one token with AVX2 only: the group's two halves of 8 rows
+/// side by side (one accumulator each), per block and half each row's exact `Σ q·y` as
+/// eight `maddubs` of the unsigned nibbles (lane r: row r's four) against the token's
+/// broadcast bytes, added as i16 (at most 8·2·15·128 in magnitude: no saturation), then
+/// `madd` with ones and `-8·Σ y` of the block added, the same `dw·da` product and fma as
+/// the dot, in block order.
+///
+/// # Safety
+/// AVX2, FMA and F16C available; `nb * GROUP_BLOCK_BYTES_Q4_0` bytes readable at `w`,
+/// `nb * 34` at `a`, 16 floats writable at `out`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4_0_q8_0_group_avx2<const PF: bool>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
+    // SAFETY: the caller's contract; activation layout d@0 qs@2.
+    unsafe {
+        let (m4, ones, eights) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1), _mm256_set1_epi8(8));
+        let mut acc = [_mm256_setzero_ps(); 2];
+        for k in 0..nb {
+            let g = w.add(k * GROUP_BLOCK_BYTES_Q4_0);
+            prefetch_ahead::<PF, GROUP_BLOCK_BYTES_Q4_0>(g);
+            let ab = a.add(k * 34);
+            let da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
+            // -8·Σ y over the block, in every lane (exact: at most 8·32·128).
+            let e = _mm256_madd_epi16(_mm256_maddubs_epi16(eights, _mm256_loadu_si256(ab.add(2).cast())), ones);
+            let e = _mm256_add_epi32(e, _mm256_permute2x128_si256::<0x01>(e, e));
+            let e = _mm256_add_epi32(e, _mm256_shuffle_epi32::<0b01_00_11_10>(e));
+            let e = _mm256_add_epi32(e, _mm256_shuffle_epi32::<0b10_11_00_01>(e));
+            let neg = _mm256_sub_epi32(_mm256_setzero_si256(), e);
+            let y: [__m256i; 8] = core::array::from_fn(|j| _mm256_set1_epi32(rd32(ab.add(2 + 4 * j))));
+            for (h, acc) in acc.iter_mut().enumerate() {
+                let mut s16 = _mm256_setzero_si256();
+                for c in 0..4 {
+                    let q = _mm256_loadu_si256(g.add(32 + 64 * c + 32 * h).cast());
+                    let (lo, hi) = (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo, y[c]));
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi, y[4 + c]));
+                }
+                let sum = _mm256_add_epi32(neg, _mm256_madd_epi16(s16, ones));
+                let d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast())), da);
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), d, *acc);
+            }
+        }
+        _mm256_storeu_ps(out, acc[0]);
+        _mm256_storeu_ps(out.add(8), acc[1]);
+    }
+}
+
 /// The body of the rows16 kernels of llama.cpp's 8-lane types (Q8_0, Q5_0): per block
 /// `k` of the group at `$w` (`$gb` bytes a block), `d = dw·da` for the 16 rows, each lane
 /// `j`'s exact `Σ x·y - o·Σ y` (`$x` the block's unsigned weights `x = q + o` from `|$g|`,
