@@ -1,7 +1,8 @@
 //! The rows16 layout from the command line: where the kernel set has rows16 kernels
-//! (x86 with AVX-512 VNNI), `keel run` and `keel eval` pack a model's Q4_0, Q4_1, Q5_0,
-//! Q8_0 and Q4_K matrices when they read the file into memory (SmolLM2 in Q4_1, Q8_0 and
-//! Q4_0, Gemma 3 270M), and give the tokens and every logits row (digests) of the plain
+//! (x86 with AVX-512 VNNI: Q4_0, Q4_1, Q5_0, Q8_0 and Q4_K; AVX2 alone: Q4_0 and Q4_1),
+//! `keel run` and `keel eval` pack a model's matrices of those types when they read the
+//! file into memory (SmolLM2 in Q4_1, Q8_0 and Q4_0, Gemma 3 270M), and give the tokens
+//! and every logits row (digests) of the plain
 //! layout — `--mmap`, whose read-only map of the file is never packed, and the scalar
 //! reference kernels — at one and two threads, for a one-token decode, a 24-token prompt
 //! (the narrower tile and single tokens) and a 90-token one (whole 32-token tiles), the
@@ -46,16 +47,24 @@ fn packed_matrices_give_the_plain_layouts_bits() {
     let q8_0 = requantized(Path::new(keel), &q4_1, "Q8_0", &scratch());
     let q4_0 = requantized(Path::new(keel), &q4_1, "Q4_0", &scratch());
     let Some(gemma) = gemma3_path() else { return };
-    // SmolLM2: 30 layers × 7 matrices and the token embedding (its tied output); Gemma 3
-    // 270M Q4_K_M: its 81 Q5_0, 10 Q8_0 (the token embedding among them) and 27 Q4_K
-    // matrices.
-    for (model, count) in [(&q4_1, 211), (&q8_0, 211), (&q4_0, 211), (&gemma, 118)] {
+    // With AVX-512 VNNI: SmolLM2's 30 layers × 7 matrices and the token embedding (its
+    // tied output); Gemma 3 270M Q4_K_M: its 81 Q5_0, 10 Q8_0 (the token embedding among
+    // them) and 27 Q4_K matrices. With AVX2 alone: SmolLM2's 210 Q4_1 or Q4_0 matrices
+    // (its embedding stays Q8_0), nothing of Gemma 3's.
+    for (model, count, avx2_count) in [(&q4_1, 211, 210), (&q8_0, 211, 0), (&q4_0, 211, 210), (&gemma, 118, 0)] {
         let name = model.file_name().unwrap().to_string_lossy().to_string();
         for t in ["1", "2"] {
             let packed = keel_run_json(keel, model, &["-t", t], &[]);
-            let vnni = packed["kernels"].as_str().unwrap().contains("vnni");
+            let kernels = packed["kernels"].as_str().unwrap();
             let n = packed["rows16_matrices"].as_u64().unwrap();
-            assert_eq!(n, if vnni { count } else { 0 }, "{name}: matrices in rows16 with {}", packed["kernels"]);
+            let want = if kernels.contains("vnni") {
+                count
+            } else if kernels == "avx2" {
+                avx2_count
+            } else {
+                0
+            };
+            assert_eq!(n, want, "{name}: matrices in rows16 with {kernels}");
             for (flags, what) in [(&["-t", t, "--mmap"][..], "--mmap"), (&["-t", t, "--reference"][..], "--reference")] {
                 let plain = keel_run_json(keel, model, flags, &[]);
                 assert_eq!(plain["rows16_matrices"].as_u64(), Some(0), "{name} {what}");

@@ -1,5 +1,6 @@
-//! The AVX-512 VNNI kernels over the rows16 layout (`quant::rows16`): one group of 16
-//! rows against one activation row, row `r` in lane `r` of every vector.
+//! The kernels over the rows16 layout (`quant::rows16`): one group of 16 rows against one
+//! activation row, row `r` in lane `r` of every vector (AVX-512 VNNI), or of the vector
+//! of its half (AVX2 alone: Q4_1 and Q4_0, `*_group_avx2`).
 //!
 //! Each keeps llama.cpp's x86 `vec_dot` arithmetic per row (its 8 f32 lanes, lane `j`
 //! the exact integer sum over elements `4j..4j + 4`, `acc_j = fma(dw·da, f32(s_j),
