@@ -350,9 +350,10 @@ macro_rules! rows_wrapper {
 }
 
 /// A rows16 kernel's safe wrapper: checks the slices (blocks of `$bs` elements, `$wsize`
-/// and `$asize` bytes), then runs `$run` (AVX-512 VNNI) with `nb`, `groups`, the pointers
-/// and `tokens`, `arow`, `ostride`; `PF` (the wrapper's parameter) is the group kernels'
-/// (whether they prefetch their weights ahead: the table's `intel` flag).
+/// and `$asize` bytes), then runs `$run` (AVX-512 VNNI, or AVX2 for the `_avx2` ones) with
+/// `nb`, `groups`, the pointers and `tokens`, `arow`, `ostride`; `PF` (the wrapper's
+/// parameter) is the group kernels' (whether they prefetch their weights ahead: the
+/// table's `intel` flag for AVX-512, always for AVX2).
 macro_rules! rows16_wrapper {
     ($(#[$doc:meta])* $name:ident, $bs:expr, $wsize:expr, $asize:expr, |$nb:ident, $groups:ident, $w:ident, $a:ident, $arow:ident, $tokens:ident, $out:ident, $ostride:ident| $run:block) => {
         $(#[$doc])*
@@ -367,8 +368,10 @@ macro_rules! rows16_wrapper {
                 w.len() >= groups * 16 * nb * $wsize && a.len() >= (tokens - 1) * arow + nb * $asize && ostride >= 16 * groups && out.len() >= (tokens - 1) * ostride + 16 * groups,
                 "rows16: slices too short"
             );
-            // SAFETY: only handed out after cpu_has_avx512_vnni() (the table's `vnni`); the
-            // groups' blocks, every token's blocks and outputs are in bounds (checked).
+            // SAFETY: only handed out where the CPU has the group kernel's features (the
+            // table: after cpu_has_avx512_vnni() for the AVX-512 ones, cpu_has_avx2_fma()
+            // for the `_avx2` ones); the groups' blocks, every token's blocks and outputs
+            // are in bounds (checked).
             unsafe {
                 let ($nb, $groups, $w, $a, $arow, $tokens, $out, $ostride) = (nb, groups, w.as_ptr(), a.as_ptr(), arow, tokens, out.as_mut_ptr(), ostride);
                 $run
@@ -385,53 +388,22 @@ rows16_wrapper!(/// AVX-512 VNNI Q4_1 · Q8_1, rows16 groups (each output as [`v
             }
         }
     });
-/// AVX2 Q4_1 · Q8_1, rows16 groups (each output as [`vec_dot_q4_1_q8_1`]); `PF` unused
-/// (no prefetch hints: the AVX2 kernels are not the Intel VM's).
-#[allow(clippy::too_many_arguments)]
-fn rows16_q4_1_q8_1_avx2<const PF: bool>(n: usize, groups: usize, w: &[u8], a: &[u8], arow: usize, tokens: usize, out: &mut [f32], ostride: usize) {
-    let nb = n / 32;
-    debug_assert!(n % 32 == 0, "rows16: n = {n} is not a multiple of 32");
-    if tokens == 0 || groups == 0 {
-        return;
-    }
-    assert!(
-        w.len() >= groups * 16 * nb * 20 && a.len() >= (tokens - 1) * arow + nb * 36 && ostride >= 16 * groups && out.len() >= (tokens - 1) * ostride + 16 * groups,
-        "rows16: slices too short"
-    );
-    // SAFETY: only handed out after cpu_has_avx2_fma() (module contract); the groups'
-    // blocks, every token's blocks and outputs are in bounds (checked).
-    unsafe {
-        let (w, a, out) = (w.as_ptr(), a.as_ptr(), out.as_mut_ptr());
+rows16_wrapper!(/// AVX2 Q4_1 · Q8_1, rows16 groups (each output as [`vec_dot_q4_1_q8_1`]).
+    rows16_q4_1_q8_1_avx2, 32, 20, 36, |nb, groups, w, a, arow, tokens, out, ostride| {
         for g in 0..groups {
             for t in 0..tokens {
                 rows16::q4_1_q8_1_group_avx2::<PF>(nb, w.add(g * 16 * nb * 20), a.add(t * arow), out.add(t * ostride + 16 * g));
             }
         }
-    }
-}
-/// AVX2 Q4_0 · Q8_0, rows16 groups (each output as [`vec_dot_q4_0_q8_0`]).
-#[allow(clippy::too_many_arguments)]
-fn rows16_q4_0_q8_0_avx2<const PF: bool>(n: usize, groups: usize, w: &[u8], a: &[u8], arow: usize, tokens: usize, out: &mut [f32], ostride: usize) {
-    let nb = n / 32;
-    debug_assert!(n % 32 == 0, "rows16: n = {n} is not a multiple of 32");
-    if tokens == 0 || groups == 0 {
-        return;
-    }
-    assert!(
-        w.len() >= groups * 16 * nb * 18 && a.len() >= (tokens - 1) * arow + nb * 34 && ostride >= 16 * groups && out.len() >= (tokens - 1) * ostride + 16 * groups,
-        "rows16: slices too short"
-    );
-    // SAFETY: only handed out after cpu_has_avx2_fma() (module contract); the groups'
-    // blocks, every token's blocks and outputs are in bounds (checked).
-    unsafe {
-        let (w, a, out) = (w.as_ptr(), a.as_ptr(), out.as_mut_ptr());
+    });
+rows16_wrapper!(/// AVX2 Q4_0 · Q8_0, rows16 groups (each output as [`vec_dot_q4_0_q8_0`]).
+    rows16_q4_0_q8_0_avx2, 32, 18, 34, |nb, groups, w, a, arow, tokens, out, ostride| {
         for g in 0..groups {
             for t in 0..tokens {
                 rows16::q4_0_q8_0_group_avx2::<PF>(nb, w.add(g * 16 * nb * 18), a.add(t * arow), out.add(t * ostride + 16 * g));
             }
         }
-    }
-}
+    });
 rows16_wrapper!(/// AVX-512 VNNI Q8_0 · Q8_0, rows16 groups (each output as [`vec_dot_q8_0_q8_0`]).
     rows16_q8_0_q8_0, 32, 34, 34, |nb, groups, w, a, arow, tokens, out, ostride| {
         for g in 0..groups {

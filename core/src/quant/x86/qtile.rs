@@ -72,27 +72,38 @@ pub(crate) const Q4_0_TILE_TOKENS_VNNI32: usize = 32;
 unsafe fn q4_0_transposed(p: *const u8, wrow: usize) -> ([__m256i; 8], __m256i) {
     // SAFETY: the caller guarantees 16 readable bytes at p + k·wrow, k < 8.
     unsafe {
-        let (m4, eight) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(8));
-        // Rows k and k + 4 in the halves of a vector, then a 4×4 transpose of dwords per
-        // half: v[j] holds dword j of `qs` (elements 4j.. and 16 + 4j..) of rows 0..8 in
-        // lane order.
-        let ld = |k: usize| {
-            let lo = _mm_loadu_si128(p.add(k * wrow).cast());
-            let hi = _mm_loadu_si128(p.add((k + 4) * wrow).cast());
-            _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi)
-        };
-        let (r0, r1, r2, r3) = (ld(0), ld(1), ld(2), ld(3));
-        let (t0, t1) = (_mm256_unpacklo_epi32(r0, r1), _mm256_unpackhi_epi32(r0, r1));
-        let (t2, t3) = (_mm256_unpacklo_epi32(r2, r3), _mm256_unpackhi_epi32(r2, r3));
-        let v = [_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)];
-        let lo = |j: usize| _mm256_sub_epi8(_mm256_and_si256(v[j], m4), eight);
-        let hi = |j: usize| _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16::<4>(v[j]), m4), eight);
-        let x = [lo(0), lo(1), lo(2), lo(3), hi(0), hi(1), hi(2), hi(3)];
+        q4_0_signed(nibbles_transposed(p, wrow))
+    }
+}
+
+/// Q4_0's nibbles `n` (as [`q4_0_transposed`] lays them out) as signed bytes `q - 8`, and
+/// the byte sum of the eight vectors.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_0_signed(n: [__m256i; 8]) -> ([__m256i; 8], __m256i) {
+    // SAFETY: value-only intrinsics; AVX2 available (target features).
+    unsafe {
+        let eight = _mm256_set1_epi8(8);
+        let x = n.map(|n| _mm256_sub_epi8(n, eight));
         let s8 = _mm256_add_epi8(
             _mm256_add_epi8(_mm256_add_epi8(x[0], x[1]), _mm256_add_epi8(x[2], x[3])),
             _mm256_add_epi8(_mm256_add_epi8(x[4], x[5]), _mm256_add_epi8(x[6], x[7])),
         );
         (x, s8)
+    }
+}
+
+/// The nibbles of half `h` (rows 8h..8h + 8) of a rows16 group block's four chunks of
+/// packed bytes at `q` (chunk c: row r's packed dword c at bytes 4r..4r + 4), laid out
+/// as [`nibbles_transposed`]'s: the layout holds them transposed already.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles_rows16(q: *const u8, h: usize) -> [__m256i; 8] {
+    // SAFETY: the caller guarantees the four chunks (256 bytes) at q readable; h < 2.
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let v: [__m256i; 4] = core::array::from_fn(|c| _mm256_loadu_si256(q.add(64 * c + 32 * h).cast()));
+        core::array::from_fn(|j| if j < 4 { _mm256_and_si256(v[j], m4) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(v[j - 4]), m4) })
     }
 }
 
@@ -411,11 +422,8 @@ unsafe fn lanes8_block_q4_1(p: *const u8, wrow: usize) -> Lanes8Block {
 unsafe fn lanes8_block_q4_1_rows16(p: *const u8, h: usize) -> Lanes8Block {
     // SAFETY: the caller guarantees the group block (320 bytes) readable; h < 2.
     unsafe {
-        let m4 = _mm256_set1_epi8(0x0F);
-        let q: [__m256i; 4] = core::array::from_fn(|c| _mm256_loadu_si256(p.add(64 + 64 * c + 32 * h).cast()));
-        let x = core::array::from_fn(|j| if j < 4 { _mm256_and_si256(q[j], m4) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(q[j - 4]), m4) });
         let f = |o: usize| _mm256_cvtph_ps(_mm_loadu_si128(p.add(o + 16 * h).cast()));
-        Lanes8Block { x, v: [_mm256_setzero_si256(); 8], dw: f(0), mw: f(32) }
+        Lanes8Block { x: nibbles_rows16(p.add(64), h), v: [_mm256_setzero_si256(); 8], dw: f(0), mw: f(32) }
     }
 }
 
@@ -579,18 +587,9 @@ pub(super) unsafe fn q4_0_q8_0_rows16<const T: usize>(nb: usize, w: *const u8, w
     // SAFETY: as q4_0_q8_0 (the same bytes per group of 16 rows); the 288-byte group
     // block holds the 16 scales, then four chunks of 64 bytes.
     unsafe {
-        let (m4, eight) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(8));
         q4_0_tile_avx2!(nb, rows, a, arow, out, ostride, T, |g, i| {
             let (p, h) = (w.add(g / 16 * 16 * wrow + 288 * i), g / 8 % 2);
-            let q: [__m256i; 4] = core::array::from_fn(|c| _mm256_loadu_si256(p.add(32 + 64 * c + 32 * h).cast()));
-            let x: [__m256i; 8] = core::array::from_fn(|j| {
-                let n = if j < 4 { _mm256_and_si256(q[j], m4) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(q[j - 4]), m4) };
-                _mm256_sub_epi8(n, eight)
-            });
-            let s8 = _mm256_add_epi8(
-                _mm256_add_epi8(_mm256_add_epi8(x[0], x[1]), _mm256_add_epi8(x[2], x[3])),
-                _mm256_add_epi8(_mm256_add_epi8(x[4], x[5]), _mm256_add_epi8(x[6], x[7])),
-            );
+            let (x, s8) = q4_0_signed(nibbles_rows16(p.add(32), h));
             (x, s8, _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * h).cast())))
         })
     }
