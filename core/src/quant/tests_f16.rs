@@ -309,8 +309,8 @@ fn assert_update_per_head(what: &str, y: &[f16], sums: &[f32], y0: &[f16], sums0
 /// The grouped chunk ops (`f16_dot_keys_heads`, `f16_mad_keys_heads`: up to four heads
 /// over the same keys, each key and value row read once) give each head the bits of the
 /// one-head ops (and each head's running sum that of `softmax_sum`), for every kernel
-/// set, 1 to 4 heads, row lengths with and without the fast paths (64; 128 and 256 with
-/// AVX-512) and every pattern of new maxima, a key of zeros against negative queries
+/// set, 1 to 4 heads, row lengths with and without the fast paths (64, 128 and 256; 32
+/// without) and every pattern of new maxima, a key of zeros against negative queries
 /// among them (each dot's products -0, its first step's sums +0).
 #[test]
 fn grouped_attention_ops_match_one_head_at_a_time() {

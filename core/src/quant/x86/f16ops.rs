@@ -578,18 +578,17 @@ unsafe fn softmax_sums_fma<const H: usize>(sums: &mut [f32], new_max: &[bool], e
     }
 }
 
-/// Whether [`dot_keys_heads`] takes rows of `n` with or without AVX-512.
-pub(crate) fn dot_keys_heads_fits(n: usize, avx512: bool) -> bool {
-    n == DOT_STEP || (avx512 && (n == 2 * DOT_STEP || n == 4 * DOT_STEP))
+/// Whether [`dot_keys_heads`] takes rows of `n` (the same rows with or without AVX-512).
+pub(crate) fn dot_keys_heads_fits(n: usize, _avx512: bool) -> bool {
+    n == DOT_STEP || n == 2 * DOT_STEP || n == 4 * DOT_STEP
 }
 
 /// [`dot_keys`] for the heads of a GQA group at once (`qs`: `heads` rows of `n`, `out`:
-/// `heads` rows of `offs.len()`), rows of 64 (AVX2 or AVX-512) or of 128 and 256 (only
-/// with AVX-512: `avx512`, the caller's `Kernels` flag, set only after
-/// `cpu_has_avx512()`; see [`dot_keys_heads_fits`]): each key row is loaded and
-/// converted once for all heads; every dot is `dot_avx2`'s 64-element steps
-/// (`fma(k, q, acc)` per vector, the same sum tree), so each output has the one-key
-/// dot's bits.
+/// `heads` rows of `offs.len()`), rows of 64, 128 and 256 (AVX-512 where `avx512`, the
+/// caller's `Kernels` flag, set only after `cpu_has_avx512()`, else AVX2; see
+/// [`dot_keys_heads_fits`]): each key row is loaded and converted once for all heads;
+/// every dot is `dot_avx2`'s 64-element steps (`fma(k, q, acc)` per vector, the same sum
+/// tree), so each output has the one-key dot's bits.
 pub(crate) fn dot_keys_heads(k: &[f16], offs: &[usize], qs: &[f16], n: usize, heads: usize, out: &mut [f32], avx512: bool) {
     let len = offs.len();
     assert!(dot_keys_heads_fits(n, avx512) && (1..=4).contains(&heads), "dot_keys_heads: {heads} heads of {n}");
@@ -603,7 +602,15 @@ pub(crate) fn dot_keys_heads(k: &[f16], offs: &[usize], qs: &[f16], n: usize, he
     // heads rows of len (checked above).
     unsafe {
         match (avx512, n / DOT_STEP, heads) {
-            (false, _, _) => dot_keys_heads64_avx2(kp, offs, &qf, heads, out),
+            (false, 1, _) => dot_keys_heads64_avx2(kp, offs, &qf, heads, out),
+            (false, 2, 1) => dot_keys_heads_avx2::<1, 2>(kp, offs, qp, out),
+            (false, 2, 2) => dot_keys_heads_avx2::<2, 2>(kp, offs, qp, out),
+            (false, 2, 3) => dot_keys_heads_avx2::<3, 2>(kp, offs, qp, out),
+            (false, 2, _) => dot_keys_heads_avx2::<4, 2>(kp, offs, qp, out),
+            (false, _, 1) => dot_keys_heads_avx2::<1, 4>(kp, offs, qp, out),
+            (false, _, 2) => dot_keys_heads_avx2::<2, 4>(kp, offs, qp, out),
+            (false, _, 3) => dot_keys_heads_avx2::<3, 4>(kp, offs, qp, out),
+            (false, _, _) => dot_keys_heads_avx2::<4, 4>(kp, offs, qp, out),
             (true, 1, 1) => dot_keys_heads_avx512::<1, 1>(kp, offs, qp, out),
             (true, 1, 2) => dot_keys_heads_avx512::<2, 1>(kp, offs, qp, out),
             (true, 1, 3) => dot_keys_heads_avx512::<3, 1>(kp, offs, qp, out),
@@ -639,6 +646,48 @@ unsafe fn dot_keys_heads64_avx2(k: *const u16, offs: &[usize], qf: &[f32], heads
                 let lo = _mm256_add_ps(pair(0, 4), pair(2, 6));
                 let hi = _mm256_add_ps(pair(1, 5), pair(3, 7));
                 out[h * len + c] = hsum_ps(_mm256_add_ps(hi, lo));
+            }
+        }
+    }
+}
+
+/// [`dot_keys_heads`] on AVX2 for `H` heads and rows of `64·S` (S = 2, 4: Gemma 3's 256
+/// among them): per key, the `S` key vectors of each of `dot_avx2`'s eight accumulators
+/// converted once, then each head's accumulator `fma(k, q, acc)` through the steps from
+/// +0 (queries converted to f32 once per chunk, exactly); then `dot_avx2`'s sum tree per
+/// head. The same operations on the same values as `dot_avx2` per head and key: its bits,
+/// with a key row converted once instead of once per head and the queries never again.
+///
+/// # Safety
+/// AVX2/FMA/F16C present; `64·S` elements at `k + offs[c]` for every c, `H` rows of
+/// `64·S` at `qf`, `out` holds `H` rows of `offs.len()`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_keys_heads_avx2<const H: usize, const S: usize>(k: *const u16, offs: &[usize], qf: *const f32, out: &mut [f32]) {
+    // SAFETY: as dot_keys_heads (the caller's checks); unaligned loads only.
+    unsafe {
+        let (len, n) = (offs.len(), S * DOT_STEP);
+        let zero = _mm256_setzero_ps();
+        for (c, &off) in offs.iter().enumerate() {
+            let kp = k.add(off);
+            // Accumulator j of head h: elements 64·s + 8j.. of every step s.
+            let acc = |j: usize| -> [__m256; H] {
+                let kv: [__m256; S] = core::array::from_fn(|s| _mm256_cvtph_ps(_mm_loadu_si128(kp.add(DOT_STEP * s + 8 * j).cast())));
+                core::array::from_fn(|h| {
+                    let qp = qf.add(h * n + 8 * j);
+                    kv.iter().enumerate().fold(zero, |a, (s, kv)| _mm256_fmadd_ps(*kv, _mm256_loadu_ps(qp.add(DOT_STEP * s)), a))
+                })
+            };
+            // `dot_avx2`'s tree: (0 + 4) + (2 + 6) and (1 + 5) + (3 + 7), then hi + lo.
+            let pair = |a: usize, b: usize| -> [__m256; H] {
+                let (x, y) = (acc(a), acc(b));
+                core::array::from_fn(|h| _mm256_add_ps(x[h], y[h]))
+            };
+            let (p04, p26) = (pair(0, 4), pair(2, 6));
+            let lo: [__m256; H] = core::array::from_fn(|h| _mm256_add_ps(p04[h], p26[h]));
+            let (p15, p37) = (pair(1, 5), pair(3, 7));
+            for h in 0..H {
+                let hi = _mm256_add_ps(p15[h], p37[h]);
+                out[h * len + c] = hsum_ps(_mm256_add_ps(hi, lo[h]));
             }
         }
     }
