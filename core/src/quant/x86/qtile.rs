@@ -427,6 +427,20 @@ unsafe fn lanes8_block_q4_1_rows16(p: *const u8, h: usize) -> Lanes8Block {
     }
 }
 
+/// Q8_0 rows in the rows16 layout (`quant::rows16`): half `h` (rows 8h..8h + 8) of the
+/// group block at `p` (544 bytes: 16 `d`, eight chunks of 64 bytes each holding dword j
+/// of the 16 rows), for [`lanes8_tile`]: the same vectors as [`lanes8_block_q8_0`], by
+/// loads (the layout holds them transposed).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lanes8_block_q8_0_rows16(p: *const u8, h: usize) -> Lanes8Block {
+    // SAFETY: the caller guarantees the group block (544 bytes) readable; h < 2.
+    unsafe {
+        let x: [__m256i; 8] = core::array::from_fn(|j| _mm256_loadu_si256(p.add(32 + 64 * j + 32 * h).cast()));
+        Lanes8Block { x, v: x.map(|x| _mm256_sign_epi8(x, x)), dw: _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * h).cast())), mw: _mm256_setzero_ps() }
+    }
+}
+
 // The rows-in-lanes bodies: nb blocks of each of `rows` weight rows (a multiple of 8)
 // and of T activation rows readable, out[t·ostride + r] writable for r < rows, t < T
 // (the wrapper's checks); every staged entry is written before it is read (see
@@ -442,6 +456,20 @@ pub(super) unsafe fn q8_0_q8_0_lanes8<const T: usize>(nb: usize, w: *const u8, w
     unsafe {
         let ones = _mm256_set1_epi16(1);
         lanes8_tile!(nb, rows, a, 34, arow, out, ostride, T, false, lanes8_block_q8_0, |g, i| (w.add(g * wrow + 34 * i), wrow), false,
+            |ab| ab,
+            |x, v, y| _mm256_madd_epi16(_mm256_maddubs_epi16(v, _mm256_sign_epi8(y, x)), ones))
+    }
+}
+
+/// [`q8_0_q8_0_lanes8`] over a matrix in the rows16 layout (its groups of 16 rows at
+/// `w + 16·g·wrow`, as the plain rows they hold); `rows` a multiple of 16.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q8_0_q8_0_lanes8_rows16<const T: usize>(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: as q8_0_q8_0_lanes8 (the same bytes per group of 16 rows).
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        lanes8_tile!(nb, rows, a, 34, arow, out, ostride, T, false, lanes8_block_q8_0_rows16, |g, i| (w.add(g / 16 * 16 * wrow + 544 * i), g / 8 % 2), false,
             |ab| ab,
             |x, v, y| _mm256_madd_epi16(_mm256_maddubs_epi16(v, _mm256_sign_epi8(y, x)), ones))
     }

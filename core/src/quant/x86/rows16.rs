@@ -1,6 +1,6 @@
 //! The kernels over the rows16 layout (`quant::rows16`): one group of 16 rows against one
 //! activation row, row `r` in lane `r` of every vector (AVX-512 VNNI), or of the vector
-//! of its half (AVX2 alone: Q4_1 and Q4_0, `*_group_avx2`).
+//! of its half (AVX2 alone: Q4_1, Q4_0 and Q8_0, `*_group_avx2`).
 //!
 //! Each keeps llama.cpp's x86 `vec_dot` arithmetic per row (its 8 f32 lanes, lane `j`
 //! the exact integer sum over elements `4j..4j + 4`, `acc_j = fma(dw·da, f32(s_j),
@@ -226,6 +226,63 @@ pub(crate) unsafe fn q8_0_q8_0_group<const PF: bool>(nb: usize, w: *const u8, a:
     unsafe {
         let flip = _mm512_set1_epi8(-128);
         lanes8_group!(PF, nb, w, a, out, GROUP_BLOCK_BYTES_Q8_0, -128, |g| core::array::from_fn(|j| _mm512_xor_si512(_mm512_loadu_si512(g.add(32 + 64 * j).cast()), flip)))
+    }
+}
+
+/// Blocks per pass of [`q8_0_q8_0_group_avx2`]'s halves (1088 bytes of the group): the
+/// second half finds them in L1 and the weights stream without pause. On the AMD EPYC Zen 1
+/// (decode, one and two threads) 1 and 2 measured alike within the VM's noise, 4 a few
+/// percent slower and 8 slower still.
+const Q8_0_AVX2_PASS_BLOCKS: usize = 2;
+
+/// [`q8_0_q8_0_group`] with AVX2 only: the group's two halves of 8 rows in turn over each
+/// [`Q8_0_AVX2_PASS_BLOCKS`] blocks (a half's eight lane accumulators in 256-bit registers
+/// for its pass, kept in memory between passes; the second half reads the blocks again from
+/// L1, while the first half's prefetch hints already bring the next blocks: with whole
+/// halves in turn, no weight was fetched during the second, and decode was slower than the
+/// plain 8-row kernel's), lane `j` of 8 rows (the layout's chunk `j`, no shuffle) as the
+/// plain AVX2 dot's sign trick `madd(maddubs(sign(x, x), sign(y_j, x)), 1)` against the
+/// token's broadcast dword `j` (the same exact integers), the same `dw·da` product, fmas
+/// in block order and tree.
+///
+/// # Safety
+/// AVX2, FMA and F16C available; `nb * GROUP_BLOCK_BYTES_Q8_0` bytes readable at `w`,
+/// `nb * 34` at `a`, 16 floats writable at `out`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q8_0_q8_0_group_avx2<const PF: bool>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
+    // SAFETY: the caller's contract; activation layout d@0 qs@2.
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        let mut halves = [[_mm256_setzero_ps(); 8]; 2];
+        let mut k0 = 0;
+        while k0 < nb {
+            let k1 = (k0 + Q8_0_AVX2_PASS_BLOCKS).min(nb);
+            for (h, saved) in halves.iter_mut().enumerate() {
+                let mut acc = *saved;
+                for k in k0..k1 {
+                    let g = w.add(k * GROUP_BLOCK_BYTES_Q8_0);
+                    if h == 0 {
+                        prefetch_ahead::<PF, GROUP_BLOCK_BYTES_Q8_0>(g);
+                    }
+                    let ab = a.add(k * 34);
+                    let da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
+                    let d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast())), da);
+                    for (j, acc) in acc.iter_mut().enumerate() {
+                        let x = _mm256_loadu_si256(g.add(32 + 64 * j + 32 * h).cast());
+                        let y = _mm256_set1_epi32(rd32(ab.add(2 + 4 * j)));
+                        let s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)), ones);
+                        *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *acc);
+                    }
+                }
+                *saved = acc;
+            }
+            k0 = k1;
+        }
+        for (h, acc) in halves.iter().enumerate() {
+            // `hsum_ps`'s tree lane by lane.
+            let t = [0, 1, 2, 3].map(|j| _mm256_add_ps(acc[j], acc[j + 4]));
+            _mm256_storeu_ps(out.add(8 * h), _mm256_add_ps(_mm256_add_ps(t[0], t[2]), _mm256_add_ps(t[1], t[3])));
+        }
     }
 }
 
