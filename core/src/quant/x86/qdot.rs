@@ -91,7 +91,7 @@ unsafe fn dot_u8_off_i8(x: __m256i, off: __m256i, y: __m256i) -> __m256i {
 /// i8 `x` (any) × i8 `y` (-127..=127) → 8 i32 lanes, by the sign trick.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_i8_i8(x: __m256i, y: __m256i) -> __m256i {
+pub(super) unsafe fn dot_i8_i8(x: __m256i, y: __m256i) -> __m256i {
     // SAFETY: value-only intrinsics; the caller has AVX2, FMA and F16C (this fn's target features).
     unsafe { dot_u8_i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
 }

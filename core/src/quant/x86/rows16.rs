@@ -241,8 +241,8 @@ const Q8_0_AVX2_PASS_BLOCKS: usize = 2;
 /// L1, while the first half's prefetch hints already bring the next blocks: with whole
 /// halves in turn, no weight was fetched during the second, and decode was slower than the
 /// plain 8-row kernel's), lane `j` of 8 rows (the layout's chunk `j`, no shuffle) as the
-/// plain AVX2 dot's sign trick `madd(maddubs(sign(x, x), sign(y_j, x)), 1)` against the
-/// token's broadcast dword `j` (the same exact integers), the same `dw·da` product, fmas
+/// plain AVX2 dot's sign trick (`qdot::dot_i8_i8`) against the token's broadcast dword
+/// `j` (the same exact integers), the same `dw·da` product, fmas
 /// in block order and tree.
 ///
 /// # Safety
@@ -252,7 +252,6 @@ const Q8_0_AVX2_PASS_BLOCKS: usize = 2;
 pub(crate) unsafe fn q8_0_q8_0_group_avx2<const PF: bool>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
     // SAFETY: the caller's contract; activation layout d@0 qs@2.
     unsafe {
-        let ones = _mm256_set1_epi16(1);
         let mut halves = [[_mm256_setzero_ps(); 8]; 2];
         let mut k0 = 0;
         while k0 < nb {
@@ -270,8 +269,7 @@ pub(crate) unsafe fn q8_0_q8_0_group_avx2<const PF: bool>(nb: usize, w: *const u
                     for (j, acc) in acc.iter_mut().enumerate() {
                         let x = _mm256_loadu_si256(g.add(32 + 64 * j + 32 * h).cast());
                         let y = _mm256_set1_epi32(rd32(ab.add(2 + 4 * j)));
-                        let s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)), ones);
-                        *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *acc);
+                        *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(super::qdot::dot_i8_i8(x, y)), *acc);
                     }
                 }
                 *saved = acc;
