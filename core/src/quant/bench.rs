@@ -562,6 +562,77 @@ fn bench_f16_round_trip_ports() {
     unsafe { run(&buf) };
 }
 
+/// `cargo test -p keel-core --release quant::bench::bench_avx2_product_step_ports -- --ignored --nocapture`:
+/// what bounds one step of the AVX2 products (32 multiply-adds of bytes: `maddubs`,
+/// `madd`, `cvt`, `fma`, with the sign trick's `sign` for Q8_0 or the correction's `sub`
+/// for Q5_0) on this CPU: 256-bit operations 8 independent groups an iteration (inline
+/// assembly: the compiler neither folds nor reorders them), in cycles per group, a cycle
+/// being one step of a chain of dependent integer adds measured beside them. An
+/// operation added to a group that costs nothing runs on other pipes. Prints only: the
+/// CPU decides (BENCHMARKS.md, "Zen 1, a second session").
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[ignore]
+fn bench_avx2_product_step_ports() {
+    if !crate::quant::x86::cpu_has_avx2_fma() {
+        println!("no AVX2: nothing to measure");
+        return;
+    }
+    const ITERS: usize = 2_000_000;
+    let buf = [1i32; 8];
+    // One cycle: ns per add of a dependent chain.
+    let mut cycle = f64::MAX;
+    for _ in 0..5 {
+        let mut x = 0u64;
+        let t0 = Instant::now();
+        for _ in 0..ITERS {
+            // SAFETY: register-only integer adds.
+            unsafe { core::arch::asm!("add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1", x = inout(reg) x, options(nomem, nostack)) };
+        }
+        cycle = cycle.min(t0.elapsed().as_nanos() as f64 / (ITERS * 8) as f64);
+        black_box(x);
+    }
+    println!("one cycle (dependent integer add): {cycle:.3} ns");
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn run(buf: &[i32; 8], cycle: f64) {
+        let p = buf.as_ptr();
+        macro_rules! port_loop {
+            ($name:expr, $ops:expr; $($line:literal),+) => {{
+                let mut best = f64::MAX;
+                for _ in 0..5 {
+                    let t0 = Instant::now();
+                    for _ in 0..ITERS {
+                        // SAFETY: register-only operations and reads of `buf` (8 i32 at
+                        // `p`, offsets below 32 bytes); every register written is declared.
+                        unsafe {
+                            core::arch::asm!($($line),+, in("rax") p, in("ymm14") core::arch::x86_64::_mm256_set1_epi8(3), in("ymm15") core::arch::x86_64::_mm256_set1_epi8(-5),
+                                out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _, out("ymm4") _, out("ymm5") _, out("ymm6") _, out("ymm7") _,
+                                out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _, out("ymm12") _, out("ymm13") _, options(nostack, readonly, preserves_flags));
+                        }
+                    }
+                    best = best.min(t0.elapsed().as_nanos() as f64 / (ITERS * 8) as f64);
+                }
+                println!("{:>58}: {:.2} cycles per group of {}", $name, best / cycle, $ops);
+            }};
+        }
+        port_loop!("vpmaddubsw", 1; "vpmaddubsw ymm0, ymm14, ymm15", "vpmaddubsw ymm1, ymm14, ymm15", "vpmaddubsw ymm2, ymm14, ymm15", "vpmaddubsw ymm3, ymm14, ymm15", "vpmaddubsw ymm4, ymm14, ymm15", "vpmaddubsw ymm5, ymm14, ymm15", "vpmaddubsw ymm6, ymm14, ymm15", "vpmaddubsw ymm7, ymm14, ymm15");
+        port_loop!("vpmaddwd", 1; "vpmaddwd ymm0, ymm14, ymm15", "vpmaddwd ymm1, ymm14, ymm15", "vpmaddwd ymm2, ymm14, ymm15", "vpmaddwd ymm3, ymm14, ymm15", "vpmaddwd ymm4, ymm14, ymm15", "vpmaddwd ymm5, ymm14, ymm15", "vpmaddwd ymm6, ymm14, ymm15", "vpmaddwd ymm7, ymm14, ymm15");
+        port_loop!("vpmaddubsw + vpmaddwd", 2; "vpmaddubsw ymm0, ymm14, ymm15", "vpmaddwd ymm1, ymm14, ymm15", "vpmaddubsw ymm2, ymm14, ymm15", "vpmaddwd ymm3, ymm14, ymm15", "vpmaddubsw ymm4, ymm14, ymm15", "vpmaddwd ymm5, ymm14, ymm15", "vpmaddubsw ymm6, ymm14, ymm15", "vpmaddwd ymm7, ymm14, ymm15", "vpmaddubsw ymm8, ymm14, ymm15", "vpmaddwd ymm9, ymm14, ymm15", "vpmaddubsw ymm10, ymm14, ymm15", "vpmaddwd ymm11, ymm14, ymm15", "vpmaddubsw ymm12, ymm14, ymm15", "vpmaddwd ymm13, ymm14, ymm15", "vpmaddubsw ymm0, ymm14, ymm15", "vpmaddwd ymm1, ymm14, ymm15");
+        port_loop!("vcvtdq2ps", 1; "vcvtdq2ps ymm0, ymm14", "vcvtdq2ps ymm1, ymm14", "vcvtdq2ps ymm2, ymm14", "vcvtdq2ps ymm3, ymm14", "vcvtdq2ps ymm4, ymm14", "vcvtdq2ps ymm5, ymm14", "vcvtdq2ps ymm6, ymm14", "vcvtdq2ps ymm7, ymm14");
+        port_loop!("vpsignb", 1; "vpsignb ymm0, ymm14, ymm15", "vpsignb ymm1, ymm14, ymm15", "vpsignb ymm2, ymm14, ymm15", "vpsignb ymm3, ymm14, ymm15", "vpsignb ymm4, ymm14, ymm15", "vpsignb ymm5, ymm14, ymm15", "vpsignb ymm6, ymm14, ymm15", "vpsignb ymm7, ymm14, ymm15");
+        port_loop!("vfmadd231ps", 1; "vfmadd231ps ymm0, ymm14, ymm15", "vfmadd231ps ymm1, ymm14, ymm15", "vfmadd231ps ymm2, ymm14, ymm15", "vfmadd231ps ymm3, ymm14, ymm15", "vfmadd231ps ymm4, ymm14, ymm15", "vfmadd231ps ymm5, ymm14, ymm15", "vfmadd231ps ymm6, ymm14, ymm15", "vfmadd231ps ymm7, ymm14, ymm15");
+        port_loop!("vpsubd", 1; "vpsubd ymm0, ymm14, ymm15", "vpsubd ymm1, ymm14, ymm15", "vpsubd ymm2, ymm14, ymm15", "vpsubd ymm3, ymm14, ymm15", "vpsubd ymm4, ymm14, ymm15", "vpsubd ymm5, ymm14, ymm15", "vpsubd ymm6, ymm14, ymm15", "vpsubd ymm7, ymm14, ymm15");
+        port_loop!("vpbroadcastd m32", 1; "vpbroadcastd ymm0, dword ptr [rax + 0]", "vpbroadcastd ymm1, dword ptr [rax + 4]", "vpbroadcastd ymm2, dword ptr [rax + 8]", "vpbroadcastd ymm3, dword ptr [rax + 12]", "vpbroadcastd ymm4, dword ptr [rax + 16]", "vpbroadcastd ymm5, dword ptr [rax + 20]", "vpbroadcastd ymm6, dword ptr [rax + 24]", "vpbroadcastd ymm7, dword ptr [rax + 28]");
+        port_loop!("step: maddubs, madd, cvt, fma", 4; "vpmaddubsw ymm0, ymm14, ymm15", "vpmaddwd ymm1, ymm14, ymm15", "vcvtdq2ps ymm2, ymm14", "vfmadd231ps ymm3, ymm14, ymm15", "vpmaddubsw ymm4, ymm14, ymm15", "vpmaddwd ymm5, ymm14, ymm15", "vcvtdq2ps ymm6, ymm14", "vfmadd231ps ymm7, ymm14, ymm15", "vpmaddubsw ymm8, ymm14, ymm15", "vpmaddwd ymm9, ymm14, ymm15", "vcvtdq2ps ymm10, ymm14", "vfmadd231ps ymm11, ymm14, ymm15", "vpmaddubsw ymm12, ymm14, ymm15", "vpmaddwd ymm13, ymm14, ymm15", "vcvtdq2ps ymm0, ymm14", "vfmadd231ps ymm1, ymm14, ymm15", "vpmaddubsw ymm2, ymm14, ymm15", "vpmaddwd ymm3, ymm14, ymm15", "vcvtdq2ps ymm4, ymm14", "vfmadd231ps ymm5, ymm14, ymm15", "vpmaddubsw ymm6, ymm14, ymm15", "vpmaddwd ymm7, ymm14, ymm15", "vcvtdq2ps ymm8, ymm14", "vfmadd231ps ymm9, ymm14, ymm15", "vpmaddubsw ymm10, ymm14, ymm15", "vpmaddwd ymm11, ymm14, ymm15", "vcvtdq2ps ymm12, ymm14", "vfmadd231ps ymm13, ymm14, ymm15", "vpmaddubsw ymm0, ymm14, ymm15", "vpmaddwd ymm1, ymm14, ymm15", "vcvtdq2ps ymm2, ymm14", "vfmadd231ps ymm3, ymm14, ymm15");
+        port_loop!("step + sign (Q8_0's sign trick)", 5; "vpsignb ymm0, ymm14, ymm15", "vpmaddubsw ymm1, ymm14, ymm15", "vpmaddwd ymm2, ymm14, ymm15", "vcvtdq2ps ymm3, ymm14", "vfmadd231ps ymm4, ymm14, ymm15", "vpsignb ymm5, ymm14, ymm15", "vpmaddubsw ymm6, ymm14, ymm15", "vpmaddwd ymm7, ymm14, ymm15", "vcvtdq2ps ymm8, ymm14", "vfmadd231ps ymm9, ymm14, ymm15", "vpsignb ymm10, ymm14, ymm15", "vpmaddubsw ymm11, ymm14, ymm15", "vpmaddwd ymm12, ymm14, ymm15", "vcvtdq2ps ymm13, ymm14", "vfmadd231ps ymm0, ymm14, ymm15", "vpsignb ymm1, ymm14, ymm15", "vpmaddubsw ymm2, ymm14, ymm15", "vpmaddwd ymm3, ymm14, ymm15", "vcvtdq2ps ymm4, ymm14", "vfmadd231ps ymm5, ymm14, ymm15", "vpsignb ymm6, ymm14, ymm15", "vpmaddubsw ymm7, ymm14, ymm15", "vpmaddwd ymm8, ymm14, ymm15", "vcvtdq2ps ymm9, ymm14", "vfmadd231ps ymm10, ymm14, ymm15", "vpsignb ymm11, ymm14, ymm15", "vpmaddubsw ymm12, ymm14, ymm15", "vpmaddwd ymm13, ymm14, ymm15", "vcvtdq2ps ymm0, ymm14", "vfmadd231ps ymm1, ymm14, ymm15", "vpsignb ymm2, ymm14, ymm15", "vpmaddubsw ymm3, ymm14, ymm15", "vpmaddwd ymm4, ymm14, ymm15", "vcvtdq2ps ymm5, ymm14", "vfmadd231ps ymm6, ymm14, ymm15", "vpsignb ymm7, ymm14, ymm15", "vpmaddubsw ymm8, ymm14, ymm15", "vpmaddwd ymm9, ymm14, ymm15", "vcvtdq2ps ymm10, ymm14", "vfmadd231ps ymm11, ymm14, ymm15");
+        port_loop!("step + vpsubd (Q5_0's correction)", 5; "vpmaddubsw ymm0, ymm14, ymm15", "vpmaddwd ymm1, ymm14, ymm15", "vpsubd ymm2, ymm14, ymm15", "vcvtdq2ps ymm3, ymm14", "vfmadd231ps ymm4, ymm14, ymm15", "vpmaddubsw ymm5, ymm14, ymm15", "vpmaddwd ymm6, ymm14, ymm15", "vpsubd ymm7, ymm14, ymm15", "vcvtdq2ps ymm8, ymm14", "vfmadd231ps ymm9, ymm14, ymm15", "vpmaddubsw ymm10, ymm14, ymm15", "vpmaddwd ymm11, ymm14, ymm15", "vpsubd ymm12, ymm14, ymm15", "vcvtdq2ps ymm13, ymm14", "vfmadd231ps ymm0, ymm14, ymm15", "vpmaddubsw ymm1, ymm14, ymm15", "vpmaddwd ymm2, ymm14, ymm15", "vpsubd ymm3, ymm14, ymm15", "vcvtdq2ps ymm4, ymm14", "vfmadd231ps ymm5, ymm14, ymm15", "vpmaddubsw ymm6, ymm14, ymm15", "vpmaddwd ymm7, ymm14, ymm15", "vpsubd ymm8, ymm14, ymm15", "vcvtdq2ps ymm9, ymm14", "vfmadd231ps ymm10, ymm14, ymm15", "vpmaddubsw ymm11, ymm14, ymm15", "vpmaddwd ymm12, ymm14, ymm15", "vpsubd ymm13, ymm14, ymm15", "vcvtdq2ps ymm0, ymm14", "vfmadd231ps ymm1, ymm14, ymm15", "vpmaddubsw ymm2, ymm14, ymm15", "vpmaddwd ymm3, ymm14, ymm15", "vpsubd ymm4, ymm14, ymm15", "vcvtdq2ps ymm5, ymm14", "vfmadd231ps ymm6, ymm14, ymm15", "vpmaddubsw ymm7, ymm14, ymm15", "vpmaddwd ymm8, ymm14, ymm15", "vpsubd ymm9, ymm14, ymm15", "vcvtdq2ps ymm10, ymm14", "vfmadd231ps ymm11, ymm14, ymm15");
+        port_loop!("step, magic conversion: vpaddd + vsubps for cvt, vpsubd", 5; "vpmaddubsw ymm0, ymm14, ymm15", "vpmaddwd ymm1, ymm14, ymm15", "vpaddd ymm2, ymm14, ymm15", "vsubps ymm3, ymm14, ymm15", "vfmadd231ps ymm4, ymm14, ymm15", "vpmaddubsw ymm5, ymm14, ymm15", "vpmaddwd ymm6, ymm14, ymm15", "vpaddd ymm7, ymm14, ymm15", "vsubps ymm8, ymm14, ymm15", "vfmadd231ps ymm9, ymm14, ymm15", "vpmaddubsw ymm10, ymm14, ymm15", "vpmaddwd ymm11, ymm14, ymm15", "vpaddd ymm12, ymm14, ymm15", "vsubps ymm13, ymm14, ymm15", "vfmadd231ps ymm0, ymm14, ymm15", "vpmaddubsw ymm1, ymm14, ymm15", "vpmaddwd ymm2, ymm14, ymm15", "vpaddd ymm3, ymm14, ymm15", "vsubps ymm4, ymm14, ymm15", "vfmadd231ps ymm5, ymm14, ymm15", "vpmaddubsw ymm6, ymm14, ymm15", "vpmaddwd ymm7, ymm14, ymm15", "vpaddd ymm8, ymm14, ymm15", "vsubps ymm9, ymm14, ymm15", "vfmadd231ps ymm10, ymm14, ymm15", "vpmaddubsw ymm11, ymm14, ymm15", "vpmaddwd ymm12, ymm14, ymm15", "vpaddd ymm13, ymm14, ymm15", "vsubps ymm0, ymm14, ymm15", "vfmadd231ps ymm1, ymm14, ymm15", "vpmaddubsw ymm2, ymm14, ymm15", "vpmaddwd ymm3, ymm14, ymm15", "vpaddd ymm4, ymm14, ymm15", "vsubps ymm5, ymm14, ymm15", "vfmadd231ps ymm6, ymm14, ymm15", "vpmaddubsw ymm7, ymm14, ymm15", "vpmaddwd ymm8, ymm14, ymm15", "vpaddd ymm9, ymm14, ymm15", "vsubps ymm10, ymm14, ymm15", "vfmadd231ps ymm11, ymm14, ymm15");
+        port_loop!("i16 step: 2 vpmaddwd + vpaddd, cvt, fma", 5; "vpmaddwd ymm0, ymm14, ymm15", "vpmaddwd ymm1, ymm14, ymm15", "vpaddd ymm2, ymm14, ymm15", "vcvtdq2ps ymm3, ymm14", "vfmadd231ps ymm4, ymm14, ymm15", "vpmaddwd ymm5, ymm14, ymm15", "vpmaddwd ymm6, ymm14, ymm15", "vpaddd ymm7, ymm14, ymm15", "vcvtdq2ps ymm8, ymm14", "vfmadd231ps ymm9, ymm14, ymm15", "vpmaddwd ymm10, ymm14, ymm15", "vpmaddwd ymm11, ymm14, ymm15", "vpaddd ymm12, ymm14, ymm15", "vcvtdq2ps ymm13, ymm14", "vfmadd231ps ymm0, ymm14, ymm15", "vpmaddwd ymm1, ymm14, ymm15", "vpmaddwd ymm2, ymm14, ymm15", "vpaddd ymm3, ymm14, ymm15", "vcvtdq2ps ymm4, ymm14", "vfmadd231ps ymm5, ymm14, ymm15", "vpmaddwd ymm6, ymm14, ymm15", "vpmaddwd ymm7, ymm14, ymm15", "vpaddd ymm8, ymm14, ymm15", "vcvtdq2ps ymm9, ymm14", "vfmadd231ps ymm10, ymm14, ymm15", "vpmaddwd ymm11, ymm14, ymm15", "vpmaddwd ymm12, ymm14, ymm15", "vpaddd ymm13, ymm14, ymm15", "vcvtdq2ps ymm0, ymm14", "vfmadd231ps ymm1, ymm14, ymm15", "vpmaddwd ymm2, ymm14, ymm15", "vpmaddwd ymm3, ymm14, ymm15", "vpaddd ymm4, ymm14, ymm15", "vcvtdq2ps ymm5, ymm14", "vfmadd231ps ymm6, ymm14, ymm15", "vpmaddwd ymm7, ymm14, ymm15", "vpmaddwd ymm8, ymm14, ymm15", "vpaddd ymm9, ymm14, ymm15", "vcvtdq2ps ymm10, ymm14", "vfmadd231ps ymm11, ymm14, ymm15");
+    }
+    // SAFETY: AVX2 and FMA present (checked above).
+    unsafe { run(&buf, cycle) };
+}
+
 /// `cargo test -p keel-core --release quant::bench::bench_exact_step_chains -- --ignored --nocapture`:
 /// the exact (single-rounding) f16 value update's step as `mad_exact_avx512` runs it, 16
 /// dependent chains (4 heads × 4 vectors: each step's input is the previous step's f16
