@@ -670,6 +670,73 @@ fn grouped_value_update_finds_each_double_rounding_trap() {
     }
 }
 
+/// The grouped value update on keys whose multiplier `f16(e)` is a power of two or 0 (the
+/// AVX2 update does not watch their sums: exact, or no f16 midpoint) mixed with keys whose
+/// multiplier has two or three significant bits (watched), and new maxima (multiplier 1):
+/// values and accumulators of 1 to 11 significant bits over exponents -24..=4 (f16
+/// subnormals among them), so that sums land on f16 midpoints, exactly and not, at
+/// every exponent distance and below f16's normal range. Every kernel set, 1 to 4 heads,
+/// rows of 128 and 256, against the reference.
+#[test]
+fn grouped_value_update_power_of_two_multipliers() {
+    let sets = kernel_sets();
+    let mut rng = Rng::new(0x2_0f_20);
+    let few_bits = |rng: &mut Rng| {
+        let bits = 1 + rng.below(11) as i32;
+        let sig = (1u32 << (bits - 1)) | rng.below(1 << (bits - 1)) as u32;
+        let v = libm::ldexpf(sig as f32, -24 + rng.below(29) as i32 - bits + 1);
+        f16::from_f32(if rng.below(2) == 0 { v } else { -v })
+    };
+    let mut exempt = 0usize;
+    for round in 0..240 {
+        let n = if round % 2 == 0 { 256 } else { 128 };
+        let heads = 1 + round / 2 % 4;
+        let len = 1 + rng.below(100) as usize;
+        let y0: Vec<f16> = (0..heads * n).map(|_| few_bits(&mut rng)).collect();
+        let kv: Vec<f16> = (0..len * n).map(|_| few_bits(&mut rng)).collect();
+        let offs: Vec<usize> = (0..len).map(|c| c * n).collect();
+        // 2^-k (k up to 26: f16 subnormals and 0 among them), or (1 + 2^-a)·2^-k, or
+        // (1 + 2^-a + 2^-b)·2^-k.
+        let e: Vec<f32> = (0..heads * len).map(|_| {
+            let k = -(rng.below(27) as i32);
+            let (a, b) = (1 + rng.below(9) as i32, 11 - rng.below(2) as i32);
+            let m = match rng.below(3) {
+                0 => 1.0,
+                1 => 1.0 + libm::ldexpf(1.0, -a),
+                _ => 1.0 + libm::ldexpf(1.0, -a) + libm::ldexpf(1.0, -b),
+            };
+            libm::ldexpf(m, k)
+        }).collect();
+        exempt += e.iter().filter(|&&v| f16::from_f32(v).to_f32().to_bits() & 0x7f_ffff == 0).count();
+        let new_max: Vec<bool> = (0..heads * len).map(|i| i % len == 0 || rng.below(8) == 0).collect();
+        let sums0 = vec![1.0f32; heads];
+        for k in sets.iter().chain([&Kernels::reference()]) {
+            let (mut got, mut sums) = (y0.clone(), sums0.clone());
+            k.f16_mad_keys_heads(&mut got, n, heads, &kv, &offs, &new_max, &e, &mut sums);
+            assert_update_per_head(&std::format!("{} round {round}", label(k)), &got, &sums, &y0, &sums0, &kv, &offs, &new_max, &e, n, heads);
+        }
+    }
+    assert!(exempt > 1000, "only {exempt} power-of-two multipliers");
+    // Where a multiplier of two bits must be watched: `x·0.75 = 1.5 + 2^-10 + 2^-11` (12
+    // bits, an f16 midpoint) plus `y = -2^-24` rounds to f32 first onto the midpoint (a
+    // tie, to even) and from there up; once, down to `1.5 + 2^-10`.
+    let (y0, x0, e0) = (f16::from_bits(0x8001), f16::from_bits(0x4001), 0.75f32);
+    let single = f16ops::f16_from_f64(libm::fma(x0.to_f64(), e0 as f64, y0.to_f64()));
+    let twice = f16::from_f32(libm::fmaf(x0.to_f32(), e0, y0.to_f32()));
+    assert_eq!((single.to_f32(), twice.to_f32()), (1.5 + 1.0 / 1024.0, 1.5 + 2.0 / 1024.0), "not a double-rounding case");
+    for n in [128usize, 256] {
+        for heads in 1..=4usize {
+            let (kv, offs) = (vec![x0; n], [0usize]);
+            let (y0, e, new_max, sums0) = (vec![y0; heads * n], vec![e0; heads], vec![false; heads], vec![1.0f32; heads]);
+            for k in sets.iter().chain([&Kernels::reference()]) {
+                let (mut got, mut sums) = (y0.clone(), sums0.clone());
+                k.f16_mad_keys_heads(&mut got, n, heads, &kv, &offs, &new_max, &e, &mut sums);
+                assert_update_per_head(&std::format!("{} two-bit multiplier", label(k)), &got, &sums, &y0, &sums0, &kv, &offs, &new_max, &e, n, heads);
+            }
+        }
+    }
+}
+
 /// A KV cache of `n_kvh` KV heads of `hd` for positions `0 ..= past + nq - 1` (a ring of
 /// `window` slots when windowed, as keel's sliding-window cache) and `nq × nh` query rows,
 /// from `rng` (keys and queries times `big`): `(rows, row stride, keys, values, queries)`.

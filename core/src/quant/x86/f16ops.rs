@@ -1410,7 +1410,7 @@ const EXACT_KEYS: usize = 64;
 /// rounded once) and `y = f16(x + y)` with one rounding, else `y = f16(x·f16(e) + y)` with
 /// one rounding — the f32 sum rounded to odd, then to f16 to nearest even (see the
 /// module doc). The row is taken in column slices (with AVX-512: `avx512`, the caller's
-/// flag, set only after `cpu_has_avx512()`, 64 to 128 columns; else 16 to 64), each slice of every head
+/// flag, set only after `cpu_has_avx512()`, 64 to 128 columns; else 16 to 32), each slice of every head
 /// kept in registers through the keys, each value slice loaded once for all heads; each
 /// head's running sum `softmax_sum` beside them. Every element sees the same sequence of
 /// operations as one key and one head at a time: the same bits.
@@ -1443,7 +1443,7 @@ pub(crate) fn mad_keys_heads_exact(ys: &mut [f16], n: usize, heads: usize, x: &[
         unsafe {
             let fl = [flags(0), flags(heads.min(2) - 1), flags(heads.min(3) - 1), flags(heads - 1)];
             // Slices as wide as the registers allow (16 vectors of accumulators with
-            // AVX-512, 8 with AVX2; n is a multiple of 128, so of every width here).
+            // AVX-512, up to 8 with AVX2; n is a multiple of 128, so of every width here).
             match (avx512, heads) {
                 (true, 1) if via => mad_exact_avx512::<1, 8, true>(yp, n, xp, o, fl, &mul, &scl),
                 (true, 2) if via => mad_exact_avx512::<2, 8, true>(yp, n, xp, o, fl, &mul, &scl),
@@ -1453,7 +1453,7 @@ pub(crate) fn mad_keys_heads_exact(ys: &mut [f16], n: usize, heads: usize, x: &[
                 (true, 2) => mad_exact_avx512::<2, 8, false>(yp, n, xp, o, fl, &mul, &scl),
                 (true, 3) => mad_exact_avx512::<3, 4, false>(yp, n, xp, o, fl, &mul, &scl),
                 (true, _) => mad_exact_avx512::<4, 4, false>(yp, n, xp, o, fl, &mul, &scl),
-                (false, 1) => mad_exact_heads_avx2::<1, 8>(yp, n, xp, o, fl, &mul, &scl),
+                (false, 1) => mad_exact_heads_avx2::<1, 4>(yp, n, xp, o, fl, &mul, &scl),
                 (false, 2) => mad_exact_heads_avx2::<2, 4>(yp, n, xp, o, fl, &mul, &scl),
                 (false, 3) => mad_exact_heads_avx2::<3, 2>(yp, n, xp, o, fl, &mul, &scl),
                 (false, _) => mad_exact_heads_avx2::<4, 2>(yp, n, xp, o, fl, &mul, &scl),
@@ -1548,25 +1548,30 @@ unsafe fn mad_exact_avx512<const H: usize, const V: usize, const VIA: bool>(y: *
 /// [`round_odd_sum`] as [`mad_exact_avx2`]).
 ///
 /// Each key's step first takes `fma` and one f16 rounding for every lane of every head,
-/// and only gathers, by two running minima over its `H·V` vectors, whether any sum landed
-/// where that is not the one rounding of the exact sum (an f16 midpoint at normal
-/// magnitudes, or below f16's normal range). About one key in twenty does on attention
-/// values (products of two f16 often end in zeros, so exact ties are common): then the
-/// step is taken again from the accumulators kept before it, each vector checked and the
-/// flagged ones by round to odd. Every lane gets the bits of the per-vector checked
-/// update; a branch per vector cost more than the update itself on AVX2.
+/// and only gathers, by two running minima, whether any sum landed where that may not be
+/// the one rounding of the exact sum: on an f16 midpoint at normal magnitudes (the f32
+/// sum's low 13 bits 0x1000), or at most f16's smallest normal 2^-14 (told from the f16
+/// result: every sum below 2^-14 rounds to at most 2^-14). A head whose multiplier is a
+/// power of two (or 0) is left out: its product `x·2^k` has f16's 11 bits, so its sum
+/// with the f16 accumulator is exact in f32 when their exponents differ by at most 12,
+/// and otherwise the smaller is under a quarter of the larger's f16 ulp, so that the f32
+/// sum is no f16 midpoint; rounding that f32 sum to f16 is then the one rounding. Those
+/// are the keys at the maximum and after a new maximum (multiplier 1), whose midpoints
+/// are common: on Gemma 3's attention they were most of the keys taken again.
+/// A key with anything gathered is taken again from the accumulators kept before it (in
+/// f16, as the step's own rounding left them: two sets, this key's and the next's),
+/// every vector by round to odd (exact sums and non-finite lanes unchanged, so every
+/// lane gets the bits of one rounding), without a branch per vector.
 ///
 /// # Safety
 /// As [`mad_exact_avx512`], with AVX2/FMA/F16C only.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn mad_exact_heads_avx2<const H: usize, const V: usize>(y: *mut u16, n: usize, x: *const u16, offs: &[usize], new_max: [&[bool]; 4], mul: &[f32], scl: &[f32]) {
-    // SAFETY: as above; unaligned loads and stores only.
+    // SAFETY: as above; unaligned loads and stores only; the asm reads and writes one
+    // register only.
     unsafe {
         let f16_round = |v: __m256| _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
         let (zero, one) = (_mm256_setzero_ps(), _mm256_set1_epi32(1));
-        // f32 bit masks: the 13 bits below f16's precision, their midpoint pattern, the
-        // magnitude, and f16's smallest normal 2^-14.
-        let (low13, half, abs, min_normal) = (_mm256_set1_epi32(0x1fff), _mm256_set1_epi32(0x1000), _mm256_set1_epi32(0x7fff_ffff), _mm256_set1_epi32(0x3880_0000));
         // On a new maximum, a head's accumulators scaled first (an exact f32 product
         // rounded once).
         let rescale = |a: &mut [__m256; V], h: usize, c: usize| {
@@ -1578,62 +1583,64 @@ unsafe fn mad_exact_heads_avx2<const H: usize, const V: usize>(y: *mut u16, n: u
             }
         };
         for col in (0..n).step_by(8 * V) {
-            let mut acc: [[__m256; V]; H] = core::array::from_fn(|h| core::array::from_fn(|j| _mm256_cvtph_ps(_mm_loadu_si128(y.add(h * n + col + 8 * j).cast()))));
-            // The accumulators before the current key (stored, not kept in registers:
-            // they are read back only for a flagged key).
-            let mut kept = [[_mm256_setzero_ps(); V]; H];
-            for (c, &off) in offs.iter().enumerate() {
-                for (k, a) in kept.iter_mut().zip(&acc) {
-                    for (k, a) in k.iter_mut().zip(a) {
-                        core::ptr::write_volatile(k, *a);
-                    }
+            // The accumulators in f32 registers and in f16 before key c (`kept[c % 2]`,
+            // stored, not kept in registers: read back only for a key taken again).
+            let mut kept = [[[_mm_setzero_si128(); V]; H]; 2];
+            let mut acc = [[_mm256_setzero_ps(); V]; H];
+            for (h, a) in acc.iter_mut().enumerate() {
+                for (j, a) in a.iter_mut().enumerate() {
+                    let b = _mm_loadu_si128(y.add(h * n + col + 8 * j).cast());
+                    core::ptr::write_volatile(&mut kept[0][h][j], b);
+                    *a = _mm256_cvtph_ps(b);
                 }
+            }
+            for (c, &off) in offs.iter().enumerate() {
+                let (cur, next) = (c % 2, (c + 1) % 2);
                 let xv: [__m256; V] = core::array::from_fn(|j| _mm256_cvtph_ps(_mm_loadu_si128(x.add(off + col + 8 * j).cast())));
-                // Over the key's sums: the minimum of `bits << 19` (signed: i32::MIN
-                // exactly where the 13 low bits are the midpoint pattern 0x1000) and of
-                // `bits << 1` (unsigned: the magnitude's bits, below 2^-14's 0x7100_0000
-                // exactly where the sum is under f16's normal range).
-                let (mut mid, mut small) = (_mm256_set1_epi32(i32::MAX), _mm256_set1_epi32(-1));
+                // The minimum of `sum bits << 19` (signed: i32::MIN exactly where the 13
+                // low bits are the midpoint pattern) and of `f16 bits << 1` (unsigned: at
+                // most 0x0800 exactly where the f16 result is at most 2^-14).
+                let (mut mid, mut small) = (_mm256_set1_epi32(i32::MAX), _mm_set1_epi16(-1));
                 for (h, a) in acc.iter_mut().enumerate() {
                     rescale(a, h, c);
-                    let vv = _mm256_set1_ps(mul[h * EXACT_KEYS + c]);
+                    let m = mul[h * EXACT_KEYS + c];
+                    let vv = _mm256_set1_ps(m);
+                    let exact = m.to_bits() & 0x7f_ffff == 0;
                     for (j, v) in a.iter_mut().enumerate() {
                         let s = _mm256_fmadd_ps(xv[j], vv, *v);
-                        let bits = _mm256_castps_si256(s);
-                        mid = _mm256_min_epi32(mid, _mm256_slli_epi32::<19>(bits));
-                        small = _mm256_min_epu32(small, _mm256_slli_epi32::<1>(bits));
-                        *v = f16_round(s);
+                        let mut hb = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(s);
+                        // One conversion for both uses (else the compiler folds one into
+                        // the store and converts again).
+                        core::arch::asm!("/* {0} */", inout(xmm_reg) hb, options(pure, nomem, nostack, preserves_flags));
+                        if !exact {
+                            mid = _mm256_min_epi32(mid, _mm256_slli_epi32::<19>(_mm256_castps_si256(s)));
+                            small = _mm_min_epu16(small, _mm_slli_epi16::<1>(hb));
+                        }
+                        core::ptr::write_volatile(&mut kept[next][h][j], hb);
+                        *v = _mm256_cvtph_ps(hb);
                     }
                 }
                 let at_mid = _mm256_cmpeq_epi32(mid, _mm256_set1_epi32(i32::MIN));
-                let below = _mm256_cmpeq_epi32(_mm256_min_epu32(small, _mm256_set1_epi32(0x70ff_ffff)), small);
-                let flagged = _mm256_or_si256(at_mid, below);
-                if _mm256_testz_si256(flagged, flagged) == 1 {
+                let below = _mm_cmpeq_epi16(_mm_min_epu16(small, _mm_set1_epi16(0x0800)), small);
+                if _mm256_testz_si256(at_mid, at_mid) == 1 && _mm_testz_si128(below, below) == 1 {
                     continue;
                 }
-                for (h, (a, k)) in acc.iter_mut().zip(&kept).enumerate() {
-                    for (a, k) in a.iter_mut().zip(k) {
-                        *a = core::ptr::read_volatile(k);
+                for (h, a) in acc.iter_mut().enumerate() {
+                    for (j, a) in a.iter_mut().enumerate() {
+                        *a = _mm256_cvtph_ps(core::ptr::read_volatile(&kept[cur][h][j]));
                     }
                     rescale(a, h, c);
                     let vv = _mm256_set1_ps(mul[h * EXACT_KEYS + c]);
                     for (j, v) in a.iter_mut().enumerate() {
-                        // `fma` rounds the exact `x·v + y` to f32 once; rounding that to f16
-                        // is the one rounding of the exact sum unless it landed on an f16
-                        // midpoint (low 13 bits 0x1000 at f16-normal magnitudes, 65520
-                        // included) or below f16's normal range: then the round-to-odd path.
-                        let s = _mm256_fmadd_ps(xv[j], vv, *v);
-                        let bits = _mm256_castps_si256(s);
-                        let mid = _mm256_cmpeq_epi32(_mm256_and_si256(bits, low13), half);
-                        let tiny = _mm256_cmpgt_epi32(min_normal, _mm256_and_si256(bits, abs));
-                        let odd = _mm256_or_si256(mid, tiny);
-                        *v = if _mm256_testz_si256(odd, odd) == 1 { f16_round(s) } else { f16_round(round_odd_sum(_mm256_mul_ps(xv[j], vv), *v, zero, one)) };
+                        let hb = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(round_odd_sum(_mm256_mul_ps(xv[j], vv), *v, zero, one));
+                        core::ptr::write_volatile(&mut kept[next][h][j], hb);
+                        *v = _mm256_cvtph_ps(hb);
                     }
                 }
             }
-            for (h, a) in acc.iter().enumerate() {
-                for (j, v) in a.iter().enumerate() {
-                    _mm_storeu_si128(y.add(h * n + col + 8 * j).cast(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(*v));
+            for (h, k) in kept[offs.len() % 2].iter().enumerate() {
+                for (j, k) in k.iter().enumerate() {
+                    _mm_storeu_si128(y.add(h * n + col + 8 * j).cast(), core::ptr::read_volatile(k));
                 }
             }
         }
