@@ -123,7 +123,7 @@ pub fn dequantize_row(k: &Kernels, ty: GgmlType, cols: usize, data: &[u8], r: us
 impl Kernels {
     /// The rows16 kernel of weight type `wtype` ([`Rows16Fn`]), where this kernel set
     /// has one: x86 with AVX-512 VNNI, Q4_0, Q4_1, Q5_0, Q8_0 and Q4_K; x86 with AVX2
-    /// alone, Q4_0, Q4_1 and Q8_0.
+    /// alone, Q4_0, Q4_1, Q5_0 and Q8_0.
     pub fn dot_rows16_fn(&self, wtype: GgmlType) -> Option<Rows16Fn> {
         self.t.dot_rows16.get(wtype)
     }
@@ -131,7 +131,7 @@ impl Kernels {
     /// A tile over a matrix in the rows16 layout (its `w` the packed rows, `wrow` the
     /// plain row length in bytes; otherwise as [`Kernels::dot_tile_fn`]: every output the
     /// bits of the type's dot), where this kernel set has one: x86 with AVX-512 VNNI, Q8_0
-    /// and Q5_0, with AVX2 alone Q4_1, Q4_0 and Q8_0 (their rows-in-lanes tiles reading
+    /// and Q5_0, with AVX2 alone Q4_1, Q4_0, Q8_0 and Q5_0 (their rows-in-lanes tiles reading
     /// the layout without transposing). Where there is
     /// none, a batch takes [`Kernels::dot_rows16_fn`] token by token.
     pub fn dot_tile_rows16_fn(&self, wtype: GgmlType) -> Option<super::DotTile> {

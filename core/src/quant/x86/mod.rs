@@ -270,6 +270,10 @@ tile_wrapper!(/// [`tile_q5_0_q8_0_lanes8`] for 8 tokens (a chunk's tokens after
 tile_wrapper!(/// AVX2 Q4_1 · Q8_1 tile, 8 rows in the lanes of a vector × 32 tokens (each output
     /// as [`vec_dot_q4_1_q8_1`]).
     tile_q4_1_q8_1_lanes8, panel qtile::q4_1_q8_1_lanes8::<{ qtile::LANES8_TILE_TOKENS }>, 32, 20, 36, qtile::LANES8_TILE_ROWS, qtile::LANES8_TILE_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// [`tile_q5_0_q8_0_lanes8`] over a matrix in the rows16 layout (`quant::rows16`).
+    tile_q5_0_q8_0_lanes8_rows16, panel qtile::q5_0_q8_0_lanes8_rows16::<{ qtile::LANES8_TILE_TOKENS }>, 32, 22, 34, 16, qtile::LANES8_TILE_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// [`tile_q5_0_q8_0_lanes8_rows16`] for 8 tokens (a chunk's tokens after its last whole tile).
+    tile_q5_0_q8_0_lanes8_rest_rows16, panel qtile::q5_0_q8_0_lanes8_rows16::<{ qtile::LANES8_REST_TOKENS }>, 32, 22, 34, 16, qtile::LANES8_REST_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// [`tile_q4_1_q8_1_lanes8`] over a matrix in the rows16 layout (`quant::rows16`).
     tile_q4_1_q8_1_lanes8_rows16, panel qtile::q4_1_q8_1_lanes8_rows16::<{ qtile::LANES8_TILE_TOKENS }>, 32, 20, 36, 16, qtile::LANES8_TILE_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// [`tile_q4_1_q8_1_lanes8_rows16`] for 8 tokens (a chunk's tokens after its last whole tile).
@@ -413,6 +417,14 @@ rows16_wrapper!(/// AVX2 Q8_0 · Q8_0, rows16 groups (each output as [`vec_dot_q
         for g in 0..groups {
             for t in 0..tokens {
                 rows16::q8_0_q8_0_group_avx2::<PF>(nb, w.add(g * 16 * nb * 34), a.add(t * arow), out.add(t * ostride + 16 * g));
+            }
+        }
+    });
+rows16_wrapper!(/// AVX2 Q5_0 · Q8_0, rows16 groups (each output as [`vec_dot_q5_0_q8_0`]).
+    rows16_q5_0_q8_0_avx2, 32, 22, 34, |nb, groups, w, a, arow, tokens, out, ostride| {
+        for g in 0..groups {
+            for t in 0..tokens {
+                rows16::q5_0_q8_0_group_avx2::<PF>(nb, w.add(g * 16 * nb * 22), a.add(t * arow), out.add(t * ostride + 16 * g));
             }
         }
     });
@@ -726,14 +738,16 @@ const fn build(flags: usize) -> KernelTable {
         t.dot_tile_rows16.q5_0 = DotTile::entry_with_rest(tile_q5_0_q8_0_lanes_rows16, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q5_0_q8_0_lanes16_rows16, LANES_REST_TOKENS);
         t.dot_tile_rows16.q8_0 = DotTile::entry_with_rest(tile_q8_0_q8_0_lanes_rows16, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q8_0_q8_0_lanes16_rows16, LANES_REST_TOKENS);
     } else {
-        // AVX2 only: Q4_1, Q4_0 and Q8_0 in the layout (rows in lanes without transposing;
-        // the other types' AVX2 kernels gain nothing from it or have none yet).
+        // AVX2 only: Q4_1, Q4_0, Q8_0 and Q5_0 in the layout (rows in lanes without
+        // transposing; Q4_K's AVX2 kernels have none yet).
         t.dot_rows16.q4_1 = Some(rows16_q4_1_q8_1_avx2::<true>);
         t.dot_tile_rows16.q4_1 = DotTile::entry_with_rest(tile_q4_1_q8_1_lanes8_rows16, 16, LANES8_TILE_TOKENS, tile_q4_1_q8_1_lanes8_rest_rows16, LANES8_REST_TOKENS);
         t.dot_rows16.q4_0 = Some(rows16_q4_0_q8_0_avx2::<true>);
         t.dot_tile_rows16.q4_0 = DotTile::entry_with_rest(tile_q4_0_q8_0_wide_rows16, 16, Q4_0_WIDE_TILE_TOKENS, tile_q4_0_q8_0_rows16, Q4_0_TILE_TOKENS);
         t.dot_rows16.q8_0 = Some(rows16_q8_0_q8_0_avx2::<true>);
         t.dot_tile_rows16.q8_0 = DotTile::entry_with_rest(tile_q8_0_q8_0_lanes8_rows16, 16, LANES8_TILE_TOKENS, tile_q8_0_q8_0_lanes8_rest_rows16, LANES8_REST_TOKENS);
+        t.dot_rows16.q5_0 = Some(rows16_q5_0_q8_0_avx2::<true>);
+        t.dot_tile_rows16.q5_0 = DotTile::entry_with_rest(tile_q5_0_q8_0_lanes8_rows16, 16, LANES8_TILE_TOKENS, tile_q5_0_q8_0_lanes8_rest_rows16, LANES8_REST_TOKENS);
     }
     t.dot_rows.mxfp4 = Some(rows!(rows_mxfp4_q8_0));
     let tile_tokens = if vnni { ZMM_TILE_TOKENS } else { TILE_TOKENS };

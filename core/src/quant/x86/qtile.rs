@@ -37,11 +37,28 @@ pub(crate) const TILE_TOKENS: usize = 4;
 /// multiplies.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn broadcast_load(p: &f32) -> __m256 {
+pub(super) unsafe fn broadcast_load(p: &f32) -> __m256 {
     let v: __m256;
     // SAFETY: reads the 4 bytes of `*p` only; AVX present (target features).
     unsafe {
         core::arch::asm!("vbroadcastss {v}, dword ptr [{p}]", v = out(ymm_reg) v, p = in(reg) p as *const f32, options(pure, readonly, nostack, preserves_flags));
+    }
+    v
+}
+
+/// The (unaligned) dword at `p` in all 8 lanes by a broadcast load, for the reason of
+/// [`broadcast_load`]: the compiler turns consecutive `_mm256_set1_epi32` of nearby
+/// dwords into one load and a shuffle and a broadcast per dword.
+///
+/// # Safety
+/// 4 bytes readable at `p`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn broadcast_dword(p: *const u8) -> __m256i {
+    let v: __m256i;
+    // SAFETY: reads the 4 bytes at `p` only (the caller's contract); AVX2 present.
+    unsafe {
+        core::arch::asm!("vpbroadcastd {v}, dword ptr [{p}]", v = out(ymm_reg) v, p = in(reg) p, options(pure, readonly, nostack, preserves_flags));
     }
     v
 }
@@ -377,30 +394,73 @@ unsafe fn nibbles_transposed(q: *const u8, wrow: usize) -> [__m256i; 8] {
     }
 }
 
-/// Q5_0 rows at `p` (`wrow` bytes apart, at one block), for [`lanes8_tile`]: `x[j]` the
-/// rows' weights `q - 16` (signed bytes, -16..=15) of elements `4j..4j + 4` — the
-/// nibbles ([`nibbles_transposed`]) and each byte's fifth bit (bit 4j + b of `qh`: its
-/// byte j/2 spread to the lane's four bytes, then tested against a mask) as 0x10 —,
-/// `v[j]` the rows' corrections `128·Σ (q - 16)` over those four elements, `dw` the
-/// scales.
+/// The Q5_0 quants `q` (0..=31, unsigned bytes) of elements `4j..4j + 4` of 8 rows, row
+/// r's in lane r, from `nib` (their nibbles so arranged: [`nibbles_transposed`] or
+/// [`nibbles_rows16`]) and `qh` (row r's `qh` in lane r): each byte's fifth bit (bit
+/// 4j + b of `qh`: its byte j/2 spread to the lane's four bytes, then tested against a
+/// mask) as 0x10.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q5_0_lane_quants(nib: __m256i, qh: __m256i, j: usize) -> __m256i {
+    // SAFETY: value-only intrinsics; AVX2 available (target features).
+    unsafe {
+        // Byte b of each lane: byte j/2 of the lane's qh, tested at bit 4(j mod 2) + b.
+        let byte = |k: i32| (4 * k + (j / 2) as i32) * 0x0101_0101;
+        let spread = _mm256_shuffle_epi8(qh, _mm256_setr_epi32(byte(0), byte(1), byte(2), byte(3), byte(0), byte(1), byte(2), byte(3)));
+        let b5 = _mm256_set1_epi8(0x10);
+        let fifth = if j % 2 == 1 {
+            // Bits 4..8 of the byte: the selected bit is 0x10 or more, so the minimum
+            // with 0x10 is 0x10 where it is set.
+            _mm256_min_epu8(_mm256_and_si256(spread, _mm256_set1_epi32(0x8040_2010u32 as i32)), b5)
+        } else {
+            let sel = _mm256_set1_epi32(0x0804_0201);
+            _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel), b5)
+        };
+        _mm256_or_si256(nib, fifth)
+    }
+}
+
+/// [`lanes8_tile`]'s block of Q5_0 rows from their quants in lanes
+/// ([`q5_0_lane_quants`]) and scales: `x[j]` the weights `q - 16` (signed bytes,
+/// -16..=15), `v[j]` the rows' corrections `128·Σ (q - 16)` over elements `4j..4j + 4`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lanes8_block_q5_0_from(q: [__m256i; 8], dw: __m256) -> Lanes8Block {
+    // SAFETY: value-only intrinsics; AVX2 available (target features).
+    unsafe {
+        let b5 = _mm256_set1_epi8(0x10);
+        let x = q.map(|q| _mm256_sub_epi8(q, b5));
+        let (ones, c128) = (_mm256_set1_epi16(1), _mm256_set1_epi8(-128));
+        Lanes8Block { x, v: x.map(|x| _mm256_madd_epi16(_mm256_maddubs_epi16(c128, x), ones)), dw, mw: _mm256_setzero_ps() }
+    }
+}
+
+/// Q5_0 rows at `p` (`wrow` bytes apart, at one block), for [`lanes8_tile`]: the nibbles
+/// transposed ([`nibbles_transposed`]) and the rows' `qh` in lanes, as
+/// [`lanes8_block_q5_0_from`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn lanes8_block_q5_0(p: *const u8, wrow: usize) -> Lanes8Block {
     // SAFETY: the caller guarantees the block (22 bytes) of each of 8 rows readable.
     unsafe {
-        let nib = nibbles_transposed(p.add(6), wrow);
         let h = |k: usize| super::rd32(p.add(k * wrow + 2));
         let qh = _mm256_setr_epi32(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7));
-        let b5 = _mm256_set1_epi8(0x10);
-        let x: [__m256i; 8] = core::array::from_fn(|j| {
-            // Byte b of each lane: byte j/2 of the lane's qh, tested at bit 4(j mod 2) + b.
-            let byte = |k: i32| (4 * k + (j / 2) as i32) * 0x0101_0101;
-            let spread = _mm256_shuffle_epi8(qh, _mm256_setr_epi32(byte(0), byte(1), byte(2), byte(3), byte(0), byte(1), byte(2), byte(3)));
-            let sel = _mm256_set1_epi32((0x0804_0201u32 << (4 * (j % 2))) as i32);
-            _mm256_sub_epi8(_mm256_or_si256(nib[j], _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel), b5)), b5)
-        });
-        let (ones, c128) = (_mm256_set1_epi16(1), _mm256_set1_epi8(-128));
-        Lanes8Block { x, v: x.map(|x| _mm256_madd_epi16(_mm256_maddubs_epi16(c128, x), ones)), dw: f16x8(p, wrow), mw: _mm256_setzero_ps() }
+        let nib = nibbles_transposed(p.add(6), wrow);
+        lanes8_block_q5_0_from(core::array::from_fn(|j| q5_0_lane_quants(nib[j], qh, j)), f16x8(p, wrow))
+    }
+}
+
+/// Q5_0 rows in the rows16 layout (`quant::rows16`): half `h` (rows 8h..8h + 8) of the
+/// group block at `p` (352 bytes: 16 `d`, the 16 rows' `qh`, four chunks of 64 bytes each
+/// holding packed dword c of the 16 rows), for [`lanes8_tile`]: the same vectors as
+/// [`lanes8_block_q5_0`], by loads (the layout holds them transposed).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lanes8_block_q5_0_rows16(p: *const u8, h: usize) -> Lanes8Block {
+    // SAFETY: the caller guarantees the group block (352 bytes) readable; h < 2.
+    unsafe {
+        let (nib, qh) = (nibbles_rows16(p.add(96), h), _mm256_loadu_si256(p.add(32 + 32 * h).cast()));
+        lanes8_block_q5_0_from(core::array::from_fn(|j| q5_0_lane_quants(nib[j], qh, j)), _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * h).cast())))
     }
 }
 
@@ -489,6 +549,20 @@ pub(super) unsafe fn q5_0_q8_0_lanes8<const T: usize>(nb: usize, w: *const u8, w
     unsafe {
         let (ones, flip) = (_mm256_set1_epi16(1), _mm256_set1_epi8(-128));
         lanes8_tile!(nb, rows, a, 34, arow, out, ostride, T, false, lanes8_block_q5_0, |g, i| (w.add(g * wrow + 22 * i), wrow), true,
+            |ab| _mm256_xor_si256(ab, flip),
+            |x, v, y| _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(y, x), ones), v))
+    }
+}
+
+/// [`q5_0_q8_0_lanes8`] over a matrix in the rows16 layout (its groups of 16 rows at
+/// `w + 16·g·wrow`, as the plain rows they hold); `rows` a multiple of 16.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q5_0_q8_0_lanes8_rows16<const T: usize>(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: as q5_0_q8_0_lanes8 (the same bytes per group of 16 rows).
+    unsafe {
+        let (ones, flip) = (_mm256_set1_epi16(1), _mm256_set1_epi8(-128));
+        lanes8_tile!(nb, rows, a, 34, arow, out, ostride, T, false, lanes8_block_q5_0_rows16, |g, i| (w.add(g / 16 * 16 * wrow + 352 * i), g / 8 % 2), true,
             |ab| _mm256_xor_si256(ab, flip),
             |x, v, y| _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(y, x), ones), v))
     }

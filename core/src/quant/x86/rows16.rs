@@ -1,6 +1,6 @@
 //! The kernels over the rows16 layout (`quant::rows16`): one group of 16 rows against one
 //! activation row, row `r` in lane `r` of every vector (AVX-512 VNNI), or of the vector
-//! of its half (AVX2 alone: Q4_1, Q4_0 and Q8_0, `*_group_avx2`).
+//! of its half (AVX2 alone: Q4_1, Q4_0, Q8_0 and Q5_0, `*_group_avx2`).
 //!
 //! Each keeps llama.cpp's x86 `vec_dot` arithmetic per row (its 8 f32 lanes, lane `j`
 //! the exact integer sum over elements `4j..4j + 4`, `acc_j = fma(dw·da, f32(s_j),
@@ -270,6 +270,67 @@ pub(crate) unsafe fn q8_0_q8_0_group_avx2<const PF: bool>(nb: usize, w: *const u
                         let x = _mm256_loadu_si256(g.add(32 + 64 * j + 32 * h).cast());
                         let y = _mm256_set1_epi32(rd32(ab.add(2 + 4 * j)));
                         *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(super::qdot::dot_i8_i8(x, y)), *acc);
+                    }
+                }
+                *saved = acc;
+            }
+            k0 = k1;
+        }
+        for (h, acc) in halves.iter().enumerate() {
+            // `hsum_ps`'s tree lane by lane.
+            let t = [0, 1, 2, 3].map(|j| _mm256_add_ps(acc[j], acc[j + 4]));
+            _mm256_storeu_ps(out.add(8 * h), _mm256_add_ps(_mm256_add_ps(t[0], t[2]), _mm256_add_ps(t[1], t[3])));
+        }
+    }
+}
+
+/// [`q5_0_q8_0_group`] with AVX2 only: as [`q8_0_q8_0_group_avx2`] (halves in turn over
+/// each [`Q8_0_AVX2_PASS_BLOCKS`] blocks, lane `j` of 8 rows a vector, no shuffle of rows),
+/// the quants `q` (0..=31) of a half's lane `j` from its nibbles and `qh`
+/// (`qtile::q5_0_lane_quants`) as it comes, each lane `j` as `qdot::q5_0_q8_0`'s exact
+/// integer `Σ (q - 16)·y` formed as `Σ q·y - 16·Σ y`: `f32(madd(maddubs(q, y), 1))` (a
+/// `maddubs` pair at most 2·31·128 in magnitude: no saturation) less the token's `16·Σ y`
+/// over the lane's four elements (as f32, once per block for both halves; integers far
+/// below 2^24, so the difference is exact), then the same `dw·da` product, fmas in block
+/// order and tree. The 8-row kernel it replaces forms each row's lanes with two `maddubs`
+/// and a `madd`, and the AVX2 multiplies share one pipe on the AMD Zen 1.
+///
+/// # Safety
+/// AVX2, FMA and F16C available; `nb * GROUP_BLOCK_BYTES_Q5_0` bytes readable at `w`,
+/// `nb * 34` at `a`, 16 floats writable at `out`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q5_0_q8_0_group_avx2<const PF: bool>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
+    // SAFETY: the caller's contract; activation layout d@0 qs@2.
+    unsafe {
+        let (ones, sixteen, m4) = (_mm256_set1_epi16(1), _mm256_set1_epi8(16), _mm256_set1_epi8(0x0F));
+        let mut halves = [[_mm256_setzero_ps(); 8]; 2];
+        // The pass's blocks' `16·Σ y` per lane (written by the first half before the
+        // second reads them).
+        let mut corr = [[0f32; 8]; Q8_0_AVX2_PASS_BLOCKS];
+        let mut k0 = 0;
+        while k0 < nb {
+            let k1 = (k0 + Q8_0_AVX2_PASS_BLOCKS).min(nb);
+            for (h, saved) in halves.iter_mut().enumerate() {
+                let mut acc = *saved;
+                for k in k0..k1 {
+                    let g = w.add(k * GROUP_BLOCK_BYTES_Q5_0);
+                    let ab = a.add(k * 34);
+                    let c = &mut corr[k - k0];
+                    if h == 0 {
+                        prefetch_ahead::<PF, GROUP_BLOCK_BYTES_Q5_0>(g);
+                        let s = _mm256_madd_epi16(_mm256_maddubs_epi16(sixteen, _mm256_loadu_si256(ab.add(2).cast())), ones);
+                        _mm256_storeu_ps(c.as_mut_ptr(), _mm256_cvtepi32_ps(s));
+                    }
+                    let da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
+                    let d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast())), da);
+                    let qh = _mm256_loadu_si256(g.add(32 + 32 * h).cast());
+                    for (j, acc) in acc.iter_mut().enumerate() {
+                        let packed = _mm256_loadu_si256(g.add(96 + 64 * (j % 4) + 32 * h).cast());
+                        let nib = _mm256_and_si256(if j < 4 { packed } else { _mm256_srli_epi16::<4>(packed) }, m4);
+                        let q = super::qtile::q5_0_lane_quants(nib, qh, j);
+                        let y = super::qtile::broadcast_dword(ab.add(2 + 4 * j));
+                        let s = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones));
+                        *acc = _mm256_fmadd_ps(d, _mm256_sub_ps(s, super::qtile::broadcast_load(&c[j])), *acc);
                     }
                 }
                 *saved = acc;
