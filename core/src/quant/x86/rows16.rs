@@ -90,6 +90,43 @@ pub(crate) unsafe fn q4_1_q8_1_group<const PF: bool>(nb: usize, w: *const u8, a:
     }
 }
 
+/// `hsum_ps`'s tree lane by lane over the 8 lane accumulators of 8 rows:
+/// `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lane_tree(acc: &[__m256; 8]) -> __m256 {
+    // SAFETY: value-only intrinsics; AVX available (target features).
+    unsafe {
+        let t = [0, 1, 2, 3].map(|j| _mm256_add_ps(acc[j], acc[j + 4]));
+        _mm256_add_ps(_mm256_add_ps(t[0], t[2]), _mm256_add_ps(t[1], t[3]))
+    }
+}
+
+/// The AVX2 group kernels' order of work for the 8-lane types: the group's two halves of 8
+/// rows in turn over each `$pass` blocks (`$acc`, a half's eight lane accumulators, kept in
+/// memory between passes; the second half reads the pass's blocks again from L1), `$body`
+/// run for half `$h` and block `$k` of the pass starting at `$k0`; then [`lane_tree`] of
+/// each half into `$out` (rows 8h..8h + 8).
+macro_rules! halves_in_passes {
+    ($nb:expr, $pass:expr, $out:expr, |$h:ident, $k:ident, $k0:ident, $acc:ident| $body:block) => {{
+        let (nb, out): (usize, *mut f32) = ($nb, $out);
+        let mut halves = [[_mm256_setzero_ps(); 8]; 2];
+        let mut $k0 = 0;
+        while $k0 < nb {
+            let k1 = ($k0 + $pass).min(nb);
+            for ($h, saved) in halves.iter_mut().enumerate() {
+                let mut $acc = *saved;
+                for $k in $k0..k1 $body
+                *saved = $acc;
+            }
+            $k0 = k1;
+        }
+        for (h, acc) in halves.iter().enumerate() {
+            _mm256_storeu_ps(out.add(8 * h), lane_tree(acc));
+        }
+    }};
+}
+
 /// [`q4_1_q8_1_group`] with AVX2 only: the group's two halves of 8 rows one after the
 /// other (a half's eight lane accumulators and `summs` in 256-bit registers; the second
 /// half reads the group's lines again, from L1), each lane `j` of 8 rows as
@@ -130,10 +167,8 @@ pub(crate) unsafe fn q4_1_q8_1_group_avx2<const PF: bool>(nb: usize, w: *const u
                     acc[c + 4] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(shi), acc[c + 4]);
                 }
             }
-            // `hsum_ps`'s tree lane by lane, then `summs`.
-            let t = [0, 1, 2, 3].map(|j| _mm256_add_ps(acc[j], acc[j + 4]));
-            let s = _mm256_add_ps(_mm256_add_ps(t[0], t[2]), _mm256_add_ps(t[1], t[3]));
-            _mm256_storeu_ps(out.add(8 * h), _mm256_add_ps(s, summs));
+            // The lanes' tree, then `summs`.
+            _mm256_storeu_ps(out.add(8 * h), _mm256_add_ps(lane_tree(&acc), summs));
         }
     }
 }
@@ -252,35 +287,20 @@ const Q8_0_AVX2_PASS_BLOCKS: usize = 2;
 pub(crate) unsafe fn q8_0_q8_0_group_avx2<const PF: bool>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
     // SAFETY: the caller's contract; activation layout d@0 qs@2.
     unsafe {
-        let mut halves = [[_mm256_setzero_ps(); 8]; 2];
-        let mut k0 = 0;
-        while k0 < nb {
-            let k1 = (k0 + Q8_0_AVX2_PASS_BLOCKS).min(nb);
-            for (h, saved) in halves.iter_mut().enumerate() {
-                let mut acc = *saved;
-                for k in k0..k1 {
-                    let g = w.add(k * GROUP_BLOCK_BYTES_Q8_0);
-                    if h == 0 {
-                        prefetch_ahead::<PF, GROUP_BLOCK_BYTES_Q8_0>(g);
-                    }
-                    let ab = a.add(k * 34);
-                    let da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
-                    let d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast())), da);
-                    for (j, acc) in acc.iter_mut().enumerate() {
-                        let x = _mm256_loadu_si256(g.add(32 + 64 * j + 32 * h).cast());
-                        let y = _mm256_set1_epi32(rd32(ab.add(2 + 4 * j)));
-                        *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(super::qdot::dot_i8_i8(x, y)), *acc);
-                    }
-                }
-                *saved = acc;
+        halves_in_passes!(nb, Q8_0_AVX2_PASS_BLOCKS, out, |h, k, _k0, acc| {
+            let g = w.add(k * GROUP_BLOCK_BYTES_Q8_0);
+            if h == 0 {
+                prefetch_ahead::<PF, GROUP_BLOCK_BYTES_Q8_0>(g);
             }
-            k0 = k1;
-        }
-        for (h, acc) in halves.iter().enumerate() {
-            // `hsum_ps`'s tree lane by lane.
-            let t = [0, 1, 2, 3].map(|j| _mm256_add_ps(acc[j], acc[j + 4]));
-            _mm256_storeu_ps(out.add(8 * h), _mm256_add_ps(_mm256_add_ps(t[0], t[2]), _mm256_add_ps(t[1], t[3])));
-        }
+            let ab = a.add(k * 34);
+            let da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
+            let d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast())), da);
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let x = _mm256_loadu_si256(g.add(32 + 64 * j + 32 * h).cast());
+                let y = _mm256_set1_epi32(rd32(ab.add(2 + 4 * j)));
+                *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(super::qdot::dot_i8_i8(x, y)), *acc);
+            }
+        })
     }
 }
 
@@ -309,45 +329,30 @@ pub(crate) unsafe fn q5_0_q8_0_group_avx2<const PF: bool>(nb: usize, w: *const u
     // SAFETY: the caller's contract; activation layout d@0 qs@2.
     unsafe {
         let (ones, sixteen, m4) = (_mm256_set1_epi16(1), _mm256_set1_epi8(16), _mm256_set1_epi8(0x0F));
-        let mut halves = [[_mm256_setzero_ps(); 8]; 2];
         // The pass's blocks' `16·Σ y` per lane (written by the first half before the
         // second reads them).
         let mut corr = [[0f32; 8]; Q5_0_AVX2_PASS_BLOCKS];
-        let mut k0 = 0;
-        while k0 < nb {
-            let k1 = (k0 + Q5_0_AVX2_PASS_BLOCKS).min(nb);
-            for (h, saved) in halves.iter_mut().enumerate() {
-                let mut acc = *saved;
-                for k in k0..k1 {
-                    let g = w.add(k * GROUP_BLOCK_BYTES_Q5_0);
-                    let ab = a.add(k * 34);
-                    let c = &mut corr[k - k0];
-                    if h == 0 {
-                        prefetch_ahead::<PF, GROUP_BLOCK_BYTES_Q5_0>(g);
-                        let s = _mm256_madd_epi16(_mm256_maddubs_epi16(sixteen, _mm256_loadu_si256(ab.add(2).cast())), ones);
-                        _mm256_storeu_ps(c.as_mut_ptr(), _mm256_cvtepi32_ps(s));
-                    }
-                    let da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
-                    let d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast())), da);
-                    let qh = _mm256_loadu_si256(g.add(32 + 32 * h).cast());
-                    for (j, acc) in acc.iter_mut().enumerate() {
-                        let packed = _mm256_loadu_si256(g.add(96 + 64 * (j % 4) + 32 * h).cast());
-                        let nib = _mm256_and_si256(if j < 4 { packed } else { _mm256_srli_epi16::<4>(packed) }, m4);
-                        let q = super::qtile::q5_0_lane_quants(nib, qh, j);
-                        let y = super::qtile::broadcast_dword(ab.add(2 + 4 * j));
-                        let s = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones));
-                        *acc = _mm256_fmadd_ps(d, _mm256_sub_ps(s, super::qtile::broadcast_load(&c[j])), *acc);
-                    }
-                }
-                *saved = acc;
+        halves_in_passes!(nb, Q5_0_AVX2_PASS_BLOCKS, out, |h, k, k0, acc| {
+            let g = w.add(k * GROUP_BLOCK_BYTES_Q5_0);
+            let ab = a.add(k * 34);
+            let c = &mut corr[k - k0];
+            if h == 0 {
+                prefetch_ahead::<PF, GROUP_BLOCK_BYTES_Q5_0>(g);
+                let s = _mm256_madd_epi16(_mm256_maddubs_epi16(sixteen, _mm256_loadu_si256(ab.add(2).cast())), ones);
+                _mm256_storeu_ps(c.as_mut_ptr(), _mm256_cvtepi32_ps(s));
             }
-            k0 = k1;
-        }
-        for (h, acc) in halves.iter().enumerate() {
-            // `hsum_ps`'s tree lane by lane.
-            let t = [0, 1, 2, 3].map(|j| _mm256_add_ps(acc[j], acc[j + 4]));
-            _mm256_storeu_ps(out.add(8 * h), _mm256_add_ps(_mm256_add_ps(t[0], t[2]), _mm256_add_ps(t[1], t[3])));
-        }
+            let da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
+            let d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast())), da);
+            let qh = _mm256_loadu_si256(g.add(32 + 32 * h).cast());
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let packed = _mm256_loadu_si256(g.add(96 + 64 * (j % 4) + 32 * h).cast());
+                let nib = _mm256_and_si256(if j < 4 { packed } else { _mm256_srli_epi16::<4>(packed) }, m4);
+                let q = super::qtile::q5_0_lane_quants(nib, qh, j);
+                let y = super::qtile::broadcast_dword(ab.add(2 + 4 * j));
+                let s = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones));
+                *acc = _mm256_fmadd_ps(d, _mm256_sub_ps(s, super::qtile::broadcast_load(&c[j])), *acc);
+            }
+        })
     }
 }
 
