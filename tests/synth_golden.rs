@@ -123,7 +123,8 @@ fn logits_meet_thresholds() {
 }
 
 /// For every architecture (attention, sliding window, delta-net state), evaluating a
-/// prompt in one batch, in uneven batches, and token by token gives the same logits bits.
+/// prompt in one batch, in uneven batches, and token by token gives the same logits bits,
+/// and so does a prompt whose last row alone is wanted (and the token after it).
 #[test]
 fn batching_does_not_change_logits() {
     let pool = ThreadPool::new(2).unwrap();
@@ -136,18 +137,34 @@ fn batching_does_not_change_logits() {
         let mut e = engine(&g, &mut arena, c, fast_kernels());
         let v = e.n_vocab();
         let batched = e.eval(&toks, Outputs::All, &pool).unwrap().to_vec();
+        let last_row = &batched[(toks.len() - 1) * v..];
+        // Only the last position's logits wanted: the last layer carries only that row on
+        // once the keys and values are stored. The same row, and a cache that decodes the
+        // next token as token-by-token evaluation leaves it.
+        e.reset();
+        let last = e.eval(&toks, Outputs::Last, &pool).unwrap().to_vec();
+        assert!(last == last_row, "{name}: the last row evaluated alone differs from the batch's");
+        let next_after_last = e.eval(&[toks[0]], Outputs::Last, &pool).unwrap().to_vec();
         e.reset();
         for (i, &t) in toks.iter().enumerate() {
             let row = e.eval(&[t], Outputs::Last, &pool).unwrap();
             assert!(row == &batched[i * v..(i + 1) * v], "{name} position {i}: token-by-token logits differ from batched");
         }
+        let next = e.eval(&[toks[0]], Outputs::Last, &pool).unwrap().to_vec();
+        assert!(next_after_last == next, "{name}: the token after a last-row-only prompt differs");
         // Small batches (n_batch 5) split the prompt into uneven chunks; for gemma3 this
-        // also wraps the sliding-window ring (8 + 5 - 1 rows) many times.
+        // also wraps the sliding-window ring (8 + 5 - 1 rows) many times. With only the
+        // last row wanted, every chunk but the last gives no row at all.
         let c5 = cfg(128, 5, 128);
         let mut arena5 = arena_for(&bytes, &c5);
         let mut e5 = engine(&g, &mut arena5, c5, fast_kernels());
         let chunked = e5.eval(&toks, Outputs::All, &pool).unwrap().to_vec();
         assert!(chunked == batched, "{name}: n_batch 5 logits differ from one batch");
+        e5.reset();
+        let last5 = e5.eval(&toks, Outputs::Last, &pool).unwrap().to_vec();
+        assert!(last5 == last_row, "{name}: n_batch 5, the last row evaluated alone differs from the batch's");
+        let next5 = e5.eval(&[toks[0]], Outputs::Last, &pool).unwrap().to_vec();
+        assert!(next5 == next, "{name}: n_batch 5, the token after a last-row-only prompt differs");
     }
 }
 

@@ -534,6 +534,9 @@ impl<'a> Session<'a> {
             tile: if tiled { Some(&mut attn_tile[..]) } else { None },
         };
         let (mut kv_row0, mut recr) = (0usize, 0usize);
+        // Where the rows that give logits start in x (moved to the front when the last
+        // layer leaves the others out).
+        let mut x_first = n - out_rows;
         for (l, layer) in model.layers.iter().enumerate() {
             act.layer = l as u16;
             if l < on_device_until {
@@ -579,7 +582,13 @@ impl<'a> Session<'a> {
                 block_cpu::prefetch_cache(c, hp);
             }
             // The block's ops, in order (`block::layer_ops`: the one description of it).
-            let step = Step { hp, layer, l, n, n_tasks, chunked, par };
+            let mut step = Step { hp, layer, l, n, n_tasks, chunked, par };
+            // The last layer's rows that no output reads: once its keys and values are in
+            // the cache, only the rows that give logits go on (none in a chunk without
+            // them). Every row's bits are its own in keel's batch arithmetic, so those rows
+            // come out the same; not with llama.cpp's (its tiled attention depends on the
+            // batch), nor in reference mode (which checks every row of every op).
+            let prune = l + 1 == model.layers.len() && out_rows < n && !self_tiled_mode && !check && matches!(state, LayerState::Attention(_));
             let mut prev: Option<Op> = None;
             let ops = block::layer_ops(hp, l, layer);
             let mut j = 0;
@@ -605,6 +614,23 @@ impl<'a> Session<'a> {
                     prev = Some(op);
                 }
                 j += run.len();
+                if prune && run.contains(&Op::KvStore) {
+                    if out_rows == 0 {
+                        break;
+                    }
+                    let skip = n - out_rows;
+                    let qd = hp.q_dim();
+                    bufs.q.copy_within(skip * qd..n * qd, 0);
+                    if hp.attn_gated {
+                        bufs.gate.copy_within(skip * qd..n * qd, 0);
+                    }
+                    bufs.x.copy_within(skip * e..n * e, 0);
+                    if let LayerState::Attention(c) = &mut state {
+                        c.n_past += skip;
+                    }
+                    step = Step { n: out_rows, ..step };
+                    x_first = 0;
+                }
             }
         }
         let Bufs { x, xn, .. } = bufs;
@@ -614,7 +640,7 @@ impl<'a> Session<'a> {
             // Final norm of the rows that produce logits, then the output projection.
             let first = n - out_rows;
             for j in 0..out_rows {
-                let i = first + j;
+                let i = x_first + j;
                 ops::rms_norm(&x[i * e..(i + 1) * e], model.output_norm.data, hp.rms_eps, &mut xn[j * e..(j + 1) * e]);
             }
             let v = hp.n_vocab;

@@ -145,8 +145,8 @@ pub fn speculative(sp: &mut Speculator<'_>, target: &mut dyn Lm, drafter: &mut d
 }
 
 /// Asserts that `toks`' logits are bit-identical evaluated batched on `two` (a pool of
-/// two threads) and on one thread, and token by token on `two` (the engine is reset
-/// before each evaluation).
+/// two threads) and on one thread, with only the last row wanted, and token by token on
+/// `two` (the engine is reset before each evaluation).
 pub fn assert_logits_independent_of_threads_and_batching(e: &mut Engine<'_>, two: &dyn Parallel, toks: &[u32]) {
     let v = e.n_vocab();
     e.reset();
@@ -154,6 +154,9 @@ pub fn assert_logits_independent_of_threads_and_batching(e: &mut Engine<'_>, two
     e.reset();
     let one = e.eval(toks, Outputs::All, &keel_core::parallel::Sequential).unwrap().to_vec();
     assert!(one == batched, "logits differ between 1 and 2 threads");
+    e.reset();
+    let last = e.eval(toks, Outputs::Last, two).unwrap().to_vec();
+    assert!(last == batched[(toks.len() - 1) * v..], "the last row evaluated alone differs from the batch's");
     e.reset();
     for (i, &t) in toks.iter().enumerate() {
         let row = e.eval(&[t], Outputs::Last, two).unwrap();
