@@ -718,6 +718,20 @@ fn bench_exact_step_chains() {
             )
         };
     }
+    macro_rules! min_or_step {
+        // The odd one as `min_u(rd, ru) | ((rd ^ ru) & 1)` (bit patterns one apart or
+        // equal, the smaller toward zero): a minimum, one ternary-logic operation and an
+        // or, no mask register (whose test takes an FMA pipe on Zen 4).
+        ($a:literal, $x:literal, $t:literal, $u:literal) => {
+            concat!(
+                rd_ru!($a, $x, $t),
+                "vpminud zmm", $u, ", zmm", $t, ", zmm", $a, "\n",
+                "vpternlogd zmm", $t, ", zmm", $a, ", zmm24, 0x28\n",
+                "vpord zmm", $u, ", zmm", $u, ", zmm", $t, "\n",
+                round_trip!($a, $u)
+            )
+        };
+    }
     macro_rules! watch_midpoint_step {
         // One fma and the round trip, f16 midpoints watched.
         ($a:literal, $x:literal, $t:literal, $u:literal) => {
@@ -784,6 +798,7 @@ fn bench_exact_step_chains() {
         chains!("rd, ru fmas + round trip, no selection", two_fma_step);
         chains!("rd, ru fmas; selection by and, sub, ternary logic; round trip", select_logic_step);
         chains!("rd, rz, ru fmas; rz | ((rd ^ ru) & 1); round trip", toward_zero_step);
+        chains!("rd, ru fmas; min_u(rd, ru) | ((rd ^ ru) & 1); round trip", min_or_step);
         chains!("one fma + round trip + f16 midpoint watch", watch_midpoint_step);
         chains!("one fma + round trip + midpoint and subnormal watch", watch_both_step);
     }
