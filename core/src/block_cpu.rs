@@ -98,6 +98,19 @@ pub(crate) struct Cache<'c> {
 /// Bytes of each of a layer's K and V caches [`prefetch_cache`] asks for.
 const KV_PREFETCH_MAX: usize = 96 * 1024;
 
+/// After an attention layer's [`Op::KvStore`], keeps only its last `keep` of `n` rows for
+/// the ops after it: the rows they read (queries, the gates of a gated query, the residual
+/// stream) move to the front, and the cache's queries start `n - keep` positions later.
+pub(crate) fn keep_last_rows(hp: &HParams, b: &mut Bufs<'_>, c: &mut Cache<'_>, n: usize, keep: usize) {
+    let (skip, qd, e) = (n - keep, hp.q_dim(), hp.n_embd);
+    b.q.copy_within(skip * qd..n * qd, 0);
+    if hp.attn_gated {
+        b.gate.copy_within(skip * qd..n * qd, 0);
+    }
+    b.x.copy_within(skip * e..n * e, 0);
+    c.n_past += skip;
+}
+
 /// Asks for the first rows of the layer's K and V caches in use (up to
 /// [`KV_PREFETCH_MAX`] bytes each) into L2: a one-token pass calls it at the layer's
 /// start, so the rows its attention reads arrive while the layer's first products stream

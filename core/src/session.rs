@@ -585,10 +585,11 @@ impl<'a> Session<'a> {
             let mut step = Step { hp, layer, l, n, n_tasks, chunked, par };
             // The last layer's rows that no output reads: once its keys and values are in
             // the cache, only the rows that give logits go on (none in a chunk without
-            // them). Every row's bits are its own in keel's batch arithmetic, so those rows
-            // come out the same; not with llama.cpp's (its tiled attention depends on the
-            // batch), nor in reference mode (which checks every row of every op).
-            let prune = l + 1 == model.layers.len() && out_rows < n && !self_tiled_mode && !check && matches!(state, LayerState::Attention(_));
+            // them; a delta-net layer stores none, so keeps every row). Every row's bits
+            // are its own in keel's batch arithmetic, so those rows come out the same; not
+            // with llama.cpp's (its tiled attention depends on the batch), nor in reference
+            // mode (which checks every row of every op).
+            let prune = l + 1 == model.layers.len() && out_rows < n && !self_tiled_mode && !check;
             let mut prev: Option<Op> = None;
             let ops = block::layer_ops(hp, l, layer);
             let mut j = 0;
@@ -614,20 +615,11 @@ impl<'a> Session<'a> {
                     prev = Some(op);
                 }
                 j += run.len();
-                if prune && run.contains(&Op::KvStore) {
+                if let (true, LayerState::Attention(c)) = (prune && run.contains(&Op::KvStore), &mut state) {
                     if out_rows == 0 {
                         break;
                     }
-                    let skip = n - out_rows;
-                    let qd = hp.q_dim();
-                    bufs.q.copy_within(skip * qd..n * qd, 0);
-                    if hp.attn_gated {
-                        bufs.gate.copy_within(skip * qd..n * qd, 0);
-                    }
-                    bufs.x.copy_within(skip * e..n * e, 0);
-                    if let LayerState::Attention(c) = &mut state {
-                        c.n_past += skip;
-                    }
+                    block_cpu::keep_last_rows(hp, &mut bufs, c, n, out_rows);
                     step = Step { n: out_rows, ..step };
                     x_first = 0;
                 }
