@@ -505,7 +505,8 @@ fn bench_fused_update() {
 /// what the f16 round trip of the value updates shares its vector pipes with: ns per group
 /// of 512-bit operations, 8 independent groups an iteration (inline assembly, so that the
 /// compiler neither folds nor reorders them; inputs 1.0 and 0.5): the two conversions
-/// alone and together, beside an add, an independent fma, a mask test, a logic op, a
+/// alone and together, a mask test beside an fma and beside an add (which pipes the test
+/// takes), and the round trip beside an add, an independent fma, a mask test, a logic op, a
 /// memory broadcast or an fma taking its multiplier by embedded broadcast, and the exact
 /// (round-to-odd) update's operations. An added operation that costs nothing runs on other
 /// pipes. Prints only: the CPU decides (BENCHMARKS.md, "The f16 value update on Zen 4's
@@ -553,6 +554,8 @@ fn bench_f16_round_trip_ports() {
         port_loop!("round trip + vaddps"; "vcvtps2ph ymm0, zmm30, 0", "vcvtph2ps zmm8, ymm31", "vaddps zmm16, zmm30, zmm31", "vcvtps2ph ymm1, zmm30, 0", "vcvtph2ps zmm9, ymm31", "vaddps zmm17, zmm30, zmm31", "vcvtps2ph ymm2, zmm30, 0", "vcvtph2ps zmm10, ymm31", "vaddps zmm18, zmm30, zmm31", "vcvtps2ph ymm3, zmm30, 0", "vcvtph2ps zmm11, ymm31", "vaddps zmm19, zmm30, zmm31", "vcvtps2ph ymm4, zmm30, 0", "vcvtph2ps zmm12, ymm31", "vaddps zmm20, zmm30, zmm31", "vcvtps2ph ymm5, zmm30, 0", "vcvtph2ps zmm13, ymm31", "vaddps zmm21, zmm30, zmm31", "vcvtps2ph ymm6, zmm30, 0", "vcvtph2ps zmm14, ymm31", "vaddps zmm22, zmm30, zmm31", "vcvtps2ph ymm7, zmm30, 0", "vcvtph2ps zmm15, ymm31", "vaddps zmm23, zmm30, zmm31");
         port_loop!("round trip + vfmadd231ps"; "vcvtps2ph ymm0, zmm30, 0", "vcvtph2ps zmm8, ymm31", "vfmadd231ps zmm16, zmm30, zmm31", "vcvtps2ph ymm1, zmm30, 0", "vcvtph2ps zmm9, ymm31", "vfmadd231ps zmm17, zmm30, zmm31", "vcvtps2ph ymm2, zmm30, 0", "vcvtph2ps zmm10, ymm31", "vfmadd231ps zmm18, zmm30, zmm31", "vcvtps2ph ymm3, zmm30, 0", "vcvtph2ps zmm11, ymm31", "vfmadd231ps zmm19, zmm30, zmm31", "vcvtps2ph ymm4, zmm30, 0", "vcvtph2ps zmm12, ymm31", "vfmadd231ps zmm20, zmm30, zmm31", "vcvtps2ph ymm5, zmm30, 0", "vcvtph2ps zmm13, ymm31", "vfmadd231ps zmm21, zmm30, zmm31", "vcvtps2ph ymm6, zmm30, 0", "vcvtph2ps zmm14, ymm31", "vfmadd231ps zmm22, zmm30, zmm31", "vcvtps2ph ymm7, zmm30, 0", "vcvtph2ps zmm15, ymm31", "vfmadd231ps zmm23, zmm30, zmm31");
         port_loop!("round trip + vptestmd"; "vcvtps2ph ymm0, zmm30, 0", "vcvtph2ps zmm8, ymm31", "vptestmd k1, zmm30, zmm31", "vcvtps2ph ymm1, zmm30, 0", "vcvtph2ps zmm9, ymm31", "vptestmd k1, zmm30, zmm31", "vcvtps2ph ymm2, zmm30, 0", "vcvtph2ps zmm10, ymm31", "vptestmd k1, zmm30, zmm31", "vcvtps2ph ymm3, zmm30, 0", "vcvtph2ps zmm11, ymm31", "vptestmd k1, zmm30, zmm31", "vcvtps2ph ymm4, zmm30, 0", "vcvtph2ps zmm12, ymm31", "vptestmd k1, zmm30, zmm31", "vcvtps2ph ymm5, zmm30, 0", "vcvtph2ps zmm13, ymm31", "vptestmd k1, zmm30, zmm31", "vcvtps2ph ymm6, zmm30, 0", "vcvtph2ps zmm14, ymm31", "vptestmd k1, zmm30, zmm31", "vcvtps2ph ymm7, zmm30, 0", "vcvtph2ps zmm15, ymm31", "vptestmd k1, zmm30, zmm31");
+        port_loop!("vfmadd231ps + vptestmd"; "vfmadd231ps zmm16, zmm30, zmm31", "vptestmd k1, zmm30, zmm31", "vfmadd231ps zmm17, zmm30, zmm31", "vptestmd k1, zmm30, zmm31", "vfmadd231ps zmm18, zmm30, zmm31", "vptestmd k1, zmm30, zmm31", "vfmadd231ps zmm19, zmm30, zmm31", "vptestmd k1, zmm30, zmm31", "vfmadd231ps zmm20, zmm30, zmm31", "vptestmd k1, zmm30, zmm31", "vfmadd231ps zmm21, zmm30, zmm31", "vptestmd k1, zmm30, zmm31", "vfmadd231ps zmm22, zmm30, zmm31", "vptestmd k1, zmm30, zmm31", "vfmadd231ps zmm23, zmm30, zmm31", "vptestmd k1, zmm30, zmm31");
+        port_loop!("vaddps + vptestmd"; "vaddps zmm16, zmm30, zmm31", "vptestmd k1, zmm30, zmm31", "vaddps zmm17, zmm30, zmm31", "vptestmd k1, zmm30, zmm31", "vaddps zmm18, zmm30, zmm31", "vptestmd k1, zmm30, zmm31", "vaddps zmm19, zmm30, zmm31", "vptestmd k1, zmm30, zmm31", "vaddps zmm20, zmm30, zmm31", "vptestmd k1, zmm30, zmm31", "vaddps zmm21, zmm30, zmm31", "vptestmd k1, zmm30, zmm31", "vaddps zmm22, zmm30, zmm31", "vptestmd k1, zmm30, zmm31", "vaddps zmm23, zmm30, zmm31", "vptestmd k1, zmm30, zmm31");
         port_loop!("round trip + vpandd"; "vcvtps2ph ymm0, zmm30, 0", "vcvtph2ps zmm8, ymm31", "vpandd zmm16, zmm30, zmm31", "vcvtps2ph ymm1, zmm30, 0", "vcvtph2ps zmm9, ymm31", "vpandd zmm17, zmm30, zmm31", "vcvtps2ph ymm2, zmm30, 0", "vcvtph2ps zmm10, ymm31", "vpandd zmm18, zmm30, zmm31", "vcvtps2ph ymm3, zmm30, 0", "vcvtph2ps zmm11, ymm31", "vpandd zmm19, zmm30, zmm31", "vcvtps2ph ymm4, zmm30, 0", "vcvtph2ps zmm12, ymm31", "vpandd zmm20, zmm30, zmm31", "vcvtps2ph ymm5, zmm30, 0", "vcvtph2ps zmm13, ymm31", "vpandd zmm21, zmm30, zmm31", "vcvtps2ph ymm6, zmm30, 0", "vcvtph2ps zmm14, ymm31", "vpandd zmm22, zmm30, zmm31", "vcvtps2ph ymm7, zmm30, 0", "vcvtph2ps zmm15, ymm31", "vpandd zmm23, zmm30, zmm31");
         port_loop!("round trip + vbroadcastss m32"; "vcvtps2ph ymm0, zmm30, 0", "vcvtph2ps zmm8, ymm31", "vbroadcastss zmm16, dword ptr [rax + 0]", "vcvtps2ph ymm1, zmm30, 0", "vcvtph2ps zmm9, ymm31", "vbroadcastss zmm17, dword ptr [rax + 4]", "vcvtps2ph ymm2, zmm30, 0", "vcvtph2ps zmm10, ymm31", "vbroadcastss zmm18, dword ptr [rax + 8]", "vcvtps2ph ymm3, zmm30, 0", "vcvtph2ps zmm11, ymm31", "vbroadcastss zmm19, dword ptr [rax + 12]", "vcvtps2ph ymm4, zmm30, 0", "vcvtph2ps zmm12, ymm31", "vbroadcastss zmm20, dword ptr [rax + 16]", "vcvtps2ph ymm5, zmm30, 0", "vcvtph2ps zmm13, ymm31", "vbroadcastss zmm21, dword ptr [rax + 20]", "vcvtps2ph ymm6, zmm30, 0", "vcvtph2ps zmm14, ymm31", "vbroadcastss zmm22, dword ptr [rax + 24]", "vcvtps2ph ymm7, zmm30, 0", "vcvtph2ps zmm15, ymm31", "vbroadcastss zmm23, dword ptr [rax + 28]");
         port_loop!("round trip + vfmadd231ps m32{1to16}"; "vcvtps2ph ymm0, zmm30, 0", "vcvtph2ps zmm8, ymm31", "vfmadd231ps zmm16, zmm30, dword ptr [rax + 0]{{1to16}}", "vcvtps2ph ymm1, zmm30, 0", "vcvtph2ps zmm9, ymm31", "vfmadd231ps zmm17, zmm30, dword ptr [rax + 4]{{1to16}}", "vcvtps2ph ymm2, zmm30, 0", "vcvtph2ps zmm10, ymm31", "vfmadd231ps zmm18, zmm30, dword ptr [rax + 8]{{1to16}}", "vcvtps2ph ymm3, zmm30, 0", "vcvtph2ps zmm11, ymm31", "vfmadd231ps zmm19, zmm30, dword ptr [rax + 12]{{1to16}}", "vcvtps2ph ymm4, zmm30, 0", "vcvtph2ps zmm12, ymm31", "vfmadd231ps zmm20, zmm30, dword ptr [rax + 16]{{1to16}}", "vcvtps2ph ymm5, zmm30, 0", "vcvtph2ps zmm13, ymm31", "vfmadd231ps zmm21, zmm30, dword ptr [rax + 20]{{1to16}}", "vcvtps2ph ymm6, zmm30, 0", "vcvtph2ps zmm14, ymm31", "vfmadd231ps zmm22, zmm30, dword ptr [rax + 24]{{1to16}}", "vcvtps2ph ymm7, zmm30, 0", "vcvtph2ps zmm15, ymm31", "vfmadd231ps zmm23, zmm30, dword ptr [rax + 28]{{1to16}}");
@@ -746,7 +749,27 @@ fn bench_exact_step_chains() {
         };
     }
     // The 16 chains of one key: heads h = a / 4 with value vectors zmm16..19 (j = a % 4).
+    // One head's four chains (accumulators zmm$a0.., value vectors zmm16..19) grouped by
+    // operation: four fmas down, four up, four tests, four selections, four round trips.
+    macro_rules! head_grouped {
+        ($a0:literal, $a1:literal, $a2:literal, $a3:literal) => {
+            concat!(
+                "vmovaps zmm21, zmm20\n", "vmovaps zmm22, zmm20\n", "vmovaps zmm23, zmm20\n", "vmovaps zmm30, zmm20\n",
+                "vfmadd213ps zmm21, zmm16, zmm", $a0, ", {{rd-sae}}\n", "vfmadd213ps zmm22, zmm17, zmm", $a1, ", {{rd-sae}}\n",
+                "vfmadd213ps zmm23, zmm18, zmm", $a2, ", {{rd-sae}}\n", "vfmadd213ps zmm30, zmm19, zmm", $a3, ", {{rd-sae}}\n",
+                "vfmadd231ps zmm", $a0, ", zmm16, zmm20, {{ru-sae}}\n", "vfmadd231ps zmm", $a1, ", zmm17, zmm20, {{ru-sae}}\n",
+                "vfmadd231ps zmm", $a2, ", zmm18, zmm20, {{ru-sae}}\n", "vfmadd231ps zmm", $a3, ", zmm19, zmm20, {{ru-sae}}\n",
+                "vptestnmd k1, zmm21, zmm24\n", "vptestnmd k2, zmm22, zmm24\n", "vptestnmd k3, zmm23, zmm24\n", "vptestnmd k4, zmm30, zmm24\n",
+                "vmovaps zmm21{{k1}}, zmm", $a0, "\n", "vmovaps zmm22{{k2}}, zmm", $a1, "\n", "vmovaps zmm23{{k3}}, zmm", $a2, "\n", "vmovaps zmm30{{k4}}, zmm", $a3, "\n",
+                round_trip!($a0, 21), round_trip!($a1, 22), round_trip!($a2, 23), round_trip!($a3, 30)
+            )
+        };
+    }
     macro_rules! key {
+        // The kernel's step, each head's four vectors grouped by operation.
+        (grouped) => {
+            concat!(head_grouped!(0, 1, 2, 3), head_grouped!(4, 5, 6, 7), head_grouped!(8, 9, 10, 11), head_grouped!(12, 13, 14, 15))
+        };
         ($step:ident) => {
             concat!(
                 $step!(0, 16, 21, 30), $step!(1, 17, 22, 31), $step!(2, 18, 23, 30), $step!(3, 19, 21, 31),
@@ -784,7 +807,7 @@ fn bench_exact_step_chains() {
                             out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
                             out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _, out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
                             out("zmm16") _, out("zmm17") _, out("zmm18") _, out("zmm19") _, out("zmm20") _, out("zmm21") _, out("zmm22") _, out("zmm23") _,
-                            out("zmm24") _, out("zmm25") _, out("zmm26") _, out("zmm27") _, out("zmm28") _, out("zmm29") _, out("k1") _,
+                            out("zmm24") _, out("zmm25") _, out("zmm26") _, out("zmm27") _, out("zmm28") _, out("zmm29") _, out("k1") _, out("k2") _, out("k3") _, out("k4") _,
                             options(nostack, nomem),
                         );
                     }
@@ -799,6 +822,7 @@ fn bench_exact_step_chains() {
         chains!("rd, ru fmas; selection by and, sub, ternary logic; round trip", select_logic_step);
         chains!("rd, rz, ru fmas; rz | ((rd ^ ru) & 1); round trip", toward_zero_step);
         chains!("rd, ru fmas; min_u(rd, ru) | ((rd ^ ru) & 1); round trip", min_or_step);
+        chains!("the exact step, each head's four vectors grouped by operation", grouped);
         chains!("one fma + round trip + f16 midpoint watch", watch_midpoint_step);
         chains!("one fma + round trip + midpoint and subnormal watch", watch_both_step);
     }
