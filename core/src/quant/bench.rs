@@ -829,3 +829,43 @@ fn bench_exact_step_chains() {
     // SAFETY: AVX-512 F present (checked above).
     unsafe { run() };
 }
+
+/// `cargo test -p keel-core --release quant::bench::bench_attend_block -- --ignored --nocapture`:
+/// CPU time of `attention::attend_block` for a prompt's block of `QBLOCK` queries at
+/// depth 4096, ns per (query, key, head): Gemma 3's shape (4 heads of 256 on one KV head)
+/// with each query's span all positions before it and itself (its global layers) and the
+/// last 512 (its sliding-window layers), and SmolLM2's (3 heads of 64, the first of 3 KV
+/// heads; causal); the cache (4 MiB and 6 MiB) larger than L2 as in a prompt at depth; for
+/// every kernel set of the attention tests, interleaved, best of 7.
+#[test]
+#[ignore]
+fn bench_attend_block() {
+    use crate::attention::{attend_block, KeySpan, QBLOCK};
+    use half::f16;
+    let sets = super::tests_f16::kernel_sets();
+    let mut rng = Rng::new(21);
+    let (past, nq) = (4096usize, QBLOCK);
+    for (hd, nh, n_kvh, window) in [(256usize, 4usize, 1usize, 0usize), (256, 4, 1, 512), (64, 3, 3, 0)] {
+        let (rows, stride) = (past + nq, n_kvh * hd);
+        let kc: Vec<f16> = (0..rows * stride).map(|_| f16::from_f32(rng.unit())).collect();
+        let vc: Vec<f16> = (0..rows * stride).map(|_| f16::from_f32(rng.unit())).collect();
+        let q: Vec<f32> = (0..nq * nh * hd).map(|_| rng.unit()).collect();
+        let span = |j: usize| KeySpan { len: if window > 0 { window } else { past + j + 1 }, first_slot: if window > 0 { past + j + 1 - window } else { 0 }, ring: rows, k_base: 0, k_stride: stride, v_base: 0, v_stride: stride };
+        let (mut qh, mut acc, mut out) = (std::vec![f16::ZERO; nq * nh * hd], std::vec![f16::ZERO; nq * nh * hd], std::vec![0.0f32; nq * nh * hd]);
+        let mut best = std::vec![f64::MAX; sets.len()];
+        for _ in 0..7 {
+            for (k, best) in sets.iter().zip(&mut best) {
+                let t0 = thread_cpu_s();
+                let mut outs = out.chunks_exact_mut(nh * hd);
+                attend_block(k, (hd, hd, nh), &kc, &vc, 1.0 / (hd as f32).sqrt(), nq, |j| (&q[j * nh * hd..(j + 1) * nh * hd], span(j)), &mut qh, &mut acc, |_| outs.next().unwrap());
+                *best = best.min(thread_cpu_s() - t0);
+            }
+        }
+        black_box(&out);
+        let pairs = (0..nq).map(|j| (span(j).len * nh) as f64).sum::<f64>();
+        for (k, best) in sets.iter().zip(&best) {
+            let spans = if window > 0 { std::format!("window {window}") } else { "causal".into() };
+            println!("{:>26}, {nh} heads of {hd:3}, {nq} queries at depth {past}, {spans:>10}: {:.3} ns per (query, key, head), {:.2} ms per block", super::tests_f16::label(k), best * 1e9 / pairs, best * 1e3);
+        }
+    }
+}
