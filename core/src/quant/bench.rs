@@ -846,10 +846,8 @@ fn bench_attend_block() {
     let mut rng = Rng::new(21);
     let (past, nq) = (4096usize, QBLOCK);
     for (hd, nh, n_kvh, window) in [(256usize, 4usize, 1usize, 0usize), (256, 4, 1, 512), (64, 3, 3, 0)] {
-        let (rows, stride) = (past + nq, n_kvh * hd);
-        let kc: Vec<f16> = (0..rows * stride).map(|_| f16::from_f32(rng.unit())).collect();
-        let vc: Vec<f16> = (0..rows * stride).map(|_| f16::from_f32(rng.unit())).collect();
-        let q: Vec<f32> = (0..nq * nh * hd).map(|_| rng.unit()).collect();
+        // One slot per position (no ring): a window is only the spans' starts.
+        let (rows, stride, kc, vc, q) = super::tests_f16::random_attention(&mut rng, (hd, n_kvh, nh, nq), 0, past, 1.0);
         let span = |j: usize| KeySpan { len: if window > 0 { window } else { past + j + 1 }, first_slot: if window > 0 { past + j + 1 - window } else { 0 }, ring: rows, k_base: 0, k_stride: stride, v_base: 0, v_stride: stride };
         let (mut qh, mut acc, mut out) = (std::vec![f16::ZERO; nq * nh * hd], std::vec![f16::ZERO; nq * nh * hd], std::vec![0.0f32; nq * nh * hd]);
         let mut best = std::vec![f64::MAX; sets.len()];

@@ -740,7 +740,7 @@ fn grouped_value_update_power_of_two_multipliers() {
 /// A KV cache of `n_kvh` KV heads of `hd` for positions `0 ..= past + nq - 1` (a ring of
 /// `window` slots when windowed, as keel's sliding-window cache) and `nq × nh` query rows,
 /// from `rng` (keys and queries times `big`): `(rows, row stride, keys, values, queries)`.
-fn random_attention(rng: &mut Rng, (hd, n_kvh, nh, nq): (usize, usize, usize, usize), window: usize, past: usize, big: f32) -> (usize, usize, Vec<f16>, Vec<f16>, Vec<f32>) {
+pub(super) fn random_attention(rng: &mut Rng, (hd, n_kvh, nh, nq): (usize, usize, usize, usize), window: usize, past: usize, big: f32) -> (usize, usize, Vec<f16>, Vec<f16>, Vec<f32>) {
     let rows = if window > 0 { window } else { past + nq };
     let stride = n_kvh * hd;
     let kc = (0..rows * stride).map(|_| f16::from_f32(rng.unit() * big)).collect();
