@@ -656,7 +656,8 @@ fn bench_exact_step_chains() {
     }
     // One step of chain `a` (accumulator zmm{a}, value vector zmm{x}, temporaries zmm{t},
     // zmm{u}; zmm20 the multiplier, zmm24 ones in every dword, zmm25/zmm26 f32 bit masks
-    // 0x1000/0x1fff, zmm27..29 running minima), from these pieces: the fmas rounded down
+    // 0x1000/0x1fff, zmm27..29 running minima, zmm31 1.0 where the step takes no `u`, k2
+    // a fixed mask), from these pieces: the fmas rounded down
     // (into t) and up (into a), as `mad_exact_avx512`; the f16 round trip of `src` into a;
     // one fma with the f32 sum's low 13 bits against f16's midpoint pattern beside it
     // (`(s ^ 0x1000) & 0x1fff`, zero at a midpoint) folded into a running minimum, to be
@@ -735,6 +736,32 @@ fn bench_exact_step_chains() {
             )
         };
     }
+    macro_rules! mul_select_step {
+        // The kernel's selection as a masked multiply by 1.0 (zmm31), an FMA-pipe
+        // operation, instead of the masked move.
+        ($a:literal, $x:literal, $t:literal, $u:literal) => {
+            concat!(rd_ru!($a, $x, $t), "vptestnmd k1, zmm", $t, ", zmm24\n", "vmulps zmm", $t, "{{k1}}, zmm", $a, ", zmm31\n", round_trip!($a, $t))
+        };
+    }
+    // Two probes of the selection's cost (wrong bits): the test without the move, and the
+    // move (by a fixed mask in k2) without the test.
+    macro_rules! test_only_step {
+        ($a:literal, $x:literal, $t:literal, $u:literal) => {
+            concat!(rd_ru!($a, $x, $t), "vptestnmd k1, zmm", $t, ", zmm24\n", round_trip!($a, $t))
+        };
+    }
+    macro_rules! move_only_step {
+        ($a:literal, $x:literal, $t:literal, $u:literal) => {
+            concat!(rd_ru!($a, $x, $t), "vmovaps zmm", $t, "{{k2}}, zmm", $a, "\n", round_trip!($a, $t))
+        };
+    }
+    macro_rules! plain_test_step {
+        // The test beside one fma only (wrong bits): whether it is free where the FMA pipes
+        // have room.
+        ($a:literal, $x:literal, $t:literal, $u:literal) => {
+            concat!("vfmadd231ps zmm", $a, ", zmm", $x, ", zmm20\n", "vptestnmd k1, zmm", $a, ", zmm24\n", round_trip!($a, $a))
+        };
+    }
     macro_rules! watch_midpoint_step {
         // One fma and the round trip, f16 midpoints watched.
         ($a:literal, $x:literal, $t:literal, $u:literal) => {
@@ -770,6 +797,14 @@ fn bench_exact_step_chains() {
         (grouped) => {
             concat!(head_grouped!(0, 1, 2, 3), head_grouped!(4, 5, 6, 7), head_grouped!(8, 9, 10, 11), head_grouped!(12, 13, 14, 15))
         };
+        (mixed) => {
+            concat!(
+                kernel_step!(0, 16, 21, 30), mul_select_step!(1, 17, 22, 31), kernel_step!(2, 18, 23, 30), mul_select_step!(3, 19, 21, 31),
+                kernel_step!(4, 16, 22, 30), mul_select_step!(5, 17, 23, 31), kernel_step!(6, 18, 21, 30), mul_select_step!(7, 19, 22, 31),
+                kernel_step!(8, 16, 23, 30), mul_select_step!(9, 17, 21, 31), kernel_step!(10, 18, 22, 30), mul_select_step!(11, 19, 23, 31),
+                kernel_step!(12, 16, 21, 30), mul_select_step!(13, 17, 22, 31), kernel_step!(14, 18, 23, 30), mul_select_step!(15, 19, 21, 31)
+            )
+        };
         ($step:ident) => {
             concat!(
                 $step!(0, 16, 21, 30), $step!(1, 17, 22, 31), $step!(2, 18, 23, 30), $step!(3, 19, 21, 31),
@@ -798,12 +833,12 @@ fn bench_exact_step_chains() {
                             "vbroadcastss zmm16, xmm31", "vmovaps zmm17, zmm16", "vmovaps zmm18, zmm16", "vmovaps zmm19, zmm16", "vmovaps zmm20, zmm0",
                             "vpternlogd zmm24, zmm24, zmm24, 0xff", "vpsrld zmm24, zmm24, 31",
                             "vpslld zmm25, zmm24, 12", "vpslld zmm26, zmm24, 13", "vpsubd zmm26, zmm26, zmm24",
-                            "vpternlogd zmm27, zmm27, zmm27, 0xff", "vmovaps zmm28, zmm27", "vpsrld zmm29, zmm27, 1",
+                            "vpternlogd zmm27, zmm27, zmm27, 0xff", "vmovaps zmm28, zmm27", "vpsrld zmm29, zmm27, 1", "vcvtdq2ps zmm31, zmm24", "mov eax, 0x5555", "kmovw k2, eax",
                             "2:",
                             key!($step),
                             "dec rcx",
                             "jnz 2b",
-                            inout("rcx") KEYS => _, inout("xmm30") _mm_set1_ps(0.75) => _, inout("xmm31") _mm_set1_ps(0.001) => _,
+                            inout("rcx") KEYS => _, out("eax") _, inout("xmm30") _mm_set1_ps(0.75) => _, inout("xmm31") _mm_set1_ps(0.001) => _,
                             out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
                             out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _, out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
                             out("zmm16") _, out("zmm17") _, out("zmm18") _, out("zmm19") _, out("zmm20") _, out("zmm21") _, out("zmm22") _, out("zmm23") _,
@@ -823,6 +858,12 @@ fn bench_exact_step_chains() {
         chains!("rd, rz, ru fmas; rz | ((rd ^ ru) & 1); round trip", toward_zero_step);
         chains!("rd, ru fmas; min_u(rd, ru) | ((rd ^ ru) & 1); round trip", min_or_step);
         chains!("the exact step, each head's four vectors grouped by operation", grouped);
+        chains!("the exact step, selection by masked multiply by 1", mul_select_step);
+        chains!("the exact step, masked move and masked multiply alternating", mixed);
+        chains!("the exact step (again, for the run's noise)", kernel_step);
+        chains!("rd, ru fmas; vptestnmd, no move; round trip", test_only_step);
+        chains!("rd, ru fmas; masked move by a fixed mask, no test; round trip", move_only_step);
+        chains!("one fma; vptestnmd; round trip", plain_test_step);
         chains!("one fma + round trip + f16 midpoint watch", watch_midpoint_step);
         chains!("one fma + round trip + midpoint and subnormal watch", watch_both_step);
     }
