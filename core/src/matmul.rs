@@ -1,13 +1,14 @@
 //! Matrix products of quantized weights with a batch of activation rows.
 //!
-//! Work is split by weight rows across the host's threads; each (row, token) dot product
+//! Work is split by weight rows across the host's threads (a long batch of a matrix in
+//! the rows16 layout: by tokens, claimed a tile at a time); each (row, token) dot product
 //! is the same call whatever the batch size or thread count, so results are bit-identical
 //! between batched and single-token evaluation and across `-t`. Owns: activation
 //! quantization for a batch and the row split. The dot kernels live in `quant`.
 
 use crate::ggml_type::GgmlType;
 use crate::model::{Layout, Tensor};
-use crate::parallel::{split_range, Parallel};
+use crate::parallel::{split_range, Claims, Parallel};
 use crate::prefetch::{self, Level};
 use crate::quant::rows16::ROWS16;
 use crate::quant::{DotFn, DotPairsFn, DotRowsFn, Kernels, DOT_PAIRS_MAX, DOT_ROWS, DOT_TILE_MAX_ROWS, DOT_TILE_MAX_TOKENS};
@@ -225,9 +226,15 @@ const ROWS16_TILE_GROUPS: usize = 4;
 /// Q4_K prompt was, if anything, slower), so they keep four.
 const ROWS16_Q4_0_GROUPS: usize = 16;
 
-/// [`matmul_as`] for a matrix in the rows16 layout: whole groups of 16 rows per task
-/// (for one token on several threads in [`stream_parts`] parts per thread, as the plain
-/// layout's groups). A batch takes the type's rows16 tile for whole tiles of tokens
+/// [`matmul_as`] for a matrix in the rows16 layout. A batch of at least
+/// [`TOKEN_ITEMS`] items per thread (of a tile's tokens, or [`ROWS16_TOKENS`] where the
+/// type has no tile) is dealt out by tokens: each item every row of its tokens, claimed
+/// one at a time by whichever task is free (a task whose core is slower for a while
+/// takes fewer, where a fixed half of the rows each leaves the faster waiting), the
+/// kernels writing their outputs in place (the item's tokens' rows are its own). Else
+/// whole groups of 16 rows per task (for one token on several threads in
+/// [`stream_parts`] parts per thread, as the plain layout's groups), the outputs staged
+/// and copied. Either way a batch takes the type's rows16 tile for whole tiles of tokens
 /// where it has one (then its narrower one), and the rest through the rows16 kernel, up
 /// to 16 tokens and [`ROWS16_TILE_GROUPS`] groups a call (Q4_0: [`ROWS16_Q4_0_GROUPS`];
 /// one token: the task's groups in one call), the groups' tokens while the groups are in
@@ -246,33 +253,59 @@ fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
     let groups = rows / ROWS16;
     let out = SharedMut::new(&mut out[..n * rows]);
     let threads = par.n_threads();
-    let parts = if n == 1 { stream_parts(threads, rows * wrb) } else { 1 };
-    let tasks = (threads * parts).min(groups).max(1);
     let tile = k.dot_tile_rows16_fn(w.ty);
-    par.run(tasks, &|t| {
-        let range = split_range(groups, tasks, t);
-        let mut i = 0;
-        // The kernels' outputs are staged in arrays zeroed once per task or tile of tokens,
-        // not per call (every call writes all it is given): for one token a zeroing per
-        // group was ~1% of decode (`perf`, Zen 4).
+    let call_groups = if w.ty == GgmlType::Q4_0 { ROWS16_Q4_0_GROUPS } else { ROWS16_TILE_GROUPS };
+    // The groups `range` for tokens `i0..i1`, which no other call of the job writes:
+    // whole tiles of tokens first, then the rest through the kernel. `put(i, tt, g0, nr,
+    // call)` hands `call` the outputs of tokens i..i + tt and rows g0·16.. (nr of them)
+    // and their stride.
+    let part = |range: core::ops::Range<usize>, (i0, i1): (usize, usize), put: &mut dyn FnMut(usize, usize, usize, usize, &mut dyn FnMut(&mut [f32], usize))| {
+        let mut i = i0;
         for (tf, tt) in tile.iter().flat_map(|t| [Some((t.f, t.tokens)), t.rest]).flatten() {
-            while i + tt <= n {
-                let mut o = [0.0f32; DOT_TILE_MAX_TOKENS * ROWS16_TILE_GROUPS * ROWS16];
+            while i + tt <= i1 {
                 for g0 in range.clone().step_by(ROWS16_TILE_GROUPS) {
                     let g1 = (g0 + ROWS16_TILE_GROUPS).min(range.end);
                     let nr = (g1 - g0) * ROWS16;
-                    tf(cols, &w.data[g0 * gb..g1 * gb], wrb, nr, &xq[i * rb..(i + tt) * rb], rb, &mut o[..tt * nr], nr);
-                    for (ti, orow) in o[..tt * nr].chunks_exact(nr).enumerate() {
-                        // SAFETY: rows g0·16..g1·16 of every token belong to this task alone.
-                        unsafe { out.slice((i + ti) * rows + g0 * ROWS16, nr) }.copy_from_slice(orow);
-                    }
+                    put(i, tt, g0, nr, &mut |o, os| tf(cols, &w.data[g0 * gb..g1 * gb], wrb, nr, &xq[i * rb..(i + tt) * rb], rb, o, os));
                 }
                 i += tt;
             }
         }
-        // The rest. One token: the task's groups in one call, straight into the output
-        // (a call shares each token's activation work between its groups).
-        if i == 0 && n == 1 {
+        // Up to ROWS16_TOKENS tokens that take the same kernel and `call_groups` groups
+        // per call, the groups' tokens while they are in cache.
+        for g0 in range.clone().step_by(call_groups) {
+            let g1 = (g0 + call_groups).min(range.end);
+            let nr = (g1 - g0) * ROWS16;
+            let wg = &w.data[g0 * gb..g1 * gb];
+            let mut j = i;
+            while j < i1 {
+                let kf = kernel(j);
+                let mut tt = 1;
+                while tt < ROWS16_TOKENS && j + tt < i1 && kernel(j + tt) as usize == kf as usize {
+                    tt += 1;
+                }
+                put(j, tt, g0, nr, &mut |o, os| kf(cols, g1 - g0, wg, &xq[j * rb..(j + tt) * rb], rb, tt, o, os));
+                j += tt;
+            }
+        }
+    };
+    let item = tile.map_or(ROWS16_TOKENS, |t| t.tokens);
+    if n > 1 && n >= TOKEN_ITEMS * threads * item {
+        let items = Claims::new(n.div_ceil(item));
+        return par.run(threads, &|_| {
+            for it in items.iter() {
+                // In place: SAFETY: the item's tokens' outputs are written by this call alone.
+                part(0..groups, (it * item, ((it + 1) * item).min(n)), &mut |i, tt, g0, nr, call| call(unsafe { out.slice(i * rows + g0 * ROWS16, (tt - 1) * rows + nr) }, rows));
+            }
+        });
+    }
+    let parts = if n == 1 { stream_parts(threads, rows * wrb) } else { 1 };
+    let tasks = (threads * parts).min(groups).max(1);
+    par.run(tasks, &|t| {
+        let range = split_range(groups, tasks, t);
+        // One token: the task's groups in one call, straight into the output (a call
+        // shares each token's activation work between its groups).
+        if n == 1 {
             if !range.is_empty() {
                 let nr = range.len() * ROWS16;
                 // SAFETY: rows range.start·16.. belong to this task alone.
@@ -280,32 +313,29 @@ fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
             }
             return;
         }
-        // Else up to ROWS16_TOKENS tokens that take the same kernel and ROWS16_TILE_GROUPS
-        // groups per call (Q4_0: ROWS16_Q4_0_GROUPS), the groups' tokens while they are in
-        // cache.
-        let call_groups = if w.ty == GgmlType::Q4_0 { ROWS16_Q4_0_GROUPS } else { ROWS16_TILE_GROUPS };
-        let mut o = [0.0f32; ROWS16_TOKENS * ROWS16_Q4_0_GROUPS * ROWS16];
-        for g0 in range.clone().step_by(call_groups) {
-            let g1 = (g0 + call_groups).min(range.end);
-            let nr = (g1 - g0) * ROWS16;
-            let wg = &w.data[g0 * gb..g1 * gb];
-            let mut j = i;
-            while j < n {
-                let kf = kernel(j);
-                let mut tt = 1;
-                while tt < ROWS16_TOKENS && j + tt < n && kernel(j + tt) as usize == kf as usize {
-                    tt += 1;
-                }
-                kf(cols, g1 - g0, wg, &xq[j * rb..(j + tt) * rb], rb, tt, &mut o[..tt * nr], nr);
-                for (ti, orow) in o[..tt * nr].chunks_exact(nr).enumerate() {
-                    // SAFETY: rows g0·16..g1·16 of every token belong to this task alone.
-                    unsafe { out.slice((j + ti) * rows + g0 * ROWS16, nr) }.copy_from_slice(orow);
-                }
-                j += tt;
+        // The outputs staged in an array zeroed once per task, not per call (every call
+        // writes all it is given): a zeroing per group was ~1% of decode (`perf`, Zen 4).
+        let mut o = [0.0f32; STAGE];
+        part(range, (0, n), &mut |i, tt, g0, nr, call| {
+            call(&mut o[..tt * nr], nr);
+            for (ti, orow) in o[..tt * nr].chunks_exact(nr).enumerate() {
+                // SAFETY: rows g0·16.. (nr of them) of every token belong to this task alone.
+                unsafe { out.slice((i + ti) * rows + g0 * ROWS16, nr) }.copy_from_slice(orow);
             }
-        }
+        });
     });
 }
+
+/// Items per thread from which a batch in the rows16 layout is dealt out by tokens
+/// ([`matmul_rows16`]): enough for a slower core to take fewer.
+const TOKEN_ITEMS: usize = 2;
+
+/// Floats of a rows16 call's staged outputs: its tokens (a tile's, or up to
+/// [`ROWS16_TOKENS`]) by its rows.
+const STAGE: usize = {
+    let (a, b) = (DOT_TILE_MAX_TOKENS * ROWS16_TILE_GROUPS * ROWS16, ROWS16_TOKENS * ROWS16_Q4_0_GROUPS * ROWS16);
+    if a > b { a } else { b }
+};
 
 /// Bytes of its weights a one-token task asks for before it starts ([`matvec_group`]).
 const START_BYTES: usize = 8192;

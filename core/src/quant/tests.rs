@@ -1258,8 +1258,9 @@ fn activation_rounding_is_rintf_everywhere() {
     }
 }
 
-/// A matrix packed in the rows16 layout gives, in `matmul` (batches of 1 to 20 and 64
-/// tokens, one to five tasks in any order) and in a `matvec_group` beside plain
+/// A matrix packed in the rows16 layout gives, in `matmul` (batches of 1 to 20, 64 and 150
+/// tokens, one to five tasks in any order; 64 and 150 dealt out by tokens on one and two
+/// tasks, 150 with a last item shorter than a tile) and in a `matvec_group` beside plain
 /// matrices, every (token, row) the bits the plain matrix gives — in keel's batches and in
 /// llama.cpp's (`matmul_as` with `llama_cpp_batches`) — for each kernel set with rows16
 /// kernels, Q4_0, Q4_1, Q5_0, Q8_0 and Q4_K, with a product past `matmul::BALANCE_BYTES`
@@ -1278,13 +1279,13 @@ fn rows16_matrices_give_the_plain_matrices_bits() {
             if !k.packs_rows16(ty, rows) {
                 continue;
             }
-            let n_max = if rows > 1024 { 1 } else { 64 };
+            let n_max = if rows > 1024 { 1 } else { 150 };
             let (w, a, wrb, rb) = matmul_operands(&k, &mut rng, ty, rows, cols, n_max);
             let mut p = w.clone();
             pack_in_place(ty, rows, cols, &mut p, &mut vec![0u8; ROWS16 * wrb]).unwrap();
             let plain = Tensor { ty, cols, rows, data: &w, layout: Layout::Plain };
             let packed = Tensor { ty, cols, rows, data: &p, layout: Layout::Rows16 };
-            for n in (1..=20.min(n_max)).chain([64].into_iter().filter(|&n| n <= n_max)) {
+            for n in (1..=20.min(n_max)).chain([64, 150].into_iter().filter(|&n| n <= n_max)) {
                 let mut want = vec![0.0f32; n * rows];
                 matmul(&k, &Sequential, &plain, &a[..n * rb], n, &mut want);
                 let mut want_llama = vec![0.0f32; n * rows];
