@@ -294,7 +294,7 @@ fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
         let items = Claims::new(n.div_ceil(item));
         return par.run(threads, &|_| {
             for it in items.iter() {
-                // In place: SAFETY: the item's tokens' outputs are written by this call alone.
+                // SAFETY: in place: the item's tokens' outputs are written by this call alone.
                 part(0..groups, (it * item, ((it + 1) * item).min(n)), &mut |i, tt, g0, nr, call| call(unsafe { out.slice(i * rows + g0 * ROWS16, (tt - 1) * rows + nr) }, rows));
             }
         });
