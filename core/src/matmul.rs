@@ -252,7 +252,7 @@ fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
     let gb = ROWS16 * wrb;
     let groups = rows / ROWS16;
     let out = SharedMut::new(&mut out[..n * rows]);
-    let threads = par.n_threads();
+    let threads = par.n_threads().max(1);
     let tile = k.dot_tile_rows16_fn(w.ty);
     let call_groups = if w.ty == GgmlType::Q4_0 { ROWS16_Q4_0_GROUPS } else { ROWS16_TILE_GROUPS };
     // The groups `range` for tokens `i0..i1`, which no other call of the job writes:
@@ -290,7 +290,7 @@ fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
         }
     };
     let item = tile.map_or(ROWS16_TOKENS, |t| t.tokens);
-    if n > 1 && n >= TOKEN_ITEMS * threads * item {
+    if n >= TOKEN_ITEMS * threads * item {
         let items = Claims::new(n.div_ceil(item));
         return par.run(threads, &|_| {
             for it in items.iter() {
