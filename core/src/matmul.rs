@@ -1,7 +1,7 @@
 //! Matrix products of quantized weights with a batch of activation rows.
 //!
-//! Work is split by weight rows across the host's threads (a long batch of a matrix in
-//! the rows16 layout: by tokens, claimed a tile at a time); each (row, token) dot product
+//! Work is split by weight rows across the host's threads (a long batch: by tokens, each
+//! task claiming a tile or chunk of them at a time); each (row, token) dot product
 //! is the same call whatever the batch size or thread count, so results are bit-identical
 //! between batched and single-token evaluation and across `-t`. Owns: activation
 //! quantization for a batch and the row split. The dot kernels live in `quant`.
@@ -117,95 +117,110 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
         let short = Short { pairs_fn, rows_fn, dot, w, xq, rb, n };
         return par.run(tasks, &|t| short.rows(split_range(rows, tasks, t), &out));
     }
+    let threads = par.n_threads().max(1);
+    let chunk = tile.map_or(TOKEN_TILE, |t| t.tokens.max(TOKEN_TILE));
+    // Rows `range` for tokens `i0..i1`, which no other call of the job writes. `put(i, tt,
+    // r, k, call)` hands `call` the outputs of tokens i..i + tt and rows r..r + k and
+    // their stride (a tile's); the 8-row kernel and `dot` write theirs in place.
+    let part = |range: core::ops::Range<usize>, (i0, i1): (usize, usize), put: &mut dyn FnMut(usize, usize, usize, usize, &mut dyn FnMut(&mut [f32], usize))| {
+        // Whole tiles of `tile.rows` rows × `tile.tokens` tokens, each output the bits of
+        // `dot` (see `Kernels::dot_tile_fn`), then whole tiles of its narrower tile where
+        // it has one; the rest pair by pair.
+        let (mut r_done, mut i_done) = (range.start, i0);
+        if let Some(tile) = tile {
+            let tr = tile.rows;
+            let nr = range.len() - range.len() % tr;
+            // The tile, then its narrower one (if any) for the tokens left.
+            for (f, tt) in [Some((tile.f, tile.tokens)), tile.rest].into_iter().flatten() {
+                let ni = (i1 - i_done) - (i1 - i_done) % tt;
+                // One tile of tokens: up to PANEL_ROWS rows per call (a tile may prepare
+                // the tokens once for all of them); several: one group of rows per call,
+                // each weight block reused by every token tile while in cache.
+                let pr = if ni == tt { PANEL_ROWS - PANEL_ROWS % tr } else { tr };
+                if ni > 0 {
+                    for r in (range.start..range.start + nr).step_by(pr) {
+                        let k = pr.min(range.start + nr - r);
+                        for i in (i_done..i_done + ni).step_by(tt) {
+                            // The outputs' lines asked into L2 while the tile computes (a
+                            // hint, no effect on any result): a batch's outputs outgrow the
+                            // caches, and the stores would wait on each line.
+                            for ti in 0..tt {
+                                prefetch::lines(out.addr((i + ti) * rows + r), 4 * k, Level::L2);
+                            }
+                            put(i, tt, r, k, &mut |o, os| f(cols, &w.data[r * wrb..(r + k) * wrb], wrb, k, &xq[i * rb..(i + tt) * rb], rb, o, os));
+                        }
+                    }
+                    r_done = range.start + nr;
+                    i_done += ni;
+                }
+            }
+        }
+        let mut r_first = range.start;
+        // Groups of DOT_ROWS rows for the tokens the tiles left: every token of the chunk
+        // where no tile touched it, else the tokens after the tiles' in the tiles' rows
+        // (whole groups, as the tile rows are) and every token in the rows after them.
+        if let (Some(rows_fn), true) = (rows_fn, i_done == i0 || (r_done - range.start).is_multiple_of(DOT_ROWS)) {
+            let nr = range.len() - range.len() % DOT_ROWS;
+            for r in (range.start..range.start + nr).step_by(DOT_ROWS) {
+                let first = if r < r_done { i_done } else { i0 };
+                for i in first..i1 {
+                    // SAFETY: elements (i, r..r + DOT_ROWS) are written by this call alone.
+                    let o = unsafe { out.slice(i * rows + r, DOT_ROWS) };
+                    rows_fn(cols, &w.data[r * wrb..(r + DOT_ROWS) * wrb], wrb, &xq[i * rb..(i + 1) * rb], o.try_into().expect("DOT_ROWS outputs"));
+                }
+            }
+            r_first = range.start + nr;
+        }
+        for r in r_first..range.end {
+            let wrow = &w.data[r * wrb..(r + 1) * wrb];
+            if i0 == 0 {
+                prefetch::lines(wrow.as_ptr().wrapping_add(PREFETCH_BYTES), wrb, Level::L1);
+            }
+            // Rows done in tiles still need the tokens after the last whole tile.
+            let first = if r < r_done { i_done } else { i0 };
+            for i in first..i1 {
+                let v = dot(cols, wrow, &xq[i * rb..(i + 1) * rb]);
+                // SAFETY: element (i, r) is written by this call alone.
+                unsafe { out.slice(i * rows + r, 1)[0] = v };
+            }
+        }
+    };
+    // A batch of at least TOKEN_ITEMS chunks per thread is dealt out by chunks of tokens,
+    // each every row, claimed one at a time (as `matmul_rows16` deals its batches: a task
+    // whose core is slower for a while takes fewer), the tiles writing in place.
+    if n >= TOKEN_ITEMS * threads * chunk {
+        let items = Claims::new(n.div_ceil(chunk));
+        return par.run(threads, &|_| {
+            for it in items.iter() {
+                // SAFETY: in place: the chunk's tokens' outputs are written by this call alone.
+                part(0..rows, (it * chunk, ((it + 1) * chunk).min(n)), &mut |i, tt, r, k, call| call(unsafe { out.slice(i * rows + r, (tt - 1) * rows + k) }, rows));
+            }
+        });
+    }
     par.run(tasks, &|t| {
         let range = task_rows(rows, unit, tasks, t);
         if n == 1 {
             // As in `matvec_group`: the task's first lines asked for at once.
             prefetch::lines(w.data.as_ptr().wrapping_add(range.start * wrb), (range.len() * wrb).min(START_BYTES), Level::L2);
         }
-        let mut i0 = 0;
-        let chunk = tile.map_or(TOKEN_TILE, |t| t.tokens.max(TOKEN_TILE));
-        while i0 < n {
-            let i1 = (i0 + chunk).min(n);
-            // Whole tiles of `tile.rows` rows × `tile.tokens` tokens, each output the
-            // bits of `dot` (see `Kernels::dot_tile_fn`), then whole tiles of its narrower
-            // tile where it has one; the rest pair by pair.
-            let (mut r_done, mut i_done) = (range.start, i0);
-            if let Some(tile) = tile {
-                let tr = tile.rows;
-                let nr = range.len() - range.len() % tr;
-                // The tile, then its narrower one (if any) for the tokens left.
-                for (f, tt) in [Some((tile.f, tile.tokens)), tile.rest].into_iter().flatten() {
-                    let ni = (i1 - i_done) - (i1 - i_done) % tt;
-                    // One tile of tokens: up to PANEL_ROWS rows per call (a tile may prepare
-                    // the tokens once for all of them); several: one group of rows per call,
-                    // each weight block reused by every token tile while in cache.
-                    let pr = if ni == tt { PANEL_ROWS - PANEL_ROWS % tr } else { tr };
-                    if ni > 0 {
-                        // Tile outputs (each call writes every element it hands back).
-                        let mut o = [0.0f32; DOT_TILE_MAX_TOKENS * PANEL_ROWS];
-                        for r in (range.start..range.start + nr).step_by(pr) {
-                            let k = pr.min(range.start + nr - r);
-                            for i in (i_done..i_done + ni).step_by(tt) {
-                                // The outputs' lines asked into L2 while the tile computes
-                                // (a hint, no effect on any result): a batch's outputs
-                                // outgrow the caches, and the copies below would wait on
-                                // each line's first store.
-                                for ti in 0..tt {
-                                    prefetch::lines(out.addr((i + ti) * rows + r), 4 * k, Level::L2);
-                                }
-                                f(cols, &w.data[r * wrb..(r + k) * wrb], wrb, k, &xq[i * rb..(i + tt) * rb], rb, &mut o[..tt * k], k);
-                                for (ti, orow) in o[..tt * k].chunks_exact(k).enumerate() {
-                                    // SAFETY: elements (i + ti, r..r + k) are written by the
-                                    // one task owning those rows.
-                                    let dst = unsafe { out.slice((i + ti) * rows + r, k) };
-                                    // (Fixed lengths for the usual shapes: inline moves, not a
-                                    // memcpy call per 16 or 32 bytes.)
-                                    match k {
-                                        4 => dst[..4].copy_from_slice(&orow[..4]),
-                                        8 => dst[..8].copy_from_slice(&orow[..8]),
-                                        _ => dst.copy_from_slice(orow),
-                                    }
-                                }
-                            }
-                        }
-                        r_done = range.start + nr;
-                        i_done += ni;
+        // Tile outputs, staged (each call writes every element it hands back).
+        let mut o = [0.0f32; DOT_TILE_MAX_TOKENS * PANEL_ROWS];
+        for i0 in (0..n).step_by(chunk) {
+            part(range.clone(), (i0, (i0 + chunk).min(n)), &mut |i, tt, r, k, call| {
+                call(&mut o[..tt * k], k);
+                for (ti, orow) in o[..tt * k].chunks_exact(k).enumerate() {
+                    // SAFETY: elements (i + ti, r..r + k) are written by the one task owning
+                    // those rows.
+                    let dst = unsafe { out.slice((i + ti) * rows + r, k) };
+                    // (Fixed lengths for the usual shapes: inline moves, not a memcpy call
+                    // per 16 or 32 bytes.)
+                    match k {
+                        4 => dst[..4].copy_from_slice(&orow[..4]),
+                        8 => dst[..8].copy_from_slice(&orow[..8]),
+                        _ => dst.copy_from_slice(orow),
                     }
                 }
-            }
-            let mut r_first = range.start;
-            // Groups of DOT_ROWS rows for the tokens the tiles left: every token of the chunk
-            // where no tile touched it, else the tokens after the tiles' in the tiles' rows
-            // (whole groups, as the tile rows are) and every token in the rows after them.
-            if let (Some(rows_fn), true) = (rows_fn, i_done == i0 || (r_done - range.start).is_multiple_of(DOT_ROWS)) {
-                let nr = range.len() - range.len() % DOT_ROWS;
-                for r in (range.start..range.start + nr).step_by(DOT_ROWS) {
-                    let first = if r < r_done { i_done } else { i0 };
-                    for i in first..i1 {
-                        let mut o = [0.0f32; DOT_ROWS];
-                        rows_fn(cols, &w.data[r * wrb..(r + DOT_ROWS) * wrb], wrb, &xq[i * rb..(i + 1) * rb], &mut o);
-                        // SAFETY: elements (i, r..r + DOT_ROWS) are written by the one task
-                        // owning those rows.
-                        unsafe { out.slice(i * rows + r, DOT_ROWS) }.copy_from_slice(&o);
-                    }
-                }
-                r_first = range.start + nr;
-            }
-            for r in r_first..range.end {
-                let wrow = &w.data[r * wrb..(r + 1) * wrb];
-                if i0 == 0 {
-                    prefetch::lines(wrow.as_ptr().wrapping_add(PREFETCH_BYTES), wrb, Level::L1);
-                }
-                // Rows done in tiles still need the tokens after the last whole tile.
-                let first = if r < r_done { i_done } else { i0 };
-                for i in first..i1 {
-                    let v = dot(cols, wrow, &xq[i * rb..(i + 1) * rb]);
-                    // SAFETY: element (i, r) is written by the one task owning row r.
-                    unsafe { out.slice(i * rows + r, 1)[0] = v };
-                }
-            }
-            i0 = i1;
+            });
         }
     });
 }
@@ -326,8 +341,8 @@ fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
     });
 }
 
-/// Items per thread from which a batch in the rows16 layout is dealt out by tokens
-/// ([`matmul_rows16`]): enough for a slower core to take fewer.
+/// Items per thread from which a batch is dealt out by tokens ([`matmul_as`],
+/// [`matmul_rows16`]): enough for a slower core to take fewer.
 const TOKEN_ITEMS: usize = 2;
 
 /// Floats of a rows16 call's staged outputs: its tokens (a tile's, or up to

@@ -805,10 +805,11 @@ fn matmul_operands(k: &Kernels, rng: &mut Rng, ty: GgmlType, rows: usize, cols: 
     (w, a, wrb, rb)
 }
 
-/// A matmul of 1 to 17, 31 to 33, 40, 48, 69 or 72 tokens gives each token the bits of that token alone, on one
-/// thread and on several (whatever path the batch takes: 8-row kernel, pairs, tiles and
-/// a narrower tile for a chunk's last tokens), for the types with short-batch or tile
-/// kernels; row counts not a multiple of 8 (nor of 16).
+/// A matmul of 1 to 17, 31 to 33, 40, 48, 69, 72, 150 or 200 tokens gives each token the
+/// bits of that token alone, on one thread and on several (whatever path the batch takes:
+/// 8-row kernel, pairs, tiles and a narrower tile for a chunk's last tokens, rows split
+/// between the tasks or chunks of tokens dealt out, a short one last), for the types with
+/// short-batch or tile kernels; row counts not a multiple of 8 (nor of 16).
 #[test]
 fn matmul_rows_do_not_depend_on_the_batch() {
     use crate::matmul::matmul;
@@ -818,15 +819,16 @@ fn matmul_rows_do_not_depend_on_the_batch() {
     for k in fast_kernel_sets() {
         for (ty, cols) in [(Q8_0, 96usize), (Q5_0, 96), (Q4_0, 96), (Q4_1, 96), (Q4_K, 512), (Q6_K, 512)] {
             let rows = 76usize;
-            let (w, a, _, rb) = matmul_operands(&k, &mut rng, ty, rows, cols, 72);
+            let (w, a, _, rb) = matmul_operands(&k, &mut rng, ty, rows, cols, 200);
             let t = Tensor { ty, cols, rows, data: &w, layout: crate::model::Layout::Plain };
-            let mut one = vec![0.0f32; 72 * rows];
-            for i in 0..72 {
+            let mut one = vec![0.0f32; 200 * rows];
+            for i in 0..200 {
                 matmul(&k, &Sequential, &t, &a[i * rb..(i + 1) * rb], 1, &mut one[i * rows..(i + 1) * rows]);
             }
             // Up to two token tiles of the widest tiles (32: Q4_0 with VNNI) and tokens
-            // past them, for its narrower tile and the 8-row kernel after it.
-            for n in (1..=17).chain([31, 32, 33, 40, 48, 69, 72]) {
+            // past them, for its narrower tile and the 8-row kernel after it; batches long
+            // enough to be dealt out by chunks of tokens on two and three tasks.
+            for n in (1..=17).chain([31, 32, 33, 40, 48, 69, 72, 150, 200]) {
                 for par in [&Sequential as &dyn Parallel, &Reversed(2), &Reversed(3)] {
                     let mut out = vec![f32::NAN; n * rows];
                     matmul(&k, par, &t, &a[..n * rb], n, &mut out);
