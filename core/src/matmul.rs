@@ -547,50 +547,68 @@ impl Short<'_, '_> {
 
 /// [`matmul`] with llama.cpp's per-token kernel choice: whole tiles of
 /// [`Kernels::dot_tile_in_batch`] where the batch's order has one (each output the bits
-/// of its token's kernel), the per-token dot for every other (row, token) pair.
+/// of its token's kernel), the per-token dot for every other (row, token) pair; the
+/// tokens in spans of [`TOKEN_TILE`] (or of one tile, if wider), a long batch's spans
+/// dealt out as [`matmul_as`] deals its chunks.
 fn matmul_per_token(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: usize, out: &mut [f32]) {
     let rows = w.rows;
     let rb = act_row_bytes(w.ty, w.cols).unwrap_or(0);
     let wrb = w.row_bytes();
     let out = SharedMut::new(&mut out[..n * rows]);
-    let tasks = par.n_threads().min(rows).max(1);
+    let threads = par.n_threads().max(1);
     let cols = w.cols;
     let tile = k.dot_tile_in_batch(w.ty, rows, n);
-    par.run(tasks, &|t| {
-        let range = split_range(rows, tasks, t);
-        // Rows range.start..r_done have tokens 0..i_done done by tiles.
-        let (mut r_done, mut i_done) = (range.start, 0);
+    // Spans of whole tiles (the tiles' first `covered` tokens are whole tiles too), so that
+    // a group's weights are reused from cache by every token tile of the span.
+    let span = tile.map_or(TOKEN_TILE, |(t, _)| TOKEN_TILE.max(t.tokens) - TOKEN_TILE.max(t.tokens) % t.tokens);
+    // Rows `range` for tokens `i0..i1`, which no other call of the job writes; `put` as
+    // in `matmul_as`.
+    let part = |range: core::ops::Range<usize>, (i0, i1): (usize, usize), put: &mut dyn FnMut(usize, usize, usize, usize, &mut dyn FnMut(&mut [f32], usize))| {
+        // Rows range.start..r_done have tokens i0..i_done done by tiles.
+        let (mut r_done, mut i_done) = (range.start, i0);
         if let Some((tile, covered)) = tile {
             let (tr, tt) = (tile.rows, tile.tokens);
             let nr = range.len() - range.len() % tr;
-            let mut o = [0.0f32; DOT_TILE_MAX_TOKENS * DOT_TILE_MAX_ROWS];
-            // Spans of TOKEN_TILE tokens (or of one tile, if wider) against each group of
-            // rows, so that a group's weights are reused from cache by every token tile of
-            // the span.
-            let span = TOKEN_TILE.max(tt) - TOKEN_TILE.max(tt) % tt;
-            for i0 in (0..covered).step_by(span) {
-                let i1 = (i0 + span).min(covered);
-                for r in (range.start..range.start + nr).step_by(tr) {
-                    for i in (i0..i1).step_by(tt) {
-                        (tile.f)(cols, &w.data[r * wrb..(r + tr) * wrb], wrb, tr, &xq[i * rb..(i + tt) * rb], rb, &mut o[..tt * tr], tr);
-                        for (ti, orow) in o[..tt * tr].chunks_exact(tr).enumerate() {
-                            // SAFETY: elements (i + ti, r..r + tr) are written by the one
-                            // task owning those rows.
-                            unsafe { out.slice((i + ti) * rows + r, tr) }.copy_from_slice(orow);
-                        }
-                    }
+            let ti = i1.min(covered).max(i0);
+            for r in (range.start..range.start + nr).step_by(tr) {
+                for i in (i0..ti).step_by(tt) {
+                    put(i, tt, r, tr, &mut |o, os| (tile.f)(cols, &w.data[r * wrb..(r + tr) * wrb], wrb, tr, &xq[i * rb..(i + tt) * rb], rb, o, os));
                 }
             }
-            (r_done, i_done) = (range.start + nr, covered);
+            (r_done, i_done) = (range.start + nr, ti);
         }
-        for i in 0..n {
+        for i in i0..i1 {
             let Ok(dot) = k.dot_fn_in_batch(w.ty, rows, n, i) else { return };
             let first = if i < i_done { r_done } else { range.start };
             for r in first..range.end {
                 let v = dot(cols, &w.data[r * wrb..(r + 1) * wrb], &xq[i * rb..(i + 1) * rb]);
-                // SAFETY: element (i, r) is written by the one task owning row r.
+                // SAFETY: element (i, r) is written by this call alone.
                 unsafe { out.slice(i * rows + r, 1)[0] = v };
             }
+        }
+    };
+    if n >= TOKEN_ITEMS * threads * span {
+        let items = Claims::new(n.div_ceil(span));
+        return par.run(threads, &|_| {
+            for it in items.iter() {
+                // SAFETY: in place: the span's tokens' outputs are written by this call alone.
+                part(0..rows, (it * span, ((it + 1) * span).min(n)), &mut |i, tt, r, k, call| call(unsafe { out.slice(i * rows + r, (tt - 1) * rows + k) }, rows));
+            }
+        });
+    }
+    let tasks = threads.min(rows).max(1);
+    par.run(tasks, &|t| {
+        let range = split_range(rows, tasks, t);
+        let mut o = [0.0f32; DOT_TILE_MAX_TOKENS * DOT_TILE_MAX_ROWS];
+        for i0 in (0..n).step_by(span) {
+            part(range.clone(), (i0, (i0 + span).min(n)), &mut |i, tt, r, k, call| {
+                call(&mut o[..tt * k], k);
+                for (ti, orow) in o[..tt * k].chunks_exact(k).enumerate() {
+                    // SAFETY: elements (i + ti, r..r + k) are written by the one task owning
+                    // those rows.
+                    unsafe { out.slice((i + ti) * rows + r, k) }.copy_from_slice(orow);
+                }
+            });
         }
     });
 }

@@ -931,8 +931,10 @@ fn matvec_group_gives_each_matrix_its_own_bits() {
 /// With llama.cpp's batch arithmetic (`matmul_as(.., true)`), a matmul gives each (row,
 /// token) the bits of that token's kernel in the batch (`dot_fn_in_batch`), whether a
 /// tile or the per-token dot computes it: batches of 1 to 33 tokens around the 4-token
-/// `gemm` groups, the 8-token tiled threshold and the tiles' widths, 1 to 3 tasks, row
-/// counts with and without the repacked layout (K-quants, the types with such tiles).
+/// `gemm` groups, the 8-token tiled threshold and the tiles' widths, and of 72 and 102
+/// (dealt out by spans of tokens on two and three tasks, the last span short), 1 to 3
+/// tasks, row counts with and without the repacked layout (K-quants, the types with such
+/// tiles).
 #[test]
 fn llama_cpp_batches_give_each_tokens_kernel_bits() {
     use crate::matmul::matmul_as;
@@ -942,9 +944,9 @@ fn llama_cpp_batches_give_each_tokens_kernel_bits() {
     for k in fast_kernel_sets() {
         for (ty, rows) in [(Q4_K, 48usize), (Q4_K, 44), (Q6_K, 44), (Q2_K, 40)] {
             let cols = 512;
-            let (w, a, wrb, rb) = matmul_operands(&k, &mut rng, ty, rows, cols, 33);
+            let (w, a, wrb, rb) = matmul_operands(&k, &mut rng, ty, rows, cols, 102);
             let t = Tensor { ty, cols, rows, data: &w, layout: crate::model::Layout::Plain };
-            for n in (1..=20).chain([24, 31, 33]) {
+            for n in (1..=20).chain([24, 31, 33, 72, 102]) {
                 for par in [&Sequential as &dyn Parallel, &Reversed(2), &Reversed(3)] {
                     let mut out = vec![f32::NAN; n * rows];
                     matmul_as(&k, par, &t, &a[..n * rb], n, &mut out, true);
