@@ -119,10 +119,9 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
     }
     let threads = par.n_threads().max(1);
     let chunk = tile.map_or(TOKEN_TILE, |t| t.tokens.max(TOKEN_TILE));
-    // Rows `range` for tokens `i0..i1`, which no other call of the job writes. `put(i, tt,
-    // r, k, call)` hands `call` the outputs of tokens i..i + tt and rows r..r + k and
-    // their stride (a tile's); the 8-row kernel and `dot` write theirs in place.
-    let part = |range: core::ops::Range<usize>, (i0, i1): (usize, usize), put: &mut dyn FnMut(usize, usize, usize, usize, &mut dyn FnMut(&mut [f32], usize))| {
+    // Rows `range` for tokens `i0..i1`, which no other call of the job writes; a tile's
+    // outputs go through `put` ([`Put`]), the 8-row kernel's and `dot`'s in place.
+    let part = |range: core::ops::Range<usize>, (i0, i1): (usize, usize), put: &mut Put<'_>| {
         // Whole tiles of `tile.rows` rows × `tile.tokens` tokens, each output the bits of
         // `dot` (see `Kernels::dot_tile_fn`), then whole tiles of its narrower tile where
         // it has one; the rest pair by pair.
@@ -185,17 +184,8 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
             }
         }
     };
-    // A batch of at least TOKEN_ITEMS chunks per thread is dealt out by chunks of tokens,
-    // each every row, claimed one at a time (as `matmul_rows16` deals its batches: a task
-    // whose core is slower for a while takes fewer), the tiles writing in place.
     if n >= TOKEN_ITEMS * threads * chunk {
-        let items = Claims::new(n.div_ceil(chunk));
-        return par.run(threads, &|_| {
-            for it in items.iter() {
-                // SAFETY: in place: the chunk's tokens' outputs are written by this call alone.
-                part(0..rows, (it * chunk, ((it + 1) * chunk).min(n)), &mut |i, tt, r, k, call| call(unsafe { out.slice(i * rows + r, (tt - 1) * rows + k) }, rows));
-            }
-        });
+        return deal_by_tokens(par, n, chunk, &out, rows, &|tokens, put| part(0..rows, tokens, put));
     }
     par.run(tasks, &|t| {
         let range = task_rows(rows, unit, tasks, t);
@@ -206,21 +196,8 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
         // Tile outputs, staged (each call writes every element it hands back).
         let mut o = [0.0f32; DOT_TILE_MAX_TOKENS * PANEL_ROWS];
         for i0 in (0..n).step_by(chunk) {
-            part(range.clone(), (i0, (i0 + chunk).min(n)), &mut |i, tt, r, k, call| {
-                call(&mut o[..tt * k], k);
-                for (ti, orow) in o[..tt * k].chunks_exact(k).enumerate() {
-                    // SAFETY: elements (i + ti, r..r + k) are written by the one task owning
-                    // those rows.
-                    let dst = unsafe { out.slice((i + ti) * rows + r, k) };
-                    // (Fixed lengths for the usual shapes: inline moves, not a memcpy call
-                    // per 16 or 32 bytes.)
-                    match k {
-                        4 => dst[..4].copy_from_slice(&orow[..4]),
-                        8 => dst[..8].copy_from_slice(&orow[..8]),
-                        _ => dst.copy_from_slice(orow),
-                    }
-                }
-            });
+            // SAFETY: the task's rows are its own for every token.
+            part(range.clone(), (i0, (i0 + chunk).min(n)), &mut |i, tt, r, k, call| unsafe { put_staged(&mut o, &out, rows, (i, tt, r, k), call) });
         }
     });
 }
@@ -271,17 +248,16 @@ fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
     let tile = k.dot_tile_rows16_fn(w.ty);
     let call_groups = if w.ty == GgmlType::Q4_0 { ROWS16_Q4_0_GROUPS } else { ROWS16_TILE_GROUPS };
     // The groups `range` for tokens `i0..i1`, which no other call of the job writes:
-    // whole tiles of tokens first, then the rest through the kernel. `put(i, tt, g0, nr,
-    // call)` hands `call` the outputs of tokens i..i + tt and rows g0·16.. (nr of them)
-    // and their stride.
-    let part = |range: core::ops::Range<usize>, (i0, i1): (usize, usize), put: &mut dyn FnMut(usize, usize, usize, usize, &mut dyn FnMut(&mut [f32], usize))| {
+    // whole tiles of tokens first, then the rest through the kernel, handing each call's
+    // outputs (tokens i..i + tt, rows g0·16.., nr of them) to `put` ([`Put`]).
+    let part = |range: core::ops::Range<usize>, (i0, i1): (usize, usize), put: &mut Put<'_>| {
         let mut i = i0;
         for (tf, tt) in tile.iter().flat_map(|t| [Some((t.f, t.tokens)), t.rest]).flatten() {
             while i + tt <= i1 {
                 for g0 in range.clone().step_by(ROWS16_TILE_GROUPS) {
                     let g1 = (g0 + ROWS16_TILE_GROUPS).min(range.end);
                     let nr = (g1 - g0) * ROWS16;
-                    put(i, tt, g0, nr, &mut |o, os| tf(cols, &w.data[g0 * gb..g1 * gb], wrb, nr, &xq[i * rb..(i + tt) * rb], rb, o, os));
+                    put(i, tt, g0 * ROWS16, nr, &mut |o, os| tf(cols, &w.data[g0 * gb..g1 * gb], wrb, nr, &xq[i * rb..(i + tt) * rb], rb, o, os));
                 }
                 i += tt;
             }
@@ -299,20 +275,14 @@ fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
                 while tt < ROWS16_TOKENS && j + tt < i1 && kernel(j + tt) as usize == kf as usize {
                     tt += 1;
                 }
-                put(j, tt, g0, nr, &mut |o, os| kf(cols, g1 - g0, wg, &xq[j * rb..(j + tt) * rb], rb, tt, o, os));
+                put(j, tt, g0 * ROWS16, nr, &mut |o, os| kf(cols, g1 - g0, wg, &xq[j * rb..(j + tt) * rb], rb, tt, o, os));
                 j += tt;
             }
         }
     };
     let item = tile.map_or(ROWS16_TOKENS, |t| t.tokens);
     if n >= TOKEN_ITEMS * threads * item {
-        let items = Claims::new(n.div_ceil(item));
-        return par.run(threads, &|_| {
-            for it in items.iter() {
-                // SAFETY: in place: the item's tokens' outputs are written by this call alone.
-                part(0..groups, (it * item, ((it + 1) * item).min(n)), &mut |i, tt, g0, nr, call| call(unsafe { out.slice(i * rows + g0 * ROWS16, (tt - 1) * rows + nr) }, rows));
-            }
-        });
+        return deal_by_tokens(par, n, item, &out, rows, &|tokens, put| part(0..groups, tokens, put));
     }
     let parts = if n == 1 { stream_parts(threads, rows * wrb) } else { 1 };
     let tasks = (threads * parts).min(groups).max(1);
@@ -331,19 +301,54 @@ fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
         // The outputs staged in an array zeroed once per task, not per call (every call
         // writes all it is given): a zeroing per group was ~1% of decode (`perf`, Zen 4).
         let mut o = [0.0f32; STAGE];
-        part(range, (0, n), &mut |i, tt, g0, nr, call| {
-            call(&mut o[..tt * nr], nr);
-            for (ti, orow) in o[..tt * nr].chunks_exact(nr).enumerate() {
-                // SAFETY: rows g0·16.. (nr of them) of every token belong to this task alone.
-                unsafe { out.slice((i + ti) * rows + g0 * ROWS16, nr) }.copy_from_slice(orow);
-            }
-        });
+        // SAFETY: the task's groups' rows are its own for every token.
+        part(range, (0, n), &mut |i, tt, r, nr, call| unsafe { put_staged(&mut o, &out, rows, (i, tt, r, nr), call) });
     });
 }
 
 /// Items per thread from which a batch is dealt out by tokens ([`matmul_as`],
 /// [`matmul_rows16`]): enough for a slower core to take fewer.
 const TOKEN_ITEMS: usize = 2;
+
+/// How a product's body hands out a kernel call's outputs: `put(i, tt, r, k, call)` gives
+/// `call` the outputs of tokens `i..i + tt` and rows `r..r + k` and their stride, in place
+/// ([`deal_by_tokens`]) or staged ([`put_staged`]).
+type Put<'a> = dyn FnMut(usize, usize, usize, usize, &mut dyn FnMut(&mut [f32], usize)) + 'a;
+
+/// A batch of `n` tokens dealt out by items of `item` tokens, claimed one at a time by
+/// whichever task is free (a task whose core is slower for a while takes fewer, where a
+/// fixed part of the rows each leaves the faster waiting): `part(tokens, put)` computes
+/// every row of its tokens, the calls writing in place (the item's tokens' rows of `out`,
+/// `rows` apart, are its own).
+fn deal_by_tokens(par: &dyn Parallel, n: usize, item: usize, out: &SharedMut<f32>, rows: usize, part: &(dyn Fn((usize, usize), &mut Put<'_>) + Sync)) {
+    let items = Claims::new(n.div_ceil(item));
+    par.run(par.n_threads().max(1), &|_| {
+        for it in items.iter() {
+            // SAFETY: in place: the item's tokens' outputs are written by this call alone.
+            part((it * item, ((it + 1) * item).min(n)), &mut |i, tt, r, k, call| call(unsafe { out.slice(i * rows + r, (tt - 1) * rows + k) }, rows));
+        }
+    });
+}
+
+/// [`Put`] through the staging array `o` (a call writes every element it is given): the
+/// outputs of tokens `i..i + tt`, rows `r..r + k`, then copied to `out` (`rows` apart).
+///
+/// # Safety
+/// Those outputs of `out` are written by the calling task alone (its rows, for every token).
+unsafe fn put_staged(o: &mut [f32], out: &SharedMut<f32>, rows: usize, (i, tt, r, k): (usize, usize, usize, usize), call: &mut dyn FnMut(&mut [f32], usize)) {
+    call(&mut o[..tt * k], k);
+    for (ti, orow) in o[..tt * k].chunks_exact(k).enumerate() {
+        // SAFETY: the caller's contract.
+        let dst = unsafe { out.slice((i + ti) * rows + r, k) };
+        // (Fixed lengths for the usual shapes: inline moves, not a memcpy call per 16 or
+        // 32 bytes.)
+        match k {
+            4 => dst[..4].copy_from_slice(&orow[..4]),
+            8 => dst[..8].copy_from_slice(&orow[..8]),
+            _ => dst.copy_from_slice(orow),
+        }
+    }
+}
 
 /// Floats of a rows16 call's staged outputs: its tokens (a tile's, or up to
 /// [`ROWS16_TOKENS`]) by its rows.
@@ -563,7 +568,7 @@ fn matmul_per_token(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], 
     let span = tile.map_or(TOKEN_TILE, |(t, _)| TOKEN_TILE.max(t.tokens) - TOKEN_TILE.max(t.tokens) % t.tokens);
     // Rows `range` for tokens `i0..i1`, which no other call of the job writes; `put` as
     // in `matmul_as`.
-    let part = |range: core::ops::Range<usize>, (i0, i1): (usize, usize), put: &mut dyn FnMut(usize, usize, usize, usize, &mut dyn FnMut(&mut [f32], usize))| {
+    let part = |range: core::ops::Range<usize>, (i0, i1): (usize, usize), put: &mut Put<'_>| {
         // Rows range.start..r_done have tokens i0..i_done done by tiles.
         let (mut r_done, mut i_done) = (range.start, i0);
         if let Some((tile, covered)) = tile {
@@ -588,27 +593,15 @@ fn matmul_per_token(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], 
         }
     };
     if n >= TOKEN_ITEMS * threads * span {
-        let items = Claims::new(n.div_ceil(span));
-        return par.run(threads, &|_| {
-            for it in items.iter() {
-                // SAFETY: in place: the span's tokens' outputs are written by this call alone.
-                part(0..rows, (it * span, ((it + 1) * span).min(n)), &mut |i, tt, r, k, call| call(unsafe { out.slice(i * rows + r, (tt - 1) * rows + k) }, rows));
-            }
-        });
+        return deal_by_tokens(par, n, span, &out, rows, &|tokens, put| part(0..rows, tokens, put));
     }
     let tasks = threads.min(rows).max(1);
     par.run(tasks, &|t| {
         let range = split_range(rows, tasks, t);
         let mut o = [0.0f32; DOT_TILE_MAX_TOKENS * DOT_TILE_MAX_ROWS];
         for i0 in (0..n).step_by(span) {
-            part(range.clone(), (i0, (i0 + span).min(n)), &mut |i, tt, r, k, call| {
-                call(&mut o[..tt * k], k);
-                for (ti, orow) in o[..tt * k].chunks_exact(k).enumerate() {
-                    // SAFETY: elements (i + ti, r..r + k) are written by the one task owning
-                    // those rows.
-                    unsafe { out.slice((i + ti) * rows + r, k) }.copy_from_slice(orow);
-                }
-            });
+            // SAFETY: the task's rows are its own for every token.
+            part(range.clone(), (i0, (i0 + span).min(n)), &mut |i, tt, r, k, call| unsafe { put_staged(&mut o, &out, rows, (i, tt, r, k), call) });
         }
     });
 }
