@@ -138,19 +138,19 @@ def main():
             for m in models:
                 log(f"round {r}/{a.rounds}, bar 1: {short(m)} pp512/tg128 beside llama-bench, {a.threads} threads")
                 out = json.loads(run(["bash", COMPARE, "-m", m, "-t", str(a.threads), "-r", "1", "--json"], f"compare {short(m)}"))
-                runs.append({"round": r, "bar": 1, "model": str(m), "batches": "invariant", "compare": out})
+                runs.append({"round": r, "bar": 1, "label": short(m), "model": str(m), "batches": "invariant", "compare": out})
         if "2" in only:
             for m in dmodels:
                 for b in ("invariant", "llama-cpp"):
                     log(f"round {r}/{a.rounds}, bar 2: {short(m)} at depth {a.depth}, --batches {b}")
                     out = json.loads(run(["bash", COMPARE, "-m", m, "-t", str(a.threads), "-d", str(a.depth), "-r", "1", "--batches", b, "--json"], f"compare {short(m)} -d {a.depth}"))
-                    runs.append({"round": r, "bar": 2, "model": str(m), "batches": b, "compare": out})
+                    runs.append({"round": r, "bar": 2, "label": short(m), "model": str(m), "batches": b, "compare": out})
         if "3" in only:
             for m in models:
                 for t in sorted({1, a.threads}):
                     log(f"round {r}/{a.rounds}, bar 3: {short(m)} tg128 against the roofline, {t} thread{'s' if t > 1 else ''}")
                     out = json.loads(run([KEEL, "bench", "-m", m, "-t", str(t), "-p", "0", "-n", "128", "-r", "3", "--roofline", "--json"], f"keel bench --roofline {short(m)}"))
-                    runs.append({"round": r, "bar": 3, "model": str(m), "threads": t, "bench": out})
+                    runs.append({"round": r, "bar": 3, "label": short(m), "model": str(m), "threads": t, "bench": out})
 
     # Rows: (bar, model, what, [per-round values], bar value or None, formatter)
     rows = []
