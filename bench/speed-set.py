@@ -43,10 +43,20 @@ def log(msg):
     print(f"[{datetime.datetime.now().strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+# Every finished run: {round, bar, label, model, ...raw output}.
+RUNS = []
+
+
 def run(cmd, what):
-    """Runs `cmd`; its stdout, or exits naming the step and showing the end of its stderr."""
+    """Runs `cmd`; its stdout, or exits naming the step and showing the end of its stderr
+    (after the raw output of the runs finished before it, so that a long set's work is
+    not lost)."""
     p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
+        if RUNS:
+            print(f"speed-set: the {len(RUNS)} runs finished before the failure, raw:", file=sys.stderr)
+            for x in RUNS:
+                print(json.dumps(x), file=sys.stderr)
         tail = "\n".join(p.stderr.strip().splitlines()[-15:])
         sys.exit(f"speed-set: {what} failed (exit {p.returncode}): {' '.join(map(str, cmd))}\n{tail}")
     return p.stdout
@@ -130,9 +140,9 @@ def main():
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or "?"
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     cpu = cpu_description()
-    log(f"{cpu}; keel {head}{' (uncommitted changes)' if dirty else ''}; {a.rounds} rounds")
+    log(f"{cpu}; keel {head}{' (uncommitted changes)' if dirty else ''}; {a.rounds} round{'s' if a.rounds > 1 else ''}")
 
-    runs = []  # every run: {round, bar, kind, model, ...raw}
+    runs = RUNS
     for r in range(1, a.rounds + 1):
         if "1" in only:
             for m in models:
@@ -180,7 +190,7 @@ def main():
     if a.json:
         print(json.dumps({"cpu": cpu, "kernels": kernels, "head": head, "uncommitted_changes": bool(dirty), "rounds": a.rounds, "threads": a.threads, "depth": a.depth, "verdicts": verdicts, "runs": runs}))
     else:
-        print(f"CPU {cpu}; keel {head}{' (uncommitted changes)' if dirty else ''}, kernel set {kernels}; llama.cpp 11434; {a.rounds} rounds, {a.threads} threads")
+        print(f"CPU {cpu}; keel {head}{' (uncommitted changes)' if dirty else ''}, kernel set {kernels}; llama.cpp 11434; {a.rounds} round{'s' if a.rounds > 1 else ''}, {a.threads} thread{'s' if a.threads > 1 else ''}")
         print()
         print("| bar | model | measure | rounds | median | needs | |")
         print("|---|---|---|---|---|---|---|")
