@@ -721,11 +721,25 @@ impl Kernels {
 
     /// This set with the AVX-512 value updates' other f16 rounding form (through memory
     /// as on Intel, or through registers as elsewhere; the same bits) and its rows16
-    /// kernels' prefetch the other way (on on Intel, off elsewhere): `None` where the set
-    /// has no AVX-512. Tests run both forms on whatever CPU they find.
+    /// kernels' prefetch distance the other vendor's (Intel's or AMD's): `None` where the
+    /// set has no AVX-512. Tests run both forms on whatever CPU they find.
     #[cfg(all(test, target_arch = "x86_64"))]
     pub(crate) fn other_rounding(&self) -> Option<Kernels> {
         x86::other_rounding(self.t).map(|t| Kernels { t })
+    }
+
+    /// This set with its AVX-512 rows16 kernels' prefetch hints turned off where they are
+    /// on and on where they are off (the same bits): `None` where the set has no AVX-512.
+    #[cfg(all(test, target_arch = "x86_64"))]
+    pub(crate) fn other_rows16_prefetch(&self) -> Option<Kernels> {
+        x86::other_rows16_prefetch(self.t).map(|t| Kernels { t })
+    }
+
+    /// How far ahead this set's AVX-512 rows16 kernels ask for their weights, in bytes (0:
+    /// no hints); `None` where the set has no AVX-512.
+    #[cfg(all(test, target_arch = "x86_64"))]
+    pub(crate) fn rows16_prefetch_distance(&self) -> Option<usize> {
+        x86::rows16_prefetch_distance(self.t)
     }
 
     /// This set with its 8-row kernels' far prefetch at the other cache level (L1 or L2;

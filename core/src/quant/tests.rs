@@ -89,9 +89,10 @@ pub(super) fn fast_kernel_sets() -> Vec<Kernels> {
     sets
 }
 
-/// [`fast_kernel_sets`] and, on x86, each AVX-512 set's twin with the other CPU vendor's
-/// tuning ([`Kernels::other_rounding`]): the rows16 kernels both with and without their
-/// prefetch, whatever the CPU.
+/// [`fast_kernel_sets`] and, on x86, each AVX-512 set's twins with the other CPU vendor's
+/// tuning ([`Kernels::other_rounding`]) and with the hints turned the other way
+/// ([`Kernels::other_rows16_prefetch`]): the rows16 kernels at every prefetch distance
+/// (none, Intel's, AMD's), whatever the CPU.
 pub(super) fn rows16_kernel_sets() -> Vec<Kernels> {
     #[allow(unused_mut)]
     let mut sets = fast_kernel_sets();
@@ -99,6 +100,8 @@ pub(super) fn rows16_kernel_sets() -> Vec<Kernels> {
     {
         let twins: Vec<Kernels> = sets.iter().filter_map(Kernels::other_rounding).collect();
         sets.extend(twins);
+        let flipped: Vec<Kernels> = sets.iter().filter_map(Kernels::other_rows16_prefetch).collect();
+        sets.extend(flipped);
     }
     sets
 }
@@ -1123,6 +1126,43 @@ fn far_prefetch_level_follows_the_l1_data_cache() {
         assert_eq!(k.prefetches_far_into_l1(), kib >= 48, "{}: L1d {kib} KiB", k.name());
         assert_ne!(k.other_prefetch().unwrap().prefetches_far_into_l1(), kib >= 48);
     }
+}
+
+/// The AVX-512 rows16 kernels ask for their weights Intel's distance ahead on Intel CPUs,
+/// none on AMD family 19h (Zen 4) and AMD's elsewhere, by the vendor and family Linux
+/// reports (/proc/cpuinfo); a set and its twins run every distance; CPUID's family is
+/// read as the documented encoding gives it.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn rows16_prefetch_distance_follows_the_cpu() {
+    use super::x86::cpuid_family;
+    // Leaf 1 EAX of a Skylake-SP (family 6), a Zen 4 (19h) and a Zen 5 (1Ah).
+    assert_eq!((cpuid_family(0x0005_0654), cpuid_family(0x00A1_0F11), cpuid_family(0x00B0_0F21)), (6, 0x19, 0x1A));
+    let info = std::fs::read_to_string("/proc/cpuinfo").expect("/proc/cpuinfo");
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.split_once(':').filter(|(k, _)| k.trim() == name).map(|(_, v)| std::string::String::from(v.trim())))
+            .unwrap_or_else(|| panic!("/proc/cpuinfo has no {name}"))
+    };
+    let (vendor, family) = (field("vendor_id"), field("cpu family").parse::<u32>().expect("cpu family"));
+    let (intel, amd) = super::x86::ROWS16_PREFETCH_INTEL_AMD;
+    let want = match (vendor.as_str(), family) {
+        ("GenuineIntel", _) => intel,
+        ("AuthenticAMD", 0x19) => 0,
+        _ => amd,
+    };
+    let mut avx512 = 0;
+    for k in fast_kernel_sets() {
+        let Some(d) = k.rows16_prefetch_distance() else { continue };
+        avx512 += 1;
+        assert_eq!(d, want, "{}: {vendor}, family {family:#x}", k.name());
+        let twin = k.other_rounding().unwrap();
+        let mut seen: Vec<usize> = [k, twin, k.other_rows16_prefetch().unwrap(), twin.other_rows16_prefetch().unwrap()].iter().map(|s| s.rows16_prefetch_distance().unwrap()).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen, [0, intel, amd], "{}: the twins' distances", k.name());
+    }
+    assert_eq!(avx512 > 0, std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512vnni"), "AVX-512 sets: {avx512}");
 }
 
 /// `Kernels::rope` gives `ops::rope_heads`' bits: both pair layouts, head widths wider

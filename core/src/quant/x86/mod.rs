@@ -360,13 +360,13 @@ macro_rules! rows_wrapper {
 /// A rows16 kernel's safe wrapper: checks the slices (blocks of `$bs` elements, `$wsize`
 /// and `$asize` bytes), then runs `$run` (AVX-512 VNNI, or AVX2 for the `_avx2` ones) with
 /// `nb`, `groups`, the pointers and `tokens`, `arow`, `ostride`; `PF` (the wrapper's
-/// parameter) is the group kernels' (whether they prefetch their weights ahead: the
-/// table's `intel` flag for AVX-512, always for AVX2).
+/// parameter) is the group kernels' (how far ahead they ask for their weights, 0 for not
+/// at all: by CPU for AVX-512, see `rows16::PREFETCH_INTEL`; always for AVX2).
 macro_rules! rows16_wrapper {
     ($(#[$doc:meta])* $name:ident, $bs:expr, $wsize:expr, $asize:expr, |$nb:ident, $groups:ident, $w:ident, $a:ident, $arow:ident, $tokens:ident, $out:ident, $ostride:ident| $run:block) => {
         $(#[$doc])*
         #[allow(clippy::too_many_arguments)]
-        fn $name<const PF: bool>(n: usize, groups: usize, w: &[u8], a: &[u8], arow: usize, tokens: usize, out: &mut [f32], ostride: usize) {
+        fn $name<const PF: usize>(n: usize, groups: usize, w: &[u8], a: &[u8], arow: usize, tokens: usize, out: &mut [f32], ostride: usize) {
             let nb = n / $bs;
             debug_assert!(n % $bs == 0, "rows16: n = {n} is not a multiple of {}", $bs);
             if tokens == 0 || groups == 0 {
@@ -451,7 +451,7 @@ rows16_wrapper!(/// AVX-512 VNNI Q5_0 · Q8_0, rows16 groups (each output as [`v
 /// The wrappers' (AVX-512 VNNI; `groups` groups of `nb` super-blocks at `w`, `nb` Q8_K
 /// blocks at `a + t·arow` and 16 outputs per group at `out + t·ostride` for `t < tokens`).
 #[allow(clippy::too_many_arguments)]
-unsafe fn q4_k_groups<const MODE: u8, const PF: bool>(nb: usize, groups: usize, w: *const u8, a: *const u8, arow: usize, tokens: usize, out: *mut f32, ostride: usize) {
+unsafe fn q4_k_groups<const MODE: u8, const PF: usize>(nb: usize, groups: usize, w: *const u8, a: *const u8, arow: usize, tokens: usize, out: *mut f32, ostride: usize) {
     // SAFETY: the caller's contract.
     unsafe {
         for g in 0..groups {
@@ -631,17 +631,52 @@ pub(crate) fn table(isa: Isa) -> Option<&'static KernelTable> {
     let vnni = avx512 && isa.avx512_vnni && cpu_has_avx512_vnni();
     let intel = avx512 && cpu_is_intel();
     let small_l1 = cpu_l1d_bytes().is_some_and(|b| b < FAR_L1_MIN_L1D);
-    Some(&TABLES[avx512 as usize | (vnni as usize) << 1 | (fp16 as usize) << 2 | (intel as usize) << 3 | (small_l1 as usize) << 4])
+    let quiet = avx512 && cpu_is_amd_zen4();
+    Some(&TABLES[avx512 as usize | (vnni as usize) << 1 | (fp16 as usize) << 2 | (intel as usize) << 3 | (small_l1 as usize) << 4 | (quiet as usize) << 5])
 }
 
 /// `t` (one of [`TABLES`]) with the AVX-512 value updates' other f16 rounding form and
-/// the rows16 kernels' prefetch on or off (the other vendor's; same bits, other speed):
-/// what tests run to cover both forms on any AVX-512 CPU. `None` for a table without
-/// AVX-512 (the forms are AVX-512 kernels) or not in [`TABLES`].
+/// the rows16 kernels' prefetch distance the other vendor's (Intel's or AMD's; same bits,
+/// other speed): what tests run to cover both forms on any AVX-512 CPU. `None` for a
+/// table without AVX-512 (the forms are AVX-512 kernels) or not in [`TABLES`].
 #[cfg(test)]
 pub(crate) fn other_rounding(t: &'static KernelTable) -> Option<&'static KernelTable> {
     let i = TABLES.iter().position(|x| core::ptr::eq(x, t))?;
     (i & 1 != 0).then(|| &TABLES[i ^ 8])
+}
+
+/// `t` (one of [`TABLES`]) with its AVX-512 rows16 kernels' prefetch hints off where
+/// they are on and on where off (the Zen 4 choice, `quiet`, flipped; same bits, other
+/// speed): with [`other_rounding`], tests run every prefetch distance on any AVX-512 CPU.
+/// `None` for a table without AVX-512 or not in [`TABLES`].
+#[cfg(test)]
+pub(crate) fn other_rows16_prefetch(t: &'static KernelTable) -> Option<&'static KernelTable> {
+    let i = TABLES.iter().position(|x| core::ptr::eq(x, t))?;
+    (i & 1 != 0).then(|| &TABLES[i ^ 32])
+}
+
+/// How far ahead `t`'s AVX-512 rows16 kernels ask for their weights (0: no hints; see
+/// `rows16::PREFETCH_INTEL`); `None` for a table without AVX-512 or not in [`TABLES`].
+#[cfg(test)]
+pub(crate) fn rows16_prefetch_distance(t: &'static KernelTable) -> Option<usize> {
+    let i = TABLES.iter().position(|x| core::ptr::eq(x, t))?;
+    (i & 1 != 0).then(|| rows16_distance(i & 8 != 0, i & 32 != 0))
+}
+
+/// Intel's and AMD's AVX-512 rows16 prefetch distances (`rows16::PREFETCH_INTEL`), for
+/// the tests.
+#[cfg(test)]
+pub(super) const ROWS16_PREFETCH_INTEL_AMD: (usize, usize) = (rows16::PREFETCH_INTEL, rows16::PREFETCH_AMD);
+
+/// The AVX-512 rows16 kernels' prefetch distance for the table flags `intel` and `quiet`.
+const fn rows16_distance(intel: bool, quiet: bool) -> usize {
+    if quiet {
+        0
+    } else if intel {
+        rows16::PREFETCH_INTEL
+    } else {
+        rows16::PREFETCH_AMD
+    }
 }
 
 /// `t` (one of [`TABLES`]) with its 8-row kernels' far prefetch at the other cache level
@@ -667,19 +702,37 @@ pub(crate) fn rounds_via_memory(t: &'static KernelTable) -> bool {
 
 /// True if CPUID's vendor is Intel: the AVX-512 value updates then round their f16
 /// accumulators through memory ([`f16_round_to`]; the same bits, a different speed), and
-/// the rows16 kernels prefetch their weights (`rows16::PREFETCH_AHEAD`).
+/// the rows16 kernels prefetch their weights `rows16::PREFETCH_INTEL` ahead.
 fn cpu_is_intel() -> bool {
     // SAFETY: CPUID leaf 0 exists on every x86_64 CPU.
     let l0 = unsafe { __cpuid(0) };
     (l0.ebx, l0.edx, l0.ecx) == (u32::from_le_bytes(*b"Genu"), u32::from_le_bytes(*b"ineI"), u32::from_le_bytes(*b"ntel"))
 }
 
+/// True on an AMD CPU of family 19h (Zen 3 and Zen 4; with AVX-512, Zen 4): its AVX-512
+/// rows16 kernels ask for no weights ahead (the table's `quiet` flag), where they made
+/// decode slower (`rows16::PREFETCH_INTEL`).
+fn cpu_is_amd_zen4() -> bool {
+    // SAFETY: CPUID leaves 0 and 1 exist on every x86_64 CPU.
+    let (l0, l1) = unsafe { (__cpuid(0), __cpuid(1)) };
+    let amd = (l0.ebx, l0.edx, l0.ecx) == (u32::from_le_bytes(*b"Auth"), u32::from_le_bytes(*b"enti"), u32::from_le_bytes(*b"cAMD"));
+    amd && cpuid_family(l1.eax) == 0x19
+}
+
+/// The display family of CPUID leaf 1's EAX (base family, plus the extended family
+/// where the base is 0Fh).
+pub(super) const fn cpuid_family(eax: u32) -> u32 {
+    let base = (eax >> 8) & 0xF;
+    if base == 0xF { base + ((eax >> 20) & 0xFF) } else { base }
+}
+
 /// The table of every set of flags, at index `avx512 | vnni << 1 | fp16 << 2 | intel << 3
-/// | small_l1 << 4` (`small_l1`: an L1 data cache under [`FAR_L1_MIN_L1D`]).
-static TABLES: [KernelTable; 32] = {
-    let mut t = [REFERENCE; 32];
+/// | small_l1 << 4 | quiet << 5` (`small_l1`: an L1 data cache under [`FAR_L1_MIN_L1D`];
+/// `quiet`: AVX-512 rows16 kernels without prefetch hints, [`cpu_is_amd_zen4`]).
+static TABLES: [KernelTable; 64] = {
+    let mut t = [REFERENCE; 64];
     let mut i = 0;
-    while i < 32 {
+    while i < 64 {
         t[i] = build(i);
         i += 1;
     }
@@ -691,6 +744,7 @@ static TABLES: [KernelTable; 32] = {
 const fn build(flags: usize) -> KernelTable {
     let (avx512, vnni, fp16, intel) = (flags & 1 != 0, flags & 2 != 0, flags & 4 != 0, flags & 8 != 0);
     let far_l1 = flags & 16 == 0;
+    let r16_pf = rows16_distance(intel, flags & 32 != 0);
     // An 8-row kernel with its far prefetch into L1 (`far_l1`) or L2.
     macro_rules! rows {
         ($f:ident) => {
@@ -723,10 +777,14 @@ const fn build(flags: usize) -> KernelTable {
     t.dot_rows.q4_k = if vnni { Some(rows!(rows_q4_k_q8_k_vnni)) } else { None };
     t.dot_rows.iq4_nl = Some(rows!(rows_iq4_nl_q8_0));
     if vnni {
-        // (On Intel CPUs the group kernels prefetch their weights: `rows16::PREFETCH_AHEAD`.)
+        // (The group kernels' prefetch distance by CPU: `rows16::PREFETCH_INTEL`.)
         macro_rules! r16 {
             ($f:ident) => {
-                Some(if intel { $f::<true> as super::rows16::Rows16Fn } else { $f::<false> })
+                Some(match r16_pf {
+                    rows16::PREFETCH_INTEL => $f::<{ rows16::PREFETCH_INTEL }> as super::rows16::Rows16Fn,
+                    rows16::PREFETCH_AMD => $f::<{ rows16::PREFETCH_AMD }>,
+                    _ => $f::<0>,
+                })
             };
         }
         t.dot_rows16.q4_1 = r16!(rows16_q4_1_q8_1);
@@ -740,13 +798,13 @@ const fn build(flags: usize) -> KernelTable {
     } else {
         // AVX2 only: Q4_1, Q4_0, Q8_0 and Q5_0 in the layout (rows in lanes without
         // transposing; Q4_K's AVX2 kernels have none yet).
-        t.dot_rows16.q4_1 = Some(rows16_q4_1_q8_1_avx2::<true>);
+        t.dot_rows16.q4_1 = Some(rows16_q4_1_q8_1_avx2::<{ rows16::PREFETCH_AVX2 }>);
         t.dot_tile_rows16.q4_1 = DotTile::entry_with_rest(tile_q4_1_q8_1_lanes8_rows16, 16, LANES8_TILE_TOKENS, tile_q4_1_q8_1_lanes8_rest_rows16, LANES8_REST_TOKENS);
-        t.dot_rows16.q4_0 = Some(rows16_q4_0_q8_0_avx2::<true>);
+        t.dot_rows16.q4_0 = Some(rows16_q4_0_q8_0_avx2::<{ rows16::PREFETCH_AVX2 }>);
         t.dot_tile_rows16.q4_0 = DotTile::entry_with_rest(tile_q4_0_q8_0_wide_rows16, 16, Q4_0_WIDE_TILE_TOKENS, tile_q4_0_q8_0_rows16, Q4_0_TILE_TOKENS);
-        t.dot_rows16.q8_0 = Some(rows16_q8_0_q8_0_avx2::<true>);
+        t.dot_rows16.q8_0 = Some(rows16_q8_0_q8_0_avx2::<{ rows16::PREFETCH_AVX2 }>);
         t.dot_tile_rows16.q8_0 = DotTile::entry_with_rest(tile_q8_0_q8_0_lanes8_rows16, 16, LANES8_TILE_TOKENS, tile_q8_0_q8_0_lanes8_rest_rows16, LANES8_REST_TOKENS);
-        t.dot_rows16.q5_0 = Some(rows16_q5_0_q8_0_avx2::<true>);
+        t.dot_rows16.q5_0 = Some(rows16_q5_0_q8_0_avx2::<{ rows16::PREFETCH_AVX2 }>);
         t.dot_tile_rows16.q5_0 = DotTile::entry_with_rest(tile_q5_0_q8_0_lanes8_rows16, 16, LANES8_TILE_TOKENS, tile_q5_0_q8_0_lanes8_rest_rows16, LANES8_REST_TOKENS);
     }
     t.dot_rows.mxfp4 = Some(rows!(rows_mxfp4_q8_0));

@@ -16,25 +16,34 @@ use core::arch::x86_64::*;
 
 use super::rd32;
 
-/// How far ahead of the block it computes a kernel with `PF` asks for its weights (into
-/// L1). A group is one contiguous run of bytes and a product's groups follow one another,
-/// so the hint runs down the same stream the kernel reads. On the Intel Xeon VM (whose
-/// hardware prefetchers do not carry a stream alone) one-thread decode gained 20-30%
-/// (2, 4 and 8 KiB into L1 and 8-16 KiB into L2 all gained; 4 KiB into L1 the most); on
-/// the AMD EPYC Zen 4 any hint here made decode slower, so the kernel table turns them on
-/// by CPU vendor (its `intel` flag).
-const PREFETCH_AHEAD: usize = 4096;
+/// How far ahead of the block it computes a kernel asks for its weights (into L1): its
+/// `PF`, in bytes (0: no hints). A group is one contiguous run of bytes and a product's
+/// groups follow one another, so the hint runs down the same stream the kernel reads.
+/// The kernel table picks it by CPU (`x86::build`):
+/// - Intel ([`PREFETCH_INTEL`]): on the Xeon VM (whose hardware prefetchers do not carry
+///   a stream alone) one-thread decode gained 20-30% (2, 4 and 8 KiB into L1 and 8-16 KiB
+///   into L2 all gained; 4 KiB into L1 the most);
+/// - AMD Zen 4 (family 19h with AVX-512): none; any hint here made decode slower;
+/// - other AMD, Zen 5 (family 1Ah) among them ([`PREFETCH_AMD`]): on the Zen 5 VM
+///   (2026-12-05) one-thread decode gained 7-14% with 4 KiB and 15-30% with 8 KiB (2 KiB
+///   less, 12 and 16 KiB no more, 4 KiB into L2 alike; BENCHMARKS.md);
+/// - the AVX2 kernels (no AVX-512: Zen 3, Zen 1) always [`PREFETCH_AVX2`].
+pub(super) const PREFETCH_INTEL: usize = 4096;
+/// See [`PREFETCH_INTEL`].
+pub(super) const PREFETCH_AMD: usize = 8192;
+/// See [`PREFETCH_INTEL`].
+pub(super) const PREFETCH_AVX2: usize = 4096;
 
-/// With `PF`, a hint for each line of the `GB` bytes [`PREFETCH_AHEAD`] after `g` into L1
+/// With `PF` > 0, a hint for each line of the `GB` bytes `PF` bytes after `g` into L1
 /// (blocks follow one another, so the calls for consecutive blocks cover every line);
-/// nothing without. (A hint only: it cannot fault, so it may point past the weights.)
+/// nothing with 0. (A hint only: it cannot fault, so it may point past the weights.)
 #[inline(always)]
-fn prefetch_ahead<const PF: bool, const GB: usize>(g: *const u8) {
-    if PF {
+fn prefetch_ahead<const PF: usize, const GB: usize>(g: *const u8) {
+    if PF > 0 {
         let mut off = 0;
         while off < GB {
             // SAFETY: prefetch never faults and reads nothing the program sees.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(g.wrapping_add(PREFETCH_AHEAD + off).cast()) };
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(g.wrapping_add(PF + off).cast()) };
             off += 64;
         }
     }
@@ -56,7 +65,7 @@ const GROUP_BLOCK_BYTES_Q5_0: usize = 16 * 22;
 /// AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI available; `nb * GROUP_BLOCK_BYTES` bytes
 /// readable at `w`, `nb * 36` at `a`, 16 floats writable at `out`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn q4_1_q8_1_group<const PF: bool>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
+pub(crate) unsafe fn q4_1_q8_1_group<const PF: usize>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
     // SAFETY: the caller's contract; layouts above and d@0 s@2 qs@4 for the activation.
     unsafe {
         let m4 = _mm512_set1_epi8(0x0F);
@@ -137,7 +146,7 @@ macro_rules! halves_in_passes {
 /// AVX2, FMA and F16C available; `nb * GROUP_BLOCK_BYTES` bytes readable at `w`, `nb * 36`
 /// at `a`, 16 floats writable at `out`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn q4_1_q8_1_group_avx2<const PF: bool>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
+pub(crate) unsafe fn q4_1_q8_1_group_avx2<const PF: usize>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
     // SAFETY: the caller's contract; layouts above and d@0 s@2 qs@4 for the activation.
     unsafe {
         let (m4, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
@@ -184,7 +193,7 @@ pub(crate) unsafe fn q4_1_q8_1_group_avx2<const PF: bool>(nb: usize, w: *const u
 /// AVX2, FMA and F16C available; `nb * GROUP_BLOCK_BYTES_Q4_0` bytes readable at `w`,
 /// `nb * 34` at `a`, 16 floats writable at `out`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn q4_0_q8_0_group_avx2<const PF: bool>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
+pub(crate) unsafe fn q4_0_q8_0_group_avx2<const PF: usize>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
     // SAFETY: the caller's contract; activation layout d@0 qs@2.
     unsafe {
         let (m4, ones, eights) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1), _mm256_set1_epi8(8));
@@ -256,7 +265,7 @@ macro_rules! lanes8_group {
 /// As [`q4_1_q8_1_group`], with `nb * GROUP_BLOCK_BYTES_Q8_0` bytes at `w` and `nb * 34`
 /// at `a`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn q8_0_q8_0_group<const PF: bool>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
+pub(crate) unsafe fn q8_0_q8_0_group<const PF: usize>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
     // SAFETY: the caller's contract; activation layout d@0 qs@2.
     unsafe {
         let flip = _mm512_set1_epi8(-128);
@@ -284,7 +293,7 @@ const Q8_0_AVX2_PASS_BLOCKS: usize = 2;
 /// AVX2, FMA and F16C available; `nb * GROUP_BLOCK_BYTES_Q8_0` bytes readable at `w`,
 /// `nb * 34` at `a`, 16 floats writable at `out`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn q8_0_q8_0_group_avx2<const PF: bool>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
+pub(crate) unsafe fn q8_0_q8_0_group_avx2<const PF: usize>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
     // SAFETY: the caller's contract; activation layout d@0 qs@2.
     unsafe {
         halves_in_passes!(nb, Q8_0_AVX2_PASS_BLOCKS, out, |h, k, _k0, acc| {
@@ -325,7 +334,7 @@ const Q5_0_AVX2_PASS_BLOCKS: usize = 8;
 /// AVX2, FMA and F16C available; `nb * GROUP_BLOCK_BYTES_Q5_0` bytes readable at `w`,
 /// `nb * 34` at `a`, 16 floats writable at `out`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn q5_0_q8_0_group_avx2<const PF: bool>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
+pub(crate) unsafe fn q5_0_q8_0_group_avx2<const PF: usize>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
     // SAFETY: the caller's contract; activation layout d@0 qs@2.
     unsafe {
         let (ones, sixteen, m4) = (_mm256_set1_epi16(1), _mm256_set1_epi8(16), _mm256_set1_epi8(0x0F));
@@ -414,7 +423,7 @@ unsafe fn q4_0_eight_sum(ab: *const u8) -> i32 {
 /// for each `t < T`.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn q4_0_q8_0_group<const T: usize, const TAB: bool, const PF: bool>(nb: usize, w: *const u8, a: *const u8, arow: usize, da: *const f32, c: *const i32, out: *mut f32, ostride: usize) {
+pub(crate) unsafe fn q4_0_q8_0_group<const T: usize, const TAB: bool, const PF: usize>(nb: usize, w: *const u8, a: *const u8, arow: usize, da: *const f32, c: *const i32, out: *mut f32, ostride: usize) {
     // SAFETY: the caller's contract; activation layout d@0 qs@2.
     unsafe {
         let m4 = _mm512_set1_epi8(0x0F);
@@ -480,7 +489,7 @@ pub(super) unsafe fn q5_0_weights(p: *const u8) -> [__m512i; 8] {
 /// # Safety
 /// As [`q4_1_q8_1_group`], with `nb * 352` bytes at `w` and `nb * 34` at `a`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn q5_0_q8_0_group<const PF: bool>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
+pub(crate) unsafe fn q5_0_q8_0_group<const PF: usize>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
     // SAFETY: the caller's contract; activation layout d@0 qs@2.
     unsafe { lanes8_group!(PF, nb, w, a, out, GROUP_BLOCK_BYTES_Q5_0, 16, |g| q5_0_weights(g)) }
 }
@@ -528,7 +537,7 @@ unsafe fn q4_k_min_sums(ab: *const u8) -> [i32; 4] {
 /// As [`q4_1_q8_1_group`], with `nb * GROUP_BLOCK_BYTES_Q4_K` bytes at `w`, `nb * 292` at
 /// `a + t·arow` and 16 floats at `out + t·ostride` for each `t < T`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn q4_k_q8_k_group<const T: usize, const MODE: u8, const PF: bool>(nb: usize, w: *const u8, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+pub(crate) unsafe fn q4_k_q8_k_group<const T: usize, const MODE: u8, const PF: usize>(nb: usize, w: *const u8, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
     use super::kdot::GEMM;
     // SAFETY: the caller's contract; activation layout d@0 (f32) qs@4 bsums@260.
     unsafe {
