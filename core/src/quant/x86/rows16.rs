@@ -25,8 +25,9 @@ use super::rd32;
 ///   into L2 all gained; 4 KiB into L1 the most);
 /// - AMD Zen 4 (family 19h with AVX-512): none; any hint here made decode slower;
 /// - other AMD, Zen 5 (family 1Ah) among them ([`PREFETCH_AMD`]): on the Zen 5 VM
-///   (2026-12-05) one-thread decode gained 7-14% with 4 KiB and 15-30% with 8 KiB (2 KiB
-///   less, 12 and 16 KiB no more, 4 KiB into L2 alike; BENCHMARKS.md);
+///   (2026-12-05) one-thread decode gained 8-14% with 4 KiB and, with 8 KiB, 17-30% on
+///   SmolLM2 and 7% on Gemma 3 (2 KiB less, 12 and 16 KiB no more, 4 KiB into L2 alike;
+///   BENCHMARKS.md);
 /// - the AVX2 kernels (no AVX-512: Zen 3, Zen 1) always [`PREFETCH_AVX2`].
 pub(super) const PREFETCH_INTEL: usize = 4096;
 /// See [`PREFETCH_INTEL`].
