@@ -632,7 +632,7 @@ pub(crate) fn table(isa: Isa) -> Option<&'static KernelTable> {
     let intel = avx512 && cpu_is_intel();
     let small_l1 = cpu_l1d_bytes().is_some_and(|b| b < FAR_L1_MIN_L1D);
     let quiet = avx512 && cpu_is_amd_zen4();
-    Some(&TABLES[avx512 as usize | (vnni as usize) << 1 | (fp16 as usize) << 2 | (intel as usize) << 3 | (small_l1 as usize) << 4 | (quiet as usize) << 5])
+    table_of(avx512 as usize | (vnni as usize) << 1 | (fp16 as usize) << 2 | (intel as usize) << 3 | (small_l1 as usize) << 4 | (quiet as usize) << 5)
 }
 
 /// `t` (one of [`TABLES`]) with the AVX-512 value updates' other f16 rounding form and
@@ -641,8 +641,8 @@ pub(crate) fn table(isa: Isa) -> Option<&'static KernelTable> {
 /// table without AVX-512 (the forms are AVX-512 kernels) or not in [`TABLES`].
 #[cfg(test)]
 pub(crate) fn other_rounding(t: &'static KernelTable) -> Option<&'static KernelTable> {
-    let i = TABLES.iter().position(|x| core::ptr::eq(x, t))?;
-    (i & 1 != 0).then(|| &TABLES[i ^ 8])
+    let f = flags_of(t)?;
+    if f & 1 != 0 { table_of(f ^ 8) } else { None }
 }
 
 /// `t` (one of [`TABLES`]) with its AVX-512 rows16 kernels' prefetch hints off where
@@ -651,16 +651,16 @@ pub(crate) fn other_rounding(t: &'static KernelTable) -> Option<&'static KernelT
 /// `None` for a table without AVX-512 or not in [`TABLES`].
 #[cfg(test)]
 pub(crate) fn other_rows16_prefetch(t: &'static KernelTable) -> Option<&'static KernelTable> {
-    let i = TABLES.iter().position(|x| core::ptr::eq(x, t))?;
-    (i & 1 != 0).then(|| &TABLES[i ^ 32])
+    let f = flags_of(t)?;
+    if f & 1 != 0 { table_of(f ^ 32) } else { None }
 }
 
 /// How far ahead `t`'s AVX-512 rows16 kernels ask for their weights (0: no hints; see
 /// `rows16::PREFETCH_INTEL`); `None` for a table without AVX-512 or not in [`TABLES`].
 #[cfg(test)]
 pub(crate) fn rows16_prefetch_distance(t: &'static KernelTable) -> Option<usize> {
-    let i = TABLES.iter().position(|x| core::ptr::eq(x, t))?;
-    (i & 1 != 0).then(|| rows16_distance(i & 8 != 0, i & 32 != 0))
+    let f = flags_of(t)?;
+    (f & 1 != 0).then(|| rows16_distance(f & 8 != 0, f & 32 != 0))
 }
 
 /// Intel's and AMD's AVX-512 rows16 prefetch distances (`rows16::PREFETCH_INTEL`), for
@@ -684,20 +684,19 @@ const fn rows16_distance(intel: bool, quiet: bool) -> usize {
 /// any CPU. `None` for a table not in [`TABLES`].
 #[cfg(test)]
 pub(crate) fn other_prefetch(t: &'static KernelTable) -> Option<&'static KernelTable> {
-    let i = TABLES.iter().position(|x| core::ptr::eq(x, t))?;
-    Some(&TABLES[i ^ 16])
+    table_of(flags_of(t)? ^ 16)
 }
 
 /// Whether `t`'s 8-row kernels prefetch far ahead into L1 (`small_l1` clear).
 #[cfg(test)]
 pub(crate) fn prefetches_far_into_l1(t: &'static KernelTable) -> bool {
-    TABLES.iter().position(|x| core::ptr::eq(x, t)).is_some_and(|i| i & 16 == 0)
+    flags_of(t).is_some_and(|f| f & 16 == 0)
 }
 
 /// Whether `t`'s AVX-512 value updates round through memory (the `intel` flag).
 #[cfg(test)]
 pub(crate) fn rounds_via_memory(t: &'static KernelTable) -> bool {
-    TABLES.iter().position(|x| core::ptr::eq(x, t)).is_some_and(|i| i & 9 == 9)
+    flags_of(t).is_some_and(|f| f & 9 == 9)
 }
 
 /// True if CPUID's vendor is Intel: the AVX-512 value updates then round their f16
@@ -726,18 +725,67 @@ pub(super) const fn cpuid_family(eax: u32) -> u32 {
     if base == 0xF { base + ((eax >> 20) & 0xFF) } else { base }
 }
 
-/// The table of every set of flags, at index `avx512 | vnni << 1 | fp16 << 2 | intel << 3
-/// | small_l1 << 4 | quiet << 5` (`small_l1`: an L1 data cache under [`FAR_L1_MIN_L1D`];
-/// `quiet`: AVX-512 rows16 kernels without prefetch hints, [`cpu_is_amd_zen4`]).
-static TABLES: [KernelTable; 64] = {
-    let mut t = [REFERENCE; 64];
+/// A table's flags: `avx512 | vnni << 1 | fp16 << 2 | intel << 3 | small_l1 << 4 | quiet
+/// << 5` (`small_l1`: an L1 data cache under [`FAR_L1_MIN_L1D`]; `quiet`: AVX-512 rows16
+/// kernels without prefetch hints, [`cpu_is_amd_zen4`]). `vnni`, `intel` and `quiet` only
+/// ever come with `avx512` ([`table`]): 36 of the 64 values are tables.
+const FLAG_VALUES: usize = 64;
+
+/// Whether `flags` names a table: `vnni`, `intel` and `quiet` only with `avx512`.
+const fn is_table(flags: usize) -> bool {
+    flags < FLAG_VALUES && (flags & 1 != 0 || flags & (2 | 8 | 32) == 0)
+}
+
+/// How many flag values name a table.
+const N_TABLES: usize = {
+    let (mut n, mut f) = (0, 0);
+    while f < FLAG_VALUES {
+        n += is_table(f) as usize;
+        f += 1;
+    }
+    n
+};
+
+const _: () = assert!(N_TABLES == 36, "4 tables without AVX-512 (fp16, small_l1), 32 with");
+
+/// The flags of each of [`TABLES`], in order.
+static TABLE_FLAGS: [u8; N_TABLES] = {
+    let (mut t, mut n, mut f) = ([0u8; N_TABLES], 0, 0);
+    while f < FLAG_VALUES {
+        if is_table(f) {
+            t[n] = f as u8;
+            n += 1;
+        }
+        f += 1;
+    }
+    t
+};
+
+/// The table of every set of flags that names one (in [`TABLE_FLAGS`]' order; 36 rather
+/// than 64, since each is ~4 KiB of function pointers in every binary).
+static TABLES: [KernelTable; N_TABLES] = {
+    let mut t = [REFERENCE; N_TABLES];
     let mut i = 0;
-    while i < 64 {
-        t[i] = build(i);
+    while i < N_TABLES {
+        t[i] = build(TABLE_FLAGS[i] as usize);
         i += 1;
     }
     t
 };
+
+/// The table of `flags`, `None` where they name none ([`is_table`]).
+fn table_of(flags: usize) -> Option<&'static KernelTable> {
+    if !is_table(flags) {
+        return None;
+    }
+    TABLE_FLAGS.iter().position(|&f| usize::from(f) == flags).map(|i| &TABLES[i])
+}
+
+/// The flags of `t`, `None` for a table not in [`TABLES`].
+#[cfg(test)]
+fn flags_of(t: &'static KernelTable) -> Option<usize> {
+    TABLES.iter().position(|x| core::ptr::eq(x, t)).map(|i| usize::from(TABLE_FLAGS[i]))
+}
 
 /// The reference's table with every kernel this module has for `flags` (see
 /// [`TABLES`]) in its place.
