@@ -64,7 +64,10 @@ impl<'a> Engine<'a> {
         let table = c.uninit(region(LAYER_TABLE)?);
         let model = Model::load(g, hp, table)?;
         let tokenizer = Tokenizer::new(g, c.bytes(region(TOKENIZER)?))?;
-        let session = Session::new(&mut c, &plan, cfg, kernels);
+        // (The set's hints tuned to the weights a token reads: `Kernels::for_weights`.)
+        let mut weights = 0usize;
+        crate::placement::for_each_weight(&model, |_, t| weights += t.data.len());
+        let session = Session::new(&mut c, &plan, cfg, kernels.for_weights(weights));
         let cands = c.uninit::<Candidate>(region(CANDIDATES)?);
         for slot in cands.iter_mut() {
             slot.write(Candidate::default());

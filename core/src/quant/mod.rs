@@ -681,6 +681,13 @@ fn softmax_sum_by_key(mut sum: f32, new_max: &[bool], e: &[f32]) -> f32 {
     sum
 }
 
+/// How many times the L3 cache a model's weights a token must exceed for
+/// [`Kernels::for_weights`] to make the rows16 kernels' hints non-temporal. On the Zen 5
+/// VM (32 MiB L3; 2026-12-05), one-thread decode with them: Gemma 3 270M Q4_K_M (246 MB,
+/// 7.3 times) +8-13%, SmolLM2 Q8_0 (143 MB, 4.3 times) level to +2%, SmolLM2 Q4_1 and Q4_0 (90-96
+/// MB, ~2.8 times) -5-6% (BENCHMARKS.md).
+pub const STREAM_L3_TIMES: usize = 4;
+
 /// The kernel set chosen for this CPU: the scalar reference, or SIMD where available
 /// (a reference to its [`KernelTable`]; copying it is free).
 #[derive(Clone, Copy)]
@@ -717,6 +724,29 @@ impl Kernels {
         }
         let _ = isa;
         Self::reference()
+    }
+
+    /// This set for a model whose weights a token reads are `bytes`: on an AMD CPU whose
+    /// AVX-512 rows16 kernels ask for their weights 8 KiB ahead (not Zen 4, not Intel),
+    /// with those hints non-temporal when `bytes` is more than [`STREAM_L3_TIMES`] times
+    /// the L3 cache (CPUID's), where no weight survives in it until the next token; else
+    /// this set. The same bits either way (hints only). `Engine::new` applies it.
+    pub fn for_weights(self, bytes: usize) -> Kernels {
+        #[cfg(target_arch = "x86_64")]
+        if let (Some(t), Some(l3)) = (x86::streaming(self.t), x86::cpu_l3_bytes_amd()) {
+            if bytes > STREAM_L3_TIMES * l3 {
+                return Kernels { t };
+            }
+        }
+        let _ = bytes;
+        self
+    }
+
+    /// This set with its AVX-512 rows16 kernels' hints non-temporal ([`Kernels::for_weights`]'s
+    /// choice for a large model), where it has AMD's distance: `None` elsewhere.
+    #[cfg(all(test, target_arch = "x86_64"))]
+    pub(crate) fn streaming(&self) -> Option<Kernels> {
+        x86::streaming(self.t).map(|t| Kernels { t })
     }
 
     /// This set with the AVX-512 value updates' other f16 rounding form (through memory

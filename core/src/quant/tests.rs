@@ -91,8 +91,9 @@ pub(super) fn fast_kernel_sets() -> Vec<Kernels> {
 
 /// [`fast_kernel_sets`] and, on x86, each AVX-512 set's twins with the other CPU vendor's
 /// tuning ([`Kernels::other_rounding`]) and with the hints turned the other way
-/// ([`Kernels::other_rows16_prefetch`]): the rows16 kernels at every prefetch distance
-/// (none, Intel's, AMD's), whatever the CPU.
+/// ([`Kernels::other_rows16_prefetch`]), and the one with AMD's distance non-temporal
+/// ([`Kernels::streaming`]): the rows16 kernels at every prefetch distance and hint
+/// (none, Intel's, AMD's, AMD's non-temporal), whatever the CPU.
 pub(super) fn rows16_kernel_sets() -> Vec<Kernels> {
     #[allow(unused_mut)]
     let mut sets = fast_kernel_sets();
@@ -102,6 +103,8 @@ pub(super) fn rows16_kernel_sets() -> Vec<Kernels> {
         sets.extend(twins);
         let flipped: Vec<Kernels> = sets.iter().filter_map(Kernels::other_rows16_prefetch).collect();
         sets.extend(flipped);
+        let streaming: Vec<Kernels> = sets.iter().filter_map(Kernels::streaming).collect();
+        sets.extend(streaming);
     }
     sets
 }
@@ -1163,6 +1166,34 @@ fn rows16_prefetch_distance_follows_the_cpu() {
         assert_eq!(seen, [0, intel, amd], "{}: the twins' distances", k.name());
     }
     assert_eq!(avx512 > 0, std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512vnni"), "AVX-512 sets: {avx512}");
+    // Non-temporal hints for a model far beyond the L3, only where the distance is AMD's
+    // and the L3 is known (AMD's CPUID), never for a small one; the sets run them all.
+    let l3 = super::x86::cpu_l3_bytes_amd();
+    // CPUID's L3 is the one Linux reports for cpu0 (sysfs), on AMD.
+    if vendor == "AuthenticAMD" {
+        let sysfs = (0..8).find_map(|i| {
+            let dir = std::format!("/sys/devices/system/cpu/cpu0/cache/index{i}");
+            let read = |f: &str| std::fs::read_to_string(std::format!("{dir}/{f}")).ok().map(|s| std::string::String::from(s.trim()));
+            (read("level")? == "3").then(|| read("size")).flatten()
+        });
+        let kib = sysfs.as_deref().and_then(|s| s.strip_suffix('K')).and_then(|k| k.parse::<usize>().ok());
+        assert_eq!(l3, kib.map(|k| k << 10), "CPUID's L3 against sysfs's {sysfs:?}");
+    }
+    for k in fast_kernel_sets() {
+        let streams = k.rows16_prefetch_distance() == Some(amd) && l3.is_some();
+        let big = k.for_weights(usize::MAX);
+        assert_eq!(big.rows16_prefetch_distance() == Some(amd + 1), streams, "{}: L3 {l3:?}", k.name());
+        assert_eq!(k.for_weights(1 << 20).rows16_prefetch_distance(), k.rows16_prefetch_distance(), "{}: 1 MiB of weights", k.name());
+        if let Some(l3) = l3 {
+            let edge = super::STREAM_L3_TIMES * l3;
+            assert_eq!(k.for_weights(edge).rows16_prefetch_distance(), k.rows16_prefetch_distance(), "{}", k.name());
+        }
+        assert_eq!(big.name(), k.name());
+    }
+    let distances: Vec<Option<usize>> = rows16_kernel_sets().iter().map(Kernels::rows16_prefetch_distance).collect();
+    for d in [0, intel, amd, amd + 1] {
+        assert_eq!(distances.contains(&Some(d)), avx512 > 0, "distance {d} among the rows16 test sets");
+    }
 }
 
 /// `Kernels::rope` gives `ops::rope_heads`' bits: both pair layouts, head widths wider

@@ -660,7 +660,7 @@ pub(crate) fn other_rows16_prefetch(t: &'static KernelTable) -> Option<&'static 
 #[cfg(test)]
 pub(crate) fn rows16_prefetch_distance(t: &'static KernelTable) -> Option<usize> {
     let f = flags_of(t)?;
-    (f & 1 != 0).then(|| rows16_distance(f & 8 != 0, f & 32 != 0))
+    (f & 1 != 0).then(|| if f & 64 != 0 { rows16::PREFETCH_AMD_STREAM } else { rows16_distance(f & 8 != 0, f & 32 != 0) })
 }
 
 /// Intel's and AMD's AVX-512 rows16 prefetch distances (`rows16::PREFETCH_INTEL`), for
@@ -726,14 +726,17 @@ pub(super) const fn cpuid_family(eax: u32) -> u32 {
 }
 
 /// A table's flags: `avx512 | vnni << 1 | fp16 << 2 | intel << 3 | small_l1 << 4 | quiet
-/// << 5` (`small_l1`: an L1 data cache under [`FAR_L1_MIN_L1D`]; `quiet`: AVX-512 rows16
-/// kernels without prefetch hints, [`cpu_is_amd_zen4`]). `vnni`, `intel` and `quiet` only
-/// ever come with `avx512` ([`table`]): 36 of the 64 values are tables.
-const FLAG_VALUES: usize = 64;
+/// << 5 | stream << 6` (`small_l1`: an L1 data cache under [`FAR_L1_MIN_L1D`]; `quiet`:
+/// AVX-512 rows16 kernels without prefetch hints, [`cpu_is_amd_zen4`]; `stream`: their
+/// hints non-temporal, [`streaming`]). `vnni`, `intel` and `quiet` only ever come with
+/// `avx512` ([`table`]), `stream` only with `avx512` and neither of the others: 44 of the
+/// 128 values are tables.
+const FLAG_VALUES: usize = 128;
 
-/// Whether `flags` names a table: `vnni`, `intel` and `quiet` only with `avx512`.
+/// Whether `flags` names a table: `vnni`, `intel` and `quiet` only with `avx512`, and
+/// `stream` only with `avx512` and neither `intel` nor `quiet`.
 const fn is_table(flags: usize) -> bool {
-    flags < FLAG_VALUES && (flags & 1 != 0 || flags & (2 | 8 | 32) == 0)
+    flags < FLAG_VALUES && (flags & 1 != 0 || flags & (2 | 8 | 32) == 0) && (flags & 64 == 0 || (flags & 1 != 0 && flags & (8 | 32) == 0))
 }
 
 /// How many flag values name a table.
@@ -746,7 +749,7 @@ const N_TABLES: usize = {
     n
 };
 
-const _: () = assert!(N_TABLES == 36, "4 tables without AVX-512 (fp16, small_l1), 32 with");
+const _: () = assert!(N_TABLES == 44, "4 tables without AVX-512 (fp16, small_l1), 32 with, 8 streaming");
 
 /// The flags of each of [`TABLES`], in order.
 static TABLE_FLAGS: [u8; N_TABLES] = {
@@ -761,8 +764,8 @@ static TABLE_FLAGS: [u8; N_TABLES] = {
     t
 };
 
-/// The table of every set of flags that names one (in [`TABLE_FLAGS`]' order; 36 rather
-/// than 64, since each is ~4 KiB of function pointers in every binary).
+/// The table of every set of flags that names one (in [`TABLE_FLAGS`]' order; 44 rather
+/// than 128, since each is ~4 KiB of function pointers in every binary).
 static TABLES: [KernelTable; N_TABLES] = {
     let mut t = [REFERENCE; N_TABLES];
     let mut i = 0;
@@ -781,8 +784,46 @@ fn table_of(flags: usize) -> Option<&'static KernelTable> {
     TABLE_FLAGS.iter().position(|&f| usize::from(f) == flags).map(|i| &TABLES[i])
 }
 
+/// `t` with its AVX-512 rows16 kernels' prefetch hints non-temporal
+/// (`rows16::PREFETCH_AMD_STREAM`), where `t` has AMD's distance: `None` for any other
+/// table (no AVX-512, Intel's distance or none, or already streaming).
+pub(crate) fn streaming(t: &'static KernelTable) -> Option<&'static KernelTable> {
+    let f = flags_of(t)?;
+    if f & 64 == 0 { table_of(f | 64) } else { None }
+}
+
+/// The L3 cache's size in bytes as CPUID's cache topology leaf reports it on AMD (0x8000_001D,
+/// the level-3 subleaf: ways × partitions × line × sets, one core complex's L3, as Linux's
+/// sysfs gives it; leaf 0x8000_0006's L3 field is the whole socket's on an EPYC: 384 MiB
+/// on the Zen 5 VM, whose core complex has 32); `None` elsewhere or where none is reported.
+pub(crate) fn cpu_l3_bytes_amd() -> Option<usize> {
+    // SAFETY: CPUID leaf 0 exists on every x86_64 CPU.
+    let l0 = unsafe { __cpuid(0) };
+    if (l0.ebx, l0.edx, l0.ecx) != (u32::from_le_bytes(*b"Auth"), u32::from_le_bytes(*b"enti"), u32::from_le_bytes(*b"cAMD")) {
+        return None;
+    }
+    // SAFETY: leaf 0x8000_0000 exists on every x86_64 CPU (long mode is reported there).
+    if unsafe { __cpuid(0x8000_0000) }.eax < 0x8000_001D {
+        return None;
+    }
+    for sub in 0..8 {
+        // SAFETY: the leaf exists (checked above); subleaves past the last report type 0.
+        let r = unsafe { __cpuid_count(0x8000_001D, sub) };
+        let (kind, level) = (r.eax & 0x1F, r.eax >> 5 & 7);
+        if kind == 0 {
+            break;
+        }
+        if level == 3 {
+            let ways = (r.ebx >> 22) as usize + 1;
+            let partitions = (r.ebx >> 12 & 0x3FF) as usize + 1;
+            let line = (r.ebx & 0xFFF) as usize + 1;
+            return Some(ways * partitions * line * (r.ecx as usize + 1));
+        }
+    }
+    None
+}
+
 /// The flags of `t`, `None` for a table not in [`TABLES`].
-#[cfg(test)]
 fn flags_of(t: &'static KernelTable) -> Option<usize> {
     TABLES.iter().position(|x| core::ptr::eq(x, t)).map(|i| usize::from(TABLE_FLAGS[i]))
 }
@@ -792,7 +833,7 @@ fn flags_of(t: &'static KernelTable) -> Option<usize> {
 const fn build(flags: usize) -> KernelTable {
     let (avx512, vnni, fp16, intel) = (flags & 1 != 0, flags & 2 != 0, flags & 4 != 0, flags & 8 != 0);
     let far_l1 = flags & 16 == 0;
-    let r16_pf = rows16_distance(intel, flags & 32 != 0);
+    let r16_pf = if flags & 64 != 0 { rows16::PREFETCH_AMD_STREAM } else { rows16_distance(intel, flags & 32 != 0) };
     // An 8-row kernel with its far prefetch into L1 (`far_l1`) or L2.
     macro_rules! rows {
         ($f:ident) => {
@@ -831,6 +872,7 @@ const fn build(flags: usize) -> KernelTable {
                 Some(match r16_pf {
                     rows16::PREFETCH_INTEL => $f::<{ rows16::PREFETCH_INTEL }> as super::rows16::Rows16Fn,
                     rows16::PREFETCH_AMD => $f::<{ rows16::PREFETCH_AMD }>,
+                    rows16::PREFETCH_AMD_STREAM => $f::<{ rows16::PREFETCH_AMD_STREAM }>,
                     _ => $f::<0>,
                 })
             };

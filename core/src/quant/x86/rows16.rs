@@ -34,17 +34,31 @@ pub(super) const PREFETCH_INTEL: usize = 4096;
 pub(super) const PREFETCH_AMD: usize = 8192;
 /// See [`PREFETCH_INTEL`].
 pub(super) const PREFETCH_AVX2: usize = 4096;
+/// [`PREFETCH_AMD`]'s distance with the non-temporal hint (`prefetchnta`; an odd `PF`
+/// means the hint at `PF - 1`), for a model whose weights a token far exceed the L3
+/// (`Kernels::for_weights`): lines that cannot survive until the next token are not kept.
+/// On the Zen 5 VM (2026-12-05) Gemma 3's one-thread decode (246 MB a token, 32 MiB L3)
+/// gained 8-13%; SmolLM2 Q4_1 and Q4_0 (91-98 MB) lost 5-6%, the part of their weights
+/// the L3 still holds at the next token no longer there (BENCHMARKS.md).
+pub(super) const PREFETCH_AMD_STREAM: usize = PREFETCH_AMD + 1;
 
 /// With `PF` > 0, a hint for each line of the `GB` bytes `PF` bytes after `g` into L1
-/// (blocks follow one another, so the calls for consecutive blocks cover every line);
-/// nothing with 0. (A hint only: it cannot fault, so it may point past the weights.)
+/// (blocks follow one another, so the calls for consecutive blocks cover every line),
+/// non-temporal for an odd `PF` (at `PF - 1`); nothing with 0. (A hint only: it cannot
+/// fault, so it may point past the weights.)
 #[inline(always)]
 fn prefetch_ahead<const PF: usize, const GB: usize>(g: *const u8) {
     if PF > 0 {
         let mut off = 0;
         while off < GB {
             // SAFETY: prefetch never faults and reads nothing the program sees.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(g.wrapping_add(PF + off).cast()) };
+            unsafe {
+                if PF % 2 == 1 {
+                    _mm_prefetch::<_MM_HINT_NTA>(g.wrapping_add(PF - 1 + off).cast());
+                } else {
+                    _mm_prefetch::<_MM_HINT_T0>(g.wrapping_add(PF + off).cast());
+                }
+            }
             off += 64;
         }
     }
