@@ -118,23 +118,39 @@ pub(crate) fn cpu_l1d_bytes() -> Option<usize> {
     if l0.eax < 4 {
         return None;
     }
-    // Leaf 4's subleaves until type 0: the level-1 data (type 1) or unified (type 3) one.
+    // SAFETY: leaf 4 exists (max leaf >= 4).
+    unsafe { cache_bytes(4, 1) }
+}
+
+/// The size in bytes of the level-`level` data or unified cache that the deterministic
+/// cache parameters leaf `leaf` (Intel's 4, AMD's 0x8000_001D: the same layout) reports,
+/// its subleaves read until type 0: ways × partitions × line × sets. `None` if none.
+///
+/// # Safety
+/// CPUID leaf `leaf` exists (its range's maximum leaf is at least `leaf`).
+unsafe fn cache_bytes(leaf: u32, level: u32) -> Option<usize> {
     for sub in 0..16 {
-        // SAFETY: leaf 4 exists (max leaf >= 4); subleaves past the last report type 0.
-        let r = unsafe { __cpuid_count(4, sub) };
-        let (kind, level) = (r.eax & 0x1F, r.eax >> 5 & 7);
+        // SAFETY: the caller's contract; subleaves past the last report type 0.
+        let r = unsafe { __cpuid_count(leaf, sub) };
+        let kind = r.eax & 0x1F;
         if kind == 0 {
             break;
         }
-        if level == 1 && (kind == 1 || kind == 3) {
+        if r.eax >> 5 & 7 == level && (kind == 1 || kind == 3) {
             let ways = (r.ebx >> 22) as usize + 1;
             let partitions = (r.ebx >> 12 & 0x3FF) as usize + 1;
             let line = (r.ebx & 0xFFF) as usize + 1;
-            let sets = r.ecx as usize + 1;
-            return Some(ways * partitions * line * sets);
+            return Some(ways * partitions * line * (r.ecx as usize + 1));
         }
     }
     None
+}
+
+/// True if CPUID's vendor is AMD (`AuthenticAMD`).
+fn cpu_is_amd() -> bool {
+    // SAFETY: CPUID leaf 0 exists on every x86_64 CPU.
+    let l0 = unsafe { __cpuid(0) };
+    (l0.ebx, l0.edx, l0.ecx) == (u32::from_le_bytes(*b"Auth"), u32::from_le_bytes(*b"enti"), u32::from_le_bytes(*b"cAMD"))
 }
 
 /// The least L1 data cache, in bytes, into which the 8-row kernels of the small-block
@@ -712,10 +728,8 @@ fn cpu_is_intel() -> bool {
 /// rows16 kernels ask for no weights ahead (the table's `quiet` flag), where they made
 /// decode slower (`rows16::PREFETCH_INTEL`).
 fn cpu_is_amd_zen4() -> bool {
-    // SAFETY: CPUID leaves 0 and 1 exist on every x86_64 CPU.
-    let (l0, l1) = unsafe { (__cpuid(0), __cpuid(1)) };
-    let amd = (l0.ebx, l0.edx, l0.ecx) == (u32::from_le_bytes(*b"Auth"), u32::from_le_bytes(*b"enti"), u32::from_le_bytes(*b"cAMD"));
-    amd && cpuid_family(l1.eax) == 0x19
+    // SAFETY: CPUID leaf 1 exists on every x86_64 CPU.
+    cpu_is_amd() && cpuid_family(unsafe { __cpuid(1) }.eax) == 0x19
 }
 
 /// The display family of CPUID leaf 1's EAX (base family, plus the extended family
@@ -797,30 +811,12 @@ pub(crate) fn streaming(t: &'static KernelTable) -> Option<&'static KernelTable>
 /// sysfs gives it; leaf 0x8000_0006's L3 field is the whole socket's on an EPYC: 384 MiB
 /// on the Zen 5 VM, whose core complex has 32); `None` elsewhere or where none is reported.
 pub(crate) fn cpu_l3_bytes_amd() -> Option<usize> {
-    // SAFETY: CPUID leaf 0 exists on every x86_64 CPU.
-    let l0 = unsafe { __cpuid(0) };
-    if (l0.ebx, l0.edx, l0.ecx) != (u32::from_le_bytes(*b"Auth"), u32::from_le_bytes(*b"enti"), u32::from_le_bytes(*b"cAMD")) {
-        return None;
-    }
     // SAFETY: leaf 0x8000_0000 exists on every x86_64 CPU (long mode is reported there).
-    if unsafe { __cpuid(0x8000_0000) }.eax < 0x8000_001D {
+    if !cpu_is_amd() || unsafe { __cpuid(0x8000_0000) }.eax < 0x8000_001D {
         return None;
     }
-    for sub in 0..8 {
-        // SAFETY: the leaf exists (checked above); subleaves past the last report type 0.
-        let r = unsafe { __cpuid_count(0x8000_001D, sub) };
-        let (kind, level) = (r.eax & 0x1F, r.eax >> 5 & 7);
-        if kind == 0 {
-            break;
-        }
-        if level == 3 {
-            let ways = (r.ebx >> 22) as usize + 1;
-            let partitions = (r.ebx >> 12 & 0x3FF) as usize + 1;
-            let line = (r.ebx & 0xFFF) as usize + 1;
-            return Some(ways * partitions * line * (r.ecx as usize + 1));
-        }
-    }
-    None
+    // SAFETY: the leaf exists (checked above).
+    unsafe { cache_bytes(0x8000_001D, 3) }
 }
 
 /// The flags of `t`, `None` for a table not in [`TABLES`].
