@@ -18,6 +18,11 @@ directory ($KEEL_MODELS, default ~/.cache/keel/models) and reused. The defaults 
 issue's: SmolLM2-135M Q4_1 as published, its Q8_0 and Q4_0 requantizations, Gemma 3 270M
 Q4_K_M; at depth SmolLM2 Q4_0 and Gemma 3.
 
+--isa avx2 or avx512 runs both keel and llama.cpp with a smaller machine's instruction set
+on this CPU (bench/compare-llama-cpp.sh --isa): the kernels of an AVX2-only CPU, or of
+Zen 4, measured on whatever machine is at hand. A proxy for the kernels, not for that
+machine (its caches, memory and instruction costs differ); the report names the set.
+
 llama.cpp is built on first use by bench/compare-llama-cpp.sh (~5 minutes). The machine's
 speed moves from minute to minute; the rounds are what make a median worth reading.
 Speed is never a test: this is a tool for people, not part of CI.
@@ -38,6 +43,9 @@ COMPARE = ROOT / "bench" / "compare-llama-cpp.sh"
 
 BAR_A1, BAR_A2, BAR_A3 = 1.3, 1.2, 0.85
 
+# --isa's KEEL_ISA for keel (bench/compare-llama-cpp.sh sets the same for its runs).
+ISA_KEEL = {"avx2": "avx2_fma", "avx512": "avx2_fma avx512 avx512_vnni"}
+
 
 def log(msg):
     print(f"[{datetime.datetime.now().strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -47,11 +55,11 @@ def log(msg):
 RUNS = []
 
 
-def run(cmd, what):
-    """Runs `cmd`; its stdout, or exits naming the step and showing the end of its stderr
-    (after the raw output of the runs finished before it, so that a long set's work is
-    not lost)."""
-    p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def run(cmd, what, env=None):
+    """Runs `cmd` (in `env`, default this process's); its stdout, or exits naming the step
+    and showing the end of its stderr (after the raw output of the runs finished before
+    it, so that a long set's work is not lost)."""
+    p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     if p.returncode != 0:
         if RUNS:
             print(f"speed-set: the {len(RUNS)} runs finished before the failure, raw:", file=sys.stderr)
@@ -128,10 +136,17 @@ def main():
     ap.add_argument("--only", default="1,2,3", help="which bars to measure, e.g. 2 or 1,3 (default 1,2,3)")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout (every run's raw output, the medians, the verdicts) instead of the tables")
     ap.add_argument("--strict", action="store_true", help="exit 3 when a measured bar's median is not met")
+    ap.add_argument("--isa", choices=("native", "avx2", "avx512"), default="native", help="instruction set of both: native (default), avx2 (an AVX2-only CPU's kernels: keel with KEEL_ISA=avx2_fma, llama.cpp built for AVX2) or avx512 (AVX-512 without AVX512-FP16, Zen 4's); see bench/compare-llama-cpp.sh --help")
     a = ap.parse_args()
     only = {x.strip() for x in a.only.split(",")}
     if a.rounds < 1 or a.threads < 1 or a.depth < 0 or not only <= {"1", "2", "3"}:
         ap.error("--rounds and --threads must be at least 1, --depth at least 0, --only a list of 1, 2, 3")
+    if a.isa != "native" and os.environ.get("KEEL_ISA", "").strip():
+        ap.error(f"KEEL_ISA={os.environ['KEEL_ISA']} and --isa {a.isa} both choose keel's kernels; unset KEEL_ISA")
+    # keel's own runs (bar 3) take the kernel set --isa names, as compare-llama-cpp.sh does.
+    keel_env = dict(os.environ)
+    if a.isa != "native":
+        keel_env["KEEL_ISA"] = ISA_KEEL[a.isa]
 
     log("building keel (cargo build --release -p keel-host-linux)")
     run(["cargo", "build", "--release", "-q", "-p", "keel-host-linux"], "cargo build")
@@ -140,26 +155,26 @@ def main():
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or "?"
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     cpu = cpu_description()
-    log(f"{cpu}; keel {head}{' (uncommitted changes)' if dirty else ''}; {a.rounds} round{'s' if a.rounds > 1 else ''}")
+    log(f"{cpu}; keel {head}{' (uncommitted changes)' if dirty else ''}; instruction set {a.isa}; {a.rounds} round{'s' if a.rounds > 1 else ''}")
 
     runs = RUNS
     for r in range(1, a.rounds + 1):
         if "1" in only:
             for m in models:
                 log(f"round {r}/{a.rounds}, bar 1: {short(m)} pp512/tg128 beside llama-bench, {a.threads} threads")
-                out = json.loads(run(["bash", COMPARE, "-m", m, "-t", str(a.threads), "-r", "1", "--json"], f"compare {short(m)}"))
+                out = json.loads(run(["bash", COMPARE, "-m", m, "-t", str(a.threads), "-r", "1", "--isa", a.isa, "--json"], f"compare {short(m)}"))
                 runs.append({"round": r, "bar": 1, "label": short(m), "model": str(m), "batches": "invariant", "compare": out})
         if "2" in only:
             for m in dmodels:
                 for b in ("invariant", "llama-cpp"):
                     log(f"round {r}/{a.rounds}, bar 2: {short(m)} at depth {a.depth}, --batches {b}")
-                    out = json.loads(run(["bash", COMPARE, "-m", m, "-t", str(a.threads), "-d", str(a.depth), "-r", "1", "--batches", b, "--json"], f"compare {short(m)} -d {a.depth}"))
+                    out = json.loads(run(["bash", COMPARE, "-m", m, "-t", str(a.threads), "-d", str(a.depth), "-r", "1", "--batches", b, "--isa", a.isa, "--json"], f"compare {short(m)} -d {a.depth}"))
                     runs.append({"round": r, "bar": 2, "label": short(m), "model": str(m), "batches": b, "compare": out})
         if "3" in only:
             for m in models:
                 for t in sorted({1, a.threads}):
                     log(f"round {r}/{a.rounds}, bar 3: {short(m)} tg128 against the roofline, {t} thread{'s' if t > 1 else ''}")
-                    out = json.loads(run([KEEL, "bench", "-m", m, "-t", str(t), "-p", "0", "-n", "128", "-r", "3", "--roofline", "--json"], f"keel bench --roofline {short(m)}"))
+                    out = json.loads(run([KEEL, "bench", "-m", m, "-t", str(t), "-p", "0", "-n", "128", "-r", "3", "--roofline", "--json"], f"keel bench --roofline {short(m)}", keel_env))
                     runs.append({"round": r, "bar": 3, "label": short(m), "model": str(m), "threads": t, "bench": out})
 
     # Rows: (bar, model, what, [per-round values], bar value or None, formatter)
@@ -188,9 +203,9 @@ def main():
     unmet = [v for v in verdicts if v["met"] is False]
 
     if a.json:
-        print(json.dumps({"cpu": cpu, "kernels": kernels, "head": head, "uncommitted_changes": bool(dirty), "rounds": a.rounds, "threads": a.threads, "depth": a.depth, "verdicts": verdicts, "runs": runs}))
+        print(json.dumps({"cpu": cpu, "kernels": kernels, "isa": a.isa, "head": head, "uncommitted_changes": bool(dirty), "rounds": a.rounds, "threads": a.threads, "depth": a.depth, "verdicts": verdicts, "runs": runs}))
     else:
-        print(f"CPU {cpu}; keel {head}{' (uncommitted changes)' if dirty else ''}, kernel set {kernels}; llama.cpp 11434; {a.rounds} round{'s' if a.rounds > 1 else ''}, {a.threads} thread{'s' if a.threads > 1 else ''}")
+        print(f"CPU {cpu}; keel {head}{' (uncommitted changes)' if dirty else ''}, kernel set {kernels}; llama.cpp 11434 ({a.isa} build); {a.rounds} round{'s' if a.rounds > 1 else ''}, {a.threads} thread{'s' if a.threads > 1 else ''}")
         print()
         print("| bar | model | measure | rounds | median | needs | |")
         print("|---|---|---|---|---|---|---|")
