@@ -523,6 +523,85 @@ unsafe fn softmax_scores_avx512<const H: usize>(e: *mut f32, new_max: *mut bool,
     }
 }
 
+/// [`softmax_scores`] for AVX2 alone: [`softmax_scores_avx512`]'s steps on 8 scores
+/// (the prefix maximum's shifts by lane permutes with -inf blended in, the flags written
+/// from the comparison's mask).
+pub(crate) fn softmax_scores_avx2(e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut [f32]) {
+    let heads = max.len();
+    assert!(heads > 0 && e.len().is_multiple_of(heads) && new_max.len() >= e.len(), "softmax_scores: {heads} rows of {} scores", e.len());
+    let len = e.len() / heads;
+    let (ep, np) = (e.as_mut_ptr(), new_max.as_mut_ptr());
+    for (g, m) in max.chunks_mut(4).enumerate() {
+        let (ep, np) = (ep.wrapping_add(4 * g * len), np.wrapping_add(4 * g * len));
+        // SAFETY: AVX2/FMA/F16C present (module contract); rows 4g.. of len elements at ep
+        // and np (checked above).
+        unsafe {
+            match m.len() {
+                1 => softmax_scores_ymm::<1>(ep, np, len, scale, m),
+                2 => softmax_scores_ymm::<2>(ep, np, len, scale, m),
+                3 => softmax_scores_ymm::<3>(ep, np, len, scale, m),
+                _ => softmax_scores_ymm::<4>(ep, np, len, scale, m),
+            }
+        }
+    }
+}
+
+/// [`softmax_scores_avx2`]'s steps: 8 scores of each of `H` rows at a time, the rows side
+/// by side (each row's chain waits on its own previous step only). The same operations
+/// per key as [`softmax_scores_avx512`] (whose doc says why the prefix maximum gives
+/// each key's running maximum): `s = e·scale`, `new = s > m`, `e = new ? m - s : s - m`.
+///
+/// # Safety
+/// AVX2/FMA/F16C present; `H·len` elements at `e` and `new_max`, `max.len() >= H`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn softmax_scores_ymm<const H: usize>(e: *mut f32, new_max: *mut bool, len: usize, scale: f32, max: &mut [f32]) {
+    // SAFETY: masked loads and stores touch only the first len elements of each row; the
+    // flags are written one by one for the step's n <= 8 keys.
+    unsafe {
+        let (sc, ninf) = (_mm256_set1_ps(scale), _mm256_set1_ps(f32::NEG_INFINITY));
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        // Lane l from lane l - k (lane 0 for l < k); the low k lanes are then blended.
+        let (by1, by2, by4) = (_mm256_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6), _mm256_setr_epi32(0, 0, 0, 1, 2, 3, 4, 5), _mm256_setr_epi32(0, 0, 0, 0, 0, 1, 2, 3));
+        let mut mv: [__m256; H] = core::array::from_fn(|h| _mm256_set1_ps(max[h]));
+        for c0 in (0..len).step_by(8) {
+            let n = (len - c0).min(8);
+            let valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lanes);
+            let bits = (1u32 << n) - 1;
+            for (h, mv) in mv.iter_mut().enumerate() {
+                let p = e.add(h * len + c0);
+                let f = new_max.add(h * len + c0);
+                let s = _mm256_mul_ps(_mm256_maskload_ps(p, valid), sc);
+                // No score above the running maximum: each key's `m` is the running
+                // maximum, no flag is set.
+                if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(s, *mv)) as u32 & bits == 0 {
+                    _mm256_maskstore_ps(p, valid, _mm256_sub_ps(s, *mv));
+                    core::ptr::write_bytes(f, 0, n);
+                    continue;
+                }
+                // Inclusive prefix maximum (a NaN score is -inf from the first maximum on).
+                let mut pm = _mm256_max_ps(s, ninf);
+                pm = _mm256_max_ps(pm, _mm256_blend_ps::<0x01>(_mm256_permutevar8x32_ps(pm, by1), ninf));
+                pm = _mm256_max_ps(pm, _mm256_blend_ps::<0x03>(_mm256_permutevar8x32_ps(pm, by2), ninf));
+                pm = _mm256_max_ps(pm, _mm256_blend_ps::<0x0F>(_mm256_permutevar8x32_ps(pm, by4), ninf));
+                let pm = _mm256_max_ps(pm, *mv);
+                // The maximum before each key: the prefix shifted by one, `m` in lane 0.
+                let before = _mm256_blend_ps::<0x01>(_mm256_permutevar8x32_ps(pm, by1), *mv);
+                let new = _mm256_cmp_ps::<_CMP_GT_OQ>(s, before);
+                let r = _mm256_blendv_ps(_mm256_sub_ps(s, before), _mm256_sub_ps(before, s), new);
+                _mm256_maskstore_ps(p, valid, r);
+                let nb = _mm256_movemask_ps(new) as u32;
+                for l in 0..n {
+                    *f.add(l) = nb >> l & 1 == 1;
+                }
+                *mv = _mm256_permutevar8x32_ps(pm, _mm256_set1_epi32(n as i32 - 1));
+            }
+        }
+        for (m, v) in max.iter_mut().zip(&mv) {
+            *m = _mm256_cvtss_f32(*v);
+        }
+    }
+}
+
 /// See `Kernels::softmax_sum`.
 pub(crate) fn softmax_sum(sum: f32, new_max: &[bool], e: &[f32]) -> f32 {
     let n = new_max.len().min(e.len());
@@ -1190,15 +1269,10 @@ pub(crate) fn mad_keys_heads64(ys: &mut [f16], heads: usize, x: &[f16], offs: &[
             (true, 3) => mad_keys_heads64_avx512::<3, false, false, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums, core::ptr::null_mut()),
             (true, 4) if via => mad_keys_heads64_avx512::<4, false, true, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums, core::ptr::null_mut()),
             (true, 4) => mad_keys_heads64_avx512::<4, false, false, false>(yp, xp, offs, core::ptr::null(), offs.len(), new_max, e, sums, core::ptr::null_mut()),
-            _ => {
-                match heads {
-                    1 => mad_keys_heads64_avx2::<1>(yp, xp, offs, new_max, e),
-                    2 => mad_keys_heads64_avx2::<2>(yp, xp, offs, new_max, e),
-                    3 => mad_keys_heads64_avx2::<3>(yp, xp, offs, new_max, e),
-                    _ => mad_keys_heads64_avx2::<4>(yp, xp, offs, new_max, e),
-                }
-                softmax_sums(&mut sums[..heads], &new_max[..heads * len], &e[..heads * len]);
-            }
+            (_, 1) => mad_keys_heads64_avx2::<1>(yp, xp, offs, new_max, e, sums),
+            (_, 2) => mad_keys_heads64_avx2::<2>(yp, xp, offs, new_max, e, sums),
+            (_, 3) => mad_keys_heads64_avx2::<3>(yp, xp, offs, new_max, e, sums),
+            _ => mad_keys_heads64_avx2::<4>(yp, xp, offs, new_max, e, sums),
         }
     }
 }
@@ -1337,19 +1411,21 @@ unsafe fn mad_keys_heads64_avx512<const H: usize, const F32V: bool, const VIA: b
 /// accumulator stays in a register): the row in halves of 32 elements with 2 or 3 heads
 /// (8 or 12 chains per key), in quarters of 16 with 4 (8 chains), a whole row with one (8
 /// chains), each half or quarter through all keys; per element the steps of
-/// [`mad_keys_regs`] in key order.
+/// [`mad_keys_regs`] in key order; each head's running sum `softmax_sum` beside the first
+/// half or quarter (as [`mad_keys_heads64_avx512`] keeps it: a scalar chain under the
+/// vector work, instead of a pass of its own).
 ///
 /// # Safety
 /// AVX2/FMA/F16C present; `H` rows of 64 at `y`, 64 elements at `x + offs[c]` for every
-/// c; `new_max` and `e` hold `H` rows of `offs.len()`.
+/// c; `new_max` and `e` hold `H` rows of `offs.len()`, `sums` at least `H` elements.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn mad_keys_heads64_avx2<const H: usize>(y: *mut u16, x: *const u16, offs: &[usize], new_max: &[bool], e: &[f32]) {
+unsafe fn mad_keys_heads64_avx2<const H: usize>(y: *mut u16, x: *const u16, offs: &[usize], new_max: &[bool], e: &[f32], sums: &mut [f32]) {
     // SAFETY: the caller's contract, passed on whole; 64, 32 and 16 columns all divide 64.
     unsafe {
         match H {
-            1 => mad_keys_heads64_avx2_part::<H, 8>(y, x, offs, new_max, e),
-            2 | 3 => mad_keys_heads64_avx2_part::<H, 4>(y, x, offs, new_max, e),
-            _ => mad_keys_heads64_avx2_part::<H, 2>(y, x, offs, new_max, e),
+            1 => mad_keys_heads64_avx2_part::<H, 8>(y, x, offs, new_max, e, sums),
+            2 | 3 => mad_keys_heads64_avx2_part::<H, 4>(y, x, offs, new_max, e, sums),
+            _ => mad_keys_heads64_avx2_part::<H, 2>(y, x, offs, new_max, e, sums),
         }
     }
 }
@@ -1359,24 +1435,33 @@ unsafe fn mad_keys_heads64_avx2<const H: usize>(y: *mut u16, x: *const u16, offs
 /// # Safety
 /// As [`mad_keys_heads64_avx2`]; `8·V` divides 64.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn mad_keys_heads64_avx2_part<const H: usize, const V: usize>(y: *mut u16, x: *const u16, offs: &[usize], new_max: &[bool], e: &[f32]) {
+unsafe fn mad_keys_heads64_avx2_part<const H: usize, const V: usize>(y: *mut u16, x: *const u16, offs: &[usize], new_max: &[bool], e: &[f32], sums: &mut [f32]) {
     // SAFETY: as above; unaligned loads and stores only.
     unsafe {
         let len = offs.len();
         let f16_round = |v: __m256| _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
         let one = _mm256_set1_ps(1.0);
+        let mut sum: [f32; H] = core::array::from_fn(|h| sums[h]);
         for col in (0..64).step_by(8 * V) {
             let mut acc: [[__m256; V]; H] = core::array::from_fn(|h| core::array::from_fn(|j| _mm256_cvtph_ps(_mm_loadu_si128(y.add(64 * h + col + 8 * j).cast()))));
             for (c, &off) in offs.iter().enumerate() {
                 let xv: [__m256; V] = core::array::from_fn(|j| _mm256_cvtph_ps(_mm_loadu_si128(x.add(off + col + 8 * j).cast())));
                 for (h, a) in acc.iter_mut().enumerate() {
-                    let ec = _mm256_set1_ps(e[h * len + c]);
+                    let eh = e[h * len + c];
+                    let ec = _mm256_set1_ps(eh);
                     let vs = if new_max[h * len + c] {
                         for v in a.iter_mut() {
                             *v = f16_round(_mm256_mul_ps(*v, ec));
                         }
+                        if col == 0 {
+                            sum[h] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(sum[h]), _mm_set_ss(eh), _mm_set_ss(1.0)));
+                        }
                         one
                     } else {
+                        // fma(sum, 1, e): the exact sum rounded once, as `+`.
+                        if col == 0 {
+                            sum[h] += eh;
+                        }
                         ec
                     };
                     for (j, v) in a.iter_mut().enumerate() {
@@ -1390,6 +1475,7 @@ unsafe fn mad_keys_heads64_avx2_part<const H: usize, const V: usize>(y: *mut u16
                 }
             }
         }
+        sums[..H].copy_from_slice(&sum);
     }
 }
 

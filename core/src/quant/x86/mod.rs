@@ -974,9 +974,7 @@ const fn build(flags: usize) -> KernelTable {
         t.f32_dot_transposed = Some(f16ops::dot_transposed64);
         t.f32_mad_keys_heads_dot = Some(entry::f32_mad_keys_heads_dot);
     }
-    if avx512 {
-        t.softmax_scores = f16ops::softmax_scores;
-    }
+    t.softmax_scores = if avx512 { f16ops::softmax_scores } else { f16ops::softmax_scores_avx2 };
     t.softmax_sum = f16ops::softmax_sum;
     t.softmax_sums = |_, sums, new_max, e| f16ops::softmax_sums(sums, new_max, e);
     t.tiled_step = if avx512 { tiled::step_avx512 } else { tiled::step_avx2 };
