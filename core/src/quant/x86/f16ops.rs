@@ -436,21 +436,38 @@ unsafe fn mad_keys_regs<const V: usize>(y: *mut u16, x: *const u16, offs: &[usiz
 
 /// See `Kernels::softmax_scores`; only after `cpu_has_avx512()` (with BW and VL).
 pub(crate) fn softmax_scores(e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut [f32]) {
+    softmax_scores_rows(e, new_max, scale, max, true)
+}
+
+/// [`softmax_scores`] for AVX2 alone: [`softmax_scores_avx512`]'s steps on 8 scores
+/// (the prefix maximum's shifts by lane permutes with -inf blended in, the flags written
+/// from the comparison's mask).
+pub(crate) fn softmax_scores_avx2(e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut [f32]) {
+    softmax_scores_rows(e, new_max, scale, max, false)
+}
+
+/// [`softmax_scores`] (`avx512`: the caller's flag, set only after `cpu_has_avx512()`)
+/// and [`softmax_scores_avx2`]: up to four rows side by side (their chains are
+/// independent); more, four at a time.
+fn softmax_scores_rows(e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut [f32], avx512: bool) {
     let heads = max.len();
     assert!(heads > 0 && e.len().is_multiple_of(heads) && new_max.len() >= e.len(), "softmax_scores: {heads} rows of {} scores", e.len());
     let len = e.len() / heads;
     let (ep, np) = (e.as_mut_ptr(), new_max.as_mut_ptr());
-    // Up to four rows side by side (their chains are independent); more, four at a time.
     for (g, m) in max.chunks_mut(4).enumerate() {
         let (ep, np) = (ep.wrapping_add(4 * g * len), np.wrapping_add(4 * g * len));
-        // SAFETY: AVX2/FMA/F16C present (module contract) and AVX-512 F/BW/VL (the
-        // caller's `avx512` flag); rows 4g.. of len elements at ep and np (checked above).
+        // SAFETY: AVX2/FMA/F16C present (module contract), AVX-512 F/BW/VL where `avx512`
+        // (the caller's flag); rows 4g.. of len elements at ep and np (checked above).
         unsafe {
-            match m.len() {
-                1 => softmax_scores_avx512::<1>(ep, np, len, scale, m),
-                2 => softmax_scores_avx512::<2>(ep, np, len, scale, m),
-                3 => softmax_scores_avx512::<3>(ep, np, len, scale, m),
-                _ => softmax_scores_avx512::<4>(ep, np, len, scale, m),
+            match (avx512, m.len()) {
+                (true, 1) => softmax_scores_avx512::<1>(ep, np, len, scale, m),
+                (true, 2) => softmax_scores_avx512::<2>(ep, np, len, scale, m),
+                (true, 3) => softmax_scores_avx512::<3>(ep, np, len, scale, m),
+                (true, _) => softmax_scores_avx512::<4>(ep, np, len, scale, m),
+                (false, 1) => softmax_scores_ymm::<1>(ep, np, len, scale, m),
+                (false, 2) => softmax_scores_ymm::<2>(ep, np, len, scale, m),
+                (false, 3) => softmax_scores_ymm::<3>(ep, np, len, scale, m),
+                (false, _) => softmax_scores_ymm::<4>(ep, np, len, scale, m),
             }
         }
     }
@@ -519,29 +536,6 @@ unsafe fn softmax_scores_avx512<const H: usize>(e: *mut f32, new_max: *mut bool,
         }
         for (m, v) in max.iter_mut().zip(&mv) {
             *m = _mm512_cvtss_f32(*v);
-        }
-    }
-}
-
-/// [`softmax_scores`] for AVX2 alone: [`softmax_scores_avx512`]'s steps on 8 scores
-/// (the prefix maximum's shifts by lane permutes with -inf blended in, the flags written
-/// from the comparison's mask).
-pub(crate) fn softmax_scores_avx2(e: &mut [f32], new_max: &mut [bool], scale: f32, max: &mut [f32]) {
-    let heads = max.len();
-    assert!(heads > 0 && e.len().is_multiple_of(heads) && new_max.len() >= e.len(), "softmax_scores: {heads} rows of {} scores", e.len());
-    let len = e.len() / heads;
-    let (ep, np) = (e.as_mut_ptr(), new_max.as_mut_ptr());
-    for (g, m) in max.chunks_mut(4).enumerate() {
-        let (ep, np) = (ep.wrapping_add(4 * g * len), np.wrapping_add(4 * g * len));
-        // SAFETY: AVX2/FMA/F16C present (module contract); rows 4g.. of len elements at ep
-        // and np (checked above).
-        unsafe {
-            match m.len() {
-                1 => softmax_scores_ymm::<1>(ep, np, len, scale, m),
-                2 => softmax_scores_ymm::<2>(ep, np, len, scale, m),
-                3 => softmax_scores_ymm::<3>(ep, np, len, scale, m),
-                _ => softmax_scores_ymm::<4>(ep, np, len, scale, m),
-            }
         }
     }
 }
