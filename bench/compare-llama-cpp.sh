@@ -2,7 +2,7 @@
 # Side-by-side speed of keel and llama.cpp on one model, same threads, pp and tg, in one
 # run, printed as ratios. A tool for people, not part of CI.
 #
-#   bench/compare-llama-cpp.sh [-m MODEL] [-t THREADS] [-p 512] [-n 128] [-d 0] [-r 3] [--batches MODE] [--isa SET] [--build] [--json]
+#   bench/compare-llama-cpp.sh [-m MODEL] [-t THREADS] [-p 512] [-n 128] [-d 0] [-r 3] [--batches MODE] [--isa SET] [--keel BIN] [--build] [--json]
 #
 # -d DEPTH: both measure with DEPTH positions already in the KV cache (llama-bench -d,
 # keel bench -d). The report starts with the CPU model, keel's kernel set and llama.cpp's
@@ -24,6 +24,10 @@
 # arithmetic, the one llama-bench measures: its per-token matmul kernels and, for 64 or
 # more queries, its tiled attention). The report names the mode.
 #
+# --keel BIN: run this keel binary instead of building the checkout's (cargo build --release)
+# first; bench/speed-set.py passes the copy it made at its start, so that every run of a
+# set is the same build even if the sources change meanwhile.
+#
 # --json: one JSON object on stdout instead of the table (cpu, kernels, llama_build, model, threads, depth,
 # batches, tests: [{test, llama_tps, keel_tps, keel_sd, ratio}], raw_llama, raw_keel);
 # bench/speed-set.py reads it.
@@ -34,7 +38,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-model=smollm2-135m threads=2 pp=512 tg=128 depth=0 reps=3 build=0 batches=invariant json=0 isa=native
+model=smollm2-135m threads=2 pp=512 tg=128 depth=0 reps=3 build=0 batches=invariant json=0 isa=native keel=
 while [ $# -gt 0 ]; do
     case "$1" in
         -m) model=$2; shift 2 ;;
@@ -45,12 +49,18 @@ while [ $# -gt 0 ]; do
         -r) reps=$2; shift 2 ;;
         --batches) batches=$2; shift 2 ;;
         --isa) isa=$2; shift 2 ;;
+        --keel) keel=$2; shift 2 ;;
         --build) build=1; shift ;;
         --json) json=1; shift ;;
         -h|--help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
+
+if [ -n "$keel" ] && [ ! -x "$keel" ]; then
+    echo "compare-llama-cpp.sh: --keel $keel: no such executable; give a built keel binary or leave --keel out to build this checkout's" >&2
+    exit 2
+fi
 
 # The instruction set: keel's KEEL_ISA, llama.cpp's build directory and CMake options, and
 # the /proc/cpuinfo flags this CPU needs for them.
@@ -109,9 +119,11 @@ if [ "$build" = 1 ] || [ ! -x "$bench_bin" ] || [ ! -x "$cache/$build_dir/bin/ll
     cmake --build "$cache/$build_dir" -j"$(nproc)" --target llama-bench llama-tokenize >&2
 fi
 
-cargo build --release -q -p keel-host-linux
-keel=./target/release/keel
-path=$($keel pull "$model" 2>/dev/null || echo "$model")
+if [ -z "$keel" ]; then
+    cargo build --release -q -p keel-host-linux
+    keel=./target/release/keel
+fi
+path=$("$keel" pull "$model" 2>/dev/null || echo "$model")
 
 cpu=$(sed -n 's/^model name[[:space:]]*: *//p' /proc/cpuinfo | head -n 1)
 dflag=()
@@ -119,7 +131,7 @@ dflag=()
 echo "== llama.cpp ($isa build): llama-bench -m $path -t $threads -p $pp -n $tg ${dflag[*]} -r $reps" >&2
 ljson=$("$bench_bin" -m "$path" -t "$threads" -p "$pp" -n "$tg" "${dflag[@]}" -r "$reps" -o json)
 echo "== keel: keel bench -m $path -t $threads -p $pp -n $tg ${dflag[*]} -r $reps --batches $batches${KEEL_ISA:+ (KEEL_ISA=$KEEL_ISA)}" >&2
-kjson=$($keel bench -m "$path" -t "$threads" -p "$pp" -n "$tg" "${dflag[@]}" -r "$reps" --batches "$batches" --json)
+kjson=$("$keel" bench -m "$path" -t "$threads" -p "$pp" -n "$tg" "${dflag[@]}" -r "$reps" --batches "$batches" --json)
 
 python3 - "$ljson" "$kjson" "$pp" "$tg" "$path" "$threads" "$depth" "$cpu" "$batches" "$json" "$isa" <<'PY'
 import json, statistics, sys

@@ -23,22 +23,32 @@ on this CPU (bench/compare-llama-cpp.sh --isa): the kernels of an AVX2-only CPU,
 Zen 4, measured on whatever machine is at hand. A proxy for the kernels, not for that
 machine (its caches, memory and instruction costs differ); the report names the set.
 
+keel is built once at the start and every run takes a copy of that binary
+(bench/compare-llama-cpp.sh --keel), so the set measures one build even if the checkout
+changes while it runs; the report names the commit it was built from.
+
 llama.cpp is built on first use by bench/compare-llama-cpp.sh (~5 minutes). The machine's
 speed moves from minute to minute; the rounds are what make a median worth reading.
 Speed is never a test: this is a tool for people, not part of CI.
 """
 
 import argparse
+import atexit
 import datetime
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-KEEL = ROOT / "target" / "release" / "keel"
+BUILT = ROOT / "target" / "release" / "keel"
+# The set's keel: a copy of the build made at its start (`main`), so that every run of the
+# set is the same binary even if the checkout is rebuilt meanwhile.
+KEEL = BUILT
 COMPARE = ROOT / "bench" / "compare-llama-cpp.sh"
 
 BAR_A1, BAR_A2, BAR_A3 = 1.3, 1.2, 0.85
@@ -150,6 +160,11 @@ def main():
 
     log("building keel (cargo build --release -p keel-host-linux)")
     run(["cargo", "build", "--release", "-q", "-p", "keel-host-linux"], "cargo build")
+    global KEEL
+    keep = tempfile.mkdtemp(prefix="keel-speed-set-")
+    atexit.register(shutil.rmtree, keep, True)
+    KEEL = Path(keep) / "keel"
+    shutil.copy2(BUILT, KEEL)
     models = [resolve(m) for m in a.models] if only & {"1", "3"} else []
     dmodels = [resolve(m) for m in a.depth_models] if "2" in only else []
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or "?"
@@ -162,13 +177,13 @@ def main():
         if "1" in only:
             for m in models:
                 log(f"round {r}/{a.rounds}, bar 1: {short(m)} pp512/tg128 beside llama-bench, {a.threads} threads")
-                out = json.loads(run(["bash", COMPARE, "-m", m, "-t", str(a.threads), "-r", "1", "--isa", a.isa, "--json"], f"compare {short(m)}"))
+                out = json.loads(run(["bash", COMPARE, "-m", m, "-t", str(a.threads), "-r", "1", "--isa", a.isa, "--keel", KEEL, "--json"], f"compare {short(m)}"))
                 runs.append({"round": r, "bar": 1, "label": short(m), "model": str(m), "batches": "invariant", "compare": out})
         if "2" in only:
             for m in dmodels:
                 for b in ("invariant", "llama-cpp"):
                     log(f"round {r}/{a.rounds}, bar 2: {short(m)} at depth {a.depth}, --batches {b}")
-                    out = json.loads(run(["bash", COMPARE, "-m", m, "-t", str(a.threads), "-d", str(a.depth), "-r", "1", "--batches", b, "--isa", a.isa, "--json"], f"compare {short(m)} -d {a.depth}"))
+                    out = json.loads(run(["bash", COMPARE, "-m", m, "-t", str(a.threads), "-d", str(a.depth), "-r", "1", "--batches", b, "--isa", a.isa, "--keel", KEEL, "--json"], f"compare {short(m)} -d {a.depth}"))
                     runs.append({"round": r, "bar": 2, "label": short(m), "model": str(m), "batches": b, "compare": out})
         if "3" in only:
             for m in models:
