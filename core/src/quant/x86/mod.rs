@@ -676,7 +676,7 @@ pub(crate) fn other_rows16_prefetch(t: &'static KernelTable) -> Option<&'static 
 #[cfg(test)]
 pub(crate) fn rows16_prefetch_distance(t: &'static KernelTable) -> Option<usize> {
     let f = flags_of(t)?;
-    (f & 1 != 0).then(|| if f & 64 != 0 { rows16::PREFETCH_AMD_STREAM } else { rows16_distance(f & 8 != 0, f & 32 != 0) })
+    (f & 1 != 0).then(|| rows16_distance(f))
 }
 
 /// Intel's and AMD's AVX-512 rows16 prefetch distances (`rows16::PREFETCH_INTEL`), for
@@ -684,12 +684,15 @@ pub(crate) fn rows16_prefetch_distance(t: &'static KernelTable) -> Option<usize>
 #[cfg(test)]
 pub(super) const ROWS16_PREFETCH_INTEL_AMD: (usize, usize) = (rows16::PREFETCH_INTEL, rows16::PREFETCH_AMD);
 
-/// The AVX-512 rows16 kernels' prefetch distance for the table flags `intel` and `quiet`.
-const fn rows16_distance(intel: bool, quiet: bool) -> usize {
-    if quiet {
+/// The AVX-512 rows16 kernels' prefetch distance for a table's flags: none with `quiet`,
+/// Intel's with `intel`, AMD's non-temporal with `stream`, else AMD's.
+const fn rows16_distance(flags: usize) -> usize {
+    if flags & 32 != 0 {
         0
-    } else if intel {
+    } else if flags & 8 != 0 {
         rows16::PREFETCH_INTEL
+    } else if flags & 64 != 0 {
+        rows16::PREFETCH_AMD_STREAM
     } else {
         rows16::PREFETCH_AMD
     }
@@ -829,7 +832,7 @@ fn flags_of(t: &'static KernelTable) -> Option<usize> {
 const fn build(flags: usize) -> KernelTable {
     let (avx512, vnni, fp16, intel) = (flags & 1 != 0, flags & 2 != 0, flags & 4 != 0, flags & 8 != 0);
     let far_l1 = flags & 16 == 0;
-    let r16_pf = if flags & 64 != 0 { rows16::PREFETCH_AMD_STREAM } else { rows16_distance(intel, flags & 32 != 0) };
+    let r16_pf = rows16_distance(flags);
     // An 8-row kernel with its far prefetch into L1 (`far_l1`) or L2.
     macro_rules! rows {
         ($f:ident) => {
