@@ -17,7 +17,10 @@
 //!   chunks as Q4_1's (32 + 64c..).
 //! - **Q5_0** (22 bytes a block, 352 a group block): the sixteen f16 `d` (0..32), the
 //!   sixteen rows' `qh` (32..96: row `r`'s four bytes at `32 + 4r`, so one vector holds
-//!   every row's fifth bits in its lanes), then four chunks of `qs` as Q4_1's (96 + 64c..).
+//!   every row's fifth bits in its lanes), its bits transposed ([`q5_0_qh_to_layout`]:
+//!   element `4j + i`'s fifth bit at bit `8i + j`, so that the four bits of the kernels'
+//!   lane `j` are one constant shift from bit 4 of each byte), then four chunks of `qs`
+//!   as Q4_1's (96 + 64c..).
 //! - **Q4_K** (144 bytes a super-block of 256, 2304 a group block): the sixteen f16 `d`
 //!   (0..32), the sixteen `dmin` (32..64), then 35 chunks `c` of 64 bytes (64 + 64c..)
 //!   whose bytes `4r..4r + 4` are row `r`'s bytes `4c..4c + 4` of the 140 after `d` and
@@ -68,8 +71,45 @@ fn pack_group(ty: GgmlType, nb: usize, src: &[u8], wrow: usize, dst: &mut [u8]) 
             for c in 0..q.len() / 4 {
                 g[at + 64 * c + 4 * r..at + 64 * c + 4 * r + 4].copy_from_slice(&q[4 * c..4 * c + 4]);
             }
+            if ty == GgmlType::Q5_0 {
+                let qh = &mut g[at + 4 * r..at + 4 * r + 4];
+                let t = q5_0_qh_to_layout(u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]));
+                qh.copy_from_slice(&t.to_le_bytes());
+            }
         }
     }
+}
+
+/// A Q5_0 block's `qh` (bit `e`: element `e`'s fifth bit) as the rows16 layout holds it:
+/// element `4j + i`'s bit at bit `8i + j` (byte `i`, bit `j`), `j` the 8-lane kernels'
+/// lane (elements `4j..4j + 4`). Lane `j`'s four bits then sit at bit `j` of each byte,
+/// one constant shift from bit 4 where the weight `q = nibble + 16·bit` needs them.
+/// (A byte at a time: byte `m` holds elements `8m + b`, whose bits go to `8(b mod 4) +
+/// b/4 + 2m`, so [`Q5_0_QH_BYTE`]`[byte] << 2m`.)
+pub(crate) fn q5_0_qh_to_layout(qh: u32) -> u32 {
+    qh.to_le_bytes().iter().enumerate().fold(0, |t, (m, &v)| t | Q5_0_QH_BYTE[v as usize] << (2 * m))
+}
+
+/// [`q5_0_qh_to_layout`] of a `qh` with only its byte 0 set, for each value of that byte.
+const Q5_0_QH_BYTE: [u32; 256] = {
+    let mut table = [0u32; 256];
+    let mut v = 0;
+    while v < 256 {
+        let mut b = 0;
+        while b < 8 {
+            if (v >> b) & 1 == 1 {
+                table[v] |= 1 << (8 * (b % 4) + b / 4);
+            }
+            b += 1;
+        }
+        v += 1;
+    }
+    table
+};
+
+/// The inverse of [`q5_0_qh_to_layout`]: the plain block's `qh`.
+pub(crate) fn q5_0_qh_from_layout(t: u32) -> u32 {
+    (0..32).fold(0, |qh, e| qh | ((t >> (8 * (e % 4) + e / 4)) & 1) << e)
 }
 
 /// Rearranges a plain `rows × cols` matrix of `ty` in `data` into the rows16 layout, in
@@ -114,6 +154,10 @@ pub fn dequantize_row(k: &Kernels, ty: GgmlType, cols: usize, data: &[u8], r: us
         }
         for c in 0..(bs - 2 * scales) / 4 {
             b[2 * scales + 4 * c..2 * scales + 4 * c + 4].copy_from_slice(&g[32 * scales + 64 * c + 4 * i..32 * scales + 64 * c + 4 * i + 4]);
+        }
+        if ty == GgmlType::Q5_0 {
+            let qh = q5_0_qh_from_layout(u32::from_le_bytes([b[2], b[3], b[4], b[5]]));
+            b[2..6].copy_from_slice(&qh.to_le_bytes());
         }
         k.dequantize_row(ty, &b[..bs], o)?;
     }
@@ -307,10 +351,33 @@ mod tests {
                     }
                     for q in 0..bs - 2 * scales {
                         let (c, i) = (q / 4, q % 4);
+                        if ty == Q5_0 && c == 0 {
+                            continue;
+                        }
                         assert_eq!(g[32 * scales + 64 * c + 4 * r + i], b[2 * scales + q], "{ty} row {r} block {k} byte {q}");
+                    }
+                    if ty == Q5_0 {
+                        // qh transposed: element 4j + i's fifth bit at bit j of byte i.
+                        let (qh, t) = (u32::from_le_bytes([b[2], b[3], b[4], b[5]]), &g[32 + 4 * r..][..4]);
+                        for e in 0..32 {
+                            assert_eq!((t[e % 4] >> (e / 4)) & 1, ((qh >> e) & 1) as u8, "Q5_0 row {r} block {k}: element {e}'s fifth bit");
+                        }
                     }
                 }
             }
+        }
+    }
+
+    /// Q5_0's `qh` transposition, a byte at a time, against its definition bit by bit, and
+    /// its inverse.
+    #[test]
+    fn q5_0_qh_transposition_moves_each_bit_where_the_layout_says() {
+        let mut rng = Rng::new(44);
+        let words = (0..32).map(|e| 1u32 << e).chain([0, u32::MAX, 0x8000_0001]).chain((0..2000).map(|_| rng.next() as u32));
+        for qh in words {
+            let want = (0..32).fold(0u32, |t, e| t | ((qh >> e) & 1) << (8 * (e % 4) + e / 4));
+            assert_eq!(q5_0_qh_to_layout(qh), want, "qh {qh:#010x}");
+            assert_eq!(q5_0_qh_from_layout(want), qh, "qh {qh:#010x} back");
         }
     }
 

@@ -395,8 +395,9 @@ unsafe fn nibbles_transposed(q: *const u8, wrow: usize) -> [__m256i; 8] {
 }
 
 /// The Q5_0 quants `q` (0..=31, unsigned bytes) of elements `4j..4j + 4` of 8 rows, row
-/// r's in lane r, from `nib` (their nibbles so arranged: [`nibbles_transposed`] or
-/// [`nibbles_rows16`]) and `qh` (row r's `qh` in lane r): each byte's fifth bit (bit
+/// r's in lane r, from `nib` (their nibbles so arranged: [`nibbles_transposed`]) and the
+/// plain `qh` (row r's in lane r; the rows16 layout's transposed one takes
+/// [`q5_0_lane_quants_rows16`]): each byte's fifth bit (bit
 /// 4j + b of `qh`: its byte j/2 spread to the lane's four bytes, then tested against a
 /// mask) as 0x10.
 #[inline]
@@ -417,6 +418,29 @@ pub(super) unsafe fn q5_0_lane_quants(nib: __m256i, qh: __m256i, j: usize) -> __
             _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel), b5)
         };
         _mm256_or_si256(nib, fifth)
+    }
+}
+
+/// [`q5_0_lane_quants`] for `qh` as the rows16 layout holds it (`quant::rows16`, row r's
+/// in lane r: element `4j + b`'s fifth bit at bit `8b + j`): lane `j`'s four bits moved to
+/// bit 4 of each byte by one constant shift (none for `j` = 4), kept by one mask and or-ed
+/// into the nibbles (three operations where the plain `qh` takes five or six).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q5_0_lane_quants_rows16(nib: __m256i, qh: __m256i, j: usize) -> __m256i {
+    // SAFETY: value-only intrinsics; AVX2 available (target features).
+    unsafe {
+        let at4 = match j {
+            0 => _mm256_slli_epi32::<4>(qh),
+            1 => _mm256_slli_epi32::<3>(qh),
+            2 => _mm256_slli_epi32::<2>(qh),
+            3 => _mm256_slli_epi32::<1>(qh),
+            4 => qh,
+            5 => _mm256_srli_epi32::<1>(qh),
+            6 => _mm256_srli_epi32::<2>(qh),
+            _ => _mm256_srli_epi32::<3>(qh),
+        };
+        _mm256_or_si256(nib, _mm256_and_si256(at4, _mm256_set1_epi8(0x10)))
     }
 }
 
@@ -460,7 +484,10 @@ unsafe fn lanes8_block_q5_0_rows16(p: *const u8, h: usize) -> Lanes8Block {
     // SAFETY: the caller guarantees the group block (352 bytes) readable; h < 2.
     unsafe {
         let (nib, qh) = (nibbles_rows16(p.add(96), h), _mm256_loadu_si256(p.add(32 + 32 * h).cast()));
-        lanes8_block_q5_0_from(core::array::from_fn(|j| q5_0_lane_quants(nib[j], qh, j)), _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * h).cast())))
+        // Lane by lane with constant `j` (so each shift is one: `from_fn` may keep a loop
+        // and a branch on `j`).
+        let q = |j: usize| q5_0_lane_quants_rows16(nib[j], qh, j);
+        lanes8_block_q5_0_from([q(0), q(1), q(2), q(3), q(4), q(5), q(6), q(7)], _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * h).cast())))
     }
 }
 

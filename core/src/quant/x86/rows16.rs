@@ -336,8 +336,8 @@ const Q5_0_AVX2_PASS_BLOCKS: usize = 8;
 
 /// [`q5_0_q8_0_group`] with AVX2 only: as [`q8_0_q8_0_group_avx2`] (halves in turn over
 /// each [`Q5_0_AVX2_PASS_BLOCKS`] blocks, lane `j` of 8 rows a vector, no shuffle of rows),
-/// the quants `q` (0..=31) of a half's lane `j` from its nibbles and `qh`
-/// (`qtile::q5_0_lane_quants`) as it comes, each lane `j` as `qdot::q5_0_q8_0`'s exact
+/// the quants `q` (0..=31) of a half's lane `j` from its nibbles and the layout's
+/// transposed `qh` (`qtile::q5_0_lane_quants_rows16`) as it comes, each lane `j` as `qdot::q5_0_q8_0`'s exact
 /// integer `Σ (q - 16)·y` formed as `Σ q·y - 16·Σ y`: `f32(madd(maddubs(q, y), 1))` (a
 /// `maddubs` pair at most 2·31·128 in magnitude: no saturation) less the token's `16·Σ y`
 /// over the lane's four elements (as f32, once per block for both halves; integers far
@@ -371,7 +371,7 @@ pub(crate) unsafe fn q5_0_q8_0_group_avx2<const PF: usize>(nb: usize, w: *const 
             for (j, acc) in acc.iter_mut().enumerate() {
                 let packed = _mm256_loadu_si256(g.add(96 + 64 * (j % 4) + 32 * h).cast());
                 let nib = _mm256_and_si256(if j < 4 { packed } else { _mm256_srli_epi16::<4>(packed) }, m4);
-                let q = super::qtile::q5_0_lane_quants(nib, qh, j);
+                let q = super::qtile::q5_0_lane_quants_rows16(nib, qh, j);
                 let y = super::qtile::broadcast_dword(ab.add(2 + 4 * j));
                 let s = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones));
                 *acc = _mm256_fmadd_ps(d, _mm256_sub_ps(s, super::qtile::broadcast_load(&c[j])), *acc);
@@ -474,26 +474,33 @@ pub(crate) unsafe fn q4_0_q8_0_group<const T: usize, const TAB: bool, const PF: 
 }
 
 /// The Q5_0 weights `q` (0..=31, unsigned) of one rows16 group block at `p` (the layout's
-/// `d`, `qh` and four `qs` chunks): vector `j` holds, in lane `r`, row `r`'s elements
-/// `4j..4j + 4` (their nibble from chunk `j mod 4`, low or high, and their fifth bit from
-/// bits `4j..4j + 4` of the row's `qh` through a 16-entry table of dwords).
+/// `d`, transposed `qh` and four `qs` chunks): vector `j` holds, in lane `r`, row `r`'s
+/// elements `4j..4j + 4` (their nibble from chunk `j mod 4`, low or high, and their fifth
+/// bits, at bit `j` of each byte of the row's `qh` as the layout holds it, shifted to bit
+/// 4 and merged under a mask by one `vpternlogd`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn q5_0_weights(p: *const u8) -> [__m512i; 8] {
     // SAFETY: the caller guarantees 352 readable bytes at p; AVX-512 F/BW available.
     unsafe {
-        let m4 = _mm512_set1_epi8(0x0F);
-        let table = _mm512_setr_epi32(
-            0, 0x10, 0x1000, 0x1010, 0x10_0000, 0x10_0010, 0x10_1000, 0x10_1010,
-            0x1000_0000, 0x1000_0010, 0x1000_1000, 0x1000_1010, 0x1010_0000, 0x1010_0010, 0x1010_1000, 0x1010_1010,
-        );
+        let (m4, b4) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10));
         let h = _mm512_loadu_si512(p.add(32).cast());
         let q: [__m512i; 4] = core::array::from_fn(|c| _mm512_loadu_si512(p.add(96 + 64 * c).cast()));
-        core::array::from_fn(|j| {
-            let nib = if j < 4 { _mm512_and_si512(q[j], m4) } else { _mm512_and_si512(_mm512_srli_epi16::<4>(q[j - 4]), m4) };
-            let fifth = _mm512_permutexvar_epi32(_mm512_srl_epi32(h, _mm_cvtsi32_si128(4 * j as i32)), table);
-            _mm512_or_si512(nib, fifth)
-        })
+        let (lo, hi) = (|c: usize| _mm512_and_si512(q[c], m4), |c: usize| _mm512_and_si512(_mm512_srli_epi16::<4>(q[c]), m4));
+        // nib | (at4 & b4): table 0xF8 (a | b·c for the operands a, b, c). Written out
+        // lane by lane: each shift a constant, and no loop (`from_fn` with a `match` on
+        // `j` was compiled as a loop with branches and spills).
+        let merge = |nib: __m512i, at4: __m512i| _mm512_ternarylogic_epi32::<0xF8>(nib, at4, b4);
+        [
+            merge(lo(0), _mm512_slli_epi32::<4>(h)),
+            merge(lo(1), _mm512_slli_epi32::<3>(h)),
+            merge(lo(2), _mm512_slli_epi32::<2>(h)),
+            merge(lo(3), _mm512_slli_epi32::<1>(h)),
+            merge(hi(0), h),
+            merge(hi(1), _mm512_srli_epi32::<1>(h)),
+            merge(hi(2), _mm512_srli_epi32::<2>(h)),
+            merge(hi(3), _mm512_srli_epi32::<3>(h)),
+        ]
     }
 }
 
