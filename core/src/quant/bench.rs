@@ -87,7 +87,9 @@ fn bench_vec_dot() {
 /// `cargo test -p keel-core --release quant::bench::bench_matmul -- --ignored --nocapture`:
 /// GFLOP/s of `matmul::matmul` on one thread (`parallel::Sequential`) for a batch of 512
 /// tokens against 1536 weight rows of 576 (1024 for the K-quants) columns — the prompt
-/// tiles where a type has one, in cache — for every kernel set this CPU has; best of 20.
+/// tiles where a type has one, in cache — for every kernel set this CPU has, in the plain
+/// layout and, where the set packs the type, in the rows16 layout (`quant::rows16`, as a
+/// model's matrices are loaded); best of 20.
 #[test]
 #[ignore]
 fn bench_matmul() {
@@ -104,22 +106,28 @@ fn bench_matmul() {
             quantize_row_ref(wtype, &random_row(&mut rng, cols), &mut w[r * wrb..(r + 1) * wrb]).unwrap();
         }
         let x: Vec<f32> = (0..n).flat_map(|_| random_row(&mut rng, cols)).collect();
-        let t = Tensor { ty: wtype, cols, rows, data: &w, layout: crate::model::Layout::Plain };
+        let mut packed = w.clone();
+        let rows16_ok = crate::quant::rows16::pack_in_place(wtype, rows, cols, &mut packed, &mut std::vec![0u8; crate::quant::rows16::ROWS16 * wrb]).is_ok();
         let mut out = std::vec![0.0f32; n * rows];
         for k in super::tests::fast_kernel_sets().into_iter().chain([Kernels::reference()]) {
             let atype = Kernels::vec_dot_type(wtype).unwrap();
             let mut a = std::vec![0u8; n * atype.row_bytes(cols as u64).unwrap() as usize];
             quantize_rows(&k, &Sequential, atype, &x, n, cols, &mut a);
-            let reps = if k.is_reference() { 1 } else { 20 };
-            let mut best = f64::MAX;
-            for _ in 0..reps {
-                let t0 = Instant::now();
-                matmul(&k, &Sequential, &t, black_box(&a), n, &mut out);
-                best = best.min(t0.elapsed().as_secs_f64());
+            let plain = Tensor { ty: wtype, cols, rows, data: &w, layout: crate::model::Layout::Plain };
+            let rows16 = Tensor { ty: wtype, cols, rows, data: &packed, layout: crate::model::Layout::Rows16 };
+            let layouts = if rows16_ok && k.packs_rows16(wtype, rows) { &[("plain", plain), ("rows16", rows16)][..] } else { &[("plain", plain)][..] };
+            for (name, t) in layouts {
+                let reps = if k.is_reference() { 1 } else { 20 };
+                let mut best = f64::MAX;
+                for _ in 0..reps {
+                    let t0 = Instant::now();
+                    matmul(&k, &Sequential, t, black_box(&a), n, &mut out);
+                    best = best.min(t0.elapsed().as_secs_f64());
+                }
+                black_box(&out);
+                let gflops = 2.0 * (rows * cols * n) as f64 / best / 1e9;
+                println!("{:>5} {rows}x{cols} x {n} tokens, {:>16}, {name:>6}: {gflops:6.1} GFLOP/s ({:.2} ms)", GgmlType::name(wtype), k.name(), best * 1e3);
             }
-            black_box(&out);
-            let gflops = 2.0 * (rows * cols * n) as f64 / best / 1e9;
-            println!("{:>5} {rows}x{cols} x {n} tokens, {:>16}: {gflops:6.1} GFLOP/s ({:.2} ms)", GgmlType::name(wtype), k.name(), best * 1e3);
         }
     }
 }
