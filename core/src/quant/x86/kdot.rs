@@ -467,70 +467,115 @@ pub(crate) const KTILE_TOKENS: usize = 4;
 /// once and shared by the tokens, and each token's integer sums (exact, summed in any
 /// order), products and fmas are the single dot's in its order (`NATIVE`: one fma pair
 /// per super-block; `GEMM`: one per 64-element group; `TILED`: [`tiled_step`]), so each
-/// output has its bits. The output of token t goes to `out[t·ostride]`; `wrow` is unused
-/// (one row).
+/// output has its bits. The tokens' horizontal sums are taken together ([`hsum4_epi32`]:
+/// three `phaddd` for the four tokens where each took five operations of its own) and
+/// their float steps in the lanes of one vector (lane `t`: token `t`; the same operations
+/// on the same values as the single dot's scalar ones). The output of token t goes to
+/// `out[t·ostride]`; `wrow` is unused (one row).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_k_q8_k_tile<const MODE: u8>(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    const _: () = assert!(KTILE_TOKENS == 4, "q4_k_q8_k_tile: the tokens' sums are reduced four at a time");
     // SAFETY: nb super-blocks of the row at w and of each token's row at a + t·arow,
     // and out[t·ostride] for t < KTILE_TOKENS, are in bounds (the wrapper checks);
     // layout d@0 dmin@2 scales@4 qs@16.
     unsafe {
         let _ = wrow;
         let m4 = _mm256_set1_epi8(0xF);
-        let mut acc = [_mm_setzero_ps(); KTILE_TOKENS];
-        let mut accm = [_mm_setzero_ps(); KTILE_TOKENS];
+        // Lane t: token t's accumulators.
+        let (mut acc, mut accm) = (_mm_setzero_ps(), _mm_setzero_ps());
         for i in 0..nb {
             let wb = w.add(144 * i);
             let pair = f16_pair(wb);
+            let (dw, dminw) = (_mm_broadcastss_ps(pair), _mm_broadcastss_ps(_mm_movehdup_ps(pair)));
             let sm = scales_mins(wb.add(4));
             let sc = _mm256_permute2x128_si256::<0x00>(sm, sm);
-            let lv: [(__m256i, __m256i); 4] = core::array::from_fn(|j| {
+            let ab: [*const u8; 4] = core::array::from_fn(|t| a.add(t * arow + 292 * i));
+            let da = _mm_setr_ps(rdf32(ab[0]), rdf32(ab[1]), rdf32(ab[2]), rdf32(ab[3]));
+            // dw·da and dminw·da per token (as `d_dmin`'s products).
+            let (dd, dm) = (_mm_mul_ps(dw, da), _mm_mul_ps(dminw, da));
+            let pm: [__m128i; 4] = core::array::from_fn(|t| mins_lanes(sm, ab[t]));
+            // Lane t of mins[j]: token t's min sum of group j (`GEMM`).
+            let mins = transpose4_epi32(pm);
+            // Group by group (its levels and scales formed once, in registers, for the
+            // four tokens): each token's lanes of the group (`lanes32_group`'s).
+            let mut sumi = [_mm256_setzero_si256(); 4];
+            for (j, m) in mins.iter().enumerate() {
                 let q = ld(wb.add(16 + 32 * j));
-                (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4))
-            });
-            // The scales of `lanes32_group`.
-            let ss: [(__m256i, __m256i); 4] = core::array::from_fn(|j| {
+                let (lo, hi) = (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
                 let k = 2 * j as i32;
-                (
-                    _mm256_shuffle_epi8(sc, _mm256_set1_epi16((((2 * k + 1) << 8) | (2 * k)) as i16)),
-                    _mm256_shuffle_epi8(sc, _mm256_set1_epi16((((2 * k + 3) << 8) | (2 * k + 2)) as i16)),
-                )
-            });
-            for t in 0..KTILE_TOKENS {
-                let ab = a.add(t * arow + 292 * i);
-                let dd = _mm_mul_ps(pair, _mm_set1_ps(rdf32(ab)));
-                let dm = _mm_movehdup_ps(dd);
-                let pm = mins_lanes(sm, ab);
-                let group = |j: usize| {
-                    let plo = _mm256_madd_epi16(ss[j].0, _mm256_maddubs_epi16(lv[j].0, ld(ab.add(A_QS + 64 * j))));
-                    let phi = _mm256_madd_epi16(ss[j].1, _mm256_maddubs_epi16(lv[j].1, ld(ab.add(A_QS + 64 * j + 32))));
+                let slo = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((((2 * k + 1) << 8) | (2 * k)) as i16));
+                let shi = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((((2 * k + 3) << 8) | (2 * k + 2)) as i16));
+                let g: [__m256i; 4] = core::array::from_fn(|t| {
+                    let plo = _mm256_madd_epi16(slo, _mm256_maddubs_epi16(lo, ld(ab[t].add(A_QS + 64 * j))));
+                    let phi = _mm256_madd_epi16(shi, _mm256_maddubs_epi16(hi, ld(ab[t].add(A_QS + 64 * j + 32))));
                     _mm256_add_epi32(plo, phi)
-                };
+                });
                 if MODE == GEMM {
-                    let mut ms = [0i32; 4];
-                    _mm_storeu_si128(ms.as_mut_ptr().cast(), pm);
-                    for (j, &m) in ms.iter().enumerate() {
-                        acc[t] = _mm_fmadd_ss(_mm_cvtsi32_ss(acc[t], hsum_epi32(group(j))), dd, acc[t]);
-                        accm[t] = _mm_fmadd_ss(_mm_cvtsi32_ss(accm[t], m), dm, accm[t]);
+                    acc = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum4_epi32(g)), dd, acc);
+                    accm = _mm_fmadd_ps(_mm_cvtepi32_ps(*m), dm, accm);
+                } else {
+                    for (s, g) in sumi.iter_mut().zip(g) {
+                        *s = _mm256_add_epi32(*s, g);
                     }
-                    continue;
                 }
-                let mut sumi = _mm256_setzero_si256();
-                for j in 0..4 {
-                    sumi = _mm256_add_epi32(sumi, group(j));
-                }
-                if MODE == TILED {
-                    acc[t] = tiled_step(acc[t], hsum_epi32(sumi), Some(hsum_epi32_128(pm)), pair, rdf32(ab));
-                    continue;
-                }
-                acc[t] = _mm_fmadd_ss(_mm_cvtsi32_ss(acc[t], hsum_epi32(sumi)), dd, acc[t]);
-                accm[t] = _mm_fmadd_ss(_mm_cvtsi32_ss(accm[t], hsum_epi32_128(pm)), dm, accm[t]);
             }
+            if MODE == GEMM {
+                continue;
+            }
+            let sums = _mm_cvtepi32_ps(hsum4_epi32(sumi));
+            let mins = _mm_cvtepi32_ps(hsum4_epi32_128(pm));
+            if MODE == TILED {
+                // `tiled_step` lane by lane: r = f32(s1)·dw, r = fma(-dminw, f32(s2), r),
+                // acc = fma(r, da, acc).
+                let r = _mm_fnmadd_ps(dminw, mins, _mm_mul_ps(sums, dw));
+                acc = _mm_fmadd_ps(r, da, acc);
+                continue;
+            }
+            acc = _mm_fmadd_ps(sums, dd, acc);
+            accm = _mm_fmadd_ps(mins, dm, accm);
         }
-        for t in 0..KTILE_TOKENS {
-            // (TILED leaves accm at zero: its mins are inside each step.)
-            *out.add(t * ostride) = if MODE == TILED { _mm_cvtss_f32(acc[t]) } else { _mm_cvtss_f32(_mm_sub_ss(acc[t], accm[t])) };
+        // (TILED leaves accm at zero: its mins are inside each step.)
+        let res = if MODE == TILED { acc } else { _mm_sub_ps(acc, accm) };
+        let mut v = [0f32; 4];
+        _mm_storeu_ps(v.as_mut_ptr(), res);
+        for (t, v) in v.iter().enumerate() {
+            *out.add(t * ostride) = *v;
         }
+    }
+}
+
+/// The sums of the eight i32 lanes of each of four vectors, in lanes 0..4 (exact, as
+/// any order of i32 adds that do not overflow: these are sums of products far below
+/// 2^31, which the single dot adds as well).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum4_epi32(s: [__m256i; 4]) -> __m128i {
+    // SAFETY: value-only intrinsics; AVX2 available (this fn's target features).
+    unsafe {
+        // Per 128-bit half: [s0 pairs, s1 pairs], [s2 pairs, s3 pairs], then each vector's
+        // half sum in lane t; the two halves added.
+        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
+    }
+}
+
+/// [`hsum4_epi32`] for four 128-bit vectors of four lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum4_epi32_128(p: [__m128i; 4]) -> __m128i {
+    // SAFETY: value-only intrinsics; AVX2 available (this fn's target features).
+    unsafe { _mm_hadd_epi32(_mm_hadd_epi32(p[0], p[1]), _mm_hadd_epi32(p[2], p[3])) }
+}
+
+/// Four vectors of four i32 lanes transposed: lane t of vector j is lane j of `p[t]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn transpose4_epi32(p: [__m128i; 4]) -> [__m128i; 4] {
+    // SAFETY: value-only intrinsics; AVX2 available (this fn's target features).
+    unsafe {
+        let (t0, t1) = (_mm_unpacklo_epi32(p[0], p[1]), _mm_unpackhi_epi32(p[0], p[1]));
+        let (t2, t3) = (_mm_unpacklo_epi32(p[2], p[3]), _mm_unpackhi_epi32(p[2], p[3]));
+        [_mm_unpacklo_epi64(t0, t2), _mm_unpackhi_epi64(t0, t2), _mm_unpacklo_epi64(t1, t3), _mm_unpackhi_epi64(t1, t3)]
     }
 }
 
