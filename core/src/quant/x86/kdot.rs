@@ -467,11 +467,15 @@ pub(crate) const KTILE_TOKENS: usize = 4;
 /// once and shared by the tokens, and each token's integer sums (exact, summed in any
 /// order), products and fmas are the single dot's in its order (`NATIVE`: one fma pair
 /// per super-block; `GEMM`: one per 64-element group; `TILED`: [`tiled_step`]), so each
-/// output has its bits. The tokens' horizontal sums are taken together ([`hsum4_epi32`]:
-/// three `phaddd` for the four tokens where each took five operations of its own) and
-/// their float steps in the lanes of one vector (lane `t`: token `t`; the same operations
-/// on the same values as the single dot's scalar ones). The output of token t goes to
-/// `out[t·ostride]`; `wrow` is unused (one row).
+/// output has its bits. The super-block goes group by group: each 64-element group's two
+/// level and two scale vectors are formed in registers and taken by the four tokens at
+/// once (formed for all four groups first, the sixteen vectors did not fit the registers
+/// beside the tokens' sums, and spilled: 113-115 -> 150-154 GFLOP/s on the AMD EPYC Zen 5,
+/// `quant::bench::bench_matmul`). The tokens' horizontal sums are taken together
+/// ([`hsum4_epi32`]: three `phaddd` for the four tokens where each took five operations of
+/// its own) and their float steps in the lanes of one vector (lane `t`: token `t`; the
+/// same operations on the same values as the single dot's scalar ones). The output of
+/// token t goes to `out[t·ostride]`; `wrow` is unused (one row).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_k_q8_k_tile<const MODE: u8>(nb: usize, w: *const u8, wrow: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
     const _: () = assert!(KTILE_TOKENS == 4, "q4_k_q8_k_tile: the tokens' sums are reduced four at a time");
@@ -544,9 +548,8 @@ pub(super) unsafe fn q4_k_q8_k_tile<const MODE: u8>(nb: usize, w: *const u8, wro
     }
 }
 
-/// The sums of the eight i32 lanes of each of four vectors, in lanes 0..4 (exact, as
-/// any order of i32 adds that do not overflow: these are sums of products far below
-/// 2^31, which the single dot adds as well).
+/// The sums of the eight i32 lanes of each of four vectors, in lanes 0..4 (the single
+/// dot's sums: i32 addition is associative, so the order does not matter).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn hsum4_epi32(s: [__m256i; 4]) -> __m128i {
