@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""keel builds side by side: `keel bench` of each in interleaved rounds (the first build,
+the second, ..., then again), with every run's figures and, per test, each build's median
+and its ratio to the first build's.
+
+The way to measure a change of keel's speed: copy the binary before and after it
+(`cp target/release/keel /tmp/keel-before`, rebuild, `cp ... /tmp/keel-after`) and run
+them here, alternating in the same minutes; a VM's speed moves from minute to minute, so
+two builds timed a few minutes apart say little. Each run is
+  BIN bench -m MODEL -t THREADS --json BENCH_ARGS
+with BENCH_ARGS after `--` (default: -p 0 -n 128 -r 3 --roofline, the decode test and its
+bandwidth bound). For every test a run reports (pp512, tg128, ...) it prints t/s and,
+with --roofline, the fraction of the bound and the read pass's GB/s.
+
+Examples:
+  python3 bench/ab.py -m gemma3-270m /tmp/keel-before /tmp/keel-after
+  python3 bench/ab.py -r 5 -t 2 --isa avx2 /tmp/keel-before /tmp/keel-after -- -p 512 -n 0 -r 3
+
+--isa avx2 or avx512 runs every build with a smaller machine's kernel set (KEEL_ISA, as
+bench/speed-set.py --isa): an AVX2-only CPU's kernels, or Zen 4's, on the CPU at hand.
+Speed is never a test: this is a tool for people, not part of CI.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+# --isa's KEEL_ISA (the same as bench/speed-set.py's and bench/compare-llama-cpp.sh's).
+ISA_KEEL = {"avx2": "avx2_fma", "avx512": "avx2_fma avx512 avx512_vnni"}
+# Options the script sets itself; BENCH_ARGS may not give them again.
+OWN_FLAGS = {"-m", "--model", "-t", "--threads", "--json"}
+DEFAULT_BENCH_ARGS = ["-p", "0", "-n", "128", "-r", "3", "--roofline"]
+
+
+def log(msg):
+    print(f"[{datetime.datetime.now().strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def cpu_description():
+    info = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            k, _, v = line.partition(":")
+            k = k.strip()
+            if k in ("model name", "cpu family", "model") and k not in info:
+                info[k] = v.strip()
+    except OSError:
+        pass
+    return f"{info.get('model name', '?')} (family {info.get('cpu family', '?')} model {info.get('model', '?')}, {os.cpu_count()} CPUs)"
+
+
+def parse_args(argv):
+    own, bench_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, None)
+    ap = argparse.ArgumentParser(prog="bench/ab.py", description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter, usage="%(prog)s [options] BIN [BIN ...] [-- BENCH_ARGS]")
+    ap.add_argument("bins", nargs="+", metavar="BIN", help="keel binaries to compare (the first is the baseline of the ratios)")
+    ap.add_argument("-r", "--rounds", type=int, default=3, help="interleaved rounds (default 3; the medians are over them)")
+    ap.add_argument("-t", "--threads", type=int, default=1, help="keel bench -t (default 1)")
+    ap.add_argument("-m", "--model", default="smollm2-135m", help="keel bench -m: a .gguf file or a known name (default smollm2-135m)")
+    ap.add_argument("--isa", choices=("native", "avx2", "avx512"), default="native", help="kernel set of every run: native (default), avx2 (KEEL_ISA=avx2_fma) or avx512 (AVX-512 without AVX512-FP16)")
+    ap.add_argument("--json", action="store_true", help="one JSON object on stdout (every run's records and the medians) instead of the tables")
+    a = ap.parse_args(own)
+    if a.rounds < 1:
+        ap.error(f"-r {a.rounds}: give at least 1 round")
+    if a.threads < 1:
+        ap.error(f"-t {a.threads}: give at least 1 thread")
+    for b in a.bins:
+        p = Path(b)
+        if not p.is_file() or not os.access(p, os.X_OK):
+            ap.error(f"BIN {b}: not an executable file (copy a build, e.g. cp target/release/keel /tmp/keel-before)")
+    if len(set(map(str, (Path(b).resolve() for b in a.bins)))) != len(a.bins):
+        ap.error("the same binary is named twice: give each build once")
+    a.bench_args = DEFAULT_BENCH_ARGS if bench_args is None else bench_args
+    clash = sorted(f for f in a.bench_args if f.split("=")[0] in OWN_FLAGS)
+    if clash:
+        ap.error(f"BENCH_ARGS {' '.join(clash)}: set by this script; use its own -m, -t (and --json)")
+    if a.isa != "native" and os.environ.get("KEEL_ISA", "").strip():
+        ap.error(f"KEEL_ISA={os.environ['KEEL_ISA']} and --isa {a.isa} both choose keel's kernels; unset KEEL_ISA")
+    return a
+
+
+def bench(binary, a, env):
+    """One `keel bench --json` run's records, or exits naming the build and keel's error."""
+    cmd = [binary, "bench", "-m", a.model, "-t", str(a.threads), "--json", *a.bench_args]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    if p.returncode != 0:
+        tail = "\n".join(p.stderr.strip().splitlines()[-15:])
+        sys.exit(f"ab: {' '.join(cmd)} failed (exit {p.returncode}):\n{tail}")
+    try:
+        records = json.loads(p.stdout)
+    except json.JSONDecodeError as e:
+        sys.exit(f"ab: {binary} bench --json printed no JSON ({e}); is {binary} a keel build?")
+    return records if isinstance(records, list) else [records]
+
+
+def describe(r):
+    s = f"{r['test']} {r['tps']:.1f} t/s"
+    if "fraction_of_bound" in r:
+        s += f" ({100 * r['fraction_of_bound']:.1f}% of the bound, read pass {r.get('read_bytes_per_s', 0) / 1e9:.1f} GB/s)"
+    return s
+
+
+def main():
+    a = parse_args(sys.argv[1:])
+    env = dict(os.environ)
+    if a.isa != "native":
+        env["KEEL_ISA"] = ISA_KEEL[a.isa]
+    runs = []
+    for rnd in range(1, a.rounds + 1):
+        for b in a.bins:
+            log(f"round {rnd}/{a.rounds}: {b}")
+            recs = bench(b, a, env)
+            runs.append({"round": rnd, "bin": b, "records": recs})
+            if not a.json:
+                print(f"round {rnd} {b}: " + "; ".join(describe(r) for r in recs), flush=True)
+    tests = list(dict.fromkeys(r["test"] for x in runs for r in x["records"]))
+    medians = {}
+    for t in tests:
+        medians[t] = {}
+        for b in a.bins:
+            tps = [r["tps"] for x in runs if x["bin"] == b for r in x["records"] if r["test"] == t]
+            frac = [r["fraction_of_bound"] for x in runs if x["bin"] == b for r in x["records"] if r["test"] == t and "fraction_of_bound" in r]
+            medians[t][b] = {"tps": tps, "median_tps": statistics.median(tps) if tps else None, "median_fraction_of_bound": statistics.median(frac) if frac else None}
+    head = {"cpu": cpu_description(), "model": a.model, "threads": a.threads, "isa": a.isa, "bench_args": a.bench_args, "rounds": a.rounds}
+    if a.json:
+        print(json.dumps({**head, "runs": runs, "medians": medians}))
+        return
+    print(f"\nCPU {head['cpu']}; model {a.model}; {a.threads} thread(s); kernel set {a.isa}; {a.rounds} rounds of keel bench {' '.join(a.bench_args)}\n")
+    print("| test | build | rounds (t/s) | median | vs the first | median of the bound |")
+    print("|---|---|---|---|---|---|")
+    for t in tests:
+        base = medians[t][a.bins[0]]["median_tps"]
+        for b in a.bins:
+            m = medians[t][b]
+            vs = f"{m['median_tps'] / base:.3f}x" if m["median_tps"] and base else "-"
+            fb = f"{100 * m['median_fraction_of_bound']:.1f}%" if m["median_fraction_of_bound"] is not None else "-"
+            print(f"| {t} | {b} | {', '.join(f'{x:.1f}' for x in m['tps'])} | {m['median_tps']:.1f} | {vs} | {fb} |")
+
+
+if __name__ == "__main__":
+    main()
