@@ -22,7 +22,6 @@ Speed is never a test: this is a tool for people, not part of CI.
 """
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -30,28 +29,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-# --isa's KEEL_ISA (the same as bench/speed-set.py's and bench/compare-llama-cpp.sh's).
-ISA_KEEL = {"avx2": "avx2_fma", "avx512": "avx2_fma avx512 avx512_vnni"}
+from benchlib import ISA_KEEL, cpu_description, log
+
 # Options the script sets itself; BENCH_ARGS may not give them again.
 OWN_FLAGS = {"-m", "--model", "-t", "--threads", "--json"}
 DEFAULT_BENCH_ARGS = ["-p", "0", "-n", "128", "-r", "3", "--roofline"]
-
-
-def log(msg):
-    print(f"[{datetime.datetime.now().strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def cpu_description():
-    info = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            k, _, v = line.partition(":")
-            k = k.strip()
-            if k in ("model name", "cpu family", "model") and k not in info:
-                info[k] = v.strip()
-    except OSError:
-        pass
-    return f"{info.get('model name', '?')} (family {info.get('cpu family', '?')} model {info.get('model', '?')}, {os.cpu_count()} CPUs)"
 
 
 def parse_args(argv):

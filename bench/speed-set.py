@@ -34,7 +34,6 @@ Speed is never a test: this is a tool for people, not part of CI.
 
 import argparse
 import atexit
-import datetime
 import json
 import os
 import shutil
@@ -44,6 +43,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchlib import ISA_KEEL, cpu_description, log
+
 ROOT = Path(__file__).resolve().parent.parent
 BUILT = ROOT / "target" / "release" / "keel"
 # The set's keel: a copy of the build made at its start (`main`), so that every run of the
@@ -52,14 +53,6 @@ KEEL = BUILT
 COMPARE = ROOT / "bench" / "compare-llama-cpp.sh"
 
 BAR_A1, BAR_A2, BAR_A3 = 1.3, 1.2, 0.85
-
-# --isa's KEEL_ISA for keel (bench/compare-llama-cpp.sh sets the same for its runs).
-ISA_KEEL = {"avx2": "avx2_fma", "avx512": "avx2_fma avx512 avx512_vnni"}
-
-
-def log(msg):
-    print(f"[{datetime.datetime.now().strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
 
 # Every finished run: {round, bar, label, model, ...raw output}.
 RUNS = []
@@ -103,21 +96,6 @@ def resolve(spec):
         run([KEEL, "quantize", "--allow-requantize", src, out, ty.upper()], f"keel quantize {src} {ty}")
     LABELS[str(out)] = f"{name if Path(name).suffix != '.gguf' else src.name}@{ty.upper()}"
     return out
-
-
-def cpu_description():
-    info = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            k, _, v = line.partition(":")
-            k = k.strip()
-            if k in ("model name", "cpu family", "model", "flags") and k not in info:
-                info[k] = v.strip()
-    except OSError:
-        pass
-    flags = set(info.get("flags", "").split())
-    isa = "AVX512-FP16" if "avx512fp16" in flags else ("AVX-512" if "avx512f" in flags else ("AVX2" if "avx2" in flags else "no AVX2"))
-    return f"{info.get('model name', '?')} (family {info.get('cpu family', '?')} model {info.get('model', '?')}, {isa}, {os.cpu_count()} CPUs)"
 
 
 LABELS = {}
