@@ -228,6 +228,21 @@ pub(crate) fn expf_batch(x: &mut [f32], avx512: bool) {
     }
 }
 
+/// The lanes of a batched `expf` step that its vector result cannot vouch for (bit `l`
+/// of `redo`): `x[l] = ops::expf(src[l])` for each, `src` the step's inputs.
+///
+/// # Safety
+/// `src.len()` writable elements at `x`.
+#[inline]
+unsafe fn expf_lanes_again(x: *mut f32, src: &[f32], redo: u32) {
+    for (l, s) in src.iter().enumerate() {
+        if redo >> l & 1 == 1 {
+            // SAFETY: l < src.len() elements at x (the caller's contract).
+            unsafe { *x.add(l) = crate::ops::expf(*s) };
+        }
+    }
+}
+
 /// `2^(j/16)` for j in 0..16, each the f64 nearest to it ([`expf_avx512`]'s table).
 const EXP2_SIXTEENTHS: [u64; 16] = [
     0x3FF0_0000_0000_0000, 0x3FF0_B558_6CF9_890F, 0x3FF1_72B8_3C7D_517B, 0x3FF2_387A_6E75_6238,
@@ -295,11 +310,7 @@ unsafe fn expf_avx512(n: usize, x: *mut f32) {
                 let mut src = [0.0f32; 16];
                 _mm256_storeu_ps(src.as_mut_ptr(), xa);
                 _mm256_storeu_ps(src.as_mut_ptr().add(8), xb);
-                for (l, s) in src.iter().enumerate().take(m) {
-                    if redo >> l & 1 == 1 {
-                        *x.add(i + l) = crate::ops::expf(*s);
-                    }
-                }
+                expf_lanes_again(x.add(i), &src[..m], u32::from(redo));
             }
             i += m;
         }
@@ -370,11 +381,7 @@ unsafe fn expf_avx2(n: usize, x: *mut f32) {
                 let mut src = [0.0f32; 8];
                 _mm_storeu_ps(src.as_mut_ptr(), xa);
                 _mm_storeu_ps(src.as_mut_ptr().add(4), xb);
-                for (l, s) in src.iter().enumerate().take(m) {
-                    if redo >> l & 1 == 1 {
-                        *x.add(i + l) = crate::ops::expf(*s);
-                    }
-                }
+                expf_lanes_again(x.add(i), &src[..m], redo as u32);
             }
             i += m;
         }
