@@ -1273,8 +1273,9 @@ fn expf_batch_gives_the_reference_bits() {
     }
 }
 
-/// Every f32 in (-87, 88) (2.2·10^9 values) in every kernel set (8-15 s each in release, so CI runs it: it
-/// guards the claim that x86_64's fast exponential is the reference's on every input).
+/// Every f32 in (-87, 88) (2.2·10^9 values) in every kernel set the CPU has (~10 s in
+/// release for two sets, so CI runs it: it guards the claim that x86_64's fast
+/// exponentials are the reference's on every input).
 /// Native x86_64 only: under qemu-aarch64 it would take minutes, and there the 4.3M
 /// values of `expf_batch_gives_the_reference_bits` check every kernel set.
 #[cfg(target_arch = "x86_64")]

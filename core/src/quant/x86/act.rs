@@ -371,7 +371,8 @@ unsafe fn expf_avx2(n: usize, x: *mut f32) {
             let m = (n - i).min(8);
             let xa = _mm_loadu_ps(x.add(i));
             let xb = if m == 8 { _mm_loadu_ps(x.add(i + 4)) } else { xa };
-            let ((ya, ra), (yb, rb)) = (lanes4(xa), lanes4(xb));
+            let (ya, ra) = lanes4(xa);
+            let (yb, rb) = if m == 8 { lanes4(xb) } else { (ya, 0) };
             _mm_storeu_ps(x.add(i), ya);
             if m == 8 {
                 _mm_storeu_ps(x.add(i + 4), yb);
