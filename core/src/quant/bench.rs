@@ -190,6 +190,28 @@ fn bench_attention() {
     }
 }
 
+/// `cargo test -p keel-core --release --lib bench_expf -- --ignored --nocapture`: ns per
+/// value of `expf_batch` (the softmax's exponentials) for each kernel set, 4096 values in
+/// [-20, 0] as a softmax gives them, the fastest of 200 rounds (each from the same inputs).
+#[test]
+#[ignore]
+fn bench_expf() {
+    let mut rng = Rng::new(23);
+    let src: Vec<f32> = (0..4096).map(|_| -20.0 * rng.unit().abs()).collect();
+    let mut buf = src.clone();
+    for k in super::tests::fast_kernel_sets() {
+        let mut best = f64::MAX;
+        for _ in 0..200 {
+            buf.copy_from_slice(&src);
+            let t0 = Instant::now();
+            k.expf_batch(black_box(&mut buf));
+            best = best.min(t0.elapsed().as_nanos() as f64);
+        }
+        black_box(&buf);
+        println!("{:>10}: expf_batch {:.3} ns per value", k.name(), best / src.len() as f64);
+    }
+}
+
 /// This thread's CPU time in seconds (so that time the shared machine gives to others
 /// does not count).
 fn thread_cpu_s() -> f64 {
