@@ -295,6 +295,36 @@ pub(crate) fn run_products(ops: &[Op], s: &Step<'_, '_>, b: &mut Bufs<'_>, act: 
     done
 }
 
+/// The products of layer `l` as a forward pass of one token runs them on the CPU (no
+/// device placement, keel's own kernel choice: the session's loop with
+/// [`products_of_one_input`] and [`run_products`]): `f(weights)` for each parallel job in
+/// order, q, k and v (or gate and up) together where [`matvec_group`] takes them
+/// ([`crate::matmul::groupable`]), every other product alone
+/// ([`crate::matmul::for_each_one_token_job`]).
+pub(crate) fn for_each_one_token_job<'m>(k: &Kernels, hp: &HParams, l: usize, layer: &Layer<'m>, mut f: impl FnMut(&[&Tensor<'m>])) {
+    let ops = crate::block::layer_ops(hp, l, layer);
+    let weights = |ops: &[Op]| -> heapless::Vec<Tensor<'m>, GROUP_MAX> { ops.iter().filter_map(|op| if let Op::MatMul { w, .. } = *op { crate::block::weight(layer, w) } else { None }).collect() };
+    let mut j = 0;
+    while j < ops.len() {
+        let g = products_of_one_input(&ops[j..]);
+        if g == 0 {
+            j += 1;
+            continue;
+        }
+        let ws = weights(&ops[j..j + g]);
+        let refs: heapless::Vec<&Tensor<'m>, GROUP_MAX> = ws.iter().collect();
+        if g > 1 && ws.len() == g && crate::matmul::groupable(k, &refs) {
+            f(&refs);
+            j += g;
+        } else {
+            if let Some(w) = weights(&ops[j..j + 1]).first() {
+                f(&[w]);
+            }
+            j += 1;
+        }
+    }
+}
+
 /// The first of `n` rows of `width` floats at the start of `buf` that holds a NaN or an
 /// infinity.
 pub(crate) fn first_non_finite_row(buf: &[f32], n: usize, width: usize) -> Option<usize> {

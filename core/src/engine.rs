@@ -66,7 +66,7 @@ impl<'a> Engine<'a> {
         let tokenizer = Tokenizer::new(g, c.bytes(region(TOKENIZER)?))?;
         // (The set's hints tuned to the weights a token reads: `Kernels::for_weights`.)
         let mut weights = 0usize;
-        crate::placement::for_each_weight(&model, |_, t| weights += t.data.len());
+        crate::placement::for_each_weight(&model, |_, t| weights += t.size_bytes());
         let session = Session::new(&mut c, &plan, cfg, kernels.for_weights(weights));
         let cands = c.uninit::<Candidate>(region(CANDIDATES)?);
         for slot in cands.iter_mut() {

@@ -241,7 +241,6 @@ fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
     // tested, so the fallback to `f` is never taken.)
     let kernel = |j: usize| if llama_cpp_batches { k.dot_rows16_fn_in_batch(w.ty, w.rows, n, j).unwrap_or(f) } else { f };
     let (rows, cols, wrb) = (w.rows, w.cols, w.row_bytes());
-    let gb = ROWS16 * wrb;
     let groups = rows / ROWS16;
     let out = SharedMut::new(&mut out[..n * rows]);
     let threads = par.n_threads().max(1);
@@ -252,22 +251,26 @@ fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
     // outputs (tokens i..i + tt, rows g0·16.., nr of them) to `put` ([`Put`]).
     let part = |range: core::ops::Range<usize>, (i0, i1): (usize, usize), put: &mut Put<'_>| {
         let mut i = i0;
+        // (A call's groups lie in one part of a matrix split in two: `Tensor::groups`.)
+        let parts = w.group_parts(range);
         for (tf, tt) in tile.iter().flat_map(|t| [Some((t.f, t.tokens)), t.rest]).flatten() {
             while i + tt <= i1 {
-                for g0 in range.clone().step_by(ROWS16_TILE_GROUPS) {
-                    let g1 = (g0 + ROWS16_TILE_GROUPS).min(range.end);
-                    let nr = (g1 - g0) * ROWS16;
-                    put(i, tt, g0 * ROWS16, nr, &mut |o, os| tf(cols, &w.data[g0 * gb..g1 * gb], wrb, nr, &xq[i * rb..(i + tt) * rb], rb, o, os));
+                for range in parts.iter().cloned() {
+                    for g0 in range.clone().step_by(ROWS16_TILE_GROUPS) {
+                        let g1 = (g0 + ROWS16_TILE_GROUPS).min(range.end);
+                        let nr = (g1 - g0) * ROWS16;
+                        put(i, tt, g0 * ROWS16, nr, &mut |o, os| tf(cols, w.groups(g0, g1), wrb, nr, &xq[i * rb..(i + tt) * rb], rb, o, os));
+                    }
                 }
                 i += tt;
             }
         }
         // Up to ROWS16_TOKENS tokens that take the same kernel and `call_groups` groups
         // per call, the groups' tokens while they are in cache.
-        for g0 in range.clone().step_by(call_groups) {
+        for (range, g0) in parts.iter().flat_map(|r| r.clone().step_by(call_groups).map(move |g0| (r.clone(), g0))) {
             let g1 = (g0 + call_groups).min(range.end);
             let nr = (g1 - g0) * ROWS16;
-            let wg = &w.data[g0 * gb..g1 * gb];
+            let wg = w.groups(g0, g1);
             let mut j = i;
             while j < i1 {
                 let kf = kernel(j);
@@ -284,17 +287,16 @@ fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
     if n >= TOKEN_ITEMS * threads * item {
         return deal_by_tokens(par, n, item, &out, rows, &|tokens, put| part(0..groups, tokens, put));
     }
-    let parts = if n == 1 { stream_parts(threads, rows * wrb) } else { 1 };
-    let tasks = (threads * parts).min(groups).max(1);
+    let tasks = if n == 1 { rows16_tasks(threads, groups, rows * wrb) } else { threads.min(groups).max(1) };
     par.run(tasks, &|t| {
         let range = split_range(groups, tasks, t);
         // One token: the task's groups in one call, straight into the output (a call
         // shares each token's activation work between its groups).
         if n == 1 {
-            if !range.is_empty() {
+            for range in w.group_parts(range).into_iter().filter(|r| !r.is_empty()) {
                 let nr = range.len() * ROWS16;
                 // SAFETY: rows range.start·16.. belong to this task alone.
-                f(cols, range.len(), &w.data[range.start * gb..range.end * gb], &xq[..rb], rb, 1, unsafe { out.slice(range.start * ROWS16, nr) }, nr);
+                f(cols, range.len(), w.groups(range.start, range.end), &xq[..rb], rb, 1, unsafe { out.slice(range.start * ROWS16, nr) }, nr);
             }
             return;
         }
@@ -395,6 +397,76 @@ pub(crate) fn task_rows(rows: usize, unit: usize, tasks: usize, t: usize) -> cor
     (r.start * unit).min(rows)..(r.end * unit).min(rows)
 }
 
+/// Whether [`matvec_group`] takes `ws` as one job: at most [`GROUP_MAX`] matrices of one
+/// width and activation type, each with a kernel for its layout.
+pub fn groupable(k: &Kernels, ws: &[&Tensor<'_>]) -> bool {
+    !ws.is_empty()
+        && ws.len() <= GROUP_MAX
+        && ws.iter().all(|w| Kernels::vec_dot_type(w.ty) == Kernels::vec_dot_type(ws[0].ty) && w.cols == ws[0].cols && (w.layout != Layout::Rows16 || k.dot_rows16_fn(w.ty).is_some()))
+}
+
+/// [`matvec_group`]'s tasks for `ws` (`total` bytes) on `threads` threads.
+fn group_tasks(threads: usize, ws: &[&Tensor<'_>], total: usize) -> usize {
+    (threads * stream_parts(threads, total)).min(ws.iter().map(|w| w.rows.div_ceil(DOT_ROWS)).sum()).max(1)
+}
+
+/// The groups (of `gb` bytes) of the matrix at bytes `at` of a [`matvec_group`] stream
+/// that start in the task's bytes `share`.
+fn share_groups(share: &core::ops::Range<usize>, at: core::ops::Range<usize>, gb: usize) -> core::ops::Range<usize> {
+    let first = |b: usize| b.clamp(at.start, at.end).saturating_sub(at.start).div_ceil(gb.max(1));
+    first(share.start)..first(share.end)
+}
+
+/// A one-token product's tasks for a rows16 matrix of `groups` groups and `bytes` bytes
+/// alone ([`matmul`]) on `threads` threads.
+fn rows16_tasks(threads: usize, groups: usize, bytes: usize) -> usize {
+    (threads * stream_parts(threads, bytes)).min(groups).max(1)
+}
+
+/// The groups of 16 rows of each of `ws` (rows16 matrices, one job of a token's forward
+/// pass: `block_cpu::for_each_one_token_job`) that thread `t` of `threads` computes: the
+/// shares of [`matvec_group`] for two or more matrices, of [`matmul`] for one. `None`
+/// where the job has more tasks than threads (a large product in parts any thread may
+/// take, [`BALANCE_BYTES`]) or a matrix is not in the rows16 layout. The host places a
+/// matrix's rows by these shares (`Gguf::with_splits`), so that each thread's shares of
+/// consecutive products lie one after another.
+pub fn one_token_shares(ws: &[&Tensor<'_>], threads: usize, t: usize) -> Option<[core::ops::Range<usize>; GROUP_MAX]> {
+    let mut out: [core::ops::Range<usize>; GROUP_MAX] = Default::default();
+    if ws.is_empty() || ws.len() > GROUP_MAX || ws.iter().any(|w| w.layout != Layout::Rows16) {
+        return None;
+    }
+    if let [w] = ws {
+        let groups = w.rows / ROWS16;
+        if rows16_tasks(threads, groups, w.rows * w.row_bytes()) != threads {
+            return None;
+        }
+        out[0] = split_range(groups, threads, t);
+        return Some(out);
+    }
+    let mut start = [0usize; GROUP_MAX + 1];
+    for (i, w) in ws.iter().enumerate() {
+        start[i + 1] = start[i] + w.rows * w.row_bytes();
+    }
+    if group_tasks(threads, ws, start[ws.len()]) != threads {
+        return None;
+    }
+    let share = split_range(start[ws.len()], threads, t);
+    for (i, w) in ws.iter().enumerate() {
+        out[i] = share_groups(&share, start[i]..start[i + 1], ROWS16 * w.row_bytes());
+    }
+    Some(out)
+}
+
+/// Every parallel job of the products of a forward pass of one token through `model`'s
+/// layers on the CPU with the kernels `k`, in order: `f(layer, weights)`, q, k and v (or
+/// gate and up) together where [`matvec_group`] takes them, every other product alone.
+/// With [`one_token_shares`] it tells the host which rows each thread reads.
+pub fn for_each_one_token_job<'m>(k: &Kernels, model: &crate::model::Model<'m>, mut f: impl FnMut(usize, &[&Tensor<'m>])) {
+    for (l, layer) in model.layers.iter().enumerate() {
+        crate::block_cpu::for_each_one_token_job(k, &model.hp, l, layer, |ws| f(l, ws));
+    }
+}
+
 /// Most matrices of one [`matvec_group`].
 pub const GROUP_MAX: usize = 4;
 
@@ -411,7 +483,7 @@ pub const GROUP_MAX: usize = 4;
 /// matrices do not share an activation type, or there are more than [`GROUP_MAX`].
 pub fn matvec_group(k: &Kernels, par: &dyn Parallel, ws: &[&Tensor<'_>], xq: &[u8], outs: &mut [&mut [f32]]) -> bool {
     let m = ws.len();
-    if m == 0 || m > GROUP_MAX || outs.len() != m || ws.iter().any(|w| Kernels::vec_dot_type(w.ty) != Kernels::vec_dot_type(ws[0].ty) || w.cols != ws[0].cols || (w.layout == Layout::Rows16 && k.dot_rows16_fn(w.ty).is_none())) {
+    if !groupable(k, ws) || outs.len() != m {
         return false;
     }
     let Some(rb) = act_row_bytes(ws[0].ty, ws[0].cols) else { return false };
@@ -428,7 +500,7 @@ pub fn matvec_group(k: &Kernels, par: &dyn Parallel, ws: &[&Tensor<'_>], xq: &[u
     }
     let shared: [Option<SharedMut<f32>>; GROUP_MAX] = core::array::from_fn(|i| outs.get_mut(i).map(|o| SharedMut::new(o)));
     let (xq, cols) = (&xq[..rb], ws[0].cols);
-    let tasks = (par.n_threads() * stream_parts(par.n_threads(), start[m])).min(ws.iter().map(|w| w.rows.div_ceil(DOT_ROWS)).sum()).max(1);
+    let tasks = group_tasks(par.n_threads(), ws, start[m]);
     par.run(tasks, &|t| {
         let share = split_range(start[m], tasks, t);
         // The share's first lines asked for at once (the kernels' own hints run ahead of
@@ -438,7 +510,7 @@ pub fn matvec_group(k: &Kernels, par: &dyn Parallel, ws: &[&Tensor<'_>], xq: &[u
             let (a, b) = (share.start.clamp(start[i], start[i + 1]), share.end.clamp(start[i], start[i + 1]));
             let take = (b - a).min(left);
             if take > 0 {
-                prefetch::lines(w.data.as_ptr().wrapping_add(a - start[i]), take, Level::L2);
+                prefetch::lines(w.byte_ptr(a - start[i]), take, Level::L2);
                 left -= take;
             }
         }
@@ -449,18 +521,16 @@ pub fn matvec_group(k: &Kernels, par: &dyn Parallel, ws: &[&Tensor<'_>], xq: &[u
             let rows16 = if w.layout == Layout::Rows16 { k.dot_rows16_fn(w.ty) } else { None };
             let gr = if rows16.is_some() { ROWS16 } else { DOT_ROWS };
             let gb = gr * w.row_bytes();
-            // The groups of matrix i that start in this share.
-            let first = |b: usize| b.clamp(start[i], start[i + 1]).saturating_sub(start[i]).div_ceil(gb.max(1));
             let wrb = w.row_bytes();
-            let groups = first(share.start)..first(share.end);
+            let groups = share_groups(&share, start[i]..start[i + 1], gb);
             if let Some(f) = rows16 {
                 // The share's groups of this matrix in one call (which shares the token's
                 // activation work between them), straight into the output.
-                if !groups.is_empty() {
+                for groups in w.group_parts(groups).into_iter().filter(|g| !g.is_empty()) {
                     let (r0, r1) = (groups.start * ROWS16, groups.end * ROWS16);
                     // SAFETY: a group starts in exactly one share, so its rows belong to
                     // this task alone.
-                    f(cols, groups.len(), &w.data[r0 * wrb..r1 * wrb], xq, rb, 1, unsafe { out.slice(r0, r1 - r0) }, r1 - r0);
+                    f(cols, groups.len(), w.groups(groups.start, groups.end), xq, rb, 1, unsafe { out.slice(r0, r1 - r0) }, r1 - r0);
                 }
                 continue;
             }

@@ -48,6 +48,22 @@ pub struct Gguf<'a> {
     alignment: u64,
     data_start: u64,
     rows16: &'a [u64],
+    splits: &'a [Split],
+}
+
+/// A tensor whose bytes the host moved after reading the file ([`Gguf::with_splits`]):
+/// the header's `offset` (as [`TensorInfo::offset`]) names it, its first `lo_bytes`
+/// bytes are now at `at` and, for a matrix placed in two parts, the rest at `hi_at`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Split {
+    /// The tensor's data offset as its header says (absolute, as [`TensorInfo::offset`]).
+    pub offset: u64,
+    /// Where its bytes (its first part's) are now.
+    pub at: u64,
+    /// Bytes of that part: all of them, or the first part's (whole rows).
+    pub lo_bytes: u64,
+    /// Where the rest of its bytes are (none when `lo_bytes` is all of them).
+    pub hi_at: u64,
 }
 
 /// Where a tensor is and what it holds.
@@ -63,8 +79,11 @@ pub struct TensorInfo<'a> {
     pub n_dims: u32,
     /// Absolute offset of the data in the file.
     pub offset: u64,
-    /// The data bytes.
+    /// The data bytes (the first part of a split matrix: [`TensorInfo::hi`]).
     pub data: &'a [u8],
+    /// The rest of a matrix the host placed in two parts ([`Gguf::with_splits`]); empty
+    /// for every other tensor.
+    pub hi: &'a [u8],
     /// Whether the host rearranged this matrix's bytes in the rows16 layout
     /// ([`Gguf::with_rows16`]).
     pub rows16: bool,
@@ -116,7 +135,7 @@ impl<'a> Gguf<'a> {
             return Err(GgufError::at(GgufErrorKind::TooManyKeys { count: n_kv, max: MAX_KEYS }, 16));
         }
 
-        let mut g = Gguf { bytes, version, keys: heapless::Vec::new(), n_tensors: n_tensors as usize, tensor_infos_at: 0, alignment: DEFAULT_ALIGNMENT, data_start: 0, rows16: &[] };
+        let mut g = Gguf { bytes, version, keys: heapless::Vec::new(), n_tensors: n_tensors as usize, tensor_infos_at: 0, alignment: DEFAULT_ALIGNMENT, data_start: 0, rows16: &[], splits: &[] };
         for _ in 0..n_kv {
             let key_pos = r.pos();
             let key = r.string("metadata key")?;
@@ -323,7 +342,7 @@ impl<'a> Gguf<'a> {
 
     /// Every tensor, in file order.
     pub fn tensors(&self) -> TensorIter<'a> {
-        TensorIter { r: Reader::at(self.bytes, self.tensor_infos_at), left: self.n_tensors, data_start: self.data_start, rows16: self.rows16 }
+        TensorIter { r: Reader::at(self.bytes, self.tensor_infos_at), left: self.n_tensors, data_start: self.data_start, rows16: self.rows16, splits: self.splits }
     }
 
     /// Marks the tensors whose data starts at the file offsets `offsets` (sorted) as
@@ -332,6 +351,18 @@ impl<'a> Gguf<'a> {
     /// [`TensorInfo::rows16`] (so the model's [`crate::model::Layout`]) says so.
     pub fn with_rows16(mut self, offsets: &'a [u64]) -> Self {
         self.rows16 = offsets;
+        self
+    }
+
+    /// Tells where the host moved tensors' bytes after reading the file (`splits`, sorted
+    /// by the header's offset; the header is left as it is): their [`TensorInfo::data`]
+    /// is read at the new place and, for a matrix placed in two parts (each a run of
+    /// whole rows16 groups), [`TensorInfo::hi`] is the rest. The host does so for
+    /// one-token products on several threads, so that each thread's shares of
+    /// consecutive products lie one after another (BENCHMARKS.md, "One stream per
+    /// thread").
+    pub fn with_splits(mut self, splits: &'a [Split]) -> Self {
+        self.splits = splits;
         self
     }
 
@@ -348,6 +379,7 @@ pub struct TensorIter<'a> {
     left: usize,
     data_start: u64,
     rows16: &'a [u64],
+    splits: &'a [Split],
 }
 
 impl<'a> Iterator for TensorIter<'a> {
@@ -362,8 +394,16 @@ impl<'a> Iterator for TensorIter<'a> {
         let raw = self.r.tensor_info().ok()?;
         let bytes = self.r.bytes();
         let start = (self.data_start + raw.rel_offset) as usize;
-        let data = bytes.get(start..start + raw.size as usize)?;
-        Some(TensorInfo { name: raw.name, ty: raw.ty, ne: raw.ne, n_dims: raw.n_dims, offset: start as u64, data, rows16: self.rows16.binary_search(&(start as u64)).is_ok() })
+        let size = raw.size as usize;
+        let (data, hi) = match self.splits.binary_search_by_key(&(start as u64), |s| s.offset) {
+            Ok(i) => {
+                let sp = self.splits[i];
+                let (at, lo, hi_at) = (sp.at as usize, (sp.lo_bytes as usize).min(size), sp.hi_at as usize);
+                (bytes.get(at..at + lo)?, if lo < size { bytes.get(hi_at..hi_at + size - lo)? } else { &[][..] })
+            }
+            Err(_) => (bytes.get(start..start + size)?, &[][..]),
+        };
+        Some(TensorInfo { name: raw.name, ty: raw.ty, ne: raw.ne, n_dims: raw.n_dims, offset: start as u64, data, hi, rows16: self.rows16.binary_search(&(start as u64)).is_ok() })
     }
 }
 

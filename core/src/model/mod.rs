@@ -107,13 +107,13 @@ impl<'a> Model<'a> {
 
     /// Bytes of all weights the model uses.
     pub fn weight_bytes(&self) -> usize {
-        let mut n = self.tok_embd.data.len() + self.output_norm.data.len();
+        let mut n = self.tok_embd.size_bytes() + self.output_norm.size_bytes();
         if !self.tied_output {
-            n += self.output.data.len();
+            n += self.output.size_bytes();
         }
         for layer in self.layers {
             for (_, t, _) in layer.named().iter() {
-                n += t.data.len();
+                n += t.size_bytes();
             }
         }
         n

@@ -6,6 +6,7 @@
 use super::hparams::{Arch, HParams};
 use crate::ggml_type::GgmlType;
 use crate::gguf::{Gguf, GgufError, GgufErrorKind};
+use crate::quant::rows16::ROWS16;
 
 /// A 1-D or 2-D weight: `rows` rows of `cols` elements of `ty`, row-major, in the file.
 #[derive(Clone, Copy, Debug)]
@@ -16,8 +17,12 @@ pub struct Tensor<'m> {
     pub cols: usize,
     /// Number of rows (`ne[1]`; 1 for vectors).
     pub rows: usize,
-    /// The raw data.
+    /// The raw data: every row, or for a matrix split in two parts its first rows.
     pub data: &'m [u8],
+    /// The rest of a [`Layout::Rows16`] matrix the host placed in two parts, whole groups
+    /// of 16 rows (`Gguf::with_splits`), else empty: rows `data.len() / row_bytes()..`.
+    /// Read a matrix's groups through [`Tensor::groups`], which knows the parts.
+    pub hi: &'m [u8],
     /// How the rows are laid out in `data`.
     pub layout: Layout,
 }
@@ -40,17 +45,66 @@ impl<'m> Tensor<'m> {
         self.cols / self.ty.block_size() * self.ty.type_size()
     }
 
+    /// Bytes of all its rows (both parts of a split matrix).
+    pub fn size_bytes(&self) -> usize {
+        self.data.len() + self.hi.len()
+    }
+
+    /// The first group of 16 rows in [`Tensor::hi`] (the groups in `data`; for a matrix
+    /// in one part, all of its groups and more).
+    pub fn hi_group(&self) -> usize {
+        if self.hi.is_empty() {
+            usize::MAX
+        } else {
+            self.data.len() / (ROWS16 * self.row_bytes()).max(1)
+        }
+    }
+
+    /// The bytes of groups `g0..g1` of 16 rows of a [`Layout::Rows16`] matrix, from the
+    /// part that holds them (a range across the two parts: split it with
+    /// [`Tensor::group_parts`] first; panics otherwise, as an index out of range does).
+    pub fn groups(&self, g0: usize, g1: usize) -> &'m [u8] {
+        let gb = ROWS16 * self.row_bytes();
+        let h = self.hi_group();
+        if g0 >= h {
+            &self.hi[(g0 - h) * gb..(g1 - h) * gb]
+        } else {
+            assert!(g1 <= h, "groups {g0}..{g1} span both parts of a split matrix");
+            &self.data[g0 * gb..g1 * gb]
+        }
+    }
+
+    /// Groups `range` in (at most) two ranges, each within one part ([`Tensor::groups`]).
+    pub fn group_parts(&self, range: core::ops::Range<usize>) -> [core::ops::Range<usize>; 2] {
+        let h = self.hi_group().clamp(range.start, range.end);
+        [range.start..h, h..range.end]
+    }
+
+    /// Where byte `off` of the matrix's rows (counted as if in one part) lies.
+    pub fn byte_ptr(&self, off: usize) -> *const u8 {
+        if off >= self.data.len() && !self.hi.is_empty() {
+            self.hi.as_ptr().wrapping_add(off - self.data.len())
+        } else {
+            self.data.as_ptr().wrapping_add(off)
+        }
+    }
+
     /// Row `r` dequantized into `out` (`cols` floats), in either layout.
     pub fn dequantize_row(&self, k: &crate::quant::Kernels, r: usize, out: &mut [f32]) -> Result<(), crate::quant::Unsupported> {
         match self.layout {
             Layout::Plain => k.dequantize_row(self.ty, self.row(r), out),
-            Layout::Rows16 => crate::quant::rows16::dequantize_row(k, self.ty, self.cols, self.data, r, out),
+            Layout::Rows16 => {
+                let h = self.hi_group().saturating_mul(ROWS16);
+                let (data, r) = if r >= h { (self.hi, r - h) } else { (self.data, r) };
+                crate::quant::rows16::dequantize_row(k, self.ty, self.cols, data, r, out)
+            }
         }
     }
 
     /// The bytes of row `r` (of a [`Layout::Plain`] matrix).
     pub fn row(&self, r: usize) -> &'m [u8] {
         debug_assert!(self.layout == Layout::Plain, "row() of a rows16 matrix");
+        debug_assert!(self.hi.is_empty(), "row() of a split matrix");
         let rb = self.row_bytes();
         &self.data[r * rb..(r + 1) * rb]
     }
@@ -224,7 +278,12 @@ impl<'g, 'm> Finder<'g, 'm> {
         if !ok {
             return Err(GgufError::at(GgufErrorKind::BadShape, t.offset).named_str(&self.name));
         }
-        Ok(Some(Tensor { ty: t.ty, cols, rows, data: t.data, layout: if t.rows16 { Layout::Rows16 } else { Layout::Plain } }))
+        let t2 = Tensor { ty: t.ty, cols, rows, data: t.data, hi: t.hi, layout: if t.rows16 { Layout::Rows16 } else { Layout::Plain } };
+        // A matrix in two parts: whole groups of 16 rows of a rows16 matrix in each.
+        if !t.hi.is_empty() && !(t.rows16 && t2.data.len().is_multiple_of(ROWS16 * t2.row_bytes()) && rows.is_multiple_of(ROWS16)) {
+            return Err(GgufError::at(GgufErrorKind::BadShape, t.offset).named_str(&self.name));
+        }
+        Ok(Some(t2))
     }
 
     /// Like [`Finder::opt`], but the tensor must exist.

@@ -113,8 +113,8 @@ fn bench_matmul() {
             let atype = Kernels::vec_dot_type(wtype).unwrap();
             let mut a = std::vec![0u8; n * atype.row_bytes(cols as u64).unwrap() as usize];
             quantize_rows(&k, &Sequential, atype, &x, n, cols, &mut a);
-            let plain = Tensor { ty: wtype, cols, rows, data: &w, layout: crate::model::Layout::Plain };
-            let rows16 = Tensor { ty: wtype, cols, rows, data: &packed, layout: crate::model::Layout::Rows16 };
+            let plain = Tensor { ty: wtype, cols, rows, data: &w, hi: &[], layout: crate::model::Layout::Plain };
+            let rows16 = Tensor { ty: wtype, cols, rows, data: &packed, hi: &[], layout: crate::model::Layout::Rows16 };
             let layouts = if rows16_ok && k.packs_rows16(wtype, rows) { &[("plain", plain), ("rows16", rows16)][..] } else { &[("plain", plain)][..] };
             for (name, t) in layouts {
                 let reps = if k.is_reference() { 1 } else { 20 };
@@ -255,7 +255,7 @@ fn bench_matmul_short() {
                 w[r * wrb..(r + 1) * wrb].copy_from_slice(&row);
             }
             let atype = Kernels::vec_dot_type(wtype).unwrap();
-            let t = Tensor { ty: wtype, cols, rows, data: &w, layout: crate::model::Layout::Plain };
+            let t = Tensor { ty: wtype, cols, rows, data: &w, hi: &[], layout: crate::model::Layout::Plain };
             let x: Vec<f32> = (0..9).flat_map(|_| random_row(&mut rng, cols)).collect();
             let mut a = std::vec![0u8; 9 * atype.row_bytes(cols as u64).unwrap() as usize];
             quantize_rows(&k, &Sequential, atype, &x, 9, cols, &mut a);

@@ -826,7 +826,7 @@ fn matmul_rows_do_not_depend_on_the_batch() {
         for (ty, cols) in [(Q8_0, 96usize), (Q5_0, 96), (Q4_0, 96), (Q4_1, 96), (Q4_K, 512), (Q6_K, 512)] {
             let rows = 76usize;
             let (w, a, _, rb) = matmul_operands(&k, &mut rng, ty, rows, cols, 200);
-            let t = Tensor { ty, cols, rows, data: &w, layout: crate::model::Layout::Plain };
+            let t = Tensor { ty, cols, rows, data: &w, hi: &[], layout: crate::model::Layout::Plain };
             let mut one = vec![0.0f32; 200 * rows];
             for i in 0..200 {
                 matmul(&k, &Sequential, &t, &a[i * rb..(i + 1) * rb], 1, &mut one[i * rows..(i + 1) * rows]);
@@ -870,7 +870,7 @@ fn balanced_one_token_products_keep_every_rows_bits() {
     let (cols, rows) = (4096usize, 970usize);
     let (w, a, wrb, _) = matmul_operands(&k, &mut rng, Q8_0, rows, cols, 1);
     assert!(rows * wrb >= BALANCE_BYTES, "the matrix is below the balancing size");
-    let t = Tensor { ty: Q8_0, cols, rows, data: &w, layout: crate::model::Layout::Plain };
+    let t = Tensor { ty: Q8_0, cols, rows, data: &w, hi: &[], layout: crate::model::Layout::Plain };
     let mut want = vec![0.0f32; rows];
     matmul(&k, &Sequential, &t, &a, 1, &mut want);
     for par in [&Reversed(2) as &dyn Parallel, &Reversed(3)] {
@@ -903,7 +903,7 @@ fn matvec_group_gives_each_matrix_its_own_bits() {
             let ops: Vec<_> = group.iter().map(|&(ty, rows)| (ty, rows, matmul_operands(&k, &mut rng, ty, rows, cols, 1))).collect();
             // One activation row for all (the same type for every matrix of a group).
             let a = &ops[0].2 .1;
-            let ts: Vec<Tensor<'_>> = ops.iter().map(|(ty, rows, (w, ..))| Tensor { ty: *ty, cols, rows: *rows, data: w, layout: crate::model::Layout::Plain }).collect();
+            let ts: Vec<Tensor<'_>> = ops.iter().map(|(ty, rows, (w, ..))| Tensor { ty: *ty, cols, rows: *rows, data: w, hi: &[], layout: crate::model::Layout::Plain }).collect();
             let alone: Vec<Vec<f32>> = ts.iter().map(|t| {
                 let mut o = vec![0.0f32; t.rows];
                 matmul(&k, &Sequential, t, a, 1, &mut o);
@@ -925,13 +925,82 @@ fn matvec_group_gives_each_matrix_its_own_bits() {
         let (w8, a8, ..) = matmul_operands(&k, &mut rng, Q8_0, 8, 512, 1);
         let (wk, ..) = matmul_operands(&k, &mut rng, Q4_K, 8, 512, 1);
         let (w8n, ..) = matmul_operands(&k, &mut rng, Q8_0, 8, 256, 1);
-        let (t8, tk, t8n) = (Tensor { ty: Q8_0, cols: 512, rows: 8, data: &w8, layout: crate::model::Layout::Plain }, Tensor { ty: Q4_K, cols: 512, rows: 8, data: &wk, layout: crate::model::Layout::Plain }, Tensor { ty: Q8_0, cols: 256, rows: 8, data: &w8n, layout: crate::model::Layout::Plain });
+        let (t8, tk, t8n) = (Tensor { ty: Q8_0, cols: 512, rows: 8, data: &w8, hi: &[], layout: crate::model::Layout::Plain }, Tensor { ty: Q4_K, cols: 512, rows: 8, data: &wk, hi: &[], layout: crate::model::Layout::Plain }, Tensor { ty: Q8_0, cols: 256, rows: 8, data: &w8n, hi: &[], layout: crate::model::Layout::Plain });
         for pair in [[&t8, &tk], [&t8, &t8n]] {
             let (mut o1, mut o2) = ([f32::NAN; 8], [f32::NAN; 8]);
             assert!(!matvec_group(&k, &Reversed(2), &pair, &a8, &mut [&mut o1[..], &mut o2[..]]), "{}: a group of {} and {} x {} taken", k.name(), pair[0].ty, pair[1].ty, pair[1].cols);
             assert!(o1.iter().chain(&o2).all(|v| v.is_nan()), "a refused group wrote outputs");
         }
     }
+}
+
+/// Runs only task `.1` of a job, as thread `.1` of `.0` threads would (the rest are left
+/// undone): which outputs a task writes.
+struct OnlyTask(usize, usize);
+
+impl crate::parallel::Parallel for OnlyTask {
+    fn n_threads(&self) -> usize {
+        self.0
+    }
+    fn run(&self, n_tasks: usize, task: &(dyn Fn(usize) + Sync)) {
+        if self.1 < n_tasks {
+            task(self.1)
+        }
+    }
+}
+
+/// `matmul::one_token_shares` names the groups of 16 rows each thread computes for one
+/// token, the rows the host places in that thread's run of bytes: for one rows16 matrix
+/// (`matmul`) and for two and three (`matvec_group`), on two and three threads, task `t`
+/// writes exactly the rows of its shares and the shares cover every group once; `None`
+/// for a product past `matmul::BALANCE_BYTES` (in parts any thread may take) and for a
+/// plain matrix.
+#[test]
+fn one_token_shares_are_the_tasks_rows() {
+    use crate::matmul::{matmul, matvec_group, one_token_shares};
+    use crate::model::{Layout, Tensor};
+    use crate::quant::rows16::ROWS16;
+    let mut rng = Rng::new(31);
+    let Some(k) = rows16_kernel_sets().into_iter().find(|k| k.packs_rows16(Q4_0, 64) && k.packs_rows16(Q8_0, 64)) else { return };
+    let cols = 576;
+    let mats: Vec<(GgmlType, usize, Vec<u8>)> = [(Q4_0, 576), (Q4_0, 192), (Q4_0, 192), (Q8_0, 1536)].into_iter().map(|(ty, rows)| {
+        let (mut w, _, wrb, _) = matmul_operands(&k, &mut rng, ty, rows, cols, 1);
+        crate::quant::rows16::pack_in_place(ty, rows, cols, &mut w, &mut vec![0u8; ROWS16 * wrb]).unwrap();
+        (ty, rows, w)
+    }).collect();
+    let (_, a, ..) = matmul_operands(&k, &mut rng, Q4_0, 16, cols, 1);
+    let ts: Vec<Tensor<'_>> = mats.iter().map(|(ty, rows, w)| Tensor { ty: *ty, cols, rows: *rows, data: w, hi: &[], layout: Layout::Rows16 }).collect();
+    for threads in [2, 3] {
+        for ws in [vec![&ts[0]], vec![&ts[3]], vec![&ts[0], &ts[1], &ts[2]], vec![&ts[1], &ts[2]]] {
+            let mut covered: Vec<Vec<u32>> = ws.iter().map(|w| vec![0; w.rows / ROWS16]).collect();
+            for t in 0..threads {
+                let shares = one_token_shares(&ws, threads, t).expect("a product under BALANCE_BYTES");
+                let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; w.rows]).collect();
+                if let [w] = ws[..] {
+                    matmul(&k, &OnlyTask(threads, t), w, &a, 1, &mut outs[0]);
+                } else {
+                    let mut slices: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+                    assert!(matvec_group(&k, &OnlyTask(threads, t), &ws, &a, &mut slices));
+                }
+                for (i, o) in outs.iter().enumerate() {
+                    for (r, v) in o.iter().enumerate() {
+                        assert_eq!(!v.is_nan(), shares[i].contains(&(r / ROWS16)), "{} matrices, {threads} threads, task {t}: matrix {i} row {r}", ws.len());
+                    }
+                    for g in shares[i].clone() {
+                        covered[i][g] += 1;
+                    }
+                }
+            }
+            assert!(covered.iter().flatten().all(|&c| c == 1), "{} matrices, {threads} threads: the shares cover every group once", ws.len());
+        }
+    }
+    // Past BALANCE_BYTES (parts any thread may take), or plain: no shares.
+    let big = vec![0u8; crate::matmul::BALANCE_BYTES + 34 * 18 * 16];
+    let rows = big.len() / (34 * 18) / ROWS16 * ROWS16;
+    let large = Tensor { ty: Q8_0, cols, rows, data: &big[..rows * 34 * 18], hi: &[], layout: Layout::Rows16 };
+    assert!(one_token_shares(&[&large], 2, 0).is_none());
+    let plain = Tensor { layout: Layout::Plain, ..ts[1] };
+    assert!(one_token_shares(&[&ts[0], &plain], 2, 0).is_none());
 }
 
 /// With llama.cpp's batch arithmetic (`matmul_as(.., true)`), a matmul gives each (row,
@@ -951,7 +1020,7 @@ fn llama_cpp_batches_give_each_tokens_kernel_bits() {
         for (ty, rows) in [(Q4_K, 48usize), (Q4_K, 44), (Q6_K, 44), (Q2_K, 40)] {
             let cols = 512;
             let (w, a, wrb, rb) = matmul_operands(&k, &mut rng, ty, rows, cols, 102);
-            let t = Tensor { ty, cols, rows, data: &w, layout: crate::model::Layout::Plain };
+            let t = Tensor { ty, cols, rows, data: &w, hi: &[], layout: crate::model::Layout::Plain };
             for n in (1..=20).chain([24, 31, 33, 72, 102]) {
                 for par in [&Sequential as &dyn Parallel, &Reversed(2), &Reversed(3)] {
                     let mut out = vec![f32::NAN; n * rows];
@@ -1344,7 +1413,9 @@ fn activation_rounding_is_rintf_everywhere() {
 /// llama.cpp's (`matmul_as` with `llama_cpp_batches`) — for each kernel set with rows16
 /// kernels, Q4_0, Q4_1, Q5_0, Q8_0 and Q4_K, with a product past `matmul::BALANCE_BYTES`
 /// (one token in parts) among them, and a Q4_0 matrix of 63 groups (several calls of
-/// `ROWS16_Q4_0_GROUPS` per task).
+/// `ROWS16_Q4_0_GROUPS` per task). So does the packed matrix placed in two parts
+/// (`Tensor::hi`: cut after its first group, in the middle, before its last), in
+/// `matmul`, `matvec_group` and `Tensor::dequantize_row`.
 #[test]
 fn rows16_matrices_give_the_plain_matrices_bits() {
     use crate::matmul::{matmul, matmul_as, matvec_group};
@@ -1362,41 +1433,64 @@ fn rows16_matrices_give_the_plain_matrices_bits() {
             let (w, a, wrb, rb) = matmul_operands(&k, &mut rng, ty, rows, cols, n_max);
             let mut p = w.clone();
             pack_in_place(ty, rows, cols, &mut p, &mut vec![0u8; ROWS16 * wrb]).unwrap();
-            let plain = Tensor { ty, cols, rows, data: &w, layout: Layout::Plain };
-            let packed = Tensor { ty, cols, rows, data: &p, layout: Layout::Rows16 };
+            let plain = Tensor { ty, cols, rows, data: &w, hi: &[], layout: Layout::Plain };
+            let packed = Tensor { ty, cols, rows, data: &p, hi: &[], layout: Layout::Rows16 };
+            // The same matrix placed in two parts (`Tensor::hi`, as the host places a
+            // matrix two threads share): after its first group, in the middle, before
+            // its last group; each part in a buffer of its own.
+            let groups = rows / ROWS16;
+            let cuts: Vec<usize> = [1, groups / 2, groups - 1].into_iter().filter(|&c| c > 0 && c < groups).collect();
+            let parts: Vec<(Vec<u8>, Vec<u8>)> = cuts.iter().map(|&c| (p[..c * ROWS16 * wrb].to_vec(), p[c * ROWS16 * wrb..].to_vec())).collect();
+            let split: Vec<Tensor<'_>> = parts.iter().map(|(lo, hi)| Tensor { ty, cols, rows, data: lo, hi, layout: Layout::Rows16 }).collect();
+            for (t, c) in split.iter().zip(&cuts) {
+                assert_eq!(t.hi_group(), *c);
+                for r in [0, c * ROWS16 - 1, c * ROWS16, rows - 1] {
+                    let (mut x, mut y) = (vec![0.0f32; cols], vec![1.0f32; cols]);
+                    packed.dequantize_row(&k, r, &mut x).unwrap();
+                    t.dequantize_row(&k, r, &mut y).unwrap();
+                    assert!(x.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits()), "{} {ty} row {r} of a matrix cut at group {c}", k.name());
+                }
+            }
             for n in (1..=20.min(n_max)).chain([64, 150].into_iter().filter(|&n| n <= n_max)) {
                 let mut want = vec![0.0f32; n * rows];
                 matmul(&k, &Sequential, &plain, &a[..n * rb], n, &mut want);
                 let mut want_llama = vec![0.0f32; n * rows];
                 matmul_as(&k, &Sequential, &plain, &a[..n * rb], n, &mut want_llama, true);
                 for par in [&Sequential as &dyn Parallel, &Reversed(2), &Reversed(5)] {
-                    let mut out = vec![f32::NAN; n * rows];
-                    matmul(&k, par, &packed, &a[..n * rb], n, &mut out);
-                    for (j, (o, e)) in out.iter().zip(&want).enumerate() {
-                        assert_eq!(o.to_bits(), e.to_bits(), "{} {ty} batch of {n}, token {} row {}, {} tasks", k.name(), j / rows, j % rows, par.n_threads());
-                    }
-                    let mut out = vec![f32::NAN; n * rows];
-                    matmul_as(&k, par, &packed, &a[..n * rb], n, &mut out, true);
-                    for (j, (o, e)) in out.iter().zip(&want_llama).enumerate() {
-                        assert_eq!(o.to_bits(), e.to_bits(), "{} {ty} llama.cpp's batch of {n}, token {} row {}, {} tasks", k.name(), j / rows, j % rows, par.n_threads());
+                    // The matrix in one part, and in two (fewer batches: the calls that
+                    // meet the cut are the same at every size past a tile).
+                    let cut = if n <= 3 || n == 17 || n == 64 { &split[..] } else { &[] };
+                    for (s, t) in core::iter::once(&packed).chain(cut).enumerate() {
+                        let mut out = vec![f32::NAN; n * rows];
+                        matmul(&k, par, t, &a[..n * rb], n, &mut out);
+                        for (j, (o, e)) in out.iter().zip(&want).enumerate() {
+                            assert_eq!(o.to_bits(), e.to_bits(), "{} {ty} batch of {n}, token {} row {}, {} tasks, parts {s}", k.name(), j / rows, j % rows, par.n_threads());
+                        }
+                        let mut out = vec![f32::NAN; n * rows];
+                        matmul_as(&k, par, t, &a[..n * rb], n, &mut out, true);
+                        for (j, (o, e)) in out.iter().zip(&want_llama).enumerate() {
+                            assert_eq!(o.to_bits(), e.to_bits(), "{} {ty} llama.cpp's batch of {n}, token {} row {}, {} tasks, parts {s}", k.name(), j / rows, j % rows, par.n_threads());
+                        }
                     }
                 }
             }
             // Beside a plain matrix of the same activation type in one group.
             let (w2, ..) = matmul_operands(&k, &mut rng, ty, 24, cols, 1);
-            let other = Tensor { ty, cols, rows: 24, data: &w2, layout: Layout::Plain };
+            let other = Tensor { ty, cols, rows: 24, data: &w2, hi: &[], layout: Layout::Plain };
             let alone: Vec<Vec<f32>> = [&plain, &other].iter().map(|t| {
                 let mut o = vec![0.0f32; t.rows];
                 matmul(&k, &Sequential, t, &a[..rb], 1, &mut o);
                 o
             }).collect();
-            for par in [&Sequential as &dyn Parallel, &Reversed(3)] {
-                let mut outs = [vec![f32::NAN; rows], vec![f32::NAN; 24]];
-                let [o0, o1] = &mut outs;
-                assert!(matvec_group(&k, par, &[&packed, &other], &a[..rb], &mut [&mut o0[..], &mut o1[..]]), "{} {ty} group refused", k.name());
-                for (m, (o, e)) in outs.iter().zip(&alone).enumerate() {
-                    for (r, (x, y)) in o.iter().zip(e).enumerate() {
-                        assert_eq!(x.to_bits(), y.to_bits(), "{} {ty} group matrix {m} row {r}, {} tasks", k.name(), par.n_threads());
+            for par in [&Sequential as &dyn Parallel, &Reversed(2), &Reversed(3)] {
+                for (s, t) in core::iter::once(&packed).chain(&split).enumerate() {
+                    let mut outs = [vec![f32::NAN; rows], vec![f32::NAN; 24]];
+                    let [o0, o1] = &mut outs;
+                    assert!(matvec_group(&k, par, &[t, &other], &a[..rb], &mut [&mut o0[..], &mut o1[..]]), "{} {ty} group refused", k.name());
+                    for (m, (o, e)) in outs.iter().zip(&alone).enumerate() {
+                        for (r, (x, y)) in o.iter().zip(e).enumerate() {
+                            assert_eq!(x.to_bits(), y.to_bits(), "{} {ty} group matrix {m} row {r}, {} tasks, parts {s}", k.name(), par.n_threads());
+                        }
                     }
                 }
             }
