@@ -199,7 +199,7 @@ pub fn main(a: BenchArgs) -> Result<()> {
     let span = depth + n_prompt.max(n_gen + 1);
     opts.n_ctx = opts.n_ctx.max(span);
     opts.n_batch = opts.n_batch.max(n_prompt).min(opts.n_ctx);
-    let opened = open_for_cpu(&model, opts.reference)?;
+    let opened = open_for_cpu(&model, opts.reference, opts.threads)?;
     let g = opened.gguf()?;
     // The sizes as the user gave them (-d only when given).
     let sizes = if depth > 0 { format!("-p {n_prompt} -n {n_gen} -d {depth}") } else { format!("-p {n_prompt} -n {n_gen}") };

@@ -145,7 +145,7 @@ pub fn main(a: ChatArgs) -> Result<()> {
     let opts = a.eval.options(1)?;
     let (sampling, random_seed) = a.gen.sampling.config()?;
 
-    let opened = open_for_cpu(&a.model.model, opts.reference)?;
+    let opened = open_for_cpu(&a.model.model, opts.reference, opts.threads)?;
     let g = opened.gguf()?;
     let format = chat_format(&g, &opened.path)?;
     let mut loaded = prepare(&g, &opened.path, &opts)?;

@@ -57,7 +57,7 @@ pub fn main(a: EvalArgs) -> Result<()> {
     let dump = a.dump_last.clone();
     let mut opts = a.eval.options(1)?;
     let text = if tokens_file.is_none() { Some(a.prompt.text(opts.n_ctx)?) } else { None };
-    let opened = open_for_cpu(&model, opts.reference)?;
+    let opened = open_for_cpu(&model, opts.reference, opts.threads)?;
     if let Some(d) = &dump {
         crate::fsutil::refuse_own_input(&opened.path, std::path::Path::new(d), "--dump-last")?;
     }

@@ -67,7 +67,7 @@ pub fn main(a: PerplexityArgs) -> Result<()> {
     opts.n_ctx = c;
     opts.n_outputs = c;
     let text = read_text_limited(&file, "text file", MAX_TEXT_FILE, "the most keel reads for perplexity; cut the text")?;
-    let opened = open_for_cpu(&model, opts.reference)?;
+    let opened = open_for_cpu(&model, opts.reference, opts.threads)?;
     let g = opened.gguf()?;
     let mut loaded = prepare(&g, &opened.path, &opts)?;
     let (mut e, pool) = engine(&g, &opened.path, &mut loaded, opts.reference, SamplerConfig::default())?;

@@ -245,7 +245,7 @@ impl TokenBytes {
 pub fn bytes_per_token(model: &Model<'_>, first_pos: usize, n: usize) -> TokenBytes {
     let hp = &model.hp;
     let mut weights = 0u64;
-    for_each_weight(model, |_, t| weights += t.data.len() as u64);
+    for_each_weight(model, |_, t| weights += t.size_bytes() as u64);
     let mut small = model.tok_embd.row_bytes() as u64 + model.output_norm.data.len() as u64;
     for layer in model.layers {
         let post = layer.attn_post_norm.map_or(0, |t| t.data.len()) + layer.ffn_post_norm.map_or(0, |t| t.data.len());
@@ -294,6 +294,91 @@ mod tests {
             for (name, f) in &loops {
                 assert_eq!(f(&w), want, "{name}, {n} words");
             }
+        }
+    }
+
+    /// Two threads reading a token's worth of weights (90 MiB, as SmolLM2's) in four
+    /// patterns, round after round in the same seconds, each as a fraction of the first:
+    /// `contig` (each thread its half in one run: `--roofline`'s read pass); `halves` (150
+    /// jobs a token, each job's bytes in halves, one per thread, the threads meeting
+    /// after each: how decode reads one product after another); `runs` (the same jobs
+    /// and meetings, each thread's shares one after another: each thread one run);
+    /// `halves, far` (as `halves`, the threads' bytes 256 MiB apart). A tool for the
+    /// layout of decode's weights, not a test (BENCHMARKS.md, "One stream per thread"):
+    /// `cargo test -p keel-host-linux --release --lib bench_read_jobs -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn bench_read_jobs() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let loop_ = *super::read_loops().last().unwrap();
+        let probe = super::ReadProbe::new(2);
+        let buf = probe.words();
+        let (jobs, token, cycles, tokens) = (150usize, (90usize << 20) / 8, 60, 5);
+        let job = token / jobs / 64 * 64;
+        let token = job * jobs;
+        // The word ranges thread `t` reads in job `j` of token `k`, by pattern.
+        let at = |p: usize, k: usize, t: usize, j: usize| -> std::ops::Range<usize> {
+            let base = (k % 5) * token;
+            let s = match p {
+                1 => base + j * job + t * job / 2,
+                2 => base + t * token / 2 + j * job / 2,
+                _ => t * (buf.len() / 2) + (k % 2) * token + j * job,
+            };
+            s..s + job / 2
+        };
+        let met = AtomicUsize::new(0);
+        let wait = |n: &mut usize| {
+            *n += 1;
+            met.fetch_add(1, Ordering::AcqRel);
+            while met.load(Ordering::Acquire) < 2 * *n {
+                std::hint::spin_loop();
+            }
+        };
+        let times = std::sync::Mutex::new(vec![[0f64; 4]; cycles]);
+        std::thread::scope(|s| {
+            for t in 0..2 {
+                let (times, wait) = (&times, &wait);
+                s.spawn(move || {
+                    let (mut n, mut sum) = (0usize, 0u64);
+                    for c in 0..cycles {
+                        for p in 0..4 {
+                            wait(&mut n);
+                            let t0 = std::time::Instant::now();
+                            for k in 0..tokens {
+                                if p == 0 {
+                                    sum = sum.wrapping_add(loop_.1(&buf[(k % 5) * token + t * token / 2..][..token / 2]));
+                                    continue;
+                                }
+                                for j in 0..jobs {
+                                    sum = sum.wrapping_add(loop_.1(&buf[at(p, k, t, j)]));
+                                    wait(&mut n);
+                                }
+                            }
+                            wait(&mut n);
+                            if t == 0 {
+                                times.lock().unwrap()[c][p] = t0.elapsed().as_secs_f64();
+                            }
+                        }
+                    }
+                    std::hint::black_box(sum);
+                });
+            }
+        });
+        let gb = (tokens * token * 8) as f64 / 1e9;
+        let rates: Vec<[f64; 4]> = times.into_inner().unwrap().iter().map(|r| r.map(|t| gb / t)).collect();
+        let names = ["contig", "halves", "runs", "halves, far"];
+        println!("{} loop, 2 threads, {cycles} rounds of {tokens} tokens of {} MiB, {jobs} jobs a token", loop_.0, token * 8 >> 20);
+        let contig: Vec<f64> = rates.iter().map(|r| r[0]).collect();
+        let fast = { let mut c = contig.clone(); c.sort_by(f64::total_cmp); c[c.len() / 2] };
+        for (what, keep) in [("every round", &(|_: f64| true) as &dyn Fn(f64) -> bool), ("rounds where contig read more than its median", &|c: f64| c > fast)] {
+            let set: Vec<&[f64; 4]> = rates.iter().filter(|r| keep(r[0])).collect();
+            let mut line = format!("{what} ({} rounds; contig median {:.1} GB/s):", set.len(), { let mut c: Vec<f64> = set.iter().map(|r| r[0]).collect(); c.sort_by(f64::total_cmp); c[c.len() / 2] });
+            for p in 1..4 {
+                let mut r: Vec<f64> = set.iter().map(|r| r[p] / r[0]).collect();
+                r.sort_by(f64::total_cmp);
+                line += &format!(" {} {:.3}", names[p], r[r.len() / 2]);
+            }
+            println!("{line}");
         }
     }
 }

@@ -174,7 +174,9 @@ pub fn main(a: RunArgs) -> Result<()> {
 
     let mut opened = open_to_run(&a.model.model)?;
     if devices.slots.is_empty() {
-        opened.pack_for_cpu(&super::load::kernels(opts.reference))?;
+        let k = super::load::kernels(opts.reference);
+        opened.pack_for_cpu(&k)?;
+        opened.place_for_threads(&k, opts.threads)?;
     }
     let g = opened.gguf()?;
     let mut loaded = prepare_with(&g, &opened.path, &opts, spec.is_some())?;
@@ -203,7 +205,9 @@ pub fn main(a: RunArgs) -> Result<()> {
     // The draft model, with its own arena and placement (`--device-draft`).
     let mut draft_opened = spec.as_ref().and_then(|s| s.draft_model.as_deref()).map(open_to_run).transpose()?;
     if let (Some(o), true) = (draft_opened.as_mut(), draft_devices.slots.is_empty()) {
-        o.pack_for_cpu(&super::load::kernels(opts.reference))?;
+        let k = super::load::kernels(opts.reference);
+        o.pack_for_cpu(&k)?;
+        o.place_for_threads(&k, opts.threads)?;
     }
     let draft_g = draft_opened.as_ref().map(|o| o.gguf()).transpose()?;
     let mut draft_loaded = match (&draft_g, &draft_opened) {

@@ -373,7 +373,7 @@ pub fn sweep(a: &super::bench::BenchArgs, range: &str) -> Result<()> {
         bail!("nothing to measure: -r and -n must be >= 1");
     }
     let greedy = SamplerConfig { temp: 0.0, ..Default::default() };
-    let opened = open_for_cpu(&model, opts.reference)?;
+    let opened = open_for_cpu(&model, opts.reference, opts.threads)?;
     let g = opened.gguf()?;
     let mut loaded = prepare_with(&g, &opened.path, &opts, true)?;
     let (mut e, pool) = engine(&g, &opened.path, &mut loaded, opts.reference, greedy)?;
@@ -381,7 +381,7 @@ pub fn sweep(a: &super::bench::BenchArgs, range: &str) -> Result<()> {
     if toks.is_empty() {
         bail!("the prompt is empty after tokenization");
     }
-    let d_opened = draft_model.as_deref().map(|m| open_for_cpu(m, opts.reference)).transpose()?;
+    let d_opened = draft_model.as_deref().map(|m| open_for_cpu(m, opts.reference, opts.threads)).transpose()?;
     let d_g = d_opened.as_ref().map(|o| o.gguf()).transpose()?;
     let mut d_loaded = match (&d_g, &d_opened) {
         (Some(dg), Some(o)) => Some(prepare_draft(dg, &o.path, &opts)?),

@@ -139,7 +139,7 @@ pub fn main(args: ServeArgs) -> Result<()> {
 
     // The server lives until the process ends: the mapped model and the arenas are kept
     // for its whole life ('static), shared by the slot threads and the HTTP tasks.
-    let opened: &'static load::Opened = Box::leak(Box::new(load::open_for_cpu(&args.model, args.reference)?));
+    let opened: &'static load::Opened = Box::leak(Box::new(load::open_for_cpu(&args.model, args.reference, threads)?));
     let g: Gguf<'static> = opened.gguf()?;
     let path = &opened.path;
     let cfg = load::session_config(&opts);
@@ -150,7 +150,7 @@ pub fn main(args: ServeArgs) -> Result<()> {
     // Speculation's own memory per slot: the speculator's arena and a draft model's.
     let draft: Option<(&'static load::Opened, keel_core::session::SessionConfig, usize)> = match spec.as_ref().and_then(|s| s.draft_model.as_deref()) {
         Some(m) => {
-            let o: &'static load::Opened = Box::leak(Box::new(load::open_for_cpu(m, args.reference)?));
+            let o: &'static load::Opened = Box::leak(Box::new(load::open_for_cpu(m, args.reference, threads)?));
             let dcfg = load::session_config(&RunOptions { n_outputs: 1, ..opts });
             let bytes = keel_core::engine::plan_with(&o.gguf()?, &dcfg, true).map_err(|e| anyhow::anyhow!("{}: {e}", o.path.display()))?.total_bytes();
             Some((o, dcfg, bytes))
