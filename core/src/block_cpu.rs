@@ -303,22 +303,18 @@ pub(crate) fn run_products(ops: &[Op], s: &Step<'_, '_>, b: &mut Bufs<'_>, act: 
 /// ([`crate::matmul::for_each_one_token_job`]).
 pub(crate) fn for_each_one_token_job<'m>(k: &Kernels, hp: &HParams, l: usize, layer: &Layer<'m>, mut f: impl FnMut(&[&Tensor<'m>])) {
     let ops = crate::block::layer_ops(hp, l, layer);
-    let weights = |ops: &[Op]| -> heapless::Vec<Tensor<'m>, GROUP_MAX> { ops.iter().filter_map(|op| if let Op::MatMul { w, .. } = *op { crate::block::weight(layer, w) } else { None }).collect() };
+    let weight = |op: &Op| if let Op::MatMul { w, .. } = *op { crate::block::weight(layer, w) } else { None };
     let mut j = 0;
     while j < ops.len() {
         let g = products_of_one_input(&ops[j..]);
-        if g == 0 {
-            j += 1;
-            continue;
-        }
-        let ws = weights(&ops[j..j + g]);
+        let ws: heapless::Vec<Tensor<'m>, GROUP_MAX> = ops[j..j + g].iter().filter_map(weight).collect();
         let refs: heapless::Vec<&Tensor<'m>, GROUP_MAX> = ws.iter().collect();
         if g > 1 && ws.len() == g && crate::matmul::groupable(k, &refs) {
             f(&refs);
             j += g;
         } else {
-            if let Some(w) = weights(&ops[j..j + 1]).first() {
-                f(&[w]);
+            if let Some(w) = weight(&ops[j]) {
+                f(&[&w]);
             }
             j += 1;
         }

@@ -128,20 +128,13 @@ impl Opened {
         let map = ModelFile::open(&path)?;
         let fg = Gguf::parse(map.bytes()).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         let in_file: std::collections::HashMap<&[u8], u64> = fg.tensors().map(|t| (t.name, t.offset)).collect();
-        let hash = |parts: &[&[u8]]| {
-            let mut c = Checksum::default();
-            for p in parts {
-                c.write(p);
-            }
-            c.finish()
-        };
         // Each moved tensor: its name, its file offset and its bytes' hash as they are.
         let mut moved: Vec<(Vec<u8>, u64, u64)> = Vec::new();
         {
             let g = self.gguf()?;
             for t in g.tensors().filter(|t| moves.iter().any(|m| m.offset == t.offset)) {
                 let Some(&at) = in_file.get(t.name) else { return Ok(0) };
-                moved.push((t.name.to_vec(), at, hash(&[t.data])));
+                moved.push((t.name.to_vec(), at, Checksum::of(&[t.data])));
             }
         }
         let file_at: std::collections::HashMap<&[u8], u64> = moved.iter().map(|(n, at, _)| (&n[..], *at)).collect();
@@ -165,7 +158,7 @@ impl Opened {
         let g = self.gguf()?;
         for t in g.tensors() {
             if let Some((name, _, h)) = moved.iter().find(|m| m.0 == t.name) {
-                if hash(&[t.data, t.hi]) != *h {
+                if Checksum::of(&[t.data, t.hi]) != *h {
                     bail!("{}: tensor {} changed while it was read (the file was rewritten during the load?); run the command again", path.display(), String::from_utf8_lossy(name));
                 }
             }
@@ -286,6 +279,15 @@ struct Checksum {
 
 impl Checksum {
     const K: u64 = 0x9e37_79b9_7f4a_7c15;
+
+    /// The checksum of `parts` one after another.
+    fn of(parts: &[&[u8]]) -> u64 {
+        let mut c = Self::default();
+        for p in parts {
+            c.write(p);
+        }
+        c.finish()
+    }
 
     fn block(&mut self, b: &[u8]) {
         for (j, l) in self.lanes.iter_mut().enumerate() {
@@ -595,13 +597,7 @@ mod tests {
     #[test]
     fn checksum_is_the_same_for_any_cut() {
         let b: Vec<u8> = (0..301u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
-        let sum = |parts: &[&[u8]]| {
-            let mut c = super::Checksum::default();
-            for p in parts {
-                c.write(p);
-            }
-            c.finish()
-        };
+        let sum = super::Checksum::of;
         let whole = sum(&[&b]);
         for cut in [0, 1, 31, 32, 33, 64, 200, 300, 301] {
             assert_eq!(sum(&[&b[..cut], &b[cut..]]), whole, "cut at {cut}");
