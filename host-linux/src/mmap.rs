@@ -77,6 +77,20 @@ impl std::error::Error for MapError {
     }
 }
 
+/// A run of one tensor's bytes that [`ModelFile::load_in_execution_order_placed`] reads
+/// to a place of its own in the copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    /// The tensor's data offset in the copy's header (absolute, as `TensorInfo::offset`).
+    pub offset: u64,
+    /// The run's first byte within the tensor.
+    pub from: usize,
+    /// The run's bytes.
+    pub len: usize,
+    /// Where they go in the copy (absolute).
+    pub to: usize,
+}
+
 /// A whole file's bytes, read-only: mapped ([`ModelFile::open`]) or read into huge pages
 /// ([`ModelFile::load`]). Derefs to its bytes.
 pub struct ModelFile {
@@ -199,13 +213,29 @@ impl ModelFile {
     /// or already in that order, is read as `load` reads it (the core then reports any
     /// error, as before).
     pub fn load_in_execution_order(path: impl AsRef<Path>) -> Result<Self, MapError> {
+        Self::load_laid_out(path.as_ref(), None)
+    }
+
+    /// [`ModelFile::load_in_execution_order`] with some tensors' bytes read elsewhere in
+    /// the copy: `place` is given the copy with its header written and no tensor read yet
+    /// (a valid header over zeros) and returns [`Piece`]s; a tensor any piece names is read
+    /// only as its pieces say (each run of its bytes straight from the file to its place,
+    /// read once), every other tensor whole at its header's offset. The header is not
+    /// changed: the caller tells the core where the pieces are (`Gguf::with_splits`). A
+    /// piece outside its tensor or the copy, or two pieces that overlap, is an error (of
+    /// the caller's plan, not of the file). A file the core cannot parse is read as
+    /// [`ModelFile::load`] reads it, `place` not called.
+    pub fn load_in_execution_order_placed(path: impl AsRef<Path>, place: &mut dyn FnMut(&[u8]) -> Vec<Piece>) -> Result<Self, MapError> {
+        Self::load_laid_out(path.as_ref(), Some(place))
+    }
+
+    fn load_laid_out(path: &Path, place: Option<&mut dyn FnMut(&[u8]) -> Vec<Piece>>) -> Result<Self, MapError> {
         use std::os::unix::fs::FileExt;
-        let path = path.as_ref();
         let map = ModelFile::open(path)?;
         let Ok(g) = keel_core::gguf::Gguf::parse(map.bytes()) else { return Self::load(path) };
         let infos: Vec<_> = g.tensors().collect();
         let Some(order) = forward_order(&g) else { return Self::load(path) };
-        if order.iter().enumerate().all(|(k, &i)| k == i) {
+        if place.is_none() && order.iter().enumerate().all(|(k, &i)| k == i) {
             return Self::load(path);
         }
         // The header: magic, version and counts, the metadata entries, then the tensor
@@ -231,9 +261,28 @@ impl ModelFile {
         let mut copy = HugeMap::new(len).map_err(|e| MapError::new(path, "allocate memory for", e))?;
         let buf = copy.as_mut_slice();
         buf[..header.len()].copy_from_slice(&header);
+        let mut pieces = place.map(|p| p(&buf[..len])).unwrap_or_default();
+        pieces.sort_unstable_by_key(|p| p.to);
+        let bad = |why: String| MapError::new(path, "place the tensors of", io::Error::new(io::ErrorKind::InvalidInput, why));
+        for w in pieces.windows(2) {
+            if w[0].to + w[0].len > w[1].to {
+                return Err(bad(format!("pieces at {} and {} overlap", w[0].to, w[1].to)));
+            }
+        }
         for (t, &a) in infos.iter().zip(&at) {
-            let dst = &mut buf[(data_start + a) as usize..][..t.data.len()];
-            file.read_exact_at(dst, t.offset).map_err(|e| MapError::new(path, "read", e))?;
+            let offset = data_start + a;
+            let mine = pieces.iter().filter(|p| p.offset == offset);
+            if pieces.iter().any(|p| p.offset == offset) {
+                for p in mine {
+                    if p.from + p.len > t.data.len() || p.to < data_start as usize || p.to + p.len > len {
+                        return Err(bad(format!("a piece of {} ({} bytes from {}) lies outside it or the copy", String::from_utf8_lossy(t.name), p.len, p.from)));
+                    }
+                    file.read_exact_at(&mut buf[p.to..p.to + p.len], t.offset + p.from as u64).map_err(|e| MapError::new(path, "read", e))?;
+                }
+            } else {
+                let dst = &mut buf[offset as usize..][..t.data.len()];
+                file.read_exact_at(dst, t.offset).map_err(|e| MapError::new(path, "read", e))?;
+            }
         }
         drop(map);
         copy.make_read_only();
@@ -578,6 +627,45 @@ mod tests {
         let h = HugeMap::new(3 << 20).unwrap();
         assert!(h.as_slice().len() == 3 << 20 && h.as_slice().iter().all(|&b| b == 0));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `load_in_execution_order_placed` hands the plan the new header over zeros and reads
+    /// each piece from the file to its place, every other tensor as
+    /// `load_in_execution_order` does; pieces that overlap or lie outside their tensor are
+    /// errors naming the file.
+    #[test]
+    fn loads_pieces_where_the_plan_places_them() {
+        use keel_core::gguf::Gguf;
+        let Some(model) = keel_test_support::smollm2_path() else { return };
+        let plain = ModelFile::load_in_execution_order(&model).unwrap();
+        let g = Gguf::parse(plain.bytes()).unwrap();
+        let q = g.tensor("blk.2.attn_q.weight").unwrap();
+        let (o, half) = (q.offset, q.data.len() / 2);
+        // The tensor's halves swapped in its own place.
+        let swap = [Piece { offset: o, from: 0, len: half, to: o as usize + half }, Piece { offset: o, from: half, len: half, to: o as usize }];
+        let mut seen = false;
+        let placed = ModelFile::load_in_execution_order_placed(&model, &mut |copy| {
+            let h = Gguf::parse(copy).unwrap();
+            seen = h.n_tensors() == g.n_tensors() && copy[h.data_start() as usize..].iter().all(|&b| b == 0);
+            swap.to_vec()
+        })
+        .unwrap();
+        assert!(seen, "the plan is given the header over zeros");
+        let (a, b) = (plain.bytes(), placed.bytes());
+        assert_eq!(a.len(), b.len());
+        let o = o as usize;
+        assert!(b[o..o + half] == a[o + half..o + 2 * half] && b[o + half..o + 2 * half] == a[o..o + half]);
+        assert!(a[..o] == b[..o] && a[o + 2 * half..] == b[o + 2 * half..], "only the pieces' bytes differ");
+        // Plans that cannot be followed.
+        let q = q.offset;
+        for (pieces, why) in [
+            (vec![Piece { offset: q, from: 0, len: 64, to: o }, Piece { offset: q, from: 64, len: 64, to: o + 32 }], "overlap"),
+            (vec![Piece { offset: q, from: 2 * half - 32, len: 64, to: o }], "outside"),
+            (vec![Piece { offset: q, from: 0, len: 64, to: b.len() - 32 }], "outside"),
+        ] {
+            let err = ModelFile::load_in_execution_order_placed(&model, &mut |_| pieces.clone()).unwrap_err().to_string();
+            assert!(err.contains(model.to_str().unwrap()) && err.contains(why), "{err}");
+        }
     }
 
     /// `load_in_execution_order` gives a valid GGUF image with the same metadata and the

@@ -31,7 +31,8 @@ pub struct Opened {
     /// File offsets (sorted) of the matrices [`Opened::pack_for_cpu`] rearranged in the
     /// rows16 layout.
     rows16: Vec<u64>,
-    /// The matrices [`Opened::place_for_threads`] placed in two parts.
+    /// Where [`open_for_cpu`] placed the layers' tensors for its threads (a matrix two
+    /// threads share in two parts).
     splits: Vec<keel_core::gguf::Split>,
 }
 
@@ -50,9 +51,17 @@ pub fn open(model: &str) -> Result<Opened> {
 /// `--mmap` ([`set_mmap`]) or when the file is larger than the memory available now (a
 /// copy would push the machine into swap or the OOM killer; a map pages in and out).
 pub fn open_to_run(model: &str) -> Result<Opened> {
+    open_to_run_placed(model, None)
+}
+
+/// [`open_to_run`], and where it reads the file into memory, with the layers' tensors
+/// placed for the kernels `k` on `threads` threads as it reads them (`Some((k, threads))`:
+/// [`thread_plan`]).
+fn open_to_run_placed(model: &str, cpu: Option<(&Kernels, usize)>) -> Result<Opened> {
     let path = crate::pull::resolve_model(model)?;
     let size = std::fs::metadata(&path).map_or(0, |m| m.len());
     let available = crate::mem::available_memory();
+    let mut splits = Vec::new();
     let file = if MMAP.load(std::sync::atomic::Ordering::Relaxed) {
         ModelFile::open(&path)?
     } else if !fits_in_memory(size, available) {
@@ -63,10 +72,18 @@ pub fn open_to_run(model: &str) -> Result<Opened> {
             available.unwrap_or(0) >> 20
         );
         ModelFile::open(&path)?
+    } else if let Some((k, threads)) = cpu.filter(|&(_, t)| t >= 2) {
+        ModelFile::load_in_execution_order_placed(&path, &mut |copy| match thread_plan(copy, k, threads) {
+            Some(plan) => {
+                splits = plan.splits;
+                plan.pieces
+            }
+            None => Vec::new(),
+        })?
     } else {
         ModelFile::load_in_execution_order(&path)?
     };
-    Ok(Opened { path, file, rows16: Vec::new(), splits: Vec::new() })
+    Ok(Opened { path, file, rows16: Vec::new(), splits })
 }
 
 /// Whether a file of `size` bytes may be read into memory when `available` bytes are
@@ -76,14 +93,13 @@ fn fits_in_memory(size: u64, available: Option<u64>) -> bool {
 }
 
 /// [`open_to_run`] for a model that runs on the CPU only, with the kernels of
-/// `reference`, on `threads` threads: its matrices that have rows16 kernels there are
-/// packed for them ([`Opened::pack_for_cpu`]) and placed by thread
-/// ([`Opened::place_for_threads`]).
+/// `reference`, on `threads` threads: on two threads the layers' tensors are placed by
+/// the thread that reads them as the file is read ([`thread_plan`]), then the matrices
+/// that have rows16 kernels there are packed for them ([`Opened::pack_for_cpu`]).
 pub fn open_for_cpu(model: &str, reference: bool, threads: usize) -> Result<Opened> {
-    let mut o = open_to_run(model)?;
     let k = kernels(reference);
+    let mut o = open_to_run_placed(model, Some((&k, threads)))?;
     o.pack_for_cpu(&k)?;
-    o.place_for_threads(&k, threads)?;
     Ok(o)
 }
 
@@ -94,262 +110,142 @@ impl Opened {
         Gguf::parse(self.file.bytes()).map(|g| g.with_rows16(&self.rows16).with_splits(&self.splits)).map_err(|e| anyhow::anyhow!("{}: {e}", self.path.display()))
     }
 
-    /// How many matrices [`Opened::place_for_threads`] placed in two parts.
+    /// How many matrices [`open_for_cpu`] placed in two parts.
     pub fn split_matrices(&self) -> usize {
         self.splits.iter().filter(|s| s.hi_at != 0).count()
     }
+}
 
-    /// Places the rows16 matrices of every layer by the thread that reads them when a
-    /// token runs on `threads` threads (2 or more) with the kernels `k`: every one-token
-    /// job's shares (`keel_core::matmul::one_token_shares`) go, job after job and layer
-    /// after layer, into one run of bytes per thread, a matrix whose rows two threads
-    /// share in two parts, so that each thread streams its token's weights from one job to
-    /// the next instead of restarting at every job past the other thread's share
-    /// (BENCHMARKS.md, "One stream per thread"). The layers' other tensors (norms) follow
-    /// the runs; the header stays as it is, the new places told to the core
-    /// (`Gguf::with_splits`). Only a private copy is rewritten (as
-    /// [`Opened::pack_for_cpu`], after it); nothing is moved for one thread, for a map of
-    /// the file, or where a job does not split its rows in two parts per matrix at most
-    /// (3 or more threads: few jobs do). The moved bytes are read again from the file
-    /// into their new places (and packed again), so no buffer of the layers' size is held;
-    /// every moved tensor's bytes are then checked against what they were, and a file
-    /// that changed in between is an error. Returns how many matrices were placed in two
-    /// parts.
-    pub fn place_for_threads(&mut self, k: &Kernels, threads: usize) -> Result<usize> {
-        use std::os::unix::fs::FileExt;
-        if threads < 2 || self.rows16.is_empty() || !self.splits.is_empty() || !self.file.is_copy() {
-            return Ok(0);
-        }
-        let Some(ThreadPlan { moves, splits }) = self.thread_plan(k, threads)? else { return Ok(0) };
-        let path = self.path.clone();
-        let fail = |what: &str, e: std::io::Error| anyhow::anyhow!("{}: {what}: {e}", path.display());
-        // Where each moved tensor's bytes are in the file (its header's order may differ).
-        let file = std::fs::File::open(&path).map_err(|e| fail("open", e))?;
-        let map = ModelFile::open(&path)?;
-        let fg = Gguf::parse(map.bytes()).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        let in_file: std::collections::HashMap<&[u8], u64> = fg.tensors().map(|t| (t.name, t.offset)).collect();
-        // Each moved tensor: its name, its file offset and its bytes' hash as they are.
-        let mut moved: Vec<(Vec<u8>, u64, u64)> = Vec::new();
-        {
-            let g = self.gguf()?;
-            for t in g.tensors().filter(|t| moves.iter().any(|m| m.offset == t.offset)) {
-                let Some(&at) = in_file.get(t.name) else { return Ok(0) };
-                moved.push((t.name.to_vec(), at, Checksum::of(&[t.data])));
-            }
-        }
-        let file_at: std::collections::HashMap<&[u8], u64> = moved.iter().map(|(n, at, _)| (&n[..], *at)).collect();
-        let done = self.file.rewrite(|bytes| -> Result<()> {
-            let mut scratch = Vec::new();
-            for m in &moves {
-                let dst = &mut bytes[m.to..m.to + m.len];
-                file.read_exact_at(dst, file_at[&m.name[..]] + m.from as u64).map_err(|e| fail("read", e))?;
-                if let Some((ty, cols, wrb)) = m.pack {
-                    scratch.resize(keel_core::quant::rows16::ROWS16 * wrb, 0);
-                    keel_core::quant::rows16::pack_in_place(ty, m.len / wrb, cols, dst, &mut scratch).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-                }
-            }
-            Ok(())
-        });
-        match done {
-            None => return Ok(0),
-            Some(r) => r?,
-        }
-        self.splits = splits;
-        let g = self.gguf()?;
-        for t in g.tensors() {
-            if let Some((name, _, h)) = moved.iter().find(|m| m.0 == t.name) {
-                if Checksum::of(&[t.data, t.hi]) != *h {
-                    bail!("{}: tensor {} changed while it was read (the file was rewritten during the load?); run the command again", path.display(), String::from_utf8_lossy(name));
-                }
-            }
-        }
-        Ok(self.split_matrices())
-    }
-
-    /// [`Opened::place_for_threads`]'s plan, or `None` where nothing is to be moved.
-    fn thread_plan(&self, k: &Kernels, threads: usize) -> Result<Option<ThreadPlan>> {
-        use keel_core::model::{HParams, Layer, Model, Tensor};
-        use std::collections::HashMap;
-        let g = self.gguf()?;
-        let Ok(hp) = HParams::from_gguf(&g) else { return Ok(None) };
-        let mut table: Vec<std::mem::MaybeUninit<Layer<'_>>> = (0..hp.n_layer).map(|_| std::mem::MaybeUninit::uninit()).collect();
-        let Ok(model) = Model::load(&g, hp, &mut table) else { return Ok(None) };
-        let base = self.file.bytes().as_ptr() as usize;
-        let at = |t: &Tensor<'_>| (t.data.as_ptr() as usize - base) as u64;
-        // Each thread's run: (tensor offset, its groups), job after job.
-        let mut runs: Vec<Vec<(u64, std::ops::Range<usize>)>> = vec![Vec::new(); threads];
-        // Each moved matrix: its group bytes, groups, the groups of its first part.
-        let mut matrices: HashMap<u64, (usize, usize, usize)> = HashMap::new();
-        let mut ok = true;
-        keel_core::matmul::for_each_one_token_job(k, &model, |_, ws| {
-            let shares: Option<Vec<_>> = (0..threads).map(|t| keel_core::matmul::one_token_shares(ws, threads, t)).collect();
-            let Some(shares) = shares else { return };
-            for (i, w) in ws.iter().enumerate() {
-                let groups = w.rows / keel_core::quant::rows16::ROWS16;
-                // Pieces of this matrix, in thread order: at most two, the first from group 0.
-                let pieces: Vec<_> = shares.iter().map(|s| s[i].clone()).filter(|r| !r.is_empty()).collect();
-                let lo = match pieces.as_slice() {
-                    [a] if *a == (0..groups) => groups,
-                    [a, b] if a.start == 0 && a.end == b.start && b.end == groups => a.end,
-                    [a, b] if b.start == 0 && b.end == a.start && a.end == groups => b.end,
-                    _ => {
-                        ok = false;
-                        return;
-                    }
-                };
-                if matrices.insert(at(w), (w.row_bytes() * keel_core::quant::rows16::ROWS16, groups, lo)).is_some() || !self.rows16.contains(&at(w)) {
+/// Where [`open_for_cpu`] reads the layers' tensors for `threads` threads (2 or more)
+/// with the kernels `k`, from the copy's header (`copy`: its tensors not read yet): every
+/// one-token job's shares (`keel_core::matmul::one_token_shares`) go, job after job and
+/// layer after layer, into one run of bytes per thread, a matrix whose rows two threads
+/// share in two parts, so that each thread streams its token's weights from one job to
+/// the next instead of restarting at every job past the other thread's share
+/// (BENCHMARKS.md, "One stream per thread"). The layers' other tensors (norms) follow the
+/// runs. Each piece is read from the file straight into its place, once; the header stays
+/// as it is, the places told to the core (`Gguf::with_splits`). `None` (nothing placed)
+/// where a job does not split its rows in two parts per matrix at most (3 or more
+/// threads: few jobs do) or the model does not load.
+fn thread_plan(copy: &[u8], k: &Kernels, threads: usize) -> Option<ThreadPlan> {
+    use keel_core::model::{HParams, Layer, Model, Tensor};
+    use std::collections::HashMap;
+    let g = Gguf::parse(copy).ok()?;
+    // The matrices `pack_for_cpu` will pack (the shares are those of their kernels).
+    let mut rows16: Vec<u64> = rows16_jobs(&g, k).iter().map(|j| j.0).collect();
+    rows16.sort_unstable();
+    let g = g.with_rows16(&rows16);
+    let hp = HParams::from_gguf(&g).ok()?;
+    let mut table: Vec<std::mem::MaybeUninit<Layer<'_>>> = (0..hp.n_layer).map(|_| std::mem::MaybeUninit::uninit()).collect();
+    let model = Model::load(&g, hp, &mut table).ok()?;
+    let base = copy.as_ptr() as usize;
+    let at = |t: &Tensor<'_>| (t.data.as_ptr() as usize - base) as u64;
+    // Each thread's run: (tensor offset, its groups), job after job.
+    let mut runs: Vec<Vec<(u64, std::ops::Range<usize>)>> = vec![Vec::new(); threads];
+    // Each placed matrix: its group bytes, groups, the groups of its first part.
+    let mut matrices: HashMap<u64, (usize, usize, usize)> = HashMap::new();
+    let mut ok = true;
+    keel_core::matmul::for_each_one_token_job(k, &model, |_, ws| {
+        let shares: Option<Vec<_>> = (0..threads).map(|t| keel_core::matmul::one_token_shares(ws, threads, t)).collect();
+        let Some(shares) = shares else { return };
+        for (i, w) in ws.iter().enumerate() {
+            let groups = w.rows / keel_core::quant::rows16::ROWS16;
+            // Pieces of this matrix, in thread order: at most two, the first from group 0.
+            let pieces: Vec<_> = shares.iter().map(|s| s[i].clone()).filter(|r| !r.is_empty()).collect();
+            let lo = match pieces.as_slice() {
+                [a] if *a == (0..groups) => groups,
+                [a, b] if a.start == 0 && a.end == b.start && b.end == groups => a.end,
+                [a, b] if b.start == 0 && b.end == a.start && a.end == groups => b.end,
+                _ => {
                     ok = false;
                     return;
                 }
-                for (t, s) in shares.iter().enumerate() {
-                    if !s[i].is_empty() {
-                        runs[t].push((at(w), s[i].clone()));
-                    }
-                }
-            }
-        });
-        if !ok || matrices.is_empty() {
-            return Ok(None);
-        }
-        // The span the moved matrices occupy, and the other tensors in it.
-        let align = g.alignment() as usize;
-        let all: Vec<(u64, usize, &[u8], keel_core::ggml_type::GgmlType, usize)> = g.tensors().map(|t| (t.offset, t.data.len(), t.name, t.ty, t.ne[0] as usize)).collect();
-        let info = |o: u64| all.iter().find(|a| a.0 == o).copied();
-        let span = {
-            let first = matrices.keys().min().copied().unwrap_or(0) as usize;
-            let last = matrices.iter().map(|(&o, &(gb, groups, _))| o as usize + gb * groups).max().unwrap_or(0);
-            first..last
-        };
-        let inside = |o: u64, len: usize| (o as usize) < span.end && o as usize + len > span.start;
-        if all.iter().any(|&(o, len, ..)| !matrices.contains_key(&o) && inside(o, len) && ((o as usize) < span.start || o as usize + len > span.end)) {
-            return Ok(None);
-        }
-        // The new places: each thread's run, then the span's other tensors in offset order.
-        let mut moves: Vec<Move> = Vec::new();
-        let mut pos = span.start;
-        let (mut new_at, mut hi_at): (HashMap<u64, u64>, HashMap<u64, u64>) = (HashMap::new(), HashMap::new());
-        let packs = |o: u64, ty: keel_core::ggml_type::GgmlType, cols: usize| self.rows16.contains(&o).then(|| (ty, cols, ty.row_bytes(cols as u64).unwrap_or(0) as usize));
-        for run in &runs {
-            for (o, r) in run {
-                let (gb, _, lo) = matrices[o];
-                let Some((_, _, name, ty, cols)) = info(*o) else { return Ok(None) };
-                pos = pos.next_multiple_of(align);
-                moves.push(Move { offset: *o, name: name.to_vec(), from: r.start * gb, len: r.len() * gb, to: pos, pack: packs(*o, ty, cols) });
-                if r.start == 0 {
-                    new_at.insert(*o, pos as u64);
-                } else if r.start == lo {
-                    hi_at.insert(*o, pos as u64);
-                }
-                pos += r.len() * gb;
-            }
-        }
-        let mut others: Vec<_> = all.iter().copied().filter(|&(o, len, ..)| !matrices.contains_key(&o) && inside(o, len)).collect();
-        others.sort_unstable_by_key(|a| a.0);
-        for &(o, len, name, ty, cols) in &others {
-            pos = pos.next_multiple_of(align);
-            moves.push(Move { offset: o, name: name.to_vec(), from: 0, len, to: pos, pack: packs(o, ty, cols) });
-            new_at.insert(o, pos as u64);
-            pos += len;
-        }
-        if pos > span.end || moves.iter().any(|m| m.pack.is_some_and(|(_, _, wrb)| wrb == 0 || m.len % (keel_core::quant::rows16::ROWS16 * wrb) != 0)) {
-            return Ok(None);
-        }
-        // Every tensor moved: a matrix's first part, or all of it; the others' all.
-        let mut splits: Vec<keel_core::gguf::Split> = matrices
-            .iter()
-            .map(|(&o, &(gb, _, lo))| keel_core::gguf::Split { offset: o, at: new_at[&o], lo_bytes: (lo * gb) as u64, hi_at: hi_at.get(&o).copied().unwrap_or(0) })
-            .chain(others.iter().map(|&(o, len, ..)| keel_core::gguf::Split { offset: o, at: new_at[&o], lo_bytes: len as u64, hi_at: 0 }))
-            .collect();
-        splits.sort_unstable();
-        Ok(Some(ThreadPlan { moves, splits }))
-    }
-}
-
-/// A checksum of a run of bytes given in pieces (the same for any cut): four
-/// multiply-xor lanes over 32-byte blocks, then the last bytes and the length. It only has
-/// to tell a changed tensor from its bytes before a move ([`Opened::place_for_threads`]),
-/// at memory speed (a general hasher took ~50 ms over SmolLM2's layers).
-#[derive(Default)]
-struct Checksum {
-    lanes: [u64; 4],
-    pending: [u8; 32],
-    held: usize,
-    len: u64,
-}
-
-impl Checksum {
-    const K: u64 = 0x9e37_79b9_7f4a_7c15;
-
-    /// The checksum of `parts` one after another.
-    fn of(parts: &[&[u8]]) -> u64 {
-        let mut c = Self::default();
-        for p in parts {
-            c.write(p);
-        }
-        c.finish()
-    }
-
-    fn block(&mut self, b: &[u8]) {
-        for (j, l) in self.lanes.iter_mut().enumerate() {
-            let w = u64::from_le_bytes([b[8 * j], b[8 * j + 1], b[8 * j + 2], b[8 * j + 3], b[8 * j + 4], b[8 * j + 5], b[8 * j + 6], b[8 * j + 7]]);
-            *l = (*l ^ w).wrapping_mul(Self::K).rotate_left(29);
-        }
-    }
-
-    fn write(&mut self, mut b: &[u8]) {
-        self.len += b.len() as u64;
-        if self.held > 0 {
-            let k = (32 - self.held).min(b.len());
-            self.pending[self.held..self.held + k].copy_from_slice(&b[..k]);
-            self.held += k;
-            b = &b[k..];
-            if self.held < 32 {
+            };
+            if matrices.insert(at(w), (w.row_bytes() * keel_core::quant::rows16::ROWS16, groups, lo)).is_some() || rows16.binary_search(&at(w)).is_err() {
+                ok = false;
                 return;
             }
-            let p = self.pending;
-            self.block(&p);
-            self.held = 0;
+            for (t, s) in shares.iter().enumerate() {
+                if !s[i].is_empty() {
+                    runs[t].push((at(w), s[i].clone()));
+                }
+            }
         }
-        let mut it = b.chunks_exact(32);
-        for c in &mut it {
-            self.block(c);
+    });
+    if !ok || matrices.is_empty() {
+        return None;
+    }
+    // The span the placed matrices occupy, and the other tensors in it.
+    let align = g.alignment() as usize;
+    let all: Vec<(u64, usize)> = g.tensors().map(|t| (t.offset, t.data.len())).collect();
+    let span = {
+        let first = matrices.keys().min().copied().unwrap_or(0) as usize;
+        let last = matrices.iter().map(|(&o, &(gb, groups, _))| o as usize + gb * groups).max().unwrap_or(0);
+        first..last
+    };
+    let inside = |o: u64, len: usize| (o as usize) < span.end && o as usize + len > span.start;
+    if all.iter().any(|&(o, len)| !matrices.contains_key(&o) && inside(o, len) && ((o as usize) < span.start || o as usize + len > span.end)) {
+        return None;
+    }
+    // The new places: each thread's run, then the span's other tensors in offset order.
+    let mut pieces: Vec<crate::mmap::Piece> = Vec::new();
+    let mut pos = span.start;
+    let (mut new_at, mut hi_at): (HashMap<u64, u64>, HashMap<u64, u64>) = (HashMap::new(), HashMap::new());
+    for run in &runs {
+        for (o, r) in run {
+            let (gb, _, lo) = matrices[o];
+            pos = pos.next_multiple_of(align);
+            pieces.push(crate::mmap::Piece { offset: *o, from: r.start * gb, len: r.len() * gb, to: pos });
+            if r.start == 0 {
+                new_at.insert(*o, pos as u64);
+            } else if r.start == lo {
+                hi_at.insert(*o, pos as u64);
+            }
+            pos += r.len() * gb;
         }
-        let r = it.remainder();
-        self.pending[..r.len()].copy_from_slice(r);
-        self.held = r.len();
     }
-
-    fn finish(&self) -> u64 {
-        let tail = self.pending[..self.held].iter().fold(self.len, |h, &b| (h ^ b as u64).wrapping_mul(Self::K));
-        self.lanes.iter().fold(tail, |h, &l| (h ^ l).wrapping_mul(Self::K).rotate_left(31))
+    let mut others: Vec<_> = all.iter().copied().filter(|&(o, len)| !matrices.contains_key(&o) && inside(o, len)).collect();
+    others.sort_unstable_by_key(|a| a.0);
+    for &(o, len) in &others {
+        pos = pos.next_multiple_of(align);
+        pieces.push(crate::mmap::Piece { offset: o, from: 0, len, to: pos });
+        new_at.insert(o, pos as u64);
+        pos += len;
     }
+    if pos > span.end {
+        return None;
+    }
+    // Every tensor placed: a matrix's first part, or all of it; the others' all.
+    let mut splits: Vec<keel_core::gguf::Split> = matrices
+        .iter()
+        .map(|(&o, &(gb, _, lo))| keel_core::gguf::Split { offset: o, at: new_at[&o], lo_bytes: (lo * gb) as u64, hi_at: hi_at.get(&o).copied().unwrap_or(0) })
+        .chain(others.iter().map(|&(o, len)| keel_core::gguf::Split { offset: o, at: new_at[&o], lo_bytes: len as u64, hi_at: 0 }))
+        .collect();
+    splits.sort_unstable();
+    Some(ThreadPlan { pieces, splits })
 }
 
-/// [`Opened::place_for_threads`]'s plan: the bytes to read from the file into their new
-/// places, then where every moved tensor is.
+/// [`thread_plan`]'s result: the runs to read from the file into their places, then where
+/// every placed tensor is.
 struct ThreadPlan {
-    moves: Vec<Move>,
+    pieces: Vec<crate::mmap::Piece>,
     splits: Vec<keel_core::gguf::Split>,
 }
 
-/// One run of a tensor's bytes read again from the file into its new place.
-struct Move {
-    /// The tensor's offset in the copy (its header's).
-    offset: u64,
-    /// Its name (to find it in the file).
-    name: Vec<u8>,
-    /// The run's first byte within the tensor (a rows16 matrix: whole groups).
-    from: usize,
-    /// The run's bytes.
-    len: usize,
-    /// Where they go in the copy.
-    to: usize,
-    /// For a rows16 matrix, its type, columns and row bytes (the run is packed again).
-    pack: Option<(keel_core::ggml_type::GgmlType, usize, usize)>,
+/// The matrices [`Opened::pack_for_cpu`] packs for the kernels `k`, from the header `g`
+/// (not split): (offset, type, rows, columns).
+fn rows16_jobs(g: &Gguf<'_>, k: &Kernels) -> Vec<(u64, keel_core::ggml_type::GgmlType, usize, usize)> {
+    // Every tensor's bytes, to leave alone a matrix whose bytes any other tensor shares
+    // (a file may point two tensors at the same data).
+    let spans: Vec<(u64, u64)> = g.tensors().map(|t| (t.offset, t.offset + t.data.len() as u64)).collect();
+    let shared = |a: u64, b: u64| spans.iter().filter(|&&(x, y)| x < b && a < y).count() > 1;
+    g.tensors()
+        .filter(|t| t.n_dims == 2 && keel_core::model::rows16_tensor(t.name) && k.packs_rows16(t.ty, t.ne[1] as usize) && !shared(t.offset, t.offset + t.data.len() as u64))
+        .map(|t| (t.offset, t.ty, t.ne[1] as usize, t.ne[0] as usize))
+        .collect()
 }
 
 impl Opened {
-
     /// How many matrices [`Opened::pack_for_cpu`] packed.
     pub fn rows16_matrices(&self) -> usize {
         self.rows16.len()
@@ -363,8 +259,9 @@ impl Opened {
     /// private copy of the file is written (not a map: `--mmap`, or a file larger than the
     /// memory available); the file itself never is. Call before [`Opened::gguf`], once,
     /// and run the model with `k` only: the one-token products then stream each group of
-    /// 16 rows as one run of bytes without shuffles (BENCHMARKS.md, "rows16"). Returns how
-    /// many matrices were packed.
+    /// 16 rows as one run of bytes without shuffles (BENCHMARKS.md, "rows16"). A matrix
+    /// [`open_for_cpu`] placed is packed where it lies (each part of one in two parts on
+    /// its own: whole groups, so the same bytes). Returns how many matrices were packed.
     pub fn pack_for_cpu(&mut self, k: &Kernels) -> Result<usize> {
         if !self.rows16.is_empty() {
             return Ok(self.rows16.len());
@@ -373,24 +270,25 @@ impl Opened {
             return Ok(0);
         }
         // The matrices to pack: (offset, type, rows, columns), from the header.
-        let jobs: Vec<(u64, keel_core::ggml_type::GgmlType, usize, usize)> = {
-            let g = Gguf::parse(self.file.bytes()).map_err(|e| anyhow::anyhow!("{}: {e}", self.path.display()))?;
-            // Every tensor's bytes, to leave alone a matrix whose bytes any other tensor
-            // shares (a file may point two tensors at the same data).
-            let spans: Vec<(u64, u64)> = g.tensors().map(|t| (t.offset, t.offset + t.data.len() as u64)).collect();
-            let shared = |a: u64, b: u64| spans.iter().filter(|&&(x, y)| x < b && a < y).count() > 1;
-            g.tensors()
-                .filter(|t| t.n_dims == 2 && keel_core::model::rows16_tensor(t.name) && k.packs_rows16(t.ty, t.ne[1] as usize) && !shared(t.offset, t.offset + t.data.len() as u64))
-                .map(|t| (t.offset, t.ty, t.ne[1] as usize, t.ne[0] as usize))
-                .collect()
-        };
+        let jobs = rows16_jobs(&Gguf::parse(self.file.bytes()).map_err(|e| anyhow::anyhow!("{}: {e}", self.path.display()))?, k);
+        let splits = &self.splits;
         let packed = self.file.rewrite(|bytes| {
             let mut scratch = Vec::new();
             for &(off, ty, rows, cols) in &jobs {
-                let size = ty.row_bytes(cols as u64).unwrap_or(0) as usize * rows;
-                scratch.resize(keel_core::quant::rows16::ROWS16 * size / rows, 0);
-                let data = &mut bytes[off as usize..off as usize + size];
-                keel_core::quant::rows16::pack_in_place(ty, rows, cols, data, &mut scratch)?;
+                let wrb = ty.row_bytes(cols as u64).unwrap_or(0) as usize;
+                let size = wrb * rows;
+                scratch.resize(keel_core::quant::rows16::ROWS16 * wrb, 0);
+                // Its bytes where they are: where `open_for_cpu` placed them (one run, or
+                // two parts of whole groups), else at the header's offset.
+                let parts = match splits.iter().find(|s| s.offset == off) {
+                    Some(s) if s.hi_at != 0 => [(s.at, s.lo_bytes as usize), (s.hi_at, size.saturating_sub(s.lo_bytes as usize))],
+                    Some(s) => [(s.at, size), (0, 0)],
+                    None => [(off, size), (0, 0)],
+                };
+                for (at, len) in parts.into_iter().filter(|p| p.1 > 0) {
+                    let data = &mut bytes[at as usize..at as usize + len];
+                    keel_core::quant::rows16::pack_in_place(ty, len / wrb.max(1), cols, data, &mut scratch)?;
+                }
             }
             Ok::<_, keel_core::quant::Unsupported>(())
         });
@@ -526,7 +424,7 @@ pub fn engine<'a>(g: &Gguf<'a>, path: &std::path::Path, loaded: &'a mut Loaded, 
 mod tests {
     use super::fits_in_memory;
 
-    /// `place_for_threads` on SmolLM2 (Q4_1, the rows16 layout) for two threads: q, o and
+    /// `open_for_cpu` on SmolLM2 (Q4_1, the rows16 layout) for two threads: q, o and
     /// down of every layer in two parts (90 matrices), each thread's shares of the token's
     /// jobs one run of bytes (each piece starting where the thread's last one ended), every
     /// tensor the same bytes under its name, and a prompt and four greedy steps on two
@@ -541,10 +439,11 @@ mod tests {
         if !k.packs_rows16(keel_core::ggml_type::GgmlType::Q4_1, 576) {
             return;
         }
-        let mut one = super::open_to_run(path).unwrap();
-        one.pack_for_cpu(&k).unwrap();
-        assert_eq!(one.place_for_threads(&k, 1).unwrap(), 0);
+        let one = super::open_for_cpu(path, false, 1).unwrap();
+        assert_eq!(one.split_matrices(), 0);
+        assert_eq!(one.rows16_matrices(), 211);
         let two = super::open_for_cpu(path, false, 2).unwrap();
+        assert_eq!(two.rows16_matrices(), 211);
         assert_eq!(two.split_matrices(), 90);
         let (g1, g2) = (one.gguf().unwrap(), two.gguf().unwrap());
         for (a, b) in g1.tensors().zip(g2.tensors()) {
@@ -590,57 +489,6 @@ mod tests {
             out
         };
         assert!(run(&one) == run(&two), "placed for two threads, the logits changed");
-    }
-
-    /// The placement's checksum is the same for a run of bytes however it is cut, and
-    /// changes with any one byte.
-    #[test]
-    fn checksum_is_the_same_for_any_cut() {
-        let b: Vec<u8> = (0..301u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
-        let sum = super::Checksum::of;
-        let whole = sum(&[&b]);
-        for cut in [0, 1, 31, 32, 33, 64, 200, 300, 301] {
-            assert_eq!(sum(&[&b[..cut], &b[cut..]]), whole, "cut at {cut}");
-            assert_eq!(sum(&[&b[..cut / 2], &b[cut / 2..cut], &b[cut..]]), whole, "cuts at {} and {cut}", cut / 2);
-        }
-        for i in [0, 17, 31, 32, 250, 300] {
-            let mut c = b.clone();
-            c[i] ^= 1;
-            assert_ne!(sum(&[&c]), whole, "byte {i}");
-        }
-        assert_ne!(sum(&[&b[..300]]), whole);
-    }
-
-    /// A file rewritten between the load and `place_for_threads` (which reads the moved
-    /// bytes again from it): an error naming the file and a tensor, not a model of two
-    /// files' bytes.
-    #[test]
-    fn placing_a_file_that_changed_is_an_error() {
-        let Some(model) = keel_test_support::smollm2_path() else { return };
-        let k = super::kernels(false);
-        if !k.packs_rows16(keel_core::ggml_type::GgmlType::Q4_1, 576) {
-            return;
-        }
-        let dir = crate::fsutil::test_dir("placed-changed");
-        let copy = dir.join("m.gguf");
-        std::fs::copy(&model, &copy).unwrap();
-        let mut o = super::open_to_run(copy.to_str().unwrap()).unwrap();
-        o.pack_for_cpu(&k).unwrap();
-        // One byte of blk.3.attn_q.weight's quants, in the file only.
-        let at = {
-            let g = o.gguf().unwrap();
-            let map = crate::mmap::ModelFile::open(&copy).unwrap();
-            let fg = keel_core::gguf::Gguf::parse(map.bytes()).unwrap();
-            let t = fg.tensor("blk.3.attn_q.weight").unwrap();
-            assert!(g.tensor("blk.3.attn_q.weight").is_some());
-            t.offset + 100
-        };
-        let mut bytes = std::fs::read(&copy).unwrap();
-        bytes[at as usize] ^= 0x11;
-        std::fs::write(&copy, &bytes).unwrap();
-        let err = o.place_for_threads(&k, 2).unwrap_err().to_string();
-        assert!(err.contains("m.gguf") && err.contains("blk.3.attn_q.weight") && err.contains("changed"), "{err}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `keel run`: generate text from a prompt, streaming it, then report speed and memory.
 
 use super::common::{chat_prompt, check_finite, mib, report_random_seed, tokenize, ModelFlag, PromptFlags, EvalFlags};
-use super::load::{engine, open_to_run, prepare_with};
+use super::load::{engine, open_for_cpu, open_to_run, prepare_with};
 use crate::fault::stdout_ok;
 use serde::Serialize;
 use anyhow::Result;
@@ -172,12 +172,8 @@ pub fn main(a: RunArgs) -> Result<()> {
         None => crate::device::offload::Devices::none(),
     };
 
-    let mut opened = open_to_run(&a.model.model)?;
-    if devices.slots.is_empty() {
-        let k = super::load::kernels(opts.reference);
-        opened.pack_for_cpu(&k)?;
-        opened.place_for_threads(&k, opts.threads)?;
-    }
+    // On the CPU alone: placed by thread and packed for its kernels (`open_for_cpu`).
+    let opened = if devices.slots.is_empty() { open_for_cpu(&a.model.model, opts.reference, opts.threads)? } else { open_to_run(&a.model.model)? };
     let g = opened.gguf()?;
     let mut loaded = prepare_with(&g, &opened.path, &opts, spec.is_some())?;
     let arena_bytes = loaded.arena.len();
@@ -203,12 +199,8 @@ pub fn main(a: RunArgs) -> Result<()> {
     report_random_seed(&sampling, random_seed);
 
     // The draft model, with its own arena and placement (`--device-draft`).
-    let mut draft_opened = spec.as_ref().and_then(|s| s.draft_model.as_deref()).map(open_to_run).transpose()?;
-    if let (Some(o), true) = (draft_opened.as_mut(), draft_devices.slots.is_empty()) {
-        let k = super::load::kernels(opts.reference);
-        o.pack_for_cpu(&k)?;
-        o.place_for_threads(&k, opts.threads)?;
-    }
+    let draft_on_cpu = draft_devices.slots.is_empty();
+    let draft_opened = spec.as_ref().and_then(|s| s.draft_model.as_deref()).map(|m| if draft_on_cpu { open_for_cpu(m, opts.reference, opts.threads) } else { open_to_run(m) }).transpose()?;
     let draft_g = draft_opened.as_ref().map(|o| o.gguf()).transpose()?;
     let mut draft_loaded = match (&draft_g, &draft_opened) {
         (Some(dg), Some(o)) => Some(super::speculate::prepare_draft(dg, &o.path, &opts)?),
