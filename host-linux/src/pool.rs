@@ -40,7 +40,7 @@ use std::cell::UnsafeCell;
 use std::hint::spin_loop;
 use std::io;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -85,6 +85,50 @@ struct Shared {
     /// The first panic of the current job (touched only when a task panics).
     panic: Mutex<Option<Box<dyn Any + Send>>>,
     spin: Duration,
+    /// The calling thread's time by hand-off, while [`ThreadPool::time`] runs (its own
+    /// line: only the thread holding `busy`, or the one timing, touches it).
+    timing: Padded<Timing>,
+}
+
+/// [`ThreadPool::time`]'s counters: nanoseconds since `clock`, summed per job.
+struct Timing {
+    on: AtomicBool,
+    clock: Instant,
+    /// When the caller's last job ended (or the timing started).
+    last_end: AtomicU64,
+    jobs: AtomicU64,
+    tasks: AtomicU64,
+    wait: AtomicU64,
+    between: AtomicU64,
+}
+
+impl Timing {
+    fn now(&self) -> u64 {
+        self.clock.elapsed().as_nanos() as u64
+    }
+}
+
+/// Where the calling thread's time went while [`ThreadPool::time`] ran its closure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JobTimes {
+    /// Jobs handed to the workers.
+    pub jobs: u64,
+    /// In its own tasks of those jobs (each hand-off itself included).
+    pub tasks: Duration,
+    /// Waiting, its tasks done, for the workers to finish theirs.
+    pub wait: Duration,
+    /// Outside the jobs: from the closure's start to the first hand-off, from each job's
+    /// end to the next hand-off, from the last job's end to the closure's end (the work
+    /// only the calling thread does, calls run on it alone included, while the workers
+    /// spin).
+    pub between: Duration,
+}
+
+impl JobTimes {
+    /// All three parts: the time the closures took.
+    pub fn total(&self) -> Duration {
+        self.tasks + self.wait + self.between
+    }
 }
 
 /// The current job, written by the caller, read by the workers. One line: the
@@ -152,6 +196,15 @@ impl ThreadPool {
             n_threads,
             panic: Mutex::new(None),
             spin,
+            timing: Padded(Timing {
+                on: AtomicBool::new(false),
+                clock: Instant::now(),
+                last_end: AtomicU64::new(0),
+                jobs: AtomicU64::new(0),
+                tasks: AtomicU64::new(0),
+                wait: AtomicU64::new(0),
+                between: AtomicU64::new(0),
+            }),
         });
         let mut pool = ThreadPool {
             shared,
@@ -173,6 +226,29 @@ impl ThreadPool {
     /// off and are not counted.
     pub fn jobs(&self) -> u32 {
         self.shared.job.0.epoch.load(Ordering::Relaxed)
+    }
+
+    /// Runs `f` and adds to `times` where the calling thread's time went meanwhile: its
+    /// own tasks, waiting for the workers, and outside the jobs ([`JobTimes`]), job by
+    /// job. Two clock reads a job while it runs, none otherwise. Call it from the thread
+    /// that calls `run` (the engine's); jobs another thread hands off meanwhile are not
+    /// told apart.
+    pub fn time<R>(&self, times: &mut JobTimes, f: impl FnOnce() -> R) -> R {
+        let t = &self.shared.timing.0;
+        for c in [&t.jobs, &t.tasks, &t.wait, &t.between] {
+            c.store(0, Ordering::Relaxed);
+        }
+        t.last_end.store(t.now(), Ordering::Relaxed);
+        t.on.store(true, Ordering::Relaxed);
+        let r = f();
+        t.on.store(false, Ordering::Relaxed);
+        let tail = t.now().saturating_sub(t.last_end.load(Ordering::Relaxed));
+        let ns = |c: &AtomicU64| Duration::from_nanos(c.load(Ordering::Relaxed));
+        times.jobs += t.jobs.load(Ordering::Relaxed);
+        times.tasks += ns(&t.tasks);
+        times.wait += ns(&t.wait);
+        times.between += ns(&t.between) + Duration::from_nanos(tail);
+        r
     }
 
     /// The number of hardware threads available to this process (at least 1).
@@ -205,6 +281,8 @@ impl ThreadPool {
         if n_tasks > sh.n_threads {
             sh.next.0.store(sh.n_threads, Ordering::Relaxed);
         }
+        let timing = &sh.timing.0;
+        let t0 = timing.on.load(Ordering::Relaxed).then(|| timing.now());
         // Publishes everything above to the workers that observe the new epoch.
         job.epoch.fetch_add(1, Ordering::SeqCst);
         if job.sleepers.load(Ordering::SeqCst) != 0 {
@@ -212,6 +290,7 @@ impl ThreadPool {
         }
 
         do_tasks(sh, task, 0);
+        let t1 = t0.map(|_| timing.now());
 
         // Wait for every worker to check out: spin, then sleep on `done.count`.
         let mut spin = Spin::new(sh.spin);
@@ -231,6 +310,14 @@ impl ThreadPool {
         }
         if slept {
             done.caller_waiting.store(false, Ordering::Relaxed);
+        }
+        if let (Some(t0), Some(t1)) = (t0, t1) {
+            let t2 = timing.now();
+            timing.between.fetch_add(t0.saturating_sub(timing.last_end.load(Ordering::Relaxed)), Ordering::Relaxed);
+            timing.tasks.fetch_add(t1 - t0, Ordering::Relaxed);
+            timing.wait.fetch_add(t2 - t1, Ordering::Relaxed);
+            timing.jobs.fetch_add(1, Ordering::Relaxed);
+            timing.last_end.store(t2, Ordering::Relaxed);
         }
         // The cell keeps the now dangling pointer: workers dereference it only after a
         // new epoch, and every new epoch but shutdown comes with a new pointer.

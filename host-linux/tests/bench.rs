@@ -94,10 +94,18 @@ fn roofline_counts_the_weights_and_divides_the_bandwidth() {
     // (at least one per layer for q, k and v together, attention, the output projection,
     // gate and up together, and down), so the mean is a whole number.
     assert_eq!(tg["pool_jobs_per_token"].as_f64(), Some(0.0), "{tg}");
+    // Where a token's time went on the calling thread: with no pool job, all of it
+    // outside the jobs or sampling, the parts adding up to the token's time.
+    let part = |v: &serde_json::Value, p: &str| v["calling_thread_per_token"][p].as_f64().unwrap();
+    assert!(part(tg, "tasks") == 0.0 && part(tg, "wait") == 0.0 && part(tg, "between") > 0.0 && part(tg, "sampling") > 0.0, "{tg}");
+    let token = part(tg, "between") + part(tg, "sampling");
+    let tps = tg["tps"].as_f64().unwrap();
+    assert!((token * tps - 1.0).abs() < 0.1, "{tg}: the parts make {token} s a token at {tps} t/s");
     let out = Command::new(env!("CARGO_BIN_EXE_keel")).args(["bench", "-p", "0", "-n", "4", "-r", "2", "-t", "2", "--roofline", "--json", "-m"]).arg(&p).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let jobs = v[0]["pool_jobs_per_token"].as_f64().unwrap();
+    assert!(part(&v[0], "tasks") > 0.0 && part(&v[0], "between") > 0.0, "{}", v[0]);
     assert_eq!(v[0]["fraction_of_pass_after"].as_array().map(Vec::len), Some(2), "{}", v[0]);
     let layers = g.tensors().filter(|t| t.name.ends_with(b".attn_q.weight")).count();
     assert!(layers > 0 && jobs >= 5.0 * layers as f64 && jobs.fract() == 0.0, "{layers} layers: {}", v[0]);

@@ -11,7 +11,7 @@ use serde::Serialize;
 use anyhow::{bail, Result};
 use keel_core::engine::Engine;
 use keel_core::parallel::Parallel;
-use crate::pool::ThreadPool;
+use crate::pool::{JobTimes, ThreadPool};
 use keel_core::sampler::{Rng, SamplerConfig};
 use keel_core::session::Outputs;
 use std::time::Instant;
@@ -80,6 +80,10 @@ struct Generated {
     tokens: Vec<u32>,
     /// The pool's hand-offs during the timed evaluations (not the depth's fill).
     jobs: u64,
+    /// Where the calling thread's time went in those evaluations.
+    times: JobTimes,
+    /// Seconds spent sampling.
+    sampling: f64,
 }
 
 /// Generation speed: each step's evaluation and sampling are timed; the check of its
@@ -88,24 +92,26 @@ fn run_tg(e: &mut Engine<'_>, pool: &ThreadPool, first: u32, n: usize, depth: &[
     fill_depth(e, pool, depth, batch)?;
     let mut out = Vec::with_capacity(n);
     let mut tok = first;
-    let (mut secs, mut jobs) = (0.0, 0u64);
+    let (mut secs, mut jobs, mut times, mut sampling) = (0.0, 0u64, JobTimes::default(), 0.0);
     for i in 0..n {
         let (t, j0) = (Instant::now(), pool.jobs());
-        e.eval(&[tok], Outputs::Last, pool)?;
+        pool.time(&mut times, || e.eval(&[tok], Outputs::Last, pool))?;
         let after_eval = t.elapsed().as_secs_f64();
         jobs += u64::from(pool.jobs().wrapping_sub(j0));
         check_logits(e.session.last_logits(e.n_vocab()), &format!("tg step {i}"))?;
         let t = Instant::now();
         tok = e.sample();
-        secs += after_eval + t.elapsed().as_secs_f64();
+        let s = t.elapsed().as_secs_f64();
+        secs += after_eval + s;
+        sampling += s;
         out.push(tok);
     }
-    Ok(Generated { tps: n as f64 / secs, tokens: out, jobs })
+    Ok(Generated { tps: n as f64 / secs, tokens: out, jobs, times, sampling })
 }
 
 /// `keel bench`.
 #[derive(clap::Args, Debug)]
-#[command(after_help = "JSON: [{\"test\":\"pp512\",\"tps\":x,\"sd\":y,...},...] (tg gains bound_tps, fraction_of_bound, fraction_of_pass_after, read_passes, bytes_per_token, read_bytes_per_s, read_loop, pool_jobs_per_token with --roofline). A run whose logits are NaN or constant, or whose tg repetitions generate different tokens, reports no speed: it fails.")]
+#[command(after_help = "JSON: [{\"test\":\"pp512\",\"tps\":x,\"sd\":y,...},...] (tg gains bound_tps, fraction_of_bound, fraction_of_pass_after, read_passes, bytes_per_token, read_bytes_per_s, read_loop, pool_jobs_per_token, calling_thread_per_token {tasks, wait, between, sampling} in seconds with --roofline). A run whose logits are NaN or constant, or whose tg repetitions generate different tokens, reports no speed: it fails.")]
 pub struct BenchArgs {
     /// The model (`-m`).
     #[command(flatten)]
@@ -123,7 +129,7 @@ pub struct BenchArgs {
     /// Repetitions of each test (mean ± standard deviation)
     #[arg(short = 'r', long = "repetitions", value_name = "N", default_value_t = 3)]
     pub repetitions: usize,
-    /// Also measure the machine's read bandwidth (passes before, between and after the tg repetitions) and print the bandwidth bound of tg, each repetition against the pass right after it, and the thread pool's hand-offs per generated token
+    /// Also measure the machine's read bandwidth (passes before, between and after the tg repetitions) and print the bandwidth bound of tg, each repetition against the pass right after it, the thread pool's hand-offs per generated token and (two or more threads) where a token's time went on the calling thread: its tasks of those jobs, waiting for the other threads, between the jobs, sampling
     #[arg(long = "roofline")]
     pub roofline: bool,
     /// JSON output
@@ -170,6 +176,22 @@ struct BoundJson {
     /// Hand-offs to the thread pool per generated token (parallel jobs: matrix
     /// products, attention, ...; 0 with one thread).
     pool_jobs_per_token: f64,
+    /// Where a generated token's time went on the calling thread (means over every timed
+    /// token, seconds).
+    calling_thread_per_token: CallerJson,
+}
+
+/// A generated token's time on the calling thread ([`crate::pool::JobTimes`]), seconds.
+#[derive(Clone, Copy, Serialize)]
+struct CallerJson {
+    /// In its own tasks of the pool's jobs.
+    tasks: f64,
+    /// Waiting, its tasks done, for the other threads' tasks.
+    wait: f64,
+    /// Outside the jobs (its serial work: norms, activations, ops run on it alone).
+    between: f64,
+    /// Sampling the next token.
+    sampling: f64,
 }
 
 /// Runs the subcommand.
@@ -240,8 +262,9 @@ pub fn main(a: BenchArgs) -> Result<()> {
     run_tg(&mut e, pool, toks[0], n_gen.min(4), &[], nb)?;
 
     let mut results = Vec::new();
-    // The pool's hand-offs over every timed tg step (reported per token with --roofline).
-    let mut tg_jobs = 0u64;
+    // The pool's hand-offs over every timed tg step and where the calling thread's time
+    // went (reported per token with --roofline).
+    let (mut tg_jobs, mut tg_times, mut tg_sampling) = (0u64, JobTimes::default(), 0.0);
     if n_prompt > 0 {
         let mut m = Measured { test: name(&format!("pp{n_prompt}")), tps: Vec::new() };
         for _ in 0..reps {
@@ -261,8 +284,13 @@ pub fn main(a: BenchArgs) -> Result<()> {
             passes.extend([p.pass(), p.pass()]);
         }
         for r in 0..reps {
-            let Generated { tps, tokens: out, jobs } = run_tg(&mut e, pool, toks[0], n_gen, dt, nb)?;
+            let Generated { tps, tokens: out, jobs, times, sampling } = run_tg(&mut e, pool, toks[0], n_gen, dt, nb)?;
             tg_jobs += jobs;
+            tg_times.jobs += times.jobs;
+            tg_times.tasks += times.tasks;
+            tg_times.wait += times.wait;
+            tg_times.between += times.between;
+            tg_sampling += sampling;
             match &reference {
                 None => reference = Some(out),
                 Some(want) if *want != out => {
@@ -291,7 +319,9 @@ pub fn main(a: BenchArgs) -> Result<()> {
     let bytes = probe.as_ref().map(|_| super::roofline::bytes_per_token(&e.model, depth, n_gen));
     let tg_tps = results.iter().find(|m| m.test.starts_with("tg")).map_or(&[][..], |m| &m.tps[..]);
     let paired: Vec<f64> = bytes.map_or_else(Vec::new, |b| tg_tps.iter().zip(&after).map(|(&tps, bw)| tps * b.total() as f64 / bw.bytes_per_s).collect());
-    let bound = super::roofline::fastest(&passes).zip(bytes).map(|(bw, bytes)| (bw, bytes, bw.bytes_per_s / bytes.total() as f64, tg_jobs as f64 / (reps * n_gen) as f64));
+    let tokens = (reps * n_gen).max(1) as f64;
+    let bound = super::roofline::fastest(&passes).zip(bytes).map(|(bw, bytes)| (bw, bytes, bw.bytes_per_s / bytes.total() as f64, tg_jobs as f64 / tokens));
+    let caller = CallerJson { tasks: tg_times.tasks.as_secs_f64() / tokens, wait: tg_times.wait.as_secs_f64() / tokens, between: tg_times.between.as_secs_f64() / tokens, sampling: tg_sampling / tokens };
 
     if as_json {
         let rows: Vec<BenchJson<'_>> = results
@@ -316,6 +346,7 @@ pub fn main(a: BenchArgs) -> Result<()> {
                     fraction_of_pass_after: paired.clone(),
                     read_passes: passes.len(),
                     pool_jobs_per_token: jobs,
+                    calling_thread_per_token: caller,
                 }),
             })
             .collect();
@@ -338,6 +369,17 @@ pub fn main(a: BenchArgs) -> Result<()> {
             let each: Vec<String> = paired.iter().zip(&after).map(|(f, bw)| format!("{:.0}% ({:.2} GB/s)", 100.0 * f, bw.bytes_per_s / 1e9)).collect();
             println!("each tg{n_gen} repetition against the read pass right after it: {}", each.join(", "));
             println!("thread-pool hand-offs per generated token: {jobs:.1}");
+            if jobs > 0.0 {
+                let all = caller.tasks + caller.wait + caller.between + caller.sampling;
+                let part = |s: f64| format!("{:.1} µs ({:.0}%)", s * 1e6, 100.0 * s / all.max(f64::MIN_POSITIVE));
+                println!(
+                    "a generated token's time on the calling thread: {} in its tasks of those jobs, {} waiting for the other threads' tasks, {} between the jobs, {} sampling",
+                    part(caller.tasks),
+                    part(caller.wait),
+                    part(caller.between),
+                    part(caller.sampling)
+                );
+            }
         }
     }
     Ok(())

@@ -47,6 +47,38 @@ fn jobs_counts_hand_offs_only() {
     assert_eq!(single.jobs(), 0, "no workers: nothing handed off");
 }
 
+/// `time` splits the caller's time by job: a worker's task that sleeps is the caller's
+/// wait, the caller's own sleeping task its tasks, its sleep between jobs (and a call it
+/// runs alone) between; jobs handed off outside `time` are not counted. (Lower bounds
+/// only: a sleep takes at least its time, however slow the machine.)
+#[test]
+fn time_splits_the_callers_time_by_job() {
+    let pool = ThreadPool::new(2).unwrap();
+    let ms = Duration::from_millis;
+    let mut t = JobTimes::default();
+    let started = Instant::now();
+    let r = pool.time(&mut t, || {
+        std::thread::sleep(ms(3));
+        for _ in 0..3 {
+            pool.run(2, &|i| std::thread::sleep(ms(if i == 0 { 1 } else { 4 })));
+        }
+        pool.run(1, &|_| std::thread::sleep(ms(2)));
+        7
+    });
+    let elapsed = started.elapsed();
+    assert_eq!((r, t.jobs), (7, 3));
+    assert!(t.tasks >= ms(3), "{t:?}: three tasks of the caller's, 1 ms each");
+    assert!(t.tasks + t.wait >= ms(3 * 4) && t.wait > Duration::ZERO, "{t:?}: each job lasts as long as its worker's 4 ms task");
+    assert!(t.between >= ms(5), "{t:?}: 3 ms before the first job, 2 ms in a call run alone");
+    assert!(t.total() <= elapsed, "{t:?} in {elapsed:?}");
+    // Off again: a job outside `time` is not counted; a second `time` adds to the first.
+    pool.run(2, &|_| {});
+    let before = t;
+    pool.time(&mut t, || pool.run(2, &|_| {}));
+    assert_eq!(t.jobs, before.jobs + 1);
+    assert!(t.tasks >= before.tasks && t.between >= before.between);
+}
+
 #[test]
 fn workers_take_part() {
     let pool = ThreadPool::with_spin(3, Duration::from_millis(5)).unwrap();
