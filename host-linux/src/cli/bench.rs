@@ -87,15 +87,21 @@ struct Generated {
 }
 
 /// Generation speed: each step's evaluation and sampling are timed; the check of its
-/// logits (a scan of the whole row, not part of generating) is not.
-fn run_tg(e: &mut Engine<'_>, pool: &ThreadPool, first: u32, n: usize, depth: &[u32], batch: usize) -> Result<Generated> {
+/// logits (a scan of the whole row, not part of generating) is not. With `split`, each
+/// evaluation's time is also split by pool job ([`ThreadPool::time`]: two clock reads a
+/// job, so only with `--roofline`).
+fn run_tg(e: &mut Engine<'_>, pool: &ThreadPool, first: u32, n: usize, depth: &[u32], batch: usize, split: bool) -> Result<Generated> {
     fill_depth(e, pool, depth, batch)?;
     let mut out = Vec::with_capacity(n);
     let mut tok = first;
     let (mut secs, mut jobs, mut times, mut sampling) = (0.0, 0u64, JobTimes::default(), 0.0);
     for i in 0..n {
         let (t, j0) = (Instant::now(), pool.jobs());
-        pool.time(&mut times, || e.eval(&[tok], Outputs::Last, pool))?;
+        if split {
+            pool.time(&mut times, || e.eval(&[tok], Outputs::Last, pool))?;
+        } else {
+            e.eval(&[tok], Outputs::Last, pool)?;
+        }
         let after_eval = t.elapsed().as_secs_f64();
         jobs += u64::from(pool.jobs().wrapping_sub(j0));
         check_logits(e.session.last_logits(e.n_vocab()), &format!("tg step {i}"))?;
@@ -259,7 +265,7 @@ pub fn main(a: BenchArgs) -> Result<()> {
     // time: a 32-token warm-up left pp512 at depth 0 4-10% slower in its first repetition,
     // BENCHMARKS.md), then a few generated tokens.
     run_pp(&mut e, pool, &toks, &[], nb)?;
-    run_tg(&mut e, pool, toks[0], n_gen.min(4), &[], nb)?;
+    run_tg(&mut e, pool, toks[0], n_gen.min(4), &[], nb, false)?;
 
     let mut results = Vec::new();
     // The pool's hand-offs over every timed tg step and where the calling thread's time
@@ -284,7 +290,7 @@ pub fn main(a: BenchArgs) -> Result<()> {
             passes.extend([p.pass(), p.pass()]);
         }
         for r in 0..reps {
-            let Generated { tps, tokens: out, jobs, times, sampling } = run_tg(&mut e, pool, toks[0], n_gen, dt, nb)?;
+            let Generated { tps, tokens: out, jobs, times, sampling } = run_tg(&mut e, pool, toks[0], n_gen, dt, nb, roofline)?;
             tg_jobs += jobs;
             tg_times.jobs += times.jobs;
             tg_times.tasks += times.tasks;
