@@ -271,8 +271,8 @@ impl ModelFile {
         }
         for (t, &a) in infos.iter().zip(&at) {
             let offset = data_start + a;
-            let mine = pieces.iter().filter(|p| p.offset == offset);
-            if pieces.iter().any(|p| p.offset == offset) {
+            let mut mine = pieces.iter().filter(|p| p.offset == offset).peekable();
+            if mine.peek().is_some() {
                 for p in mine {
                     if p.from + p.len > t.data.len() || p.to < data_start as usize || p.to + p.len > len {
                         return Err(bad(format!("a piece of {} ({} bytes from {}) lies outside it or the copy", String::from_utf8_lossy(t.name), p.len, p.from)));

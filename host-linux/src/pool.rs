@@ -131,6 +131,15 @@ impl JobTimes {
     }
 }
 
+impl std::ops::AddAssign for JobTimes {
+    fn add_assign(&mut self, o: JobTimes) {
+        self.jobs += o.jobs;
+        self.tasks += o.tasks;
+        self.wait += o.wait;
+        self.between += o.between;
+    }
+}
+
 /// The current job, written by the caller, read by the workers. One line: the
 /// workers spin on `epoch`, and the same transfer that shows them a new epoch brings
 /// them the job's data.
@@ -244,10 +253,7 @@ impl ThreadPool {
         t.on.store(false, Ordering::Relaxed);
         let tail = t.now().saturating_sub(t.last_end.load(Ordering::Relaxed));
         let ns = |c: &AtomicU64| Duration::from_nanos(c.load(Ordering::Relaxed));
-        times.jobs += t.jobs.load(Ordering::Relaxed);
-        times.tasks += ns(&t.tasks);
-        times.wait += ns(&t.wait);
-        times.between += ns(&t.between) + Duration::from_nanos(tail);
+        *times += JobTimes { jobs: t.jobs.load(Ordering::Relaxed), tasks: ns(&t.tasks), wait: ns(&t.wait), between: ns(&t.between) + Duration::from_nanos(tail) };
         r
     }
 

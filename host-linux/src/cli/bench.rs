@@ -292,10 +292,7 @@ pub fn main(a: BenchArgs) -> Result<()> {
         for r in 0..reps {
             let Generated { tps, tokens: out, jobs, times, sampling } = run_tg(&mut e, pool, toks[0], n_gen, dt, nb, roofline)?;
             tg_jobs += jobs;
-            tg_times.jobs += times.jobs;
-            tg_times.tasks += times.tasks;
-            tg_times.wait += times.wait;
-            tg_times.between += times.between;
+            tg_times += times;
             tg_sampling += sampling;
             match &reference {
                 None => reference = Some(out),
