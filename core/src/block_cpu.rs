@@ -248,41 +248,56 @@ pub(crate) fn run(op: Op, s: &Step<'_, '_>, b: &mut Bufs<'_>, st: &mut LayerStat
 /// How many ops from the first of `ops` are products of one input (`MatMul`s with the
 /// same `src`, as q, k and v; gate and up), at most [`GROUP_MAX`]; 0 when the first is
 /// not a product.
-pub(crate) fn products_of_one_input(ops: &[Op]) -> usize {
+fn products_of_one_input(ops: &[Op]) -> usize {
     let Some(&Op::MatMul { src, .. }) = ops.first() else { return 0 };
     ops.iter().take(GROUP_MAX).take_while(|op| matches!(op, Op::MatMul { src: s, .. } if *s == src)).count()
 }
 
-/// Runs `ops` (products of one input, [`products_of_one_input`]) for a single token as
-/// one parallel job ([`matvec_group`]): the same outputs as running them one by one.
-/// False, with nothing run, where they cannot go together (not one token, a device
-/// placement, weights of different activation types or kernel choices, ...): the caller
-/// then runs them one by one.
-pub(crate) fn run_products(ops: &[Op], s: &Step<'_, '_>, b: &mut Bufs<'_>, act: &mut Act<'_>) -> bool {
-    let Some(&Op::MatMul { src, .. }) = ops.first() else { return false };
-    if s.n != 1 || ops.len() < 2 {
-        return false;
+/// The weights and output buffers of the products at the start of `ops` that a forward
+/// pass of one token runs as one parallel job on the CPU with the kernels `k`
+/// ([`matvec_group`]): two or more products of one input ([`products_of_one_input`]),
+/// every weight in the layer, which [`crate::matmul::groupable`] takes. `None` where the
+/// first op goes alone. The one rule behind both the session's loop ([`run_products`])
+/// and the rows the host places for each thread ([`for_each_one_token_job`]).
+fn one_job<'m>(k: &Kernels, layer: &Layer<'m>, ops: &[Op]) -> Option<heapless::Vec<(Tensor<'m>, Buf), GROUP_MAX>> {
+    let g = products_of_one_input(ops);
+    if g < 2 {
+        return None;
     }
-    // Each product's weights and output buffer.
-    let mut ws: heapless::Vec<(Tensor<'_>, Buf), GROUP_MAX> = heapless::Vec::new();
-    for op in ops {
-        let &Op::MatMul { w, src: s0, dst } = op else { return false };
-        let (Some(t), true) = (crate::block::weight(s.layer, w), s0 == src) else { return false };
+    let mut ws = heapless::Vec::new();
+    for op in &ops[..g] {
+        let &Op::MatMul { w, dst, .. } = op else { return None };
+        ws.push((crate::block::weight(layer, w)?, dst)).ok()?;
+    }
+    let together = {
+        let refs: heapless::Vec<&Tensor<'m>, GROUP_MAX> = ws.iter().map(|(t, _)| t).collect();
+        crate::matmul::groupable(k, &refs)
+    };
+    together.then_some(ws)
+}
+
+/// Runs the products at the start of `ops` that go together ([`one_job`]) for a single
+/// token as one parallel job ([`matvec_group`]): the same outputs as running them one by
+/// one. Returns how many ops it ran: 0, with nothing run, where the first op goes alone
+/// or they cannot go together here (not one token, a device placement, llama.cpp's batch
+/// choice giving a product another kernel): the caller then runs them one by one.
+pub(crate) fn run_products(ops: &[Op], s: &Step<'_, '_>, b: &mut Bufs<'_>, act: &mut Act<'_>) -> usize {
+    let (1, Some(&Op::MatMul { src, .. })) = (s.n, ops.first()) else { return 0 };
+    let Some(ws) = one_job(&act.kern, s.layer, ops) else { return 0 };
+    for (op, (t, _)) in ops.iter().zip(&ws) {
+        let &Op::MatMul { w, .. } = op else { return 0 };
         if act.placement.is_some_and(|p| p.device_for(WeightId { layer: act.layer, kind: w }, 1).is_some()) {
-            return false;
+            return 0;
         }
         // With llama.cpp's batch choices a product takes the kernel `matmul_as` would
         // give its one token; only the plain dot joins a group.
         if act.llama_cpp_batches && act.kern.dot_fn_in_batch(t.ty, t.rows, 1, 0).map(|f| f as usize) != act.kern.dot_fn(t.ty).map(|f| f as usize) {
-            return false;
-        }
-        if ws.push((t, dst)).is_err() {
-            return false;
+            return 0;
         }
     }
     if act.failed.is_some() {
         // As `project`: after a device failed, the pass computes nothing more.
-        return true;
+        return ws.len();
     }
     let tensors: heapless::Vec<&Tensor<'_>, GROUP_MAX> = ws.iter().map(|(t, _)| t).collect();
     let x = core::mem::take(b.slot(src));
@@ -292,29 +307,31 @@ pub(crate) fn run_products(ops: &[Op], s: &Step<'_, '_>, b: &mut Bufs<'_>, act: 
         *b.slot(d) = o;
     }
     *b.slot(src) = x;
-    done
+    if done {
+        ws.len()
+    } else {
+        0
+    }
 }
 
 /// The products of layer `l` as a forward pass of one token runs them on the CPU (no
 /// device placement, keel's own kernel choice: the session's loop with
-/// [`products_of_one_input`] and [`run_products`]): `f(weights)` for each parallel job in
-/// order, q, k and v (or gate and up) together where [`matvec_group`] takes them
-/// ([`crate::matmul::groupable`]), every other product alone
+/// [`run_products`]): `f(weights)` for each parallel job in order, the products
+/// [`one_job`] puts together as one, every other product alone
 /// ([`crate::matmul::for_each_one_token_job`]).
 pub(crate) fn for_each_one_token_job<'m>(k: &Kernels, hp: &HParams, l: usize, layer: &Layer<'m>, mut f: impl FnMut(&[&Tensor<'m>])) {
     let ops = crate::block::layer_ops(hp, l, layer);
-    let weight = |op: &Op| if let Op::MatMul { w, .. } = *op { crate::block::weight(layer, w) } else { None };
     let mut j = 0;
     while j < ops.len() {
-        let g = products_of_one_input(&ops[j..]);
-        let ws: heapless::Vec<Tensor<'m>, GROUP_MAX> = ops[j..j + g].iter().filter_map(weight).collect();
-        let refs: heapless::Vec<&Tensor<'m>, GROUP_MAX> = ws.iter().collect();
-        if g > 1 && ws.len() == g && crate::matmul::groupable(k, &refs) {
+        if let Some(ws) = one_job(k, layer, &ops[j..]) {
+            let refs: heapless::Vec<&Tensor<'m>, GROUP_MAX> = ws.iter().map(|(t, _)| t).collect();
             f(&refs);
-            j += g;
+            j += ws.len();
         } else {
-            if let Some(w) = weight(&ops[j]) {
-                f(&[&w]);
+            if let Op::MatMul { w, .. } = ops[j] {
+                if let Some(t) = crate::block::weight(layer, w) {
+                    f(&[&t]);
+                }
             }
             j += 1;
         }

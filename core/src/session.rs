@@ -601,8 +601,8 @@ impl<'a> Session<'a> {
                         act.invalidate();
                     }
                 }
-                let g = block_cpu::products_of_one_input(&ops[j..]);
-                let run = if g > 1 && block_cpu::run_products(&ops[j..j + g], &step, &mut bufs, &mut act) {
+                let g = block_cpu::run_products(&ops[j..], &step, &mut bufs, &mut act);
+                let run = if g > 0 {
                     &ops[j..j + g]
                 } else {
                     block_cpu::run(ops[j], &step, &mut bufs, &mut state, &mut act);

@@ -428,7 +428,9 @@ mod tests {
     /// down of every layer in two parts (90 matrices), each thread's shares of the token's
     /// jobs one run of bytes (each piece starting where the thread's last one ended), every
     /// tensor the same bytes under its name, and a prompt and four greedy steps on two
-    /// threads the same logits bits as the copy not placed; for one thread nothing moves.
+    /// threads the same logits bits as the copy not placed, each step handing off the
+    /// jobs the placement was made for (`for_each_one_token_job`) and no others but each
+    /// layer's attention and the output projection; for one thread nothing moves.
     #[test]
     fn places_each_threads_shares_in_one_run() {
         use keel_core::model::{HParams, Layer, Model};
@@ -472,7 +474,10 @@ mod tests {
             }
         });
         assert!(pieces >= 30 * 9 && jumps == 0, "{pieces} pieces, {jumps} not where the thread's last one ended");
-        // The same logits, placed or not.
+        let mut listed = 0u32;
+        keel_core::matmul::for_each_one_token_job(&k, &m, |_, _| listed += 1);
+        // The same logits, placed or not; a token's products run as the jobs listed (one
+        // hand-off each), beside each layer's attention and the output projection.
         let opts = super::RunOptions { n_ctx: 64, n_batch: 64, n_outputs: 1, threads: 2, reference: false, force_ctx: false };
         let run = |o: &super::Opened| -> Vec<Vec<u32>> {
             let g = o.gguf().unwrap();
@@ -480,8 +485,12 @@ mod tests {
             let (mut e, pool) = super::engine(&g, &o.path, &mut l, false, keel_core::sampler::SamplerConfig::default()).unwrap();
             let mut out = Vec::new();
             let mut tok = vec![1u32, 504, 3458, 282, 4649, 314];
-            for _ in 0..5 {
+            for step in 0..5 {
+                let j0 = pool.jobs();
                 let logits = e.eval(&tok, Outputs::Last, pool).unwrap();
+                if step > 0 {
+                    assert_eq!(pool.jobs().wrapping_sub(j0), listed + 30 + 1, "one token's hand-offs against the jobs listed for placement ({listed})");
+                }
                 out.push(logits.iter().map(|v| v.to_bits()).collect::<Vec<u32>>());
                 let best = (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap();
                 tok = vec![best as u32];
