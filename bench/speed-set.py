@@ -208,11 +208,13 @@ def main():
             print(f"| {v['bar']} | {v['model']} | {v['what']} | {', '.join(fmt(x) for x in v['rounds'])} | {fmt(v['median'])} | {needs} | {met} |")
         print()
         if any(x["bar"] == 3 for x in runs):
-            print("bar 3, run by run: the fastest read pass, the bound it gives, tg128 against it, and each repetition against the pass right after it")
+            print("bar 3, run by run: the fastest read pass, the bound it gives, tg128 against it, each repetition against the pass right after it and (two threads) the pool's hand-off after it")
             for x in runs:
                 if x["bar"] == 3:
                     s = x["bench"][0]
-                    print(f"  round {x['round']} {short(x['model'])} -t {x['threads']}: {s['read_bytes_per_s'] / 1e9:.1f} GB/s, bound {s['bound_tps']:.1f} t/s, tg128 {s['tps']:.1f} t/s ({pct(s['fraction_of_bound'])}); after each repetition {', '.join(pct(f) for f in s.get('fraction_of_pass_after', []))}")
+                    hand = s.get("hand_off_after", [])
+                    hand = f"; hand-off {', '.join(f'{h * 1e9:.0f}' for h in hand)} ns" if hand else ""
+                    print(f"  round {x['round']} {short(x['model'])} -t {x['threads']}: {s['read_bytes_per_s'] / 1e9:.1f} GB/s, bound {s['bound_tps']:.1f} t/s, tg128 {s['tps']:.1f} t/s ({pct(s['fraction_of_bound'])}); after each repetition {', '.join(pct(f) for f in s.get('fraction_of_pass_after', []))}{hand}")
             print()
         print(f"{len(verdicts) - sum(v['met'] is None for v in verdicts) - len(unmet)} bars met, {len(unmet)} not met" + (": " + "; ".join(f"{v['model']} {v['what']} {(ratio if v['bar'] < 3 else pct)(v['median'])}" for v in unmet) if unmet else ""))
         print()

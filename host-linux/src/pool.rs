@@ -257,6 +257,35 @@ impl ThreadPool {
         r
     }
 
+    /// What one hand-off costs now: an empty job of one task per thread, from the
+    /// calling thread to the workers and back, per job, the fastest of `batches` batches
+    /// of `per_batch` jobs. `None` with no workers, or where another thread had the pool
+    /// meanwhile (a job ran on the caller alone). A shared machine moves its vCPUs: on the
+    /// two-vCPU Zen 5 VM it was 57-102 ns in minutes when the two threads shared one
+    /// core and 550-560 ns when they ran on two (BENCHMARKS.md), so a decode figure
+    /// comes with the minutes' hand-off beside it (`keel bench --roofline`).
+    pub fn hand_off(&self, batches: u32, per_batch: u32) -> Option<Duration> {
+        if self.workers.is_empty() || batches == 0 || per_batch == 0 {
+            return None;
+        }
+        let empty = |i: usize| {
+            std::hint::black_box(i);
+        };
+        let mut best = Duration::MAX;
+        for _ in 0..batches {
+            let (t, j0) = (Instant::now(), self.jobs());
+            for _ in 0..per_batch {
+                self.run(self.shared.n_threads, &empty);
+            }
+            let took = t.elapsed();
+            if self.jobs().wrapping_sub(j0) != per_batch {
+                return None;
+            }
+            best = best.min(took / per_batch);
+        }
+        Some(best)
+    }
+
     /// The number of hardware threads available to this process (at least 1).
     pub fn default_threads() -> usize {
         std::thread::available_parallelism().map_or(1, |n| n.get())

@@ -107,6 +107,11 @@ fn roofline_counts_the_weights_and_divides_the_bandwidth() {
     let jobs = v[0]["pool_jobs_per_token"].as_f64().unwrap();
     assert!(part(&v[0], "tasks") > 0.0 && part(&v[0], "between") > 0.0, "{}", v[0]);
     assert_eq!(v[0]["fraction_of_pass_after"].as_array().map(Vec::len), Some(2), "{}", v[0]);
+    // A hand-off measured after each repetition: with two threads a job there and back,
+    // with one none.
+    let hand_offs = v[0]["hand_off_after"].as_array().unwrap();
+    assert!(hand_offs.len() == 2 && hand_offs.iter().all(|h| h.as_f64().is_some_and(|s| s > 0.0 && s < 0.01)), "{}", v[0]);
+    assert_eq!(tg["hand_off_after"].as_array().map(Vec::len), Some(0), "{tg}");
     let layers = g.tensors().filter(|t| t.name.ends_with(b".attn_q.weight")).count();
     assert!(layers > 0 && jobs >= 5.0 * layers as f64 && jobs.fract() == 0.0, "{layers} layers: {}", v[0]);
 }

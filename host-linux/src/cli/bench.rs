@@ -14,7 +14,7 @@ use keel_core::parallel::Parallel;
 use crate::pool::{JobTimes, ThreadPool};
 use keel_core::sampler::{Rng, SamplerConfig};
 use keel_core::session::Outputs;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// One measured test.
 struct Measured {
@@ -86,6 +86,11 @@ struct Generated {
     sampling: f64,
 }
 
+/// Batches and jobs per batch of the hand-off `--roofline` measures after each tg
+/// repetition (`ThreadPool::hand_off`): ~1000 empty jobs, under a millisecond.
+const HAND_OFF_BATCHES: u32 = 20;
+const HAND_OFF_JOBS: u32 = 50;
+
 /// Generation speed: each step's evaluation and sampling are timed; the check of its
 /// logits (a scan of the whole row, not part of generating) is not. With `split`, each
 /// evaluation's time is also split by pool job ([`ThreadPool::time`]: two clock reads a
@@ -117,7 +122,7 @@ fn run_tg(e: &mut Engine<'_>, pool: &ThreadPool, first: u32, n: usize, depth: &[
 
 /// `keel bench`.
 #[derive(clap::Args, Debug)]
-#[command(after_help = "JSON: [{\"test\":\"pp512\",\"tps\":x,\"sd\":y,...},...] (tg gains bound_tps, fraction_of_bound, fraction_of_pass_after, read_passes, bytes_per_token, read_bytes_per_s, read_loop, pool_jobs_per_token, calling_thread_per_token {tasks, wait, between, sampling} in seconds with --roofline). A run whose logits are NaN or constant, or whose tg repetitions generate different tokens, reports no speed: it fails.")]
+#[command(after_help = "JSON: [{\"test\":\"pp512\",\"tps\":x,\"sd\":y,...},...] (tg gains bound_tps, fraction_of_bound, fraction_of_pass_after, read_passes, bytes_per_token, read_bytes_per_s, read_loop, pool_jobs_per_token, calling_thread_per_token {tasks, wait, between, sampling} in seconds, hand_off_after [seconds per repetition, two or more threads] with --roofline). A run whose logits are NaN or constant, or whose tg repetitions generate different tokens, reports no speed: it fails.")]
 pub struct BenchArgs {
     /// The model (`-m`).
     #[command(flatten)]
@@ -135,7 +140,7 @@ pub struct BenchArgs {
     /// Repetitions of each test (mean ± standard deviation)
     #[arg(short = 'r', long = "repetitions", value_name = "N", default_value_t = 3)]
     pub repetitions: usize,
-    /// Also measure the machine's read bandwidth (passes before, between and after the tg repetitions) and print the bandwidth bound of tg, each repetition against the pass right after it, the thread pool's hand-offs per generated token and (two or more threads) where a token's time went on the calling thread: its tasks of those jobs, waiting for the other threads, between the jobs, sampling
+    /// Also measure the machine's read bandwidth (passes before, between and after the tg repetitions) and print the bandwidth bound of tg, each repetition against the pass right after it, the thread pool's hand-offs per generated token and (two or more threads) what one hand-off costs after each repetition (an empty job: it shows whether the threads share a core in those minutes) and where a token's time went on the calling thread: its tasks of those jobs, waiting for the other threads, between the jobs, sampling
     #[arg(long = "roofline")]
     pub roofline: bool,
     /// JSON output
@@ -179,6 +184,9 @@ struct BoundJson {
     fraction_of_pass_after: Vec<f64>,
     /// Read passes the bound is the fastest of (before, between and after the repetitions).
     read_passes: usize,
+    /// With two or more threads, the pool's hand-off right after each tg repetition
+    /// ([`crate::pool::ThreadPool::hand_off`]), seconds (empty with one thread).
+    hand_off_after: Vec<f64>,
     /// Hand-offs to the thread pool per generated token (parallel jobs: matrix
     /// products, attention, ...; 0 with one thread).
     pool_jobs_per_token: f64,
@@ -282,7 +290,7 @@ pub fn main(a: BenchArgs) -> Result<()> {
     // repetitions (never during one): two before the first, one right after each (the
     // pass that repetition is paired with), more after the last up to PASSES in all.
     let probe = (roofline && n_gen > 0).then(|| super::roofline::ReadProbe::new(opts.threads));
-    let (mut passes, mut after) = (Vec::new(), Vec::new());
+    let (mut passes, mut after, mut hand_offs) = (Vec::new(), Vec::new(), Vec::new());
     if n_gen > 0 {
         let mut m = Measured { test: name(&format!("tg{n_gen}")), tps: Vec::new() };
         let mut reference: Option<Vec<u32>> = None;
@@ -307,6 +315,7 @@ pub fn main(a: BenchArgs) -> Result<()> {
                 let b = p.pass();
                 passes.push(b);
                 after.push(b);
+                hand_offs.extend(pool.hand_off(HAND_OFF_BATCHES, HAND_OFF_JOBS));
             }
         }
         results.push(m);
@@ -348,6 +357,7 @@ pub fn main(a: BenchArgs) -> Result<()> {
                     fraction_of_bound: m.mean() / tps_max,
                     fraction_of_pass_after: paired.clone(),
                     read_passes: passes.len(),
+                    hand_off_after: hand_offs.iter().map(Duration::as_secs_f64).collect(),
                     pool_jobs_per_token: jobs,
                     calling_thread_per_token: caller,
                 }),
@@ -372,6 +382,10 @@ pub fn main(a: BenchArgs) -> Result<()> {
             let each: Vec<String> = paired.iter().zip(&after).map(|(f, bw)| format!("{:.0}% ({:.2} GB/s)", 100.0 * f, bw.bytes_per_s / 1e9)).collect();
             println!("each tg{n_gen} repetition against the read pass right after it: {}", each.join(", "));
             println!("thread-pool hand-offs per generated token: {jobs:.1}");
+            if !hand_offs.is_empty() {
+                let each: Vec<String> = hand_offs.iter().map(|d| format!("{} ns", d.as_nanos())).collect();
+                println!("one hand-off to the other threads and back (an empty job, the fastest of {HAND_OFF_BATCHES} batches of {HAND_OFF_JOBS}), after each tg{n_gen} repetition: {}", each.join(", "));
+            }
             if jobs > 0.0 {
                 let all = caller.tasks + caller.wait + caller.between + caller.sampling;
                 let part = |s: f64| format!("{:.1} µs ({:.0}%)", s * 1e6, 100.0 * s / all.max(f64::MIN_POSITIVE));

@@ -80,6 +80,17 @@ fn time_splits_the_callers_time_by_job() {
 }
 
 #[test]
+fn hand_off_is_a_job_there_and_back() {
+    let pool = ThreadPool::new(2).unwrap();
+    let j0 = pool.jobs();
+    let d = pool.hand_off(3, 10).expect("two threads hand off");
+    assert!(d > Duration::ZERO && d < Duration::from_millis(10), "{d:?}");
+    assert_eq!(pool.jobs().wrapping_sub(j0), 30, "3 batches of 10 jobs");
+    assert_eq!(pool.hand_off(0, 10), None);
+    assert_eq!(ThreadPool::new(1).unwrap().hand_off(3, 10), None, "no workers: nothing handed off");
+}
+
+#[test]
 fn workers_take_part() {
     let pool = ThreadPool::with_spin(3, Duration::from_millis(5)).unwrap();
     let caller = std::thread::current().id();
