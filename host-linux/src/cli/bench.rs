@@ -78,9 +78,8 @@ fn run_pp(e: &mut Engine<'_>, par: &dyn Parallel, toks: &[u32], depth: &[u32], b
 struct Generated {
     tps: f64,
     tokens: Vec<u32>,
-    /// The pool's hand-offs during the timed evaluations (not the depth's fill).
-    jobs: u64,
-    /// Where the calling thread's time went in those evaluations.
+    /// Where the calling thread's time went in the timed evaluations (not the depth's
+    /// fill), their hand-offs counted (with `split` only).
     times: JobTimes,
     /// Seconds spent sampling.
     sampling: f64,
@@ -99,16 +98,15 @@ fn run_tg(e: &mut Engine<'_>, pool: &ThreadPool, first: u32, n: usize, depth: &[
     fill_depth(e, pool, depth, batch)?;
     let mut out = Vec::with_capacity(n);
     let mut tok = first;
-    let (mut secs, mut jobs, mut times, mut sampling) = (0.0, 0u64, JobTimes::default(), 0.0);
+    let (mut secs, mut times, mut sampling) = (0.0, JobTimes::default(), 0.0);
     for i in 0..n {
-        let (t, j0) = (Instant::now(), pool.jobs());
+        let t = Instant::now();
         if split {
             pool.time(&mut times, || e.eval(&[tok], Outputs::Last, pool))?;
         } else {
             e.eval(&[tok], Outputs::Last, pool)?;
         }
         let after_eval = t.elapsed().as_secs_f64();
-        jobs += u64::from(pool.jobs().wrapping_sub(j0));
         check_logits(e.session.last_logits(e.n_vocab()), &format!("tg step {i}"))?;
         let t = Instant::now();
         tok = e.sample();
@@ -117,7 +115,7 @@ fn run_tg(e: &mut Engine<'_>, pool: &ThreadPool, first: u32, n: usize, depth: &[
         sampling += s;
         out.push(tok);
     }
-    Ok(Generated { tps: n as f64 / secs, tokens: out, jobs, times, sampling })
+    Ok(Generated { tps: n as f64 / secs, tokens: out, times, sampling })
 }
 
 /// `keel bench`.
@@ -278,7 +276,7 @@ pub fn main(a: BenchArgs) -> Result<()> {
     let mut results = Vec::new();
     // The pool's hand-offs over every timed tg step and where the calling thread's time
     // went (reported per token with --roofline).
-    let (mut tg_jobs, mut tg_times, mut tg_sampling) = (0u64, JobTimes::default(), 0.0);
+    let (mut tg_times, mut tg_sampling) = (JobTimes::default(), 0.0);
     if n_prompt > 0 {
         let mut m = Measured { test: name(&format!("pp{n_prompt}")), tps: Vec::new() };
         for _ in 0..reps {
@@ -298,8 +296,7 @@ pub fn main(a: BenchArgs) -> Result<()> {
             passes.extend([p.pass(), p.pass()]);
         }
         for r in 0..reps {
-            let Generated { tps, tokens: out, jobs, times, sampling } = run_tg(&mut e, pool, toks[0], n_gen, dt, nb, roofline)?;
-            tg_jobs += jobs;
+            let Generated { tps, tokens: out, times, sampling } = run_tg(&mut e, pool, toks[0], n_gen, dt, nb, roofline)?;
             tg_times += times;
             tg_sampling += sampling;
             match &reference {
@@ -336,7 +333,7 @@ pub fn main(a: BenchArgs) -> Result<()> {
     let tg_tps = results.iter().find(|m| m.test.starts_with("tg")).map_or(&[][..], |m| &m.tps[..]);
     let paired: Vec<f64> = bytes.map_or_else(Vec::new, |b| tg_tps.iter().zip(&after).map(|(&tps, bw)| tps * b.total() as f64 / bw.bytes_per_s).collect());
     let tokens = (reps * n_gen).max(1) as f64;
-    let bound = super::roofline::fastest(&passes).zip(bytes).map(|(bw, bytes)| (bw, bytes, bw.bytes_per_s / bytes.total() as f64, tg_jobs as f64 / tokens));
+    let bound = super::roofline::fastest(&passes).zip(bytes).map(|(bw, bytes)| (bw, bytes, bw.bytes_per_s / bytes.total() as f64, tg_times.jobs as f64 / tokens));
     let caller = CallerJson { tasks: tg_times.tasks.as_secs_f64() / tokens, wait: tg_times.wait.as_secs_f64() / tokens, between: tg_times.between.as_secs_f64() / tokens, sampling: tg_sampling / tokens };
 
     if as_json {
