@@ -222,9 +222,10 @@ impl ModelFile {
     /// only as its pieces say (each run of its bytes straight from the file to its place,
     /// read once), every other tensor whole at its header's offset. The header is not
     /// changed: the caller tells the core where the pieces are (`Gguf::with_splits`). A
-    /// piece outside its tensor or the copy, or two pieces that overlap, is an error (of
-    /// the caller's plan, not of the file). A file the core cannot parse is read as
-    /// [`ModelFile::load`] reads it, `place` not called.
+    /// piece outside its tensor or the copy, a piece whose offset no tensor starts at, or
+    /// two pieces that overlap, is an error (of the caller's plan, not of the file). A
+    /// file the core cannot parse is read as [`ModelFile::load`] reads it, `place` not
+    /// called.
     pub fn load_in_execution_order_placed(path: impl AsRef<Path>, place: &mut dyn FnMut(&[u8]) -> Vec<Piece>) -> Result<Self, MapError> {
         Self::load_laid_out(path.as_ref(), Some(place))
     }
@@ -268,6 +269,9 @@ impl ModelFile {
             if w[0].to + w[0].len > w[1].to {
                 return Err(bad(format!("pieces at {} and {} overlap", w[0].to, w[1].to)));
             }
+        }
+        if let Some(p) = pieces.iter().find(|p| !at.iter().any(|&a| data_start + a == p.offset)) {
+            return Err(bad(format!("a piece for offset {} lies outside every tensor (no tensor starts there)", p.offset)));
         }
         for (t, &a) in infos.iter().zip(&at) {
             let offset = data_start + a;
@@ -662,6 +666,7 @@ mod tests {
             (vec![Piece { offset: q, from: 0, len: 64, to: o }, Piece { offset: q, from: 64, len: 64, to: o + 32 }], "overlap"),
             (vec![Piece { offset: q, from: 2 * half - 32, len: 64, to: o }], "outside"),
             (vec![Piece { offset: q, from: 0, len: 64, to: b.len() - 32 }], "outside"),
+            (vec![Piece { offset: q + 1, from: 0, len: 64, to: o }], "outside"),
         ] {
             let err = ModelFile::load_in_execution_order_placed(&model, &mut |_| pieces.clone()).unwrap_err().to_string();
             assert!(err.contains(model.to_str().unwrap()) && err.contains(why), "{err}");
