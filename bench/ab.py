@@ -12,6 +12,15 @@ with BENCH_ARGS after `--` (default: -p 0 -n 128 -r 3 --roofline, the decode tes
 bandwidth bound). For every test a run reports (pp512, tg128, ...) it prints t/s and,
 with --roofline, the fraction of the bound and the read pass's GB/s.
 
+Besides each build's median, every build gets the median of its rounds' ratios to the
+first build's run of the same round (`paired`: the rounds' runs are seconds apart, so the
+ratio of a pair moves less with the machine's minutes than either run). With --roofline
+and two or more threads each run also reports the pool's hand-off (`keel bench`'s
+hand_off_after), and the rounds are also split by it: on a shared VM the threads run on
+two hardware threads of one core in some minutes (hand-offs under 250 ns) and on two
+cores in others (400-600 ns on the two-vCPU Zen 5), and two-thread decode compares
+differently in each (BENCHMARKS.md).
+
 Examples:
   python3 bench/ab.py -m gemma3-270m /tmp/keel-before /tmp/keel-after
   python3 bench/ab.py -r 5 -t 2 --isa avx2 /tmp/keel-before /tmp/keel-after -- -p 512 -n 0 -r 3
@@ -79,11 +88,40 @@ def bench(binary, a, env):
     return records if isinstance(records, list) else [records]
 
 
+# A run whose median hand-off is at least this ran its threads on two cores (below: on
+# two hardware threads of one core).
+TWO_CORES_HAND_OFF_S = 250e-9
+
+
+def minutes(r):
+    """Where a record's threads ran, by its median hand-off: 'one core', 'two cores', or
+    None where the record has no hand-off (one thread, or no --roofline)."""
+    h = [x for x in r.get("hand_off_after") or [] if x > 0]
+    if not h:
+        return None
+    return "two cores" if statistics.median(h) >= TWO_CORES_HAND_OFF_S else "one core"
+
+
 def describe(r):
     s = f"{r['test']} {r['tps']:.1f} t/s"
     if "fraction_of_bound" in r:
-        s += f" ({100 * r['fraction_of_bound']:.1f}% of the bound, read pass {r.get('read_bytes_per_s', 0) / 1e9:.1f} GB/s)"
+        s += f" ({100 * r['fraction_of_bound']:.1f}% of the bound, read pass {r.get('read_bytes_per_s', 0) / 1e9:.1f} GB/s"
+        if r.get("hand_off_after"):
+            s += f", hand-off {', '.join(f'{h * 1e9:.0f}' for h in r['hand_off_after'])} ns"
+        s += ")"
     return s
+
+
+def paired(runs, t, base, b, keep=lambda r, q: True):
+    """Per round where `base` and `b` both ran test `t` (and `keep(base's record, b's
+    record)` holds), b's t/s over base's; their median (None for no round) and count."""
+    by = {}
+    for x in runs:
+        for r in x["records"]:
+            if r["test"] == t:
+                by.setdefault(x["round"], {})[x["bin"]] = r
+    ratios = [p[b]["tps"] / p[base]["tps"] for p in by.values() if base in p and b in p and p[base]["tps"] > 0 and keep(p[base], p[b])]
+    return (statistics.median(ratios) if ratios else None), len(ratios)
 
 
 def main():
@@ -106,21 +144,40 @@ def main():
         for b in a.bins:
             tps = [r["tps"] for x in runs if x["bin"] == b for r in x["records"] if r["test"] == t]
             frac = [r["fraction_of_bound"] for x in runs if x["bin"] == b for r in x["records"] if r["test"] == t and "fraction_of_bound" in r]
-            medians[t][b] = {"tps": tps, "median_tps": statistics.median(tps) if tps else None, "median_fraction_of_bound": statistics.median(frac) if frac else None}
+            medians[t][b] = {"tps": tps, "median_tps": statistics.median(tps) if tps else None, "median_fraction_of_bound": statistics.median(frac) if frac else None, "paired": paired(runs, t, a.bins[0], b)[0]}
+    # The rounds by where the threads ran (both runs of a pair in the same kind of minute).
+    kinds = [k for k in ("one core", "two cores") if any(minutes(r) == k for x in runs for r in x["records"])]
+    split = {t: {k: {b: dict(zip(("paired", "rounds"), paired(runs, t, a.bins[0], b, lambda p, q, k=k: minutes(p) == minutes(q) == k))) for b in a.bins} for k in kinds} for t in tests}
+    for t in tests:
+        for k in kinds:
+            for b in a.bins:
+                tps = [r["tps"] for x in runs if x["bin"] == b for r in x["records"] if r["test"] == t and minutes(r) == k]
+                split[t][k][b].update(runs_in_minutes=len(tps), median_tps=statistics.median(tps) if tps else None)
     head = {"cpu": cpu_description(), "model": a.model, "threads": a.threads, "isa": a.isa, "bench_args": a.bench_args, "rounds": a.rounds}
     if a.json:
-        print(json.dumps({**head, "runs": runs, "medians": medians}))
+        print(json.dumps({**head, "runs": runs, "medians": medians, "by_minutes": split}))
         return
+    ratio = lambda v: "-" if v is None else f"{v:.3f}x"
     print(f"\nCPU {head['cpu']}; model {a.model}; {a.threads} thread(s); kernel set {a.isa}; {a.rounds} rounds of keel bench {' '.join(a.bench_args)}\n")
-    print("| test | build | rounds (t/s) | median | vs the first | median of the bound |")
-    print("|---|---|---|---|---|---|")
+    print("| test | build | rounds (t/s) | median | vs the first | paired | median of the bound |")
+    print("|---|---|---|---|---|---|---|")
     for t in tests:
         base = medians[t][a.bins[0]]["median_tps"]
         for b in a.bins:
             m = medians[t][b]
-            vs = f"{m['median_tps'] / base:.3f}x" if m["median_tps"] and base else "-"
+            vs = ratio(m["median_tps"] / base) if m["median_tps"] and base else "-"
             fb = f"{100 * m['median_fraction_of_bound']:.1f}%" if m["median_fraction_of_bound"] is not None else "-"
-            print(f"| {t} | {b} | {', '.join(f'{x:.1f}' for x in m['tps'])} | {m['median_tps']:.1f} | {vs} | {fb} |")
+            print(f"| {t} | {b} | {', '.join(f'{x:.1f}' for x in m['tps'])} | {m['median_tps']:.1f} | {vs} | {ratio(m['paired'])} | {fb} |")
+    if kinds:
+        print(f"\nBy where the threads ran (the pool's hand-off under or over {TWO_CORES_HAND_OFF_S * 1e9:.0f} ns): each build's median over its runs of that kind, and its paired ratio over the rounds whose two runs were both of it\n")
+        print("| test | threads on | build | runs | median | paired (rounds) |")
+        print("|---|---|---|---|---|---|")
+        for t in tests:
+            for k in kinds:
+                for b in a.bins:
+                    m = split[t][k][b]
+                    med = "-" if m["median_tps"] is None else f"{m['median_tps']:.1f}"
+                    print(f"| {t} | {k} | {b} | {m['runs_in_minutes']} | {med} | {ratio(m['paired'])} ({m['rounds']}) |")
 
 
 if __name__ == "__main__":
