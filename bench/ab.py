@@ -145,14 +145,15 @@ def main():
             tps = [r["tps"] for x in runs if x["bin"] == b for r in x["records"] if r["test"] == t]
             frac = [r["fraction_of_bound"] for x in runs if x["bin"] == b for r in x["records"] if r["test"] == t and "fraction_of_bound" in r]
             medians[t][b] = {"tps": tps, "median_tps": statistics.median(tps) if tps else None, "median_fraction_of_bound": statistics.median(frac) if frac else None, "paired": paired(runs, t, a.bins[0], b)[0]}
-    # The rounds by where the threads ran (both runs of a pair in the same kind of minute).
+    # The runs by where the threads ran; a round's pair counts where both its runs did so.
     kinds = [k for k in ("one core", "two cores") if any(minutes(r) == k for x in runs for r in x["records"])]
-    split = {t: {k: {b: dict(zip(("paired", "rounds"), paired(runs, t, a.bins[0], b, lambda p, q, k=k: minutes(p) == minutes(q) == k))) for b in a.bins} for k in kinds} for t in tests}
+    split = {}
     for t in tests:
         for k in kinds:
             for b in a.bins:
                 tps = [r["tps"] for x in runs if x["bin"] == b for r in x["records"] if r["test"] == t and minutes(r) == k]
-                split[t][k][b].update(runs_in_minutes=len(tps), median_tps=statistics.median(tps) if tps else None)
+                ratio_k, rounds_k = paired(runs, t, a.bins[0], b, lambda p, q, k=k: minutes(p) == minutes(q) == k)
+                split.setdefault(t, {}).setdefault(k, {})[b] = {"runs_in_minutes": len(tps), "median_tps": statistics.median(tps) if tps else None, "paired": ratio_k, "rounds": rounds_k}
     head = {"cpu": cpu_description(), "model": a.model, "threads": a.threads, "isa": a.isa, "bench_args": a.bench_args, "rounds": a.rounds}
     if a.json:
         print(json.dumps({**head, "runs": runs, "medians": medians, "by_minutes": split}))
