@@ -38,7 +38,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchlib import ISA_KEEL, cpu_description, log
+from benchlib import ISA_KEEL, cpu_description, hand_offs, log
 
 # Options the script sets itself; BENCH_ARGS may not give them again.
 OWN_FLAGS = {"-m", "--model", "-t", "--threads", "--json"}
@@ -106,8 +106,8 @@ def describe(r):
     s = f"{r['test']} {r['tps']:.1f} t/s"
     if "fraction_of_bound" in r:
         s += f" ({100 * r['fraction_of_bound']:.1f}% of the bound, read pass {r.get('read_bytes_per_s', 0) / 1e9:.1f} GB/s"
-        if r.get("hand_off_after"):
-            s += f", hand-off {', '.join(f'{h * 1e9:.0f}' for h in r['hand_off_after'])} ns"
+        if hand_offs(r):
+            s += f", hand-off {hand_offs(r)}"
         s += ")"
     return s
 

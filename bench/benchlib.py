@@ -1,5 +1,6 @@
 """What the Python bench scripts share (bench/speed-set.py, bench/ab.py): the kernel set
-`--isa` chooses, the CPU's description for a report, and timestamped progress on stderr."""
+`--isa` chooses, the CPU's description for a report, a run's hand-offs as printed, and
+timestamped progress on stderr."""
 
 import datetime
 import os
@@ -29,3 +30,10 @@ def cpu_description():
     flags = set(info.get("flags", "").split())
     isa = "AVX512-FP16" if "avx512fp16" in flags else ("AVX-512" if "avx512f" in flags else ("AVX2" if "avx2" in flags else "no AVX2"))
     return f"{info.get('model name', '?')} (family {info.get('cpu family', '?')} model {info.get('model', '?')}, {isa}, {os.cpu_count()} CPUs)"
+
+
+def hand_offs(record):
+    """`keel bench --roofline`'s hand-off after each tg repetition (two or more threads),
+    as a report prints them ("94, 92, 90 ns"); "" where the record has none."""
+    h = record.get("hand_off_after") or []
+    return f"{', '.join(f'{x * 1e9:.0f}' for x in h)} ns" if h else ""

@@ -43,7 +43,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchlib import ISA_KEEL, cpu_description, log
+from benchlib import ISA_KEEL, cpu_description, hand_offs, log
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILT = ROOT / "target" / "release" / "keel"
@@ -212,8 +212,7 @@ def main():
             for x in runs:
                 if x["bar"] == 3:
                     s = x["bench"][0]
-                    hand = s.get("hand_off_after", [])
-                    hand = f"; hand-off {', '.join(f'{h * 1e9:.0f}' for h in hand)} ns" if hand else ""
+                    hand = f"; hand-off {hand_offs(s)}" if hand_offs(s) else ""
                     print(f"  round {x['round']} {short(x['model'])} -t {x['threads']}: {s['read_bytes_per_s'] / 1e9:.1f} GB/s, bound {s['bound_tps']:.1f} t/s, tg128 {s['tps']:.1f} t/s ({pct(s['fraction_of_bound'])}); after each repetition {', '.join(pct(f) for f in s.get('fraction_of_pass_after', []))}{hand}")
             print()
         print(f"{len(verdicts) - sum(v['met'] is None for v in verdicts) - len(unmet)} bars met, {len(unmet)} not met" + (": " + "; ".join(f"{v['model']} {v['what']} {(ratio if v['bar'] < 3 else pct)(v['median'])}" for v in unmet) if unmet else ""))
