@@ -671,8 +671,8 @@ pub(crate) fn other_rows16_prefetch(t: &'static KernelTable) -> Option<&'static 
     if f & 1 != 0 { table_of(f ^ 32) } else { None }
 }
 
-/// How far ahead `t`'s AVX-512 rows16 kernels ask for their weights (0: no hints; see
-/// `rows16::PREFETCH_INTEL`); `None` for a table without AVX-512 or not in [`TABLES`].
+/// How far ahead `t`'s AVX-512 rows16 kernels ask for their weights, as their `PF`
+/// encodes it (0: no hints; see `rows16::PREFETCH_INTEL`); `None` for a table without AVX-512 or not in [`TABLES`].
 #[cfg(test)]
 pub(crate) fn rows16_prefetch_distance(t: &'static KernelTable) -> Option<usize> {
     let f = flags_of(t)?;

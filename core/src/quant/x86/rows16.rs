@@ -22,14 +22,21 @@ use super::rd32;
 /// The kernel table picks it by CPU (`x86::build`):
 /// - Intel ([`PREFETCH_INTEL`]): on the Xeon VM (whose hardware prefetchers do not carry
 ///   a stream alone) one-thread decode gained 20-30% (2, 4 and 8 KiB into L1 and 8-16 KiB
-///   into L2 all gained; 4 KiB into L1 the most);
+///   into L2 all gained; 4 KiB into L1 the most); on a later Xeon VM (2026-12-06, ~19.5
+///   GB/s a core) a second hint for each line [`PREFETCH_FAR_L2`] ahead into L2, beside
+///   the 4 KiB one into L1, took decode up 3-17% at one and two threads on every model
+///   (Gemma 3 the most; 12-24 KiB alike; BENCHMARKS.md);
 /// - AMD Zen 4 (family 19h with AVX-512): none; any hint here made decode slower;
 /// - other AMD, Zen 5 (family 1Ah) among them ([`PREFETCH_AMD`]): on the Zen 5 VM
 ///   (2026-12-05) one-thread decode gained 8-14% with 4 KiB and, with 8 KiB, 17-30% on
 ///   SmolLM2 and 7% on Gemma 3 (2 KiB less, 12 and 16 KiB no more, 4 KiB into L2 alike;
 ///   BENCHMARKS.md);
 /// - the AVX2 kernels (no AVX-512: Zen 3, Zen 1) always [`PREFETCH_AVX2`].
-pub(super) const PREFETCH_INTEL: usize = 4096;
+/// Encoded as the L1 distance plus 2 (`PF % 4 == 2`): [`prefetch_ahead`]'s form with the
+/// second, far hint into L2.
+pub(super) const PREFETCH_INTEL: usize = 4096 + 2;
+/// How far ahead [`PREFETCH_INTEL`]'s second hint asks for each line (into L2).
+pub(super) const PREFETCH_FAR_L2: usize = 16384;
 /// See [`PREFETCH_INTEL`].
 pub(super) const PREFETCH_AMD: usize = 8192;
 /// See [`PREFETCH_INTEL`].
@@ -44,8 +51,9 @@ pub(super) const PREFETCH_AMD_STREAM: usize = PREFETCH_AMD + 1;
 
 /// With `PF` > 0, a hint for each line of the `GB` bytes `PF` bytes after `g` into L1
 /// (blocks follow one another, so the calls for consecutive blocks cover every line),
-/// non-temporal for an odd `PF` (at `PF - 1`); nothing with 0. (A hint only: it cannot
-/// fault, so it may point past the weights.)
+/// non-temporal for an odd `PF` (at `PF - 1`), and for `PF % 4 == 2` at `PF - 2` with a
+/// second one [`PREFETCH_FAR_L2`] after `g` into L2; nothing with 0. (A hint only: it
+/// cannot fault, so it may point past the weights.)
 #[inline(always)]
 fn prefetch_ahead<const PF: usize, const GB: usize>(g: *const u8) {
     if PF > 0 {
@@ -55,6 +63,9 @@ fn prefetch_ahead<const PF: usize, const GB: usize>(g: *const u8) {
             unsafe {
                 if PF % 2 == 1 {
                     _mm_prefetch::<_MM_HINT_NTA>(g.wrapping_add(PF - 1 + off).cast());
+                } else if PF % 4 == 2 {
+                    _mm_prefetch::<_MM_HINT_T0>(g.wrapping_add(PF - 2 + off).cast());
+                    _mm_prefetch::<_MM_HINT_T1>(g.wrapping_add(PREFETCH_FAR_L2 + off).cast());
                 } else {
                     _mm_prefetch::<_MM_HINT_T0>(g.wrapping_add(PF + off).cast());
                 }
