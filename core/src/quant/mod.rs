@@ -758,15 +758,16 @@ impl Kernels {
         x86::other_rounding(self.t).map(|t| Kernels { t })
     }
 
-    /// This set with its AVX-512 rows16 kernels' prefetch hints turned off where they are
-    /// on and on where they are off (the same bits): `None` where the set has no AVX-512.
+    /// This set with its rows16 kernels' prefetch hints the other way (the same bits):
+    /// with AVX-512, turned off where they are on and on where they are off; with AVX2
+    /// alone, the other vendor's (Intel's, with the far hint into L2, or not).
     #[cfg(all(test, target_arch = "x86_64"))]
     pub(crate) fn other_rows16_prefetch(&self) -> Option<Kernels> {
         x86::other_rows16_prefetch(self.t).map(|t| Kernels { t })
     }
 
-    /// How far ahead this set's AVX-512 rows16 kernels ask for their weights, in bytes (0:
-    /// no hints); `None` where the set has no AVX-512.
+    /// How far ahead this set's rows16 kernels (AVX-512 or AVX2) ask for their weights,
+    /// as their `PF` encodes it (0: no hints); `None` for a set without x86 kernels.
     #[cfg(all(test, target_arch = "x86_64"))]
     pub(crate) fn rows16_prefetch_distance(&self) -> Option<usize> {
         x86::rows16_prefetch_distance(self.t)

@@ -91,9 +91,10 @@ pub(super) fn fast_kernel_sets() -> Vec<Kernels> {
 
 /// [`fast_kernel_sets`] and, on x86, each AVX-512 set's twins with the other CPU vendor's
 /// tuning ([`Kernels::other_rounding`]) and with the hints turned the other way
-/// ([`Kernels::other_rows16_prefetch`]), and the one with AMD's distance non-temporal
-/// ([`Kernels::streaming`]): the rows16 kernels at every prefetch distance and hint
-/// (none, Intel's, AMD's, AMD's non-temporal), whatever the CPU.
+/// ([`Kernels::other_rows16_prefetch`]; for the AVX2 set, the other vendor's), and the
+/// one with AMD's distance non-temporal ([`Kernels::streaming`]): the rows16 kernels at
+/// every prefetch distance and hint (none, Intel's, AMD's, AMD's non-temporal; AVX2's
+/// own and Intel's), whatever the CPU.
 pub(super) fn rows16_kernel_sets() -> Vec<Kernels> {
     #[allow(unused_mut)]
     let mut sets = fast_kernel_sets();
@@ -1201,9 +1202,10 @@ fn far_prefetch_level_follows_the_l1_data_cache() {
 }
 
 /// The AVX-512 rows16 kernels ask for their weights Intel's distance ahead on Intel CPUs,
-/// none on AMD family 19h (Zen 4) and AMD's elsewhere, by the vendor and family Linux
-/// reports (/proc/cpuinfo); a set and its twins run every distance; CPUID's family is
-/// read as the documented encoding gives it.
+/// none on AMD family 19h (Zen 4) and AMD's elsewhere, and the AVX2 ones Intel's on Intel
+/// and their own elsewhere, by the vendor and family Linux reports (/proc/cpuinfo); a set
+/// and its twins run every distance; CPUID's family is read as the documented encoding
+/// gives it.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn rows16_prefetch_distance_follows_the_cpu() {
@@ -1217,15 +1219,25 @@ fn rows16_prefetch_distance_follows_the_cpu() {
             .unwrap_or_else(|| panic!("/proc/cpuinfo has no {name}"))
     };
     let (vendor, family) = (field("vendor_id"), field("cpu family").parse::<u32>().expect("cpu family"));
-    let (intel, amd) = super::x86::ROWS16_PREFETCH_INTEL_AMD;
+    let (intel, amd, avx2) = super::x86::ROWS16_PREFETCH_INTEL_AMD_AVX2;
     let want = match (vendor.as_str(), family) {
         ("GenuineIntel", _) => intel,
         ("AuthenticAMD", 0x19) => 0,
         _ => amd,
     };
-    let mut avx512 = 0;
+    let want_avx2 = if vendor == "GenuineIntel" { intel } else { avx2 };
+    let (mut avx512, mut avx2_sets) = (0, 0);
     for k in fast_kernel_sets() {
-        let Some(d) = k.rows16_prefetch_distance() else { continue };
+        let d = k.rows16_prefetch_distance().unwrap_or_else(|| panic!("{}: no rows16 distance", k.name()));
+        if k.other_rounding().is_none() {
+            // AVX2 alone: Intel's distance on Intel, else its own; its twin the other.
+            avx2_sets += 1;
+            assert_eq!(d, want_avx2, "{}: {vendor}, family {family:#x}", k.name());
+            let mut seen = [d, k.other_rows16_prefetch().unwrap().rows16_prefetch_distance().unwrap()];
+            seen.sort_unstable();
+            assert_eq!(seen, [avx2, intel], "{}: the twin's distance", k.name());
+            continue;
+        }
         avx512 += 1;
         assert_eq!(d, want, "{}: {vendor}, family {family:#x}", k.name());
         let twin = k.other_rounding().unwrap();
@@ -1235,6 +1247,7 @@ fn rows16_prefetch_distance_follows_the_cpu() {
         assert_eq!(seen, [0, intel, amd], "{}: the twins' distances", k.name());
     }
     assert_eq!(avx512 > 0, std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512vnni"), "AVX-512 sets: {avx512}");
+    assert_eq!(avx2_sets, 1, "the AVX2 set");
     // Non-temporal hints for a model far beyond the L3, only where the distance is AMD's
     // and the L3 is known (AMD's CPUID), never for a small one; the sets run them all.
     let l3 = super::x86::cpu_l3_bytes_amd();
@@ -1260,8 +1273,11 @@ fn rows16_prefetch_distance_follows_the_cpu() {
         assert_eq!(big.name(), k.name());
     }
     let distances: Vec<Option<usize>> = rows16_kernel_sets().iter().map(Kernels::rows16_prefetch_distance).collect();
-    for d in [0, intel, amd, amd + 1] {
+    for d in [0, amd, amd + 1] {
         assert_eq!(distances.contains(&Some(d)), avx512 > 0, "distance {d} among the rows16 test sets");
+    }
+    for d in [intel, avx2] {
+        assert!(distances.contains(&Some(d)), "distance {d} among the rows16 test sets");
     }
 }
 

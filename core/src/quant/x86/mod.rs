@@ -645,7 +645,7 @@ pub(crate) fn table(isa: Isa) -> Option<&'static KernelTable> {
     let fp16 = isa.avx512_fp16 && cpu_has_avx512_fp16();
     let avx512 = isa.avx512 && cpu_has_avx512();
     let vnni = avx512 && isa.avx512_vnni && cpu_has_avx512_vnni();
-    let intel = avx512 && cpu_is_intel();
+    let intel = cpu_is_intel();
     let small_l1 = cpu_l1d_bytes().is_some_and(|b| b < FAR_L1_MIN_L1D);
     let quiet = avx512 && cpu_is_amd_zen4();
     table_of(avx512 as usize | (vnni as usize) << 1 | (fp16 as usize) << 2 | (intel as usize) << 3 | (small_l1 as usize) << 4 | (quiet as usize) << 5)
@@ -661,33 +661,37 @@ pub(crate) fn other_rounding(t: &'static KernelTable) -> Option<&'static KernelT
     if f & 1 != 0 { table_of(f ^ 8) } else { None }
 }
 
-/// `t` (one of [`TABLES`]) with its AVX-512 rows16 kernels' prefetch hints off where
-/// they are on and on where off (the Zen 4 choice, `quiet`, flipped; same bits, other
-/// speed): with [`other_rounding`], tests run every prefetch distance on any AVX-512 CPU.
-/// `None` for a table without AVX-512 or not in [`TABLES`].
+/// `t` (one of [`TABLES`]) with its rows16 kernels' prefetch hints the other way (same
+/// bits, other speed): with AVX-512, off where they are on and on where off (the Zen 4
+/// choice, `quiet`, flipped; with [`other_rounding`], tests run every AVX-512 distance on
+/// any AVX-512 CPU); with AVX2 alone, the other vendor's (`intel` flipped: both AVX2
+/// distances on any CPU). `None` for a table not in [`TABLES`].
 #[cfg(test)]
 pub(crate) fn other_rows16_prefetch(t: &'static KernelTable) -> Option<&'static KernelTable> {
     let f = flags_of(t)?;
-    if f & 1 != 0 { table_of(f ^ 32) } else { None }
+    table_of(if f & 1 != 0 { f ^ 32 } else { f ^ 8 })
 }
 
-/// How far ahead `t`'s AVX-512 rows16 kernels ask for their weights, as their `PF`
-/// encodes it (0: no hints; see `rows16::PREFETCH_INTEL`); `None` for a table without AVX-512 or not in [`TABLES`].
+/// How far ahead `t`'s rows16 kernels (AVX-512 or AVX2) ask for their weights, as their
+/// `PF` encodes it (0: no hints; see `rows16::PREFETCH_INTEL`); `None` for a table not
+/// in [`TABLES`].
 #[cfg(test)]
 pub(crate) fn rows16_prefetch_distance(t: &'static KernelTable) -> Option<usize> {
-    let f = flags_of(t)?;
-    (f & 1 != 0).then(|| rows16_distance(f))
+    flags_of(t).map(rows16_distance)
 }
 
-/// Intel's and AMD's AVX-512 rows16 prefetch distances (`rows16::PREFETCH_INTEL`), for
-/// the tests.
+/// Intel's and AMD's AVX-512 rows16 prefetch distances (`rows16::PREFETCH_INTEL`) and
+/// the AVX2 kernels' elsewhere, for the tests.
 #[cfg(test)]
-pub(super) const ROWS16_PREFETCH_INTEL_AMD: (usize, usize) = (rows16::PREFETCH_INTEL, rows16::PREFETCH_AMD);
+pub(super) const ROWS16_PREFETCH_INTEL_AMD_AVX2: (usize, usize, usize) = (rows16::PREFETCH_INTEL, rows16::PREFETCH_AMD, rows16::PREFETCH_AVX2);
 
-/// The AVX-512 rows16 kernels' prefetch distance for a table's flags: none with `quiet`,
-/// Intel's with `intel`, AMD's non-temporal with `stream`, else AMD's.
+/// The rows16 kernels' prefetch distance for a table's flags. AVX-512: none with
+/// `quiet`, Intel's with `intel`, AMD's non-temporal with `stream`, else AMD's. AVX2
+/// alone: Intel's with `intel` (its far hint into L2 as well), else `PREFETCH_AVX2`.
 const fn rows16_distance(flags: usize) -> usize {
-    if flags & 32 != 0 {
+    if flags & 1 == 0 {
+        if flags & 8 != 0 { rows16::PREFETCH_INTEL } else { rows16::PREFETCH_AVX2 }
+    } else if flags & 32 != 0 {
         0
     } else if flags & 8 != 0 {
         rows16::PREFETCH_INTEL
@@ -720,7 +724,8 @@ pub(crate) fn rounds_via_memory(t: &'static KernelTable) -> bool {
 
 /// True if CPUID's vendor is Intel: the AVX-512 value updates then round their f16
 /// accumulators through memory ([`f16_round_to`]; the same bits, a different speed), and
-/// the rows16 kernels prefetch their weights `rows16::PREFETCH_INTEL` ahead.
+/// the rows16 kernels (AVX-512 and AVX2 alike) prefetch their weights
+/// `rows16::PREFETCH_INTEL` ahead.
 fn cpu_is_intel() -> bool {
     // SAFETY: CPUID leaf 0 exists on every x86_64 CPU.
     let l0 = unsafe { __cpuid(0) };
@@ -745,15 +750,15 @@ pub(super) const fn cpuid_family(eax: u32) -> u32 {
 /// A table's flags: `avx512 | vnni << 1 | fp16 << 2 | intel << 3 | small_l1 << 4 | quiet
 /// << 5 | stream << 6` (`small_l1`: an L1 data cache under [`FAR_L1_MIN_L1D`]; `quiet`:
 /// AVX-512 rows16 kernels without prefetch hints, [`cpu_is_amd_zen4`]; `stream`: their
-/// hints non-temporal, [`streaming`]). `vnni`, `intel` and `quiet` only ever come with
-/// `avx512` ([`table`]), `stream` only with `avx512` and neither of the others: 44 of the
-/// 128 values are tables.
+/// hints non-temporal, [`streaming`]). `vnni` and `quiet` only ever come with `avx512`
+/// ([`table`]; `intel` with or without it), `stream` only with `avx512` and neither
+/// `intel` nor `quiet`: 48 of the 128 values are tables.
 const FLAG_VALUES: usize = 128;
 
-/// Whether `flags` names a table: `vnni`, `intel` and `quiet` only with `avx512`, and
-/// `stream` only with `avx512` and neither `intel` nor `quiet`.
+/// Whether `flags` names a table: `vnni` and `quiet` only with `avx512`, and `stream`
+/// only with `avx512` and neither `intel` nor `quiet`.
 const fn is_table(flags: usize) -> bool {
-    flags < FLAG_VALUES && (flags & 1 != 0 || flags & (2 | 8 | 32) == 0) && (flags & 64 == 0 || (flags & 1 != 0 && flags & (8 | 32) == 0))
+    flags < FLAG_VALUES && (flags & 1 != 0 || flags & (2 | 32) == 0) && (flags & 64 == 0 || (flags & 1 != 0 && flags & (8 | 32) == 0))
 }
 
 /// How many flag values name a table.
@@ -766,7 +771,7 @@ const N_TABLES: usize = {
     n
 };
 
-const _: () = assert!(N_TABLES == 44, "4 tables without AVX-512 (fp16, small_l1), 32 with, 8 streaming");
+const _: () = assert!(N_TABLES == 48, "8 tables without AVX-512 (fp16, intel, small_l1), 32 with, 8 streaming");
 
 /// The flags of each of [`TABLES`], in order.
 static TABLE_FLAGS: [u8; N_TABLES] = {
@@ -781,7 +786,7 @@ static TABLE_FLAGS: [u8; N_TABLES] = {
     t
 };
 
-/// The table of every set of flags that names one (in [`TABLE_FLAGS`]' order; 44 rather
+/// The table of every set of flags that names one (in [`TABLE_FLAGS`]' order; 48 rather
 /// than 128, since each is ~4 KiB of function pointers in every binary).
 static TABLES: [KernelTable; N_TABLES] = {
     let mut t = [REFERENCE; N_TABLES];
@@ -886,14 +891,19 @@ const fn build(flags: usize) -> KernelTable {
         t.dot_tile_rows16.q8_0 = DotTile::entry_with_rest(tile_q8_0_q8_0_lanes_rows16, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q8_0_q8_0_lanes16_rows16, LANES_REST_TOKENS);
     } else {
         // AVX2 only: Q4_1, Q4_0, Q8_0 and Q5_0 in the layout (rows in lanes without
-        // transposing; Q4_K's AVX2 kernels have none yet).
-        t.dot_rows16.q4_1 = Some(rows16_q4_1_q8_1_avx2::<{ rows16::PREFETCH_AVX2 }>);
+        // transposing; Q4_K's AVX2 kernels have none yet), with Intel's hints on Intel.
+        macro_rules! r16_avx2 {
+            ($f:ident) => {
+                Some(if r16_pf == rows16::PREFETCH_INTEL { $f::<{ rows16::PREFETCH_INTEL }> as super::rows16::Rows16Fn } else { $f::<{ rows16::PREFETCH_AVX2 }> })
+            };
+        }
+        t.dot_rows16.q4_1 = r16_avx2!(rows16_q4_1_q8_1_avx2);
         t.dot_tile_rows16.q4_1 = DotTile::entry_with_rest(tile_q4_1_q8_1_lanes8_rows16, 16, LANES8_TILE_TOKENS, tile_q4_1_q8_1_lanes8_rest_rows16, LANES8_REST_TOKENS);
-        t.dot_rows16.q4_0 = Some(rows16_q4_0_q8_0_avx2::<{ rows16::PREFETCH_AVX2 }>);
+        t.dot_rows16.q4_0 = r16_avx2!(rows16_q4_0_q8_0_avx2);
         t.dot_tile_rows16.q4_0 = DotTile::entry_with_rest(tile_q4_0_q8_0_wide_rows16, 16, Q4_0_WIDE_TILE_TOKENS, tile_q4_0_q8_0_rows16, Q4_0_TILE_TOKENS);
-        t.dot_rows16.q8_0 = Some(rows16_q8_0_q8_0_avx2::<{ rows16::PREFETCH_AVX2 }>);
+        t.dot_rows16.q8_0 = r16_avx2!(rows16_q8_0_q8_0_avx2);
         t.dot_tile_rows16.q8_0 = DotTile::entry_with_rest(tile_q8_0_q8_0_lanes8_rows16, 16, LANES8_TILE_TOKENS, tile_q8_0_q8_0_lanes8_rest_rows16, LANES8_REST_TOKENS);
-        t.dot_rows16.q5_0 = Some(rows16_q5_0_q8_0_avx2::<{ rows16::PREFETCH_AVX2 }>);
+        t.dot_rows16.q5_0 = r16_avx2!(rows16_q5_0_q8_0_avx2);
         t.dot_tile_rows16.q5_0 = DotTile::entry_with_rest(tile_q5_0_q8_0_lanes8_rows16, 16, LANES8_TILE_TOKENS, tile_q5_0_q8_0_lanes8_rest_rows16, LANES8_REST_TOKENS);
     }
     t.dot_rows.mxfp4 = Some(rows!(rows_mxfp4_q8_0));

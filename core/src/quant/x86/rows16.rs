@@ -31,7 +31,11 @@ use super::rd32;
 ///   (2026-12-05) one-thread decode gained 8-14% with 4 KiB and, with 8 KiB, 17-30% on
 ///   SmolLM2 and 7% on Gemma 3 (2 KiB less, 12 and 16 KiB no more, 4 KiB into L2 alike;
 ///   BENCHMARKS.md);
-/// - the AVX2 kernels (no AVX-512: Zen 3, Zen 1) always [`PREFETCH_AVX2`].
+/// - the AVX2 kernels (no AVX-512: Zen 3, Zen 1; Intel cores without it) [`PREFETCH_AVX2`],
+///   and on Intel [`PREFETCH_INTEL`]: on the faster Xeon VM (2026-12-06, the AVX2 set
+///   forced) its far L2 hint took one-thread decode up 8-26% and two-thread 3-22% on every
+///   model (Gemma 3 +18% and +22%; BENCHMARKS.md). The AMD AVX2 machines were not at hand
+///   to try it; on the Zen 5 the AVX-512 kernels' far hint made decode slower.
 /// Encoded as the L1 distance plus 2 (`PF % 4 == 2`): [`prefetch_ahead`]'s form with the
 /// second, far hint into L2.
 pub(super) const PREFETCH_INTEL: usize = 4096 + 2;
