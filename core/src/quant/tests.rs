@@ -1085,6 +1085,61 @@ fn dot_rows_give_each_dots_bits() {
     let _ = checked;
 }
 
+/// The Q4_K prompt tiles at the integer extremes: every level 15 or 0 and every 6-bit
+/// scale and min 63 against activations of ±127, rows all 15 (each 32-element
+/// sub-block's sum as large as it gets, 32·15·127, and 8 `maddubs` pairs 8·2·15·127 =
+/// 30480, which a tile may add as i16) and rows mixed by row, block and byte, so an i16
+/// overflow in a tile's sums would show as a wrong output.
+#[test]
+fn q4_k_tiles_hold_the_extreme_sums() {
+    let mut checked = 0;
+    for k in &fast_kernel_sets() {
+        let (Some(tile), Ok(dot)) = (k.dot_tile_fn(Q4_K), k.dot_fn(Q4_K)) else { continue };
+        for (tile_f, tt) in [Some((tile.f, tile.tokens)), tile.rest].into_iter().flatten() {
+            for n in [256usize, 1024, 2048] {
+                let rows = 2 * tile.rows;
+                let wrow = bytes_of(Q4_K, n);
+                let mut w = vec![0u8; rows * wrow];
+                for r in 0..rows {
+                    for b in 0..n / 256 {
+                        let blk = &mut w[r * wrow + b * 144..r * wrow + (b + 1) * 144];
+                        blk[..2].copy_from_slice(&half::f16::from_f32(0.5).to_bits().to_le_bytes());
+                        blk[2..4].copy_from_slice(&half::f16::from_f32(0.25).to_bits().to_le_bytes());
+                        // Every scale and min 63 (all twelve bytes 0xFF).
+                        blk[4..16].fill(0xFF);
+                        for (i, q) in blk[16..].iter_mut().enumerate() {
+                            *q = match r {
+                                0 => 0xFF,
+                                1 => 0x00,
+                                _ if (r + b + i / 4) % 3 == 0 => 0x0F,
+                                _ => 0xFF,
+                            };
+                        }
+                    }
+                }
+                for (sign, flip) in [(1.0f32, false), (-1.0, false), (1.0, true)] {
+                    let x: Vec<f32> = (0..n).map(|i| if flip && i % 7 == 3 { -sign } else { sign }).collect();
+                    let one = activations(k, Q8_K, &x);
+                    let arow = one.len();
+                    let a: Vec<u8> = (0..tt).flat_map(|_| one.iter().copied()).collect();
+                    let mut out = vec![f32::NAN; tt * rows];
+                    tile_f(n, &w, wrow, rows, &a, arow, &mut out, rows);
+                    let want: Vec<u32> = (0..rows).map(|r| dot(n, &w[r * wrow..], &one).to_bits()).collect();
+                    for t in 0..tt {
+                        for r in 0..rows {
+                            assert_eq!(out[t * rows + r].to_bits(), want[r], "{} n={n} row {r} token {t} sign {sign}", k.name());
+                        }
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    assert!(checked > 0 || fast_kernel_sets().is_empty(), "no Q4_K tile was checked");
+    let _ = checked;
+}
+
 /// The Q4_0 8-row kernels at the integer extremes: every level -8 or +7 against
 /// activations of ±127, rows 0 and 1 all -8 and all +7 (each 16-element sum as large as
 /// it gets, 16·8·127, and `Σ q·y` 16·15·127), so an i16 overflow in a kernel's sums

@@ -241,7 +241,7 @@ const LANES8_STAGE_BLOCKS: usize = 8;
 /// lane r (two rounds of unpacks in each 128-bit half, then the halves exchanged).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn transpose_8x8(r: [__m256i; 8]) -> [__m256i; 8] {
+pub(super) unsafe fn transpose_8x8(r: [__m256i; 8]) -> [__m256i; 8] {
     // SAFETY: value-only intrinsics; AVX2 available (target features).
     unsafe {
         let t: [__m256i; 8] = core::array::from_fn(|k| {
@@ -634,7 +634,7 @@ const Q4_0_STAGE_BLOCKS: usize = 32;
 /// exact conversion).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16x8(p: *const u8, stride: usize) -> __m256 {
+pub(super) unsafe fn f16x8(p: *const u8, stride: usize) -> __m256 {
     // SAFETY: the caller guarantees 2 readable bytes at p + k·stride, k < 8.
     unsafe {
         let h = |k: usize| core::ptr::read_unaligned(p.add(k * stride).cast::<u16>()) as i32;
