@@ -774,6 +774,135 @@ pub(super) unsafe fn q6_k_q8_k_tile<const MODE: u8>(nb: usize, w: *const u8, wro
     }
 }
 
+/// Weight rows of [`q6_k_q8_k_lanes8`]: one per lane of a vector.
+pub(crate) const Q6_K_LANES8_ROWS: usize = 8;
+/// Tokens of [`q6_k_q8_k_lanes8`]'s tile, and of its narrower tile for a chunk's tokens
+/// after its whole tiles.
+pub(crate) const Q6_K_LANES8_TOKENS: usize = 32;
+pub(crate) const Q6_K_LANES8_REST_TOKENS: usize = 8;
+/// Tokens [`q6_k_q8_k_lanes8`] takes together (each staged level vector loaded once for
+/// all of them; `quant::bench::bench_matmul`, one thread, on the faster Xeon VM with the
+/// AVX2 set: 134 GFLOP/s two, 137 four or eight; the 1-row tile it replaces 91).
+const Q6_K_LANES8_TOGETHER: usize = 4;
+const _: () = assert!(Q6_K_LANES8_TOKENS % Q6_K_LANES8_TOGETHER == 0 && Q6_K_LANES8_REST_TOKENS % Q6_K_LANES8_TOGETHER == 0);
+/// Super-blocks per range of [`q6_k_q8_k_lanes8`]'s staged weights (2.8 KiB each; the
+/// accumulators go through a stash between ranges).
+const Q6_K_LANES8_STAGE: usize = 4;
+
+/// One Q6_K super-block of [`Q6_K_LANES8_ROWS`] rows as [`q6_k_q8_k_lanes8`] takes it:
+/// `lv[g][k]` holds, in lane r, the unsigned levels ([`q6_k_levels`]) of row r's elements
+/// `32g + 4k..32g + 4k + 4`; `sc[s]` row r's sub-block scale `s` twice (two i16), `sp[k]`
+/// its scales `2k` and `2k + 1` (two i16), `dw` the rows' super-block scales.
+#[derive(Clone, Copy)]
+struct Q6kLanes8 {
+    lv: [[__m256i; 8]; 8],
+    sc: [__m256i; 16],
+    sp: [__m256i; 8],
+    dw: __m256,
+}
+
+/// Super-block `i` of the 8 rows at `w` (`wrow` bytes apart) as [`Q6kLanes8`]: each
+/// 32-element group's levels of the 8 rows transposed by dwords, and the rows' 16 scales
+/// (as i16) likewise.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_lanes8_block(w: *const u8, wrow: usize, i: usize) -> Q6kLanes8 {
+    // SAFETY: the caller guarantees super-block i (210 bytes) of each of 8 rows readable.
+    unsafe {
+        use super::qtile::{f16x8, transpose_8x8};
+        let p = w.add(210 * i);
+        let lv: [[__m256i; 8]; 8] = core::array::from_fn(|g| transpose_8x8(core::array::from_fn(|r| q6_k_levels(p.add(r * wrow), g / 4, g % 4))));
+        let sp = transpose_8x8(core::array::from_fn(|r| _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(r * wrow + 192).cast()))));
+        let low = _mm256_set1_epi32(0xFFFF);
+        let mut sc = [_mm256_setzero_si256(); 16];
+        for k in 0..8 {
+            // (Arithmetic shift: the scales are signed.)
+            let (lo, hi) = (_mm256_and_si256(sp[k], low), _mm256_srai_epi32::<16>(sp[k]));
+            sc[2 * k] = _mm256_or_si256(lo, _mm256_slli_epi32::<16>(lo));
+            sc[2 * k + 1] = _mm256_or_si256(_mm256_and_si256(hi, low), _mm256_slli_epi32::<16>(hi));
+        }
+        Q6kLanes8 { lv, sc, sp, dw: f16x8(p.add(208), wrow) }
+    }
+}
+
+/// Q6_K · Q8_K in llama.cpp's x86 lane order ([`q6_k_q8_k`]`::<NATIVE>`), AVX2,
+/// [`Q6_K_LANES8_ROWS`] rows in the lanes of a vector × `T` tokens. The single dot keeps
+/// 8 f32 lanes per (row, token), lane k taking per super-block
+/// `fma(da·dw, f32(sumi_k - sub_k), acc_k)` with `sumi_k` the exact integer over the
+/// super-block's elements `32g + 4k..32g + 4k + 4` (g < 8), each group's four products
+/// times its sub-block's scale, and `sub_k = 32·(bsums[2k]·sc[2k] + bsums[2k+1]·sc[2k+1])`;
+/// then `hsum_ps` of the 8. Here register k of a token holds lane k of 8 rows: per
+/// super-block the rows' levels and scales are transposed once ([`q6_k_lanes8_block`]) and
+/// kept for every token; per token, k and g one `maddubs` of the levels by the token's
+/// broadcast dword (a pair at most 2·63·127: exact) and one `madd` by the sub-block's
+/// scale give every row's exact integer, summed in i32 (any order gives the same integer);
+/// `sub_k` from the rows' scale pair and the token's bsum pair; then the same product and
+/// fma, and at the end the 8 registers added as `hsum_ps` adds lanes
+/// (`((0+4)+(2+6)) + ((1+5)+(3+7))`). So every output has the single dot's bits. Per group
+/// of rows the super-blocks go in ranges of [`Q6_K_LANES8_STAGE`], each token's
+/// accumulators kept in a stash between ranges.
+///
+/// # Safety
+/// AVX2, FMA and F16C available; `nb` super-blocks of each of `rows` (a multiple of 8)
+/// rows at `w + r·wrow` and of each of `T` activation rows at `a + t·arow` readable;
+/// `out[t·ostride + r]` writable for r < rows, t < T.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q6_k_q8_k_lanes8<const T: usize>(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    // SAFETY: see above; layouts ql@0 qh@128 scales@192 d@208 and d@0 qs@4 bsums@260.
+    unsafe {
+        let bcast = |p: *const u8| _mm256_set1_epi32(core::ptr::read_unaligned(p.cast::<i32>()));
+        const SB: usize = Q6_K_LANES8_STAGE;
+        const U: usize = Q6_K_LANES8_TOGETHER;
+        let mut wst = core::mem::MaybeUninit::<[Q6kLanes8; SB]>::uninit();
+        let mut stash = core::mem::MaybeUninit::<[[__m256; 8]; T]>::uninit();
+        let (wp, sp) = (wst.as_mut_ptr().cast::<Q6kLanes8>(), stash.as_mut_ptr().cast::<[__m256; 8]>());
+        for g0 in (0..rows).step_by(Q6_K_LANES8_ROWS) {
+            let wg = w.add(g0 * wrow);
+            let mut b0 = 0;
+            while b0 < nb {
+                let kb = (nb - b0).min(SB);
+                let last = b0 + kb == nb;
+                // (Entries 0..kb of wst are written here before any read below.)
+                for ib in 0..kb {
+                    wp.add(ib).write(q6_k_lanes8_block(wg, wrow, b0 + ib));
+                }
+                for t0 in (0..T).step_by(U) {
+                    // (The stash entries of these tokens were written by the previous range.)
+                    let mut acc: [[__m256; 8]; U] = core::array::from_fn(|u| if b0 == 0 { [_mm256_setzero_ps(); 8] } else { *sp.add(t0 + u) });
+                    for ib in 0..kb {
+                        let blk = &*wp.add(ib);
+                        let ab: [*const u8; U] = core::array::from_fn(|u| a.add((t0 + u) * arow + 292 * (b0 + ib)));
+                        let d: [__m256; U] = core::array::from_fn(|u| _mm256_mul_ps(_mm256_set1_ps(rdf32(ab[u])), blk.dw));
+                        for k in 0..8 {
+                            let mut s = [_mm256_setzero_si256(); U];
+                            for g in 0..8 {
+                                let (l, sc) = (blk.lv[g][k], blk.sc[2 * g + k / 4]);
+                                for u in 0..U {
+                                    s[u] = _mm256_add_epi32(s[u], _mm256_madd_epi16(_mm256_maddubs_epi16(l, bcast(ab[u].add(A_QS + 32 * g + 4 * k))), sc));
+                                }
+                            }
+                            for u in 0..U {
+                                let sub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(blk.sp[k], bcast(ab[u].add(A_BSUMS + 4 * k))));
+                                acc[u][k] = _mm256_fmadd_ps(d[u], _mm256_cvtepi32_ps(_mm256_sub_epi32(s[u], sub)), acc[u][k]);
+                            }
+                        }
+                    }
+                    for (u, acc) in acc.iter().enumerate() {
+                        if last {
+                            let t = [0, 1, 2, 3].map(|j| _mm256_add_ps(acc[j], acc[j + 4]));
+                            _mm256_storeu_ps(out.add((t0 + u) * ostride + g0), _mm256_add_ps(_mm256_add_ps(t[0], t[2]), _mm256_add_ps(t[1], t[3])));
+                        } else {
+                            sp.add(t0 + u).write(*acc);
+                        }
+                    }
+                }
+                b0 += kb;
+            }
+        }
+    }
+}
+
 /// Tokens of the AVX-512 VNNI Q6_K tile in the native order ([`q6_k_q8_k_tile_vnni`]).
 pub(crate) const Q6_K_NATIVE_TOKENS: usize = 16;
 
