@@ -549,23 +549,91 @@ pub(super) unsafe fn q4_k_q8_k_tile<const MODE: u8>(nb: usize, w: *const u8, wro
     }
 }
 
-/// Weight rows of [`q4_k_q8_k_lanes8`]: one per lane of a vector.
-pub(crate) const Q4_K_LANES8_ROWS: usize = 8;
-/// Tokens of [`q4_k_q8_k_lanes8`]'s tile (each super-block's weights transposed once for
-/// all of them), and of its narrower tile for a chunk's tokens after its whole tiles.
-pub(crate) const Q4_K_LANES8_TOKENS: usize = 32;
-pub(crate) const Q4_K_LANES8_REST_TOKENS: usize = 8;
-/// Tokens [`q4_k_q8_k_lanes8`] takes together (each staged level vector loaded once for
-/// all of them; `quant::bench::bench_matmul`, one thread, on the faster Xeon VM with the
-/// AVX2 set: 185 GFLOP/s one at a time, 212 two, 217 four; the 1-row tile it replaces
-/// 102).
-const Q4_K_LANES8_TOGETHER: usize = 4;
-const _: () = assert!(Q4_K_LANES8_TOKENS % Q4_K_LANES8_TOGETHER == 0 && Q4_K_LANES8_REST_TOKENS % Q4_K_LANES8_TOGETHER == 0);
-/// Super-blocks per range of [`q4_k_q8_k_lanes8`]'s staged weights (2.4 KiB each; the
-/// accumulators go through a stash between ranges).
-const Q4_K_LANES8_STAGE: usize = 4;
+/// Weight rows of the AVX2 K-quant rows-in-lanes tiles ([`k_lanes8_tile`]): one per lane
+/// of a vector.
+pub(crate) const KLANES8_ROWS: usize = 8;
+/// Tokens of the AVX2 K-quant rows-in-lanes tiles (each super-block's weights transposed
+/// once for all of them), and of their narrower tiles for a chunk's tokens after its
+/// whole tiles.
+pub(crate) const KLANES8_TOKENS: usize = 32;
+pub(crate) const KLANES8_REST_TOKENS: usize = 8;
+/// Tokens the AVX2 K-quant rows-in-lanes tiles take together (each staged level vector
+/// loaded once for all of them; `quant::bench::bench_matmul`, one thread, on the faster
+/// Xeon VM with the AVX2 set: Q4_K 185 GFLOP/s one at a time, 212 two, 217 four, where the
+/// 1-row tile it replaces took 102; Q6_K 134 two, 137 four or eight, where the 1-row tile
+/// took 91).
+const KLANES8_TOGETHER: usize = 4;
+const _: () = assert!(KLANES8_TOKENS % KLANES8_TOGETHER == 0 && KLANES8_REST_TOKENS % KLANES8_TOGETHER == 0);
+/// Super-blocks per range of the AVX2 K-quant rows-in-lanes tiles' staged weights (Q4_K
+/// 2.4 KiB each, Q6_K 2.8 KiB; the accumulators go through a stash between ranges).
+const KLANES8_STAGE: usize = 4;
 
-/// One Q4_K super-block of [`Q4_K_LANES8_ROWS`] rows as [`q4_k_q8_k_lanes8`] takes it:
+/// The order of work of the AVX2 K-quant rows-in-lanes tiles: [`KLANES8_ROWS`] weight
+/// rows in the lanes of a vector × `$tokens` tokens. Per group of rows the super-blocks go
+/// in ranges of [`KLANES8_STAGE`]: each super-block `$i` of the group at `$wg` is staged as
+/// `$block` (its rows transposed once for every token), then the tokens go
+/// [`KLANES8_TOGETHER`] at a time, `$step` adding super-block `$blk` of the tokens at `$ab`
+/// into their accumulators `$acc` (of type `$acc_ty`, from `$zero`), kept in a stash
+/// between ranges; after the last range `$out_of` gives each token's 8 outputs.
+/// Safety: `nb` super-blocks (`$as` bytes each in the activations) of each of `$rows` (a
+/// multiple of 8) rows and `$tokens` activation rows readable, `out[t·ostride + r]`
+/// writable for r < rows, t < tokens; every staged entry is written before it is read.
+macro_rules! k_lanes8_tile {
+    ($nb:expr, $w:expr, $wrow:expr, $rows:expr, $a:expr, $arow:expr, $out:expr, $ostride:expr, $tokens:expr, $blk_ty:ty, $acc_ty:ty, $zero:expr,
+     |$wg:ident, $i:ident| $block:expr, |$blk:ident, $ab:ident, $acc:ident| $step:block, |$fin:ident| $out_of:expr) => {{
+        const SB: usize = KLANES8_STAGE;
+        const U: usize = KLANES8_TOGETHER;
+        let (nb, w, wrow, rows, a, arow, out, ostride): (usize, *const u8, usize, usize, *const u8, usize, *mut f32, usize) = ($nb, $w, $wrow, $rows, $a, $arow, $out, $ostride);
+        let mut wst = core::mem::MaybeUninit::<[$blk_ty; SB]>::uninit();
+        let mut stash = core::mem::MaybeUninit::<[$acc_ty; $tokens]>::uninit();
+        let (wp, sp) = (wst.as_mut_ptr().cast::<$blk_ty>(), stash.as_mut_ptr().cast::<$acc_ty>());
+        for g in (0..rows).step_by(KLANES8_ROWS) {
+            let $wg = w.add(g * wrow);
+            let mut b0 = 0;
+            while b0 < nb {
+                let kb = (nb - b0).min(SB);
+                let last = b0 + kb == nb;
+                // (Entries 0..kb of wst are written here before any read below.)
+                for ib in 0..kb {
+                    let $i = b0 + ib;
+                    wp.add(ib).write($block);
+                }
+                for t0 in (0..$tokens).step_by(U) {
+                    // (The stash entries of these tokens were written by the previous range.)
+                    let mut $acc: [$acc_ty; U] = core::array::from_fn(|u| if b0 == 0 { $zero } else { *sp.add(t0 + u) });
+                    for ib in 0..kb {
+                        let $blk = &*wp.add(ib);
+                        let $ab: [*const u8; U] = core::array::from_fn(|u| a.add((t0 + u) * arow + 292 * (b0 + ib)));
+                        $step
+                    }
+                    for (u, $fin) in $acc.iter().enumerate() {
+                        if last {
+                            _mm256_storeu_ps(out.add((t0 + u) * ostride + g), $out_of);
+                        } else {
+                            sp.add(t0 + u).write(*$fin);
+                        }
+                    }
+                }
+                b0 += kb;
+            }
+        }
+    }};
+}
+
+/// The two i16 of each dword of `x` (a row's scales `2k` and `2k + 1` in lane r), each
+/// twice in a dword of its own: (lane r: `(x_lo, x_lo)`, lane r: `(x_hi, x_hi)`), the
+/// `madd` operands that scale both i16 sums of a lane alike.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn twin_scales(x: __m256i) -> (__m256i, __m256i) {
+    // SAFETY: value-only intrinsics; AVX2 available (this fn's target features).
+    unsafe {
+        let (lo, hi) = (_mm256_and_si256(x, _mm256_set1_epi32(0xFFFF)), _mm256_srli_epi32::<16>(x));
+        (_mm256_or_si256(lo, _mm256_slli_epi32::<16>(lo)), _mm256_or_si256(hi, _mm256_slli_epi32::<16>(hi)))
+    }
+}
+
+/// One Q4_K super-block of [`KLANES8_ROWS`] rows as [`q4_k_q8_k_lanes8`] takes it:
 /// `lv[s][j]` holds, in lane r, the levels (unsigned bytes) of row r's elements
 /// `32s + 4j..32s + 4j + 4`; `sc[s]` row r's sub-block scale `s` twice (two i16), `mn[k]`
 /// its mins `2k` and `2k + 1` (two i16), `dw` and `dmin` the rows' super-block scales.
@@ -600,19 +668,16 @@ unsafe fn q4_k_lanes8_block(w: *const u8, wrow: usize, i: usize) -> Q4kLanes8 {
             }
         }
         let sm = transpose_8x8(core::array::from_fn(|r| scales_mins(p.add(r * wrow + 4))));
-        let low = _mm256_set1_epi32(0xFFFF);
         let mut sc = [_mm256_setzero_si256(); 8];
         for k in 0..4 {
-            let (lo, hi) = (_mm256_and_si256(sm[k], low), _mm256_srli_epi32::<16>(sm[k]));
-            sc[2 * k] = _mm256_or_si256(lo, _mm256_slli_epi32::<16>(lo));
-            sc[2 * k + 1] = _mm256_or_si256(hi, _mm256_slli_epi32::<16>(hi));
+            (sc[2 * k], sc[2 * k + 1]) = twin_scales(sm[k]);
         }
         Q4kLanes8 { lv, sc, mn: [sm[4], sm[5], sm[6], sm[7]], dw: f16x8(p, wrow), dmin: f16x8(p.add(2), wrow) }
     }
 }
 
 /// Q4_K · Q8_K in the repacked `gemv` order ([`q4_k_q8_k`]`::<NATIVE>`), AVX2,
-/// [`Q4_K_LANES8_ROWS`] rows in the lanes of a vector × `T` tokens. Per super-block the
+/// [`KLANES8_ROWS`] rows in the lanes of a vector × `T` tokens. Per super-block the
 /// 8 rows' levels, scales and mins are transposed once ([`q4_k_lanes8_block`]) and kept for
 /// every token; per token and 32-element sub-block `s`, the eight `maddubs` of the levels
 /// by the token's broadcast dwords are added as i16 (each pair at most 2·15·127 in
@@ -622,8 +687,7 @@ unsafe fn q4_k_lanes8_block(w: *const u8, wrow: usize, i: usize) -> Q4kLanes8 {
 /// token's pair sums of `bsums` (`mins_lanes`'s integers). Then per lane the single dot's
 /// float steps on the same values: `acc = fma(f32(s1), dw·da, acc)`,
 /// `accm = fma(f32(s2), dmin·da, accm)`, and `acc - accm` at the end. So every output has
-/// the single dot's bits. Per group of rows the super-blocks go in ranges of
-/// [`Q4_K_LANES8_STAGE`], each token's accumulators kept in a stash between ranges.
+/// the single dot's bits. The order of work is [`k_lanes8_tile`]'s.
 ///
 /// # Safety
 /// AVX2, FMA and F16C available; `nb` super-blocks of each of `rows` (a multiple of 8)
@@ -635,67 +699,37 @@ pub(super) unsafe fn q4_k_q8_k_lanes8<const T: usize>(nb: usize, w: *const u8, w
     // SAFETY: see above; layouts d@0 dmin@2 scales@4 qs@16 and d@0 qs@4 bsums@260.
     unsafe {
         let bcast = |p: *const u8| _mm256_set1_epi32(core::ptr::read_unaligned(p.cast::<i32>()));
-        const SB: usize = Q4_K_LANES8_STAGE;
-        const U: usize = Q4_K_LANES8_TOGETHER;
-        let mut wst = core::mem::MaybeUninit::<[Q4kLanes8; SB]>::uninit();
-        let mut stash = core::mem::MaybeUninit::<[(__m256, __m256); T]>::uninit();
-        let (wp, sp) = (wst.as_mut_ptr().cast::<Q4kLanes8>(), stash.as_mut_ptr().cast::<(__m256, __m256)>());
-        for g in (0..rows).step_by(Q4_K_LANES8_ROWS) {
-            let wg = w.add(g * wrow);
-            let mut b0 = 0;
-            while b0 < nb {
-                let kb = (nb - b0).min(SB);
-                let last = b0 + kb == nb;
-                // (Entries 0..kb of wst are written here before any read below.)
-                for ib in 0..kb {
-                    wp.add(ib).write(q4_k_lanes8_block(wg, wrow, b0 + ib));
-                }
-                // U tokens at a time: each staged level vector loaded once for all of them.
-                for t0 in (0..T).step_by(U) {
-                    // (The stash entries of these tokens were written by the previous range.)
-                    let mut accs: [(__m256, __m256); U] = core::array::from_fn(|u| if b0 == 0 { (_mm256_setzero_ps(), _mm256_setzero_ps()) } else { *sp.add(t0 + u) });
-                    for ib in 0..kb {
-                        let blk = &*wp.add(ib);
-                        let ab: [*const u8; U] = core::array::from_fn(|u| a.add((t0 + u) * arow + 292 * (b0 + ib)));
-                        let mut s1 = [_mm256_setzero_si256(); U];
-                        for s in 0..8 {
-                            let mut p: [__m256i; U] = core::array::from_fn(|u| _mm256_maddubs_epi16(blk.lv[s][0], bcast(ab[u].add(A_QS + 32 * s))));
-                            for j in 1..8 {
-                                let l = blk.lv[s][j];
-                                for u in 0..U {
-                                    p[u] = _mm256_add_epi16(p[u], _mm256_maddubs_epi16(l, bcast(ab[u].add(A_QS + 32 * s + 4 * j))));
-                                }
-                            }
-                            for u in 0..U {
-                                s1[u] = _mm256_add_epi32(s1[u], _mm256_madd_epi16(p[u], blk.sc[s]));
-                            }
-                        }
-                        for u in 0..U {
-                            // The token's bsums in pairs (sub-block k's sum in i16 lane k).
-                            let b = ld(ab[u].add(A_BSUMS));
-                            let bs = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256::<1>(b));
-                            let m = |k: usize, v: __m128i| _mm256_madd_epi16(blk.mn[k], _mm256_broadcastd_epi32(v));
-                            let s2 = _mm256_add_epi32(
-                                _mm256_add_epi32(m(0, bs), m(1, _mm_shuffle_epi32::<0x55>(bs))),
-                                _mm256_add_epi32(m(2, _mm_shuffle_epi32::<0xAA>(bs)), m(3, _mm_shuffle_epi32::<0xFF>(bs))),
-                            );
-                            let da = _mm256_set1_ps(rdf32(ab[u]));
-                            let (acc, accm) = &mut accs[u];
-                            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1[u]), _mm256_mul_ps(blk.dw, da), *acc);
-                            *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s2), _mm256_mul_ps(blk.dmin, da), *accm);
+        k_lanes8_tile!(nb, w, wrow, rows, a, arow, out, ostride, T, Q4kLanes8, (__m256, __m256), (_mm256_setzero_ps(), _mm256_setzero_ps()),
+            |wg, i| q4_k_lanes8_block(wg, wrow, i),
+            |blk, ab, accs| {
+                let mut s1 = [_mm256_setzero_si256(); KLANES8_TOGETHER];
+                for s in 0..8 {
+                    let mut p: [__m256i; KLANES8_TOGETHER] = core::array::from_fn(|u| _mm256_maddubs_epi16(blk.lv[s][0], bcast(ab[u].add(A_QS + 32 * s))));
+                    for j in 1..8 {
+                        let l = blk.lv[s][j];
+                        for (p, ab) in p.iter_mut().zip(ab) {
+                            *p = _mm256_add_epi16(*p, _mm256_maddubs_epi16(l, bcast(ab.add(A_QS + 32 * s + 4 * j))));
                         }
                     }
-                    for (u, &(acc, accm)) in accs.iter().enumerate() {
-                        if last {
-                            _mm256_storeu_ps(out.add((t0 + u) * ostride + g), _mm256_sub_ps(acc, accm));
-                        } else {
-                            sp.add(t0 + u).write((acc, accm));
-                        }
+                    for (s1, p) in s1.iter_mut().zip(p) {
+                        *s1 = _mm256_add_epi32(*s1, _mm256_madd_epi16(p, blk.sc[s]));
                     }
                 }
-                b0 += kb;
-            }
-        }
+                for ((acc, accm), (s1, ab)) in accs.iter_mut().zip(s1.into_iter().zip(ab)) {
+                    // The token's bsums in pairs (sub-block k's sum in i16 lane k).
+                    let b = ld(ab.add(A_BSUMS));
+                    let bs = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256::<1>(b));
+                    let m = |k: usize, v: __m128i| _mm256_madd_epi16(blk.mn[k], _mm256_broadcastd_epi32(v));
+                    let s2 = _mm256_add_epi32(
+                        _mm256_add_epi32(m(0, bs), m(1, _mm_shuffle_epi32::<0x55>(bs))),
+                        _mm256_add_epi32(m(2, _mm_shuffle_epi32::<0xAA>(bs)), m(3, _mm_shuffle_epi32::<0xFF>(bs))),
+                    );
+                    let da = _mm256_set1_ps(rdf32(ab));
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(blk.dw, da), *acc);
+                    *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s2), _mm256_mul_ps(blk.dmin, da), *accm);
+                }
+            },
+            |acc| _mm256_sub_ps(acc.0, acc.1))
     }
 }
 
@@ -774,22 +808,7 @@ pub(super) unsafe fn q6_k_q8_k_tile<const MODE: u8>(nb: usize, w: *const u8, wro
     }
 }
 
-/// Weight rows of [`q6_k_q8_k_lanes8`]: one per lane of a vector.
-pub(crate) const Q6_K_LANES8_ROWS: usize = 8;
-/// Tokens of [`q6_k_q8_k_lanes8`]'s tile, and of its narrower tile for a chunk's tokens
-/// after its whole tiles.
-pub(crate) const Q6_K_LANES8_TOKENS: usize = 32;
-pub(crate) const Q6_K_LANES8_REST_TOKENS: usize = 8;
-/// Tokens [`q6_k_q8_k_lanes8`] takes together (each staged level vector loaded once for
-/// all of them; `quant::bench::bench_matmul`, one thread, on the faster Xeon VM with the
-/// AVX2 set: 134 GFLOP/s two, 137 four or eight; the 1-row tile it replaces 91).
-const Q6_K_LANES8_TOGETHER: usize = 4;
-const _: () = assert!(Q6_K_LANES8_TOKENS % Q6_K_LANES8_TOGETHER == 0 && Q6_K_LANES8_REST_TOKENS % Q6_K_LANES8_TOGETHER == 0);
-/// Super-blocks per range of [`q6_k_q8_k_lanes8`]'s staged weights (2.8 KiB each; the
-/// accumulators go through a stash between ranges).
-const Q6_K_LANES8_STAGE: usize = 4;
-
-/// One Q6_K super-block of [`Q6_K_LANES8_ROWS`] rows as [`q6_k_q8_k_lanes8`] takes it:
+/// One Q6_K super-block of [`KLANES8_ROWS`] rows as [`q6_k_q8_k_lanes8`] takes it:
 /// `lv[g][k]` holds, in lane r, the unsigned levels ([`q6_k_levels`]) of row r's elements
 /// `32g + 4k..32g + 4k + 4`; `sc[s]` row r's sub-block scale `s` twice (two i16), `sp[k]`
 /// its scales `2k` and `2k + 1` (two i16), `dw` the rows' super-block scales.
@@ -813,20 +832,16 @@ unsafe fn q6_k_lanes8_block(w: *const u8, wrow: usize, i: usize) -> Q6kLanes8 {
         let p = w.add(210 * i);
         let lv: [[__m256i; 8]; 8] = core::array::from_fn(|g| transpose_8x8(core::array::from_fn(|r| q6_k_levels(p.add(r * wrow), g / 4, g % 4))));
         let sp = transpose_8x8(core::array::from_fn(|r| _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(r * wrow + 192).cast()))));
-        let low = _mm256_set1_epi32(0xFFFF);
         let mut sc = [_mm256_setzero_si256(); 16];
         for k in 0..8 {
-            // (Arithmetic shift: the scales are signed.)
-            let (lo, hi) = (_mm256_and_si256(sp[k], low), _mm256_srai_epi32::<16>(sp[k]));
-            sc[2 * k] = _mm256_or_si256(lo, _mm256_slli_epi32::<16>(lo));
-            sc[2 * k + 1] = _mm256_or_si256(_mm256_and_si256(hi, low), _mm256_slli_epi32::<16>(hi));
+            (sc[2 * k], sc[2 * k + 1]) = twin_scales(sp[k]);
         }
         Q6kLanes8 { lv, sc, sp, dw: f16x8(p.add(208), wrow) }
     }
 }
 
 /// Q6_K · Q8_K in llama.cpp's x86 lane order ([`q6_k_q8_k`]`::<NATIVE>`), AVX2,
-/// [`Q6_K_LANES8_ROWS`] rows in the lanes of a vector × `T` tokens. The single dot keeps
+/// [`KLANES8_ROWS`] rows in the lanes of a vector × `T` tokens. The single dot keeps
 /// 8 f32 lanes per (row, token), lane k taking per super-block
 /// `fma(da·dw, f32(sumi_k - sub_k), acc_k)` with `sumi_k` the exact integer over the
 /// super-block's elements `32g + 4k..32g + 4k + 4` (g < 8), each group's four products
@@ -838,9 +853,8 @@ unsafe fn q6_k_lanes8_block(w: *const u8, wrow: usize, i: usize) -> Q6kLanes8 {
 /// scale give every row's exact integer, summed in i32 (any order gives the same integer);
 /// `sub_k` from the rows' scale pair and the token's bsum pair; then the same product and
 /// fma, and at the end the 8 registers added as `hsum_ps` adds lanes
-/// (`((0+4)+(2+6)) + ((1+5)+(3+7))`). So every output has the single dot's bits. Per group
-/// of rows the super-blocks go in ranges of [`Q6_K_LANES8_STAGE`], each token's
-/// accumulators kept in a stash between ranges.
+/// (`((0+4)+(2+6)) + ((1+5)+(3+7))`). So every output has the single dot's bits. The order
+/// of work is [`k_lanes8_tile`]'s.
 ///
 /// # Safety
 /// AVX2, FMA and F16C available; `nb` super-blocks of each of `rows` (a multiple of 8)
@@ -852,54 +866,28 @@ pub(super) unsafe fn q6_k_q8_k_lanes8<const T: usize>(nb: usize, w: *const u8, w
     // SAFETY: see above; layouts ql@0 qh@128 scales@192 d@208 and d@0 qs@4 bsums@260.
     unsafe {
         let bcast = |p: *const u8| _mm256_set1_epi32(core::ptr::read_unaligned(p.cast::<i32>()));
-        const SB: usize = Q6_K_LANES8_STAGE;
-        const U: usize = Q6_K_LANES8_TOGETHER;
-        let mut wst = core::mem::MaybeUninit::<[Q6kLanes8; SB]>::uninit();
-        let mut stash = core::mem::MaybeUninit::<[[__m256; 8]; T]>::uninit();
-        let (wp, sp) = (wst.as_mut_ptr().cast::<Q6kLanes8>(), stash.as_mut_ptr().cast::<[__m256; 8]>());
-        for g0 in (0..rows).step_by(Q6_K_LANES8_ROWS) {
-            let wg = w.add(g0 * wrow);
-            let mut b0 = 0;
-            while b0 < nb {
-                let kb = (nb - b0).min(SB);
-                let last = b0 + kb == nb;
-                // (Entries 0..kb of wst are written here before any read below.)
-                for ib in 0..kb {
-                    wp.add(ib).write(q6_k_lanes8_block(wg, wrow, b0 + ib));
-                }
-                for t0 in (0..T).step_by(U) {
-                    // (The stash entries of these tokens were written by the previous range.)
-                    let mut acc: [[__m256; 8]; U] = core::array::from_fn(|u| if b0 == 0 { [_mm256_setzero_ps(); 8] } else { *sp.add(t0 + u) });
-                    for ib in 0..kb {
-                        let blk = &*wp.add(ib);
-                        let ab: [*const u8; U] = core::array::from_fn(|u| a.add((t0 + u) * arow + 292 * (b0 + ib)));
-                        let d: [__m256; U] = core::array::from_fn(|u| _mm256_mul_ps(_mm256_set1_ps(rdf32(ab[u])), blk.dw));
-                        for k in 0..8 {
-                            let mut s = [_mm256_setzero_si256(); U];
-                            for g in 0..8 {
-                                let (l, sc) = (blk.lv[g][k], blk.sc[2 * g + k / 4]);
-                                for u in 0..U {
-                                    s[u] = _mm256_add_epi32(s[u], _mm256_madd_epi16(_mm256_maddubs_epi16(l, bcast(ab[u].add(A_QS + 32 * g + 4 * k))), sc));
-                                }
-                            }
-                            for u in 0..U {
-                                let sub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(blk.sp[k], bcast(ab[u].add(A_BSUMS + 4 * k))));
-                                acc[u][k] = _mm256_fmadd_ps(d[u], _mm256_cvtepi32_ps(_mm256_sub_epi32(s[u], sub)), acc[u][k]);
-                            }
+        k_lanes8_tile!(nb, w, wrow, rows, a, arow, out, ostride, T, Q6kLanes8, [__m256; 8], [_mm256_setzero_ps(); 8],
+            |wg, i| q6_k_lanes8_block(wg, wrow, i),
+            |blk, ab, accs| {
+                let d: [__m256; KLANES8_TOGETHER] = core::array::from_fn(|u| _mm256_mul_ps(_mm256_set1_ps(rdf32(ab[u])), blk.dw));
+                for k in 0..8 {
+                    let mut s = [_mm256_setzero_si256(); KLANES8_TOGETHER];
+                    for g in 0..8 {
+                        let (l, sc) = (blk.lv[g][k], blk.sc[2 * g + k / 4]);
+                        for (s, ab) in s.iter_mut().zip(ab) {
+                            *s = _mm256_add_epi32(*s, _mm256_madd_epi16(_mm256_maddubs_epi16(l, bcast(ab.add(A_QS + 32 * g + 4 * k))), sc));
                         }
                     }
-                    for (u, acc) in acc.iter().enumerate() {
-                        if last {
-                            let t = [0, 1, 2, 3].map(|j| _mm256_add_ps(acc[j], acc[j + 4]));
-                            _mm256_storeu_ps(out.add((t0 + u) * ostride + g0), _mm256_add_ps(_mm256_add_ps(t[0], t[2]), _mm256_add_ps(t[1], t[3])));
-                        } else {
-                            sp.add(t0 + u).write(*acc);
-                        }
+                    for (u, acc) in accs.iter_mut().enumerate() {
+                        let sub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(blk.sp[k], bcast(ab[u].add(A_BSUMS + 4 * k))));
+                        acc[k] = _mm256_fmadd_ps(d[u], _mm256_cvtepi32_ps(_mm256_sub_epi32(s[u], sub)), acc[k]);
                     }
                 }
-                b0 += kb;
-            }
-        }
+            },
+            |acc| {
+                let t = [0, 1, 2, 3].map(|j| _mm256_add_ps(acc[j], acc[j + 4]));
+                _mm256_add_ps(_mm256_add_ps(t[0], t[2]), _mm256_add_ps(t[1], t[3]))
+            })
     }
 }
 

@@ -240,12 +240,12 @@ tile_wrapper!(/// [`tile_q5_0_q8_0_lanes`] for 16 tokens (a chunk's tokens after
 tile_wrapper!(/// AVX-512 VNNI Q4_1 · Q8_1 tile (each output as [`vec_dot_q4_1_q8_1`]); only handed
     /// out after [`cpu_has_avx512_vnni`].
     tile_q4_1_q8_1_vnni, qtile::q4_1_q8_1_zmm, 32, 20, 36, qtile::TILE_ROWS, qtile::ZMM_TILE_TOKENS, cpu_has_avx512_vnni);
-tile_wrapper!(/// AVX2 Q4_K · Q8_K tile, [`kdot::Q4_K_LANES8_ROWS`] rows in lanes ×
-    /// [`kdot::Q4_K_LANES8_TOKENS`] tokens (each output as [`vec_dot_q4_k_q8_k`]).
-    tile_q4_k_q8_k_lanes8, panel kdot::q4_k_q8_k_lanes8::<{ kdot::Q4_K_LANES8_TOKENS }>, 256, 144, 292, kdot::Q4_K_LANES8_ROWS, kdot::Q4_K_LANES8_TOKENS, cpu_has_avx2_fma);
-tile_wrapper!(/// [`tile_q4_k_q8_k_lanes8`] for [`kdot::Q4_K_LANES8_REST_TOKENS`] tokens (a chunk's tokens
+tile_wrapper!(/// AVX2 Q4_K · Q8_K tile, [`kdot::KLANES8_ROWS`] rows in lanes ×
+    /// [`kdot::KLANES8_TOKENS`] tokens (each output as [`vec_dot_q4_k_q8_k`]).
+    tile_q4_k_q8_k_lanes8, panel kdot::q4_k_q8_k_lanes8::<{ kdot::KLANES8_TOKENS }>, 256, 144, 292, kdot::KLANES8_ROWS, kdot::KLANES8_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// [`tile_q4_k_q8_k_lanes8`] for [`kdot::KLANES8_REST_TOKENS`] tokens (a chunk's tokens
     /// after its last whole tile).
-    tile_q4_k_q8_k_lanes8_rest, panel kdot::q4_k_q8_k_lanes8::<{ kdot::Q4_K_LANES8_REST_TOKENS }>, 256, 144, 292, kdot::Q4_K_LANES8_ROWS, kdot::Q4_K_LANES8_REST_TOKENS, cpu_has_avx2_fma);
+    tile_q4_k_q8_k_lanes8_rest, panel kdot::q4_k_q8_k_lanes8::<{ kdot::KLANES8_REST_TOKENS }>, 256, 144, 292, kdot::KLANES8_ROWS, kdot::KLANES8_REST_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// AVX2 Q4_K · Q8_K tile in llama.cpp's `gemm` order, one row × [`kdot::KTILE_TOKENS`]
     /// tokens (each output as [`vec_dot_q4_k_q8_k_gemm`]).
     tile_q4_k_q8_k_gemm, kdot::q4_k_q8_k_tile::<GEMM>, 256, 144, 292, 1, kdot::KTILE_TOKENS, cpu_has_avx2_fma);
@@ -259,12 +259,12 @@ tile_wrapper!(/// AVX-512 VNNI Q4_K · Q8_K tile in llama.cpp's `gemm` order, 8 
     /// [`kdot::Q4_K_TILE_TOKENS`] tokens (each output as [`vec_dot_q4_k_q8_k_gemm`]); only
     /// handed out after [`cpu_has_avx512_vnni`].
     tile_q4_k_q8_k_gemm_vnni, kdot::q4_k_q8_k_tile_vnni::<GEMM>, 256, 144, 292, kdot::Q4_K_TILE_ROWS, kdot::Q4_K_TILE_TOKENS, cpu_has_avx512_vnni);
-tile_wrapper!(/// AVX2 Q6_K · Q8_K tile, [`kdot::Q6_K_LANES8_ROWS`] rows in lanes ×
-    /// [`kdot::Q6_K_LANES8_TOKENS`] tokens (each output as [`vec_dot_q6_k_q8_k`]).
-    tile_q6_k_q8_k_lanes8, panel kdot::q6_k_q8_k_lanes8::<{ kdot::Q6_K_LANES8_TOKENS }>, 256, 210, 292, kdot::Q6_K_LANES8_ROWS, kdot::Q6_K_LANES8_TOKENS, cpu_has_avx2_fma);
-tile_wrapper!(/// [`tile_q6_k_q8_k_lanes8`] for [`kdot::Q6_K_LANES8_REST_TOKENS`] tokens (a chunk's tokens
+tile_wrapper!(/// AVX2 Q6_K · Q8_K tile, [`kdot::KLANES8_ROWS`] rows in lanes ×
+    /// [`kdot::KLANES8_TOKENS`] tokens (each output as [`vec_dot_q6_k_q8_k`]).
+    tile_q6_k_q8_k_lanes8, panel kdot::q6_k_q8_k_lanes8::<{ kdot::KLANES8_TOKENS }>, 256, 210, 292, kdot::KLANES8_ROWS, kdot::KLANES8_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// [`tile_q6_k_q8_k_lanes8`] for [`kdot::KLANES8_REST_TOKENS`] tokens (a chunk's tokens
     /// after its last whole tile).
-    tile_q6_k_q8_k_lanes8_rest, panel kdot::q6_k_q8_k_lanes8::<{ kdot::Q6_K_LANES8_REST_TOKENS }>, 256, 210, 292, kdot::Q6_K_LANES8_ROWS, kdot::Q6_K_LANES8_REST_TOKENS, cpu_has_avx2_fma);
+    tile_q6_k_q8_k_lanes8_rest, panel kdot::q6_k_q8_k_lanes8::<{ kdot::KLANES8_REST_TOKENS }>, 256, 210, 292, kdot::KLANES8_ROWS, kdot::KLANES8_REST_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// AVX2 Q6_K · Q8_K tile, one row × [`kdot::KTILE_TOKENS`] tokens (each output as
     /// [`vec_dot_q6_k_q8_k`]).
     tile_q6_k_q8_k, kdot::q6_k_q8_k_tile::<NATIVE>, 256, 210, 292, 1, kdot::KTILE_TOKENS, cpu_has_avx2_fma);
@@ -930,13 +930,13 @@ const fn build(flags: usize) -> KernelTable {
     t.dot_tile.q4_k = if vnni {
         DotTile::entry(tile_q4_k_q8_k_vnni, Q4_K_TILE_ROWS, Q4_K_TILE_TOKENS)
     } else {
-        DotTile::entry_with_rest(tile_q4_k_q8_k_lanes8, kdot::Q4_K_LANES8_ROWS, kdot::Q4_K_LANES8_TOKENS, tile_q4_k_q8_k_lanes8_rest, kdot::Q4_K_LANES8_REST_TOKENS)
+        DotTile::entry_with_rest(tile_q4_k_q8_k_lanes8, kdot::KLANES8_ROWS, kdot::KLANES8_TOKENS, tile_q4_k_q8_k_lanes8_rest, kdot::KLANES8_REST_TOKENS)
     };
     // (With VNNI, 16 tokens per tile and the AVX2 tile of 4 for the rest of a chunk.)
     t.dot_tile.q6_k = if vnni {
         DotTile::entry_with_rest(tile_q6_k_q8_k_vnni, 1, kdot::Q6_K_NATIVE_TOKENS, tile_q6_k_q8_k, KTILE_TOKENS)
     } else {
-        DotTile::entry_with_rest(tile_q6_k_q8_k_lanes8, kdot::Q6_K_LANES8_ROWS, kdot::Q6_K_LANES8_TOKENS, tile_q6_k_q8_k_lanes8_rest, kdot::Q6_K_LANES8_REST_TOKENS)
+        DotTile::entry_with_rest(tile_q6_k_q8_k_lanes8, kdot::KLANES8_ROWS, kdot::KLANES8_TOKENS, tile_q6_k_q8_k_lanes8_rest, kdot::KLANES8_REST_TOKENS)
     };
     // Tiles in llama.cpp's batch orders (`Kernels::dot_tile_in_batch`).
     t.tile_gemm.q4_k = if vnni {
