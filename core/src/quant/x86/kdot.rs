@@ -575,7 +575,7 @@ const KLANES8_STAGE: usize = 4;
 /// [`KLANES8_TOGETHER`] at a time, `$step` adding super-block `$blk` of the tokens at `$ab`
 /// into their accumulators `$acc` (of type `$acc_ty`, from `$zero`), kept in a stash
 /// between ranges; after the last range `$out_of` gives each token's 8 outputs.
-/// Safety: `nb` super-blocks (`$as` bytes each in the activations) of each of `$rows` (a
+/// Safety: `nb` super-blocks (Q8_K: 292 bytes each in the activations) of each of `$rows` (a
 /// multiple of 8) rows and `$tokens` activation rows readable, `out[t·ostride + r]`
 /// writable for r < rows, t < tokens; every staged entry is written before it is read.
 macro_rules! k_lanes8_tile {
