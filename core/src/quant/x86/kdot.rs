@@ -853,8 +853,8 @@ unsafe fn q6_k_lanes8_block(w: *const u8, wrow: usize, i: usize) -> Q6kLanes8 {
 /// scale give every row's exact integer, summed in i32 (any order gives the same integer);
 /// `sub_k` from the rows' scale pair and the token's bsum pair; then the same product and
 /// fma, and at the end the 8 registers added as `hsum_ps` adds lanes
-/// (`((0+4)+(2+6)) + ((1+5)+(3+7))`). So every output has the single dot's bits. The order
-/// of work is [`k_lanes8_tile`]'s.
+/// (`((0+4)+(2+6)) + ((1+5)+(3+7))`, `rows16::lane_tree`). So every output has the single
+/// dot's bits. The order of work is [`k_lanes8_tile`]'s.
 ///
 /// # Safety
 /// AVX2, FMA and F16C available; `nb` super-blocks of each of `rows` (a multiple of 8)
@@ -884,10 +884,7 @@ pub(super) unsafe fn q6_k_q8_k_lanes8<const T: usize>(nb: usize, w: *const u8, w
                     }
                 }
             },
-            |acc| {
-                let t = [0, 1, 2, 3].map(|j| _mm256_add_ps(acc[j], acc[j + 4]));
-                _mm256_add_ps(_mm256_add_ps(t[0], t[2]), _mm256_add_ps(t[1], t[3]))
-            })
+            |acc| super::rows16::lane_tree(acc))
     }
 }
 

@@ -133,7 +133,7 @@ pub(crate) unsafe fn q4_1_q8_1_group<const PF: usize>(nb: usize, w: *const u8, a
 /// `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn lane_tree(acc: &[__m256; 8]) -> __m256 {
+pub(super) unsafe fn lane_tree(acc: &[__m256; 8]) -> __m256 {
     // SAFETY: value-only intrinsics; AVX available (target features).
     unsafe {
         let t = [0, 1, 2, 3].map(|j| _mm256_add_ps(acc[j], acc[j + 4]));
