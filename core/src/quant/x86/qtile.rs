@@ -343,8 +343,7 @@ macro_rules! lanes8_tile {
                         }
                     }
                     if last {
-                        let s = |p: usize, q: usize| _mm256_add_ps(acc[p], acc[q]);
-                        let sum = _mm256_add_ps(_mm256_add_ps(s(0, 4), s(2, 6)), _mm256_add_ps(s(1, 5), s(3, 7)));
+                        let sum = super::rows16::lane_tree(&acc);
                         // (No `+ summs` for the types without a min: it would turn -0.0
                         // into +0.0.)
                         _mm256_storeu_ps(out.add(t * ostride + g), if $min { _mm256_add_ps(sum, summs) } else { sum });
@@ -1016,9 +1015,7 @@ macro_rules! lanes_tile {
                         }
                         for (tt, acc) in acc.iter().enumerate() {
                             if last {
-                                let s = |p: usize, q: usize| _mm512_add_ps(acc[p], acc[q]);
-                                let v = _mm512_add_ps(_mm512_add_ps(s(0, 4), s(2, 6)), _mm512_add_ps(s(1, 5), s(3, 7)));
-                                _mm512_storeu_ps(out.add((t0 + tt) * ostride + r0), v);
+                                _mm512_storeu_ps(out.add((t0 + tt) * ostride + r0), super::rows16::lane_tree512(acc));
                             } else {
                                 st[t0 + tt] = *acc;
                             }

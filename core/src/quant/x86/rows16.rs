@@ -122,10 +122,7 @@ pub(crate) unsafe fn q4_1_q8_1_group<const PF: usize>(nb: usize, w: *const u8, a
                 acc[c + 4] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(shi), acc[c + 4]);
             }
         }
-        // `hsum_ps`'s tree lane by lane: (a0 + a4) + (a2 + a6), (a1 + a5) + (a3 + a7), their sum.
-        let t = [0, 1, 2, 3].map(|j| _mm512_add_ps(acc[j], acc[j + 4]));
-        let s = _mm512_add_ps(_mm512_add_ps(t[0], t[2]), _mm512_add_ps(t[1], t[3]));
-        _mm512_storeu_ps(out, _mm512_add_ps(s, summs));
+        _mm512_storeu_ps(out, _mm512_add_ps(lane_tree512(&acc), summs));
     }
 }
 
@@ -138,6 +135,17 @@ pub(super) unsafe fn lane_tree(acc: &[__m256; 8]) -> __m256 {
     unsafe {
         let t = [0, 1, 2, 3].map(|j| _mm256_add_ps(acc[j], acc[j + 4]));
         _mm256_add_ps(_mm256_add_ps(t[0], t[2]), _mm256_add_ps(t[1], t[3]))
+    }
+}
+
+/// [`lane_tree`] over the 8 lane accumulators of 16 rows (512-bit vectors).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+pub(super) unsafe fn lane_tree512(acc: &[__m512; 8]) -> __m512 {
+    // SAFETY: value-only intrinsics; AVX-512 F available (target features).
+    unsafe {
+        let t = [0, 1, 2, 3].map(|j| _mm512_add_ps(acc[j], acc[j + 4]));
+        _mm512_add_ps(_mm512_add_ps(t[0], t[2]), _mm512_add_ps(t[1], t[3]))
     }
 }
 
@@ -282,8 +290,7 @@ macro_rules! lanes8_group {
                 acc[j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[j]);
             }
         }
-        let t = [0, 1, 2, 3].map(|j| _mm512_add_ps(acc[j], acc[j + 4]));
-        _mm512_storeu_ps($out, _mm512_add_ps(_mm512_add_ps(t[0], t[2]), _mm512_add_ps(t[1], t[3])));
+        _mm512_storeu_ps($out, lane_tree512(&acc));
     }};
 }
 
