@@ -386,8 +386,19 @@ macro_rules! rows_wrapper {
 /// and `$asize` bytes), then runs `$run` (AVX-512 VNNI, or AVX2 for the `_avx2` ones) with
 /// `nb`, `groups`, the pointers and `tokens`, `arow`, `ostride`; `PF` (the wrapper's
 /// parameter) is the group kernels' (how far ahead they ask for their weights, 0 for not
-/// at all: by CPU for AVX-512, see `rows16::PREFETCH_INTEL`; always for AVX2).
+/// at all: by CPU for AVX-512, see `rows16::PREFETCH_INTEL`; always for AVX2). With
+/// `each token KERNEL` in place of `$run`: KERNEL (one group against one token) for every
+/// group and token.
 macro_rules! rows16_wrapper {
+    ($(#[$doc:meta])* $name:ident, $bs:expr, $wsize:expr, $asize:expr, each token $($group:ident)::+) => {
+        rows16_wrapper!($(#[$doc])* $name, $bs, $wsize, $asize, |nb, groups, w, a, arow, tokens, out, ostride| {
+            for g in 0..groups {
+                for t in 0..tokens {
+                    $($group)::+::<PF>(nb, w.add(g * 16 * nb * $wsize), a.add(t * arow), out.add(t * ostride + 16 * g));
+                }
+            }
+        });
+    };
     ($(#[$doc:meta])* $name:ident, $bs:expr, $wsize:expr, $asize:expr, |$nb:ident, $groups:ident, $w:ident, $a:ident, $arow:ident, $tokens:ident, $out:ident, $ostride:ident| $run:block) => {
         $(#[$doc])*
         #[allow(clippy::too_many_arguments)]
@@ -414,61 +425,19 @@ macro_rules! rows16_wrapper {
 }
 
 rows16_wrapper!(/// AVX-512 VNNI Q4_1 · Q8_1, rows16 groups (each output as [`vec_dot_q4_1_q8_1`]).
-    rows16_q4_1_q8_1, 32, 20, 36, |nb, groups, w, a, arow, tokens, out, ostride| {
-        for g in 0..groups {
-            for t in 0..tokens {
-                rows16::q4_1_q8_1_group::<PF>(nb, w.add(g * 16 * nb * 20), a.add(t * arow), out.add(t * ostride + 16 * g));
-            }
-        }
-    });
+    rows16_q4_1_q8_1, 32, 20, 36, each token rows16::q4_1_q8_1_group);
 rows16_wrapper!(/// AVX2 Q4_1 · Q8_1, rows16 groups (each output as [`vec_dot_q4_1_q8_1`]).
-    rows16_q4_1_q8_1_avx2, 32, 20, 36, |nb, groups, w, a, arow, tokens, out, ostride| {
-        for g in 0..groups {
-            for t in 0..tokens {
-                rows16::q4_1_q8_1_group_avx2::<PF>(nb, w.add(g * 16 * nb * 20), a.add(t * arow), out.add(t * ostride + 16 * g));
-            }
-        }
-    });
+    rows16_q4_1_q8_1_avx2, 32, 20, 36, each token rows16::q4_1_q8_1_group_avx2);
 rows16_wrapper!(/// AVX2 Q4_0 · Q8_0, rows16 groups (each output as [`vec_dot_q4_0_q8_0`]).
-    rows16_q4_0_q8_0_avx2, 32, 18, 34, |nb, groups, w, a, arow, tokens, out, ostride| {
-        for g in 0..groups {
-            for t in 0..tokens {
-                rows16::q4_0_q8_0_group_avx2::<PF>(nb, w.add(g * 16 * nb * 18), a.add(t * arow), out.add(t * ostride + 16 * g));
-            }
-        }
-    });
+    rows16_q4_0_q8_0_avx2, 32, 18, 34, each token rows16::q4_0_q8_0_group_avx2);
 rows16_wrapper!(/// AVX2 Q8_0 · Q8_0, rows16 groups (each output as [`vec_dot_q8_0_q8_0`]).
-    rows16_q8_0_q8_0_avx2, 32, 34, 34, |nb, groups, w, a, arow, tokens, out, ostride| {
-        for g in 0..groups {
-            for t in 0..tokens {
-                rows16::q8_0_q8_0_group_avx2::<PF>(nb, w.add(g * 16 * nb * 34), a.add(t * arow), out.add(t * ostride + 16 * g));
-            }
-        }
-    });
+    rows16_q8_0_q8_0_avx2, 32, 34, 34, each token rows16::q8_0_q8_0_group_avx2);
 rows16_wrapper!(/// AVX2 Q5_0 · Q8_0, rows16 groups (each output as [`vec_dot_q5_0_q8_0`]).
-    rows16_q5_0_q8_0_avx2, 32, 22, 34, |nb, groups, w, a, arow, tokens, out, ostride| {
-        for g in 0..groups {
-            for t in 0..tokens {
-                rows16::q5_0_q8_0_group_avx2::<PF>(nb, w.add(g * 16 * nb * 22), a.add(t * arow), out.add(t * ostride + 16 * g));
-            }
-        }
-    });
+    rows16_q5_0_q8_0_avx2, 32, 22, 34, each token rows16::q5_0_q8_0_group_avx2);
 rows16_wrapper!(/// AVX-512 VNNI Q8_0 · Q8_0, rows16 groups (each output as [`vec_dot_q8_0_q8_0`]).
-    rows16_q8_0_q8_0, 32, 34, 34, |nb, groups, w, a, arow, tokens, out, ostride| {
-        for g in 0..groups {
-            for t in 0..tokens {
-                rows16::q8_0_q8_0_group::<PF>(nb, w.add(g * 16 * nb * 34), a.add(t * arow), out.add(t * ostride + 16 * g));
-            }
-        }
-    });
+    rows16_q8_0_q8_0, 32, 34, 34, each token rows16::q8_0_q8_0_group);
 rows16_wrapper!(/// AVX-512 VNNI Q5_0 · Q8_0, rows16 groups (each output as [`vec_dot_q5_0_q8_0`]).
-    rows16_q5_0_q8_0, 32, 22, 34, |nb, groups, w, a, arow, tokens, out, ostride| {
-        for g in 0..groups {
-            for t in 0..tokens {
-                rows16::q5_0_q8_0_group::<PF>(nb, w.add(g * 16 * nb * 22), a.add(t * arow), out.add(t * ostride + 16 * g));
-            }
-        }
-    });
+    rows16_q5_0_q8_0, 32, 22, 34, each token rows16::q5_0_q8_0_group);
 /// The groups of [`rows16_q4_k_q8_k`] and [`rows16_q4_k_q8_k_gemm`] (`MODE`): four tokens
 /// a call of the kernel where there are four, then one.
 ///
