@@ -5,6 +5,7 @@
 use crate::device::rknpu::{conv, fixture, regcmd, w8a8};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
+use keel_core::sampler::argmax;
 
 /// A device that is not there: `keel` exits with status 2 and this message.
 #[derive(Debug)]
@@ -227,10 +228,6 @@ pub fn kl_divergence(model: &str, text: &str, c: usize, max_chunks: usize, schem
         }
     }
     Ok(KlReport { kl: sum / count as f64, kl_max: max, top1: agree as f64 / count as f64, positions: count, chunks: n_chunks, products })
-}
-
-fn argmax(x: &[f32]) -> usize {
-    x.iter().enumerate().fold(0, |b, (i, &v)| if v > x[b] { i } else { b })
 }
 
 /// KL(softmax(p) ‖ softmax(q)) in f64.
