@@ -170,10 +170,16 @@ pub fn matmul_as(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
             }
             r_first = range.start + nr;
         }
+        // The rest one row at a time: each row's lines asked for ahead into L1, and
+        // farther ahead into L2 as well where the set says so (`Kernels::plain_far_l2`).
+        let far_l2 = k.plain_far_l2();
         for r in r_first..range.end {
             let wrow = &w.data[r * wrb..(r + 1) * wrb];
             if i0 == 0 {
                 prefetch::lines(wrow.as_ptr().wrapping_add(PREFETCH_BYTES), wrb, Level::L1);
+                if far_l2 > 0 {
+                    prefetch::lines(wrow.as_ptr().wrapping_add(far_l2), wrb, Level::L2);
+                }
             }
             // Rows done in tiles still need the tokens after the last whole tile.
             let first = if r < r_done { i_done } else { i0 };

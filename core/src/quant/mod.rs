@@ -466,6 +466,8 @@ pub(crate) struct KernelTable {
     pub(crate) tiled_step_heads: Option<TiledStepHeadsFn>,
     /// [`Kernels::tile_sums`]: the block-sum kernels over Tiles32 weights.
     pub(crate) tiles: tiles32::TileKernels,
+    /// [`Kernels::plain_far_l2`] (0: none).
+    pub(crate) plain_far_l2: usize,
 }
 
 /// [`Kernels::tiled_step_heads`]'s kernel.
@@ -587,6 +589,7 @@ pub(crate) const REFERENCE: KernelTable = KernelTable {
     tiled_step: crate::attn_tiled::step_ref,
     tiled_step_heads: None,
     tiles: tiles32::REFERENCE,
+    plain_far_l2: 0,
 };
 
 /// [`REFERENCE`] where [`Kernels`] points to it.
@@ -724,6 +727,17 @@ impl Kernels {
         }
         let _ = isa;
         Self::reference()
+    }
+
+    /// How far ahead of a row a one-token product over plain rows (a type without the
+    /// rows16 layout, or a set without its kernels) asks for the row's lines a second time,
+    /// into L2, beside its hint into L1 (`matmul`); 0: no second hint. On x86 the sets
+    /// whose rows16 kernels take Intel's far hint into L2 (`x86::rows16::PREFETCH_INTEL`)
+    /// take it here too, at the same distance: on the faster Xeon VM (2026-12-07) one
+    /// token's product over a ~240 MiB Q6_K or Q5_K matrix streamed 18-32% faster with it
+    /// (BENCHMARKS.md); on AMD the rows16 kernels' far hint made decode slower.
+    pub(crate) fn plain_far_l2(&self) -> usize {
+        self.t.plain_far_l2
     }
 
     /// This set for a model whose weights a token reads are `bytes`: on an AMD CPU whose

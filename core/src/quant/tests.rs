@@ -795,7 +795,7 @@ impl crate::parallel::Parallel for Reversed {
 /// A matmul's operands: `rows` random rows of `cols` weights quantized as `ty`, and `n`
 /// random activation rows quantized for it by `k`; with their row sizes in bytes
 /// (weights, activations).
-fn matmul_operands(k: &Kernels, rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize, n: usize) -> (Vec<u8>, Vec<u8>, usize, usize) {
+pub(super) fn matmul_operands(k: &Kernels, rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize, n: usize) -> (Vec<u8>, Vec<u8>, usize, usize) {
     use crate::matmul::quantize_rows;
     use crate::parallel::Sequential;
     let wrb = bytes_of(ty, cols);
@@ -1303,6 +1303,17 @@ fn rows16_prefetch_distance_follows_the_cpu() {
     }
     assert_eq!(avx512 > 0, std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512vnni"), "AVX-512 sets: {avx512}");
     assert_eq!(avx2_sets, 1, "the AVX2 set");
+    // One-token products over plain rows add the far hint into L2 exactly where the rows16
+    // kernels take Intel's distance (every set and its twins: both answers on any CPU).
+    assert_eq!(Kernels::reference().plain_far_l2(), 0, "the reference");
+    for k in fast_kernel_sets() {
+        let twin = k.other_rounding();
+        let sets = [k.other_rows16_prefetch(), twin, twin.and_then(|t| t.other_rows16_prefetch()), Some(k)];
+        for s in sets.into_iter().flatten() {
+            let d = s.rows16_prefetch_distance().unwrap();
+            assert_eq!(s.plain_far_l2() != 0, d == intel, "{}: plain rows' L2 hint {} beside rows16 distance {d}", s.name(), s.plain_far_l2());
+        }
+    }
     // Non-temporal hints for a model far beyond the L3, only where the distance is AMD's
     // and the L3 is known (AMD's CPUID), never for a small one; the sets run them all.
     let l3 = super::x86::cpu_l3_bytes_amd();

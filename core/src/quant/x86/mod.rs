@@ -884,6 +884,8 @@ const fn build(flags: usize) -> KernelTable {
         t.dot_rows16.q5_0 = r16_avx2!(rows16_q5_0_q8_0_avx2);
         t.dot_tile_rows16.q5_0 = DotTile::entry_with_rest(tile_q5_0_q8_0_lanes8_rows16, 16, LANES8_TILE_TOKENS, tile_q5_0_q8_0_lanes8_rest_rows16, LANES8_REST_TOKENS);
     }
+    // Plain rows' second hint into L2 where the rows16 kernels take Intel's far one.
+    t.plain_far_l2 = if r16_pf == rows16::PREFETCH_INTEL { rows16::PREFETCH_FAR_L2 } else { 0 };
     t.dot_rows.mxfp4 = Some(rows!(rows_mxfp4_q8_0));
     let tile_tokens = if vnni { ZMM_TILE_TOKENS } else { TILE_TOKENS };
     t.dot_pairs.q8_0 = if vnni { Some(pairs_q8_0_q8_0_vnni) } else { None };
