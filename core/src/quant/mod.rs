@@ -734,8 +734,9 @@ impl Kernels {
     /// into L2, beside its hint into L1 (`matmul`); 0: no second hint. On x86 the sets
     /// whose rows16 kernels take Intel's far hint into L2 (`x86::rows16::PREFETCH_INTEL`)
     /// take it here too, at the same distance: on the faster Xeon VM (2026-12-07) one
-    /// token's product over a ~240 MiB Q6_K or Q5_K matrix streamed 18-32% faster with it
-    /// (BENCHMARKS.md); on AMD the rows16 kernels' far hint made decode slower.
+    /// token's product over a ~240 MiB Q6_K or Q5_K matrix streamed 13-29% faster with it
+    /// (`quant::bench::bench_plain_stream`, BENCHMARKS.md); on AMD the rows16 kernels' far
+    /// hint made decode slower.
     pub(crate) fn plain_far_l2(&self) -> usize {
         self.t.plain_far_l2
     }
