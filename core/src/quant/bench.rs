@@ -943,21 +943,27 @@ fn bench_attend_block() {
     }
 }
 
-
 /// `cargo test -p keel-core --release quant::bench::bench_plain_stream -- --ignored
 /// --nocapture`: GB/s of one token's product (`matmul`, one thread) over a ~240 MiB
 /// matrix in the plain layout (rows one by one, as decode takes a type without the rows16
 /// layout), with and without the plain rows' far hint into L2 (`Kernels::plain_far_l2`):
-/// for each kernel set of the CPU, the set and the first of its twins (same kernels, other
-/// hints) that differs in it, in turn, five products each per round; medians of each.
+/// for each kernel set of the CPU, a set with it and one without among the set and its
+/// twins (`tests::rows16_kernel_sets`: the same kernels, other hints), in turn, five
+/// products each per round; medians of each.
 #[test]
 #[ignore]
 fn bench_plain_stream() {
     use crate::matmul::matmul;
     use crate::model::{Layout, Tensor};
     use crate::parallel::Sequential;
-    let sets = super::tests::fast_kernel_sets();
+    let sets = super::tests::rows16_kernel_sets();
     let Some(&k0) = sets.first() else { return };
+    let mut names: Vec<&str> = Vec::new();
+    for k in &sets {
+        if !names.contains(&k.name()) {
+            names.push(k.name());
+        }
+    }
     let mut rng = Rng::new(3);
     for (ty, cols) in [(Q6_K, 2048usize), (Q5_K, 2048), (Q6_K, 2560)] {
         let (w0, a, wrb, _) = super::tests::matmul_operands(&k0, &mut rng, ty, 64, cols, 1);
@@ -968,12 +974,10 @@ fn bench_plain_stream() {
         }
         let t = Tensor { ty, cols, rows, data: &w, hi: &[], layout: Layout::Plain };
         let mut out = std::vec![0f32; rows];
-        for &k in &sets {
-            let twin = k.other_rounding();
-            let kin = [Some(k), k.other_rows16_prefetch(), twin, twin.and_then(|t| t.other_rows16_prefetch())];
-            let pick = |far: bool| kin.iter().flatten().find(|s| (s.plain_far_l2() != 0) == far).copied();
+        for &name in &names {
+            let pick = |far: bool| sets.iter().find(|s| s.name() == name && (s.plain_far_l2() != 0) == far).copied();
             let (Some(with), Some(without)) = (pick(true), pick(false)) else {
-                println!("{}: no twin differs in the plain rows' L2 hint", k.name());
+                println!("{name}: no twin differs in the plain rows' L2 hint");
                 continue;
             };
             let mut gbs = [Vec::new(), Vec::new()];
@@ -992,7 +996,7 @@ fn bench_plain_stream() {
                 g[g.len() / 2]
             };
             let (m1, m0) = (median(&mut gbs[0]), median(&mut gbs[1]));
-            println!("{ty:?}, {rows} x {cols} ({} MiB), {}: with the L2 hint {} bytes ahead {m1:.2} GB/s, without {m0:.2} GB/s: {:.3}x", w.len() >> 20, k.name(), with.plain_far_l2(), m1 / m0);
+            println!("{ty:?}, {rows} x {cols} ({} MiB), {name}: with the L2 hint {} bytes ahead {m1:.2} GB/s, without {m0:.2} GB/s: {:.3}x", w.len() >> 20, with.plain_far_l2(), m1 / m0);
         }
     }
 }

@@ -1306,13 +1306,9 @@ fn rows16_prefetch_distance_follows_the_cpu() {
     // One-token products over plain rows add the far hint into L2 exactly where the rows16
     // kernels take Intel's distance (every set and its twins: both answers on any CPU).
     assert_eq!(Kernels::reference().plain_far_l2(), 0, "the reference");
-    for k in fast_kernel_sets() {
-        let twin = k.other_rounding();
-        let sets = [k.other_rows16_prefetch(), twin, twin.and_then(|t| t.other_rows16_prefetch()), Some(k)];
-        for s in sets.into_iter().flatten() {
-            let d = s.rows16_prefetch_distance().unwrap();
-            assert_eq!(s.plain_far_l2() != 0, d == intel, "{}: plain rows' L2 hint {} beside rows16 distance {d}", s.name(), s.plain_far_l2());
-        }
+    for s in rows16_kernel_sets() {
+        let d = s.rows16_prefetch_distance().unwrap();
+        assert_eq!(s.plain_far_l2() != 0, d == intel, "{}: plain rows' L2 hint {} beside rows16 distance {d}", s.name(), s.plain_far_l2());
     }
     // Non-temporal hints for a model far beyond the L3, only where the distance is AMD's
     // and the L3 is known (AMD's CPUID), never for a small one; the sets run them all.
