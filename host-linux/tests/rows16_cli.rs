@@ -1,5 +1,5 @@
 //! The rows16 layout from the command line: where the kernel set has rows16 kernels
-//! (x86 with AVX-512 VNNI: Q4_0, Q4_1, Q5_0, Q8_0 and Q4_K; AVX2 alone: Q4_0, Q4_1 and
+//! (x86 with AVX-512 VNNI: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K; AVX2 alone: Q4_0, Q4_1 and
 //! Q8_0),
 //! `keel run` and `keel eval` pack a model's matrices of those types when they read the
 //! file into memory (SmolLM2 in Q4_1, Q8_0 and Q4_0, Gemma 3 270M), and give the tokens
@@ -8,7 +8,7 @@
 //! reference kernels — at one and two threads, for a one-token decode, a 24-token prompt
 //! (the narrower tile and single tokens) and a 90-token one (whole 32-token tiles), the
 //! latter in llama.cpp's batch arithmetic too (`--batches llama-cpp`: Q4_K's `gemm`
-//! order). Elsewhere nothing is packed (the count says 0).
+//! order, Q6_K's tiled one). Elsewhere nothing is packed (the count says 0).
 
 use keel_test_support::{gemma3_path, keel_command, keel_run_json, requantized, smollm2_path};
 use std::path::{Path, PathBuf};
@@ -50,9 +50,9 @@ fn packed_matrices_give_the_plain_layouts_bits() {
     let Some(gemma) = gemma3_path() else { return };
     // With AVX-512 VNNI: SmolLM2's 30 layers × 7 matrices and the token embedding (its
     // tied output); Gemma 3 270M Q4_K_M: its 81 Q5_0, 10 Q8_0 (the token embedding among
-    // them) and 27 Q4_K matrices. With AVX2 alone: all of SmolLM2's (Q4_1, Q4_0 or Q8_0,
-    // its embedding Q8_0), Gemma 3's 81 Q5_0 and 10 Q8_0.
-    for (model, count, avx2_count) in [(&q4_1, 211, 211), (&q8_0, 211, 211), (&q4_0, 211, 211), (&gemma, 118, 91)] {
+    // them), 27 Q4_K and 9 Q6_K matrices. With AVX2 alone: all of SmolLM2's (Q4_1, Q4_0 or
+    // Q8_0, its embedding Q8_0), Gemma 3's 81 Q5_0 and 10 Q8_0.
+    for (model, count, avx2_count) in [(&q4_1, 211, 211), (&q8_0, 211, 211), (&q4_0, 211, 211), (&gemma, 127, 91)] {
         let name = model.file_name().unwrap().to_string_lossy().to_string();
         for t in ["1", "2"] {
             let packed = keel_run_json(keel, model, &["-t", t], &[]);

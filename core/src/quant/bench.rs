@@ -437,8 +437,9 @@ fn bench_vector_ports() {
     println!("value update step, 16 elements: fma + f16 round trip {zmm:.3} ns (512-bit), {:.3} ns (2 x 256-bit); with the round to odd {odd:.3} ns", 2.0 * ymm);
 }
 
-/// The rows16 kernels (`quant::rows16`) against the plain 8-row kernels, weights hot in
-/// L1, at SmolLM2's row length (576; not Q4_K's) and 2048: ns per (row, 32 weights) and
+/// The rows16 kernels (`quant::rows16`) against the plain 8-row kernels (Q6_K, which has
+/// none: its dot row by row), weights hot in
+/// L1, at SmolLM2's row length (576; not the K-quants') and 2048: ns per (row, 32 weights) and
 /// GB/s of weights, for each kernel set (the 8-row kernel alone where a set has no rows16
 /// kernel for the type, as AVX2's). Prints only.
 #[test]
@@ -447,8 +448,8 @@ fn bench_rows16() {
     use crate::quant::rows16::{pack_in_place, ROWS16};
     let mut rng = Rng::new(13);
     for k in super::tests::fast_kernel_sets() {
-        for ty in [Q4_0, Q4_1, Q5_0, Q8_0, GgmlType::Q4_K] {
-            let Some(rows_fn) = k.dot_rows_fn(ty) else { continue };
+        for ty in [Q4_0, Q4_1, Q5_0, Q8_0, GgmlType::Q4_K, Q6_K] {
+            let (rows_fn, Ok(dot)) = (k.dot_rows_fn(ty), k.dot_fn(ty)) else { continue };
             let f = k.dot_rows16_fn(ty);
             let atype = Kernels::vec_dot_type(ty).unwrap();
             for cols in [576usize, 2048].into_iter().filter(|c| c % ty.block_size() == 0) {
@@ -465,16 +466,26 @@ fn bench_rows16() {
                 let mut a = std::vec![0u8; atype.row_bytes(cols as u64).unwrap() as usize];
                 k.quantize_activations(atype, &random_row(&mut rng, cols), &mut a).unwrap();
                 let best = |f: &dyn Fn()| fastest_ns(f, 4000);
+                // The plain layout's kernel: the 8-row one, or the dot row by row where the
+                // type has none (Q6_K).
                 let plain = best(&|| {
                     let mut o = [0.0f32; DOT_ROWS];
                     for h in 0..ROWS16 / DOT_ROWS {
-                        rows_fn(cols, black_box(&w[h * DOT_ROWS * wrb..]), wrb, black_box(&a), &mut o);
+                        match rows_fn {
+                            Some(rows_fn) => rows_fn(cols, black_box(&w[h * DOT_ROWS * wrb..]), wrb, black_box(&a), &mut o),
+                            None => {
+                                for (r, o) in o.iter_mut().enumerate() {
+                                    *o = dot(cols, black_box(&w[(h * DOT_ROWS + r) * wrb..]), black_box(&a));
+                                }
+                            }
+                        }
                     }
                     black_box(&mut o);
                 });
                 let per = |t: f64| t / (ROWS16 * nb) as f64;
                 let gbs = |t: f64| (ROWS16 * wrb) as f64 / t;
-                let head = std::format!("{:>4} {cols:>4} columns, {}: 8-row kernel {:.3} ns per (row, 32 weights) ({:.1} GB/s)", GgmlType::name(ty), k.name(), per(plain), gbs(plain));
+                let plain_kernel = if rows_fn.is_some() { "8-row kernel" } else { "dot row by row" };
+                let head = std::format!("{:>4} {cols:>4} columns, {}: {plain_kernel} {:.3} ns per (row, 32 weights) ({:.1} GB/s)", GgmlType::name(ty), k.name(), per(plain), gbs(plain));
                 let Some(f) = f else {
                     println!("{head}, no rows16 kernel");
                     continue;
@@ -997,6 +1008,57 @@ fn bench_plain_stream() {
             };
             let (m1, m0) = (median(&mut gbs[0]), median(&mut gbs[1]));
             println!("{ty:?}, {rows} x {cols} ({} MiB), {name}: with the L2 hint {} bytes ahead {m1:.2} GB/s, without {m0:.2} GB/s: {:.3}x", w.len() >> 20, with.plain_far_l2(), m1 / m0);
+        }
+    }
+}
+
+/// `cargo test -p keel-core --release quant::bench::bench_rows16_stream -- --ignored
+/// --nocapture`: GB/s of one token's product (`matmul`, one thread) over a ~240 MiB matrix
+/// in the plain layout and in the rows16 layout, as decode streams a model's matrices, for
+/// each kernel set of the CPU that packs the type (Q6_K and Q4_K at 2048 columns, Q8_0 at
+/// 640): the two in turn, five products each per round, five rounds; medians of each.
+#[test]
+#[ignore]
+fn bench_rows16_stream() {
+    use crate::matmul::matmul;
+    use crate::model::{Layout, Tensor};
+    use crate::parallel::Sequential;
+    use crate::quant::rows16::{pack_in_place, ROWS16};
+    let mut rng = Rng::new(5);
+    for k in super::tests::fast_kernel_sets() {
+        for (ty, cols) in [(Q6_K, 2048usize), (GgmlType::Q4_K, 2048), (Q8_0, 640)] {
+            if !k.packs_rows16(ty, 64) {
+                println!("{ty:?}, {}: no rows16 kernel", k.name());
+                continue;
+            }
+            let (w0, a, wrb, _) = super::tests::matmul_operands(&k, &mut rng, ty, 64, cols, 1);
+            let rows = (240 << 20) / wrb / 64 * 64;
+            let mut w = std::vec![0u8; rows * wrb];
+            for c in w.chunks_exact_mut(64 * wrb) {
+                c.copy_from_slice(&w0);
+            }
+            let mut p = w.clone();
+            pack_in_place(ty, rows, cols, &mut p, &mut std::vec![0u8; ROWS16 * wrb]).unwrap();
+            let plain = Tensor { ty, cols, rows, data: &w, hi: &[], layout: Layout::Plain };
+            let packed = Tensor { ty, cols, rows, data: &p, hi: &[], layout: Layout::Rows16 };
+            let mut out = std::vec![0f32; rows];
+            let mut gbs = [Vec::new(), Vec::new()];
+            for _ in 0..5 {
+                for (t, g) in [&plain, &packed].iter().zip(gbs.iter_mut()) {
+                    for _ in 0..5 {
+                        let t0 = Instant::now();
+                        matmul(&k, &Sequential, t, &a, 1, &mut out);
+                        g.push(w.len() as f64 / t0.elapsed().as_secs_f64() / 1e9);
+                    }
+                }
+            }
+            black_box(&out);
+            let median = |g: &mut Vec<f64>| {
+                g.sort_by(|x, y| x.total_cmp(y));
+                g[g.len() / 2]
+            };
+            let (m0, m1) = (median(&mut gbs[0]), median(&mut gbs[1]));
+            println!("{ty:?}, {rows} x {cols} ({} MiB), {}: plain {m0:.2} GB/s, rows16 {m1:.2} GB/s: {:.3}x", w.len() >> 20, k.name(), m1 / m0);
         }
     }
 }

@@ -235,7 +235,7 @@ impl core::fmt::Display for Unsupported {
             Reason::NotActivationType => write!(f, "{ty} is not an activation (vec dot) type"),
             Reason::NoDequantize => write!(f, "dequantizing {ty} is not supported"),
             Reason::NoQuantize => write!(f, "quantizing to {ty} is not supported"),
-            Reason::NoRows16 => write!(f, "{ty}: no rows16 layout for this matrix (types Q4_0, Q4_1, Q5_0, Q8_0 and Q4_K, rows in whole groups of 16)"),
+            Reason::NoRows16 => write!(f, "{ty}: no rows16 layout for this matrix (types Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K, rows in whole groups of 16)"),
             Reason::RowShape { n, bytes } => write!(
                 f,
                 "{ty}: a row of {n} elements does not fit {bytes} bytes \
@@ -397,6 +397,8 @@ pub(crate) struct KernelTable {
     pub(crate) dot_tile_rows16: PerType<Option<DotTile>>,
     /// [`Kernels::dot_rows16_fn_in_batch`]'s `gemm` order (Q4_K).
     pub(crate) dot_rows16_gemm: PerType<Option<rows16::Rows16Fn>>,
+    /// [`Kernels::dot_rows16_fn_in_batch`]'s tiled order (Q6_K).
+    pub(crate) dot_rows16_tiled: PerType<Option<rows16::Rows16Fn>>,
     /// [`Kernels::dot_tile_fn`].
     pub(crate) dot_tile: PerType<Option<DotTile>>,
     /// [`Kernels::dot_pairs_fn`].
@@ -541,6 +543,7 @@ pub(crate) const REFERENCE: KernelTable = KernelTable {
     dot_rows16: PerType::splat(None),
     dot_tile_rows16: PerType::splat(None),
     dot_rows16_gemm: PerType::splat(None),
+    dot_rows16_tiled: PerType::splat(None),
     dot_tile: PerType::splat(None),
     dot_pairs: PerType::splat(None),
     dot_lanes: PerType { q4_0: Some(scalar::vec_dot_q4_0_q8_0_lanes), ..PerType::splat(None) },

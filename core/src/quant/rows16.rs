@@ -28,6 +28,12 @@
 //!   `m`. The products of a batch in llama.cpp's arithmetic (`--batches llama-cpp`) have
 //!   their own rows16 kernel for its repacked `gemm` order
 //!   ([`Kernels::dot_rows16_fn_in_batch`]).
+//! - **Q6_K** (210 bytes a super-block of 256, 3360 a group block; its f16 `d` is the block's
+//!   last two bytes): the sixteen `d` (0..32), then 52 chunks `c` of 64 bytes (32 + 64c..)
+//!   whose bytes `4r..4r + 4` are row `r`'s bytes `4c..4c + 4` of the 208 before `d`:
+//!   chunks 0..32 its `ql`, 32..48 its `qh`, 48..52 its sixteen 8-bit scales. Batches of 8
+//!   or more tokens in llama.cpp's arithmetic have their own rows16 kernel for its tiled
+//!   order.
 //!
 //! A host packs a matrix in place ([`pack_in_place`]) where the kernel set has the
 //! layout's kernels ([`Kernels::dot_rows16_fn`]) and marks it so that the model's tensor
@@ -41,16 +47,31 @@ pub const ROWS16: usize = 16;
 
 /// Whether `ty` has a rows16 layout.
 pub fn has_layout(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_K)
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K)
 }
 
-/// The f16 words at the start of a block of `ty` that the layout gathers in their own
-/// rows of 16 (Q4_1's `d` and `m`, Q4_K's `d` and `dmin`; one `d` for the others).
-fn scale_words(ty: GgmlType) -> usize {
-    if matches!(ty, GgmlType::Q4_1 | GgmlType::Q4_K) {
-        2
+/// The f16 words of a block of `ty` that the layout gathers in their own rows of 16 (Q4_1's
+/// `d` and `m`, Q4_K's `d` and `dmin`; one `d` for the others), and the byte they start at
+/// (the block's start, but Q6_K's `d` at its end).
+fn scale_words(ty: GgmlType) -> (usize, usize) {
+    match ty {
+        GgmlType::Q4_1 | GgmlType::Q4_K => (2, 0),
+        GgmlType::Q6_K => (1, Q6_K_D_AT),
+        _ => (1, 0),
+    }
+}
+
+/// Where a Q6_K block's f16 `d` lies (after `ql`, `qh` and the scales).
+const Q6_K_D_AT: usize = 208;
+
+/// The first of the block bytes the layout moves a dword at a time (those beside the
+/// scale words: after them, or from 0 when they end the block), for `sc` scale words at
+/// byte `at`.
+const fn data_start(sc: usize, at: usize) -> usize {
+    if at == 0 {
+        2 * sc
     } else {
-        1
+        0
     }
 }
 
@@ -62,30 +83,31 @@ fn pack_group(ty: GgmlType, nb: usize, src: &[u8], wrow: usize, dst: &mut [u8]) 
     // ~10 ms instead of ~26 with the sizes as variables (AMD EPYC Zen 5), a load's time.
     debug_assert!(has_layout(ty));
     match ty {
-        GgmlType::Q4_0 => pack_group_of::<18, 1>(nb, src, wrow, dst, false),
-        GgmlType::Q4_1 => pack_group_of::<20, 2>(nb, src, wrow, dst, false),
-        GgmlType::Q5_0 => pack_group_of::<22, 1>(nb, src, wrow, dst, true),
-        GgmlType::Q8_0 => pack_group_of::<34, 1>(nb, src, wrow, dst, false),
-        GgmlType::Q4_K => pack_group_of::<144, 2>(nb, src, wrow, dst, false),
+        GgmlType::Q4_0 => pack_group_of::<18, 1, 0>(nb, src, wrow, dst, false),
+        GgmlType::Q4_1 => pack_group_of::<20, 2, 0>(nb, src, wrow, dst, false),
+        GgmlType::Q5_0 => pack_group_of::<22, 1, 0>(nb, src, wrow, dst, true),
+        GgmlType::Q8_0 => pack_group_of::<34, 1, 0>(nb, src, wrow, dst, false),
+        GgmlType::Q4_K => pack_group_of::<144, 2, 0>(nb, src, wrow, dst, false),
+        GgmlType::Q6_K => pack_group_of::<210, 1, Q6_K_D_AT>(nb, src, wrow, dst, false),
         _ => unreachable!("pack_group: {ty:?} has no rows16 layout (checked by the caller)"),
     }
 }
 
-/// [`pack_group`] for blocks of `BS` bytes that start with `SC` f16 scale words (Q5_0's
-/// `qh` transposed where `q5`).
+/// [`pack_group`] for blocks of `BS` bytes with `SC` f16 scale words at byte `AT` (the
+/// block's start or its end; Q5_0's `qh` transposed where `q5`).
 #[inline(always)]
-fn pack_group_of<const BS: usize, const SC: usize>(nb: usize, src: &[u8], wrow: usize, dst: &mut [u8], q5: bool) {
-    debug_assert!(SC * 2 + 16 <= BS);
-    let gb = ROWS16 * BS;
+fn pack_group_of<const BS: usize, const SC: usize, const AT: usize>(nb: usize, src: &[u8], wrow: usize, dst: &mut [u8], q5: bool) {
+    debug_assert!(SC * 2 + 16 <= BS && (AT == 0 || AT + 2 * SC == BS));
+    let (gb, d0) = (ROWS16 * BS, data_start(SC, AT));
     for (k, g) in dst[..nb * gb].chunks_exact_mut(gb).enumerate() {
         for r in 0..ROWS16 {
             let b: &[u8; BS] = src[r * wrow + k * BS..][..BS].try_into().expect("a whole block");
             for s in 0..SC {
-                g[32 * s + 2 * r..][..2].copy_from_slice(&b[2 * s..2 * s + 2]);
+                g[32 * s + 2 * r..][..2].copy_from_slice(&b[AT + 2 * s..AT + 2 * s + 2]);
             }
             let at = 32 * SC;
             for c in 0..(BS - 2 * SC) / 4 {
-                g[at + 64 * c + 4 * r..][..4].copy_from_slice(&b[2 * SC + 4 * c..2 * SC + 4 * c + 4]);
+                g[at + 64 * c + 4 * r..][..4].copy_from_slice(&b[d0 + 4 * c..d0 + 4 * c + 4]);
             }
             if q5 {
                 let qh = &mut g[at + 4 * r..][..4];
@@ -161,15 +183,16 @@ pub fn dequantize_row(k: &Kernels, ty: GgmlType, cols: usize, data: &[u8], r: us
     }
     let gb = ROWS16 * bs;
     let group = data.get((r / ROWS16) * ROWS16 * (cols / n) * bs..).ok_or(bad)?;
-    let (i, scales) = (r % ROWS16, scale_words(ty));
-    let mut b = [0u8; 144];
+    let (i, (scales, at)) = (r % ROWS16, scale_words(ty));
+    let d0 = data_start(scales, at);
+    let mut b = [0u8; 210];
     for (kb, o) in out.chunks_exact_mut(n).enumerate() {
         let g = group.get(kb * gb..(kb + 1) * gb).ok_or(bad)?;
         for s in 0..scales {
-            b[2 * s..2 * s + 2].copy_from_slice(&g[32 * s + 2 * i..32 * s + 2 * i + 2]);
+            b[at + 2 * s..at + 2 * s + 2].copy_from_slice(&g[32 * s + 2 * i..32 * s + 2 * i + 2]);
         }
         for c in 0..(bs - 2 * scales) / 4 {
-            b[2 * scales + 4 * c..2 * scales + 4 * c + 4].copy_from_slice(&g[32 * scales + 64 * c + 4 * i..32 * scales + 64 * c + 4 * i + 4]);
+            b[d0 + 4 * c..d0 + 4 * c + 4].copy_from_slice(&g[32 * scales + 64 * c + 4 * i..32 * scales + 64 * c + 4 * i + 4]);
         }
         if ty == GgmlType::Q5_0 {
             let qh = q5_0_qh_from_layout(u32::from_le_bytes([b[2], b[3], b[4], b[5]]));
@@ -182,7 +205,7 @@ pub fn dequantize_row(k: &Kernels, ty: GgmlType, cols: usize, data: &[u8], r: us
 
 impl Kernels {
     /// The rows16 kernel of weight type `wtype` ([`Rows16Fn`]), where this kernel set
-    /// has one: x86 with AVX-512 VNNI, Q4_0, Q4_1, Q5_0, Q8_0 and Q4_K; x86 with AVX2
+    /// has one: x86 with AVX-512 VNNI, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K; x86 with AVX2
     /// alone, Q4_0, Q4_1, Q5_0 and Q8_0.
     pub fn dot_rows16_fn(&self, wtype: GgmlType) -> Option<Rows16Fn> {
         self.t.dot_rows16.get(wtype)
@@ -200,14 +223,16 @@ impl Kernels {
 
     /// The rows16 kernel whose outputs have the bits of [`Kernels::dot_fn_in_batch`]`(wtype,
     /// rows, n_tokens, token)` (llama.cpp's arithmetic for that token of a batch): Q4_K's
-    /// `gemm` order for the tokens of its whole groups of 4, else [`Kernels::dot_rows16_fn`].
+    /// `gemm` order for the tokens of its whole groups of 4, Q6_K's tiled order in batches
+    /// of 8 or more tokens, else [`Kernels::dot_rows16_fn`].
     /// `None` where this kernel set has no rows16 kernel for that order (it has one for every
     /// order of every type it packs: tested).
     pub fn dot_rows16_fn_in_batch(&self, wtype: GgmlType, rows: usize, n_tokens: usize, token: usize) -> Option<Rows16Fn> {
         match super::BatchOrder::of(wtype, rows, n_tokens, token) {
             super::BatchOrder::Dot => self.dot_rows16_fn(wtype),
             super::BatchOrder::Gemm => self.t.dot_rows16_gemm.get(wtype),
-            super::BatchOrder::Lanes | super::BatchOrder::Tiled => None,
+            super::BatchOrder::Tiled => self.t.dot_rows16_tiled.get(wtype),
+            super::BatchOrder::Lanes => None,
         }
     }
 
@@ -232,7 +257,7 @@ mod tests {
     use std::{vec, vec::Vec};
 
     use super::*;
-    use crate::ggml_type::GgmlType::{Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q8_0};
+    use crate::ggml_type::GgmlType::{Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0};
     use crate::quant::tests::{activations, fast_kernel_sets, quantized, random_row, rows16_kernel_sets, Rng};
 
     /// Every row of every group of a packed matrix gets the plain dot's bits, for every
@@ -244,11 +269,11 @@ mod tests {
         let mut rng = Rng::new(41);
         let mut checked = 0;
         for k in rows16_kernel_sets() {
-            for ty in [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K] {
+            for ty in [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K] {
                 let Some(f) = k.dot_rows16_fn(ty) else { continue };
                 let dot = k.dot_fn(ty).unwrap();
                 let vdt = Kernels::vec_dot_type(ty).unwrap();
-                let nbs: &[usize] = if ty == Q4_K { &[1, 2, 3, 8] } else { &[1, 2, 3, 18, 20, 48] };
+                let nbs: &[usize] = if ty.block_size() == 256 { &[1, 2, 3, 8] } else { &[1, 2, 3, 18, 20, 48] };
                 for &nb in nbs {
                     let n = ty.block_size() * nb;
                     let rows = 2 * ROWS16;
@@ -309,13 +334,14 @@ mod tests {
     /// In llama.cpp's batch arithmetic too: for every type a kernel set packs, each token of
     /// batches of 1 to 13 has a rows16 kernel ([`Kernels::dot_rows16_fn_in_batch`]) whose
     /// outputs have the bits of [`Kernels::dot_fn_in_batch`] for it (Q4_K: its `gemm`
-    /// order for whole groups of 4 tokens, which differs from its dot).
+    /// order for whole groups of 4 tokens, Q6_K its tiled order from 8 tokens, both of
+    /// which differ from the dot).
     #[test]
     fn rows16_kernels_in_batch_give_llama_cpps_bits() {
         let mut rng = Rng::new(47);
-        let mut gemm_checked = false;
+        let (mut gemm_checked, mut tiled_checked) = (false, false);
         for k in rows16_kernel_sets() {
-            for ty in [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K] {
+            for ty in [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K] {
                 if k.dot_rows16_fn(ty).is_none() {
                     continue;
                 }
@@ -329,7 +355,9 @@ mod tests {
                     for token in 0..n_tokens {
                         let f = k.dot_rows16_fn_in_batch(ty, rows, n_tokens, token).unwrap_or_else(|| panic!("{} {ty}: no rows16 kernel for token {token} of {n_tokens}", k.name()));
                         let dot = k.dot_fn_in_batch(ty, rows, n_tokens, token).unwrap();
-                        gemm_checked |= dot as usize != k.dot_fn(ty).unwrap() as usize;
+                        let other_order = dot as usize != k.dot_fn(ty).unwrap() as usize;
+                        gemm_checked |= other_order && ty == Q4_K;
+                        tiled_checked |= other_order && ty == Q6_K;
                         let a = activations(&k, vdt, &random_row(&mut rng, n));
                         let mut out = [f32::NAN; 2 * ROWS16];
                         f(n, 2, &p, &a, a.len(), 1, &mut out, 2 * ROWS16);
@@ -344,33 +372,37 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         if crate::quant::x86::cpu_has_avx512_vnni() {
             assert!(gemm_checked, "Q4_K's gemm order was among the orders checked");
+            assert!(tiled_checked, "Q6_K's tiled order was among the orders checked");
         }
-        let _ = gemm_checked;
+        let _ = (gemm_checked, tiled_checked);
     }
 
     /// The layout as documented: row r's scale of block k, and its byte 4c + i.
     #[test]
     fn packing_puts_each_byte_where_the_layout_says() {
         let mut rng = Rng::new(43);
-        for ty in [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K] {
+        for ty in [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K] {
             let n = 2 * ty.block_size();
             let w: Vec<u8> = (0..ROWS16).flat_map(|_| quantized(ty, &random_row(&mut rng, n))).collect();
             let (bs, wrow) = (ty.type_size(), w.len() / ROWS16);
             let scales = if matches!(ty, Q4_1 | Q4_K) { 2 } else { 1 };
+            // Where the scale words start in a plain block, and the bytes after them (Q6_K:
+            // its `d` is its last two bytes, the 208 before it move).
+            let (at, d0) = if ty == Q6_K { (208, 0) } else { (0, 2 * scales) };
             let mut p = w.clone();
             pack_in_place(ty, ROWS16, n, &mut p, &mut vec![0u8; w.len()]).unwrap();
             for r in 0..ROWS16 {
                 for k in 0..2 {
                     let (b, g) = (&w[r * wrow + k * bs..], &p[k * ROWS16 * bs..]);
                     for s in 0..scales {
-                        assert_eq!(&g[32 * s + 2 * r..][..2], &b[2 * s..2 * s + 2], "{ty} row {r} block {k} scale {s}");
+                        assert_eq!(&g[32 * s + 2 * r..][..2], &b[at + 2 * s..at + 2 * s + 2], "{ty} row {r} block {k} scale {s}");
                     }
                     for q in 0..bs - 2 * scales {
                         let (c, i) = (q / 4, q % 4);
                         if ty == Q5_0 && c == 0 {
                             continue;
                         }
-                        assert_eq!(g[32 * scales + 64 * c + 4 * r + i], b[2 * scales + q], "{ty} row {r} block {k} byte {q}");
+                        assert_eq!(g[32 * scales + 64 * c + 4 * r + i], b[d0 + q], "{ty} row {r} block {k} byte {q}");
                     }
                     if ty == Q5_0 {
                         // qh transposed: element 4j + i's fifth bit at bit j of byte i.
@@ -402,7 +434,7 @@ mod tests {
     fn packed_rows_dequantize_as_plain_rows() {
         let mut rng = Rng::new(45);
         let k = &fast_kernel_sets()[0];
-        for ty in [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K] {
+        for ty in [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K] {
             let (rows, n) = (2 * ROWS16, 3 * ty.block_size());
             let w: Vec<u8> = (0..rows).flat_map(|_| quantized(ty, &random_row(&mut rng, n))).collect();
             let wrow = w.len() / rows;

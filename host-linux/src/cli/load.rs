@@ -252,7 +252,7 @@ impl Opened {
     }
 
     /// Rearranges, in place, the matrices the kernel set `k` has rows16 kernels for
-    /// (`keel_core::quant::rows16`: Q4_0, Q4_1, Q5_0, Q8_0 and Q4_K with AVX-512 VNNI): every
+    /// (`keel_core::quant::rows16`: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K with AVX-512 VNNI): every
     /// layer's attention and feed-forward projections, the output projection and the
     /// token embedding (the output of a tied model; its rows are looked up through
     /// `Tensor::dequantize_row`), when their rows come in whole groups of 16. Only a

@@ -438,28 +438,59 @@ rows16_wrapper!(/// AVX-512 VNNI Q8_0 · Q8_0, rows16 groups (each output as [`v
     rows16_q8_0_q8_0, 32, 34, 34, each token rows16::q8_0_q8_0_group);
 rows16_wrapper!(/// AVX-512 VNNI Q5_0 · Q8_0, rows16 groups (each output as [`vec_dot_q5_0_q8_0`]).
     rows16_q5_0_q8_0, 32, 22, 34, each token rows16::q5_0_q8_0_group);
-/// The groups of [`rows16_q4_k_q8_k`] and [`rows16_q4_k_q8_k_gemm`] (`MODE`): four tokens
-/// a call of the kernel where there are four, then one.
+/// A K-quant rows16 group kernel (`rows16::q4_k_q8_k_group`, `rows16::q6_k_q8_k_group`)
+/// for one count of tokens: `(nb, w, a, arow, out, ostride)`.
+type KGroupFn = unsafe fn(usize, *const u8, *const u8, usize, *mut f32, usize);
+
+/// The groups of a K-quant's rows16 product, `gb` bytes a (group, super-block): for each
+/// group, its tokens through the kernels `kernels` (`(tokens, kernel)`, most tokens
+/// first, the last for one), each taking as many calls as it can.
 ///
 /// # Safety
 /// The wrappers' (AVX-512 VNNI; `groups` groups of `nb` super-blocks at `w`, `nb` Q8_K
-/// blocks at `a + t·arow` and 16 outputs per group at `out + t·ostride` for `t < tokens`).
+/// blocks at `a + t·arow` and 16 outputs per group at `out + t·ostride` for `t < tokens`),
+/// and `kernels` the group kernels of one type and order for their counts of tokens.
 #[allow(clippy::too_many_arguments)]
-unsafe fn q4_k_groups<const MODE: u8, const PF: usize>(nb: usize, groups: usize, w: *const u8, a: *const u8, arow: usize, tokens: usize, out: *mut f32, ostride: usize) {
+unsafe fn k_groups(kernels: &[(usize, KGroupFn)], gb: usize, nb: usize, groups: usize, w: *const u8, a: *const u8, arow: usize, tokens: usize, out: *mut f32, ostride: usize) {
     // SAFETY: the caller's contract.
     unsafe {
         for g in 0..groups {
-            let wg = w.add(g * nb * rows16::GROUP_BLOCK_BYTES_Q4_K);
+            let wg = w.add(g * nb * gb);
             let mut t = 0;
-            while t + 4 <= tokens {
-                rows16::q4_k_q8_k_group::<4, MODE, PF>(nb, wg, a.add(t * arow), arow, out.add(t * ostride + 16 * g), ostride);
-                t += 4;
-            }
-            for t in t..tokens {
-                rows16::q4_k_q8_k_group::<1, MODE, PF>(nb, wg, a.add(t * arow), arow, out.add(t * ostride + 16 * g), ostride);
+            for &(step, f) in kernels {
+                while t + step <= tokens {
+                    f(nb, wg, a.add(t * arow), arow, out.add(t * ostride + 16 * g), ostride);
+                    t += step;
+                }
             }
         }
     }
+}
+
+/// [`k_groups`] over `rows16::q4_k_q8_k_group` in `MODE`: eight tokens a call, then four,
+/// then one (a batch of 512 on the Xeon VM, one thread, in cache: 380 GFLOP/s with eight,
+/// 350 with four at most; `quant::bench::bench_matmul`).
+///
+/// # Safety
+/// As [`k_groups`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn q4_k_groups<const MODE: u8, const PF: usize>(nb: usize, groups: usize, w: *const u8, a: *const u8, arow: usize, tokens: usize, out: *mut f32, ostride: usize) {
+    use rows16::q4_k_q8_k_group as f;
+    // SAFETY: the caller's contract; the kernels of one type and order.
+    unsafe { k_groups(&[(8, f::<8, MODE, PF>), (4, f::<4, MODE, PF>), (1, f::<1, MODE, PF>)], rows16::GROUP_BLOCK_BYTES_Q4_K, nb, groups, w, a, arow, tokens, out, ostride) }
+}
+
+/// [`k_groups`] over `rows16::q6_k_q8_k_group` in `MODE`: eight tokens a call, then four,
+/// then one (a batch of 512 on the Xeon VM, one thread, in cache: 181 GFLOP/s with eight,
+/// 160 with four at most; the plain layout's tile 152; `quant::bench::bench_matmul`).
+///
+/// # Safety
+/// As [`k_groups`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn q6_k_groups<const MODE: u8, const PF: usize>(nb: usize, groups: usize, w: *const u8, a: *const u8, arow: usize, tokens: usize, out: *mut f32, ostride: usize) {
+    use rows16::q6_k_q8_k_group as f;
+    // SAFETY: the caller's contract; the kernels of one type and order.
+    unsafe { k_groups(&[(8, f::<8, MODE, PF>), (4, f::<4, MODE, PF>), (1, f::<1, MODE, PF>)], rows16::GROUP_BLOCK_BYTES_Q6_K, nb, groups, w, a, arow, tokens, out, ostride) }
 }
 
 rows16_wrapper!(/// AVX-512 VNNI Q4_K · Q8_K, rows16 groups (each output as [`vec_dot_q4_k_q8_k`]).
@@ -470,6 +501,15 @@ rows16_wrapper!(/// AVX-512 VNNI Q4_K · Q8_K in llama.cpp's `gemm` order, rows1
     /// [`vec_dot_q4_k_q8_k_gemm`]).
     rows16_q4_k_q8_k_gemm, 256, 144, 292, |nb, groups, w, a, arow, tokens, out, ostride| {
         q4_k_groups::<{ kdot::GEMM }, PF>(nb, groups, w, a, arow, tokens, out, ostride)
+    });
+rows16_wrapper!(/// AVX-512 VNNI Q6_K · Q8_K, rows16 groups (each output as [`vec_dot_q6_k_q8_k`]).
+    rows16_q6_k_q8_k, 256, 210, 292, |nb, groups, w, a, arow, tokens, out, ostride| {
+        q6_k_groups::<{ kdot::NATIVE }, PF>(nb, groups, w, a, arow, tokens, out, ostride)
+    });
+rows16_wrapper!(/// AVX-512 VNNI Q6_K · Q8_K in llama.cpp's tiled order, rows16 groups (each output as
+    /// [`vec_dot_q6_k_q8_k_tiled`]).
+    rows16_q6_k_q8_k_tiled, 256, 210, 292, |nb, groups, w, a, arow, tokens, out, ostride| {
+        q6_k_groups::<{ kdot::TILED }, PF>(nb, groups, w, a, arow, tokens, out, ostride)
     });
 
 rows16_wrapper!(/// AVX-512 VNNI Q4_0 · Q8_0, rows16 groups (each output as [`vec_dot_q4_0_q8_0`]),
@@ -865,6 +905,8 @@ const fn build(flags: usize) -> KernelTable {
         t.dot_rows16.q5_0 = r16!(rows16_q5_0_q8_0);
         t.dot_rows16.q4_k = r16!(rows16_q4_k_q8_k);
         t.dot_rows16_gemm.q4_k = r16!(rows16_q4_k_q8_k_gemm);
+        t.dot_rows16.q6_k = r16!(rows16_q6_k_q8_k);
+        t.dot_rows16_tiled.q6_k = r16!(rows16_q6_k_q8_k_tiled);
         t.dot_tile_rows16.q5_0 = DotTile::entry_with_rest(tile_q5_0_q8_0_lanes_rows16, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q5_0_q8_0_lanes16_rows16, LANES_REST_TOKENS);
         t.dot_tile_rows16.q8_0 = DotTile::entry_with_rest(tile_q8_0_q8_0_lanes_rows16, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q8_0_q8_0_lanes16_rows16, LANES_REST_TOKENS);
     } else {

@@ -79,6 +79,42 @@ fn prefetch_ahead<const PF: usize, const GB: usize>(g: *const u8) {
     }
 }
 
+/// [`prefetch_ahead`]'s hints for part `i` of `n` of the `GB` bytes after `g` (its lines
+/// [`part_lines`]): a kernel that spreads them over its loop, part `i` in iteration `i`,
+/// asks for the same lines. The K-quants' groups are 36 (Q4_K) and 53 (Q6_K) lines a
+/// super-block; their kernels asking for all of them at once streamed slower than with
+/// the hints spread over the loop over the chunks (`quant::bench::bench_rows16_stream`,
+/// the Xeon VM, one thread, 2026-12-07: Q4_K 1.16x with the hints spread over its four
+/// 64-element groups and another 1.04-1.06x over its 32 chunks; Q6_K 1.10-1.12x over its
+/// eight lanes, level over sixteen). (Q8_0's, Q5_0's and Q4_x's group blocks are 5 to 9
+/// lines: [`prefetch_ahead`].)
+#[inline(always)]
+fn prefetch_ahead_part<const PF: usize, const GB: usize>(g: *const u8, i: usize, n: usize) {
+    let (l0, l1) = part_lines(GB.div_ceil(64), i, n);
+    if PF > 0 {
+        for l in l0..l1 {
+            let off = 64 * l;
+            // SAFETY: prefetch never faults and reads nothing the program sees.
+            unsafe {
+                if PF % 2 == 1 {
+                    _mm_prefetch::<_MM_HINT_NTA>(g.wrapping_add(PF - 1 + off).cast());
+                } else if PF % 4 == 2 {
+                    _mm_prefetch::<_MM_HINT_T0>(g.wrapping_add(PF - 2 + off).cast());
+                    _mm_prefetch::<_MM_HINT_T1>(g.wrapping_add(PREFETCH_FAR_L2 + off).cast());
+                } else {
+                    _mm_prefetch::<_MM_HINT_T0>(g.wrapping_add(PF + off).cast());
+                }
+            }
+        }
+    }
+}
+
+/// Lines `⌈i·lines/n⌉..⌈(i+1)·lines/n⌉` of a block of `lines` lines: part `i` of `n`, the
+/// parts `0..n` each line once.
+const fn part_lines(lines: usize, i: usize, n: usize) -> (usize, usize) {
+    ((i * lines).div_ceil(n), ((i + 1) * lines).div_ceil(n))
+}
+
 /// Bytes of one Q4_1 (group, block): 16 blocks of 20 bytes.
 const GROUP_BLOCK_BYTES: usize = 16 * 20;
 /// Bytes of one Q8_0 (group, block): 16 blocks of 34 bytes.
@@ -569,7 +605,8 @@ unsafe fn q4_k_min_sums(ab: *const u8) -> [i32; 4] {
 /// `acc = fma(f32(sumi), dw·da, acc)`, `accm = fma(f32(summ), dminw·da, accm)`; `GEMM` the
 /// same pair per group `j` with `sumj` and `m_j`; the result `acc - accm`. The integers
 /// are exact, so their order is free. The nibbles are unpacked once per super-block for
-/// the `T` tokens.
+/// the `T` tokens; the prefetch hints come a chunk's share at a time
+/// ([`prefetch_ahead_part`]).
 ///
 /// Layout of a (group, super-block) (`quant::rows16`): the sixteen f16 `d` (0..32), the
 /// sixteen `dmin` (32..64), then 35 chunks of 64 bytes whose dword `r` is row `r`'s dword
@@ -591,7 +628,9 @@ pub(crate) unsafe fn q4_k_q8_k_group<const T: usize, const MODE: u8, const PF: u
         let mut accm = [_mm512_setzero_ps(); T];
         for k in 0..nb {
             let g = w.add(k * GROUP_BLOCK_BYTES_Q4_K);
-            prefetch_ahead::<PF, GROUP_BLOCK_BYTES_Q4_K>(g);
+            if T > 1 {
+                prefetch_ahead::<PF, GROUP_BLOCK_BYTES_Q4_K>(g);
+            }
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(g.cast()));
             let dmw = _mm512_cvtph_ps(_mm256_loadu_si256(g.add(32).cast()));
             // Each row's 8 scales and 8 mins (6 bits, one byte each, four to a dword):
@@ -634,6 +673,9 @@ pub(crate) unsafe fn q4_k_q8_k_group<const T: usize, const MODE: u8, const PF: u
             for j in 0..4 {
                 let mut s = [[_mm512_setzero_si512(); 2]; T];
                 for i in 0..8 {
+                    if T == 1 {
+                        prefetch_ahead_part::<PF, GROUP_BLOCK_BYTES_Q4_K>(g, 8 * j + i, 32);
+                    }
                     let q = _mm512_loadu_si512(g.add(256 + 64 * (8 * j + i)).cast());
                     let (lo, hi) = (_mm512_and_si512(q, m4), _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4));
                     for (t, st) in s.iter_mut().enumerate() {
@@ -663,6 +705,148 @@ pub(crate) unsafe fn q4_k_q8_k_group<const T: usize, const MODE: u8, const PF: u
         }
         for t in 0..T {
             _mm512_storeu_ps(out.add(t * ostride), _mm512_sub_ps(acc[t], accm[t]));
+        }
+    }
+}
+
+/// Bytes of one Q6_K (group, super-block): 16 blocks of 210 bytes.
+pub(super) const GROUP_BLOCK_BYTES_Q6_K: usize = 16 * 210;
+
+/// `vpshufb` patterns for the Q6_K scales: in each dword, byte `lo` of it into the high
+/// byte of its low 16-bit half and byte `hi` into that of its high half, the low bytes
+/// zero (an arithmetic shift right by 8 then sign-extends each to 16 bits).
+const fn q6_k_scale_pattern(lo: u8, hi: u8) -> [u8; 64] {
+    let mut t = [0u8; 64];
+    let mut i = 0;
+    while i < 16 {
+        let q = 4 * (i % 4) as u8;
+        t[4 * i] = 0x80;
+        t[4 * i + 1] = q + lo;
+        t[4 * i + 2] = 0x80;
+        t[4 * i + 3] = q + hi;
+        i += 1;
+    }
+    t
+}
+
+/// [`q6_k_scale_pattern`]s: byte `b` into both halves (`b` = 0..4), then bytes 0 and 1,
+/// then bytes 2 and 3.
+static Q6_K_SCALE_PATTERNS: [[u8; 64]; 6] = [
+    q6_k_scale_pattern(0, 0),
+    q6_k_scale_pattern(1, 1),
+    q6_k_scale_pattern(2, 2),
+    q6_k_scale_pattern(3, 3),
+    q6_k_scale_pattern(0, 1),
+    q6_k_scale_pattern(2, 3),
+];
+
+/// Q6_K · Q8_K for one rows16 group against `T` activation rows (`arow` bytes apart):
+/// `out[t·ostride + r]` gets row `r`'s dot with token `t`, the bits of
+/// `kdot::q6_k_q8_k::<MODE>` (`NATIVE`: llama.cpp's x86 `vec_dot` lanes; `TILED`: its
+/// tiled matmul's steps). Per super-block each row's exact integers, lane `m` (elements
+/// `4m..4m + 4` of each 32) as the plain kernel's: `Σ_(h,t) sc_s · Σ q·y` over the eight
+/// 32-element runs `(h, t)` of the block (`s = 8h + 2t + m/4` the 16-element sub-block,
+/// `q` the unsigned 6-bit level: `vpmaddubsw` then `vpdpwssd` with the scale, as the plain
+/// kernel's `maddubs` and `madd`), less `32·(bsums_2m·sc_2m + bsums_2m+1·sc_2m+1)`; then
+/// `NATIVE` `acc_m = fma(f32(lane_m), dw·da, acc_m)` and [`lane_tree512`] over the eight,
+/// `TILED` the lanes' sum `s1`, `r = f32(s1)·dw`, `acc = fma(r, da, acc)`. The integers are
+/// exact, so their order is free. The levels are unpacked once per super-block for the `T`
+/// tokens; the prefetch hints come a sixteenth at a time ([`prefetch_ahead_part`]).
+///
+/// Layout of a (group, super-block) (`quant::rows16`): the sixteen f16 `d` (0..32), then
+/// 52 chunks of 64 bytes whose dword `r` is row `r`'s dword `c` of the block's 208 bytes
+/// before `d`: chunk `c < 32` its `ql` dword `c`, chunk `32 + c` its `qh` dword `c`, chunk
+/// `48 + c` its scales `4c..4c + 4`.
+///
+/// # Safety
+/// As [`q4_1_q8_1_group`], with `nb * GROUP_BLOCK_BYTES_Q6_K` bytes at `w`, `nb * 292` at
+/// `a + t·arow` and 16 floats at `out + t·ostride` for each `t < T`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn q6_k_q8_k_group<const T: usize, const MODE: u8, const PF: usize>(nb: usize, w: *const u8, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    use super::kdot::TILED;
+    // SAFETY: the caller's contract; activation layout d@0 (f32) qs@4 bsums@260.
+    unsafe {
+        let (m4, m30) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+        let pat: [__m512i; 6] = core::array::from_fn(|i| _mm512_loadu_si512(Q6_K_SCALE_PATTERNS[i].as_ptr().cast()));
+        let chunk = |g: *const u8, c: usize| _mm512_loadu_si512(g.add(32 + 64 * c).cast());
+        let mut acc = [[_mm512_setzero_ps(); 8]; T];
+        for k in 0..nb {
+            let g = w.add(k * GROUP_BLOCK_BYTES_Q6_K);
+            if T > 1 {
+                prefetch_ahead::<PF, GROUP_BLOCK_BYTES_Q6_K>(g);
+            }
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(g.cast()));
+            let scc: [__m512i; 4] = core::array::from_fn(|c| chunk(g, 48 + c));
+            // Sub-block s's scale in both 16-bit halves of each row's lane, and the pairs
+            // (2m, 2m + 1) the block sums take.
+            let sc: [__m512i; 16] = core::array::from_fn(|s| _mm512_srai_epi16::<8>(_mm512_shuffle_epi8(scc[s / 4], pat[s % 4])));
+            let scp: [__m512i; 8] = core::array::from_fn(|m| _mm512_srai_epi16::<8>(_mm512_shuffle_epi8(scc[m / 2], pat[4 + m % 2])));
+            let das: [__m512; T] = core::array::from_fn(|t| _mm512_set1_ps(core::ptr::read_unaligned(a.add(t * arow + k * 292).cast::<f32>())));
+            let d: [__m512; T] = core::array::from_fn(|t| _mm512_mul_ps(das[t], dw));
+            let mut s1 = [_mm512_setzero_si512(); T];
+            for m in 0..8 {
+                let mut s = [_mm512_setzero_si512(); T];
+                for h in 0..2 {
+                    if T == 1 {
+                        prefetch_ahead_part::<PF, GROUP_BLOCK_BYTES_Q6_K>(g, 2 * m + h, 16);
+                    }
+                    let (ql0, ql1, qh) = (chunk(g, 16 * h + m), chunk(g, 16 * h + 8 + m), chunk(g, 32 + 8 * h + m));
+                    let level = |lo: __m512i, hi: __m512i| _mm512_or_si512(_mm512_and_si512(lo, m4), _mm512_and_si512(hi, m30));
+                    let lv = [
+                        level(ql0, _mm512_slli_epi16::<4>(qh)),
+                        level(ql1, _mm512_slli_epi16::<2>(qh)),
+                        level(_mm512_srli_epi16::<4>(ql0), qh),
+                        level(_mm512_srli_epi16::<4>(ql1), _mm512_srli_epi16::<2>(qh)),
+                    ];
+                    for (tt, &l) in lv.iter().enumerate() {
+                        let scale = sc[8 * h + 2 * tt + m / 4];
+                        for (t, st) in s.iter_mut().enumerate() {
+                            let y = _mm512_set1_epi32(rd32(a.add(t * arow + k * 292 + 4 + 128 * h + 32 * tt + 4 * m)));
+                            *st = _mm512_dpwssd_epi32(*st, _mm512_maddubs_epi16(l, y), scale);
+                        }
+                    }
+                }
+                for t in 0..T {
+                    let bs = _mm512_set1_epi32(rd32(a.add(t * arow + k * 292 + 260 + 4 * m)));
+                    let lane = _mm512_sub_epi32(s[t], _mm512_slli_epi32::<5>(_mm512_dpwssd_epi32(_mm512_setzero_si512(), scp[m], bs)));
+                    if MODE == TILED {
+                        s1[t] = _mm512_add_epi32(s1[t], lane);
+                    } else {
+                        acc[t][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lane), d[t], acc[t][m]);
+                    }
+                }
+            }
+            if MODE == TILED {
+                for t in 0..T {
+                    acc[t][0] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s1[t]), dw), das[t], acc[t][0]);
+                }
+            }
+        }
+        for (t, acc) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out.add(t * ostride), if MODE == TILED { acc[0] } else { lane_tree512(acc) });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Spread over a loop's iterations, the hints' parts ask for every line of a block
+    /// once and in order, as [`prefetch_ahead`] does at once (the K-quants' blocks and
+    /// their loops' counts, and blocks shorter than the loop).
+    #[test]
+    fn spread_hints_cover_each_line_once() {
+        for (bytes, n) in [(GROUP_BLOCK_BYTES_Q4_K, 32), (GROUP_BLOCK_BYTES_Q6_K, 16), (GROUP_BLOCK_BYTES_Q6_K, 8), (GROUP_BLOCK_BYTES_Q8_0, 16), (64, 3), (65, 7)] {
+            let lines = bytes.div_ceil(64);
+            let mut next = 0;
+            for i in 0..n {
+                let (l0, l1) = part_lines(lines, i, n);
+                assert_eq!(l0, next, "{bytes} bytes in {n} parts: part {i} starts at line {l0}");
+                assert!(l1 >= l0 && l1 <= lines, "{bytes} bytes in {n} parts: part {i} ends at line {l1}");
+                next = l1;
+            }
+            assert_eq!(next, lines, "{bytes} bytes in {n} parts: every line");
         }
     }
 }
