@@ -29,11 +29,13 @@
 //!   their own rows16 kernel for its repacked `gemm` order
 //!   ([`Kernels::dot_rows16_fn_in_batch`]).
 //! - **Q6_K** (210 bytes a super-block of 256, 3360 a group block; its f16 `d` is the block's
-//!   last two bytes): the sixteen `d` (0..32), then 52 chunks `c` of 64 bytes (32 + 64c..)
-//!   whose bytes `4r..4r + 4` are row `r`'s bytes `4c..4c + 4` of the 208 before `d`:
-//!   chunks 0..32 its `ql`, 32..48 its `qh`, 48..52 its sixteen 8-bit scales. Batches of 8
-//!   or more tokens in llama.cpp's arithmetic have their own rows16 kernel for its tiled
-//!   order.
+//!   last two bytes): the sixteen `d` (0..32), then 52 chunks of 64 bytes (32 + 64p..) whose
+//!   bytes `4r..4r + 4` are row `r`'s dword `c` of the 208 bytes before `d`, in the order the
+//!   kernel reads them ([`q6_k_chunk_at`] gives `p` for `c`): first the sixteen 8-bit scales
+//!   (dwords 48..52), then for each lane `m` of 4 elements (0..8) and each half `h` of 128
+//!   (0..2) the `ql` dwords `16h + m` and `16h + 8 + m` and the `qh` dword `32 + 8h + m`.
+//!   Batches of 8 or more tokens in llama.cpp's arithmetic have their own rows16 kernel for
+//!   its tiled order.
 //!
 //! A host packs a matrix in place ([`pack_in_place`]) where the kernel set has the
 //! layout's kernels ([`Kernels::dot_rows16_fn`]) and marks it so that the model's tensor
@@ -63,6 +65,29 @@ fn scale_words(ty: GgmlType) -> (usize, usize) {
 
 /// Where a Q6_K block's f16 `d` lies (after `ql`, `qh` and the scales).
 const Q6_K_D_AT: usize = 208;
+
+/// The chunk of a Q6_K (group, super-block) that holds the rows' dword `c` of the 208 bytes
+/// before `d` (see the module doc): the scales first, then per lane `m` and half `h` its two
+/// `ql` dwords and its `qh` dword.
+pub(crate) const fn q6_k_chunk_at(c: usize) -> usize {
+    if c >= 48 {
+        c - 48
+    } else if c >= 32 {
+        4 + 6 * ((c - 32) % 8) + 3 * ((c - 32) / 8) + 2
+    } else {
+        4 + 6 * (c % 8) + 3 * (c / 16) + (c % 16) / 8
+    }
+}
+
+/// The chunk of a (group, block) of `BS`-byte blocks that holds the rows' dword `c` (Q6_K:
+/// [`q6_k_chunk_at`]; the others in order).
+const fn chunk_at(bs: usize, c: usize) -> usize {
+    if bs == 210 {
+        q6_k_chunk_at(c)
+    } else {
+        c
+    }
+}
 
 /// The first of the block bytes the layout moves a dword at a time (those beside the
 /// scale words: after them, or from 0 when they end the block), for `sc` scale words at
@@ -107,7 +132,7 @@ fn pack_group_of<const BS: usize, const SC: usize, const AT: usize>(nb: usize, s
             }
             let at = 32 * SC;
             for c in 0..(BS - 2 * SC) / 4 {
-                g[at + 64 * c + 4 * r..][..4].copy_from_slice(&b[d0 + 4 * c..d0 + 4 * c + 4]);
+                g[at + 64 * chunk_at(BS, c) + 4 * r..][..4].copy_from_slice(&b[d0 + 4 * c..d0 + 4 * c + 4]);
             }
             if q5 {
                 let qh = &mut g[at + 4 * r..][..4];
@@ -192,7 +217,8 @@ pub fn dequantize_row(k: &Kernels, ty: GgmlType, cols: usize, data: &[u8], r: us
             b[at + 2 * s..at + 2 * s + 2].copy_from_slice(&g[32 * s + 2 * i..32 * s + 2 * i + 2]);
         }
         for c in 0..(bs - 2 * scales) / 4 {
-            b[d0 + 4 * c..d0 + 4 * c + 4].copy_from_slice(&g[32 * scales + 64 * c + 4 * i..32 * scales + 64 * c + 4 * i + 4]);
+            let p = 32 * scales + 64 * chunk_at(bs, c) + 4 * i;
+            b[d0 + 4 * c..d0 + 4 * c + 4].copy_from_slice(&g[p..p + 4]);
         }
         if ty == GgmlType::Q5_0 {
             let qh = q5_0_qh_from_layout(u32::from_le_bytes([b[2], b[3], b[4], b[5]]));
@@ -389,6 +415,10 @@ mod tests {
             // Where the scale words start in a plain block, and the bytes after them (Q6_K:
             // its `d` is its last two bytes, the 208 before it move).
             let (at, d0) = if ty == Q6_K { (208, 0) } else { (0, 2 * scales) };
+            // Q6_K's chunks in the kernel's order: the four of scales, then per lane m and
+            // half h the ql dwords 16h + m, 16h + 8 + m and the qh dword 32 + 8h + m.
+            let q6_order: Vec<usize> = (48..52).chain((0..8).flat_map(|m| (0..2).flat_map(move |h| [16 * h + m, 16 * h + 8 + m, 32 + 8 * h + m]))).collect();
+            let chunk = |c: usize| if ty == Q6_K { q6_order.iter().position(|&x| x == c).unwrap() } else { c };
             let mut p = w.clone();
             pack_in_place(ty, ROWS16, n, &mut p, &mut vec![0u8; w.len()]).unwrap();
             for r in 0..ROWS16 {
@@ -402,7 +432,7 @@ mod tests {
                         if ty == Q5_0 && c == 0 {
                             continue;
                         }
-                        assert_eq!(g[32 * scales + 64 * c + 4 * r + i], b[d0 + q], "{ty} row {r} block {k} byte {q}");
+                        assert_eq!(g[32 * scales + 64 * chunk(c) + 4 * r + i], b[d0 + q], "{ty} row {r} block {k} byte {q}");
                     }
                     if ty == Q5_0 {
                         // qh transposed: element 4j + i's fifth bit at bit j of byte i.

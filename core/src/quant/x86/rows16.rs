@@ -758,9 +758,10 @@ static Q6_K_SCALE_PATTERNS: [[u8; 64]; 6] = [
 /// tokens; the prefetch hints come a sixteenth at a time ([`prefetch_ahead_part`]).
 ///
 /// Layout of a (group, super-block) (`quant::rows16`): the sixteen f16 `d` (0..32), then
-/// 52 chunks of 64 bytes whose dword `r` is row `r`'s dword `c` of the block's 208 bytes
-/// before `d`: chunk `c < 32` its `ql` dword `c`, chunk `32 + c` its `qh` dword `c`, chunk
-/// `48 + c` its scales `4c..4c + 4`.
+/// 52 chunks of 64 bytes whose dword `r` is a dword of row `r`'s 208 bytes before `d`, in
+/// the order the kernel reads them: chunks 0..4 its scales `4c..4c + 4`, then chunks
+/// `4 + 6m + 3h` and the next its `ql` dwords `16h + m` and `16h + 8 + m`, chunk
+/// `6 + 6m + 3h` its `qh` dword `8h + m`.
 ///
 /// # Safety
 /// As [`q4_1_q8_1_group`], with `nb * GROUP_BLOCK_BYTES_Q6_K` bytes at `w`, `nb * 292` at
@@ -780,7 +781,7 @@ pub(crate) unsafe fn q6_k_q8_k_group<const T: usize, const MODE: u8, const PF: u
                 prefetch_ahead::<PF, GROUP_BLOCK_BYTES_Q6_K>(g);
             }
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(g.cast()));
-            let scc: [__m512i; 4] = core::array::from_fn(|c| chunk(g, 48 + c));
+            let scc: [__m512i; 4] = core::array::from_fn(|c| chunk(g, c));
             // Sub-block s's scale in both 16-bit halves of each row's lane, and the pairs
             // (2m, 2m + 1) the block sums take.
             let sc: [__m512i; 16] = core::array::from_fn(|s| _mm512_srai_epi16::<8>(_mm512_shuffle_epi8(scc[s / 4], pat[s % 4])));
@@ -794,7 +795,8 @@ pub(crate) unsafe fn q6_k_q8_k_group<const T: usize, const MODE: u8, const PF: u
                     if T == 1 {
                         prefetch_ahead_part::<PF, GROUP_BLOCK_BYTES_Q6_K>(g, 2 * m + h, 16);
                     }
-                    let (ql0, ql1, qh) = (chunk(g, 16 * h + m), chunk(g, 16 * h + 8 + m), chunk(g, 32 + 8 * h + m));
+                    let p = 4 + 6 * m + 3 * h;
+                    let (ql0, ql1, qh) = (chunk(g, p), chunk(g, p + 1), chunk(g, p + 2));
                     let level = |lo: __m512i, hi: __m512i| _mm512_or_si512(_mm512_and_si512(lo, m4), _mm512_and_si512(hi, m30));
                     let lv = [
                         level(ql0, _mm512_slli_epi16::<4>(qh)),
