@@ -1016,7 +1016,8 @@ fn bench_plain_stream() {
 /// --nocapture`: GB/s of one token's product (`matmul`, one thread) over a ~240 MiB matrix
 /// in the plain layout and in the rows16 layout, as decode streams a model's matrices, for
 /// each kernel set of the CPU that packs the type (Q6_K and Q4_K at 2048 columns, Q8_0 and
-/// Q5_0 at 640): the two in turn, five products each per round, five rounds; medians of each.
+/// Q5_0 at 640, Q4_1 and Q4_0 at 576): the two in turn, five products each per round, five
+/// rounds; medians of each.
 #[test]
 #[ignore]
 fn bench_rows16_stream() {
@@ -1026,7 +1027,7 @@ fn bench_rows16_stream() {
     use crate::quant::rows16::{pack_in_place, ROWS16};
     let mut rng = Rng::new(5);
     for k in super::tests::fast_kernel_sets() {
-        for (ty, cols) in [(Q6_K, 2048usize), (GgmlType::Q4_K, 2048), (Q8_0, 640), (Q5_0, 640)] {
+        for (ty, cols) in [(Q6_K, 2048usize), (GgmlType::Q4_K, 2048), (Q8_0, 640), (Q5_0, 640), (Q4_1, 576), (Q4_0, 576)] {
             if !k.packs_rows16(ty, 64) {
                 println!("{ty:?}, {}: no rows16 kernel", k.name());
                 continue;

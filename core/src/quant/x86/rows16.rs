@@ -90,8 +90,10 @@ fn prefetch_ahead<const PF: usize, const GB: usize>(g: *const u8) {
 /// each pass reads from L1 what the first brought, split each block's hints between the
 /// halves: Q8_0 1.06-1.09x, Q5_0 1.02-1.03x (the AVX2 set forced on the same VM). Even the
 /// AVX-512 Q8_0 and Q5_0 kernels, whose blocks are 8.5 and 5.5 lines, stream faster with
-/// their hints spread over their eight lanes: 1.07x and 1.12-1.15x. (The Q4_0 and Q4_1
-/// kernels still ask for a block's lines at once: [`prefetch_ahead`].)
+/// their hints spread over their eight lanes (1.07x and 1.12-1.15x), and the Q4_1 and Q4_0
+/// ones (5 and 4.5 lines) over their four chunks (1.05-1.07x and 1.01x). Batches of several
+/// tokens a call take them at once ([`prefetch_ahead`]): there the spread cost the K-quants'
+/// prompt kernels 13-20%.
 #[inline(always)]
 fn prefetch_ahead_part<const PF: usize, const GB: usize>(g: *const u8, i: usize, n: usize) {
     let (l0, l1) = part_lines(GB.div_ceil(64), i, n);
@@ -143,7 +145,6 @@ pub(crate) unsafe fn q4_1_q8_1_group<const PF: usize>(nb: usize, w: *const u8, a
         let mut summs = _mm512_setzero_ps();
         for k in 0..nb {
             let g = w.add(k * GROUP_BLOCK_BYTES);
-            prefetch_ahead::<PF, GROUP_BLOCK_BYTES>(g);
             let ab = a.add(k * 36);
             let f = _mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab))); // [da, sa, 0, 0] (F16C: exact)
             let (da, sa) = (_mm512_broadcastss_ps(f), _mm512_broadcastss_ps(_mm_movehdup_ps(f)));
@@ -152,6 +153,7 @@ pub(crate) unsafe fn q4_1_q8_1_group<const PF: usize>(nb: usize, w: *const u8, a
             let d = _mm512_mul_ps(dw, da);
             summs = _mm512_fmadd_ps(mw, sa, summs);
             for c in 0..4 {
+                prefetch_ahead_part::<PF, GROUP_BLOCK_BYTES>(g, c, 4);
                 let q = _mm512_loadu_si512(g.add(64 + 64 * c).cast());
                 let (lo, hi) = (_mm512_and_si512(q, m4), _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4));
                 let ylo = _mm512_set1_epi32(rd32(ab.add(4 + 4 * c)));
@@ -510,7 +512,10 @@ pub(crate) unsafe fn q4_0_q8_0_group<const T: usize, const TAB: bool, const PF: 
         let mut acc = [_mm512_setzero_ps(); T];
         for k in 0..nb {
             let g = w.add(k * GROUP_BLOCK_BYTES_Q4_0);
-            prefetch_ahead::<PF, GROUP_BLOCK_BYTES_Q4_0>(g);
+            // One token: the hints a quarter at a time, beside each chunk's work; more: at once.
+            if T > 1 {
+                prefetch_ahead::<PF, GROUP_BLOCK_BYTES_Q4_0>(g);
+            }
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(g.cast()));
             let q: [__m512i; 4] = core::array::from_fn(|c| _mm512_loadu_si512(g.add(32 + 64 * c).cast()));
             let lo = q.map(|q| _mm512_and_si512(q, m4));
@@ -526,6 +531,9 @@ pub(crate) unsafe fn q4_0_q8_0_group<const T: usize, const TAB: bool, const PF: 
                 };
                 let mut s = [neg, _mm512_setzero_si512()];
                 for c in 0..4 {
+                    if T == 1 {
+                        prefetch_ahead_part::<PF, GROUP_BLOCK_BYTES_Q4_0>(g, c, 4);
+                    }
                     s[0] = _mm512_dpbusd_epi32(s[0], lo[c], _mm512_set1_epi32(rd32(ab.add(2 + 4 * c))));
                     s[1] = _mm512_dpbusd_epi32(s[1], hi[c], _mm512_set1_epi32(rd32(ab.add(18 + 4 * c))));
                 }
