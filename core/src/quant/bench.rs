@@ -984,29 +984,14 @@ fn bench_plain_stream() {
             c.copy_from_slice(&w0);
         }
         let t = Tensor { ty, cols, rows, data: &w, hi: &[], layout: Layout::Plain };
-        let mut out = std::vec![0f32; rows];
+        let out = core::cell::RefCell::new(std::vec![0f32; rows]);
         for &name in &names {
             let pick = |far: bool| sets.iter().find(|s| s.name() == name && (s.plain_far_l2() != 0) == far).copied();
             let (Some(with), Some(without)) = (pick(true), pick(false)) else {
                 println!("{name}: no twin differs in the plain rows' L2 hint");
                 continue;
             };
-            let mut gbs = [Vec::new(), Vec::new()];
-            for _ in 0..5 {
-                for (s, g) in [with, without].iter().zip(gbs.iter_mut()) {
-                    for _ in 0..5 {
-                        let t0 = Instant::now();
-                        matmul(s, &Sequential, &t, &a, 1, &mut out);
-                        g.push(w.len() as f64 / t0.elapsed().as_secs_f64() / 1e9);
-                    }
-                }
-            }
-            black_box(&out);
-            let median = |g: &mut Vec<f64>| {
-                g.sort_by(|x, y| x.total_cmp(y));
-                g[g.len() / 2]
-            };
-            let (m1, m0) = (median(&mut gbs[0]), median(&mut gbs[1]));
+            let [m1, m0] = alternated_gbs(w.len(), [&|| matmul(&with, &Sequential, &t, &a, 1, &mut out.borrow_mut()), &|| matmul(&without, &Sequential, &t, &a, 1, &mut out.borrow_mut())]);
             println!("{ty:?}, {rows} x {cols} ({} MiB), {name}: with the L2 hint {} bytes ahead {m1:.2} GB/s, without {m0:.2} GB/s: {:.3}x", w.len() >> 20, with.plain_far_l2(), m1 / m0);
         }
     }
@@ -1042,24 +1027,28 @@ fn bench_rows16_stream() {
             pack_in_place(ty, rows, cols, &mut p, &mut std::vec![0u8; ROWS16 * wrb]).unwrap();
             let plain = Tensor { ty, cols, rows, data: &w, hi: &[], layout: Layout::Plain };
             let packed = Tensor { ty, cols, rows, data: &p, hi: &[], layout: Layout::Rows16 };
-            let mut out = std::vec![0f32; rows];
-            let mut gbs = [Vec::new(), Vec::new()];
-            for _ in 0..5 {
-                for (t, g) in [&plain, &packed].iter().zip(gbs.iter_mut()) {
-                    for _ in 0..5 {
-                        let t0 = Instant::now();
-                        matmul(&k, &Sequential, t, &a, 1, &mut out);
-                        g.push(w.len() as f64 / t0.elapsed().as_secs_f64() / 1e9);
-                    }
-                }
-            }
-            black_box(&out);
-            let median = |g: &mut Vec<f64>| {
-                g.sort_by(|x, y| x.total_cmp(y));
-                g[g.len() / 2]
-            };
-            let (m0, m1) = (median(&mut gbs[0]), median(&mut gbs[1]));
+            let out = core::cell::RefCell::new(std::vec![0f32; rows]);
+            let [m0, m1] = alternated_gbs(w.len(), [&|| matmul(&k, &Sequential, &plain, &a, 1, &mut out.borrow_mut()), &|| matmul(&k, &Sequential, &packed, &a, 1, &mut out.borrow_mut())]);
             println!("{ty:?}, {rows} x {cols} ({} MiB), {}: plain {m0:.2} GB/s, rows16 {m1:.2} GB/s: {:.3}x", w.len() >> 20, k.name(), m1 / m0);
         }
     }
+}
+
+/// GB/s of `bytes` per call of each of `runs`, alternated: five rounds of five calls each,
+/// the median of each's 25 (the products of `bench_plain_stream` and `bench_rows16_stream`).
+fn alternated_gbs(bytes: usize, runs: [&dyn Fn(); 2]) -> [f64; 2] {
+    let mut gbs = [Vec::new(), Vec::new()];
+    for _ in 0..5 {
+        for (run, g) in runs.iter().zip(gbs.iter_mut()) {
+            for _ in 0..5 {
+                let t0 = Instant::now();
+                run();
+                g.push(bytes as f64 / t0.elapsed().as_secs_f64() / 1e9);
+            }
+        }
+    }
+    gbs.map(|mut g| {
+        g.sort_by(|x, y| x.total_cmp(y));
+        g[g.len() / 2]
+    })
 }

@@ -63,18 +63,24 @@ fn prefetch_ahead<const PF: usize, const GB: usize>(g: *const u8) {
     if PF > 0 {
         let mut off = 0;
         while off < GB {
-            // SAFETY: prefetch never faults and reads nothing the program sees.
-            unsafe {
-                if PF % 2 == 1 {
-                    _mm_prefetch::<_MM_HINT_NTA>(g.wrapping_add(PF - 1 + off).cast());
-                } else if PF % 4 == 2 {
-                    _mm_prefetch::<_MM_HINT_T0>(g.wrapping_add(PF - 2 + off).cast());
-                    _mm_prefetch::<_MM_HINT_T1>(g.wrapping_add(PREFETCH_FAR_L2 + off).cast());
-                } else {
-                    _mm_prefetch::<_MM_HINT_T0>(g.wrapping_add(PF + off).cast());
-                }
-            }
+            hint_line::<PF>(g, off);
             off += 64;
+        }
+    }
+}
+
+/// [`prefetch_ahead`]'s hints for the line at `off` bytes past `g` (`PF` > 0).
+#[inline(always)]
+fn hint_line<const PF: usize>(g: *const u8, off: usize) {
+    // SAFETY: prefetch never faults and reads nothing the program sees.
+    unsafe {
+        if PF % 2 == 1 {
+            _mm_prefetch::<_MM_HINT_NTA>(g.wrapping_add(PF - 1 + off).cast());
+        } else if PF % 4 == 2 {
+            _mm_prefetch::<_MM_HINT_T0>(g.wrapping_add(PF - 2 + off).cast());
+            _mm_prefetch::<_MM_HINT_T1>(g.wrapping_add(PREFETCH_FAR_L2 + off).cast());
+        } else {
+            _mm_prefetch::<_MM_HINT_T0>(g.wrapping_add(PF + off).cast());
         }
     }
 }
@@ -99,18 +105,7 @@ fn prefetch_ahead_part<const PF: usize, const GB: usize>(g: *const u8, i: usize,
     let (l0, l1) = part_lines(GB.div_ceil(64), i, n);
     if PF > 0 {
         for l in l0..l1 {
-            let off = 64 * l;
-            // SAFETY: prefetch never faults and reads nothing the program sees.
-            unsafe {
-                if PF % 2 == 1 {
-                    _mm_prefetch::<_MM_HINT_NTA>(g.wrapping_add(PF - 1 + off).cast());
-                } else if PF % 4 == 2 {
-                    _mm_prefetch::<_MM_HINT_T0>(g.wrapping_add(PF - 2 + off).cast());
-                    _mm_prefetch::<_MM_HINT_T1>(g.wrapping_add(PREFETCH_FAR_L2 + off).cast());
-                } else {
-                    _mm_prefetch::<_MM_HINT_T0>(g.wrapping_add(PF + off).cast());
-                }
-            }
+            hint_line::<PF>(g, 64 * l);
         }
     }
 }
