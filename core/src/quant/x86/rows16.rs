@@ -615,8 +615,8 @@ unsafe fn q4_k_min_sums(ab: *const u8) -> [i32; 4] {
 /// `acc = fma(f32(sumi), dw·da, acc)`, `accm = fma(f32(summ), dminw·da, accm)`; `GEMM` the
 /// same pair per group `j` with `sumj` and `m_j`; the result `acc - accm`. The integers
 /// are exact, so their order is free. The nibbles are unpacked once per super-block for
-/// the `T` tokens; the prefetch hints come a chunk's share at a time
-/// ([`prefetch_ahead_part`]).
+/// the `T` tokens; for one token the prefetch hints come a chunk's share at a time
+/// ([`prefetch_ahead_part`]), for more all at the super-block's start.
 ///
 /// Layout of a (group, super-block) (`quant::rows16`): the sixteen f16 `d` (0..32), the
 /// sixteen `dmin` (32..64), then 35 chunks of 64 bytes whose dword `r` is row `r`'s dword
@@ -761,7 +761,8 @@ static Q6_K_SCALE_PATTERNS: [[u8; 64]; 6] = [
 /// `NATIVE` `acc_m = fma(f32(lane_m), dw·da, acc_m)` and [`lane_tree512`] over the eight,
 /// `TILED` the lanes' sum `s1`, `r = f32(s1)·dw`, `acc = fma(r, da, acc)`. The integers are
 /// exact, so their order is free. The levels are unpacked once per super-block for the `T`
-/// tokens; the prefetch hints come a sixteenth at a time ([`prefetch_ahead_part`]).
+/// tokens; for one token the prefetch hints come a sixteenth at a time
+/// ([`prefetch_ahead_part`]), for more all at the super-block's start.
 ///
 /// Layout of a (group, super-block) (`quant::rows16`): the sixteen f16 `d` (0..32), then
 /// 52 chunks of 64 bytes whose dword `r` is a dword of row `r`'s 208 bytes before `d`, in
