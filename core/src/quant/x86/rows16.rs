@@ -60,13 +60,8 @@ pub(super) const PREFETCH_AMD_STREAM: usize = PREFETCH_AMD + 1;
 /// cannot fault, so it may point past the weights.)
 #[inline(always)]
 fn prefetch_ahead<const PF: usize, const GB: usize>(g: *const u8) {
-    if PF > 0 {
-        let mut off = 0;
-        while off < GB {
-            hint_line::<PF>(g, off);
-            off += 64;
-        }
-    }
+    // The whole block as one part: every line, in order.
+    prefetch_ahead_part::<PF, GB>(g, 0, 1);
 }
 
 /// [`prefetch_ahead`]'s hints for the line at `off` bytes past `g` (`PF` > 0).
