@@ -250,7 +250,9 @@ fn matmul_rows16(k: &Kernels, par: &dyn Parallel, w: &Tensor<'_>, xq: &[u8], n: 
     let groups = rows / ROWS16;
     let out = SharedMut::new(&mut out[..n * rows]);
     let threads = par.n_threads().max(1);
-    let tile = k.dot_tile_rows16_fn(w.ty);
+    // A tile gives `dot`'s bits: in llama.cpp's arithmetic only where every token of the
+    // batch takes `dot`'s order (Q4_K's `gemm` order for whole groups of 4 does not).
+    let tile = k.dot_tile_rows16_fn(w.ty).filter(|_| !llama_cpp_batches || (0..n).all(|j| kernel(j) as usize == f as usize));
     let call_groups = if w.ty == GgmlType::Q4_0 { ROWS16_Q4_0_GROUPS } else { ROWS16_TILE_GROUPS };
     // The groups `range` for tokens `i0..i1`, which no other call of the job writes:
     // whole tiles of tokens first, then the rest through the kernel, handing each call's

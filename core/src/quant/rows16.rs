@@ -232,7 +232,7 @@ pub fn dequantize_row(k: &Kernels, ty: GgmlType, cols: usize, data: &[u8], r: us
 impl Kernels {
     /// The rows16 kernel of weight type `wtype` ([`Rows16Fn`]), where this kernel set
     /// has one: x86 with AVX-512 VNNI, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K; x86 with AVX2
-    /// alone, Q4_0, Q4_1, Q5_0 and Q8_0.
+    /// alone, Q4_0, Q4_1, Q5_0, Q8_0 and Q4_K.
     pub fn dot_rows16_fn(&self, wtype: GgmlType) -> Option<Rows16Fn> {
         self.t.dot_rows16.get(wtype)
     }
@@ -240,9 +240,10 @@ impl Kernels {
     /// A tile over a matrix in the rows16 layout (its `w` the packed rows, `wrow` the
     /// plain row length in bytes; otherwise as [`Kernels::dot_tile_fn`]: every output the
     /// bits of the type's dot), where this kernel set has one: x86 with AVX-512 VNNI, Q8_0
-    /// and Q5_0, with AVX2 alone Q4_1, Q4_0, Q8_0 and Q5_0 (their rows-in-lanes tiles reading
-    /// the layout without transposing). Where there is
-    /// none, a batch takes [`Kernels::dot_rows16_fn`] token by token.
+    /// and Q5_0, with AVX2 alone Q4_1, Q4_0, Q8_0, Q5_0 and Q4_K (their rows-in-lanes tiles
+    /// reading the layout without transposing). Where there is none, a batch takes
+    /// [`Kernels::dot_rows16_fn`] token by token. (A batch in llama.cpp's arithmetic takes the
+    /// tile only where each of its tokens takes the dot's order: not Q4_K's `gemm` tokens.)
     pub fn dot_tile_rows16_fn(&self, wtype: GgmlType) -> Option<super::DotTile> {
         self.t.dot_tile_rows16.get(wtype)
     }

@@ -580,7 +580,7 @@ const KLANES8_STAGE: usize = 4;
 /// writable for r < rows, t < tokens; every staged entry is written before it is read.
 macro_rules! k_lanes8_tile {
     ($nb:expr, $w:expr, $wrow:expr, $rows:expr, $a:expr, $arow:expr, $out:expr, $ostride:expr, $tokens:expr, $blk_ty:ty, $acc_ty:ty, $zero:expr,
-     |$wg:ident, $i:ident| $block:expr, |$blk:ident, $ab:ident, $acc:ident| $step:block, |$fin:ident| $out_of:expr) => {{
+     |$wg:ident, $g:ident, $i:ident| $block:expr, |$blk:ident, $ab:ident, $acc:ident| $step:block, |$fin:ident| $out_of:expr) => {{
         const SB: usize = KLANES8_STAGE;
         const U: usize = KLANES8_TOGETHER;
         let (nb, w, wrow, rows, a, arow, out, ostride): (usize, *const u8, usize, usize, *const u8, usize, *mut f32, usize) = ($nb, $w, $wrow, $rows, $a, $arow, $out, $ostride);
@@ -588,7 +588,7 @@ macro_rules! k_lanes8_tile {
         let mut stash = core::mem::MaybeUninit::<[$acc_ty; $tokens]>::uninit();
         let (wp, sp) = (wst.as_mut_ptr().cast::<$blk_ty>(), stash.as_mut_ptr().cast::<$acc_ty>());
         for g in (0..rows).step_by(KLANES8_ROWS) {
-            let $wg = w.add(g * wrow);
+            let ($wg, $g) = (w.add(g * wrow), g);
             let mut b0 = 0;
             while b0 < nb {
                 let kb = (nb - b0).min(SB);
@@ -676,6 +676,39 @@ unsafe fn q4_k_lanes8_block(w: *const u8, wrow: usize, i: usize) -> Q4kLanes8 {
     }
 }
 
+/// Half `h` (rows `8h..8h + 8`) of the Q4_K (group, super-block) at `p` in the rows16
+/// layout (`quant::rows16`: its chunks already hold the rows' dwords in lanes) as
+/// [`Q4kLanes8`], the same vectors as [`q4_k_lanes8_block`] by loads and byte shuffles:
+/// chunk `3 + 8g + j` is the rows' `qs` dword `8g + j` (group `g`'s bytes `4j..4j + 4`),
+/// chunks 0..3 their packed scales and mins (unpacked lane by lane as `scales_mins`), each
+/// scale or pair of mins put in its lane's i16 halves by one `vpshufb`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_lanes8_block_rows16(p: *const u8, h: usize) -> Q4kLanes8 {
+    // SAFETY: the caller guarantees the (group, super-block) (2304 bytes) readable; h < 2.
+    unsafe {
+        let ld = |c: usize| _mm256_loadu_si256(p.add(64 + 64 * c + 32 * h).cast());
+        let m4 = _mm256_set1_epi8(0xF);
+        let lv: [[__m256i; 8]; 8] = core::array::from_fn(|s| {
+            core::array::from_fn(|j| {
+                let q = ld(3 + 8 * (s / 2) + j);
+                if s % 2 == 0 { _mm256_and_si256(q, m4) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4) }
+            })
+        });
+        let (low6, low4, bits45) = (_mm256_set1_epi32(0x3f3f_3f3f), _mm256_set1_epi32(0x0f0f_0f0f), _mm256_set1_epi32(0x3030_3030));
+        let (u0, u1, u2) = (ld(0), ld(1), ld(2));
+        // Scales 0..4 and 4..8, mins likewise: a byte each, four to a lane.
+        let sc = [_mm256_and_si256(u0, low6), _mm256_or_si256(_mm256_and_si256(u2, low4), _mm256_and_si256(_mm256_srli_epi32::<2>(u0), bits45))];
+        let mn = [_mm256_and_si256(u1, low6), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32::<4>(u2), low4), _mm256_and_si256(_mm256_srli_epi32::<2>(u1), bits45))];
+        // Bytes `a` and `b` of each lane into its two i16 (zero-extended).
+        let pick = |a: i8, b: i8| _mm256_setr_epi8(a, -1, b, -1, 4 + a, -1, 4 + b, -1, 8 + a, -1, 8 + b, -1, 12 + a, -1, 12 + b, -1, a, -1, b, -1, 4 + a, -1, 4 + b, -1, 8 + a, -1, 8 + b, -1, 12 + a, -1, 12 + b, -1);
+        let sc: [__m256i; 8] = core::array::from_fn(|s| _mm256_shuffle_epi8(sc[s / 4], pick((s % 4) as i8, (s % 4) as i8)));
+        let mn: [__m256i; 4] = core::array::from_fn(|k| _mm256_shuffle_epi8(mn[k / 2], pick(2 * (k % 2) as i8, 2 * (k % 2) as i8 + 1)));
+        let f = |o: usize| _mm256_cvtph_ps(_mm_loadu_si128(p.add(o + 16 * h).cast()));
+        Q4kLanes8 { lv, sc, mn, dw: f(0), dmin: f(32) }
+    }
+}
+
 /// Q4_K · Q8_K in the repacked `gemv` order ([`q4_k_q8_k`]`::<NATIVE>`), AVX2,
 /// [`KLANES8_ROWS`] rows in the lanes of a vector × `T` tokens. Per super-block the
 /// 8 rows' levels, scales and mins are transposed once ([`q4_k_lanes8_block`]) and kept for
@@ -695,12 +728,12 @@ unsafe fn q4_k_lanes8_block(w: *const u8, wrow: usize, i: usize) -> Q4kLanes8 {
 /// `out[t·ostride + r]` writable for r < rows, t < T.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4_k_q8_k_lanes8<const T: usize>(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+pub(super) unsafe fn q4_k_q8_k_lanes8<const T: usize, const R16: bool>(nb: usize, w: *const u8, wrow: usize, rows: usize, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
     // SAFETY: see above; layouts d@0 dmin@2 scales@4 qs@16 and d@0 qs@4 bsums@260.
     unsafe {
         let bcast = |p: *const u8| _mm256_set1_epi32(core::ptr::read_unaligned(p.cast::<i32>()));
         k_lanes8_tile!(nb, w, wrow, rows, a, arow, out, ostride, T, Q4kLanes8, (__m256, __m256), (_mm256_setzero_ps(), _mm256_setzero_ps()),
-            |wg, i| q4_k_lanes8_block(wg, wrow, i),
+            |wg, g, i| if R16 { q4_k_lanes8_block_rows16(w.add(g / 16 * 16 * wrow + 2304 * i), g / 8 % 2) } else { q4_k_lanes8_block(wg, wrow, i) },
             |blk, ab, accs| {
                 let mut s1 = [_mm256_setzero_si256(); KLANES8_TOGETHER];
                 for s in 0..8 {
@@ -867,7 +900,7 @@ pub(super) unsafe fn q6_k_q8_k_lanes8<const T: usize>(nb: usize, w: *const u8, w
     unsafe {
         let bcast = |p: *const u8| _mm256_set1_epi32(core::ptr::read_unaligned(p.cast::<i32>()));
         k_lanes8_tile!(nb, w, wrow, rows, a, arow, out, ostride, T, Q6kLanes8, [__m256; 8], [_mm256_setzero_ps(); 8],
-            |wg, i| q6_k_lanes8_block(wg, wrow, i),
+            |wg, _g, i| q6_k_lanes8_block(wg, wrow, i),
             |blk, ab, accs| {
                 let d: [__m256; KLANES8_TOGETHER] = core::array::from_fn(|u| _mm256_mul_ps(_mm256_set1_ps(rdf32(ab[u])), blk.dw));
                 for k in 0..8 {

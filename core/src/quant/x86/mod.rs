@@ -242,10 +242,14 @@ tile_wrapper!(/// AVX-512 VNNI Q4_1 · Q8_1 tile (each output as [`vec_dot_q4_1_
     tile_q4_1_q8_1_vnni, qtile::q4_1_q8_1_zmm, 32, 20, 36, qtile::TILE_ROWS, qtile::ZMM_TILE_TOKENS, cpu_has_avx512_vnni);
 tile_wrapper!(/// AVX2 Q4_K · Q8_K tile, [`kdot::KLANES8_ROWS`] rows in lanes ×
     /// [`kdot::KLANES8_TOKENS`] tokens (each output as [`vec_dot_q4_k_q8_k`]).
-    tile_q4_k_q8_k_lanes8, panel kdot::q4_k_q8_k_lanes8::<{ kdot::KLANES8_TOKENS }>, 256, 144, 292, kdot::KLANES8_ROWS, kdot::KLANES8_TOKENS, cpu_has_avx2_fma);
+    tile_q4_k_q8_k_lanes8, panel kdot::q4_k_q8_k_lanes8::<{ kdot::KLANES8_TOKENS }, false>, 256, 144, 292, kdot::KLANES8_ROWS, kdot::KLANES8_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// [`tile_q4_k_q8_k_lanes8`] for [`kdot::KLANES8_REST_TOKENS`] tokens (a chunk's tokens
     /// after its last whole tile).
-    tile_q4_k_q8_k_lanes8_rest, panel kdot::q4_k_q8_k_lanes8::<{ kdot::KLANES8_REST_TOKENS }>, 256, 144, 292, kdot::KLANES8_ROWS, kdot::KLANES8_REST_TOKENS, cpu_has_avx2_fma);
+    tile_q4_k_q8_k_lanes8_rest, panel kdot::q4_k_q8_k_lanes8::<{ kdot::KLANES8_REST_TOKENS }, false>, 256, 144, 292, kdot::KLANES8_ROWS, kdot::KLANES8_REST_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// [`tile_q4_k_q8_k_lanes8`] over a matrix in the rows16 layout (`quant::rows16`).
+    tile_q4_k_q8_k_lanes8_rows16, panel kdot::q4_k_q8_k_lanes8::<{ kdot::KLANES8_TOKENS }, true>, 256, 144, 292, 16, kdot::KLANES8_TOKENS, cpu_has_avx2_fma);
+tile_wrapper!(/// [`tile_q4_k_q8_k_lanes8_rows16`] for [`kdot::KLANES8_REST_TOKENS`] tokens (a chunk's tokens after its last whole tile).
+    tile_q4_k_q8_k_lanes8_rest_rows16, panel kdot::q4_k_q8_k_lanes8::<{ kdot::KLANES8_REST_TOKENS }, true>, 256, 144, 292, 16, kdot::KLANES8_REST_TOKENS, cpu_has_avx2_fma);
 tile_wrapper!(/// AVX2 Q4_K · Q8_K tile in llama.cpp's `gemm` order, one row × [`kdot::KTILE_TOKENS`]
     /// tokens (each output as [`vec_dot_q4_k_q8_k_gemm`]).
     tile_q4_k_q8_k_gemm, kdot::q4_k_q8_k_tile::<GEMM>, 256, 144, 292, 1, kdot::KTILE_TOKENS, cpu_has_avx2_fma);
@@ -493,6 +497,27 @@ unsafe fn q6_k_groups<const MODE: u8, const PF: usize>(nb: usize, groups: usize,
     unsafe { k_groups(&[(8, f::<8, MODE, PF>), (4, f::<4, MODE, PF>), (1, f::<1, MODE, PF>)], rows16::GROUP_BLOCK_BYTES_Q6_K, nb, groups, w, a, arow, tokens, out, ostride) }
 }
 
+/// [`k_groups`] over `rows16::q4_k_q8_k_group_avx2` in `MODE`: four tokens a call (each
+/// token's accumulators in registers), then one.
+///
+/// # Safety
+/// As [`k_groups`], with AVX2, FMA and F16C available instead of AVX-512 VNNI.
+#[allow(clippy::too_many_arguments)]
+unsafe fn q4_k_groups_avx2<const MODE: u8, const PF: usize>(nb: usize, groups: usize, w: *const u8, a: *const u8, arow: usize, tokens: usize, out: *mut f32, ostride: usize) {
+    use rows16::q4_k_q8_k_group_avx2 as f;
+    // SAFETY: the caller's contract; the kernels of one type and order.
+    unsafe { k_groups(&[(4, f::<4, MODE, PF>), (1, f::<1, MODE, PF>)], rows16::GROUP_BLOCK_BYTES_Q4_K, nb, groups, w, a, arow, tokens, out, ostride) }
+}
+
+rows16_wrapper!(/// AVX2 Q4_K · Q8_K, rows16 groups (each output as [`vec_dot_q4_k_q8_k`]).
+    rows16_q4_k_q8_k_avx2, 256, 144, 292, |nb, groups, w, a, arow, tokens, out, ostride| {
+        q4_k_groups_avx2::<{ kdot::NATIVE }, PF>(nb, groups, w, a, arow, tokens, out, ostride)
+    });
+rows16_wrapper!(/// AVX2 Q4_K · Q8_K in llama.cpp's `gemm` order, rows16 groups (each output as
+    /// [`vec_dot_q4_k_q8_k_gemm`]).
+    rows16_q4_k_q8_k_gemm_avx2, 256, 144, 292, |nb, groups, w, a, arow, tokens, out, ostride| {
+        q4_k_groups_avx2::<{ kdot::GEMM }, PF>(nb, groups, w, a, arow, tokens, out, ostride)
+    });
 rows16_wrapper!(/// AVX-512 VNNI Q4_K · Q8_K, rows16 groups (each output as [`vec_dot_q4_k_q8_k`]).
     rows16_q4_k_q8_k, 256, 144, 292, |nb, groups, w, a, arow, tokens, out, ostride| {
         q4_k_groups::<{ kdot::NATIVE }, PF>(nb, groups, w, a, arow, tokens, out, ostride)
@@ -910,8 +935,8 @@ const fn build(flags: usize) -> KernelTable {
         t.dot_tile_rows16.q5_0 = DotTile::entry_with_rest(tile_q5_0_q8_0_lanes_rows16, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q5_0_q8_0_lanes16_rows16, LANES_REST_TOKENS);
         t.dot_tile_rows16.q8_0 = DotTile::entry_with_rest(tile_q8_0_q8_0_lanes_rows16, LANES_TILE_ROWS, LANES_TILE_TOKENS, tile_q8_0_q8_0_lanes16_rows16, LANES_REST_TOKENS);
     } else {
-        // AVX2 only: Q4_1, Q4_0, Q8_0 and Q5_0 in the layout (rows in lanes without
-        // transposing; Q4_K's AVX2 kernels have none yet), with Intel's hints on Intel.
+        // AVX2 only: Q4_1, Q4_0, Q8_0, Q5_0 and Q4_K in the layout (rows in lanes without
+        // transposing; Q6_K's AVX2 kernels have none yet), with Intel's hints on Intel.
         macro_rules! r16_avx2 {
             ($f:ident) => {
                 Some(if r16_pf == rows16::PREFETCH_INTEL { $f::<{ rows16::PREFETCH_INTEL }> as super::rows16::Rows16Fn } else { $f::<{ rows16::PREFETCH_AVX2 }> })
@@ -925,6 +950,9 @@ const fn build(flags: usize) -> KernelTable {
         t.dot_tile_rows16.q8_0 = DotTile::entry_with_rest(tile_q8_0_q8_0_lanes8_rows16, 16, LANES8_TILE_TOKENS, tile_q8_0_q8_0_lanes8_rest_rows16, LANES8_REST_TOKENS);
         t.dot_rows16.q5_0 = r16_avx2!(rows16_q5_0_q8_0_avx2);
         t.dot_tile_rows16.q5_0 = DotTile::entry_with_rest(tile_q5_0_q8_0_lanes8_rows16, 16, LANES8_TILE_TOKENS, tile_q5_0_q8_0_lanes8_rest_rows16, LANES8_REST_TOKENS);
+        t.dot_rows16.q4_k = r16_avx2!(rows16_q4_k_q8_k_avx2);
+        t.dot_tile_rows16.q4_k = DotTile::entry_with_rest(tile_q4_k_q8_k_lanes8_rows16, 16, kdot::KLANES8_TOKENS, tile_q4_k_q8_k_lanes8_rest_rows16, kdot::KLANES8_REST_TOKENS);
+        t.dot_rows16_gemm.q4_k = r16_avx2!(rows16_q4_k_q8_k_gemm_avx2);
     }
     // Plain rows' second hint into L2 where the rows16 kernels take Intel's far one.
     t.plain_far_l2 = if r16_pf == rows16::PREFETCH_INTEL { rows16::PREFETCH_FAR_L2 } else { 0 };

@@ -1,6 +1,6 @@
 //! The kernels over the rows16 layout (`quant::rows16`): one group of 16 rows against one
 //! activation row, row `r` in lane `r` of every vector (AVX-512 VNNI), or of the vector
-//! of its half (AVX2 alone: Q4_1, Q4_0, Q8_0 and Q5_0, `*_group_avx2`).
+//! of its half (AVX2 alone: Q4_1, Q4_0, Q8_0, Q5_0 and Q4_K, `*_group_avx2`).
 //!
 //! Each keeps llama.cpp's x86 `vec_dot` arithmetic per row (its 8 f32 lanes, lane `j`
 //! the exact integer sum over elements `4j..4j + 4`, `acc_j = fma(dw·da, f32(s_j),
@@ -411,7 +411,7 @@ pub(crate) unsafe fn q5_0_q8_0_group_avx2<const PF: usize>(nb: usize, w: *const 
         let (ones, sixteen, m4) = (_mm256_set1_epi16(1), _mm256_set1_epi8(16), _mm256_set1_epi8(0x0F));
         // The pass's blocks' `16·Σ y` per lane (written by the first half before the
         // second reads them).
-        let mut corr = [[0f32; 8]; Q5_0_AVX2_PASS_BLOCKS];
+        let mut corr = [[0i32; 8]; Q5_0_AVX2_PASS_BLOCKS];
         halves_in_passes!(nb, Q5_0_AVX2_PASS_BLOCKS, out, |h, k, k0, acc| {
             let g = w.add(k * GROUP_BLOCK_BYTES_Q5_0);
             let ab = a.add(k * 34);
@@ -420,7 +420,7 @@ pub(crate) unsafe fn q5_0_q8_0_group_avx2<const PF: usize>(nb: usize, w: *const 
             prefetch_ahead_part::<PF, GROUP_BLOCK_BYTES_Q5_0>(g, h, 2);
             if h == 0 {
                 let s = _mm256_madd_epi16(_mm256_maddubs_epi16(sixteen, _mm256_loadu_si256(ab.add(2).cast())), ones);
-                _mm256_storeu_ps(c.as_mut_ptr(), _mm256_cvtepi32_ps(s));
+                _mm256_storeu_si256(c.as_mut_ptr().cast(), s);
             }
             let da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
             let d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast())), da);
@@ -430,8 +430,8 @@ pub(crate) unsafe fn q5_0_q8_0_group_avx2<const PF: usize>(nb: usize, w: *const 
                 let nib = _mm256_and_si256(if j < 4 { packed } else { _mm256_srli_epi16::<4>(packed) }, m4);
                 let q = super::qtile::q5_0_lane_quants_rows16(nib, qh, j);
                 let y = super::qtile::broadcast_dword(ab.add(2 + 4 * j));
-                let s = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones));
-                *acc = _mm256_fmadd_ps(d, _mm256_sub_ps(s, super::qtile::broadcast_load(&c[j])), *acc);
+                let s = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones), super::qtile::broadcast_dword(c.as_ptr().add(j).cast()));
+                *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *acc);
             }
         })
     }
@@ -587,7 +587,7 @@ pub(super) const GROUP_BLOCK_BYTES_Q4_K: usize = 16 * 144;
 /// `s_j = 64·hi_j + lo_j` (`hi_j` in -64..=63, `lo_j` in 0..64: both bytes), so that a
 /// `vpdpbusd` of the rows' unsigned 6-bit mins against them gives `Σ m_j·s_j` exactly.
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_k_min_sums(ab: *const u8) -> [i32; 4] {
     // SAFETY: the caller guarantees a whole Q8_K block (292 bytes) at ab.
     unsafe {
@@ -598,6 +598,19 @@ unsafe fn q4_k_min_sums(ab: *const u8) -> [i32; 4] {
         _mm_storeu_si128(out.as_mut_ptr().cast(), packed);
         out
     }
+}
+
+/// [`q4_k_min_sums`]' bytes for group `j`'s two mins (`GEMM`'s `m_j`: bytes `2j`, `2j + 1`
+/// of the lower dword of each pair for `j < 2`, of the upper for the others, the rest
+/// zero) or, with `None`, all of them (the super-block's `summ`).
+#[inline]
+fn q4_k_min_sums_of([hl, hh, ll, lh]: [i32; 4], j: Option<usize>) -> [i32; 4] {
+    let keep = |v: i32, half: usize| match j {
+        None => v,
+        Some(j) if j / 2 == half => v & (0xffff << (16 * (j % 2))),
+        Some(_) => 0,
+    };
+    [keep(hl, 0), keep(hh, 1), keep(ll, 0), keep(lh, 1)]
 }
 
 /// Q4_K · Q8_K for one rows16 group against `T` activation rows (`arow` bytes apart):
@@ -660,16 +673,9 @@ pub(crate) unsafe fn q4_k_q8_k_group<const T: usize, const MODE: u8, const PF: u
             let mins: [[i32; 4]; T] = core::array::from_fn(|t| q4_k_min_sums(a.add(t * arow + k * 292)));
             // `m_j` of group j (both of its mins; GEMM) or all four pairs at once.
             let min_sum = |t: usize, j: Option<usize>| {
-                let [hl, hh, ll, lh] = mins[t];
-                // The bytes of the pairs wanted: every byte, or bytes 2j, 2j + 1 of the
-                // lower (j < 2) or the upper dword of the pair.
-                let keep = |v: i32, half: usize| match j {
-                    None => v,
-                    Some(j) if j / 2 == half => v & (0xffff << (16 * (j % 2))),
-                    Some(_) => 0,
-                };
-                let hi = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), mn[0], _mm512_set1_epi32(keep(hl, 0))), mn[1], _mm512_set1_epi32(keep(hh, 1)));
-                let lo = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), mn[0], _mm512_set1_epi32(keep(ll, 0))), mn[1], _mm512_set1_epi32(keep(lh, 1)));
+                let [hl, hh, ll, lh] = q4_k_min_sums_of(mins[t], j);
+                let hi = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), mn[0], _mm512_set1_epi32(hl)), mn[1], _mm512_set1_epi32(hh));
+                let lo = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), mn[0], _mm512_set1_epi32(ll)), mn[1], _mm512_set1_epi32(lh));
                 _mm512_add_epi32(_mm512_slli_epi32::<6>(hi), lo)
             };
             // Per token the sub-block sums Σ q·y (exact), two at a time (sub-blocks 2j and
@@ -710,6 +716,93 @@ pub(crate) unsafe fn q4_k_q8_k_group<const T: usize, const MODE: u8, const PF: u
         }
         for t in 0..T {
             _mm512_storeu_ps(out.add(t * ostride), _mm512_sub_ps(acc[t], accm[t]));
+        }
+    }
+}
+
+/// [`q4_k_q8_k_group`] with AVX2 only, for `T` tokens (1 to 4: each token's two i16
+/// accumulators stay in registers): the group's halves of 8 rows (row `8h + r` in lane
+/// `r`) one after the other per super-block, the second reading the block's lines from L1.
+/// The same integers by other operations: per chunk each row's nibbles times the token's
+/// bytes by `maddubs` (a pair at most 2·15·128 in magnitude), added in i16 over the eight
+/// chunks of a 64-element group (at most 30720: exact), then `madd` by the sub-block's
+/// scale in both halves of the lane (`vpshufb` of the scales' byte) gives its `sc·Σ q·y`;
+/// the mins' sum as the AVX-512 kernel's, `maddubs` against its bytes and `madd` by one.
+/// Then the same float steps in `MODE`, so each output has the dot's bits.
+///
+/// # Safety
+/// As [`q4_k_q8_k_group`], with AVX2, FMA and F16C available instead of AVX-512 VNNI.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4_k_q8_k_group_avx2<const T: usize, const MODE: u8, const PF: usize>(nb: usize, w: *const u8, a: *const u8, arow: usize, out: *mut f32, ostride: usize) {
+    use super::kdot::GEMM;
+    // SAFETY: the caller's contract; activation layout d@0 (f32) qs@4 bsums@260.
+    unsafe {
+        let (m4, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
+        let (low6, low4, bits45) = (_mm256_set1_epi32(0x3f3f_3f3f), _mm256_set1_epi32(0x0f0f_0f0f), _mm256_set1_epi32(0x3030_3030));
+        // Byte `b` of each dword into both of its i16 halves (zero-extended).
+        let spread = |b: i8| _mm256_setr_epi8(b, -1, b, -1, 4 + b, -1, 4 + b, -1, 8 + b, -1, 8 + b, -1, 12 + b, -1, 12 + b, -1, b, -1, b, -1, 4 + b, -1, 4 + b, -1, 8 + b, -1, 8 + b, -1, 12 + b, -1, 12 + b, -1);
+        let spreads = [spread(0), spread(1), spread(2), spread(3)];
+        let mut acc = [[_mm256_setzero_ps(); T]; 2];
+        let mut accm = [[_mm256_setzero_ps(); T]; 2];
+        for k in 0..nb {
+            let g = w.add(k * GROUP_BLOCK_BYTES_Q4_K);
+            if T > 1 {
+                prefetch_ahead::<PF, GROUP_BLOCK_BYTES_Q4_K>(g);
+            }
+            let das: [__m256; T] = core::array::from_fn(|t| _mm256_set1_ps(core::ptr::read_unaligned(a.add(t * arow + k * 292).cast::<f32>())));
+            let mins: [[i32; 4]; T] = core::array::from_fn(|t| q4_k_min_sums(a.add(t * arow + k * 292)));
+            for h in 0..2 {
+                let dw = _mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast()));
+                let dmw = _mm256_cvtph_ps(_mm_loadu_si128(g.add(32 + 16 * h).cast()));
+                let ld = |c: usize| _mm256_loadu_si256(g.add(64 + 64 * c + 32 * h).cast());
+                let (u0, u1, u2) = (ld(0), ld(1), ld(2));
+                let sc = [_mm256_and_si256(u0, low6), _mm256_or_si256(_mm256_and_si256(u2, low4), _mm256_and_si256(_mm256_srli_epi32::<2>(u0), bits45))];
+                let mn = [_mm256_and_si256(u1, low6), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32::<4>(u2), low4), _mm256_and_si256(_mm256_srli_epi32::<2>(u1), bits45))];
+                // m_j of group j (GEMM) or all four pairs (as the AVX-512 kernel's).
+                let min_sum = |t: usize, j: Option<usize>| {
+                    let [hl, hh, ll, lh] = q4_k_min_sums_of(mins[t], j);
+                    let pair = |l: i32, h: i32| _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(mn[0], _mm256_set1_epi32(l)), _mm256_maddubs_epi16(mn[1], _mm256_set1_epi32(h))), ones);
+                    _mm256_add_epi32(_mm256_slli_epi32::<6>(pair(hl, hh)), pair(ll, lh))
+                };
+                let mut sumi = [_mm256_setzero_si256(); T];
+                for j in 0..4 {
+                    let mut s = [[_mm256_setzero_si256(); 2]; T];
+                    if T == 1 && h == 0 {
+                        prefetch_ahead_part::<PF, GROUP_BLOCK_BYTES_Q4_K>(g, j, 4);
+                    }
+                    for i in 0..8 {
+                        let q = _mm256_loadu_si256(g.add(256 + 64 * (8 * j + i) + 32 * h).cast());
+                        let (lo, hi) = (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
+                        for (t, st) in s.iter_mut().enumerate() {
+                            let y = a.add(t * arow + k * 292 + 4 + 64 * j + 4 * i);
+                            st[0] = _mm256_add_epi16(st[0], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(rd32(y))));
+                            st[1] = _mm256_add_epi16(st[1], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(rd32(y.add(32)))));
+                        }
+                    }
+                    let (s0, s1) = (_mm256_shuffle_epi8(sc[j / 2], spreads[2 * (j % 2)]), _mm256_shuffle_epi8(sc[j / 2], spreads[2 * (j % 2) + 1]));
+                    for (t, st) in s.iter().enumerate() {
+                        let sumj = _mm256_add_epi32(_mm256_madd_epi16(st[0], s0), _mm256_madd_epi16(st[1], s1));
+                        if MODE == GEMM {
+                            acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumj), _mm256_mul_ps(dw, das[t]), acc[h][t]);
+                            accm[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(min_sum(t, Some(j))), _mm256_mul_ps(dmw, das[t]), accm[h][t]);
+                        } else {
+                            sumi[t] = _mm256_add_epi32(sumi[t], sumj);
+                        }
+                    }
+                }
+                if MODE == GEMM {
+                    continue;
+                }
+                for t in 0..T {
+                    acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_mul_ps(dw, das[t]), acc[h][t]);
+                    accm[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(min_sum(t, None)), _mm256_mul_ps(dmw, das[t]), accm[h][t]);
+                }
+            }
+        }
+        for h in 0..2 {
+            for t in 0..T {
+                _mm256_storeu_ps(out.add(t * ostride + 8 * h), _mm256_sub_ps(acc[h][t], accm[h][t]));
+            }
         }
     }
 }
