@@ -695,15 +695,10 @@ unsafe fn q4_k_lanes8_block_rows16(p: *const u8, h: usize) -> Q4kLanes8 {
                 if s % 2 == 0 { _mm256_and_si256(q, m4) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4) }
             })
         });
-        let (low6, low4, bits45) = (_mm256_set1_epi32(0x3f3f_3f3f), _mm256_set1_epi32(0x0f0f_0f0f), _mm256_set1_epi32(0x3030_3030));
-        let (u0, u1, u2) = (ld(0), ld(1), ld(2));
-        // Scales 0..4 and 4..8, mins likewise: a byte each, four to a lane.
-        let sc = [_mm256_and_si256(u0, low6), _mm256_or_si256(_mm256_and_si256(u2, low4), _mm256_and_si256(_mm256_srli_epi32::<2>(u0), bits45))];
-        let mn = [_mm256_and_si256(u1, low6), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32::<4>(u2), low4), _mm256_and_si256(_mm256_srli_epi32::<2>(u1), bits45))];
-        // Bytes `a` and `b` of each lane into its two i16 (zero-extended).
-        let pick = |a: i8, b: i8| _mm256_setr_epi8(a, -1, b, -1, 4 + a, -1, 4 + b, -1, 8 + a, -1, 8 + b, -1, 12 + a, -1, 12 + b, -1, a, -1, b, -1, 4 + a, -1, 4 + b, -1, 8 + a, -1, 8 + b, -1, 12 + a, -1, 12 + b, -1);
-        let sc: [__m256i; 8] = core::array::from_fn(|s| _mm256_shuffle_epi8(sc[s / 4], pick((s % 4) as i8, (s % 4) as i8)));
-        let mn: [__m256i; 4] = core::array::from_fn(|k| _mm256_shuffle_epi8(mn[k / 2], pick(2 * (k % 2) as i8, 2 * (k % 2) as i8 + 1)));
+        let (sc, mn) = super::rows16::q4_k_scales_mins_lanes(ld(0), ld(1), ld(2));
+        let pick = |a: usize, b: usize| super::rows16::byte_pair_pattern(a as i8, b as i8);
+        let sc: [__m256i; 8] = core::array::from_fn(|s| _mm256_shuffle_epi8(sc[s / 4], pick(s % 4, s % 4)));
+        let mn: [__m256i; 4] = core::array::from_fn(|k| _mm256_shuffle_epi8(mn[k / 2], pick(2 * (k % 2), 2 * (k % 2) + 1)));
         let f = |o: usize| _mm256_cvtph_ps(_mm_loadu_si128(p.add(o + 16 * h).cast()));
         Q4kLanes8 { lv, sc, mn, dw: f(0), dmin: f(32) }
     }

@@ -613,6 +613,31 @@ fn q4_k_min_sums_of([hl, hh, ll, lh]: [i32; 4], j: Option<usize>) -> [i32; 4] {
     [keep(hl, 0), keep(hh, 1), keep(ll, 0), keep(lh, 1)]
 }
 
+/// The packed 6-bit scales and mins of 8 rows of a Q4_K (group, super-block) in the rows16
+/// layout (chunks 0..3 of a half: `u0`, `u1`, `u2`, row `r`'s dwords in lane `r`) as bytes,
+/// lane by lane as `kdot::scales_mins` unpacks one row: scales 0..4 and 4..8, mins 0..4 and
+/// 4..8, each a byte, four to a lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_k_scales_mins_lanes(u0: __m256i, u1: __m256i, u2: __m256i) -> ([__m256i; 2], [__m256i; 2]) {
+    // SAFETY: value-only intrinsics; AVX2 available (this fn's target features).
+    unsafe {
+        let (low6, low4, bits45) = (_mm256_set1_epi32(0x3f3f_3f3f), _mm256_set1_epi32(0x0f0f_0f0f), _mm256_set1_epi32(0x3030_3030));
+        let sc = [_mm256_and_si256(u0, low6), _mm256_or_si256(_mm256_and_si256(u2, low4), _mm256_and_si256(_mm256_srli_epi32::<2>(u0), bits45))];
+        let mn = [_mm256_and_si256(u1, low6), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32::<4>(u2), low4), _mm256_and_si256(_mm256_srli_epi32::<2>(u1), bits45))];
+        (sc, mn)
+    }
+}
+
+/// The `vpshufb` pattern that puts bytes `a` and `b` of each dword into its two i16,
+/// zero-extended (a sub-block's scale into both: `a == b`; a pair of mins).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn byte_pair_pattern(a: i8, b: i8) -> __m256i {
+    // SAFETY: value-only intrinsics; AVX2 available (this fn's target features).
+    unsafe { _mm256_setr_epi8(a, -1, b, -1, 4 + a, -1, 4 + b, -1, 8 + a, -1, 8 + b, -1, 12 + a, -1, 12 + b, -1, a, -1, b, -1, 4 + a, -1, 4 + b, -1, 8 + a, -1, 8 + b, -1, 12 + a, -1, 12 + b, -1) }
+}
+
 /// Q4_K · Q8_K for one rows16 group against `T` activation rows (`arow` bytes apart):
 /// `out[t·ostride + r]` gets row `r`'s dot with token `t`, the bits of
 /// `kdot::q4_k_q8_k::<MODE>` (`NATIVE` or `GEMM`: a matrix of whole groups of 16 rows is
@@ -738,10 +763,8 @@ pub(crate) unsafe fn q4_k_q8_k_group_avx2<const T: usize, const MODE: u8, const 
     // SAFETY: the caller's contract; activation layout d@0 (f32) qs@4 bsums@260.
     unsafe {
         let (m4, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
-        let (low6, low4, bits45) = (_mm256_set1_epi32(0x3f3f_3f3f), _mm256_set1_epi32(0x0f0f_0f0f), _mm256_set1_epi32(0x3030_3030));
-        // Byte `b` of each dword into both of its i16 halves (zero-extended).
-        let spread = |b: i8| _mm256_setr_epi8(b, -1, b, -1, 4 + b, -1, 4 + b, -1, 8 + b, -1, 8 + b, -1, 12 + b, -1, 12 + b, -1, b, -1, b, -1, 4 + b, -1, 4 + b, -1, 8 + b, -1, 8 + b, -1, 12 + b, -1, 12 + b, -1);
-        let spreads = [spread(0), spread(1), spread(2), spread(3)];
+        // Byte `b` of each dword into both of its i16 halves.
+        let spreads: [__m256i; 4] = core::array::from_fn(|b| byte_pair_pattern(b as i8, b as i8));
         let mut acc = [[_mm256_setzero_ps(); T]; 2];
         let mut accm = [[_mm256_setzero_ps(); T]; 2];
         for k in 0..nb {
@@ -755,9 +778,7 @@ pub(crate) unsafe fn q4_k_q8_k_group_avx2<const T: usize, const MODE: u8, const 
                 let dw = _mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast()));
                 let dmw = _mm256_cvtph_ps(_mm_loadu_si128(g.add(32 + 16 * h).cast()));
                 let ld = |c: usize| _mm256_loadu_si256(g.add(64 + 64 * c + 32 * h).cast());
-                let (u0, u1, u2) = (ld(0), ld(1), ld(2));
-                let sc = [_mm256_and_si256(u0, low6), _mm256_or_si256(_mm256_and_si256(u2, low4), _mm256_and_si256(_mm256_srli_epi32::<2>(u0), bits45))];
-                let mn = [_mm256_and_si256(u1, low6), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32::<4>(u2), low4), _mm256_and_si256(_mm256_srli_epi32::<2>(u1), bits45))];
+                let (sc, mn) = q4_k_scales_mins_lanes(ld(0), ld(1), ld(2));
                 // m_j of group j (GEMM) or all four pairs (as the AVX-512 kernel's).
                 let min_sum = |t: usize, j: Option<usize>| {
                     let [hl, hh, ll, lh] = q4_k_min_sums_of(mins[t], j);
