@@ -57,11 +57,11 @@ fn refuses_nan_and_constant_logits() {
 #[test]
 fn roofline_counts_the_weights_and_divides_the_bandwidth() {
     let p = with_output_norm(1.0);
-    let out = Command::new(env!("CARGO_BIN_EXE_keel")).args(["bench", "-p", "0", "-n", "4", "-r", "1", "-t", "1", "--roofline", "--json", "-m"]).arg(&p).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_keel")).args(["bench", "-p", "0", "-n", "32", "-r", "1", "-t", "1", "--roofline", "--json", "-m"]).arg(&p).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let tg = &v[0];
-    assert_eq!(tg["test"], "tg4");
+    assert_eq!(tg["test"], "tg32");
     let bytes = std::fs::read(&p).unwrap();
     let g = Gguf::parse(&bytes).unwrap();
     let matrices = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"];
@@ -95,12 +95,16 @@ fn roofline_counts_the_weights_and_divides_the_bandwidth() {
     // gate and up together, and down), so the mean is a whole number.
     assert_eq!(tg["pool_jobs_per_token"].as_f64(), Some(0.0), "{tg}");
     // Where a token's time went on the calling thread: with no pool job, all of it
-    // outside the jobs or sampling, the parts adding up to the token's time.
+    // outside the jobs or sampling, the parts adding up to the token's time. They are
+    // read inside the token's own clock reads, so never more than it; less by the
+    // timing's own reads (~2% of this tiny model's ~150 µs token here) and by whatever
+    // preempts the process between those reads (the suite's other tests run beside it:
+    // once 11% over a run of 4 tokens), so a part left out, not a few percent, fails.
     let part = |v: &serde_json::Value, p: &str| v["calling_thread_per_token"][p].as_f64().unwrap();
     assert!(part(tg, "tasks") == 0.0 && part(tg, "wait") == 0.0 && part(tg, "between") > 0.0 && part(tg, "sampling") > 0.0, "{tg}");
     let token = part(tg, "between") + part(tg, "sampling");
     let tps = tg["tps"].as_f64().unwrap();
-    assert!((token * tps - 1.0).abs() < 0.1, "{tg}: the parts make {token} s a token at {tps} t/s");
+    assert!((0.5..1.02).contains(&(token * tps)), "{tg}: the parts make {token} s a token at {tps} t/s");
     let out = Command::new(env!("CARGO_BIN_EXE_keel")).args(["bench", "-p", "0", "-n", "4", "-r", "2", "-t", "2", "--roofline", "--json", "-m"]).arg(&p).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
