@@ -34,8 +34,11 @@ use super::rd32;
 /// - the AVX2 kernels (no AVX-512: Zen 3, Zen 1; Intel cores without it) [`PREFETCH_AVX2`],
 ///   and on Intel [`PREFETCH_INTEL`]: on the faster Xeon VM (2026-12-06, the AVX2 set
 ///   forced) its far L2 hint took one-thread decode up 8-26% and two-thread 3-22% on every
-///   model (Gemma 3 +18% and +22%; BENCHMARKS.md). The AMD AVX2 machines were not at hand
-///   to try it; on the Zen 5 the AVX-512 kernels' far hint made decode slower.
+///   model (Gemma 3 +18% and +22%; BENCHMARKS.md). On the AMD EPYC Zen 3 (2026-12-07) it
+///   made Gemma 3's one-thread decode slower (0.94x), as the AVX-512 kernels' far hint did
+///   on the Zen 5, and no other form streamed faster than 4 KiB into L1 (2-12 KiB into L1,
+///   non-temporal at 4 and 8 KiB, into L2 at 8-32 KiB with or without a near hint into
+///   L1; none: 0.77x; BENCHMARKS.md).
 /// Encoded as the L1 distance plus 2 (`PF % 4 == 2`): [`prefetch_ahead`]'s form with the
 /// second, far hint into L2.
 pub(super) const PREFETCH_INTEL: usize = 4096 + 2;
@@ -206,6 +209,42 @@ macro_rules! halves_in_passes {
     }};
 }
 
+/// [`halves_in_passes`] split by lanes instead of rows: over each `$pass` blocks, lanes
+/// 0-3 of both halves (`$part` 0), then lanes 4-7 (`$part` 1), `$acc` the part's
+/// accumulators (`$acc[h][i]` lane `4·$part + i` of half `h`, kept in memory between
+/// passes), `$body` run for part `$part` and block `$k`; the value: each half's eight lane
+/// accumulators. Each accumulator still takes its blocks in order, so the same sums as
+/// halves in turn; but both parts read new lines (in the layout lanes 0-3 and 4-7 are each
+/// their own stretch of a block), where with halves in turn the first half asks for every
+/// line of the pass and the second for none. On the AMD EPYC Zen 3 the Q8_0 kernel then
+/// streams a 239 MiB matrix 9-20% faster, at about a bare read loop's rate
+/// (BENCHMARKS.md, "Speed II on the AMD EPYC Zen 3, sixth session").
+macro_rules! lane_parts_in_passes {
+    ($nb:expr, $pass:expr, |$part:ident, $k:ident, $acc:ident| $body:block) => {{
+        let nb: usize = $nb;
+        let mut halves = [[_mm256_setzero_ps(); 8]; 2];
+        let mut k0 = 0;
+        while k0 < nb {
+            let k1 = (k0 + $pass).min(nb);
+            // Each part written out, its lanes constants (a loop over the two parts indexed
+            // the accumulators at run time: on the Zen 3, 20-40% slower from L1).
+            lane_parts_in_passes!(@part 0, halves, k0, k1, |$part, $k, $acc| $body);
+            lane_parts_in_passes!(@part 1, halves, k0, k1, |$part, $k, $acc| $body);
+            k0 = k1;
+        }
+        halves
+    }};
+    (@part $p:expr, $halves:ident, $k0:ident, $k1:ident, |$part:ident, $k:ident, $acc:ident| $body:block) => {{
+        const PART: usize = $p;
+        let $part = PART;
+        let mut $acc: [[__m256; 4]; 2] = [0, 1].map(|h| [0, 1, 2, 3].map(|i| $halves[h][4 * PART + i]));
+        for $k in $k0..$k1 $body
+        for h in 0..2 {
+            $halves[h][4 * PART..4 * PART + 4].copy_from_slice(&$acc[h]);
+        }
+    }};
+}
+
 /// [`q4_1_q8_1_group`] with AVX2 only: the group's two halves of 8 rows one after the
 /// other (a half's eight lane accumulators and `summs` in 256-bit registers; the second
 /// half reads the group's lines again, from L1), each lane `j` of 8 rows as
@@ -344,21 +383,19 @@ pub(crate) unsafe fn q8_0_q8_0_group<const PF: usize>(nb: usize, w: *const u8, a
     }
 }
 
-/// Blocks per pass of [`q8_0_q8_0_group_avx2`]'s halves (1088 bytes of the group): the
-/// second half finds them in L1 and the weights stream without pause. On the AMD EPYC Zen 1
-/// (decode, one and two threads) 1 and 2 measured alike within the VM's noise, 4 a few
-/// percent slower and 8 slower still.
+/// Blocks per pass of [`q8_0_q8_0_group_avx2`]'s lane parts (1088 bytes of the group). On
+/// the AMD EPYC Zen 3, streaming a 239 MiB matrix in the same minutes: 2 blocks 15.0 and
+/// 17.6 GB/s, 4 blocks 12.8 and 14.8, 8 blocks 12.9 and 15.0 (halves in turn 13.7 and
+/// 14.9); from L1 8 blocks is a little faster than 2. With halves in turn, on the AMD EPYC
+/// Zen 1, 1 and 2 measured alike, 4 a few percent slower.
 const Q8_0_AVX2_PASS_BLOCKS: usize = 2;
 
-/// [`q8_0_q8_0_group`] with AVX2 only: the group's two halves of 8 rows in turn over each
-/// [`Q8_0_AVX2_PASS_BLOCKS`] blocks (a half's eight lane accumulators in 256-bit registers
-/// for its pass, kept in memory between passes; the second half reads the blocks again from
-/// L1, while the first half's prefetch hints already bring the next blocks: with whole
-/// halves in turn, no weight was fetched during the second, and decode was slower than the
-/// plain 8-row kernel's), lane `j` of 8 rows (the layout's chunk `j`, no shuffle) as the
-/// plain AVX2 dot's sign trick (`qdot::dot_i8_i8`) against the token's broadcast dword
-/// `j` (the same exact integers), the same `dw·da` product, fmas
-/// in block order and tree.
+/// [`q8_0_q8_0_group`] with AVX2 only: over each [`Q8_0_AVX2_PASS_BLOCKS`] blocks lanes
+/// 0-3 of both halves of 8 rows, then lanes 4-7 ([`lane_parts_in_passes`]; a part's eight
+/// accumulators in 256-bit registers for its pass), lane `j` of 8 rows (the layout's chunk
+/// `j`, no shuffle) as the plain AVX2 dot's sign trick (`qdot::dot_i8_i8`) against the
+/// token's broadcast dword `j` (the same exact integers; one broadcast for both halves),
+/// the same `dw·da` product, fmas in block order and tree.
 ///
 /// # Safety
 /// AVX2, FMA and F16C available; `nb * GROUP_BLOCK_BYTES_Q8_0` bytes readable at `w`,
@@ -367,20 +404,25 @@ const Q8_0_AVX2_PASS_BLOCKS: usize = 2;
 pub(crate) unsafe fn q8_0_q8_0_group_avx2<const PF: usize>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
     // SAFETY: the caller's contract; activation layout d@0 qs@2.
     unsafe {
-        halves_in_passes!(nb, Q8_0_AVX2_PASS_BLOCKS, out, |h, k, _k0, acc| {
+        let halves = lane_parts_in_passes!(nb, Q8_0_AVX2_PASS_BLOCKS, |part, k, acc| {
             let g = w.add(k * GROUP_BLOCK_BYTES_Q8_0);
-            // Each half asks for its share of the lines ahead: the first half alone
-            // leaves the memory idle while the second computes from L1.
-            prefetch_ahead_part::<PF, GROUP_BLOCK_BYTES_Q8_0>(g, h, 2);
+            // Each part asks for its share of the lines ahead.
+            prefetch_ahead_part::<PF, GROUP_BLOCK_BYTES_Q8_0>(g, part, 2);
             let ab = a.add(k * 34);
             let da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
-            let d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast())), da);
-            for (j, acc) in acc.iter_mut().enumerate() {
-                let x = _mm256_loadu_si256(g.add(32 + 64 * j + 32 * h).cast());
+            let d = [0, 1].map(|h| _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast())), da));
+            for i in 0..4 {
+                let j = 4 * part + i;
                 let y = _mm256_set1_epi32(rd32(ab.add(2 + 4 * j)));
-                *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(super::qdot::dot_i8_i8(x, y)), *acc);
+                for (h, acc) in acc.iter_mut().enumerate() {
+                    let x = _mm256_loadu_si256(g.add(32 + 64 * j + 32 * h).cast());
+                    acc[i] = _mm256_fmadd_ps(d[h], _mm256_cvtepi32_ps(super::qdot::dot_i8_i8(x, y)), acc[i]);
+                }
             }
-        })
+        });
+        for (h, acc) in halves.iter().enumerate() {
+            _mm256_storeu_ps(out.add(8 * h), lane_tree(acc));
+        }
     }
 }
 
