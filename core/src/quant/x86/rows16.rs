@@ -227,7 +227,8 @@ macro_rules! lane_parts_in_passes {
         while k0 < nb {
             let k1 = (k0 + $pass).min(nb);
             // Each part written out, its lanes constants (a loop over the two parts indexed
-            // the accumulators at run time: on the Zen 3, 20-40% slower from L1).
+            // the accumulators at run time: on the Zen 3, 1.42 ns per (row, block) from L1
+            // against 0.91).
             lane_parts_in_passes!(@part 0, halves, k0, k1, |$part, $k, $acc| $body);
             lane_parts_in_passes!(@part 1, halves, k0, k1, |$part, $k, $acc| $body);
             k0 = k1;
