@@ -171,7 +171,7 @@ struct BenchJson<'a> {
 #[derive(Serialize)]
 struct BoundJson {
     read_bytes_per_s: f64,
-    /// The read loop that reached `read_bytes_per_s` (`portable`, `avx2`, `avx512`, `avx512+prefetch`).
+    /// The read loop that reached `read_bytes_per_s` (`portable`, `avx2`, `avx2 3 streams`, `avx512`, `avx512+prefetch`).
     read_loop: &'static str,
     bytes_per_token: u64,
     weight_bytes_per_token: u64,

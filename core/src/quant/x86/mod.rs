@@ -394,6 +394,22 @@ macro_rules! rows_wrapper {
 /// `each token KERNEL` in place of `$run`: KERNEL (one group against one token) for every
 /// group and token.
 macro_rules! rows16_wrapper {
+    ($(#[$doc:meta])* $name:ident, $bs:expr, $wsize:expr, $asize:expr, in streams $($group3:ident)::+, each token $($group:ident)::+) => {
+        rows16_wrapper!($(#[$doc])* $name, $bs, $wsize, $asize, |nb, groups, w, a, arow, tokens, out, ostride| {
+            let gb = nb * 16 * $wsize;
+            let q = streams_of::<PF>(groups, tokens);
+            for g in 0..q {
+                let wg = |s: usize| w.add((g + s * q) * gb);
+                let og = |s: usize| out.add(16 * (g + s * q));
+                $($group3)::+(nb, [wg(0), wg(1), wg(2)], a, [og(0), og(1), og(2)]);
+            }
+            for g in 3 * q..groups {
+                for t in 0..tokens {
+                    $($group)::+::<PF>(nb, w.add(g * gb), a.add(t * arow), out.add(t * ostride + 16 * g));
+                }
+            }
+        });
+    };
     ($(#[$doc:meta])* $name:ident, $bs:expr, $wsize:expr, $asize:expr, each token $($group:ident)::+) => {
         rows16_wrapper!($(#[$doc])* $name, $bs, $wsize, $asize, |nb, groups, w, a, arow, tokens, out, ostride| {
             for g in 0..groups {
@@ -428,16 +444,35 @@ macro_rules! rows16_wrapper {
     };
 }
 
+/// Groups per stream where a rows16 product of `groups` groups and `tokens` tokens reads
+/// its weights as three streams side by side (groups `g`, `g + q` and `g + 2q` by one
+/// kernel call, `q` the value; the rest of the groups one at a time): one token, and the
+/// table's plain hints into L1 (`PF` a multiple of 4: the AMD tables; Intel's form and
+/// no hints keep one stream, not measured with three). On the AMD EPYC Zen 3 one core
+/// then streams decode's matrices 20-45% faster (BENCHMARKS.md, "three streams").
+const fn streams_of<const PF: usize>(groups: usize, tokens: usize) -> usize {
+    if tokens == 1 && PF != 0 && PF % 4 == 0 {
+        groups / 3
+    } else {
+        0
+    }
+}
+
 rows16_wrapper!(/// AVX-512 VNNI Q4_1 · Q8_1, rows16 groups (each output as [`vec_dot_q4_1_q8_1`]).
     rows16_q4_1_q8_1, 32, 20, 36, each token rows16::q4_1_q8_1_group);
-rows16_wrapper!(/// AVX2 Q4_1 · Q8_1, rows16 groups (each output as [`vec_dot_q4_1_q8_1`]).
-    rows16_q4_1_q8_1_avx2, 32, 20, 36, each token rows16::q4_1_q8_1_group_avx2);
-rows16_wrapper!(/// AVX2 Q4_0 · Q8_0, rows16 groups (each output as [`vec_dot_q4_0_q8_0`]).
-    rows16_q4_0_q8_0_avx2, 32, 18, 34, each token rows16::q4_0_q8_0_group_avx2);
-rows16_wrapper!(/// AVX2 Q8_0 · Q8_0, rows16 groups (each output as [`vec_dot_q8_0_q8_0`]).
-    rows16_q8_0_q8_0_avx2, 32, 34, 34, each token rows16::q8_0_q8_0_group_avx2);
-rows16_wrapper!(/// AVX2 Q5_0 · Q8_0, rows16 groups (each output as [`vec_dot_q5_0_q8_0`]).
-    rows16_q5_0_q8_0_avx2, 32, 22, 34, each token rows16::q5_0_q8_0_group_avx2);
+rows16_wrapper!(/// AVX2 Q4_1 · Q8_1, rows16 groups (each output as [`vec_dot_q4_1_q8_1`]): one
+    /// token's groups in three streams (as [`rows16_q4_0_q8_0_avx2`]).
+    rows16_q4_1_q8_1_avx2, 32, 20, 36, in streams rows16::q4_1_q8_1_group3_avx2, each token rows16::q4_1_q8_1_group_avx2);
+rows16_wrapper!(/// AVX2 Q4_0 · Q8_0, rows16 groups (each output as [`vec_dot_q4_0_q8_0`]): one
+    /// token's groups in three streams where the table asks for plain hints (AMD: see
+    /// [`streams_of`]), the rest one at a time.
+    rows16_q4_0_q8_0_avx2, 32, 18, 34, in streams rows16::q4_0_q8_0_group3_avx2, each token rows16::q4_0_q8_0_group_avx2);
+rows16_wrapper!(/// AVX2 Q8_0 · Q8_0, rows16 groups (each output as [`vec_dot_q8_0_q8_0`]): one
+    /// token's groups in three streams (as [`rows16_q4_0_q8_0_avx2`]).
+    rows16_q8_0_q8_0_avx2, 32, 34, 34, in streams rows16::q8_0_q8_0_group3_avx2, each token rows16::q8_0_q8_0_group_avx2);
+rows16_wrapper!(/// AVX2 Q5_0 · Q8_0, rows16 groups (each output as [`vec_dot_q5_0_q8_0`]): one
+    /// token's groups in three streams (as [`rows16_q4_0_q8_0_avx2`]).
+    rows16_q5_0_q8_0_avx2, 32, 22, 34, in streams rows16::q5_0_q8_0_group3_avx2, each token rows16::q5_0_q8_0_group_avx2);
 rows16_wrapper!(/// AVX-512 VNNI Q8_0 · Q8_0, rows16 groups (each output as [`vec_dot_q8_0_q8_0`]).
     rows16_q8_0_q8_0, 32, 34, 34, each token rows16::q8_0_q8_0_group);
 rows16_wrapper!(/// AVX-512 VNNI Q5_0 · Q8_0, rows16 groups (each output as [`vec_dot_q5_0_q8_0`]).

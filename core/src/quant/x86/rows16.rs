@@ -292,6 +292,70 @@ pub(crate) unsafe fn q4_1_q8_1_group_avx2<const PF: usize>(nb: usize, w: *const 
     }
 }
 
+/// Blocks per pass of [`q4_1_q8_1_group3_avx2`] (1280 bytes of each group a pass).
+const Q4_1_STREAMS_PASS_BLOCKS: usize = 4;
+
+/// [`q4_1_q8_1_group_avx2`] for three groups at once (`w[s]`, `out[s]`): each pass of
+/// [`Q4_1_STREAMS_PASS_BLOCKS`] blocks of the three groups in turn, each group a half at a
+/// time, a half's accumulators and `summs` in memory between its passes, every
+/// accumulator taking its blocks in order (the same bits), the three groups read as three
+/// streams side by side (as [`q4_0_q8_0_group3_avx2`]).
+///
+/// # Safety
+/// As [`q4_1_q8_1_group_avx2`] for each of the three groups.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4_1_q8_1_group3_avx2(nb: usize, w: [*const u8; 3], a: *const u8, out: [*mut f32; 3]) {
+    // SAFETY: the caller's contract; layouts as the one-group kernel's.
+    unsafe {
+        let (m4, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
+        // Per group and half: the eight lane accumulators, then `summs`.
+        let mut state = [[[_mm256_setzero_ps(); 9]; 2]; 3];
+        let mut k0 = 0;
+        while k0 < nb {
+            let k1 = (k0 + Q4_1_STREAMS_PASS_BLOCKS).min(nb);
+            for (s, halves) in state.iter_mut().enumerate() {
+                for (h, st) in halves.iter_mut().enumerate() {
+                    let mut acc: [__m256; 8] = core::array::from_fn(|j| st[j]);
+                    let mut summs = st[8];
+                    for k in k0..k1 {
+                        let g = w[s].add(k * GROUP_BLOCK_BYTES);
+                        if h == 0 {
+                            prefetch_ahead::<STREAMS_AHEAD, GROUP_BLOCK_BYTES>(g);
+                        }
+                        let ab = a.add(k * 36);
+                        let f = _mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab))); // [da, sa, 0, 0] (F16C: exact)
+                        let (da, sa) = (_mm256_broadcastss_ps(f), _mm256_broadcastss_ps(_mm_movehdup_ps(f)));
+                        let dw = _mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast()));
+                        let mw = _mm256_cvtph_ps(_mm_loadu_si128(g.add(32 + 16 * h).cast()));
+                        let d = _mm256_mul_ps(dw, da);
+                        summs = _mm256_fmadd_ps(mw, sa, summs);
+                        for c in 0..4 {
+                            let q = _mm256_loadu_si256(g.add(64 + 64 * c + 32 * h).cast());
+                            let (lo, hi) = (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
+                            let ylo = _mm256_set1_epi32(rd32(ab.add(4 + 4 * c)));
+                            let yhi = _mm256_set1_epi32(rd32(ab.add(20 + 4 * c)));
+                            let slo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ylo), ones);
+                            let shi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, yhi), ones);
+                            acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(slo), acc[c]);
+                            acc[c + 4] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(shi), acc[c + 4]);
+                        }
+                    }
+                    st[..8].copy_from_slice(&acc);
+                    st[8] = summs;
+                }
+            }
+            k0 = k1;
+        }
+        for (s, halves) in state.iter().enumerate() {
+            for (h, st) in halves.iter().enumerate() {
+                let acc: [__m256; 8] = core::array::from_fn(|j| st[j]);
+                // The lanes' tree, then `summs`.
+                _mm256_storeu_ps(out[s].add(8 * h), _mm256_add_ps(lane_tree(&acc), st[8]));
+            }
+        }
+    }
+}
+
 /// [`q4_0_q8_0_group`] for one token with AVX2 only: the group's two halves of 8 rows
 /// side by side (one accumulator each), per block and half each row's exact `Σ q·y` as
 /// eight `maddubs` of the unsigned nibbles (lane r: row r's four) against the token's
@@ -337,6 +401,57 @@ pub(crate) unsafe fn q4_0_q8_0_group_avx2<const PF: usize>(nb: usize, w: *const 
         _mm256_storeu_ps(out.add(8), acc[1]);
     }
 }
+
+/// [`q4_0_q8_0_group_avx2`] for three groups at once (`w[s]`, `out[s]`), block by block:
+/// each block's activation work done once for the three, each group's blocks in order and
+/// each output the same operations as the one-group kernel (the same bits). The three are
+/// read as three streams side by side, each line asked for [`STREAMS_AHEAD`] bytes ahead
+/// in its own stream: on the AMD EPYC Zen 3 one core streams a matrix ~20% faster so than
+/// one group at a time (BENCHMARKS.md, "three streams").
+///
+/// # Safety
+/// As [`q4_0_q8_0_group_avx2`] for each of the three groups.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4_0_q8_0_group3_avx2(nb: usize, w: [*const u8; 3], a: *const u8, out: [*mut f32; 3]) {
+    // SAFETY: the caller's contract; activation layout d@0 qs@2.
+    unsafe {
+        let (m4, ones, eights) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1), _mm256_set1_epi8(8));
+        let mut acc = [[_mm256_setzero_ps(); 2]; 3];
+        for k in 0..nb {
+            let ab = a.add(k * 34);
+            let da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
+            let e = _mm256_madd_epi16(_mm256_maddubs_epi16(eights, _mm256_loadu_si256(ab.add(2).cast())), ones);
+            let e = _mm256_add_epi32(e, _mm256_permute2x128_si256::<0x01>(e, e));
+            let e = _mm256_add_epi32(e, _mm256_shuffle_epi32::<0b01_00_11_10>(e));
+            let e = _mm256_add_epi32(e, _mm256_shuffle_epi32::<0b10_11_00_01>(e));
+            let neg = _mm256_sub_epi32(_mm256_setzero_si256(), e);
+            let y: [__m256i; 8] = core::array::from_fn(|j| _mm256_set1_epi32(rd32(ab.add(2 + 4 * j))));
+            for (s, acc) in acc.iter_mut().enumerate() {
+                let g = w[s].add(k * GROUP_BLOCK_BYTES_Q4_0);
+                prefetch_ahead::<STREAMS_AHEAD, GROUP_BLOCK_BYTES_Q4_0>(g);
+                for (h, acc) in acc.iter_mut().enumerate() {
+                    let mut s16 = _mm256_setzero_si256();
+                    for c in 0..4 {
+                        let q = _mm256_loadu_si256(g.add(32 + 64 * c + 32 * h).cast());
+                        let (lo, hi) = (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
+                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo, y[c]));
+                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi, y[4 + c]));
+                    }
+                    let sum = _mm256_add_epi32(neg, _mm256_madd_epi16(s16, ones));
+                    let d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast())), da);
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), d, *acc);
+                }
+            }
+        }
+        for (s, acc) in acc.iter().enumerate() {
+            _mm256_storeu_ps(out[s], acc[0]);
+            _mm256_storeu_ps(out[s].add(8), acc[1]);
+        }
+    }
+}
+
+/// How far ahead in its own stream a three-stream kernel asks for each line (into L1).
+pub(crate) const STREAMS_AHEAD: usize = 1024;
 
 /// The body of the rows16 kernels of llama.cpp's 8-lane types (Q8_0, Q5_0): per block
 /// `k` of the group at `$w` (`$gb` bytes a block), `d = dw·da` for the 16 rows, each lane
@@ -427,6 +542,56 @@ pub(crate) unsafe fn q8_0_q8_0_group_avx2<const PF: usize>(nb: usize, w: *const 
     }
 }
 
+/// [`q8_0_q8_0_group_avx2`] for three groups at once (`w[s]`, `out[s]`): each pass of
+/// [`Q8_0_AVX2_PASS_BLOCKS`] blocks of the three groups in turn, each group's accumulators
+/// in memory between its passes, every accumulator taking its blocks in order (the same
+/// bits), the three groups read as three streams side by side (as
+/// [`q4_0_q8_0_group3_avx2`]).
+///
+/// # Safety
+/// As [`q8_0_q8_0_group_avx2`] for each of the three groups.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q8_0_q8_0_group3_avx2(nb: usize, w: [*const u8; 3], a: *const u8, out: [*mut f32; 3]) {
+    // SAFETY: the caller's contract; activation layout d@0 qs@2.
+    unsafe {
+        let mut state = [[[_mm256_setzero_ps(); 8]; 2]; 3];
+        let mut k0 = 0;
+        while k0 < nb {
+            let k1 = (k0 + Q8_0_AVX2_PASS_BLOCKS).min(nb);
+            for (s, halves) in state.iter_mut().enumerate() {
+                let w = w[s];
+                macro_rules! body {
+                    ($p:expr) => {
+                        lane_parts_in_passes!(@part $p, halves, k0, k1, |part, k, acc| {
+                            let g = w.add(k * GROUP_BLOCK_BYTES_Q8_0);
+                            prefetch_ahead_part::<STREAMS_AHEAD, GROUP_BLOCK_BYTES_Q8_0>(g, part, 2);
+                            let ab = a.add(k * 34);
+                            let da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
+                            let d = [0, 1].map(|h| _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast())), da));
+                            for i in 0..4 {
+                                let j = 4 * part + i;
+                                let y = _mm256_set1_epi32(rd32(ab.add(2 + 4 * j)));
+                                for (h, acc) in acc.iter_mut().enumerate() {
+                                    let x = _mm256_loadu_si256(g.add(32 + 64 * j + 32 * h).cast());
+                                    acc[i] = _mm256_fmadd_ps(d[h], _mm256_cvtepi32_ps(super::qdot::dot_i8_i8(x, y)), acc[i]);
+                                }
+                            }
+                        })
+                    };
+                }
+                body!(0);
+                body!(1);
+            }
+            k0 = k1;
+        }
+        for (s, halves) in state.iter().enumerate() {
+            for (h, acc) in halves.iter().enumerate() {
+                _mm256_storeu_ps(out[s].add(8 * h), lane_tree(acc));
+            }
+        }
+    }
+}
+
 /// Blocks per pass of [`q5_0_q8_0_group_avx2`]'s halves (2816 bytes of the group, from L1
 /// for the second half). On the AMD EPYC Zen 1, Gemma 3 decode (`keel bench -p 0 -n 128`,
 /// one and two threads, binaries alternated three rounds): 8 and 4 blocks 1.5-2% faster
@@ -477,6 +642,64 @@ pub(crate) unsafe fn q5_0_q8_0_group_avx2<const PF: usize>(nb: usize, w: *const 
                 *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *acc);
             }
         })
+    }
+}
+
+/// Blocks per pass of [`q5_0_q8_0_group3_avx2`] (1408 bytes of each group a pass).
+const Q5_0_STREAMS_PASS_BLOCKS: usize = 4;
+
+/// [`q5_0_q8_0_group_avx2`] for three groups at once (`w[s]`, `out[s]`): each pass of
+/// [`Q5_0_STREAMS_PASS_BLOCKS`] blocks of the three groups in turn, each group a half at a
+/// time, the pass's `16·Σ y` once for the three, a half's accumulators in memory between
+/// its passes, every accumulator taking its blocks in order (the same bits), the three
+/// groups read as three streams side by side (as [`q4_0_q8_0_group3_avx2`]).
+///
+/// # Safety
+/// As [`q5_0_q8_0_group_avx2`] for each of the three groups.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q5_0_q8_0_group3_avx2(nb: usize, w: [*const u8; 3], a: *const u8, out: [*mut f32; 3]) {
+    // SAFETY: the caller's contract; activation layout d@0 qs@2.
+    unsafe {
+        let (ones, sixteen, m4) = (_mm256_set1_epi16(1), _mm256_set1_epi8(16), _mm256_set1_epi8(0x0F));
+        let mut corr = [[0i32; 8]; Q5_0_STREAMS_PASS_BLOCKS];
+        let mut state = [[[_mm256_setzero_ps(); 8]; 2]; 3];
+        let mut k0 = 0;
+        while k0 < nb {
+            let k1 = (k0 + Q5_0_STREAMS_PASS_BLOCKS).min(nb);
+            for k in k0..k1 {
+                let s = _mm256_madd_epi16(_mm256_maddubs_epi16(sixteen, _mm256_loadu_si256(a.add(k * 34 + 2).cast())), ones);
+                _mm256_storeu_si256(corr[k - k0].as_mut_ptr().cast(), s);
+            }
+            for (s, halves) in state.iter_mut().enumerate() {
+                for (h, saved) in halves.iter_mut().enumerate() {
+                    let mut acc = *saved;
+                    for k in k0..k1 {
+                        let g = w[s].add(k * GROUP_BLOCK_BYTES_Q5_0);
+                        let ab = a.add(k * 34);
+                        let c = &corr[k - k0];
+                        prefetch_ahead_part::<STREAMS_AHEAD, GROUP_BLOCK_BYTES_Q5_0>(g, h, 2);
+                        let da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
+                        let d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast())), da);
+                        let qh = _mm256_loadu_si256(g.add(32 + 32 * h).cast());
+                        for (j, acc) in acc.iter_mut().enumerate() {
+                            let packed = _mm256_loadu_si256(g.add(96 + 64 * (j % 4) + 32 * h).cast());
+                            let nib = _mm256_and_si256(if j < 4 { packed } else { _mm256_srli_epi16::<4>(packed) }, m4);
+                            let q = super::qtile::q5_0_lane_quants_rows16(nib, qh, j);
+                            let y = super::qtile::broadcast_dword(ab.add(2 + 4 * j));
+                            let sm = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones), super::qtile::broadcast_dword(c.as_ptr().add(j).cast()));
+                            *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sm), *acc);
+                        }
+                    }
+                    *saved = acc;
+                }
+            }
+            k0 = k1;
+        }
+        for (s, halves) in state.iter().enumerate() {
+            for (h, acc) in halves.iter().enumerate() {
+                _mm256_storeu_ps(out[s].add(8 * h), lane_tree(acc));
+            }
+        }
     }
 }
 
