@@ -449,7 +449,9 @@ macro_rules! rows16_wrapper {
 /// kernel call, `q` the value; the rest of the groups one at a time): one token, and the
 /// table's plain hints into L1 (`PF` a multiple of 4: the AMD tables; Intel's form and
 /// no hints keep one stream, not measured with three). On the AMD EPYC Zen 3 one core
-/// then streams decode's matrices 20-45% faster (BENCHMARKS.md, "three streams").
+/// then streams a Q4_0, Q4_1 or Q8_0 matrix 30-41% faster (Q5_0, bound by its arithmetic,
+/// about as before) and decodes 9-16% faster (BENCHMARKS.md, "Speed II on the AMD EPYC
+/// Zen 3, seventh session").
 const fn streams_of<const PF: usize>(groups: usize, tokens: usize) -> usize {
     if tokens == 1 && PF != 0 && PF % 4 == 0 {
         groups / 3

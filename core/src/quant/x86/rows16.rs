@@ -406,8 +406,8 @@ pub(crate) unsafe fn q4_0_q8_0_group_avx2<const PF: usize>(nb: usize, w: *const 
 /// each block's activation work done once for the three, each group's blocks in order and
 /// each output the same operations as the one-group kernel (the same bits). The three are
 /// read as three streams side by side, each line asked for [`STREAMS_AHEAD`] bytes ahead
-/// in its own stream: on the AMD EPYC Zen 3 one core streams a matrix ~20% faster so than
-/// one group at a time (BENCHMARKS.md, "three streams").
+/// in its own stream: on the AMD EPYC Zen 3 one core streams a matrix ~40% faster so than
+/// one group at a time (BENCHMARKS.md, "Speed II on the AMD EPYC Zen 3, seventh session").
 ///
 /// # Safety
 /// As [`q4_0_q8_0_group_avx2`] for each of the three groups.
