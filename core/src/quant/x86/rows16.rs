@@ -259,7 +259,6 @@ macro_rules! lane_parts_in_passes {
 pub(crate) unsafe fn q4_1_q8_1_group_avx2<const PF: usize>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
     // SAFETY: the caller's contract; layouts above and d@0 s@2 qs@4 for the activation.
     unsafe {
-        let (m4, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
         for h in 0..2 {
             let mut acc = [_mm256_setzero_ps(); 8];
             let mut summs = _mm256_setzero_ps();
@@ -268,26 +267,40 @@ pub(crate) unsafe fn q4_1_q8_1_group_avx2<const PF: usize>(nb: usize, w: *const 
                 if h == 0 {
                     prefetch_ahead::<PF, GROUP_BLOCK_BYTES>(g);
                 }
-                let ab = a.add(k * 36);
-                let f = _mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab))); // [da, sa, 0, 0] (F16C: exact)
-                let (da, sa) = (_mm256_broadcastss_ps(f), _mm256_broadcastss_ps(_mm_movehdup_ps(f)));
-                let dw = _mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast()));
-                let mw = _mm256_cvtph_ps(_mm_loadu_si128(g.add(32 + 16 * h).cast()));
-                let d = _mm256_mul_ps(dw, da);
-                summs = _mm256_fmadd_ps(mw, sa, summs);
-                for c in 0..4 {
-                    let q = _mm256_loadu_si256(g.add(64 + 64 * c + 32 * h).cast());
-                    let (lo, hi) = (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
-                    let ylo = _mm256_set1_epi32(rd32(ab.add(4 + 4 * c)));
-                    let yhi = _mm256_set1_epi32(rd32(ab.add(20 + 4 * c)));
-                    let slo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ylo), ones);
-                    let shi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, yhi), ones);
-                    acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(slo), acc[c]);
-                    acc[c + 4] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(shi), acc[c + 4]);
-                }
+                q4_1_half_block_avx2(g, a.add(k * 36), h, &mut acc, &mut summs);
             }
             // The lanes' tree, then `summs`.
             _mm256_storeu_ps(out.add(8 * h), _mm256_add_ps(lane_tree(&acc), summs));
+        }
+    }
+}
+
+/// [`q4_1_q8_1_group_avx2`]'s work on half `h` of the group block at `g` against the
+/// activation block at `ab`: its eight lane accumulators and `summs` updated.
+///
+/// # Safety
+/// AVX2, FMA and F16C available; the group block's bytes at `g`, the block's 36 at `ab`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_1_half_block_avx2(g: *const u8, ab: *const u8, h: usize, acc: &mut [__m256; 8], summs: &mut __m256) {
+    // SAFETY: the caller's contract; layouts above and d@0 s@2 qs@4 for the activation.
+    unsafe {
+        let (m4, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
+        let f = _mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab))); // [da, sa, 0, 0] (F16C: exact)
+        let (da, sa) = (_mm256_broadcastss_ps(f), _mm256_broadcastss_ps(_mm_movehdup_ps(f)));
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast()));
+        let mw = _mm256_cvtph_ps(_mm_loadu_si128(g.add(32 + 16 * h).cast()));
+        let d = _mm256_mul_ps(dw, da);
+        *summs = _mm256_fmadd_ps(mw, sa, *summs);
+        for c in 0..4 {
+            let q = _mm256_loadu_si256(g.add(64 + 64 * c + 32 * h).cast());
+            let (lo, hi) = (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
+            let ylo = _mm256_set1_epi32(rd32(ab.add(4 + 4 * c)));
+            let yhi = _mm256_set1_epi32(rd32(ab.add(20 + 4 * c)));
+            let slo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ylo), ones);
+            let shi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, yhi), ones);
+            acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(slo), acc[c]);
+            acc[c + 4] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(shi), acc[c + 4]);
         }
     }
 }
@@ -307,7 +320,6 @@ const Q4_1_STREAMS_PASS_BLOCKS: usize = 4;
 pub(crate) unsafe fn q4_1_q8_1_group3_avx2(nb: usize, w: [*const u8; 3], a: *const u8, out: [*mut f32; 3]) {
     // SAFETY: the caller's contract; layouts as the one-group kernel's.
     unsafe {
-        let (m4, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
         // Per group and half: the eight lane accumulators, then `summs`.
         let mut state = [[[_mm256_setzero_ps(); 9]; 2]; 3];
         let mut k0 = 0;
@@ -322,23 +334,7 @@ pub(crate) unsafe fn q4_1_q8_1_group3_avx2(nb: usize, w: [*const u8; 3], a: *con
                         if h == 0 {
                             prefetch_ahead::<STREAMS_AHEAD, GROUP_BLOCK_BYTES>(g);
                         }
-                        let ab = a.add(k * 36);
-                        let f = _mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab))); // [da, sa, 0, 0] (F16C: exact)
-                        let (da, sa) = (_mm256_broadcastss_ps(f), _mm256_broadcastss_ps(_mm_movehdup_ps(f)));
-                        let dw = _mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast()));
-                        let mw = _mm256_cvtph_ps(_mm_loadu_si128(g.add(32 + 16 * h).cast()));
-                        let d = _mm256_mul_ps(dw, da);
-                        summs = _mm256_fmadd_ps(mw, sa, summs);
-                        for c in 0..4 {
-                            let q = _mm256_loadu_si256(g.add(64 + 64 * c + 32 * h).cast());
-                            let (lo, hi) = (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
-                            let ylo = _mm256_set1_epi32(rd32(ab.add(4 + 4 * c)));
-                            let yhi = _mm256_set1_epi32(rd32(ab.add(20 + 4 * c)));
-                            let slo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ylo), ones);
-                            let shi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, yhi), ones);
-                            acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(slo), acc[c]);
-                            acc[c + 4] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(shi), acc[c + 4]);
-                        }
+                        q4_1_half_block_avx2(g, a.add(k * 36), h, &mut acc, &mut summs);
                     }
                     st[..8].copy_from_slice(&acc);
                     st[8] = summs;
@@ -370,35 +366,71 @@ pub(crate) unsafe fn q4_1_q8_1_group3_avx2(nb: usize, w: [*const u8; 3], a: *con
 pub(crate) unsafe fn q4_0_q8_0_group_avx2<const PF: usize>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
     // SAFETY: the caller's contract; activation layout d@0 qs@2.
     unsafe {
-        let (m4, ones, eights) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1), _mm256_set1_epi8(8));
         let mut acc = [_mm256_setzero_ps(); 2];
         for k in 0..nb {
             let g = w.add(k * GROUP_BLOCK_BYTES_Q4_0);
             prefetch_ahead::<PF, GROUP_BLOCK_BYTES_Q4_0>(g);
             let ab = a.add(k * 34);
-            let da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
-            // -8·Σ y over the block, in every lane (exact: at most 8·32·128).
-            let e = _mm256_madd_epi16(_mm256_maddubs_epi16(eights, _mm256_loadu_si256(ab.add(2).cast())), ones);
-            let e = _mm256_add_epi32(e, _mm256_permute2x128_si256::<0x01>(e, e));
-            let e = _mm256_add_epi32(e, _mm256_shuffle_epi32::<0b01_00_11_10>(e));
-            let e = _mm256_add_epi32(e, _mm256_shuffle_epi32::<0b10_11_00_01>(e));
-            let neg = _mm256_sub_epi32(_mm256_setzero_si256(), e);
-            let y: [__m256i; 8] = core::array::from_fn(|j| _mm256_set1_epi32(rd32(ab.add(2 + 4 * j))));
-            for (h, acc) in acc.iter_mut().enumerate() {
-                let mut s16 = _mm256_setzero_si256();
-                for c in 0..4 {
-                    let q = _mm256_loadu_si256(g.add(32 + 64 * c + 32 * h).cast());
-                    let (lo, hi) = (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
-                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo, y[c]));
-                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi, y[4 + c]));
-                }
-                let sum = _mm256_add_epi32(neg, _mm256_madd_epi16(s16, ones));
-                let d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast())), da);
-                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), d, *acc);
-            }
+            let t = q4_0_token_block_avx2(ab);
+            q4_0_block_avx2(g, &t, &mut acc);
         }
         _mm256_storeu_ps(out, acc[0]);
         _mm256_storeu_ps(out.add(8), acc[1]);
+    }
+}
+
+/// What [`q4_0_q8_0_group_avx2`] needs of the token's activation block at `ab` (d@0
+/// qs@2): its scale in every lane (exact), `-8·Σ y` over it in every lane (exact: at most
+/// 8·32·128), its eight lanes of four bytes each broadcast.
+struct Q4_0TokenBlock {
+    da: __m256,
+    neg: __m256i,
+    y: [__m256i; 8],
+}
+
+/// [`Q4_0TokenBlock`] of the activation block at `ab`.
+///
+/// # Safety
+/// AVX2, FMA and F16C available; 34 bytes at `ab`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_0_token_block_avx2(ab: *const u8) -> Q4_0TokenBlock {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let (ones, eights) = (_mm256_set1_epi16(1), _mm256_set1_epi8(8));
+        let da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
+        let e = _mm256_madd_epi16(_mm256_maddubs_epi16(eights, _mm256_loadu_si256(ab.add(2).cast())), ones);
+        let e = _mm256_add_epi32(e, _mm256_permute2x128_si256::<0x01>(e, e));
+        let e = _mm256_add_epi32(e, _mm256_shuffle_epi32::<0b01_00_11_10>(e));
+        let e = _mm256_add_epi32(e, _mm256_shuffle_epi32::<0b10_11_00_01>(e));
+        let neg = _mm256_sub_epi32(_mm256_setzero_si256(), e);
+        Q4_0TokenBlock { da, neg, y: core::array::from_fn(|j| _mm256_set1_epi32(rd32(ab.add(2 + 4 * j)))) }
+    }
+}
+
+/// [`q4_0_q8_0_group_avx2`]'s work on the group block at `g` against the token's block
+/// `t`: both halves' accumulators updated.
+///
+/// # Safety
+/// AVX2, FMA and F16C available; the group block's bytes at `g`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_0_block_avx2(g: *const u8, t: &Q4_0TokenBlock, acc: &mut [__m256; 2]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let (m4, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
+        for (h, acc) in acc.iter_mut().enumerate() {
+            let mut s16 = _mm256_setzero_si256();
+            for c in 0..4 {
+                let q = _mm256_loadu_si256(g.add(32 + 64 * c + 32 * h).cast());
+                let (lo, hi) = (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
+                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo, t.y[c]));
+                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi, t.y[4 + c]));
+            }
+            let sum = _mm256_add_epi32(t.neg, _mm256_madd_epi16(s16, ones));
+            let d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast())), t.da);
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), d, *acc);
+        }
     }
 }
 
@@ -415,32 +447,13 @@ pub(crate) unsafe fn q4_0_q8_0_group_avx2<const PF: usize>(nb: usize, w: *const 
 pub(crate) unsafe fn q4_0_q8_0_group3_avx2(nb: usize, w: [*const u8; 3], a: *const u8, out: [*mut f32; 3]) {
     // SAFETY: the caller's contract; activation layout d@0 qs@2.
     unsafe {
-        let (m4, ones, eights) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1), _mm256_set1_epi8(8));
         let mut acc = [[_mm256_setzero_ps(); 2]; 3];
         for k in 0..nb {
-            let ab = a.add(k * 34);
-            let da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
-            let e = _mm256_madd_epi16(_mm256_maddubs_epi16(eights, _mm256_loadu_si256(ab.add(2).cast())), ones);
-            let e = _mm256_add_epi32(e, _mm256_permute2x128_si256::<0x01>(e, e));
-            let e = _mm256_add_epi32(e, _mm256_shuffle_epi32::<0b01_00_11_10>(e));
-            let e = _mm256_add_epi32(e, _mm256_shuffle_epi32::<0b10_11_00_01>(e));
-            let neg = _mm256_sub_epi32(_mm256_setzero_si256(), e);
-            let y: [__m256i; 8] = core::array::from_fn(|j| _mm256_set1_epi32(rd32(ab.add(2 + 4 * j))));
+            let t = q4_0_token_block_avx2(a.add(k * 34));
             for (s, acc) in acc.iter_mut().enumerate() {
                 let g = w[s].add(k * GROUP_BLOCK_BYTES_Q4_0);
                 prefetch_ahead::<STREAMS_AHEAD, GROUP_BLOCK_BYTES_Q4_0>(g);
-                for (h, acc) in acc.iter_mut().enumerate() {
-                    let mut s16 = _mm256_setzero_si256();
-                    for c in 0..4 {
-                        let q = _mm256_loadu_si256(g.add(32 + 64 * c + 32 * h).cast());
-                        let (lo, hi) = (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
-                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo, y[c]));
-                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi, y[4 + c]));
-                    }
-                    let sum = _mm256_add_epi32(neg, _mm256_madd_epi16(s16, ones));
-                    let d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast())), da);
-                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), d, *acc);
-                }
+                q4_0_block_avx2(g, &t, acc);
             }
         }
         for (s, acc) in acc.iter().enumerate() {
@@ -524,20 +537,34 @@ pub(crate) unsafe fn q8_0_q8_0_group_avx2<const PF: usize>(nb: usize, w: *const 
             let g = w.add(k * GROUP_BLOCK_BYTES_Q8_0);
             // Each part asks for its share of the lines ahead.
             prefetch_ahead_part::<PF, GROUP_BLOCK_BYTES_Q8_0>(g, part, 2);
-            let ab = a.add(k * 34);
-            let da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
-            let d = [0, 1].map(|h| _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast())), da));
-            for i in 0..4 {
-                let j = 4 * part + i;
-                let y = _mm256_set1_epi32(rd32(ab.add(2 + 4 * j)));
-                for (h, acc) in acc.iter_mut().enumerate() {
-                    let x = _mm256_loadu_si256(g.add(32 + 64 * j + 32 * h).cast());
-                    acc[i] = _mm256_fmadd_ps(d[h], _mm256_cvtepi32_ps(super::qdot::dot_i8_i8(x, y)), acc[i]);
-                }
-            }
+            q8_0_lane_part_avx2(g, a.add(k * 34), part, &mut acc);
         });
         for (h, acc) in halves.iter().enumerate() {
             _mm256_storeu_ps(out.add(8 * h), lane_tree(acc));
+        }
+    }
+}
+
+/// [`q8_0_q8_0_group_avx2`]'s work on lane part `part` (lanes `4·part..4·part + 4`) of
+/// both halves of the group block at `g` against the activation block at `ab` (d@0 qs@2):
+/// `acc[h][i]` lane `4·part + i` of half `h`.
+///
+/// # Safety
+/// AVX2, FMA and F16C available; the group block's bytes at `g`, the block's 34 at `ab`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_lane_part_avx2(g: *const u8, ab: *const u8, part: usize, acc: &mut [[__m256; 4]; 2]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
+        let d = [0, 1].map(|h| _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast())), da));
+        for i in 0..4 {
+            let j = 4 * part + i;
+            let y = _mm256_set1_epi32(rd32(ab.add(2 + 4 * j)));
+            for (h, acc) in acc.iter_mut().enumerate() {
+                let x = _mm256_loadu_si256(g.add(32 + 64 * j + 32 * h).cast());
+                acc[i] = _mm256_fmadd_ps(d[h], _mm256_cvtepi32_ps(super::qdot::dot_i8_i8(x, y)), acc[i]);
+            }
         }
     }
 }
@@ -565,17 +592,7 @@ pub(crate) unsafe fn q8_0_q8_0_group3_avx2(nb: usize, w: [*const u8; 3], a: *con
                         lane_parts_in_passes!(@part $p, halves, k0, k1, |part, k, acc| {
                             let g = w.add(k * GROUP_BLOCK_BYTES_Q8_0);
                             prefetch_ahead_part::<STREAMS_AHEAD, GROUP_BLOCK_BYTES_Q8_0>(g, part, 2);
-                            let ab = a.add(k * 34);
-                            let da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
-                            let d = [0, 1].map(|h| _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast())), da));
-                            for i in 0..4 {
-                                let j = 4 * part + i;
-                                let y = _mm256_set1_epi32(rd32(ab.add(2 + 4 * j)));
-                                for (h, acc) in acc.iter_mut().enumerate() {
-                                    let x = _mm256_loadu_si256(g.add(32 + 64 * j + 32 * h).cast());
-                                    acc[i] = _mm256_fmadd_ps(d[h], _mm256_cvtepi32_ps(super::qdot::dot_i8_i8(x, y)), acc[i]);
-                                }
-                            }
+                            q8_0_lane_part_avx2(g, a.add(k * 34), part, &mut acc);
                         })
                     };
                 }
@@ -616,7 +633,6 @@ const Q5_0_AVX2_PASS_BLOCKS: usize = 8;
 pub(crate) unsafe fn q5_0_q8_0_group_avx2<const PF: usize>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
     // SAFETY: the caller's contract; activation layout d@0 qs@2.
     unsafe {
-        let (ones, sixteen, m4) = (_mm256_set1_epi16(1), _mm256_set1_epi8(16), _mm256_set1_epi8(0x0F));
         // The pass's blocks' `16·Σ y` per lane (written by the first half before the
         // second reads them).
         let mut corr = [[0i32; 8]; Q5_0_AVX2_PASS_BLOCKS];
@@ -627,21 +643,53 @@ pub(crate) unsafe fn q5_0_q8_0_group_avx2<const PF: usize>(nb: usize, w: *const 
             // Each half its share of the hints (as `q8_0_q8_0_group_avx2`).
             prefetch_ahead_part::<PF, GROUP_BLOCK_BYTES_Q5_0>(g, h, 2);
             if h == 0 {
-                let s = _mm256_madd_epi16(_mm256_maddubs_epi16(sixteen, _mm256_loadu_si256(ab.add(2).cast())), ones);
-                _mm256_storeu_si256(c.as_mut_ptr().cast(), s);
+                *c = q5_0_sixteen_sums_avx2(ab);
             }
-            let da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
-            let d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast())), da);
-            let qh = _mm256_loadu_si256(g.add(32 + 32 * h).cast());
-            for (j, acc) in acc.iter_mut().enumerate() {
-                let packed = _mm256_loadu_si256(g.add(96 + 64 * (j % 4) + 32 * h).cast());
-                let nib = _mm256_and_si256(if j < 4 { packed } else { _mm256_srli_epi16::<4>(packed) }, m4);
-                let q = super::qtile::q5_0_lane_quants_rows16(nib, qh, j);
-                let y = super::qtile::broadcast_dword(ab.add(2 + 4 * j));
-                let s = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones), super::qtile::broadcast_dword(c.as_ptr().add(j).cast()));
-                *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *acc);
-            }
+            q5_0_half_block_avx2(g, ab, c, h, &mut acc);
         })
+    }
+}
+
+/// `16·Σ y` over each lane (four bytes) of the activation block at `ab` (d@0 qs@2),
+/// exact: [`q5_0_q8_0_group_avx2`]'s correction of the unsigned quants.
+///
+/// # Safety
+/// AVX2 available; 34 bytes at `ab`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_0_sixteen_sums_avx2(ab: *const u8) -> [i32; 8] {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(16), _mm256_loadu_si256(ab.add(2).cast())), _mm256_set1_epi16(1));
+        let mut c = [0i32; 8];
+        _mm256_storeu_si256(c.as_mut_ptr().cast(), s);
+        c
+    }
+}
+
+/// [`q5_0_q8_0_group_avx2`]'s work on half `h` of the group block at `g` against the
+/// activation block at `ab` (d@0 qs@2) and its [`q5_0_sixteen_sums_avx2`] `c`: the half's
+/// eight lane accumulators updated.
+///
+/// # Safety
+/// AVX2, FMA and F16C available; the group block's bytes at `g`, the block's 34 at `ab`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_0_half_block_avx2(g: *const u8, ab: *const u8, c: &[i32; 8], h: usize, acc: &mut [__m256; 8]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let (ones, m4) = (_mm256_set1_epi16(1), _mm256_set1_epi8(0x0F));
+        let da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
+        let d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast())), da);
+        let qh = _mm256_loadu_si256(g.add(32 + 32 * h).cast());
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let packed = _mm256_loadu_si256(g.add(96 + 64 * (j % 4) + 32 * h).cast());
+            let nib = _mm256_and_si256(if j < 4 { packed } else { _mm256_srli_epi16::<4>(packed) }, m4);
+            let q = super::qtile::q5_0_lane_quants_rows16(nib, qh, j);
+            let y = super::qtile::broadcast_dword(ab.add(2 + 4 * j));
+            let s = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones), super::qtile::broadcast_dword(c.as_ptr().add(j).cast()));
+            *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *acc);
+        }
     }
 }
 
@@ -660,15 +708,13 @@ const Q5_0_STREAMS_PASS_BLOCKS: usize = 4;
 pub(crate) unsafe fn q5_0_q8_0_group3_avx2(nb: usize, w: [*const u8; 3], a: *const u8, out: [*mut f32; 3]) {
     // SAFETY: the caller's contract; activation layout d@0 qs@2.
     unsafe {
-        let (ones, sixteen, m4) = (_mm256_set1_epi16(1), _mm256_set1_epi8(16), _mm256_set1_epi8(0x0F));
         let mut corr = [[0i32; 8]; Q5_0_STREAMS_PASS_BLOCKS];
         let mut state = [[[_mm256_setzero_ps(); 8]; 2]; 3];
         let mut k0 = 0;
         while k0 < nb {
             let k1 = (k0 + Q5_0_STREAMS_PASS_BLOCKS).min(nb);
             for k in k0..k1 {
-                let s = _mm256_madd_epi16(_mm256_maddubs_epi16(sixteen, _mm256_loadu_si256(a.add(k * 34 + 2).cast())), ones);
-                _mm256_storeu_si256(corr[k - k0].as_mut_ptr().cast(), s);
+                corr[k - k0] = q5_0_sixteen_sums_avx2(a.add(k * 34));
             }
             for (s, halves) in state.iter_mut().enumerate() {
                 for (h, saved) in halves.iter_mut().enumerate() {
@@ -678,17 +724,7 @@ pub(crate) unsafe fn q5_0_q8_0_group3_avx2(nb: usize, w: [*const u8; 3], a: *con
                         let ab = a.add(k * 34);
                         let c = &corr[k - k0];
                         prefetch_ahead_part::<STREAMS_AHEAD, GROUP_BLOCK_BYTES_Q5_0>(g, h, 2);
-                        let da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
-                        let d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast())), da);
-                        let qh = _mm256_loadu_si256(g.add(32 + 32 * h).cast());
-                        for (j, acc) in acc.iter_mut().enumerate() {
-                            let packed = _mm256_loadu_si256(g.add(96 + 64 * (j % 4) + 32 * h).cast());
-                            let nib = _mm256_and_si256(if j < 4 { packed } else { _mm256_srli_epi16::<4>(packed) }, m4);
-                            let q = super::qtile::q5_0_lane_quants_rows16(nib, qh, j);
-                            let y = super::qtile::broadcast_dword(ab.add(2 + 4 * j));
-                            let sm = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones), super::qtile::broadcast_dword(c.as_ptr().add(j).cast()));
-                            *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sm), *acc);
-                        }
+                        q5_0_half_block_avx2(g, ab, c, h, &mut acc);
                     }
                     *saved = acc;
                 }
