@@ -163,7 +163,7 @@ mod x86 {
     /// [`super::sum_words`] over three streams at once: the slice in three equal parts,
     /// [`STREAM_CHUNK`] bytes of each in turn, each line asked for [`STREAMS_AHEAD`] bytes
     /// ahead in its own stream (the rest after the parts, plainly). On the AMD EPYC Zen 3
-    /// one core reads 14-22% more this way than with one stream (BENCHMARKS.md, "Speed
+    /// one core reads 5-24% more this way than with one stream (BENCHMARKS.md, "Speed
     /// II on the AMD EPYC Zen 3, seventh session"), and a decoder can read
     /// its weights so: a bound must not be lower than that.
     pub(super) fn sum_words_avx2_streams(words: &[u64]) -> u64 {
