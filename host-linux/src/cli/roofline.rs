@@ -163,7 +163,7 @@ mod x86 {
     /// [`super::sum_words`] over three streams at once: the slice in three equal parts,
     /// [`STREAM_CHUNK`] bytes of each in turn, each line asked for [`STREAMS_AHEAD`] bytes
     /// ahead in its own stream (the rest after the parts, plainly). On the AMD EPYC Zen 3
-    /// one core reads 5-24% more this way than with one stream (BENCHMARKS.md, "Speed
+    /// one core often reads more this way than with one stream (0.94-1.26x, by the minute) (BENCHMARKS.md, "Speed
     /// II on the AMD EPYC Zen 3, seventh session"), and a decoder can read
     /// its weights so: a bound must not be lower than that.
     pub(super) fn sum_words_avx2_streams(words: &[u64]) -> u64 {
@@ -344,6 +344,41 @@ mod tests {
             for (name, f) in &loops {
                 assert_eq!(f(&w), want, "{name}, {n} words");
             }
+        }
+    }
+
+    /// Each read loop this CPU has, on the probe's buffer (huge pages where the kernel has
+    /// them) at one thread and at two, in rounds side by side: each loop's median GB/s and
+    /// its ratio to the plain `avx2` loop (the three-stream loop's margin, BENCHMARKS.md,
+    /// "Speed II on the AMD EPYC Zen 3, seventh session"). A tool, not a test:
+    /// `cargo test -p keel-host-linux --release --lib bench_read_loops -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn bench_read_loops() {
+        let loops = super::read_loops();
+        for threads in [1usize, 2] {
+            let probe = super::ReadProbe::new(threads);
+            let buf = probe.words();
+            let chunk = buf.len().div_ceil(threads);
+            let mut rates = vec![Vec::new(); loops.len()];
+            for _ in 0..7 {
+                for (r, (_, f)) in rates.iter_mut().zip(&loops) {
+                    let t = std::time::Instant::now();
+                    let sums: Vec<u64> = std::thread::scope(|s| {
+                        let hs: Vec<_> = buf.chunks(chunk).map(|part| s.spawn(move || f(part))).collect();
+                        hs.into_iter().map(|h| h.join().unwrap_or(0)).collect()
+                    });
+                    r.push(std::mem::size_of_val(buf) as f64 / t.elapsed().as_secs_f64() / 1e9);
+                    std::hint::black_box(sums);
+                }
+            }
+            let med: Vec<f64> = rates.iter_mut().map(|r| {
+                r.sort_by(|a, b| a.total_cmp(b));
+                r[r.len() / 2]
+            }).collect();
+            let base = loops.iter().position(|l| l.0 == "avx2").map_or(med[0], |i| med[i]);
+            let line: Vec<String> = loops.iter().zip(&med).map(|(l, m)| format!("{} {m:.2} GB/s ({:.2}x)", l.0, m / base)).collect();
+            println!("{threads} thread(s), medians of 7 rounds: {}", line.join("; "));
         }
     }
 
