@@ -184,57 +184,57 @@ pub(super) unsafe fn lane_tree512(acc: &[__m512; 8]) -> __m512 {
     }
 }
 
-/// The AVX2 group kernels' order of work for the 8-lane types: the group's two halves of 8
-/// rows in turn over each `$pass` blocks (`$acc`, a half's eight lane accumulators, kept in
-/// memory between passes; the second half reads the pass's blocks again from L1), `$body`
-/// run for half `$h` and block `$k` of the pass starting at `$k0`; then [`lane_tree`] of
-/// each half into `$out` (rows 8h..8h + 8).
-macro_rules! halves_in_passes {
-    ($nb:expr, $pass:expr, $out:expr, |$h:ident, $k:ident, $k0:ident, $acc:ident| $body:block) => {{
-        let (nb, out): (usize, *mut f32) = ($nb, $out);
-        let mut halves = [[_mm256_setzero_ps(); 8]; 2];
+/// The AVX2 group kernels' passes over `$groups` groups at once (1, or 3 for the
+/// three-stream kernels): each group's state, `[[[__m256; $n]; 2]; $groups]` (per half of 8
+/// rows, its accumulators: the eight lanes' and, for Q4_1, `summs`), zero at the start and
+/// kept in memory between passes; over each `$pass` blocks `$k0..$k1`, `$pre` once, then
+/// `$body` for each group `$s` in turn with its halves' state `$halves` (a
+/// [`halves_in_turn`] or [`lane_parts`]: every accumulator takes its blocks in order, so
+/// one group or three, any pass, the same bits). The value: the state.
+macro_rules! in_passes {
+    ($groups:expr, $n:expr, $nb:expr, $pass:expr, |$k0:ident, $k1:ident| $pre:block, |$s:ident, $halves:ident| $body:block) => {{
+        let nb: usize = $nb;
+        let mut state = [[[_mm256_setzero_ps(); $n]; 2]; $groups];
         let mut $k0 = 0;
         while $k0 < nb {
-            let k1 = ($k0 + $pass).min(nb);
-            for ($h, saved) in halves.iter_mut().enumerate() {
-                let mut $acc = *saved;
-                for $k in $k0..k1 $body
-                *saved = $acc;
-            }
-            $k0 = k1;
+            let $k1 = ($k0 + $pass).min(nb);
+            $pre
+            for ($s, $halves) in state.iter_mut().enumerate() $body
+            $k0 = $k1;
         }
-        for (h, acc) in halves.iter().enumerate() {
-            _mm256_storeu_ps(out.add(8 * h), lane_tree(acc));
-        }
+        state
     }};
 }
 
-/// [`halves_in_passes`] split by lanes instead of rows: over each `$pass` blocks, lanes
-/// 0-3 of both halves (`$part` 0), then lanes 4-7 (`$part` 1), `$acc` the part's
-/// accumulators (`$acc[h][i]` lane `4·$part + i` of half `h`, kept in memory between
-/// passes), `$body` run for part `$part` and block `$k`; the value: each half's eight lane
-/// accumulators. Each accumulator still takes its blocks in order, so the same sums as
-/// halves in turn; but both parts read new lines (in the layout lanes 0-3 and 4-7 are each
-/// their own stretch of a block), where with halves in turn the first half asks for every
-/// line of the pass and the second for none. On the AMD EPYC Zen 3 the Q8_0 kernel then
-/// streams a 239 MiB matrix 9-20% faster, at about a bare read loop's rate
-/// (BENCHMARKS.md, "Speed II on the AMD EPYC Zen 3, sixth session").
-macro_rules! lane_parts_in_passes {
-    ($nb:expr, $pass:expr, |$part:ident, $k:ident, $acc:ident| $body:block) => {{
-        let nb: usize = $nb;
-        let mut halves = [[_mm256_setzero_ps(); 8]; 2];
-        let mut k0 = 0;
-        while k0 < nb {
-            let k1 = (k0 + $pass).min(nb);
-            // Each part written out, its lanes constants (a loop over the two parts indexed
-            // the accumulators at run time: on the Zen 3, 1.42 ns per (row, block) from L1
-            // against 0.91).
-            lane_parts_in_passes!(@part 0, halves, k0, k1, |$part, $k, $acc| $body);
-            lane_parts_in_passes!(@part 1, halves, k0, k1, |$part, $k, $acc| $body);
-            k0 = k1;
+/// One group's work in an [`in_passes`] pass `$k0..$k1`: its two halves of 8 rows in turn
+/// (the second reads the pass's blocks again, from L1), `$acc` the half's state (from
+/// `$halves`, written back after), `$body` run for half `$h` and block `$k`.
+macro_rules! halves_in_turn {
+    ($halves:ident, $k0:ident, $k1:ident, |$h:ident, $k:ident, $acc:ident| $body:block) => {
+        for ($h, saved) in $halves.iter_mut().enumerate() {
+            let mut $acc = *saved;
+            for $k in $k0..$k1 $body
+            *saved = $acc;
         }
-        halves
-    }};
+    };
+}
+
+/// [`halves_in_turn`] split by lanes instead of rows: lanes 0-3 of both halves (`$part`
+/// 0), then lanes 4-7 (`$part` 1), `$acc` the part's accumulators (`$acc[h][i]` lane
+/// `4·$part + i` of half `h`), `$body` run for part `$part` and block `$k`. Each
+/// accumulator still takes its blocks in order, so the same sums as halves in turn; but
+/// both parts read new lines (in the layout lanes 0-3 and 4-7 are each their own stretch of
+/// a block), where with halves in turn the first half asks for every line of the pass and
+/// the second for none. On the AMD EPYC Zen 3 the Q8_0 kernel then streams a 239 MiB
+/// matrix 9-20% faster, at about a bare read loop's rate (BENCHMARKS.md, "Speed II on the
+/// AMD EPYC Zen 3, sixth session"). Each part written out, its lanes constants (a loop over
+/// the two parts indexed the accumulators at run time: on the Zen 3, 1.42 ns per (row,
+/// block) from L1 against 0.91).
+macro_rules! lane_parts {
+    ($halves:ident, $k0:ident, $k1:ident, |$part:ident, $k:ident, $acc:ident| $body:block) => {
+        lane_parts!(@part 0, $halves, $k0, $k1, |$part, $k, $acc| $body);
+        lane_parts!(@part 1, $halves, $k0, $k1, |$part, $k, $acc| $body);
+    };
     (@part $p:expr, $halves:ident, $k0:ident, $k1:ident, |$part:ident, $k:ident, $acc:ident| $body:block) => {{
         const PART: usize = $p;
         let $part = PART;
@@ -244,6 +244,24 @@ macro_rules! lane_parts_in_passes {
             $halves[h][4 * PART..4 * PART + 4].copy_from_slice(&$acc[h]);
         }
     }};
+}
+
+/// [`lane_tree`] of each half of each group's 8-lane state (`state[s][h]`, from
+/// [`in_passes`]) into rows `8h..8h + 8` of `out[s]`.
+///
+/// # Safety
+/// AVX2 available; 16 floats writable at each `out[s]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn store_lane_trees<const S: usize>(state: &[[[__m256; 8]; 2]; S], out: [*mut f32; S]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        for (halves, out) in state.iter().zip(out) {
+            for (h, acc) in halves.iter().enumerate() {
+                _mm256_storeu_ps(out.add(8 * h), lane_tree(acc));
+            }
+        }
+    }
 }
 
 /// [`q4_1_q8_1_group`] with AVX2 only: the group's two halves of 8 rows one after the
@@ -260,29 +278,28 @@ pub(crate) unsafe fn q4_1_q8_1_group_avx2<const PF: usize>(nb: usize, w: *const 
     // SAFETY: the caller's contract; layouts above and d@0 s@2 qs@4 for the activation.
     unsafe {
         for h in 0..2 {
-            let mut acc = [_mm256_setzero_ps(); 8];
-            let mut summs = _mm256_setzero_ps();
+            let mut st = [_mm256_setzero_ps(); 9];
             for k in 0..nb {
                 let g = w.add(k * GROUP_BLOCK_BYTES);
                 if h == 0 {
                     prefetch_ahead::<PF, GROUP_BLOCK_BYTES>(g);
                 }
-                q4_1_half_block_avx2(g, a.add(k * 36), h, &mut acc, &mut summs);
+                q4_1_half_block_avx2(g, a.add(k * 36), h, &mut st);
             }
-            // The lanes' tree, then `summs`.
-            _mm256_storeu_ps(out.add(8 * h), _mm256_add_ps(lane_tree(&acc), summs));
+            q4_1_store_half(&st, out.add(8 * h));
         }
     }
 }
 
 /// [`q4_1_q8_1_group_avx2`]'s work on half `h` of the group block at `g` against the
-/// activation block at `ab`: its eight lane accumulators and `summs` updated.
+/// activation block at `ab`: its state `st` (the eight lane accumulators, then `summs`)
+/// updated.
 ///
 /// # Safety
 /// AVX2, FMA and F16C available; the group block's bytes at `g`, the block's 36 at `ab`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_1_half_block_avx2(g: *const u8, ab: *const u8, h: usize, acc: &mut [__m256; 8], summs: &mut __m256) {
+unsafe fn q4_1_half_block_avx2(g: *const u8, ab: *const u8, h: usize, st: &mut [__m256; 9]) {
     // SAFETY: the caller's contract; layouts above and d@0 s@2 qs@4 for the activation.
     unsafe {
         let (m4, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
@@ -291,7 +308,7 @@ unsafe fn q4_1_half_block_avx2(g: *const u8, ab: *const u8, h: usize, acc: &mut 
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast()));
         let mw = _mm256_cvtph_ps(_mm_loadu_si128(g.add(32 + 16 * h).cast()));
         let d = _mm256_mul_ps(dw, da);
-        *summs = _mm256_fmadd_ps(mw, sa, *summs);
+        st[8] = _mm256_fmadd_ps(mw, sa, st[8]);
         for c in 0..4 {
             let q = _mm256_loadu_si256(g.add(64 + 64 * c + 32 * h).cast());
             let (lo, hi) = (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
@@ -299,9 +316,24 @@ unsafe fn q4_1_half_block_avx2(g: *const u8, ab: *const u8, h: usize, acc: &mut 
             let yhi = _mm256_set1_epi32(rd32(ab.add(20 + 4 * c)));
             let slo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ylo), ones);
             let shi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, yhi), ones);
-            acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(slo), acc[c]);
-            acc[c + 4] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(shi), acc[c + 4]);
+            st[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(slo), st[c]);
+            st[c + 4] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(shi), st[c + 4]);
         }
+    }
+}
+
+/// A Q4_1 half's result from its state `st` ([`q4_1_half_block_avx2`]) into the 8 floats
+/// at `out`: the lanes' tree, then `summs`.
+///
+/// # Safety
+/// AVX2 available; 8 floats writable at `out`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_1_store_half(st: &[__m256; 9], out: *mut f32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let acc: [__m256; 8] = core::array::from_fn(|j| st[j]);
+        _mm256_storeu_ps(out, _mm256_add_ps(lane_tree(&acc), st[8]));
     }
 }
 
@@ -320,33 +352,18 @@ const Q4_1_STREAMS_PASS_BLOCKS: usize = 4;
 pub(crate) unsafe fn q4_1_q8_1_group3_avx2(nb: usize, w: [*const u8; 3], a: *const u8, out: [*mut f32; 3]) {
     // SAFETY: the caller's contract; layouts as the one-group kernel's.
     unsafe {
-        // Per group and half: the eight lane accumulators, then `summs`.
-        let mut state = [[[_mm256_setzero_ps(); 9]; 2]; 3];
-        let mut k0 = 0;
-        while k0 < nb {
-            let k1 = (k0 + Q4_1_STREAMS_PASS_BLOCKS).min(nb);
-            for (s, halves) in state.iter_mut().enumerate() {
-                for (h, st) in halves.iter_mut().enumerate() {
-                    let mut acc: [__m256; 8] = core::array::from_fn(|j| st[j]);
-                    let mut summs = st[8];
-                    for k in k0..k1 {
-                        let g = w[s].add(k * GROUP_BLOCK_BYTES);
-                        if h == 0 {
-                            prefetch_ahead::<STREAMS_AHEAD, GROUP_BLOCK_BYTES>(g);
-                        }
-                        q4_1_half_block_avx2(g, a.add(k * 36), h, &mut acc, &mut summs);
-                    }
-                    st[..8].copy_from_slice(&acc);
-                    st[8] = summs;
+        let state = in_passes!(3, 9, nb, Q4_1_STREAMS_PASS_BLOCKS, |k0, k1| {}, |s, halves| {
+            halves_in_turn!(halves, k0, k1, |h, k, st| {
+                let g = w[s].add(k * GROUP_BLOCK_BYTES);
+                if h == 0 {
+                    prefetch_ahead::<STREAMS_AHEAD, GROUP_BLOCK_BYTES>(g);
                 }
-            }
-            k0 = k1;
-        }
-        for (s, halves) in state.iter().enumerate() {
+                q4_1_half_block_avx2(g, a.add(k * 36), h, &mut st);
+            });
+        });
+        for (halves, out) in state.iter().zip(out) {
             for (h, st) in halves.iter().enumerate() {
-                let acc: [__m256; 8] = core::array::from_fn(|j| st[j]);
-                // The lanes' tree, then `summs`.
-                _mm256_storeu_ps(out[s].add(8 * h), _mm256_add_ps(lane_tree(&acc), st[8]));
+                q4_1_store_half(st, out.add(8 * h));
             }
         }
     }
@@ -520,7 +537,7 @@ pub(crate) unsafe fn q8_0_q8_0_group<const PF: usize>(nb: usize, w: *const u8, a
 const Q8_0_AVX2_PASS_BLOCKS: usize = 2;
 
 /// [`q8_0_q8_0_group`] with AVX2 only: over each [`Q8_0_AVX2_PASS_BLOCKS`] blocks lanes
-/// 0-3 of both halves of 8 rows, then lanes 4-7 ([`lane_parts_in_passes`]; a part's eight
+/// 0-3 of both halves of 8 rows, then lanes 4-7 ([`lane_parts`]; a part's eight
 /// accumulators in 256-bit registers for its pass), lane `j` of 8 rows (the layout's chunk
 /// `j`, no shuffle) as the plain AVX2 dot's sign trick (`qdot::dot_i8_i8`) against the
 /// token's broadcast dword `j` (the same exact integers; one broadcast for both halves),
@@ -533,15 +550,15 @@ const Q8_0_AVX2_PASS_BLOCKS: usize = 2;
 pub(crate) unsafe fn q8_0_q8_0_group_avx2<const PF: usize>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
     // SAFETY: the caller's contract; activation layout d@0 qs@2.
     unsafe {
-        let halves = lane_parts_in_passes!(nb, Q8_0_AVX2_PASS_BLOCKS, |part, k, acc| {
-            let g = w.add(k * GROUP_BLOCK_BYTES_Q8_0);
-            // Each part asks for its share of the lines ahead.
-            prefetch_ahead_part::<PF, GROUP_BLOCK_BYTES_Q8_0>(g, part, 2);
-            q8_0_lane_part_avx2(g, a.add(k * 34), part, &mut acc);
+        let state = in_passes!(1, 8, nb, Q8_0_AVX2_PASS_BLOCKS, |k0, k1| {}, |_s, halves| {
+            lane_parts!(halves, k0, k1, |part, k, acc| {
+                let g = w.add(k * GROUP_BLOCK_BYTES_Q8_0);
+                // Each part asks for its share of the lines ahead.
+                prefetch_ahead_part::<PF, GROUP_BLOCK_BYTES_Q8_0>(g, part, 2);
+                q8_0_lane_part_avx2(g, a.add(k * 34), part, &mut acc);
+            });
         });
-        for (h, acc) in halves.iter().enumerate() {
-            _mm256_storeu_ps(out.add(8 * h), lane_tree(acc));
-        }
+        store_lane_trees(&state, [out]);
     }
 }
 
@@ -581,31 +598,15 @@ unsafe fn q8_0_lane_part_avx2(g: *const u8, ab: *const u8, part: usize, acc: &mu
 pub(crate) unsafe fn q8_0_q8_0_group3_avx2(nb: usize, w: [*const u8; 3], a: *const u8, out: [*mut f32; 3]) {
     // SAFETY: the caller's contract; activation layout d@0 qs@2.
     unsafe {
-        let mut state = [[[_mm256_setzero_ps(); 8]; 2]; 3];
-        let mut k0 = 0;
-        while k0 < nb {
-            let k1 = (k0 + Q8_0_AVX2_PASS_BLOCKS).min(nb);
-            for (s, halves) in state.iter_mut().enumerate() {
-                let w = w[s];
-                macro_rules! body {
-                    ($p:expr) => {
-                        lane_parts_in_passes!(@part $p, halves, k0, k1, |part, k, acc| {
-                            let g = w.add(k * GROUP_BLOCK_BYTES_Q8_0);
-                            prefetch_ahead_part::<STREAMS_AHEAD, GROUP_BLOCK_BYTES_Q8_0>(g, part, 2);
-                            q8_0_lane_part_avx2(g, a.add(k * 34), part, &mut acc);
-                        })
-                    };
-                }
-                body!(0);
-                body!(1);
-            }
-            k0 = k1;
-        }
-        for (s, halves) in state.iter().enumerate() {
-            for (h, acc) in halves.iter().enumerate() {
-                _mm256_storeu_ps(out[s].add(8 * h), lane_tree(acc));
-            }
-        }
+        let state = in_passes!(3, 8, nb, Q8_0_AVX2_PASS_BLOCKS, |k0, k1| {}, |s, halves| {
+            let w = w[s];
+            lane_parts!(halves, k0, k1, |part, k, acc| {
+                let g = w.add(k * GROUP_BLOCK_BYTES_Q8_0);
+                prefetch_ahead_part::<STREAMS_AHEAD, GROUP_BLOCK_BYTES_Q8_0>(g, part, 2);
+                q8_0_lane_part_avx2(g, a.add(k * 34), part, &mut acc);
+            });
+        });
+        store_lane_trees(&state, out);
     }
 }
 
@@ -633,20 +634,21 @@ const Q5_0_AVX2_PASS_BLOCKS: usize = 8;
 pub(crate) unsafe fn q5_0_q8_0_group_avx2<const PF: usize>(nb: usize, w: *const u8, a: *const u8, out: *mut f32) {
     // SAFETY: the caller's contract; activation layout d@0 qs@2.
     unsafe {
-        // The pass's blocks' `16·Σ y` per lane (written by the first half before the
-        // second reads them).
+        // The pass's blocks' `16·Σ y` per lane.
         let mut corr = [[0i32; 8]; Q5_0_AVX2_PASS_BLOCKS];
-        halves_in_passes!(nb, Q5_0_AVX2_PASS_BLOCKS, out, |h, k, k0, acc| {
-            let g = w.add(k * GROUP_BLOCK_BYTES_Q5_0);
-            let ab = a.add(k * 34);
-            let c = &mut corr[k - k0];
-            // Each half its share of the hints (as `q8_0_q8_0_group_avx2`).
-            prefetch_ahead_part::<PF, GROUP_BLOCK_BYTES_Q5_0>(g, h, 2);
-            if h == 0 {
-                *c = q5_0_sixteen_sums_avx2(ab);
+        let state = in_passes!(1, 8, nb, Q5_0_AVX2_PASS_BLOCKS, |k0, k1| {
+            for k in k0..k1 {
+                corr[k - k0] = q5_0_sixteen_sums_avx2(a.add(k * 34));
             }
-            q5_0_half_block_avx2(g, ab, c, h, &mut acc);
-        })
+        }, |_s, halves| {
+            halves_in_turn!(halves, k0, k1, |h, k, acc| {
+                let g = w.add(k * GROUP_BLOCK_BYTES_Q5_0);
+                // Each half its share of the hints (as `q8_0_q8_0_group_avx2`).
+                prefetch_ahead_part::<PF, GROUP_BLOCK_BYTES_Q5_0>(g, h, 2);
+                q5_0_half_block_avx2(g, a.add(k * 34), &corr[k - k0], h, &mut acc);
+            });
+        });
+        store_lane_trees(&state, [out]);
     }
 }
 
@@ -709,33 +711,18 @@ pub(crate) unsafe fn q5_0_q8_0_group3_avx2(nb: usize, w: [*const u8; 3], a: *con
     // SAFETY: the caller's contract; activation layout d@0 qs@2.
     unsafe {
         let mut corr = [[0i32; 8]; Q5_0_STREAMS_PASS_BLOCKS];
-        let mut state = [[[_mm256_setzero_ps(); 8]; 2]; 3];
-        let mut k0 = 0;
-        while k0 < nb {
-            let k1 = (k0 + Q5_0_STREAMS_PASS_BLOCKS).min(nb);
+        let state = in_passes!(3, 8, nb, Q5_0_STREAMS_PASS_BLOCKS, |k0, k1| {
             for k in k0..k1 {
                 corr[k - k0] = q5_0_sixteen_sums_avx2(a.add(k * 34));
             }
-            for (s, halves) in state.iter_mut().enumerate() {
-                for (h, saved) in halves.iter_mut().enumerate() {
-                    let mut acc = *saved;
-                    for k in k0..k1 {
-                        let g = w[s].add(k * GROUP_BLOCK_BYTES_Q5_0);
-                        let ab = a.add(k * 34);
-                        let c = &corr[k - k0];
-                        prefetch_ahead_part::<STREAMS_AHEAD, GROUP_BLOCK_BYTES_Q5_0>(g, h, 2);
-                        q5_0_half_block_avx2(g, ab, c, h, &mut acc);
-                    }
-                    *saved = acc;
-                }
-            }
-            k0 = k1;
-        }
-        for (s, halves) in state.iter().enumerate() {
-            for (h, acc) in halves.iter().enumerate() {
-                _mm256_storeu_ps(out[s].add(8 * h), lane_tree(acc));
-            }
-        }
+        }, |s, halves| {
+            halves_in_turn!(halves, k0, k1, |h, k, acc| {
+                let g = w[s].add(k * GROUP_BLOCK_BYTES_Q5_0);
+                prefetch_ahead_part::<STREAMS_AHEAD, GROUP_BLOCK_BYTES_Q5_0>(g, h, 2);
+                q5_0_half_block_avx2(g, a.add(k * 34), &corr[k - k0], h, &mut acc);
+            });
+        });
+        store_lane_trees(&state, out);
     }
 }
 
