@@ -241,7 +241,14 @@ macro_rules! lane_parts {
     (@part $p:expr, $halves:ident, $k0:ident, $k1:ident, |$part:ident, $k:ident, $acc:ident| $body:block) => {{
         const PART: usize = $p;
         let $part = PART;
-        let mut $acc: [[__m256; 4]; 2] = [0, 1].map(|h| [0, 1, 2, 3].map(|i| $halves[h][4 * PART + i]));
+        // (Indexed out, not by `map`: in the LTO build `array::map` stayed a call compiled
+        // without the kernel's AVX2, calling the closure per element through memory; the
+        // Zen 5 with the AVX2 set decoded 1.2-1.7x slower so, BENCHMARKS.md, "Speed II on
+        // the AMD EPYC Zen 5, twentieth session".)
+        let mut $acc: [[__m256; 4]; 2] = [
+            [$halves[0][4 * PART], $halves[0][4 * PART + 1], $halves[0][4 * PART + 2], $halves[0][4 * PART + 3]],
+            [$halves[1][4 * PART], $halves[1][4 * PART + 1], $halves[1][4 * PART + 2], $halves[1][4 * PART + 3]],
+        ];
         for $k in $k0..$k1 $body
         for h in 0..2 {
             $halves[h][4 * PART..4 * PART + 4].copy_from_slice(&$acc[h]);
@@ -577,7 +584,8 @@ unsafe fn q8_0_lane_part_avx2(g: *const u8, ab: *const u8, part: usize, acc: &mu
     // SAFETY: the caller's contract.
     unsafe {
         let da = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd32(ab)))); // (F16C: exact)
-        let d = [0, 1].map(|h| _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16 * h).cast())), da));
+        // (Not by `map`: see `lane_parts`.)
+        let d = [_mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.cast())), da), _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(g.add(16).cast())), da)];
         for i in 0..4 {
             let j = 4 * part + i;
             let y = _mm256_set1_epi32(rd32(ab.add(2 + 4 * j)));
