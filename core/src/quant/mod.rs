@@ -778,7 +778,8 @@ impl Kernels {
 
     /// This set with its rows16 kernels' prefetch hints the other way (the same bits):
     /// with AVX-512, turned off where they are on and on where they are off; with AVX2
-    /// alone, the other vendor's (Intel's, with the far hint into L2, or not).
+    /// alone, the next of its three forms (one stream, three streams, Intel's with the
+    /// far hint into L2).
     #[cfg(all(test, target_arch = "x86_64"))]
     pub(crate) fn other_rows16_prefetch(&self) -> Option<Kernels> {
         x86::other_rows16_prefetch(self.t).map(|t| Kernels { t })

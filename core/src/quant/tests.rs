@@ -91,10 +91,10 @@ pub(super) fn fast_kernel_sets() -> Vec<Kernels> {
 
 /// [`fast_kernel_sets`] and, on x86, each AVX-512 set's twins with the other CPU vendor's
 /// tuning ([`Kernels::other_rounding`]) and with the hints turned the other way
-/// ([`Kernels::other_rows16_prefetch`]; for the AVX2 set, the other vendor's), and the
+/// ([`Kernels::other_rows16_prefetch`]; for the AVX2 set, its other two forms), and the
 /// one with AMD's distance non-temporal ([`Kernels::streaming`]): the rows16 kernels at
 /// every prefetch distance and hint (none, Intel's, AMD's, AMD's non-temporal; AVX2's
-/// own and Intel's), whatever the CPU.
+/// one stream, three streams and Intel's), whatever the CPU.
 pub(super) fn rows16_kernel_sets() -> Vec<Kernels> {
     #[allow(unused_mut)]
     let mut sets = fast_kernel_sets();
@@ -103,7 +103,10 @@ pub(super) fn rows16_kernel_sets() -> Vec<Kernels> {
         let twins: Vec<Kernels> = sets.iter().filter_map(Kernels::other_rounding).collect();
         sets.extend(twins);
         let flipped: Vec<Kernels> = sets.iter().filter_map(Kernels::other_rows16_prefetch).collect();
+        // The AVX2 set's third form (its forms are a cycle of three; no AVX-512 twin).
+        let third: Vec<Kernels> = flipped.iter().filter(|k| k.other_rounding().is_none()).filter_map(Kernels::other_rows16_prefetch).collect();
         sets.extend(flipped);
+        sets.extend(third);
         let streaming: Vec<Kernels> = sets.iter().filter_map(Kernels::streaming).collect();
         sets.extend(streaming);
     }
@@ -1274,23 +1277,31 @@ fn rows16_prefetch_distance_follows_the_cpu() {
             .unwrap_or_else(|| panic!("/proc/cpuinfo has no {name}"))
     };
     let (vendor, family) = (field("vendor_id"), field("cpu family").parse::<u32>().expect("cpu family"));
-    let (intel, amd, avx2) = super::x86::ROWS16_PREFETCH_INTEL_AMD_AVX2;
+    let (intel, amd, avx2, avx2_streams) = super::x86::ROWS16_PREFETCH_INTEL_AMD_AVX2;
     let want = match (vendor.as_str(), family) {
         ("GenuineIntel", _) => intel,
         ("AuthenticAMD", 0x19) => 0,
         _ => amd,
     };
-    let want_avx2 = if vendor == "GenuineIntel" { intel } else { avx2 };
+    let want_avx2 = match (vendor.as_str(), family) {
+        ("GenuineIntel", _) => intel,
+        ("AuthenticAMD", 0x19) => avx2_streams,
+        _ => avx2,
+    };
     let (mut avx512, mut avx2_sets) = (0, 0);
     for k in fast_kernel_sets() {
         let d = k.rows16_prefetch_distance().unwrap_or_else(|| panic!("{}: no rows16 distance", k.name()));
         if k.other_rounding().is_none() {
-            // AVX2 alone: Intel's distance on Intel, else its own; its twin the other.
+            // AVX2 alone: Intel's distance on Intel, three streams on AMD family 19h,
+            // else one stream; its twin and the twin's twin the other two.
             avx2_sets += 1;
             assert_eq!(d, want_avx2, "{}: {vendor}, family {family:#x}", k.name());
-            let mut seen = [d, k.other_rows16_prefetch().unwrap().rows16_prefetch_distance().unwrap()];
+            let twin = k.other_rows16_prefetch().unwrap();
+            let mut seen = [d, twin.rows16_prefetch_distance().unwrap(), twin.other_rows16_prefetch().unwrap().rows16_prefetch_distance().unwrap()];
             seen.sort_unstable();
-            assert_eq!(seen, [avx2, intel], "{}: the twin's distance", k.name());
+            let mut all = [avx2, avx2_streams, intel];
+            all.sort_unstable();
+            assert_eq!(seen, all, "{}: the twins' distances", k.name());
             continue;
         }
         avx512 += 1;
@@ -1338,7 +1349,7 @@ fn rows16_prefetch_distance_follows_the_cpu() {
     for d in [0, amd, amd + 1] {
         assert_eq!(distances.contains(&Some(d)), avx512 > 0, "distance {d} among the rows16 test sets");
     }
-    for d in [intel, avx2] {
+    for d in [intel, avx2, avx2_streams] {
         assert!(distances.contains(&Some(d)), "distance {d} among the rows16 test sets");
     }
 }

@@ -447,13 +447,14 @@ macro_rules! rows16_wrapper {
 /// Groups per stream where a rows16 product of `groups` groups and `tokens` tokens reads
 /// its weights as three streams side by side (groups `g`, `g + q` and `g + 2q` by one
 /// kernel call, `q` the value; the rest of the groups one at a time): one token, and the
-/// table's plain hints into L1 (`PF` a multiple of 4: the AMD tables; Intel's form and
-/// no hints keep one stream, not measured with three). On the AMD EPYC Zen 3 one core
+/// table's three-stream form (`PF` = `rows16::PREFETCH_AVX2_STREAMS`: AMD family 19h
+/// without AVX-512; every other table keeps one stream). On the AMD EPYC Zen 3 one core
 /// then streams a Q4_0, Q4_1 or Q8_0 matrix 30-41% faster (Q5_0, bound by its arithmetic,
 /// about as before) and decodes 9-16% faster (BENCHMARKS.md, "Speed II on the AMD EPYC
-/// Zen 3, seventh session").
+/// Zen 3, seventh session"); on the Zen 5 with the AVX2 set forced it decoded 1.2-1.6x
+/// slower ("Speed II on the AMD EPYC Zen 5, twentieth session").
 const fn streams_of<const PF: usize>(groups: usize, tokens: usize) -> usize {
-    if tokens == 1 && PF != 0 && PF % 4 == 0 {
+    if tokens == 1 && PF == rows16::PREFETCH_AVX2_STREAMS {
         groups / 3
     } else {
         0
@@ -727,8 +728,8 @@ pub(crate) fn table(isa: Isa) -> Option<&'static KernelTable> {
     let vnni = avx512 && isa.avx512_vnni && cpu_has_avx512_vnni();
     let intel = cpu_is_intel();
     let small_l1 = cpu_l1d_bytes().is_some_and(|b| b < FAR_L1_MIN_L1D);
-    let quiet = avx512 && cpu_is_amd_zen4();
-    table_of(avx512 as usize | (vnni as usize) << 1 | (fp16 as usize) << 2 | (intel as usize) << 3 | (small_l1 as usize) << 4 | (quiet as usize) << 5)
+    let amd19 = cpu_is_amd_family_19h();
+    table_of(avx512 as usize | (vnni as usize) << 1 | (fp16 as usize) << 2 | (intel as usize) << 3 | (small_l1 as usize) << 4 | (amd19 as usize) << 5)
 }
 
 /// `t` (one of [`TABLES`]) with the AVX-512 value updates' other f16 rounding form and
@@ -743,13 +744,23 @@ pub(crate) fn other_rounding(t: &'static KernelTable) -> Option<&'static KernelT
 
 /// `t` (one of [`TABLES`]) with its rows16 kernels' prefetch hints the other way (same
 /// bits, other speed): with AVX-512, off where they are on and on where off (the Zen 4
-/// choice, `quiet`, flipped; with [`other_rounding`], tests run every AVX-512 distance on
-/// any AVX-512 CPU); with AVX2 alone, the other vendor's (`intel` flipped: both AVX2
-/// distances on any CPU). `None` for a table not in [`TABLES`].
+/// choice, `amd19`, flipped; with [`other_rounding`], tests run every AVX-512 distance on
+/// any AVX-512 CPU); with AVX2 alone, the next of its three forms (one stream, three
+/// streams, Intel's: `PREFETCH_AVX2`, `PREFETCH_AVX2_STREAMS`, `PREFETCH_INTEL`, in a
+/// cycle, so that twice from any gives all three on any CPU). `None` for a table not in
+/// [`TABLES`].
 #[cfg(test)]
 pub(crate) fn other_rows16_prefetch(t: &'static KernelTable) -> Option<&'static KernelTable> {
     let f = flags_of(t)?;
-    table_of(if f & 1 != 0 { f ^ 32 } else { f ^ 8 })
+    table_of(if f & 1 != 0 {
+        f ^ 32
+    } else if f & 8 != 0 {
+        f & !8
+    } else if f & 32 != 0 {
+        (f & !32) | 8
+    } else {
+        f | 32
+    })
 }
 
 /// How far ahead `t`'s rows16 kernels (AVX-512 or AVX2) ask for their weights, as their
@@ -760,17 +771,24 @@ pub(crate) fn rows16_prefetch_distance(t: &'static KernelTable) -> Option<usize>
     flags_of(t).map(rows16_distance)
 }
 
-/// Intel's and AMD's AVX-512 rows16 prefetch distances (`rows16::PREFETCH_INTEL`) and
-/// the AVX2 kernels' elsewhere, for the tests.
+/// Intel's and AMD's AVX-512 rows16 prefetch distances (`rows16::PREFETCH_INTEL`), the
+/// AVX2 kernels' elsewhere, and theirs with three streams (AMD family 19h), for the tests.
 #[cfg(test)]
-pub(super) const ROWS16_PREFETCH_INTEL_AMD_AVX2: (usize, usize, usize) = (rows16::PREFETCH_INTEL, rows16::PREFETCH_AMD, rows16::PREFETCH_AVX2);
+pub(super) const ROWS16_PREFETCH_INTEL_AMD_AVX2: (usize, usize, usize, usize) = (rows16::PREFETCH_INTEL, rows16::PREFETCH_AMD, rows16::PREFETCH_AVX2, rows16::PREFETCH_AVX2_STREAMS);
 
 /// The rows16 kernels' prefetch distance for a table's flags. AVX-512: none with
-/// `quiet`, Intel's with `intel`, AMD's non-temporal with `stream`, else AMD's. AVX2
-/// alone: Intel's with `intel` (its far hint into L2 as well), else `PREFETCH_AVX2`.
+/// `amd19` (Zen 4), Intel's with `intel`, AMD's non-temporal with `stream`, else AMD's.
+/// AVX2 alone: Intel's with `intel` (its far hint into L2 as well), three streams with
+/// `amd19` (Zen 3: `PREFETCH_AVX2_STREAMS`), else `PREFETCH_AVX2`.
 const fn rows16_distance(flags: usize) -> usize {
     if flags & 1 == 0 {
-        if flags & 8 != 0 { rows16::PREFETCH_INTEL } else { rows16::PREFETCH_AVX2 }
+        if flags & 8 != 0 {
+            rows16::PREFETCH_INTEL
+        } else if flags & 32 != 0 {
+            rows16::PREFETCH_AVX2_STREAMS
+        } else {
+            rows16::PREFETCH_AVX2
+        }
     } else if flags & 32 != 0 {
         0
     } else if flags & 8 != 0 {
@@ -812,10 +830,11 @@ fn cpu_is_intel() -> bool {
     (l0.ebx, l0.edx, l0.ecx) == (u32::from_le_bytes(*b"Genu"), u32::from_le_bytes(*b"ineI"), u32::from_le_bytes(*b"ntel"))
 }
 
-/// True on an AMD CPU of family 19h (Zen 3 and Zen 4; with AVX-512, Zen 4): its AVX-512
-/// rows16 kernels ask for no weights ahead (the table's `quiet` flag), where they made
-/// decode slower (`rows16::PREFETCH_INTEL`).
-fn cpu_is_amd_zen4() -> bool {
+/// True on an AMD CPU of family 19h (Zen 3 and Zen 4; with AVX-512, Zen 4), the table's
+/// `amd19` flag: its AVX-512 rows16 kernels ask for no weights ahead, where they made
+/// decode slower (`rows16::PREFETCH_INTEL`), and its AVX2 ones read one token's groups as
+/// three streams (`rows16::PREFETCH_AVX2_STREAMS`).
+fn cpu_is_amd_family_19h() -> bool {
     // SAFETY: CPUID leaf 1 exists on every x86_64 CPU.
     cpu_is_amd() && cpuid_family(unsafe { __cpuid(1) }.eax) == 0x19
 }
@@ -827,18 +846,20 @@ pub(super) const fn cpuid_family(eax: u32) -> u32 {
     if base == 0xF { base + ((eax >> 20) & 0xFF) } else { base }
 }
 
-/// A table's flags: `avx512 | vnni << 1 | fp16 << 2 | intel << 3 | small_l1 << 4 | quiet
-/// << 5 | stream << 6` (`small_l1`: an L1 data cache under [`FAR_L1_MIN_L1D`]; `quiet`:
-/// AVX-512 rows16 kernels without prefetch hints, [`cpu_is_amd_zen4`]; `stream`: their
-/// hints non-temporal, [`streaming`]). `vnni` and `quiet` only ever come with `avx512`
-/// ([`table`]; `intel` with or without it), `stream` only with `avx512` and neither
-/// `intel` nor `quiet`: 48 of the 128 values are tables.
+/// A table's flags: `avx512 | vnni << 1 | fp16 << 2 | intel << 3 | small_l1 << 4 | amd19
+/// << 5 | stream << 6` (`small_l1`: an L1 data cache under [`FAR_L1_MIN_L1D`]; `amd19`:
+/// [`cpu_is_amd_family_19h`], with AVX-512 rows16 kernels without prefetch hints, with
+/// AVX2 alone three streams; `stream`: AMD's AVX-512 hints non-temporal, [`streaming`]).
+/// `vnni` only ever comes with `avx512` ([`table`]; `intel` with or without it), `amd19`
+/// without `avx512` only without `intel` (the tests' twins give it with both on
+/// AVX-512), `stream` only with `avx512` and neither `intel` nor `amd19`: 52 of the 128
+/// values are tables.
 const FLAG_VALUES: usize = 128;
 
-/// Whether `flags` names a table: `vnni` and `quiet` only with `avx512`, and `stream`
-/// only with `avx512` and neither `intel` nor `quiet`.
+/// Whether `flags` names a table: `vnni` only with `avx512`, `amd19` without it only
+/// without `intel`, and `stream` only with `avx512` and neither `intel` nor `amd19`.
 const fn is_table(flags: usize) -> bool {
-    flags < FLAG_VALUES && (flags & 1 != 0 || flags & (2 | 32) == 0) && (flags & 64 == 0 || (flags & 1 != 0 && flags & (8 | 32) == 0))
+    flags < FLAG_VALUES && (flags & 1 != 0 || (flags & 2 == 0 && flags & (8 | 32) != (8 | 32))) && (flags & 64 == 0 || (flags & 1 != 0 && flags & (8 | 32) == 0))
 }
 
 /// How many flag values name a table.
@@ -851,7 +872,7 @@ const N_TABLES: usize = {
     n
 };
 
-const _: () = assert!(N_TABLES == 48, "8 tables without AVX-512 (fp16, intel, small_l1), 32 with, 8 streaming");
+const _: () = assert!(N_TABLES == 52, "12 tables without AVX-512 (fp16, small_l1, intel or amd19 or neither), 32 with, 8 streaming");
 
 /// The flags of each of [`TABLES`], in order.
 static TABLE_FLAGS: [u8; N_TABLES] = {
@@ -866,7 +887,7 @@ static TABLE_FLAGS: [u8; N_TABLES] = {
     t
 };
 
-/// The table of every set of flags that names one (in [`TABLE_FLAGS`]' order; 48 rather
+/// The table of every set of flags that names one (in [`TABLE_FLAGS`]' order; 52 rather
 /// than 128, since each is ~4 KiB of function pointers in every binary).
 static TABLES: [KernelTable; N_TABLES] = {
     let mut t = [REFERENCE; N_TABLES];
@@ -976,7 +997,11 @@ const fn build(flags: usize) -> KernelTable {
         // transposing; Q6_K's AVX2 kernels have none yet), with Intel's hints on Intel.
         macro_rules! r16_avx2 {
             ($f:ident) => {
-                Some(if r16_pf == rows16::PREFETCH_INTEL { $f::<{ rows16::PREFETCH_INTEL }> as super::rows16::Rows16Fn } else { $f::<{ rows16::PREFETCH_AVX2 }> })
+                Some(match r16_pf {
+                    rows16::PREFETCH_INTEL => $f::<{ rows16::PREFETCH_INTEL }> as super::rows16::Rows16Fn,
+                    rows16::PREFETCH_AVX2_STREAMS => $f::<{ rows16::PREFETCH_AVX2_STREAMS }>,
+                    _ => $f::<{ rows16::PREFETCH_AVX2 }>,
+                })
             };
         }
         t.dot_rows16.q4_1 = r16_avx2!(rows16_q4_1_q8_1_avx2);

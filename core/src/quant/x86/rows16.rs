@@ -48,6 +48,14 @@ pub(super) const PREFETCH_FAR_L2: usize = 16384;
 pub(super) const PREFETCH_AMD: usize = 8192;
 /// See [`PREFETCH_INTEL`].
 pub(super) const PREFETCH_AVX2: usize = 4096;
+/// [`PREFETCH_AVX2`]'s hints (encoded as its distance plus 4, `PF % 8 == 4`), and one
+/// token's groups read as three streams side by side (`x86::streams_of`), for the AMD
+/// CPUs of family 19h without AVX-512 (Zen 3): there one-thread decode took 9-16% more
+/// tokens a second so (measured while the Q8_0 kernels still called `array::map`, see
+/// `lane_parts`); on the Zen 5 with the AVX2 set forced the same form made it 1.2-1.6x
+/// slower, so every other CPU keeps one stream (BENCHMARKS.md, "Speed II on the AMD EPYC
+/// Zen 5, twentieth session").
+pub(super) const PREFETCH_AVX2_STREAMS: usize = PREFETCH_AVX2 + 4;
 /// [`PREFETCH_AMD`]'s distance with the non-temporal hint (`prefetchnta`; an odd `PF`
 /// means the hint at `PF - 1`), for a model whose weights a token far exceed the L3
 /// (`Kernels::for_weights`): lines that cannot survive until the next token are not kept.
@@ -58,8 +66,9 @@ pub(super) const PREFETCH_AMD_STREAM: usize = PREFETCH_AMD + 1;
 
 /// With `PF` > 0, a hint for each line of the `GB` bytes `PF` bytes after `g` into L1
 /// (blocks follow one another, so the calls for consecutive blocks cover every line),
-/// non-temporal for an odd `PF` (at `PF - 1`), and for `PF % 4 == 2` at `PF - 2` with a
-/// second one [`PREFETCH_FAR_L2`] after `g` into L2; nothing with 0. (A hint only: it
+/// non-temporal for an odd `PF` (at `PF - 1`), for `PF % 4 == 2` at `PF - 2` with a
+/// second one [`PREFETCH_FAR_L2`] after `g` into L2, for `PF % 8 == 4` at `PF - 4` (the
+/// three-stream tables' one-stream calls, [`PREFETCH_AVX2_STREAMS`]); nothing with 0. (A hint only: it
 /// cannot fault, so it may point past the weights.)
 #[inline(always)]
 fn prefetch_ahead<const PF: usize, const GB: usize>(g: *const u8) {
@@ -77,6 +86,8 @@ fn hint_line<const PF: usize>(g: *const u8, off: usize) {
         } else if PF % 4 == 2 {
             _mm_prefetch::<_MM_HINT_T0>(g.wrapping_add(PF - 2 + off).cast());
             _mm_prefetch::<_MM_HINT_T1>(g.wrapping_add(PREFETCH_FAR_L2 + off).cast());
+        } else if PF % 8 == 4 {
+            _mm_prefetch::<_MM_HINT_T0>(g.wrapping_add(PF - 4 + off).cast());
         } else {
             _mm_prefetch::<_MM_HINT_T0>(g.wrapping_add(PF + off).cast());
         }
