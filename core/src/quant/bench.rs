@@ -503,42 +503,46 @@ fn bench_rows16() {
 
 /// `cargo test -p keel-core --release quant::bench::bench_fused_update -- --ignored --nocapture`:
 /// the 64-wide value update over f32 value rows (`Kernels::f32_mad_keys_heads`) alone and
-/// with the next query's K·Q inside it (`Kernels::f32_mad_keys_heads_dot`), 3 heads and 64
-/// keys hot in L1, ns per (key, head); for the kernel sets that have them. Prints only.
+/// with the next query's K·Q inside it (`Kernels::f32_mad_keys_heads_dot`), 1 to 4 heads
+/// (4 to 16 independent chains of f16 roundings: where the time per head falls with more
+/// heads, the chains' latency bounds it) and 64 keys hot in L1, ns per (key, head); for
+/// the kernel sets that have them. Prints only.
 #[test]
 #[ignore]
 fn bench_fused_update() {
     use half::f16;
     let mut rng = Rng::new(10);
-    let (len, n, heads) = (64usize, 64usize, 3usize);
-    let kv: Vec<f16> = (0..len * n).map(|_| f16::from_f32(rng.unit())).collect();
-    let offs: Vec<usize> = (0..len).map(|c| c * n).collect();
-    let xf: Vec<f32> = kv.iter().map(|v| v.to_f32()).collect();
-    let qs: Vec<f16> = (0..heads * n).map(|_| f16::from_f32(rng.unit())).collect();
-    let e: Vec<f32> = (0..heads * len).map(|_| rng.unit().abs()).collect();
-    let new_max: Vec<bool> = (0..heads * len).map(|i| i % len == 0).collect();
-    let (mut kt, mut out) = (std::vec![0.0f32; 64 * 64], std::vec![0.0f32; heads * len]);
-    let (mut y, mut sums) = (std::vec![f16::ZERO; heads * n], std::vec![0.0f32; heads]);
-    for k in super::tests_f16::kernel_sets() {
-        if !k.f16_keys_transposed(&kv, &offs, n, &mut kt) {
-            continue;
-        }
-        let (mut alone, mut fused) = (f64::MAX, f64::MAX);
-        for _ in 0..2000 {
-            let t0 = Instant::now();
-            for _ in 0..16 {
-                assert!(k.f32_mad_keys_heads(&mut y, n, heads, &xf, &new_max, &e, &mut sums));
+    for heads in 1..=4 {
+        let (len, n) = (64usize, 64usize);
+        let kv: Vec<f16> = (0..len * n).map(|_| f16::from_f32(rng.unit())).collect();
+        let offs: Vec<usize> = (0..len).map(|c| c * n).collect();
+        let xf: Vec<f32> = kv.iter().map(|v| v.to_f32()).collect();
+        let qs: Vec<f16> = (0..heads * n).map(|_| f16::from_f32(rng.unit())).collect();
+        let e: Vec<f32> = (0..heads * len).map(|_| rng.unit().abs()).collect();
+        let new_max: Vec<bool> = (0..heads * len).map(|i| i % len == 0).collect();
+        let (mut kt, mut out) = (std::vec![0.0f32; 64 * 64], std::vec![0.0f32; heads * len]);
+        let (mut y, mut sums) = (std::vec![f16::ZERO; heads * n], std::vec![0.0f32; heads]);
+        for k in super::tests_f16::kernel_sets() {
+            if !k.f16_keys_transposed(&kv, &offs, n, &mut kt) {
+                continue;
             }
-            alone = alone.min(t0.elapsed().as_secs_f64());
-            let t0 = Instant::now();
-            for _ in 0..16 {
-                assert!(k.f32_mad_keys_heads_dot(&mut y, n, heads, &xf, &new_max, &e, &mut sums, KeysDot { kt: &kt, keys: len, qs: &qs, out: &mut out }));
+            let (mut alone, mut fused) = (f64::MAX, f64::MAX);
+            for _ in 0..2000 {
+                let t0 = Instant::now();
+                for _ in 0..16 {
+                    assert!(k.f32_mad_keys_heads(&mut y, n, heads, &xf, &new_max, &e, &mut sums));
+                }
+                alone = alone.min(t0.elapsed().as_secs_f64());
+                let t0 = Instant::now();
+                for _ in 0..16 {
+                    assert!(k.f32_mad_keys_heads_dot(&mut y, n, heads, &xf, &new_max, &e, &mut sums, KeysDot { kt: &kt, keys: len, qs: &qs, out: &mut out }));
+                }
+                fused = fused.min(t0.elapsed().as_secs_f64());
             }
-            fused = fused.min(t0.elapsed().as_secs_f64());
+            black_box((&y, &out, &sums));
+            let per = (16 * len * heads) as f64 / 1e9;
+            println!("{:>26}, {heads} heads: value update {:.3} ns, with the next query's K·Q {:.3} ns per key and head", super::tests_f16::label(&k), alone / per, fused / per);
         }
-        black_box((&y, &out, &sums));
-        let per = (16 * len * heads) as f64 / 1e9;
-        println!("{:>26}: value update {:.3} ns, with the next query's K·Q {:.3} ns per key and head", super::tests_f16::label(&k), alone / per, fused / per);
     }
 }
 

@@ -252,7 +252,7 @@ macro_rules! lane_parts {
     (@part $p:expr, $halves:ident, $k0:ident, $k1:ident, |$part:ident, $k:ident, $acc:ident| $body:block) => {{
         const PART: usize = $p;
         let $part = PART;
-        // (Indexed out, not by `map`: in the LTO build `array::map` stayed a call compiled
+        // (Indexed out, not by `map`: in the keel binary (thin LTO) `array::map` stayed a call compiled
         // without the kernel's AVX2, calling the closure per element through memory; the
         // Zen 5 with the AVX2 set decoded 1.2-1.7x slower so, BENCHMARKS.md, "Speed II on
         // the AMD EPYC Zen 5, twentieth session".)
