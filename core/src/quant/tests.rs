@@ -1277,7 +1277,7 @@ fn rows16_prefetch_distance_follows_the_cpu() {
             .unwrap_or_else(|| panic!("/proc/cpuinfo has no {name}"))
     };
     let (vendor, family) = (field("vendor_id"), field("cpu family").parse::<u32>().expect("cpu family"));
-    let (intel, amd, avx2, avx2_streams) = super::x86::ROWS16_PREFETCH_INTEL_AMD_AVX2;
+    let (intel, amd, avx2, avx2_streams) = super::x86::ROWS16_PREFETCH_DISTANCES;
     let want = match (vendor.as_str(), family) {
         ("GenuineIntel", _) => intel,
         ("AuthenticAMD", 0x19) => 0,

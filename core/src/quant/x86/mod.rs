@@ -774,7 +774,7 @@ pub(crate) fn rows16_prefetch_distance(t: &'static KernelTable) -> Option<usize>
 /// Intel's and AMD's AVX-512 rows16 prefetch distances (`rows16::PREFETCH_INTEL`), the
 /// AVX2 kernels' elsewhere, and theirs with three streams (AMD family 19h), for the tests.
 #[cfg(test)]
-pub(super) const ROWS16_PREFETCH_INTEL_AMD_AVX2: (usize, usize, usize, usize) = (rows16::PREFETCH_INTEL, rows16::PREFETCH_AMD, rows16::PREFETCH_AVX2, rows16::PREFETCH_AVX2_STREAMS);
+pub(super) const ROWS16_PREFETCH_DISTANCES: (usize, usize, usize, usize) = (rows16::PREFETCH_INTEL, rows16::PREFETCH_AMD, rows16::PREFETCH_AVX2, rows16::PREFETCH_AVX2_STREAMS);
 
 /// The rows16 kernels' prefetch distance for a table's flags. AVX-512: none with
 /// `amd19` (Zen 4), Intel's with `intel`, AMD's non-temporal with `stream`, else AMD's.

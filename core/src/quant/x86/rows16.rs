@@ -68,8 +68,8 @@ pub(super) const PREFETCH_AMD_STREAM: usize = PREFETCH_AMD + 1;
 /// (blocks follow one another, so the calls for consecutive blocks cover every line),
 /// non-temporal for an odd `PF` (at `PF - 1`), for `PF % 4 == 2` at `PF - 2` with a
 /// second one [`PREFETCH_FAR_L2`] after `g` into L2, for `PF % 8 == 4` at `PF - 4` (the
-/// three-stream tables' one-stream calls, [`PREFETCH_AVX2_STREAMS`]); nothing with 0. (A hint only: it
-/// cannot fault, so it may point past the weights.)
+/// three-stream tables' one-stream calls, [`PREFETCH_AVX2_STREAMS`]); nothing with 0.
+/// (A hint only: it cannot fault, so it may point past the weights.)
 #[inline(always)]
 fn prefetch_ahead<const PF: usize, const GB: usize>(g: *const u8) {
     // The whole block as one part: every line, in order.
@@ -252,10 +252,10 @@ macro_rules! lane_parts {
     (@part $p:expr, $halves:ident, $k0:ident, $k1:ident, |$part:ident, $k:ident, $acc:ident| $body:block) => {{
         const PART: usize = $p;
         let $part = PART;
-        // (Indexed out, not by `map`: in the keel binary (thin LTO) `array::map` stayed a call compiled
-        // without the kernel's AVX2, calling the closure per element through memory; the
-        // Zen 5 with the AVX2 set decoded 1.2-1.7x slower so, BENCHMARKS.md, "Speed II on
-        // the AMD EPYC Zen 5, twentieth session".)
+        // (Indexed out, not by `map`: in the keel binary (thin LTO) `array::map` stayed a
+        // call compiled without the kernel's AVX2, calling the closure per element through
+        // memory; the Zen 5 with the AVX2 set decoded 1.2-1.7x slower so, BENCHMARKS.md,
+        // "Speed II on the AMD EPYC Zen 5, twentieth session".)
         let mut $acc: [[__m256; 4]; 2] = [
             [$halves[0][4 * PART], $halves[0][4 * PART + 1], $halves[0][4 * PART + 2], $halves[0][4 * PART + 3]],
             [$halves[1][4 * PART], $halves[1][4 * PART + 1], $halves[1][4 * PART + 2], $halves[1][4 * PART + 3]],
